@@ -1,0 +1,563 @@
+//! Every type that shmfab keeps in shared memory.
+//!
+//! Everything here is `#[repr(C)]`, holds no pointer (only offsets relative
+//! to the start of the region, which readers check against the region's size
+//! before use), and has its size and alignment asserted at compile time. A
+//! region records [`LAYOUT_VERSION`] and [`LAYOUT_HASH`]; a process built
+//! with another layout refuses to attach to it.
+//!
+//! One region per domain:
+//!
+//! ```text
+//! RegionHeader (one page: identity, geometry, doorbell)
+//! Counter[n_counters]
+//! EpSection[n_eps], each:
+//!     EpHeader | SlotEntry[n_slots] | RingCtl[n_slots] | cells[n_slots][ring_cells]
+//!     | OvfCtl | OvfCell[ovf_cells] | PoolCtl | pool next[] | chunks[pool_chunks]
+//! ```
+//!
+//! ```
+//! use shm_layout::{EpGeometry, RegionHeader};
+//! let g = EpGeometry::DEFAULT;
+//! assert!(g.validate().is_ok());
+//! assert_eq!(g.section_size() % 4096, 0);
+//! assert_eq!(core::mem::size_of::<RegionHeader>(), 4096);
+//! ```
+#![deny(missing_docs)]
+#![cfg_attr(not(loom), no_std)]
+
+pub mod sync;
+
+use sync::{AtomicU32, AtomicU64};
+
+/// Size of a cache line, the unit of every ring cell.
+pub const CACHE_LINE: usize = 64;
+/// Page size the sections are aligned to.
+pub const PAGE: usize = 4096;
+/// `b"SHMFAB\0\x01"` read as a little-endian u64: the first word of a region.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMFAB\0\x01");
+/// Layout version: bump when any type in this crate changes meaning.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Most ring slots an endpoint can have (slot claims are a 64-bit mask).
+pub const MAX_SLOTS: u32 = 64;
+/// Most iov segments in one operation.
+pub const MAX_IOV: usize = 4;
+
+/// Region states (`RegionHeader::state`).
+pub mod state {
+    /// Being initialised by its owner.
+    pub const INIT: u32 = 0;
+    /// Open for peers.
+    pub const READY: u32 = 1;
+    /// Its owner is closing it.
+    pub const CLOSING: u32 = 2;
+}
+
+/// A cache line holding one atomic word; keeps hot indices apart.
+#[repr(C, align(64))]
+pub struct PaddedU64 {
+    /// The word.
+    pub v: AtomicU64,
+}
+
+/// The identity of an endpoint: its domain region plus the endpoint's index.
+/// This is what `getname` returns and `av_insert` takes (24 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Address {
+    /// User id of the owner.
+    pub uid: u32,
+    /// Hash of the job id.
+    pub job: u32,
+    /// Random part of the region name.
+    pub token: u64,
+    /// Endpoint index inside the region.
+    pub ep_index: u32,
+    /// Generation of the endpoint section (a reopened section is a new
+    /// address).
+    pub generation: u32,
+}
+
+impl Address {
+    /// Size of an address in bytes.
+    pub const SIZE: usize = 24;
+
+    /// Serialises to bytes (little endian).
+    pub fn to_bytes(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0..4].copy_from_slice(&self.uid.to_le_bytes());
+        b[4..8].copy_from_slice(&self.job.to_le_bytes());
+        b[8..16].copy_from_slice(&self.token.to_le_bytes());
+        b[16..20].copy_from_slice(&self.ep_index.to_le_bytes());
+        b[20..24].copy_from_slice(&self.generation.to_le_bytes());
+        b
+    }
+
+    /// Parses bytes written by [`Address::to_bytes`].
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::SIZE {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&b[8..16]);
+        Some(Address {
+            uid: u32_at(0),
+            job: u32_at(4),
+            token: u64::from_le_bytes(t),
+            ep_index: u32_at(16),
+            generation: u32_at(20),
+        })
+    }
+}
+
+/// The doorbell: one futex word per receiving domain and the count of its
+/// sleepers. A signaller publishes, fences, and calls FUTEX_WAKE only when
+/// `sleepers` is non-zero.
+#[repr(C, align(64))]
+pub struct Doorbell {
+    /// Futex word; bumped by a signaller that saw a sleeper.
+    pub futex: AtomicU32,
+    /// Threads of the owner that are (about to be) asleep on `futex`.
+    pub sleepers: AtomicU32,
+}
+
+/// Sizes of the parts of an endpoint section. Fixed per region, chosen by the
+/// owner at creation and read by peers from the header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpGeometry {
+    /// SPSC ring slots (1 ..= MAX_SLOTS).
+    pub n_slots: u32,
+    /// Cells per ring (power of two, >= 128).
+    pub ring_cells: u32,
+    /// Cells of the MPSC overflow queue (power of two, >= 2).
+    pub ovf_cells: u32,
+    /// Chunks in the bounce-buffer pool (1 ..= 65536).
+    pub pool_chunks: u32,
+    /// Bytes per pool chunk (multiple of 4096).
+    pub chunk_size: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+const fn align_up(x: usize, a: usize) -> usize {
+    (x + a - 1) / a * a
+}
+
+impl EpGeometry {
+    /// Default geometry: 16 rings of 256 cells (16 KiB each), a 64-entry
+    /// overflow queue, and 32 chunks of 32 KiB in the pool.
+    pub const DEFAULT: EpGeometry = EpGeometry {
+        n_slots: 16,
+        ring_cells: 256,
+        ovf_cells: 64,
+        pool_chunks: 32,
+        chunk_size: 32 * 1024,
+        reserved: 0,
+    };
+
+    /// Checks every bound; returns what is wrong.
+    pub const fn validate(&self) -> Result<(), &'static str> {
+        if self.n_slots == 0 || self.n_slots > MAX_SLOTS {
+            return Err("n_slots must be 1..=64");
+        }
+        if !self.ring_cells.is_power_of_two() || self.ring_cells < 128 || self.ring_cells > 1 << 20
+        {
+            return Err("ring_cells must be a power of two in 128..=2^20");
+        }
+        if !self.ovf_cells.is_power_of_two() || self.ovf_cells < 2 || self.ovf_cells > 1 << 16 {
+            return Err("ovf_cells must be a power of two in 2..=65536");
+        }
+        if self.pool_chunks == 0 || self.pool_chunks > 65536 {
+            return Err("pool_chunks must be 1..=65536");
+        }
+        if self.chunk_size < 4096 || self.chunk_size % 4096 != 0 || self.chunk_size > 1 << 24 {
+            return Err("chunk_size must be a multiple of 4096 up to 16 MiB");
+        }
+        Ok(())
+    }
+
+    /// Offset of the slot table in a section.
+    pub const fn slots_offset(&self) -> usize {
+        core::mem::size_of::<EpHeader>()
+    }
+    /// Offset of the ring control blocks.
+    pub const fn ringctl_offset(&self) -> usize {
+        align_up(
+            self.slots_offset() + self.n_slots as usize * core::mem::size_of::<SlotEntry>(),
+            CACHE_LINE,
+        )
+    }
+    /// Offset of the ring cells (ring `i` starts at `i * ring_cells * 64`).
+    pub const fn cells_offset(&self) -> usize {
+        align_up(
+            self.ringctl_offset() + self.n_slots as usize * core::mem::size_of::<RingCtl>(),
+            PAGE,
+        )
+    }
+    /// Offset of the overflow queue's control block.
+    pub const fn ovfctl_offset(&self) -> usize {
+        self.cells_offset() + self.n_slots as usize * self.ring_cells as usize * CACHE_LINE
+    }
+    /// Offset of the overflow cells.
+    pub const fn ovf_cells_offset(&self) -> usize {
+        self.ovfctl_offset() + core::mem::size_of::<OvfCtl>()
+    }
+    /// Offset of the pool's control block.
+    pub const fn poolctl_offset(&self) -> usize {
+        self.ovf_cells_offset() + self.ovf_cells as usize * core::mem::size_of::<OvfCell>()
+    }
+    /// Offset of the pool's next-links (`u32` per chunk).
+    pub const fn pool_next_offset(&self) -> usize {
+        self.poolctl_offset() + core::mem::size_of::<PoolCtl>()
+    }
+    /// Offset of the first pool chunk.
+    pub const fn chunks_offset(&self) -> usize {
+        align_up(
+            self.pool_next_offset() + self.pool_chunks as usize * 4,
+            PAGE,
+        )
+    }
+    /// Bytes of one endpoint section (page aligned).
+    pub const fn section_size(&self) -> usize {
+        align_up(
+            self.chunks_offset() + self.pool_chunks as usize * self.chunk_size as usize,
+            PAGE,
+        )
+    }
+}
+
+/// Offset of the counter table in a region.
+pub const COUNTERS_OFFSET: usize = core::mem::size_of::<RegionHeader>();
+
+/// Bytes of a region with `n_eps` endpoint sections and `n_counters`.
+pub const fn region_size(g: &EpGeometry, n_eps: u32, n_counters: u32) -> usize {
+    eps_offset(n_counters) + n_eps as usize * g.section_size()
+}
+
+/// Offset of the first endpoint section.
+pub const fn eps_offset(n_counters: u32) -> usize {
+    align_up(
+        COUNTERS_OFFSET + n_counters as usize * core::mem::size_of::<Counter>(),
+        PAGE,
+    )
+}
+
+/// The first page of a region.
+#[repr(C, align(4096))]
+pub struct RegionHeader {
+    // Stable prefix: identical in every layout version, so that any version
+    // can tell whose region this is and whether its owner lives.
+    /// [`MAGIC`]; stored last at creation (release), so a reader that sees
+    /// it sees the whole header.
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`] of the creator.
+    pub layout_version: u32,
+    /// Owner's user id.
+    pub uid: u32,
+    /// Owner's pid.
+    pub owner_pid: u32,
+    /// One of [`state`].
+    pub state: AtomicU32,
+    /// Owner's start time in clock ticks since boot (/proc/PID/stat field
+    /// 22): tells a reused pid from the owner.
+    pub owner_start_time: u64,
+    /// [`LAYOUT_HASH`] of the creator.
+    pub layout_hash: u64,
+    // Version 1.
+    /// Bytes of the whole region.
+    pub total_size: u64,
+    /// Hash of the job id.
+    pub job: u32,
+    /// Endpoint sections.
+    pub n_eps: u32,
+    /// Counters in the counter table.
+    pub n_counters: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Geometry of every endpoint section.
+    pub geometry: EpGeometry,
+    /// The domain's doorbell.
+    pub doorbell: Doorbell,
+}
+
+/// A counter's values, each on its own line (remote updates, local reads).
+#[repr(C, align(64))]
+pub struct Counter {
+    /// Success value.
+    pub value: PaddedU64,
+    /// Error value.
+    pub err: PaddedU64,
+}
+
+/// Endpoint states (`EpHeader::state`).
+pub mod ep_state {
+    /// Not open.
+    pub const CLOSED: u32 = 0;
+    /// Open and receiving.
+    pub const OPEN: u32 = 1;
+}
+
+/// Head of an endpoint section.
+#[repr(C, align(64))]
+pub struct EpHeader {
+    /// One of [`ep_state`].
+    pub state: AtomicU32,
+    /// Bumped each time the section is (re)opened; a peer's slot claim is for
+    /// one generation.
+    pub generation: AtomicU32,
+    /// Bit `i` set once slot `i` is claimed and its `addr` written (release).
+    pub claimed: AtomicU64,
+    /// Non-zero once any sender used the overflow queue.
+    pub ovf_used: AtomicU32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// One entry of the ring slot table: which sender owns ring `i`.
+#[repr(C, align(64))]
+pub struct SlotEntry {
+    /// 0 when free; otherwise the claimant's token (CAS from 0).
+    pub owner: AtomicU64,
+    /// The claimant's address, written after the claim and before `claimed`
+    /// gets this slot's bit.
+    pub addr: Address,
+}
+
+/// Control words of one SPSC ring, on separate cache lines.
+#[repr(C, align(64))]
+pub struct RingCtl {
+    /// Consumer position (cells consumed, monotonic). Written by the
+    /// consumer (release, batched), read by the producer when its cached copy
+    /// says the ring looks full.
+    pub head: PaddedU64,
+    /// Producer position (cells published, monotonic). Written by the
+    /// producer; read only by observers (`shmfab inspect`).
+    pub tail: PaddedU64,
+}
+
+/// Message header, shared by ring cells and overflow cells (24 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MsgHdr {
+    /// One of [`op`].
+    pub op: u8,
+    /// Bits of [`hdr_flags`].
+    pub flags: u8,
+    /// Cells the message occupies (>= 1).
+    pub ncells: u16,
+    /// Payload length (meaning depends on `op`).
+    pub len: u32,
+    /// Tag, or the message id of control messages.
+    pub tag: u64,
+    /// Remote CQ data, or an offset.
+    pub data: u64,
+}
+
+/// Message kinds.
+pub mod op {
+    /// Whole payload inline in the cells.
+    pub const EAGER: u8 = 1;
+    /// Start of a message sent through pool chunks; payload: msg id (u64).
+    pub const BOUNCE_HDR: u8 = 2;
+    /// One pool chunk of the current message: `tag` = msg id, `data` = offset,
+    /// `len` = bytes; payload: chunk index (u32).
+    pub const CHUNK: u8 = 3;
+    /// Request to send, single copy: `len` = total; payload: msg id (u64),
+    /// iov count (u32), pad, then (addr u64, len u64) pairs.
+    pub const RTS: u8 = 4;
+    /// Receiver to sender: single copy refused, send through the pool;
+    /// `tag` = msg id.
+    pub const CTS_BOUNCE: u8 = 5;
+    /// Receiver to sender: done with the message; `tag` = msg id, `len` = 0
+    /// or a positive fabric errno.
+    pub const FIN: u8 = 6;
+}
+
+/// Bits of `MsgHdr::flags`.
+pub mod hdr_flags {
+    /// Tagged message.
+    pub const TAGGED: u8 = 1;
+    /// `data` holds remote CQ data.
+    pub const REMOTE_CQ_DATA: u8 = 2;
+    /// Sender asked for a solicited event.
+    pub const SOLICITED: u8 = 4;
+}
+
+/// First cell of a ring message. Continuation cells are 64 bytes of payload.
+#[repr(C, align(64))]
+pub struct Cell {
+    /// `position + 1` once the message starting here is published (release
+    /// by the producer, acquire by the consumer). Any other value: not yet.
+    pub seq: AtomicU64,
+    /// Header.
+    pub hdr: MsgHdr,
+    /// First bytes of payload.
+    pub payload: [u8; CELL_PAYLOAD],
+}
+
+/// Payload bytes in a message's first ring cell.
+pub const CELL_PAYLOAD: usize = 32;
+
+/// Control block of the MPSC overflow queue (bounded, Vyukov style).
+#[repr(C, align(64))]
+pub struct OvfCtl {
+    /// Next position to enqueue (producers CAS it).
+    pub enqueue: PaddedU64,
+    /// Next position to dequeue (the owner only).
+    pub dequeue: PaddedU64,
+}
+
+/// Payload bytes of an overflow cell.
+pub const OVF_PAYLOAD: usize = 72;
+
+/// One overflow queue entry (two cache lines).
+#[repr(C, align(64))]
+pub struct OvfCell {
+    /// Vyukov sequence: `pos` when free for the producer of `pos`, `pos + 1`
+    /// when full; the consumer stores `pos + ovf_cells` after reading.
+    pub seq: AtomicU64,
+    /// Header.
+    pub hdr: MsgHdr,
+    /// Sender's address (overflow cells have no slot to say it).
+    pub src: Address,
+    /// Payload.
+    pub payload: [u8; OVF_PAYLOAD],
+}
+
+/// The bounce-buffer pool's free list: a Treiber stack of chunk indices with
+/// an ABA tag. `head` = `tag << 32 | (index + 1)`, 0 in the low half = empty.
+#[repr(C, align(64))]
+pub struct PoolCtl {
+    /// Stack head.
+    pub head: AtomicU64,
+    /// Chunks currently taken (observability only).
+    pub in_use: AtomicU32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+// Compile-time layout checks.
+#[cfg(not(loom))]
+const _: () = {
+    use core::mem::{align_of, size_of};
+    assert!(size_of::<Address>() == Address::SIZE);
+    assert!(size_of::<PaddedU64>() == 64 && align_of::<PaddedU64>() == 64);
+    assert!(size_of::<Doorbell>() == 64);
+    assert!(size_of::<RegionHeader>() == PAGE && align_of::<RegionHeader>() == PAGE);
+    assert!(size_of::<Counter>() == 128);
+    assert!(size_of::<EpHeader>() == 64);
+    assert!(size_of::<SlotEntry>() == 64);
+    assert!(size_of::<RingCtl>() == 128);
+    assert!(size_of::<MsgHdr>() == 24);
+    assert!(size_of::<Cell>() == CACHE_LINE);
+    assert!(size_of::<OvfCtl>() == 128);
+    assert!(size_of::<OvfCell>() == 2 * CACHE_LINE);
+    assert!(size_of::<PoolCtl>() == 64);
+    assert!(core::mem::offset_of!(Cell, hdr) == 8);
+    assert!(core::mem::offset_of!(Cell, payload) == 32);
+    assert!(core::mem::offset_of!(RegionHeader, magic) == 0);
+    assert!(core::mem::offset_of!(RegionHeader, layout_version) == 8);
+    assert!(core::mem::offset_of!(RegionHeader, uid) == 12);
+    assert!(core::mem::offset_of!(RegionHeader, owner_pid) == 16);
+    assert!(core::mem::offset_of!(RegionHeader, owner_start_time) == 24);
+    assert!(core::mem::offset_of!(RegionHeader, layout_hash) == 32);
+    assert!(EpGeometry::DEFAULT.validate().is_ok());
+};
+
+const fn fnv(mut h: u64, x: u64) -> u64 {
+    let mut i = 0;
+    while i < 8 {
+        h ^= (x >> (i * 8)) & 0xff;
+        h = h.wrapping_mul(0x100_0000_01b3);
+        i += 1;
+    }
+    h
+}
+
+/// Hash of the sizes, alignments and key offsets of every shared type: two
+/// builds agree on it only if they agree on the layout.
+pub const LAYOUT_HASH: u64 = {
+    use core::mem::{align_of, offset_of, size_of};
+    let parts: [u64; 24] = [
+        LAYOUT_VERSION as u64,
+        size_of::<RegionHeader>() as u64,
+        offset_of!(RegionHeader, total_size) as u64,
+        offset_of!(RegionHeader, geometry) as u64,
+        offset_of!(RegionHeader, doorbell) as u64,
+        size_of::<EpGeometry>() as u64,
+        size_of::<Counter>() as u64,
+        size_of::<EpHeader>() as u64,
+        offset_of!(EpHeader, claimed) as u64,
+        size_of::<SlotEntry>() as u64,
+        offset_of!(SlotEntry, addr) as u64,
+        size_of::<RingCtl>() as u64,
+        size_of::<MsgHdr>() as u64,
+        offset_of!(MsgHdr, tag) as u64,
+        size_of::<Cell>() as u64,
+        offset_of!(Cell, payload) as u64,
+        size_of::<OvfCell>() as u64,
+        offset_of!(OvfCell, src) as u64,
+        offset_of!(OvfCell, payload) as u64,
+        size_of::<PoolCtl>() as u64,
+        size_of::<Address>() as u64,
+        align_of::<Cell>() as u64,
+        MAX_SLOTS as u64,
+        MAX_IOV as u64,
+    ];
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut i = 0;
+    while i < parts.len() {
+        h = fnv(h, parts[i]);
+        i += 1;
+    }
+    h
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_round_trips() {
+        let a = Address {
+            uid: 1000,
+            job: 0xdead_beef,
+            token: 0x0123_4567_89ab_cdef,
+            ep_index: 3,
+            generation: 2,
+        };
+        assert_eq!(Address::from_bytes(&a.to_bytes()), Some(a));
+        assert_eq!(Address::from_bytes(&[0u8; 5]), None);
+    }
+
+    #[test]
+    fn geometry_offsets_are_ordered_and_aligned() {
+        let g = EpGeometry::DEFAULT;
+        assert!(g.slots_offset() < g.ringctl_offset());
+        assert!(g.ringctl_offset() < g.cells_offset());
+        assert_eq!(g.cells_offset() % PAGE, 0);
+        assert!(g.ovfctl_offset() < g.ovf_cells_offset());
+        assert!(g.poolctl_offset() < g.pool_next_offset());
+        assert_eq!(g.chunks_offset() % PAGE, 0);
+        assert!(g.section_size() >= g.chunks_offset() + 32 * 32 * 1024);
+        assert_eq!(region_size(&g, 2, 8) % PAGE, 0);
+    }
+
+    #[test]
+    fn geometry_rejects_bad_values() {
+        let mut g = EpGeometry::DEFAULT;
+        g.ring_cells = 100;
+        assert!(g.validate().is_err());
+        let mut g = EpGeometry::DEFAULT;
+        g.n_slots = 65;
+        assert!(g.validate().is_err());
+        let mut g = EpGeometry::DEFAULT;
+        g.chunk_size = 1000;
+        assert!(g.validate().is_err());
+        let mut g = EpGeometry::DEFAULT;
+        g.pool_chunks = 0;
+        assert!(g.validate().is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! Counters as in fi_cntr(3): a success value and an error value, both in
+//! the domain's shared region (so remote events can update them later);
+//! `read` and `readerr` drive progress first.
+
+use crate::domain::{Domain, DomainInner};
+use crate::error::{Error, ErrorKind, Result};
+use crate::sync::Ordering;
+use std::sync::Arc;
+
+pub(crate) struct CntrState {
+    /// Endpoints bound.
+    pub bound: usize,
+    /// Handle dropped while bound.
+    pub orphaned: bool,
+}
+
+/// A counter.
+pub struct Counter {
+    pub(crate) dom: Arc<DomainInner>,
+    pub(crate) id: usize,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Domain {
+    /// Opens a counter (value and error start at 0).
+    pub fn cntr_open(&self) -> Result<Counter> {
+        let mut st = self.inner.lock();
+        let n = self.inner.counters().len();
+        let id = match st.cntrs.iter().position(|c| c.is_none()) {
+            Some(i) => i,
+            None if st.cntrs.len() < n => {
+                st.cntrs.push(None);
+                st.cntrs.len() - 1
+            }
+            None => {
+                return Err(Error::with(
+                    ErrorKind::NoSpc,
+                    format!("all {n} counters of the domain are open"),
+                ))
+            }
+        };
+        st.cntrs[id] = Some(CntrState {
+            bound: 0,
+            orphaned: false,
+        });
+        let c = &self.inner.counters()[id];
+        c.value.v.store(0, Ordering::Relaxed);
+        c.err.v.store(0, Ordering::Release);
+        Ok(Counter {
+            dom: self.inner.clone(),
+            id,
+            closed: false.into(),
+        })
+    }
+}
+
+impl Counter {
+    fn shm(&self) -> Result<&shm_layout::Counter> {
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::with(ErrorKind::Inval, "counter is closed"));
+        }
+        Ok(&self.dom.counters()[self.id])
+    }
+
+    fn progress(&self) {
+        let mut st = self.dom.lock();
+        self.dom.progress(&mut st);
+    }
+
+    /// Success value (after a progress pass).
+    pub fn read(&self) -> Result<u64> {
+        self.progress();
+        // SYNC: pairs with the release increments in progress.
+        Ok(self.shm()?.value.v.load(Ordering::Acquire))
+    }
+
+    /// Error value (after a progress pass).
+    pub fn readerr(&self) -> Result<u64> {
+        self.progress();
+        Ok(self.shm()?.err.v.load(Ordering::Acquire))
+    }
+
+    /// Adds to the success value.
+    pub fn add(&self, v: u64) -> Result<()> {
+        self.shm()?.value.v.fetch_add(v, Ordering::Release);
+        Ok(())
+    }
+
+    /// Sets the success value.
+    pub fn set(&self, v: u64) -> Result<()> {
+        self.shm()?.value.v.store(v, Ordering::Release);
+        Ok(())
+    }
+
+    /// Adds to the error value.
+    pub fn adderr(&self, v: u64) -> Result<()> {
+        self.shm()?.err.v.fetch_add(v, Ordering::Release);
+        Ok(())
+    }
+
+    /// Sets the error value.
+    pub fn seterr(&self, v: u64) -> Result<()> {
+        self.shm()?.err.v.store(v, Ordering::Release);
+        Ok(())
+    }
+
+    /// Index of the counter in the domain region's counter table.
+    pub fn index(&self) -> usize {
+        self.id
+    }
+
+    /// Closes the counter; `Busy` while endpoints are bound to it.
+    pub fn close(&self) -> Result<()> {
+        let mut st = self.dom.lock();
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let c = st.cntrs[self.id].as_mut().expect("state");
+        if c.bound > 0 {
+            return Err(Error::with(
+                ErrorKind::Busy,
+                format!("counter is bound to {} endpoint(s)", c.bound),
+            ));
+        }
+        st.cntrs[self.id] = None;
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Drop for Counter {
+    fn drop(&mut self) {
+        if self.close().is_err() {
+            let mut st = self.dom.lock();
+            if let Some(c) = st.cntrs[self.id].as_mut() {
+                c.orphaned = true;
+            }
+        }
+    }
+}

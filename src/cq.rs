@@ -1,0 +1,560 @@
+//! Completion queues as in fi_cq(3): formats context, msg, data and tagged;
+//! `read`, `readfrom`, `readerr` with its error queue (`-FI_EAVAIL` while an
+//! error waits), `strerror`, and the overrun state.
+//!
+//! A CQ is a process-local object of its domain; reading it drives the
+//! domain's progress. Progress stops taking inbound messages while a receive
+//! CQ holds `size` entries (back-pressure); entries that must be written
+//! anyway (completions of work already done) may go past `size`, up to
+//! [`CqState::hard_cap`]; one more puts the CQ in the overrun state, which is
+//! fatal as the man page says: after the valid entries, reads return
+//! `-FI_EOVERRUN`.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::flags::{FiAddr, FI_ADDR_NOTAVAIL};
+use std::collections::VecDeque;
+use std::ffi::CString;
+
+/// Entry format of a CQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CqFormat {
+    /// Provider's choice: tagged.
+    #[default]
+    Unspec,
+    /// `fi_cq_entry`.
+    Context,
+    /// `fi_cq_msg_entry`.
+    Msg,
+    /// `fi_cq_data_entry`.
+    Data,
+    /// `fi_cq_tagged_entry`.
+    Tagged,
+}
+
+/// `struct fi_cq_entry`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqEntry {
+    /// Operation context.
+    pub op_context: usize,
+}
+
+/// `struct fi_cq_msg_entry`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqMsgEntry {
+    /// Operation context.
+    pub op_context: usize,
+    /// Completion flags.
+    pub flags: u64,
+    /// Bytes received.
+    pub len: usize,
+}
+
+/// `struct fi_cq_data_entry`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqDataEntry {
+    /// Operation context.
+    pub op_context: usize,
+    /// Completion flags.
+    pub flags: u64,
+    /// Bytes received.
+    pub len: usize,
+    /// Where the data went (multi-receive buffers).
+    pub buf: usize,
+    /// Remote CQ data.
+    pub data: u64,
+}
+
+/// `struct fi_cq_tagged_entry`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqTaggedEntry {
+    /// Operation context.
+    pub op_context: usize,
+    /// Completion flags.
+    pub flags: u64,
+    /// Bytes received.
+    pub len: usize,
+    /// Where the data went (multi-receive buffers).
+    pub buf: usize,
+    /// Remote CQ data.
+    pub data: u64,
+    /// Received tag.
+    pub tag: u64,
+}
+
+/// `struct fi_cq_err_entry`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqErrEntry {
+    /// Operation context.
+    pub op_context: usize,
+    /// Completion flags.
+    pub flags: u64,
+    /// Bytes delivered.
+    pub len: usize,
+    /// Receive buffer.
+    pub buf: usize,
+    /// Remote CQ data.
+    pub data: u64,
+    /// Tag.
+    pub tag: u64,
+    /// Bytes that did not fit (truncation).
+    pub olen: usize,
+    /// Positive fabric errno.
+    pub err: i32,
+    /// Provider errno (see [`strerror`]).
+    pub prov_errno: i32,
+    /// NUL-terminated description owned by the CQ, valid until the next
+    /// `readerr` on it.
+    pub err_data: usize,
+    /// Bytes of `err_data`.
+    pub err_data_size: usize,
+}
+
+impl Default for CqErrEntry {
+    fn default() -> Self {
+        CqErrEntry {
+            op_context: 0,
+            flags: 0,
+            len: 0,
+            buf: 0,
+            data: 0,
+            tag: 0,
+            olen: 0,
+            err: 0,
+            prov_errno: 0,
+            err_data: 0,
+            err_data_size: 0,
+        }
+    }
+}
+
+/// Provider error codes carried in `prov_errno`.
+pub mod prov {
+    /// The message was longer than the receive buffer.
+    pub const TRUNCATED: i32 = 1;
+    /// Single copy from the peer failed (bad address or peer gone).
+    pub const CMA_FAULT: i32 = 2;
+    /// The peer broke the protocol (bad index, length or order).
+    pub const PROTOCOL: i32 = 3;
+    /// The peer reported an error for this message.
+    pub const REMOTE: i32 = 4;
+}
+
+/// Text of a provider errno, as fi_cq_strerror gives it.
+pub fn strerror(prov_errno: i32) -> &'static str {
+    match prov_errno {
+        prov::TRUNCATED => "message longer than the receive buffer: truncated",
+        prov::CMA_FAULT => "single copy from the peer's memory failed",
+        prov::PROTOCOL => "peer sent a malformed message",
+        prov::REMOTE => "peer reported an error for this message",
+        _ => "no provider error",
+    }
+}
+
+/// A CQ entry format usable with [`CompletionQueue::read`](crate::CompletionQueue::read).
+pub trait CqFormatEntry: Copy + Default {
+    /// The format this type is.
+    const FORMAT: CqFormat;
+    /// Builds from the full entry.
+    fn from_full(e: &CqTaggedEntry) -> Self;
+}
+
+impl CqFormatEntry for CqEntry {
+    const FORMAT: CqFormat = CqFormat::Context;
+    fn from_full(e: &CqTaggedEntry) -> Self {
+        CqEntry {
+            op_context: e.op_context,
+        }
+    }
+}
+impl CqFormatEntry for CqMsgEntry {
+    const FORMAT: CqFormat = CqFormat::Msg;
+    fn from_full(e: &CqTaggedEntry) -> Self {
+        CqMsgEntry {
+            op_context: e.op_context,
+            flags: e.flags,
+            len: e.len,
+        }
+    }
+}
+impl CqFormatEntry for CqDataEntry {
+    const FORMAT: CqFormat = CqFormat::Data;
+    fn from_full(e: &CqTaggedEntry) -> Self {
+        CqDataEntry {
+            op_context: e.op_context,
+            flags: e.flags,
+            len: e.len,
+            buf: e.buf,
+            data: e.data,
+        }
+    }
+}
+impl CqFormatEntry for CqTaggedEntry {
+    const FORMAT: CqFormat = CqFormat::Tagged;
+    fn from_full(e: &CqTaggedEntry) -> Self {
+        *e
+    }
+}
+
+/// CQ attributes.
+#[derive(Clone, Copy, Debug)]
+pub struct CqAttr {
+    /// Entries (0: provider default, 1024).
+    pub size: usize,
+    /// Entry format.
+    pub format: CqFormat,
+}
+
+impl Default for CqAttr {
+    fn default() -> Self {
+        CqAttr {
+            size: 0,
+            format: CqFormat::Unspec,
+        }
+    }
+}
+
+/// In-process state of a CQ.
+pub(crate) struct CqState {
+    /// Format fixed at open.
+    pub format: CqFormat,
+    /// Soft capacity.
+    pub size: usize,
+    /// Successful completions with their source fi_addr.
+    pub entries: VecDeque<(CqTaggedEntry, FiAddr)>,
+    /// Error completions with their detail text.
+    pub errors: VecDeque<(CqErrEntry, String)>,
+    /// Set once an entry was lost; fatal.
+    pub overrun: bool,
+    /// Endpoints bound to this CQ.
+    pub bound: usize,
+    /// The handle was dropped while bound: free on last unbind.
+    pub orphaned: bool,
+    /// Keeps the last error's text alive for `err_data`.
+    pub last_err: CString,
+}
+
+impl CqState {
+    pub fn new(attr: &CqAttr) -> CqState {
+        CqState {
+            format: if attr.format == CqFormat::Unspec {
+                CqFormat::Tagged
+            } else {
+                attr.format
+            },
+            size: if attr.size == 0 { 1024 } else { attr.size },
+            entries: VecDeque::new(),
+            errors: VecDeque::new(),
+            overrun: false,
+            bound: 0,
+            orphaned: false,
+            last_err: CString::default(),
+        }
+    }
+
+    /// Most entries held before the CQ overruns.
+    pub fn hard_cap(&self) -> usize {
+        self.size.saturating_mul(4).max(self.size + 64)
+    }
+
+    /// Whether progress may take another inbound message for this CQ.
+    #[inline]
+    pub fn has_room(&self) -> bool {
+        !self.overrun && self.entries.len() + self.errors.len() < self.size
+    }
+
+    #[inline]
+    pub fn push(&mut self, e: CqTaggedEntry, src: FiAddr) {
+        if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
+            self.overrun = true;
+            return;
+        }
+        self.entries.push_back((e, src));
+    }
+
+    pub fn push_err(&mut self, e: CqErrEntry, detail: String) {
+        if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
+            self.overrun = true;
+            return;
+        }
+        self.errors.push_back((e, detail));
+    }
+
+    /// fi_cq_read(from): entries in `out`, sources in `src` if given.
+    pub fn read<T: CqFormatEntry>(
+        &mut self,
+        out: &mut [T],
+        mut src: Option<&mut [FiAddr]>,
+    ) -> Result<usize> {
+        if T::FORMAT != self.format {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                format!(
+                    "CQ format is {:?}, read asked for {:?}",
+                    self.format,
+                    T::FORMAT
+                ),
+            ));
+        }
+        if let Some(s) = &src {
+            if s.len() < out.len() {
+                return Err(Error::with(
+                    ErrorKind::Inval,
+                    "src_addr needs as many entries as count",
+                ));
+            }
+        }
+        if out.is_empty() {
+            return Err(Error::with(ErrorKind::Inval, "count must be at least 1"));
+        }
+        if !self.errors.is_empty() {
+            return Err(Error::new(ErrorKind::Avail));
+        }
+        let n = out.len().min(self.entries.len());
+        if n == 0 {
+            return Err(if self.overrun {
+                Error::new(ErrorKind::Overrun)
+            } else {
+                Error::AGAIN
+            });
+        }
+        for (i, slot) in out.iter_mut().take(n).enumerate() {
+            let (e, a) = self.entries.pop_front().expect("counted");
+            *slot = T::from_full(&e);
+            if let Some(s) = src.as_deref_mut() {
+                s[i] = a;
+            }
+        }
+        Ok(n)
+    }
+
+    /// fi_cq_readerr.
+    pub fn readerr(&mut self) -> Result<CqErrEntry> {
+        let Some((mut e, detail)) = self.errors.pop_front() else {
+            return Err(if self.overrun {
+                Error::new(ErrorKind::Overrun)
+            } else {
+                Error::AGAIN
+            });
+        };
+        self.last_err = CString::new(detail.replace('\0', " ")).unwrap_or_default();
+        e.err_data = self.last_err.as_ptr() as usize;
+        e.err_data_size = self.last_err.as_bytes().len();
+        Ok(e)
+    }
+
+    /// Text of the last error read, for [`CqErrEntry::err_data`].
+    pub fn last_err_text(&self) -> String {
+        self.last_err.to_string_lossy().into_owned()
+    }
+}
+
+/// Source address placeholder for entries with no source.
+pub(crate) const NO_SRC: FiAddr = FI_ADDR_NOTAVAIL;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(ctx: usize) -> CqTaggedEntry {
+        CqTaggedEntry {
+            op_context: ctx,
+            flags: 1,
+            len: 2,
+            buf: 3,
+            data: 4,
+            tag: 5,
+        }
+    }
+
+    #[test]
+    fn format_is_checked_and_entries_convert() {
+        let mut cq = CqState::new(&CqAttr {
+            size: 4,
+            format: CqFormat::Msg,
+        });
+        cq.push(full(9), 7);
+        let mut t = [CqTaggedEntry::default(); 1];
+        assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Inval);
+        let mut m = [CqMsgEntry::default(); 2];
+        let mut src = [0u64; 2];
+        assert_eq!(cq.read(&mut m, Some(&mut src)).unwrap(), 1);
+        assert_eq!(
+            m[0],
+            CqMsgEntry {
+                op_context: 9,
+                flags: 1,
+                len: 2
+            }
+        );
+        assert_eq!(src[0], 7);
+        assert_eq!(cq.read(&mut m, None).unwrap_err().kind(), ErrorKind::Again);
+    }
+
+    #[test]
+    fn error_entry_blocks_reads_until_readerr() {
+        let mut cq = CqState::new(&CqAttr::default());
+        cq.push(full(1), NO_SRC);
+        cq.push_err(
+            CqErrEntry {
+                op_context: 2,
+                err: 265,
+                olen: 10,
+                ..Default::default()
+            },
+            "peer X".into(),
+        );
+        let mut t = [CqTaggedEntry::default(); 4];
+        assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Avail);
+        let e = cq.readerr().unwrap();
+        assert_eq!((e.op_context, e.err, e.olen), (2, 265, 10));
+        // SAFETY: err_data points at the CQ's NUL-terminated buffer.
+        let s = unsafe { std::ffi::CStr::from_ptr(e.err_data as *const libc::c_char) };
+        assert_eq!(s.to_str().unwrap(), "peer X");
+        assert_eq!(e.err_data_size, 6);
+        assert_eq!(cq.read(&mut t, None).unwrap(), 1);
+        assert_eq!(cq.readerr().unwrap_err().kind(), ErrorKind::Again);
+    }
+
+    #[test]
+    fn overrun_after_valid_entries() {
+        let mut cq = CqState::new(&CqAttr {
+            size: 2,
+            format: CqFormat::Context,
+        });
+        assert!(cq.has_room());
+        for i in 0..cq.hard_cap() {
+            cq.push(full(i), NO_SRC);
+        }
+        assert!(!cq.has_room());
+        assert!(!cq.overrun);
+        cq.push(full(999), NO_SRC);
+        assert!(cq.overrun);
+        let mut out = vec![CqEntry::default(); 1000];
+        let n = cq.read(&mut out, None).unwrap();
+        assert_eq!(n, cq.hard_cap());
+        assert_eq!(
+            out[n - 1].op_context,
+            n - 1,
+            "valid entries kept, the lost one not"
+        );
+        assert_eq!(
+            cq.read(&mut out, None).unwrap_err().kind(),
+            ErrorKind::Overrun
+        );
+        assert_eq!(cq.readerr().unwrap_err().kind(), ErrorKind::Overrun);
+    }
+}
+
+/// A completion queue.
+pub struct CompletionQueue {
+    pub(crate) dom: std::sync::Arc<crate::domain::DomainInner>,
+    pub(crate) id: usize,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl crate::Domain {
+    /// Opens a CQ (fi_cq_open).
+    pub fn cq_open(&self, attr: &CqAttr) -> Result<CompletionQueue> {
+        if attr.size > 1 << 24 {
+            return Err(Error::with(ErrorKind::Inval, "CQ size above 16M entries"));
+        }
+        let mut st = self.inner.lock();
+        let s = CqState::new(attr);
+        let id = match st.cqs.iter().position(|c| c.is_none()) {
+            Some(i) => {
+                st.cqs[i] = Some(s);
+                i
+            }
+            None => {
+                st.cqs.push(Some(s));
+                st.cqs.len() - 1
+            }
+        };
+        Ok(CompletionQueue {
+            dom: self.inner.clone(),
+            id,
+            closed: false.into(),
+        })
+    }
+}
+
+impl CompletionQueue {
+    fn with<R>(&self, progress: bool, f: impl FnOnce(&mut CqState) -> Result<R>) -> Result<R> {
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
+        }
+        let mut st = self.dom.lock();
+        if progress {
+            self.dom.progress(&mut st);
+        }
+        f(st.cqs[self.id].as_mut().expect("open CQ has state"))
+    }
+
+    /// fi_cq_read: drives progress, then returns up to `out.len()` entries;
+    /// `-FI_EAGAIN` when none, `-FI_EAVAIL` while an error entry waits.
+    pub fn read<T: CqFormatEntry>(&self, out: &mut [T]) -> Result<usize> {
+        self.with(true, |c| c.read(out, None))
+    }
+
+    /// fi_cq_readfrom: as `read`, with each entry's source address
+    /// (FI_ADDR_NOTAVAIL when the source is not in the bound AV).
+    pub fn readfrom<T: CqFormatEntry>(&self, out: &mut [T], src: &mut [FiAddr]) -> Result<usize> {
+        self.with(true, |c| c.read(out, Some(src)))
+    }
+
+    /// fi_cq_readerr: the next error entry; its `err_data` stays valid until
+    /// the next `readerr`.
+    pub fn readerr(&self) -> Result<CqErrEntry> {
+        self.with(false, |c| c.readerr())
+    }
+
+    /// The text of the last error entry read (what `err_data` points at).
+    pub fn last_error_text(&self) -> Result<String> {
+        self.with(false, |c| Ok(c.last_err_text()))
+    }
+
+    /// fi_cq_strerror.
+    pub fn strerror(&self, prov_errno: i32) -> &'static str {
+        strerror(prov_errno)
+    }
+
+    /// The entry format in force.
+    pub fn format(&self) -> Result<CqFormat> {
+        self.with(false, |c| Ok(c.format))
+    }
+
+    /// Closes the CQ; `Busy` while endpoints are bound to it.
+    pub fn close(&self) -> Result<()> {
+        let mut st = self.dom.lock();
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let c = st.cqs[self.id].as_mut().expect("state");
+        if c.bound > 0 {
+            return Err(Error::with(
+                ErrorKind::Busy,
+                format!("CQ is bound to {} endpoint(s)", c.bound),
+            ));
+        }
+        st.cqs[self.id] = None;
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        if self.close().is_err() {
+            let mut st = self.dom.lock();
+            if let Some(c) = st.cqs[self.id].as_mut() {
+                c.orphaned = true;
+            }
+        }
+    }
+}

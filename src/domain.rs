@@ -1,0 +1,342 @@
+//! Fabric and domain: the objects everything else is opened from.
+//!
+//! A domain owns one shared region (header with the doorbell, a counter
+//! table, and one section per endpoint) and all in-process state of its
+//! objects behind one lock: one uncontended lock per call is the whole cost
+//! of thread safety, and a progress pass sees every endpoint, CQ and counter
+//! of the domain at once.
+
+use crate::av::AvState;
+use crate::cntr::CntrState;
+use crate::cq::CqState;
+use crate::ep::EpState;
+use crate::error::{Error, ErrorKind, Result};
+use crate::proto::Config;
+use crate::region::{self, Region};
+use shm_layout::{
+    ep_state, eps_offset, Address, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl,
+    SlotEntry,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// The fabric: configuration shared by its domains.
+pub struct Fabric {
+    cfg: Config,
+}
+
+impl Fabric {
+    /// Opens the fabric with the configuration from the environment
+    /// (`SHMFAB_*`, see [`crate::proto`]).
+    pub fn open() -> Result<Fabric> {
+        Ok(Fabric {
+            cfg: Config::from_env(),
+        })
+    }
+
+    /// Opens the fabric with an explicit configuration.
+    pub fn with_config(mut cfg: Config) -> Result<Fabric> {
+        cfg.geometry
+            .validate()
+            .map_err(|m| Error::with(ErrorKind::Inval, format!("bad geometry: {m}")))?;
+        cfg.clamp();
+        Ok(Fabric { cfg })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Opens a domain: creates its shared region (removing this user's
+    /// regions whose owners died first).
+    pub fn domain(&self) -> Result<Domain> {
+        region::clean_dead(false);
+        let job = region::job_hash(&region::job_id());
+        let cfg = self.cfg.clone();
+        let region = Region::create(job, &cfg.geometry, cfg.max_eps, cfg.max_counters)?;
+        let token = region
+            .name()
+            .rsplit('.')
+            .next()
+            .and_then(|t| u64::from_str_radix(t, 16).ok())
+            .ok_or_else(|| Error::with(ErrorKind::Other, "region name without token"))?;
+        let n = cfg.max_eps as usize;
+        let st = DomainState {
+            eps: (0..n).map(|_| None).collect(),
+            ep_gen: vec![0; n],
+            cqs: Vec::new(),
+            cntrs: Vec::new(),
+            avs: Vec::new(),
+            regions: HashMap::new(),
+        };
+        Ok(Domain {
+            inner: Arc::new(DomainInner {
+                cfg,
+                region,
+                job,
+                token,
+                uid: region::uid(),
+                st: Mutex::new(st),
+            }),
+        })
+    }
+}
+
+/// A domain (see the module docs).
+#[derive(Clone)]
+pub struct Domain {
+    pub(crate) inner: Arc<DomainInner>,
+}
+
+pub(crate) struct DomainInner {
+    pub cfg: Config,
+    pub region: Region,
+    pub job: u32,
+    pub token: u64,
+    pub uid: u32,
+    pub st: Mutex<DomainState>,
+}
+
+/// Everything in-process of a domain.
+pub(crate) struct DomainState {
+    /// Endpoints by section index.
+    pub eps: Vec<Option<Box<EpState>>>,
+    /// Generation of each section (bumped at each open).
+    pub ep_gen: Vec<u32>,
+    pub cqs: Vec<Option<CqState>>,
+    pub cntrs: Vec<Option<CntrState>>,
+    pub avs: Vec<Option<AvState>>,
+    /// Peer regions mapped so far, by name (first contact maps them).
+    pub regions: HashMap<String, Arc<Region>>,
+}
+
+/// What a progress pass needs besides the endpoint it works on.
+pub(crate) struct Ctx<'a> {
+    pub cfg: &'a Config,
+    pub cqs: &'a mut [Option<CqState>],
+    pub avs: &'a [Option<AvState>],
+    pub regions: &'a mut HashMap<String, Arc<Region>>,
+    pub counters: &'a [shm_layout::Counter],
+    pub me: Address,
+}
+
+impl DomainInner {
+    pub fn lock(&self) -> MutexGuard<'_, DomainState> {
+        // A panic while holding the lock leaves state we cannot trust less
+        // than the caller's data; keep going rather than poison every call.
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn region_fd(&self) -> &std::fs::File {
+        self.region.file()
+    }
+
+    pub fn counters(&self) -> &[shm_layout::Counter] {
+        let (_, _, n) = self.region.geometry();
+        // SAFETY: the counter table lies inside our own region (region_size
+        // counts it) and Counter holds only atomics.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.region.base().add(shm_layout::COUNTERS_OFFSET) as *const shm_layout::Counter,
+                n as usize,
+            )
+        }
+    }
+
+    /// Runs `f` with the endpoint `idx` and a progress context.
+    pub fn with_ep<R>(
+        &self,
+        st: &mut DomainState,
+        idx: usize,
+        f: impl FnOnce(&mut EpState, &mut Ctx<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let DomainState {
+            eps,
+            cqs,
+            avs,
+            regions,
+            ..
+        } = st;
+        let ep = eps
+            .get_mut(idx)
+            .and_then(|e| e.as_deref_mut())
+            .ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
+        let mut ctx = Ctx {
+            cfg: &self.cfg,
+            cqs,
+            avs,
+            regions,
+            counters: self.counters(),
+            me: ep.addr,
+        };
+        f(ep, &mut ctx)
+    }
+
+    /// One progress pass over every enabled endpoint.
+    pub fn progress(&self, st: &mut DomainState) {
+        let counters = self.counters();
+        let DomainState {
+            eps,
+            cqs,
+            avs,
+            regions,
+            ..
+        } = st;
+        for ep in eps.iter_mut().flatten() {
+            if !ep.enabled {
+                continue;
+            }
+            let mut ctx = Ctx {
+                cfg: &self.cfg,
+                cqs,
+                avs,
+                regions,
+                counters,
+                me: ep.addr,
+            };
+            crate::progress::progress_ep(ep, &mut ctx);
+        }
+    }
+
+    /// Whether any enabled endpoint has inbound work waiting.
+    fn has_inbound(&self, st: &DomainState) -> bool {
+        st.eps
+            .iter()
+            .flatten()
+            .any(|ep| ep.enabled && ep.inbound_ready())
+    }
+}
+
+impl Domain {
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Name of the domain's region under /dev/shm.
+    pub fn region_name(&self) -> &str {
+        self.inner.region.name()
+    }
+
+    /// Runs one progress pass (reading a CQ or counter does this too).
+    pub fn progress(&self) {
+        let mut st = self.inner.lock();
+        self.inner.progress(&mut st);
+    }
+
+    /// Sleeps on the domain's doorbell until inbound work may be there or
+    /// `timeout` passes; returns at once if work is already waiting. Wake-ups
+    /// may be spurious: callers re-check. Work that is not a new inbound
+    /// message (pool chunks freed, credit returned) does not ring the
+    /// doorbell, so callers waiting for that should pass a short timeout.
+    pub fn wait(&self, timeout: Duration) {
+        let db = &self.inner.region.header().doorbell;
+        crate::doorbell::wait(
+            db,
+            || {
+                let st = self.inner.lock();
+                self.inner.has_inbound(&st)
+            },
+            Some(timeout),
+        );
+    }
+}
+
+/// Pointers to the parts of one endpoint section of a region.
+#[derive(Clone, Copy)]
+pub(crate) struct Section {
+    pub g: EpGeometry,
+    pub hdr: *const EpHeader,
+    pub slots: *const SlotEntry,
+    pub ringctl: *const RingCtl,
+    pub cells: *mut u8,
+    pub ovfctl: *const OvfCtl,
+    pub ovfcells: *mut OvfCell,
+    pub poolctl: *const PoolCtl,
+    pub pool_next: *const crate::sync::AtomicU32,
+    pub chunks: *mut u8,
+    /// Offset of the section in its region.
+    pub offset: usize,
+}
+
+impl Section {
+    /// The section of endpoint `ep` in `r`, whose size was validated against
+    /// its geometry (create or attach).
+    pub fn of(r: &Region, ep: u32) -> Result<Section> {
+        let (g, n_eps, n_counters) = r.geometry();
+        if ep >= n_eps {
+            return Err(Error::with(
+                ErrorKind::AddrNotAvail,
+                format!(
+                    "endpoint index {ep} out of range: region {} has {n_eps}",
+                    r.name()
+                ),
+            ));
+        }
+        let off = eps_offset(n_counters) + ep as usize * g.section_size();
+        Ok(Section {
+            g,
+            hdr: r.at(off)?,
+            slots: r.at(off + g.slots_offset())?,
+            ringctl: r.at(off + g.ringctl_offset())?,
+            cells: r.at::<u8>(off + g.cells_offset())?,
+            ovfctl: r.at(off + g.ovfctl_offset())?,
+            ovfcells: r.at(off + g.ovf_cells_offset())?,
+            poolctl: r.at(off + g.poolctl_offset())?,
+            pool_next: r.at(off + g.pool_next_offset())?,
+            chunks: r.at::<u8>(off + g.chunks_offset())?,
+            offset: off,
+        })
+    }
+
+    pub fn header(&self) -> &EpHeader {
+        // SAFETY: inside a live mapping (the caller holds its Region).
+        unsafe { &*self.hdr }
+    }
+
+    pub fn ring_cells(&self, slot: u32) -> *mut u8 {
+        // SAFETY: slot < n_slots (callers check), so the ring lies in the section.
+        unsafe {
+            self.cells
+                .add(slot as usize * self.g.ring_cells as usize * shm_layout::CACHE_LINE)
+        }
+    }
+
+    pub fn ringctl_at(&self, slot: u32) -> *const RingCtl {
+        // SAFETY: slot < n_slots.
+        unsafe { self.ringctl.add(slot as usize) }
+    }
+
+    pub fn slot(&self, slot: u32) -> &SlotEntry {
+        // SAFETY: slot < n_slots; SlotEntry is atomics and plain data.
+        unsafe { &*self.slots.add(slot as usize) }
+    }
+
+    pub fn pool(&self) -> crate::pool::Pool {
+        // SAFETY: the pointers cover the pool as the geometry says.
+        unsafe {
+            crate::pool::Pool::new(
+                self.poolctl,
+                self.pool_next,
+                self.chunks,
+                self.g.pool_chunks,
+                self.g.chunk_size as usize,
+            )
+        }
+    }
+
+    pub fn ovf(&self) -> crate::ovf::Ovf {
+        // SAFETY: as above.
+        unsafe { crate::ovf::Ovf::new(self.ovfctl, self.ovfcells, self.g.ovf_cells as usize) }
+    }
+
+    /// Whether the endpoint is open at `generation`.
+    pub fn open_at(&self, generation: u32) -> bool {
+        use crate::sync::Ordering;
+        let h = self.header();
+        h.state.load(Ordering::Acquire) == ep_state::OPEN
+            && h.generation.load(Ordering::Acquire) == generation
+    }
+}

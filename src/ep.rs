@@ -1,0 +1,1423 @@
+//! Reliable-datagram endpoints: binding, addressing, and posting sends and
+//! receives (untagged and tagged, with iovs, remote CQ data, inject,
+//! directed receive and multi-receive buffers).
+//!
+//! Operations that take a caller's buffer and complete later are `unsafe`:
+//! the buffer must stay valid (and, for sends, unchanged) until its
+//! completion is reported, as in libfabric. `inject` copies and is safe.
+
+use crate::av::AvState;
+use crate::domain::{Ctx, Domain, DomainInner, Section};
+use crate::error::{Error, ErrorKind, Result};
+use crate::flags::*;
+use crate::ovf::Ovf;
+use crate::pool::Pool;
+use crate::proto::{self, Proto, INJECT_SIZE, MAX_MSG_SIZE};
+use crate::region::Region;
+use crate::ring::{RingRx, RingTx};
+use crate::sync::Ordering;
+use shm_layout::{ep_state, Address, Doorbell, MAX_IOV};
+use std::collections::{HashMap, VecDeque};
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::Arc;
+
+/// One buffer segment (address and length), kept as integers: the memory is
+/// the caller's, valid until completion by the operation's contract.
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct Iov {
+    pub ptr: usize,
+    pub len: usize,
+}
+
+/// Up to [`MAX_IOV`] segments.
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct Iovs {
+    pub v: [Iov; MAX_IOV],
+    pub n: usize,
+}
+
+impl Iovs {
+    pub fn one(ptr: usize, len: usize) -> Iovs {
+        let mut v = [Iov::default(); MAX_IOV];
+        v[0] = Iov { ptr, len };
+        Iovs { v, n: 1 }
+    }
+
+    pub fn total(&self) -> usize {
+        self.v[..self.n].iter().map(|i| i.len).sum()
+    }
+
+    pub fn segs(&self) -> &[Iov] {
+        &self.v[..self.n]
+    }
+
+    /// Copies `len` bytes into the segments starting at byte `off`, taking
+    /// them from `read(src_off, dst)`; clipped to the segments' total.
+    /// Returns bytes copied.
+    pub fn scatter(&self, off: usize, len: usize, mut read: impl FnMut(usize, &mut [u8])) -> usize {
+        let mut skip = off;
+        let mut left = len;
+        let mut done = 0;
+        for s in self.segs() {
+            if left == 0 {
+                break;
+            }
+            if skip >= s.len {
+                skip -= s.len;
+                continue;
+            }
+            let n = (s.len - skip).min(left);
+            // SAFETY: the segment is the caller's receive buffer, valid and
+            // writable until completion; skip + n <= s.len.
+            let dst = unsafe { std::slice::from_raw_parts_mut((s.ptr + skip) as *mut u8, n) };
+            read(done, dst);
+            done += n;
+            left -= n;
+            skip = 0;
+        }
+        done
+    }
+
+    /// Copies bytes `[off, off + dst.len())` of the segments into `dst`.
+    pub fn gather(&self, off: usize, dst: &mut [u8]) {
+        let mut skip = off;
+        let mut at = 0;
+        for s in self.segs() {
+            if at == dst.len() {
+                break;
+            }
+            if skip >= s.len {
+                skip -= s.len;
+                continue;
+            }
+            let n = (s.len - skip).min(dst.len() - at);
+            // SAFETY: the segment is the caller's send buffer, valid until
+            // completion; skip + n <= s.len.
+            let src = unsafe { std::slice::from_raw_parts((s.ptr + skip) as *const u8, n) };
+            dst[at..at + n].copy_from_slice(src);
+            at += n;
+            skip = 0;
+        }
+    }
+
+    /// The segments as slices.
+    ///
+    /// # Safety
+    /// The segments must be valid for reads (the operation's contract).
+    pub unsafe fn slices(&self) -> [&[u8]; MAX_IOV] {
+        let mut out: [&[u8]; MAX_IOV] = [&[]; MAX_IOV];
+        for (o, s) in out.iter_mut().zip(self.segs()) {
+            // SAFETY: per this function's contract.
+            *o = unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) };
+        }
+        out
+    }
+}
+
+/// Where a transmit stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TxState {
+    /// Nothing sent yet.
+    Start,
+    /// Streaming pool chunks; `off` bytes sent.
+    Chunks { off: usize, msg_id: u64 },
+    /// RTS sent; waiting for the receiver's FIN or CTS_BOUNCE.
+    AwaitFin { msg_id: u64 },
+}
+
+/// A queued transmit.
+pub(crate) struct TxOp {
+    pub ctx: usize,
+    pub tagged: bool,
+    pub tag: u64,
+    pub data: u64,
+    pub hflags: u8,
+    pub len: usize,
+    pub iovs: Iovs,
+    /// Copy of the payload (inject queued behind other sends).
+    pub owned: Option<Vec<u8>>,
+    pub proto: Proto,
+    pub state: TxState,
+    /// Writes a CQ entry on success.
+    pub cqe: bool,
+    /// Inject: no entry even on error (counters only).
+    pub inject: bool,
+}
+
+/// A posted receive.
+pub(crate) struct PostedRecv {
+    pub ctx: usize,
+    pub iovs: Iovs,
+    /// Directed receive: only from this address.
+    pub src: Option<Address>,
+    pub tag: u64,
+    pub ignore: u64,
+    pub multi: bool,
+    /// Bytes of a multi-receive buffer already used.
+    pub moff: usize,
+    pub cqe: bool,
+}
+
+/// What a matched receive delivers into.
+#[derive(Clone, Copy)]
+pub(crate) struct Dest {
+    pub ctx: usize,
+    pub iovs: Iovs,
+    pub cap: usize,
+    pub buf: usize,
+    pub multi_release: bool,
+    pub cqe: bool,
+}
+
+/// A message that arrived before its receive.
+pub(crate) enum UnexpBody {
+    Inline(Vec<u8>),
+    /// Chunks held in our pool: (chunk index, length), in order.
+    Bounce {
+        msg_id: u64,
+        chunks: Vec<(u32, usize)>,
+        received: usize,
+    },
+    Rts {
+        msg_id: u64,
+        iovs: Vec<(u64, u64)>,
+    },
+}
+
+pub(crate) struct Unexp {
+    pub id: u64,
+    pub peer: usize,
+    pub tag: u64,
+    pub data: u64,
+    pub hflags: u8,
+    pub len: usize,
+    pub body: UnexpBody,
+}
+
+/// A matched receive whose data is still arriving in chunks.
+pub(crate) struct ActiveRecv {
+    pub dest: Dest,
+    pub total: usize,
+    pub received: usize,
+    pub tag: u64,
+    pub data: u64,
+    pub hflags: u8,
+    pub msg_id: u64,
+    /// A copy failed: complete with this error at the end.
+    pub failed: Option<(ErrorKind, i32)>,
+}
+
+/// The multi-part message currently arriving from a peer (senders
+/// serialise them per peer, so there is at most one).
+pub(crate) enum RxCur {
+    Active(ActiveRecv),
+    Unexp { id: u64, msg_id: u64, total: usize },
+}
+
+/// How we send to a peer.
+pub(crate) enum Chan {
+    Ring(RingTx),
+    Ovf(Ovf),
+}
+
+/// A control message waiting to go to a peer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ctrl {
+    pub op: u8,
+    pub msg_id: u64,
+    pub status: u32,
+}
+
+/// Everything an endpoint knows about one peer endpoint, both directions.
+pub(crate) struct Peer {
+    pub addr: Address,
+    /// The peer's region, mapped on first send to it.
+    pub region: Option<Arc<Region>>,
+    pub pid: i32,
+    pub chan: Option<Chan>,
+    /// The peer's pool (we fill its chunks).
+    pub pool: Option<Pool>,
+    pub doorbell: *const Doorbell,
+    pub txq: VecDeque<TxOp>,
+    pub ctrlq: VecDeque<Ctrl>,
+    pub next_msg_id: u64,
+    pub rx_cur: Option<RxCur>,
+    /// The kernel refused CMA with this peer: do not offer it again.
+    pub cma_refused: bool,
+    /// In `EpState::busy`.
+    pub busy: bool,
+    /// (AV generation, fi_addr) of this peer as a source.
+    pub src_cache: (u64, FiAddr),
+    /// Sent us something we could not parse: its ring is no longer read.
+    pub broken: bool,
+}
+
+// SAFETY: doorbell points into `region`, which the Peer keeps alive.
+unsafe impl Send for Peer {}
+
+impl Peer {
+    fn new(addr: Address) -> Peer {
+        Peer {
+            addr,
+            region: None,
+            pid: 0,
+            chan: None,
+            pool: None,
+            doorbell: std::ptr::null(),
+            txq: VecDeque::new(),
+            ctrlq: VecDeque::new(),
+            next_msg_id: 1,
+            rx_cur: None,
+            cma_refused: false,
+            busy: false,
+            src_cache: (u64::MAX, FI_ADDR_NOTAVAIL),
+            broken: false,
+        }
+    }
+
+    pub fn doorbell(&self) -> Option<&Doorbell> {
+        // SAFETY: set from our Arc<Region>, alive as long as self.
+        unsafe { self.doorbell.as_ref() }
+    }
+}
+
+pub(crate) struct InRing {
+    pub rx: RingRx,
+    pub peer: usize,
+}
+
+/// In-process state of an endpoint.
+pub(crate) struct EpState {
+    pub addr: Address,
+    pub enabled: bool,
+    pub sec: Section,
+    pub pool: Pool,
+    pub ovf: Ovf,
+    pub tx_cq: Option<usize>,
+    pub rx_cq: Option<usize>,
+    pub tx_sel: bool,
+    pub rx_sel: bool,
+    pub cntr_send: Option<usize>,
+    pub cntr_recv: Option<usize>,
+    pub av: Option<usize>,
+    /// Inbound rings by slot.
+    pub rings: Vec<Option<InRing>>,
+    /// Claimed-slot mask already turned into `rings`.
+    pub claimed_seen: u64,
+    pub peers: Vec<Peer>,
+    pub peer_by_addr: HashMap<Address, usize>,
+    /// fi_addr -> peer index (u32::MAX: unknown), valid for `fi_gen`.
+    pub peer_by_fi: Vec<u32>,
+    pub fi_gen: u64,
+    /// Peers with queued transmits or control messages.
+    pub busy: Vec<usize>,
+    /// Posted receives: [untagged, tagged].
+    pub posted: [VecDeque<PostedRecv>; 2],
+    /// Unexpected messages: [untagged, tagged].
+    pub unexp: [VecDeque<Unexp>; 2],
+    pub unexp_bytes: usize,
+    pub next_unexp_id: u64,
+    pub tx_outstanding: usize,
+    pub min_multi_recv: usize,
+}
+
+impl EpState {
+    /// Whether a message is waiting in any inbound ring or the overflow queue.
+    pub fn inbound_ready(&self) -> bool {
+        if self.sec.header().claimed.load(Ordering::Acquire) != self.claimed_seen {
+            return true;
+        }
+        self.rings.iter().flatten().any(|r| r.rx.ready()) || self.ovf.ready()
+    }
+
+    pub fn peer_index(&mut self, addr: Address) -> usize {
+        if let Some(&i) = self.peer_by_addr.get(&addr) {
+            return i;
+        }
+        self.peers.push(Peer::new(addr));
+        let i = self.peers.len() - 1;
+        self.peer_by_addr.insert(addr, i);
+        i
+    }
+
+    /// The peer behind `fi_addr`, connected.
+    pub fn peer_for(&mut self, ctx: &mut Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
+        let av_id = self.av.ok_or_else(|| {
+            Error::with(ErrorKind::Inval, "no address vector bound to the endpoint")
+        })?;
+        let av: &AvState = ctx.avs[av_id].as_ref().expect("bound AV exists");
+        if self.fi_gen != av.generation {
+            self.peer_by_fi.clear();
+            self.fi_gen = av.generation;
+        }
+        let cached = self
+            .peer_by_fi
+            .get(fi_addr as usize)
+            .copied()
+            .unwrap_or(u32::MAX);
+        let p = if cached != u32::MAX {
+            cached as usize
+        } else {
+            let a = av.lookup(fi_addr).ok_or_else(|| {
+                Error::with(
+                    ErrorKind::AddrNotAvail,
+                    format!("fi_addr {fi_addr} is not in the address vector"),
+                )
+            })?;
+            let p = self.peer_index(a);
+            let i = fi_addr as usize;
+            if i < (1 << 24) {
+                if self.peer_by_fi.len() <= i {
+                    self.peer_by_fi.resize(i + 1, u32::MAX);
+                }
+                self.peer_by_fi[i] = p as u32;
+            }
+            p
+        };
+        if self.peers[p].chan.is_none() {
+            self.connect(ctx, p)?;
+        }
+        Ok(p)
+    }
+
+    /// First contact: map the peer's region, check its endpoint, claim a
+    /// ring slot (or fall back to the overflow queue).
+    pub fn connect(&mut self, ctx: &mut Ctx<'_>, p: usize) -> Result<()> {
+        let addr = self.peers[p].addr;
+        let name = crate::region::region_name(addr.uid, addr.job, addr.token);
+        let region = match ctx.regions.get(&name) {
+            Some(r) => r.clone(),
+            None => {
+                let r = Arc::new(Region::attach(&name)?);
+                ctx.regions.insert(name.clone(), r.clone());
+                r
+            }
+        };
+        let sec = Section::of(&region, addr.ep_index)?;
+        if !sec.open_at(addr.generation) {
+            return Err(Error::with(
+                ErrorKind::AddrNotAvail,
+                format!(
+                    "endpoint {} is closed",
+                    crate::av::AddressVector::straddr(&addr)
+                ),
+            ));
+        }
+        let me = self.addr;
+        let token = (me.token ^ ((me.ep_index as u64) << 48) ^ ((me.generation as u64) << 32)) | 1;
+        let mut chan = None;
+        for s in 0..sec.g.n_slots {
+            let slot = sec.slot(s);
+            if slot
+                .owner
+                .compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                // SAFETY: we own the slot now; addr is plain data in it.
+                unsafe { std::ptr::addr_of!(slot.addr).cast_mut().write_volatile(me) };
+                // SYNC: publishes the slot's addr to the acquire load of
+                // `claimed` in progress_ep.
+                sec.header().claimed.fetch_or(1 << s, Ordering::Release);
+                // SAFETY: the ring belongs to the mapped section we hold
+                // (region kept in Peer); we are its only producer (CAS above).
+                chan = Some(Chan::Ring(unsafe {
+                    RingTx::new(
+                        sec.ringctl_at(s),
+                        sec.ring_cells(s),
+                        sec.g.ring_cells as usize,
+                    )
+                }));
+                break;
+            }
+        }
+        let chan = match chan {
+            Some(c) => c,
+            None => {
+                sec.header().ovf_used.store(1, Ordering::Release);
+                Chan::Ovf(sec.ovf())
+            }
+        };
+        let peer = &mut self.peers[p];
+        peer.pid = region.owner().0 as i32;
+        peer.pool = Some(sec.pool());
+        peer.doorbell = &region.header().doorbell as *const Doorbell;
+        peer.chan = Some(chan);
+        peer.region = Some(region);
+        Ok(())
+    }
+
+    /// Source fi_addr of a peer as the bound AV knows it.
+    pub fn src_addr(&mut self, ctx: &Ctx<'_>, p: usize) -> FiAddr {
+        let Some(av) = self.av.and_then(|a| ctx.avs[a].as_ref()) else {
+            return FI_ADDR_NOTAVAIL;
+        };
+        let peer = &mut self.peers[p];
+        if peer.src_cache.0 != av.generation {
+            peer.src_cache = (
+                av.generation,
+                av.by_addr
+                    .get(&peer.addr)
+                    .copied()
+                    .unwrap_or(FI_ADDR_NOTAVAIL),
+            );
+        }
+        peer.src_cache.1
+    }
+
+    pub fn mark_busy(&mut self, p: usize) {
+        if !self.peers[p].busy {
+            self.peers[p].busy = true;
+            self.busy.push(p);
+        }
+    }
+
+    /// Queues (or sends at once) a transmit.
+    pub fn post_tx(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        dest: FiAddr,
+        mut op: TxOp,
+        inject: bool,
+    ) -> Result<()> {
+        if !self.enabled {
+            return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
+        }
+        if self.tx_cq.is_none() && self.cntr_send.is_none() && op.cqe {
+            return Err(Error::with(
+                ErrorKind::NoCq,
+                "no transmit CQ or send counter bound",
+            ));
+        }
+        if self.tx_outstanding >= ctx.cfg.tx_size {
+            crate::progress::progress_tx(self, ctx);
+            if self.tx_outstanding >= ctx.cfg.tx_size {
+                return Err(Error::AGAIN);
+            }
+        }
+        let p = self.peer_for(ctx, dest)?;
+        let peer = &mut self.peers[p];
+        let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
+        op.proto = proto::choose(
+            ctx.cfg,
+            op.len,
+            op.iovs.n,
+            on_ring,
+            !peer.cma_refused && !inject,
+        );
+        if peer.txq.is_empty() && op.proto == Proto::Inline {
+            if crate::progress::push_inline(peer, &ctx.me, &op) {
+                if let Some(db) = peer.doorbell() {
+                    crate::doorbell::ring(db);
+                }
+                crate::progress::complete_tx(self, ctx, &op, None);
+                return Ok(());
+            }
+        }
+        if inject && op.owned.is_none() {
+            let mut v = vec![0u8; op.len];
+            op.iovs.gather(0, &mut v);
+            op.iovs = Iovs::one(v.as_ptr() as usize, v.len());
+            op.owned = Some(v);
+        }
+        self.peers[p].txq.push_back(op);
+        self.tx_outstanding += 1;
+        self.mark_busy(p);
+        crate::progress::progress_peer_tx(self, ctx, p);
+        Ok(())
+    }
+
+    /// Posts a receive: matches the unexpected queue first.
+    pub fn post_rx(&mut self, ctx: &mut Ctx<'_>, tagged: bool, r: PostedRecv) -> Result<()> {
+        if !self.enabled {
+            return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
+        }
+        if self.rx_cq.is_none() && self.cntr_recv.is_none() {
+            return Err(Error::with(
+                ErrorKind::NoCq,
+                "no receive CQ or receive counter bound",
+            ));
+        }
+        let q = tagged as usize;
+        if self.posted[q].len() >= ctx.cfg.rx_size {
+            return Err(Error::AGAIN);
+        }
+        self.posted[q].push_back(r);
+        // Unexpected messages that this receive (or a multi-receive buffer,
+        // several of them) matches.
+        loop {
+            let Some(ui) = self.match_unexp(tagged, self.posted[q].len() - 1) else {
+                break;
+            };
+            let u = self.unexp[q].remove(ui).expect("index from match");
+            let last = self.posted[q].len() - 1;
+            let dest = self.take_posted(q, last, u.len);
+            crate::progress::deliver_unexp(self, ctx, u, dest, tagged);
+            if self.posted[q].len() <= last {
+                break; // consumed (not a multi-receive buffer still open)
+            }
+        }
+        Ok(())
+    }
+
+    /// First unexpected message the posted receive `ri` matches.
+    fn match_unexp(&self, tagged: bool, ri: usize) -> Option<usize> {
+        let q = tagged as usize;
+        let r = &self.posted[q][ri];
+        self.unexp[q].iter().position(|u| {
+            r.src.is_none_or(|s| s == self.peers[u.peer].addr)
+                && (!tagged || (u.tag & !r.ignore) == (r.tag & !r.ignore))
+        })
+    }
+
+    /// First posted receive a message from `p` with `tag` matches.
+    #[inline]
+    pub fn match_posted(&self, tagged: bool, p: usize, tag: u64) -> Option<usize> {
+        let q = tagged as usize;
+        let from = &self.peers[p].addr;
+        self.posted[q].iter().position(|r| {
+            r.src.is_none_or(|s| s == *from)
+                && (!tagged || (tag & !r.ignore) == (r.tag & !r.ignore))
+        })
+    }
+
+    /// Takes the posted receive `i` of queue `q` for a message of `len`
+    /// bytes: removes it, or carves from a multi-receive buffer.
+    pub fn take_posted(&mut self, q: usize, i: usize, len: usize) -> Dest {
+        let min = self.min_multi_recv;
+        let r = &mut self.posted[q][i];
+        if r.multi {
+            let base = r.iovs.v[0];
+            let avail = base.len - r.moff;
+            let at = base.ptr + r.moff;
+            let used = len.min(avail);
+            // Keep later messages 8-byte aligned inside the buffer.
+            r.moff = (r.moff + used).next_multiple_of(8).min(base.len);
+            let release = base.len - r.moff < min.max(1);
+            let d = Dest {
+                ctx: r.ctx,
+                iovs: Iovs::one(at, avail),
+                cap: avail,
+                buf: at,
+                multi_release: release,
+                cqe: r.cqe,
+            };
+            if release {
+                self.posted[q].remove(i);
+            }
+            d
+        } else {
+            let r = self.posted[q].remove(i).expect("index valid");
+            Dest {
+                ctx: r.ctx,
+                iovs: r.iovs,
+                cap: r.iovs.total(),
+                buf: r.iovs.v[0].ptr,
+                multi_release: false,
+                cqe: r.cqe,
+            }
+        }
+    }
+}
+
+/// An endpoint.
+pub struct Endpoint {
+    pub(crate) dom: Arc<DomainInner>,
+    pub(crate) idx: usize,
+    addr: Address,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// Operation flags for the `*msg` calls.
+pub type OpFlags = u64;
+
+impl Domain {
+    /// Opens an endpoint: takes a free section of the domain's region,
+    /// reserves its memory (first touch by this process) and opens it to
+    /// peers. Its address ([`Endpoint::getname`]) is valid at once.
+    pub fn endpoint(&self) -> Result<Endpoint> {
+        let inner = &self.inner;
+        let mut st = inner.lock();
+        let idx = st.eps.iter().position(|e| e.is_none()).ok_or_else(|| {
+            Error::with(
+                ErrorKind::NoSpc,
+                format!(
+                    "all {} endpoints of the domain are open (SHMFAB_MAX_EPS)",
+                    inner.cfg.max_eps
+                ),
+            )
+        })?;
+        let sec = Section::of(&inner.region, idx as u32)?;
+        inner.region.reserve(sec.offset, sec.g.section_size())?;
+        st.ep_gen[idx] = st.ep_gen[idx].wrapping_add(1);
+        let generation = st.ep_gen[idx];
+        let pool = sec.pool();
+        let ovf = sec.ovf();
+        // SAFETY: the section is closed (state CLOSED, freshly zeroed pages),
+        // so no peer uses its pool or queue yet.
+        unsafe {
+            pool.init();
+            ovf.init();
+        }
+        let h = sec.header();
+        h.generation.store(generation, Ordering::Relaxed);
+        // SYNC: opens the section; pairs with the acquire in Section::open_at.
+        h.state.store(ep_state::OPEN, Ordering::Release);
+        let addr = Address {
+            uid: inner.uid,
+            job: inner.job,
+            token: inner.token,
+            ep_index: idx as u32,
+            generation,
+        };
+        let n_slots = sec.g.n_slots as usize;
+        st.eps[idx] = Some(Box::new(EpState {
+            addr,
+            enabled: false,
+            sec,
+            pool,
+            ovf,
+            tx_cq: None,
+            rx_cq: None,
+            tx_sel: false,
+            rx_sel: false,
+            cntr_send: None,
+            cntr_recv: None,
+            av: None,
+            rings: (0..n_slots).map(|_| None).collect(),
+            claimed_seen: 0,
+            peers: Vec::new(),
+            peer_by_addr: HashMap::new(),
+            peer_by_fi: Vec::new(),
+            fi_gen: u64::MAX,
+            busy: Vec::new(),
+            posted: [VecDeque::new(), VecDeque::new()],
+            unexp: [VecDeque::new(), VecDeque::new()],
+            unexp_bytes: 0,
+            next_unexp_id: 1,
+            tx_outstanding: 0,
+            min_multi_recv: 64,
+        }));
+        Ok(Endpoint {
+            dom: inner.clone(),
+            idx,
+            addr,
+            closed: false.into(),
+        })
+    }
+}
+
+macro_rules! with_ep {
+    ($self:ident, |$ep:ident, $ctx:ident| $body:expr) => {{
+        if $self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::with(ErrorKind::Inval, "endpoint is closed"));
+        }
+        let mut st = $self.dom.lock();
+        $self.dom.with_ep(&mut st, $self.idx, |$ep, $ctx| $body)
+    }};
+}
+
+fn iovs_from(slices: &[IoSlice<'_>]) -> Result<Iovs> {
+    if slices.len() > MAX_IOV {
+        return Err(Error::with(
+            ErrorKind::Inval,
+            format!("at most {MAX_IOV} iov segments"),
+        ));
+    }
+    let mut v = Iovs::default();
+    for (i, s) in slices.iter().enumerate() {
+        v.v[i] = Iov {
+            ptr: s.as_ptr() as usize,
+            len: s.len(),
+        };
+    }
+    v.n = slices.len();
+    Ok(v)
+}
+
+fn iovs_from_mut(slices: &mut [IoSliceMut<'_>]) -> Result<Iovs> {
+    if slices.len() > MAX_IOV {
+        return Err(Error::with(
+            ErrorKind::Inval,
+            format!("at most {MAX_IOV} iov segments"),
+        ));
+    }
+    let mut v = Iovs::default();
+    for (i, s) in slices.iter_mut().enumerate() {
+        v.v[i] = Iov {
+            ptr: s.as_mut_ptr() as usize,
+            len: s.len(),
+        };
+    }
+    v.n = slices.len();
+    Ok(v)
+}
+
+/// A send request for [`Endpoint::sendmsg`] / [`Endpoint::tsendmsg`].
+pub struct SendMsg<'a> {
+    /// Payload segments (at most 4).
+    pub iov: &'a [IoSlice<'a>],
+    /// Destination.
+    pub dest: FiAddr,
+    /// Operation context, returned in the completion.
+    pub context: usize,
+    /// Remote CQ data (sent when `flags` has FI_REMOTE_CQ_DATA).
+    pub data: u64,
+    /// Tag (tagged sends).
+    pub tag: u64,
+}
+
+/// A receive request for [`Endpoint::recvmsg`] / [`Endpoint::trecvmsg`].
+pub struct RecvMsg<'a, 'b> {
+    /// Buffer segments (at most 4; one with FI_MULTI_RECV).
+    pub iov: &'a mut [IoSliceMut<'b>],
+    /// Source filter (FI_ADDR_UNSPEC: any).
+    pub src: FiAddr,
+    /// Operation context.
+    pub context: usize,
+    /// Tag (tagged receives).
+    pub tag: u64,
+    /// Tag bits to ignore.
+    pub ignore: u64,
+}
+
+const SEND_FLAGS: u64 = FI_REMOTE_CQ_DATA | FI_COMPLETION | FI_INJECT;
+const RECV_FLAGS: u64 = FI_MULTI_RECV | FI_COMPLETION;
+
+impl Endpoint {
+    /// This endpoint's address (24 bytes with [`Address::to_bytes`]).
+    pub fn getname(&self) -> Address {
+        self.addr
+    }
+
+    /// Index of this endpoint's section in the domain region.
+    pub fn index(&self) -> usize {
+        self.idx
+    }
+
+    /// Binds a CQ for transmit (FI_TRANSMIT) and/or receive (FI_RECV)
+    /// completions; add FI_SELECTIVE_COMPLETION to report only operations
+    /// that ask with FI_COMPLETION.
+    pub fn bind_cq(&self, cq: &crate::CompletionQueue, flags: u64) -> Result<()> {
+        if flags & !(FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION) != 0
+            || flags & (FI_TRANSMIT | FI_RECV) == 0
+        {
+            return Err(Error::with(
+                ErrorKind::BadFlags,
+                "bind_cq takes FI_TRANSMIT, FI_RECV, FI_SELECTIVE_COMPLETION",
+            ));
+        }
+        if !Arc::ptr_eq(&cq.dom, &self.dom) {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                "CQ belongs to another domain",
+            ));
+        }
+        let cq_id = cq.id;
+        with_ep!(self, |ep, ctx| {
+            if ep.enabled {
+                return Err(Error::with(ErrorKind::Inval, "bind before enable"));
+            }
+            if ctx.cqs.get(cq_id).and_then(|c| c.as_ref()).is_none() {
+                return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
+            }
+            let sel = flags & FI_SELECTIVE_COMPLETION != 0;
+            for (want, slot, selslot) in [
+                (FI_TRANSMIT, &mut ep.tx_cq, &mut ep.tx_sel),
+                (FI_RECV, &mut ep.rx_cq, &mut ep.rx_sel),
+            ] {
+                if flags & want != 0 {
+                    if slot.is_some() {
+                        return Err(Error::with(
+                            ErrorKind::Inval,
+                            "a CQ is already bound for that direction",
+                        ));
+                    }
+                    *slot = Some(cq_id);
+                    *selslot = sel;
+                    ctx.cqs[cq_id].as_mut().expect("checked").bound += 1;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Binds a counter for completed sends (FI_SEND) and/or receives (FI_RECV).
+    pub fn bind_cntr(&self, c: &crate::Counter, flags: u64) -> Result<()> {
+        if flags & !(FI_SEND | FI_RECV) != 0 || flags == 0 {
+            return Err(Error::with(
+                ErrorKind::BadFlags,
+                "bind_cntr takes FI_SEND and/or FI_RECV",
+            ));
+        }
+        if !Arc::ptr_eq(&c.dom, &self.dom) {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                "counter belongs to another domain",
+            ));
+        }
+        let id = c.id;
+        let mut st = self.dom.lock();
+        let ep = st.eps[self.idx]
+            .as_deref_mut()
+            .ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
+        if ep.enabled {
+            return Err(Error::with(ErrorKind::Inval, "bind before enable"));
+        }
+        let mut n = 0;
+        if flags & FI_SEND != 0 {
+            if ep.cntr_send.is_some() {
+                return Err(Error::with(
+                    ErrorKind::Inval,
+                    "a send counter is already bound",
+                ));
+            }
+            ep.cntr_send = Some(id);
+            n += 1;
+        }
+        if flags & FI_RECV != 0 {
+            if ep.cntr_recv.is_some() {
+                return Err(Error::with(
+                    ErrorKind::Inval,
+                    "a receive counter is already bound",
+                ));
+            }
+            ep.cntr_recv = Some(id);
+            n += 1;
+        }
+        st.cntrs[id]
+            .as_mut()
+            .ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?
+            .bound += n;
+        Ok(())
+    }
+
+    /// Binds the address vector.
+    pub fn bind_av(&self, av: &crate::AddressVector) -> Result<()> {
+        if !Arc::ptr_eq(&av.dom, &self.dom) {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                "AV belongs to another domain",
+            ));
+        }
+        let id = av.id;
+        with_ep!(self, |ep, ctx| {
+            if ep.av.is_some() {
+                return Err(Error::with(ErrorKind::Inval, "an AV is already bound"));
+            }
+            let _ = ctx;
+            ep.av = Some(id);
+            Ok(())
+        })?;
+        let mut st = self.dom.lock();
+        st.avs[id]
+            .as_mut()
+            .ok_or_else(|| Error::with(ErrorKind::Inval, "AV is closed"))?
+            .bound += 1;
+        Ok(())
+    }
+
+    /// Enables the endpoint: needs an AV, and a CQ or counter per direction.
+    pub fn enable(&self) -> Result<()> {
+        with_ep!(self, |ep, _ctx| {
+            if ep.av.is_none() {
+                return Err(Error::with(
+                    ErrorKind::NoData,
+                    "bind an address vector before enable",
+                ));
+            }
+            if ep.tx_cq.is_none() && ep.cntr_send.is_none() {
+                return Err(Error::with(
+                    ErrorKind::NoCq,
+                    "bind a transmit CQ or send counter before enable",
+                ));
+            }
+            if ep.rx_cq.is_none() && ep.cntr_recv.is_none() {
+                return Err(Error::with(
+                    ErrorKind::NoCq,
+                    "bind a receive CQ or receive counter before enable",
+                ));
+            }
+            ep.enabled = true;
+            Ok(())
+        })
+    }
+
+    /// FI_OPT_MIN_MULTI_RECV: a multi-receive buffer is released when less
+    /// than this many bytes remain (default 64).
+    pub fn set_min_multi_recv(&self, n: usize) -> Result<()> {
+        with_ep!(self, |ep, _ctx| {
+            ep.min_multi_recv = n;
+            Ok(())
+        })
+    }
+
+    fn tx(&self, m: &SendMsg<'_>, flags: u64, tagged: bool, inject: bool) -> Result<()> {
+        if flags & !SEND_FLAGS != 0 {
+            return Err(Error::with(
+                ErrorKind::BadFlags,
+                format!("unsupported send flags {:#x}", flags & !SEND_FLAGS),
+            ));
+        }
+        let iovs = iovs_from(m.iov)?;
+        let len = iovs.total();
+        if len > MAX_MSG_SIZE {
+            return Err(Error::with(
+                ErrorKind::MsgSize,
+                format!("{len} bytes is over the {MAX_MSG_SIZE}-byte limit"),
+            ));
+        }
+        if inject && len > INJECT_SIZE {
+            return Err(Error::with(
+                ErrorKind::MsgSize,
+                format!("inject takes at most {INJECT_SIZE} bytes, got {len}"),
+            ));
+        }
+        let mut hflags = 0;
+        if tagged {
+            hflags |= shm_layout::hdr_flags::TAGGED;
+        }
+        if flags & FI_REMOTE_CQ_DATA != 0 {
+            hflags |= shm_layout::hdr_flags::REMOTE_CQ_DATA;
+        }
+        with_ep!(self, |ep, ctx| {
+            let op = TxOp {
+                ctx: m.context,
+                tagged,
+                tag: m.tag,
+                data: m.data,
+                hflags,
+                len,
+                iovs,
+                owned: None,
+                proto: Proto::Inline,
+                state: TxState::Start,
+                cqe: !inject && (!ep.tx_sel || flags & FI_COMPLETION != 0),
+                inject,
+            };
+            ep.post_tx(ctx, m.dest, op, inject)
+        })
+    }
+
+    fn rx(&self, m: &mut RecvMsg<'_, '_>, flags: u64, tagged: bool) -> Result<()> {
+        if flags & !RECV_FLAGS != 0 {
+            return Err(Error::with(
+                ErrorKind::BadFlags,
+                format!("unsupported receive flags {:#x}", flags & !RECV_FLAGS),
+            ));
+        }
+        let multi = flags & FI_MULTI_RECV != 0;
+        if multi && (tagged || m.iov.len() != 1) {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                "FI_MULTI_RECV takes one buffer on an untagged receive",
+            ));
+        }
+        let iovs = iovs_from_mut(m.iov)?;
+        let (src_fi, tag, ignore, context) = (m.src, m.tag, m.ignore, m.context);
+        with_ep!(self, |ep, ctx| {
+            let src = if src_fi == FI_ADDR_UNSPEC {
+                None
+            } else {
+                let av = ep.av.and_then(|a| ctx.avs[a].as_ref());
+                Some(av.and_then(|av| av.lookup(src_fi)).ok_or_else(|| {
+                    Error::with(
+                        ErrorKind::AddrNotAvail,
+                        format!("source fi_addr {src_fi} is not in the address vector"),
+                    )
+                })?)
+            };
+            let r = PostedRecv {
+                ctx: context,
+                iovs,
+                src,
+                tag,
+                ignore,
+                multi,
+                moff: 0,
+                cqe: !ep.rx_sel || flags & FI_COMPLETION != 0,
+            };
+            ep.post_rx(ctx, tagged, r)
+        })
+    }
+
+    /// fi_sendmsg.
+    ///
+    /// # Safety
+    /// The iov buffers must stay valid and unchanged until the send completes.
+    pub unsafe fn sendmsg(&self, m: &SendMsg<'_>, flags: OpFlags) -> Result<()> {
+        self.tx(
+            m,
+            flags,
+            false,
+            flags & FI_INJECT != 0 && m.iov.iter().map(|s| s.len()).sum::<usize>() <= INJECT_SIZE,
+        )
+    }
+
+    /// fi_tsendmsg.
+    ///
+    /// # Safety
+    /// As [`Endpoint::sendmsg`].
+    pub unsafe fn tsendmsg(&self, m: &SendMsg<'_>, flags: OpFlags) -> Result<()> {
+        self.tx(m, flags, true, false)
+    }
+
+    /// fi_recvmsg (FI_MULTI_RECV for multi-receive buffers).
+    ///
+    /// # Safety
+    /// The buffers must stay valid and untouched until the receive completes
+    /// (for FI_MULTI_RECV: until the completion with FI_MULTI_RECV).
+    pub unsafe fn recvmsg(&self, m: &mut RecvMsg<'_, '_>, flags: OpFlags) -> Result<()> {
+        self.rx(m, flags, false)
+    }
+
+    /// fi_trecvmsg.
+    ///
+    /// # Safety
+    /// As [`Endpoint::recvmsg`].
+    pub unsafe fn trecvmsg(&self, m: &mut RecvMsg<'_, '_>, flags: OpFlags) -> Result<()> {
+        self.rx(m, flags, true)
+    }
+
+    /// fi_send.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and unchanged until the send completes.
+    pub unsafe fn send(&self, buf: &[u8], dest: FiAddr, context: usize) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov: &[IoSlice::new(buf)],
+                dest,
+                context,
+                data: 0,
+                tag: 0,
+            },
+            0,
+            false,
+            false,
+        )
+    }
+
+    /// fi_sendv.
+    ///
+    /// # Safety
+    /// As [`Endpoint::send`], for every segment.
+    pub unsafe fn sendv(&self, iov: &[IoSlice<'_>], dest: FiAddr, context: usize) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov,
+                dest,
+                context,
+                data: 0,
+                tag: 0,
+            },
+            0,
+            false,
+            false,
+        )
+    }
+
+    /// fi_senddata: a send carrying remote CQ data.
+    ///
+    /// # Safety
+    /// As [`Endpoint::send`].
+    pub unsafe fn senddata(
+        &self,
+        buf: &[u8],
+        data: u64,
+        dest: FiAddr,
+        context: usize,
+    ) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov: &[IoSlice::new(buf)],
+                dest,
+                context,
+                data,
+                tag: 0,
+            },
+            FI_REMOTE_CQ_DATA,
+            false,
+            false,
+        )
+    }
+
+    /// fi_inject: no completion entry; `buf` may be reused on return.
+    pub fn inject(&self, buf: &[u8], dest: FiAddr) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov: &[IoSlice::new(buf)],
+                dest,
+                context: 0,
+                data: 0,
+                tag: 0,
+            },
+            0,
+            false,
+            true,
+        )
+    }
+
+    /// fi_injectdata.
+    pub fn injectdata(&self, buf: &[u8], data: u64, dest: FiAddr) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov: &[IoSlice::new(buf)],
+                dest,
+                context: 0,
+                data,
+                tag: 0,
+            },
+            FI_REMOTE_CQ_DATA,
+            false,
+            true,
+        )
+    }
+
+    /// fi_recv.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and untouched until the receive completes.
+    pub unsafe fn recv(&self, buf: &mut [u8], src: FiAddr, context: usize) -> Result<()> {
+        self.rx(
+            &mut RecvMsg {
+                iov: &mut [IoSliceMut::new(buf)],
+                src,
+                context,
+                tag: 0,
+                ignore: 0,
+            },
+            0,
+            false,
+        )
+    }
+
+    /// fi_recvv.
+    ///
+    /// # Safety
+    /// As [`Endpoint::recv`], for every segment.
+    pub unsafe fn recvv(
+        &self,
+        iov: &mut [IoSliceMut<'_>],
+        src: FiAddr,
+        context: usize,
+    ) -> Result<()> {
+        self.rx(
+            &mut RecvMsg {
+                iov,
+                src,
+                context,
+                tag: 0,
+                ignore: 0,
+            },
+            0,
+            false,
+        )
+    }
+
+    /// fi_tsend.
+    ///
+    /// # Safety
+    /// As [`Endpoint::send`].
+    pub unsafe fn tsend(&self, buf: &[u8], dest: FiAddr, tag: u64, context: usize) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov: &[IoSlice::new(buf)],
+                dest,
+                context,
+                data: 0,
+                tag,
+            },
+            0,
+            true,
+            false,
+        )
+    }
+
+    /// fi_tsendv.
+    ///
+    /// # Safety
+    /// As [`Endpoint::send`].
+    pub unsafe fn tsendv(
+        &self,
+        iov: &[IoSlice<'_>],
+        dest: FiAddr,
+        tag: u64,
+        context: usize,
+    ) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov,
+                dest,
+                context,
+                data: 0,
+                tag,
+            },
+            0,
+            true,
+            false,
+        )
+    }
+
+    /// fi_tsenddata.
+    ///
+    /// # Safety
+    /// As [`Endpoint::send`].
+    pub unsafe fn tsenddata(
+        &self,
+        buf: &[u8],
+        data: u64,
+        dest: FiAddr,
+        tag: u64,
+        context: usize,
+    ) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov: &[IoSlice::new(buf)],
+                dest,
+                context,
+                data,
+                tag,
+            },
+            FI_REMOTE_CQ_DATA,
+            true,
+            false,
+        )
+    }
+
+    /// fi_tinject.
+    pub fn tinject(&self, buf: &[u8], dest: FiAddr, tag: u64) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov: &[IoSlice::new(buf)],
+                dest,
+                context: 0,
+                data: 0,
+                tag,
+            },
+            0,
+            true,
+            true,
+        )
+    }
+
+    /// fi_tinjectdata.
+    pub fn tinjectdata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64) -> Result<()> {
+        self.tx(
+            &SendMsg {
+                iov: &[IoSlice::new(buf)],
+                dest,
+                context: 0,
+                data,
+                tag,
+            },
+            FI_REMOTE_CQ_DATA,
+            true,
+            true,
+        )
+    }
+
+    /// fi_trecv: matches tags equal outside `ignore`; `src` directs it.
+    ///
+    /// # Safety
+    /// As [`Endpoint::recv`].
+    pub unsafe fn trecv(
+        &self,
+        buf: &mut [u8],
+        src: FiAddr,
+        tag: u64,
+        ignore: u64,
+        context: usize,
+    ) -> Result<()> {
+        self.rx(
+            &mut RecvMsg {
+                iov: &mut [IoSliceMut::new(buf)],
+                src,
+                context,
+                tag,
+                ignore,
+            },
+            0,
+            true,
+        )
+    }
+
+    /// fi_trecvv.
+    ///
+    /// # Safety
+    /// As [`Endpoint::recv`].
+    pub unsafe fn trecvv(
+        &self,
+        iov: &mut [IoSliceMut<'_>],
+        src: FiAddr,
+        tag: u64,
+        ignore: u64,
+        context: usize,
+    ) -> Result<()> {
+        self.rx(
+            &mut RecvMsg {
+                iov,
+                src,
+                context,
+                tag,
+                ignore,
+            },
+            0,
+            true,
+        )
+    }
+
+    /// Closes the endpoint: unbinds it, and closes its section to peers.
+    /// Queued sends and posted receives are dropped without completions.
+    pub fn close(&self) -> Result<()> {
+        if self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut st = self.dom.lock();
+        let Some(ep) = st.eps[self.idx].take() else {
+            return Ok(());
+        };
+        ep.sec
+            .header()
+            .state
+            .store(ep_state::CLOSED, Ordering::Release);
+        ep.sec.header().claimed.store(0, Ordering::Relaxed);
+        for cq in [ep.tx_cq, ep.rx_cq].into_iter().flatten() {
+            if let Some(c) = st.cqs[cq].as_mut() {
+                c.bound -= 1;
+                if c.bound == 0 && c.orphaned {
+                    st.cqs[cq] = None;
+                }
+            }
+        }
+        for c in [ep.cntr_send, ep.cntr_recv].into_iter().flatten() {
+            if let Some(s) = st.cntrs[c].as_mut() {
+                s.bound -= 1;
+                if s.bound == 0 && s.orphaned {
+                    st.cntrs[c] = None;
+                }
+            }
+        }
+        if let Some(a) = ep.av {
+            if let Some(s) = st.avs[a].as_mut() {
+                s.bound -= 1;
+                if s.bound == 0 && s.orphaned {
+                    st.avs[a] = None;
+                }
+            }
+        }
+        // Give the section's pages back; a reopen starts from zeroed memory.
+        let _ = rustix::fs::fallocate(
+            self.dom.region_fd(),
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            ep.sec.offset as u64 + std::mem::size_of::<shm_layout::EpHeader>() as u64,
+            (ep.sec.g.section_size() - std::mem::size_of::<shm_layout::EpHeader>()) as u64,
+        );
+        Ok(())
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}

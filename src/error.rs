@@ -1,0 +1,270 @@
+//! One error type whose kinds map 1:1 onto libfabric's fabric errno values,
+//! so a C ABI layer can return `-err.errno()` unchanged.
+//!
+//! ```
+//! use shmfab::{Error, ErrorKind};
+//! let e = Error::new(ErrorKind::Again);
+//! assert_eq!(e.errno(), 11); // FI_EAGAIN == EAGAIN
+//! assert_eq!(Error::from_errno(265).kind(), ErrorKind::Trunc);
+//! ```
+
+use std::fmt;
+
+/// Fabric errno kinds (values as in `rdma/fi_errno.h`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// FI_EPERM: operation not permitted.
+    Perm,
+    /// FI_ENOENT: no such entry.
+    NoEnt,
+    /// FI_EINTR: interrupted.
+    Intr,
+    /// FI_EIO: I/O error (peer gone, fault while copying).
+    Io,
+    /// FI_EAGAIN: try again (nothing there, or no room now).
+    Again,
+    /// FI_ENOMEM: out of memory.
+    NoMem,
+    /// FI_EBUSY: resource busy (object still bound).
+    Busy,
+    /// FI_EINVAL: invalid argument.
+    Inval,
+    /// FI_ENOSPC: no space left (e.g. /dev/shm full).
+    NoSpc,
+    /// FI_ENOSYS: not implemented.
+    NoSys,
+    /// FI_ENODATA: no data available.
+    NoData,
+    /// FI_EMSGSIZE: message too long.
+    MsgSize,
+    /// FI_EOPNOTSUPP: operation not supported.
+    OpNotSupp,
+    /// FI_EADDRNOTAVAIL: address not available.
+    AddrNotAvail,
+    /// FI_ECONNRESET: connection reset by peer.
+    ConnReset,
+    /// FI_ETIMEDOUT: timed out.
+    TimedOut,
+    /// FI_EHOSTUNREACH: peer unreachable.
+    HostUnreach,
+    /// FI_EALREADY: already in progress.
+    Already,
+    /// FI_ECANCELED: operation cancelled.
+    Canceled,
+    /// FI_EOTHER: unspecified error.
+    Other,
+    /// FI_ETOOSMALL: provided buffer too small.
+    TooSmall,
+    /// FI_EAVAIL: an error entry is available.
+    Avail,
+    /// FI_EBADFLAGS: flags not supported.
+    BadFlags,
+    /// FI_ENOCQ: missing completion queue.
+    NoCq,
+    /// FI_ETRUNC: truncated.
+    Trunc,
+    /// FI_ENOKEY: key not available.
+    NoKey,
+    /// FI_EOVERRUN: queue overrun.
+    Overrun,
+}
+
+const TABLE: &[(ErrorKind, i32, &str)] = &[
+    (ErrorKind::Perm, libc::EPERM, "Operation not permitted"),
+    (ErrorKind::NoEnt, libc::ENOENT, "No such file or directory"),
+    (ErrorKind::Intr, libc::EINTR, "Interrupted system call"),
+    (ErrorKind::Io, libc::EIO, "Input/output error"),
+    (
+        ErrorKind::Again,
+        libc::EAGAIN,
+        "Resource temporarily unavailable",
+    ),
+    (ErrorKind::NoMem, libc::ENOMEM, "Cannot allocate memory"),
+    (ErrorKind::Busy, libc::EBUSY, "Device or resource busy"),
+    (ErrorKind::Inval, libc::EINVAL, "Invalid argument"),
+    (ErrorKind::NoSpc, libc::ENOSPC, "No space left on device"),
+    (ErrorKind::NoSys, libc::ENOSYS, "Function not implemented"),
+    (ErrorKind::NoData, libc::ENODATA, "No data available"),
+    (ErrorKind::MsgSize, libc::EMSGSIZE, "Message too long"),
+    (
+        ErrorKind::OpNotSupp,
+        libc::EOPNOTSUPP,
+        "Operation not supported",
+    ),
+    (
+        ErrorKind::AddrNotAvail,
+        libc::EADDRNOTAVAIL,
+        "Cannot assign requested address",
+    ),
+    (
+        ErrorKind::ConnReset,
+        libc::ECONNRESET,
+        "Connection reset by peer",
+    ),
+    (ErrorKind::TimedOut, libc::ETIMEDOUT, "Connection timed out"),
+    (
+        ErrorKind::HostUnreach,
+        libc::EHOSTUNREACH,
+        "No route to host",
+    ),
+    (
+        ErrorKind::Already,
+        libc::EALREADY,
+        "Operation already in progress",
+    ),
+    (ErrorKind::Canceled, libc::ECANCELED, "Operation canceled"),
+    (ErrorKind::Other, 256, "Unspecified error"),
+    (ErrorKind::TooSmall, 257, "Provided buffer is too small"),
+    (ErrorKind::Avail, 259, "Error available"),
+    (ErrorKind::BadFlags, 260, "Flags not supported"),
+    (
+        ErrorKind::NoCq,
+        263,
+        "Missing or unavailable completion queue",
+    ),
+    (ErrorKind::Trunc, 265, "Truncation error"),
+    (ErrorKind::NoKey, 266, "Required key not available"),
+    (ErrorKind::Overrun, 268, "Queue has been overrun"),
+];
+
+impl ErrorKind {
+    /// Positive fabric errno value.
+    pub fn errno(self) -> i32 {
+        TABLE
+            .iter()
+            .find(|t| t.0 == self)
+            .map(|t| t.1)
+            .unwrap_or(256)
+    }
+
+    /// fi_strerror text.
+    pub fn message(self) -> &'static str {
+        TABLE
+            .iter()
+            .find(|t| t.0 == self)
+            .map(|t| t.2)
+            .unwrap_or("Unspecified error")
+    }
+
+    /// The kind of a positive fabric errno (FI_EOTHER when unknown).
+    pub fn from_errno(errno: i32) -> ErrorKind {
+        let errno = errno.abs();
+        TABLE
+            .iter()
+            .find(|t| t.1 == errno)
+            .map(|t| t.0)
+            .unwrap_or(ErrorKind::Other)
+    }
+}
+
+/// An error: a fabric errno kind and, when useful, what happened.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Error {
+    kind: ErrorKind,
+    detail: Option<Box<str>>,
+}
+
+/// Result with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// An error of `kind` with no detail (cheap: no allocation).
+    pub const fn new(kind: ErrorKind) -> Self {
+        Error { kind, detail: None }
+    }
+
+    /// An error of `kind` saying what happened.
+    pub fn with(kind: ErrorKind, detail: impl Into<String>) -> Self {
+        Error {
+            kind,
+            detail: Some(detail.into().into_boxed_str()),
+        }
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// Positive fabric errno.
+    pub fn errno(&self) -> i32 {
+        self.kind.errno()
+    }
+
+    /// The error of a positive or negative fabric errno.
+    pub fn from_errno(errno: i32) -> Self {
+        Error::new(ErrorKind::from_errno(errno))
+    }
+
+    /// The detail, if any.
+    pub fn detail(&self) -> Option<&str> {
+        self.detail.as_deref()
+    }
+
+    /// `-FI_EAGAIN`.
+    pub const AGAIN: Error = Error::new(ErrorKind::Again);
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.detail {
+            Some(d) => write!(f, "{} (-{}): {}", self.kind.message(), self.errno(), d),
+            None => write!(f, "{} (-{})", self.kind.message(), self.errno()),
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        let kind = e
+            .raw_os_error()
+            .map(ErrorKind::from_errno)
+            .unwrap_or(ErrorKind::Other);
+        Error::with(kind, e.to_string())
+    }
+}
+
+impl From<rustix::io::Errno> for Error {
+    fn from(e: rustix::io::Errno) -> Self {
+        Error::with(ErrorKind::from_errno(e.raw_os_error()), e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_round_trips_through_its_errno() {
+        for (k, n, _) in TABLE {
+            assert_eq!(ErrorKind::from_errno(*n), *k);
+            assert_eq!(ErrorKind::from_errno(-*n), *k);
+            assert_eq!(k.errno(), *n);
+        }
+        // The numbers libfabric's headers give.
+        assert_eq!(ErrorKind::Avail.errno(), 259);
+        assert_eq!(ErrorKind::Trunc.errno(), 265);
+        assert_eq!(ErrorKind::Overrun.errno(), 268);
+        assert_eq!(ErrorKind::Again.errno(), 11);
+        assert_eq!(ErrorKind::Busy.errno(), 16);
+    }
+
+    #[test]
+    fn display_names_kind_and_detail() {
+        let e = Error::with(ErrorKind::Busy, "cq is bound to 1 endpoint");
+        let s = e.to_string();
+        assert!(
+            s.contains("busy") && s.contains("-16") && s.contains("bound"),
+            "{s}"
+        );
+    }
+}

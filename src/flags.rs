@@ -1,0 +1,41 @@
+//! Operation and completion flags, with libfabric's values (`rdma/fabric.h`).
+
+/// An address handle returned by an address vector.
+pub type FiAddr = u64;
+/// Any source (directed receive off).
+pub const FI_ADDR_UNSPEC: FiAddr = u64::MAX;
+/// Source address not available (not in the AV).
+pub const FI_ADDR_NOTAVAIL: FiAddr = u64::MAX;
+
+/// Message operation.
+pub const FI_MSG: u64 = 1 << 1;
+/// RMA operation.
+pub const FI_RMA: u64 = 1 << 2;
+/// Tagged operation.
+pub const FI_TAGGED: u64 = 1 << 3;
+/// Atomic operation.
+pub const FI_ATOMIC: u64 = 1 << 4;
+/// Local read.
+pub const FI_READ: u64 = 1 << 8;
+/// Local write.
+pub const FI_WRITE: u64 = 1 << 9;
+/// Receive.
+pub const FI_RECV: u64 = 1 << 10;
+/// Send.
+pub const FI_SEND: u64 = 1 << 11;
+/// Transmit (bind flag).
+pub const FI_TRANSMIT: u64 = FI_SEND;
+/// Remote read.
+pub const FI_REMOTE_READ: u64 = 1 << 12;
+/// Remote write.
+pub const FI_REMOTE_WRITE: u64 = 1 << 13;
+/// Multi-receive buffer.
+pub const FI_MULTI_RECV: u64 = 1 << 16;
+/// Remote CQ data present.
+pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
+/// Generate a completion (selective completion).
+pub const FI_COMPLETION: u64 = 1 << 24;
+/// Inject: buffer reusable on return.
+pub const FI_INJECT: u64 = 1 << 25;
+/// Bind flag: only operations with FI_COMPLETION generate entries.
+pub const FI_SELECTIVE_COMPLETION: u64 = 1 << 59;

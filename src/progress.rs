@@ -1,0 +1,1016 @@
+//! The progress engine: one pass drains an endpoint's inbound rings and
+//! overflow queue (bounded batch per ring), matches messages against posted
+//! receives (or queues them as unexpected, within bounded memory), writes
+//! completions and counter updates, and moves queued transmits forward.
+//!
+//! Everything read from shared memory is checked before use: a length,
+//! index, offset or order that does not fit drops the message and fails the
+//! receive it belonged to (`prov::PROTOCOL`); it never indexes out of bounds.
+//!
+//! Back-pressure: a pass stops reading a ring (leaving the message in place)
+//! when the receive CQ is at its size or the unexpected-message budget is
+//! spent; the ring then fills and the sender's inline sends queue up until
+//! its transmit queue is full, when they return `-FI_EAGAIN`.
+
+use crate::cma::{self, CmaError};
+use crate::cq::{prov, CqErrEntry, CqTaggedEntry, NO_SRC};
+use crate::domain::Ctx;
+use crate::ep::{
+    ActiveRecv, Chan, Ctrl, Dest, EpState, InRing, Peer, RxCur, TxOp, TxState, Unexp, UnexpBody,
+};
+use crate::error::ErrorKind;
+use crate::flags::*;
+use crate::proto::{Proto, MAX_MSG_SIZE};
+use crate::ring::{payload_capacity, RingRx};
+use crate::sync::Ordering;
+use shm_layout::{hdr_flags, op, MsgHdr, MAX_IOV, OVF_PAYLOAD};
+
+/// Messages taken from one ring per pass.
+const BATCH: usize = 64;
+
+/// What a handler did with a message.
+#[derive(PartialEq, Eq)]
+enum Flow {
+    /// Consumed.
+    Done,
+    /// Not consumed: try again on a later pass.
+    Stall,
+}
+
+/// Where a message's payload is.
+enum Src<'a> {
+    Ring(&'a RingRx, usize),
+    Buf(&'a [u8]),
+}
+
+impl Src<'_> {
+    fn cap(&self) -> usize {
+        match self {
+            Src::Ring(_, c) => *c,
+            Src::Buf(b) => b.len(),
+        }
+    }
+    /// Caller keeps `off + dst.len() <= cap()`.
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        match self {
+            Src::Ring(r, _) => r.read_payload(off, dst),
+            Src::Buf(b) => dst.copy_from_slice(&b[off..off + dst.len()]),
+        }
+    }
+    fn u64_at(&self, off: usize) -> u64 {
+        let mut b = [0u8; 8];
+        self.read(off, &mut b);
+        u64::from_le_bytes(b)
+    }
+    fn u32_at(&self, off: usize) -> u32 {
+        let mut b = [0u8; 4];
+        self.read(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+}
+
+/// Facts about a received message needed for its completion.
+#[derive(Clone, Copy)]
+struct RxInfo {
+    tagged: bool,
+    tag: u64,
+    data: u64,
+    hflags: u8,
+    total: usize,
+    delivered: usize,
+}
+
+/// An error to report: kind, provider errno, text.
+type Fail = (ErrorKind, i32, String);
+
+/// One progress pass over an endpoint.
+pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
+    let hdr = ep.sec.header();
+    // SYNC: pairs with the release fetch_or in EpState::connect; makes the
+    // slot's address visible.
+    let claimed = hdr.claimed.load(Ordering::Acquire);
+    if claimed != ep.claimed_seen {
+        accept_claims(ep, claimed);
+    }
+    let mut bits = ep.claimed_seen;
+    while bits != 0 {
+        let s = bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        drain_ring(ep, ctx, s);
+    }
+    if ep.sec.header().ovf_used.load(Ordering::Relaxed) != 0 {
+        drain_ovf(ep, ctx);
+    }
+    if !ep.busy.is_empty() {
+        progress_tx(ep, ctx);
+    }
+}
+
+fn accept_claims(ep: &mut EpState, claimed: u64) {
+    let n_slots = ep.sec.g.n_slots as usize;
+    let mut new = claimed & !ep.claimed_seen;
+    while new != 0 {
+        let s = new.trailing_zeros() as usize;
+        new &= new - 1;
+        if s >= n_slots {
+            continue;
+        }
+        let slot = ep.sec.slot(s as u32);
+        // SAFETY: the claimant wrote addr before setting the claimed bit we
+        // acquired; a plain-data copy, validated below.
+        let addr = unsafe { std::ptr::addr_of!(slot.addr).read_volatile() };
+        if addr.uid != ep.addr.uid {
+            continue; // not one of ours: never read that ring
+        }
+        let p = ep.peer_index(addr);
+        // SAFETY: the ring lies in our own section; we are its only consumer.
+        let rx = unsafe {
+            RingRx::new(
+                ep.sec.ringctl_at(s as u32),
+                ep.sec.ring_cells(s as u32),
+                ep.sec.g.ring_cells as usize,
+            )
+        };
+        ep.rings[s] = Some(InRing { rx, peer: p });
+    }
+    ep.claimed_seen = claimed;
+}
+
+fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, s: usize) {
+    let Some(mut ring) = ep.rings[s].take() else {
+        return;
+    };
+    if ep.peers[ring.peer].broken {
+        ep.rings[s] = Some(ring);
+        return;
+    }
+    for _ in 0..BATCH {
+        let Some((h, ncells)) = ring.rx.peek() else {
+            break;
+        };
+        if ncells == 0 {
+            // A cell count that does not fit the ring: we cannot find the
+            // next message, so this peer's ring is dead to us.
+            bad(ep, ctx, ring.peer, "cell count out of range");
+            ep.peers[ring.peer].broken = true;
+            break;
+        }
+        let src = Src::Ring(&ring.rx, payload_capacity(ncells));
+        if handle(ep, ctx, ring.peer, &h, &src) == Flow::Stall {
+            break;
+        }
+        ring.rx.consume(ncells);
+    }
+    ring.rx.release_credit();
+    ep.rings[s] = Some(ring);
+}
+
+fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
+    for _ in 0..BATCH {
+        let Some(m) = ep.ovf.peek() else { break };
+        if m.src.uid != ep.addr.uid {
+            ep.ovf.commit();
+            continue;
+        }
+        let p = ep.peer_index(m.src);
+        if ep.peers[p].broken {
+            ep.ovf.commit();
+            continue;
+        }
+        if handle(ep, ctx, p, &m.hdr, &Src::Buf(&m.payload[..OVF_PAYLOAD])) == Flow::Stall {
+            break;
+        }
+        ep.ovf.commit();
+    }
+}
+
+fn handle(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
+    match h.op {
+        op::EAGER => on_eager(ep, ctx, p, h, src),
+        op::BOUNCE_HDR => on_bounce_hdr(ep, ctx, p, h, src),
+        op::CHUNK => on_chunk(ep, ctx, p, h, src),
+        op::RTS => on_rts(ep, ctx, p, h, src),
+        op::CTS_BOUNCE => on_cts(ep, p, h),
+        op::FIN => on_fin(ep, ctx, p, h),
+        _ => {
+            bad(ep, ctx, p, "unknown message kind");
+            Flow::Done
+        }
+    }
+}
+
+#[inline]
+fn rx_room(ep: &EpState, ctx: &Ctx<'_>) -> bool {
+    ep.rx_cq
+        .is_none_or(|c| ctx.cqs[c].as_ref().is_none_or(|q| q.has_room()))
+}
+
+fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
+    let len = h.len as usize;
+    if len > src.cap() {
+        bad(ep, ctx, p, "inline length beyond its cells");
+        return Flow::Done;
+    }
+    if !rx_room(ep, ctx) {
+        return Flow::Stall;
+    }
+    let tagged = h.flags & hdr_flags::TAGGED != 0;
+    let q = tagged as usize;
+    match ep.match_posted(tagged, p, h.tag) {
+        Some(i) => {
+            let d = ep.take_posted(q, i, len);
+            let n = d.iovs.scatter(0, len.min(d.cap), |o, dst| src.read(o, dst));
+            let info = RxInfo {
+                tagged,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                total: len,
+                delivered: n,
+            };
+            complete_rx(ep, ctx, p, &d, info, None);
+        }
+        None => {
+            let count = ep.unexp[0].len() + ep.unexp[1].len();
+            if ep.unexp_bytes + len > ctx.cfg.unexp_max || count >= ctx.cfg.rx_size * 4 {
+                return Flow::Stall;
+            }
+            let mut v = vec![0u8; len];
+            src.read(0, &mut v);
+            ep.unexp_bytes += len;
+            let id = ep.next_unexp_id;
+            ep.next_unexp_id += 1;
+            ep.unexp[q].push_back(Unexp {
+                id,
+                peer: p,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                len,
+                body: UnexpBody::Inline(v),
+            });
+        }
+    }
+    Flow::Done
+}
+
+fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
+    if src.cap() < 16 {
+        bad(ep, ctx, p, "short bounce header");
+        return Flow::Done;
+    }
+    let (msg_id, total) = (src.u64_at(0), src.u64_at(8) as usize);
+    if total == 0 || total > MAX_MSG_SIZE {
+        bad(ep, ctx, p, "bounce length out of range");
+        return Flow::Done;
+    }
+    if ep.peers[p].rx_cur.is_some() {
+        bad(ep, ctx, p, "new message before the previous one ended");
+    }
+    let tagged = h.flags & hdr_flags::TAGGED != 0;
+    let q = tagged as usize;
+    match ep.match_posted(tagged, p, h.tag) {
+        Some(i) => {
+            let dest = ep.take_posted(q, i, total);
+            ep.peers[p].rx_cur = Some(RxCur::Active(ActiveRecv {
+                dest,
+                total,
+                received: 0,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                msg_id,
+                failed: None,
+            }));
+        }
+        None => {
+            let id = ep.next_unexp_id;
+            ep.next_unexp_id += 1;
+            ep.unexp[q].push_back(Unexp {
+                id,
+                peer: p,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                len: total,
+                body: UnexpBody::Bounce {
+                    msg_id,
+                    chunks: Vec::new(),
+                    received: 0,
+                },
+            });
+            ep.peers[p].rx_cur = Some(RxCur::Unexp { id, msg_id, total });
+        }
+    }
+    Flow::Done
+}
+
+fn find_unexp(ep: &mut EpState, id: u64) -> Option<&mut Unexp> {
+    let [a, b] = &mut ep.unexp;
+    a.iter_mut().chain(b.iter_mut()).find(|u| u.id == id)
+}
+
+fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
+    if src.cap() < 4 {
+        bad(ep, ctx, p, "short chunk message");
+        return Flow::Done;
+    }
+    let idx = src.u32_at(0);
+    let (msg_id, off, len) = (h.tag, h.data as usize, h.len as usize);
+    let Some(chunk) = ep.pool.chunk(idx) else {
+        bad(ep, ctx, p, "chunk index out of range");
+        return Flow::Done;
+    };
+    if len == 0 || len > ep.pool.chunk_size() {
+        ep.pool.free(idx);
+        bad(ep, ctx, p, "chunk length out of range");
+        return Flow::Done;
+    }
+    match ep.peers[p].rx_cur.take() {
+        Some(RxCur::Active(mut a))
+            if a.msg_id == msg_id && off == a.received && off + len <= a.total =>
+        {
+            if off < a.dest.cap {
+                let n = (a.dest.cap - off).min(len);
+                // SAFETY: chunk is one of our pool's chunks (index checked),
+                // len <= chunk_size; the sender filled it before publishing.
+                a.dest.iovs.scatter(off, n, |o, dst| unsafe {
+                    std::ptr::copy_nonoverlapping(chunk.add(o), dst.as_mut_ptr(), dst.len())
+                });
+            }
+            ep.pool.free(idx);
+            a.received += len;
+            if a.received == a.total {
+                finish_active(ep, ctx, p, a);
+            } else {
+                ep.peers[p].rx_cur = Some(RxCur::Active(a));
+            }
+        }
+        Some(RxCur::Unexp {
+            id,
+            msg_id: m,
+            total,
+        }) if m == msg_id => {
+            let ok = match find_unexp(ep, id) {
+                Some(Unexp {
+                    body:
+                        UnexpBody::Bounce {
+                            chunks, received, ..
+                        },
+                    ..
+                }) if *received == off && off + len <= total => {
+                    chunks.push((idx, len));
+                    *received += len;
+                    Some(*received == total)
+                }
+                _ => None,
+            };
+            match ok {
+                Some(true) => {}
+                Some(false) => ep.peers[p].rx_cur = Some(RxCur::Unexp { id, msg_id, total }),
+                None => {
+                    ep.pool.free(idx);
+                    ep.peers[p].rx_cur = Some(RxCur::Unexp { id, msg_id, total });
+                    bad(ep, ctx, p, "chunk out of order");
+                }
+            }
+        }
+        other => {
+            ep.pool.free(idx);
+            ep.peers[p].rx_cur = other;
+            bad(ep, ctx, p, "chunk for no message in progress");
+        }
+    }
+    Flow::Done
+}
+
+/// Parsed request to send by single copy.
+struct Rts {
+    msg_id: u64,
+    iovs: Vec<(u64, u64)>,
+}
+
+fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
+    let bad_rts = |ep: &mut EpState, ctx: &mut Ctx<'_>| {
+        bad(ep, ctx, p, "malformed request to send");
+        Flow::Done
+    };
+    if src.cap() < 24 {
+        return bad_rts(ep, ctx);
+    }
+    let (msg_id, total, niov) = (
+        src.u64_at(0),
+        src.u64_at(8) as usize,
+        src.u32_at(16) as usize,
+    );
+    if niov == 0 || niov > MAX_IOV || 24 + 16 * niov > src.cap() || total > MAX_MSG_SIZE {
+        return bad_rts(ep, ctx);
+    }
+    let iovs: Vec<(u64, u64)> = (0..niov)
+        .map(|i| (src.u64_at(24 + 16 * i), src.u64_at(32 + 16 * i)))
+        .collect();
+    if iovs.iter().try_fold(0u64, |a, v| a.checked_add(v.1)) != Some(total as u64) {
+        return bad_rts(ep, ctx);
+    }
+    if !rx_room(ep, ctx) {
+        return Flow::Stall;
+    }
+    let tagged = h.flags & hdr_flags::TAGGED != 0;
+    let q = tagged as usize;
+    match ep.match_posted(tagged, p, h.tag) {
+        Some(i) => {
+            let d = ep.take_posted(q, i, total);
+            let info = RxInfo {
+                tagged,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                total,
+                delivered: 0,
+            };
+            single_copy(ep, ctx, p, d, info, Rts { msg_id, iovs });
+        }
+        None => {
+            let id = ep.next_unexp_id;
+            ep.next_unexp_id += 1;
+            ep.unexp[q].push_back(Unexp {
+                id,
+                peer: p,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                len: total,
+                body: UnexpBody::Rts { msg_id, iovs },
+            });
+        }
+    }
+    Flow::Done
+}
+
+/// Reads a matched RTS message straight from the sender's memory; on a
+/// refusal asks the sender for the pool path instead.
+fn single_copy(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: RxInfo, rts: Rts) {
+    if let Err(e) = ensure_connected(ep, ctx, p) {
+        let f = (
+            ErrorKind::Io,
+            prov::CMA_FAULT,
+            format!("cannot reach the sender to read its message: {e}"),
+        );
+        complete_rx(ep, ctx, p, &d, info, Some(f));
+        return;
+    }
+    let local: Vec<(*mut u8, usize)> = d
+        .iovs
+        .segs()
+        .iter()
+        .map(|s| (s.ptr as *mut u8, s.len))
+        .collect();
+    let peer = &mut ep.peers[p];
+    match cma::read(peer.pid, &local, &rts.iovs, ctx.cfg.cma) {
+        Ok(n) => {
+            info.delivered = n;
+            complete_rx(ep, ctx, p, &d, info, None);
+            queue_ctrl(
+                ep,
+                p,
+                Ctrl {
+                    op: op::FIN,
+                    msg_id: rts.msg_id,
+                    status: 0,
+                },
+            );
+        }
+        Err(CmaError::Refused(_)) => {
+            peer.cma_refused = true;
+            if peer.rx_cur.is_some() {
+                bad(
+                    ep,
+                    ctx,
+                    p,
+                    "single-copy message while another is in progress",
+                );
+            }
+            ep.peers[p].rx_cur = Some(RxCur::Active(ActiveRecv {
+                dest: d,
+                total: info.total,
+                received: 0,
+                tag: info.tag,
+                data: info.data,
+                hflags: info.hflags,
+                msg_id: rts.msg_id,
+                failed: None,
+            }));
+            queue_ctrl(
+                ep,
+                p,
+                Ctrl {
+                    op: op::CTS_BOUNCE,
+                    msg_id: rts.msg_id,
+                    status: 0,
+                },
+            );
+        }
+        Err(CmaError::Fault(e)) => {
+            let who = crate::av::AddressVector::straddr(&peer.addr);
+            let pid = peer.pid;
+            let f = (
+                ErrorKind::Io,
+                prov::CMA_FAULT,
+                format!(
+                    "single copy from {who} (pid {pid}) failed: {}",
+                    std::io::Error::from_raw_os_error(e)
+                ),
+            );
+            complete_rx(ep, ctx, p, &d, info, Some(f));
+            queue_ctrl(
+                ep,
+                p,
+                Ctrl {
+                    op: op::FIN,
+                    msg_id: rts.msg_id,
+                    status: ErrorKind::Io.errno() as u32,
+                },
+            );
+        }
+    }
+}
+
+fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
+    let peer = &mut ep.peers[p];
+    if let Some(op) = peer.txq.front_mut() {
+        if op.state == (TxState::AwaitFin { msg_id: h.tag }) {
+            peer.cma_refused = true;
+            op.state = TxState::Chunks {
+                off: 0,
+                msg_id: h.tag,
+            };
+            ep.mark_busy(p);
+        }
+    }
+    Flow::Done
+}
+
+fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
+    let peer = &mut ep.peers[p];
+    let matches = peer
+        .txq
+        .front()
+        .is_some_and(|op| op.state == (TxState::AwaitFin { msg_id: h.tag }));
+    if matches {
+        let op = peer.txq.pop_front().expect("front checked");
+        ep.tx_outstanding -= 1;
+        let err = (h.len != 0).then(|| {
+            let k = ErrorKind::from_errno(h.len as i32);
+            (
+                k,
+                prov::REMOTE,
+                format!(
+                    "{} failed to take the message: {}",
+                    crate::av::AddressVector::straddr(&ep.peers[p].addr),
+                    k.message()
+                ),
+            )
+        });
+        complete_tx(ep, ctx, &op, err);
+        ep.mark_busy(p);
+    }
+    Flow::Done
+}
+
+fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, a: ActiveRecv) {
+    let info = RxInfo {
+        tagged: a.hflags & hdr_flags::TAGGED != 0,
+        tag: a.tag,
+        data: a.data,
+        hflags: a.hflags,
+        total: a.total,
+        delivered: a.total.min(a.dest.cap),
+    };
+    let fail = a.failed.map(|(k, pe)| (k, pe, strerror_owned(pe)));
+    complete_rx(ep, ctx, p, &a.dest, info, fail);
+}
+
+fn strerror_owned(pe: i32) -> String {
+    crate::cq::strerror(pe).to_string()
+}
+
+/// A peer sent something that does not parse: drop it and fail the
+/// receive in progress from that peer, if any.
+fn bad(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, what: &str) {
+    let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
+    match ep.peers[p].rx_cur.take() {
+        Some(RxCur::Active(a)) => {
+            let info = RxInfo {
+                tagged: a.hflags & hdr_flags::TAGGED != 0,
+                tag: a.tag,
+                data: a.data,
+                hflags: a.hflags,
+                total: a.total,
+                delivered: a.received.min(a.dest.cap),
+            };
+            let f = (ErrorKind::Io, prov::PROTOCOL, format!("{who}: {what}"));
+            complete_rx(ep, ctx, p, &a.dest, info, Some(f));
+        }
+        Some(RxCur::Unexp { id, .. }) => {
+            for q in 0..2 {
+                if let Some(i) = ep.unexp[q].iter().position(|u| u.id == id) {
+                    if let Some(Unexp {
+                        body: UnexpBody::Bounce { chunks, .. },
+                        ..
+                    }) = ep.unexp[q].remove(i)
+                    {
+                        for (c, _) in chunks {
+                            ep.pool.free(c);
+                        }
+                    }
+                }
+            }
+        }
+        None => {}
+    }
+}
+
+/// Delivers an unexpected message to a receive posted for it.
+pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: Dest, tagged: bool) {
+    let info = RxInfo {
+        tagged,
+        tag: u.tag,
+        data: u.data,
+        hflags: u.hflags,
+        total: u.len,
+        delivered: 0,
+    };
+    match u.body {
+        UnexpBody::Inline(v) => {
+            ep.unexp_bytes -= v.len();
+            let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| {
+                dst.copy_from_slice(&v[o..o + dst.len()])
+            });
+            complete_rx(
+                ep,
+                ctx,
+                u.peer,
+                &d,
+                RxInfo {
+                    delivered: n,
+                    ..info
+                },
+                None,
+            );
+        }
+        UnexpBody::Bounce {
+            msg_id,
+            chunks,
+            received,
+        } => {
+            let mut a = ActiveRecv {
+                dest: d,
+                total: u.len,
+                received: 0,
+                tag: u.tag,
+                data: u.data,
+                hflags: u.hflags,
+                msg_id,
+                failed: None,
+            };
+            for (idx, len) in chunks {
+                if let Some(chunk) = ep.pool.chunk(idx) {
+                    let off = a.received;
+                    if off < a.dest.cap {
+                        let n = (a.dest.cap - off).min(len);
+                        // SAFETY: our pool's chunk, held since it arrived.
+                        a.dest.iovs.scatter(off, n, |o, dst| unsafe {
+                            std::ptr::copy_nonoverlapping(chunk.add(o), dst.as_mut_ptr(), dst.len())
+                        });
+                    }
+                    ep.pool.free(idx);
+                }
+                a.received += len;
+            }
+            debug_assert_eq!(a.received, received);
+            if a.received == a.total {
+                finish_active(ep, ctx, u.peer, a);
+            } else {
+                // Still arriving: the peer's current message is now this receive.
+                ep.peers[u.peer].rx_cur = Some(RxCur::Active(a));
+            }
+        }
+        UnexpBody::Rts { msg_id, iovs } => {
+            single_copy(ep, ctx, u.peer, d, info, Rts { msg_id, iovs })
+        }
+    }
+}
+
+fn complete_rx(
+    ep: &mut EpState,
+    ctx: &mut Ctx<'_>,
+    p: usize,
+    d: &Dest,
+    i: RxInfo,
+    err: Option<Fail>,
+) {
+    let mut flags = FI_RECV | if i.tagged { FI_TAGGED } else { FI_MSG };
+    let has_data = i.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
+    if has_data {
+        flags |= FI_REMOTE_CQ_DATA;
+    }
+    if d.multi_release {
+        flags |= FI_MULTI_RECV;
+    }
+    let err = err.or_else(|| {
+        (i.total > d.cap).then(|| {
+            (
+                ErrorKind::Trunc,
+                prov::TRUNCATED,
+                format!(
+                    "message of {} bytes from {} truncated to the {}-byte receive buffer",
+                    i.total,
+                    crate::av::AddressVector::straddr(&ep.peers[p].addr),
+                    d.cap
+                ),
+            )
+        })
+    });
+    if let Some(c) = ep.cntr_recv {
+        let c = &ctx.counters[c];
+        // SYNC: pairs with the acquire loads in Counter::read/readerr.
+        if err.is_some() { &c.err.v } else { &c.value.v }.fetch_add(1, Ordering::Release);
+    }
+    let src = ep.src_addr(ctx, p);
+    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+        return;
+    };
+    let data = if has_data { i.data } else { 0 };
+    let tag = if i.tagged { i.tag } else { 0 };
+    match err {
+        Some((k, pe, detail)) => cq.push_err(
+            CqErrEntry {
+                op_context: d.ctx,
+                flags,
+                len: i.delivered,
+                buf: d.buf,
+                data,
+                tag,
+                olen: i.total.saturating_sub(d.cap),
+                err: k.errno(),
+                prov_errno: pe,
+                ..Default::default()
+            },
+            detail,
+        ),
+        None if d.cqe || d.multi_release => cq.push(
+            CqTaggedEntry {
+                op_context: d.ctx,
+                flags,
+                len: i.delivered,
+                buf: d.buf,
+                data,
+                tag,
+            },
+            src,
+        ),
+        None => {}
+    }
+}
+
+pub(crate) fn complete_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, op: &TxOp, err: Option<Fail>) {
+    let flags = FI_SEND | if op.tagged { FI_TAGGED } else { FI_MSG };
+    if let Some(c) = ep.cntr_send {
+        let c = &ctx.counters[c];
+        // SYNC: pairs with the acquire loads in Counter::read/readerr.
+        if err.is_some() { &c.err.v } else { &c.value.v }.fetch_add(1, Ordering::Release);
+    }
+    let Some(cq) = ep.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+        return;
+    };
+    match err {
+        Some((k, pe, detail)) if !op.inject => cq.push_err(
+            CqErrEntry {
+                op_context: op.ctx,
+                flags,
+                tag: op.tag,
+                err: k.errno(),
+                prov_errno: pe,
+                ..Default::default()
+            },
+            detail,
+        ),
+        None if op.cqe => cq.push(
+            CqTaggedEntry {
+                op_context: op.ctx,
+                flags,
+                ..Default::default()
+            },
+            NO_SRC,
+        ),
+        _ => {}
+    }
+}
+
+fn ensure_connected(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> crate::Result<()> {
+    if ep.peers[p].chan.is_none() {
+        ep.connect(ctx, p)?;
+    }
+    Ok(())
+}
+
+fn queue_ctrl(ep: &mut EpState, p: usize, c: Ctrl) {
+    ep.peers[p].ctrlq.push_back(c);
+    ep.mark_busy(p);
+}
+
+fn chan_push(chan: &mut Chan, me: &shm_layout::Address, h: &MsgHdr, parts: &[&[u8]]) -> bool {
+    match chan {
+        Chan::Ring(r) => r.try_push(h, parts),
+        Chan::Ovf(q) => {
+            let mut buf = [0u8; OVF_PAYLOAD];
+            let mut at = 0;
+            for p in parts {
+                if at + p.len() > OVF_PAYLOAD {
+                    return false;
+                }
+                buf[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            let mut h = *h;
+            h.ncells = 1;
+            q.push(&h, me, &buf[..at])
+        }
+    }
+}
+
+fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
+    match chan {
+        Chan::Ring(r) => r.has_room_for(ncells),
+        Chan::Ovf(_) => true,
+    }
+}
+
+fn data_hdr(op: &TxOp, kind: u8, len: u32) -> MsgHdr {
+    MsgHdr {
+        op: kind,
+        flags: op.hflags,
+        ncells: 0,
+        len,
+        tag: op.tag,
+        data: op.data,
+    }
+}
+
+/// Sends an inline message at once if the channel has room.
+pub(crate) fn push_inline(peer: &mut Peer, me: &shm_layout::Address, op: &TxOp) -> bool {
+    match peer.chan.as_mut() {
+        Some(chan) => push_inline_chan(chan, me, op),
+        None => false,
+    }
+}
+
+fn push_inline_chan(chan: &mut Chan, me: &shm_layout::Address, op: &TxOp) -> bool {
+    // SAFETY: the op's buffers are valid until completion (its contract).
+    let slices = unsafe { op.iovs.slices() };
+    chan_push(
+        chan,
+        me,
+        &data_hdr(op, op::EAGER, op.len as u32),
+        &slices[..op.iovs.n],
+    )
+}
+
+/// Moves every busy peer's queue forward.
+pub(crate) fn progress_tx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
+    let mut i = 0;
+    while i < ep.busy.len() {
+        let p = ep.busy[i];
+        progress_peer_tx(ep, ctx, p);
+        let peer = &mut ep.peers[p];
+        if peer.txq.is_empty() && peer.ctrlq.is_empty() {
+            peer.busy = false;
+            ep.busy.swap_remove(i);
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// Moves one peer's control messages and transmit queue forward as far as
+/// ring room and pool chunks allow.
+pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
+    if ensure_connected(ep, ctx, p).is_err() {
+        return;
+    }
+    let me = ep.addr;
+    let mut pushed = false;
+    let mut done: Vec<TxOp> = Vec::new();
+    {
+        let peer = &mut ep.peers[p];
+        let chan = peer.chan.as_mut().expect("connected");
+        while let Some(c) = peer.ctrlq.front() {
+            let h = MsgHdr {
+                op: c.op,
+                flags: 0,
+                ncells: 0,
+                len: c.status,
+                tag: c.msg_id,
+                data: 0,
+            };
+            if !chan_push(chan, &me, &h, &[]) {
+                break;
+            }
+            peer.ctrlq.pop_front();
+            pushed = true;
+        }
+        let pool = peer.pool.as_ref().expect("connected");
+        while peer.ctrlq.is_empty() {
+            let Some(op) = peer.txq.front_mut() else {
+                break;
+            };
+            match op.state {
+                TxState::Start => match op.proto {
+                    Proto::Inline => {
+                        if !push_inline_chan(chan, &me, op) {
+                            break;
+                        }
+                        pushed = true;
+                        done.push(peer.txq.pop_front().expect("front"));
+                    }
+                    Proto::Bounce => {
+                        let msg_id = peer.next_msg_id;
+                        let mut pl = [0u8; 16];
+                        pl[..8].copy_from_slice(&msg_id.to_le_bytes());
+                        pl[8..].copy_from_slice(&(op.len as u64).to_le_bytes());
+                        if !chan_push(chan, &me, &data_hdr(op, op::BOUNCE_HDR, 0), &[&pl]) {
+                            break;
+                        }
+                        peer.next_msg_id += 1;
+                        op.state = TxState::Chunks { off: 0, msg_id };
+                        pushed = true;
+                    }
+                    Proto::Cma => {
+                        let msg_id = peer.next_msg_id;
+                        let mut pl = [0u8; 24 + 16 * MAX_IOV];
+                        pl[..8].copy_from_slice(&msg_id.to_le_bytes());
+                        pl[8..16].copy_from_slice(&(op.len as u64).to_le_bytes());
+                        pl[16..20].copy_from_slice(&(op.iovs.n as u32).to_le_bytes());
+                        for (k, s) in op.iovs.segs().iter().enumerate() {
+                            pl[24 + 16 * k..32 + 16 * k]
+                                .copy_from_slice(&(s.ptr as u64).to_le_bytes());
+                            pl[32 + 16 * k..40 + 16 * k]
+                                .copy_from_slice(&(s.len as u64).to_le_bytes());
+                        }
+                        let n = 24 + 16 * op.iovs.n;
+                        if !chan_push(chan, &me, &data_hdr(op, op::RTS, 0), &[&pl[..n]]) {
+                            break;
+                        }
+                        peer.next_msg_id += 1;
+                        op.state = TxState::AwaitFin { msg_id };
+                        pushed = true;
+                        break;
+                    }
+                },
+                TxState::Chunks { off, msg_id } => {
+                    if off >= op.len {
+                        done.push(peer.txq.pop_front().expect("front"));
+                        continue;
+                    }
+                    if !chan_room(chan, 1) {
+                        break;
+                    }
+                    let Some(idx) = pool.alloc() else { break };
+                    let n = (op.len - off).min(pool.chunk_size());
+                    let chunk = pool.chunk(idx).expect("allocated index is in range");
+                    // SAFETY: we own chunk idx (popped from the free list)
+                    // until the CHUNK message hands it to the receiver.
+                    op.iovs
+                        .gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
+                    let h = MsgHdr {
+                        op: op::CHUNK,
+                        flags: 0,
+                        ncells: 0,
+                        len: n as u32,
+                        tag: msg_id,
+                        data: off as u64,
+                    };
+                    if !chan_push(chan, &me, &h, &[&idx.to_le_bytes()]) {
+                        pool.free(idx);
+                        break;
+                    }
+                    op.state = TxState::Chunks {
+                        off: off + n,
+                        msg_id,
+                    };
+                    pushed = true;
+                }
+                TxState::AwaitFin { .. } => break,
+            }
+        }
+        if pushed {
+            if let Some(db) = peer.doorbell() {
+                crate::doorbell::ring(db);
+            }
+        }
+    }
+    for op in done {
+        ep.tx_outstanding -= 1;
+        complete_tx(ep, ctx, &op, None);
+    }
+}

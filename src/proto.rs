@@ -1,0 +1,218 @@
+//! Protocols by size, chosen in one place ([`choose`]), and the tunables
+//! that steer them (read once from the environment by [`Config::from_env`]).
+//!
+//! | protocol | when | data moves |
+//! | --- | --- | --- |
+//! | [`Proto::Inline`] | `len <= inline_max` (ring) or fits one overflow cell | in the ring cells, one copy each side |
+//! | [`Proto::Bounce`] | larger, and CMA off, refused, or below `cma_min` | through chunks of the receiver's pool, pipelined: the sender fills chunk k+1 while the receiver drains chunk k |
+//! | [`Proto::Cma`] | `len >= cma_min` and CMA usable | one copy: the receiver reads the sender's buffer with process_vm_readv; if the kernel refuses (EPERM, ENOSYS) the receiver asks for [`Proto::Bounce`] instead and stops trying CMA with that peer |
+//!
+//! Environment variables (all optional):
+//!
+//! | variable | meaning | default |
+//! | --- | --- | --- |
+//! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring | 16384 |
+//! | `SHMFAB_CMA_MIN` | smallest message sent by single copy | 131072 |
+//! | `SHMFAB_CMA` | `auto`, `off` (never offer CMA), `fail` (act as if the kernel refused it: tests the fallback) | `auto` |
+//! | `SHMFAB_RING_SLOTS` | SPSC rings per endpoint (more senders use the overflow queue) | 16 |
+//! | `SHMFAB_RING_CELLS` | 64-byte cells per ring | 1024 |
+//! | `SHMFAB_OVF_CELLS` | entries of the overflow queue | 256 |
+//! | `SHMFAB_POOL_CHUNKS`, `SHMFAB_CHUNK_SIZE` | bounce pool | 32, 65536 |
+//! | `SHMFAB_UNEXP_MAX` | bytes of unexpected inline messages an endpoint holds before it stops draining (back-pressure) | 8 MiB |
+//! | `SHMFAB_TX_SIZE`, `SHMFAB_RX_SIZE` | outstanding sends / posted receives per endpoint | 4096 |
+
+use crate::ring::payload_capacity;
+use shm_layout::{EpGeometry, OVF_PAYLOAD};
+
+/// How a message travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    /// Payload inline in ring (or overflow) cells.
+    Inline,
+    /// Pipelined through the receiver's pool chunks.
+    Bounce,
+    /// Single copy by the receiver (process_vm_readv).
+    Cma,
+}
+
+/// CMA policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmaMode {
+    /// Use it where the kernel allows.
+    Auto,
+    /// Never offer it.
+    Off,
+    /// Offer it but act as if the kernel refused (tests the fallback).
+    Fail,
+}
+
+/// Tunables in force for a domain.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Largest inline message (ring path).
+    pub inline_max: usize,
+    /// Smallest single-copy message.
+    pub cma_min: usize,
+    /// CMA policy.
+    pub cma: CmaMode,
+    /// Geometry of each endpoint section.
+    pub geometry: EpGeometry,
+    /// Endpoint sections per domain region.
+    pub max_eps: u32,
+    /// Counters per domain region.
+    pub max_counters: u32,
+    /// Unexpected inline bytes held per endpoint.
+    pub unexp_max: usize,
+    /// Outstanding transmit operations per endpoint.
+    pub tx_size: usize,
+    /// Posted receives per endpoint.
+    pub rx_size: usize,
+}
+
+/// Largest payload an inject accepts (buffer reusable on return).
+pub const INJECT_SIZE: usize = 4096;
+/// Largest message.
+pub const MAX_MSG_SIZE: usize = 1 << 40;
+
+fn env_num(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| {
+            let v = v.trim();
+            let (num, mul) = match v.as_bytes().last() {
+                Some(b'k' | b'K') => (&v[..v.len() - 1], 1024),
+                Some(b'm' | b'M') => (&v[..v.len() - 1], 1024 * 1024),
+                _ => (v, 1),
+            };
+            num.parse::<usize>().ok().map(|n| n * mul)
+        })
+        .unwrap_or(default)
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            inline_max: 16384,
+            cma_min: 128 * 1024,
+            cma: CmaMode::Auto,
+            geometry: EpGeometry {
+                n_slots: 16,
+                ring_cells: 1024,
+                ovf_cells: 256,
+                pool_chunks: 32,
+                chunk_size: 64 * 1024,
+                reserved: 0,
+            },
+            max_eps: 4,
+            max_counters: 64,
+            unexp_max: 8 << 20,
+            tx_size: 4096,
+            rx_size: 4096,
+        }
+    }
+}
+
+impl Config {
+    /// Defaults overridden by the `SHMFAB_*` environment variables, then
+    /// clamped to what the geometry allows.
+    pub fn from_env() -> Config {
+        let d = Config::default();
+        let g = EpGeometry {
+            n_slots: env_num("SHMFAB_RING_SLOTS", d.geometry.n_slots as usize) as u32,
+            ring_cells: env_num("SHMFAB_RING_CELLS", d.geometry.ring_cells as usize) as u32,
+            ovf_cells: env_num("SHMFAB_OVF_CELLS", d.geometry.ovf_cells as usize) as u32,
+            pool_chunks: env_num("SHMFAB_POOL_CHUNKS", d.geometry.pool_chunks as usize) as u32,
+            chunk_size: env_num("SHMFAB_CHUNK_SIZE", d.geometry.chunk_size as usize) as u32,
+            reserved: 0,
+        };
+        let cma = match std::env::var("SHMFAB_CMA").as_deref() {
+            Ok("off") | Ok("0") => CmaMode::Off,
+            Ok("fail") => CmaMode::Fail,
+            _ => CmaMode::Auto,
+        };
+        let mut c = Config {
+            inline_max: env_num("SHMFAB_INLINE_MAX", d.inline_max),
+            cma_min: env_num("SHMFAB_CMA_MIN", d.cma_min),
+            cma,
+            geometry: if g.validate().is_ok() { g } else { d.geometry },
+            max_eps: env_num("SHMFAB_MAX_EPS", d.max_eps as usize).clamp(1, 256) as u32,
+            max_counters: d.max_counters,
+            unexp_max: env_num("SHMFAB_UNEXP_MAX", d.unexp_max),
+            tx_size: env_num("SHMFAB_TX_SIZE", d.tx_size).max(1),
+            rx_size: env_num("SHMFAB_RX_SIZE", d.rx_size).max(1),
+        };
+        c.clamp();
+        c
+    }
+
+    /// Keeps the thresholds inside what the geometry can carry: an inline
+    /// message may use at most a quarter of a ring.
+    pub fn clamp(&mut self) {
+        let ring_max = payload_capacity(self.geometry.ring_cells as usize / 4);
+        self.inline_max = self.inline_max.min(ring_max);
+        self.cma_min = self.cma_min.max(self.inline_max + 1);
+    }
+}
+
+/// What travels how: the one place that decides.
+///
+/// `on_ring`: the sender has an SPSC ring to this peer (else it uses the
+/// overflow queue, whose cells carry at most [`OVF_PAYLOAD`] bytes and an RTS
+/// with at most 3 iovs). `cma_ok`: CMA is neither off nor known refused for
+/// this peer.
+pub fn choose(cfg: &Config, len: usize, niov: usize, on_ring: bool, cma_ok: bool) -> Proto {
+    let inline_max = if on_ring { cfg.inline_max } else { OVF_PAYLOAD };
+    if len <= inline_max {
+        Proto::Inline
+    } else if cma_ok && cfg.cma != CmaMode::Off && len >= cfg.cma_min && (on_ring || niov <= 3) {
+        Proto::Cma
+    } else {
+        Proto::Bounce
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_pick_each_protocol() {
+        let c = Config::default();
+        assert_eq!(choose(&c, 0, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&c, c.inline_max, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&c, c.inline_max + 1, 1, true, true), Proto::Bounce);
+        assert_eq!(choose(&c, c.cma_min - 1, 1, true, true), Proto::Bounce);
+        assert_eq!(choose(&c, c.cma_min, 1, true, true), Proto::Cma);
+        assert_eq!(
+            choose(&c, c.cma_min, 1, true, false),
+            Proto::Bounce,
+            "refused peer"
+        );
+        assert_eq!(
+            choose(&c, OVF_PAYLOAD + 1, 1, false, true),
+            Proto::Bounce,
+            "overflow path"
+        );
+        assert_eq!(
+            choose(&c, c.cma_min, 4, false, true),
+            Proto::Bounce,
+            "overflow RTS holds 3 iovs"
+        );
+        let off = Config {
+            cma: CmaMode::Off,
+            ..Config::default()
+        };
+        assert_eq!(choose(&off, 8 << 20, 1, true, true), Proto::Bounce);
+    }
+
+    #[test]
+    fn clamp_keeps_inline_within_a_quarter_ring() {
+        let mut c = Config {
+            inline_max: 1 << 30,
+            ..Config::default()
+        };
+        c.clamp();
+        assert!(crate::ring::cells_for(c.inline_max) <= c.geometry.ring_cells as usize / 4);
+        assert!(c.cma_min > c.inline_max);
+    }
+}

@@ -1,0 +1,494 @@
+//! The SPSC ring: one sender (producer) and one receiving endpoint
+//! (consumer) per ring, cells of whole cache lines in the receiver's region.
+//!
+//! A message occupies `ncells` consecutive cells (modulo the ring). Its
+//! first cell holds the sequence word, the header and the first
+//! [`CELL_PAYLOAD`] bytes; the following cells are payload only, so the
+//! payload is one contiguous byte range (split at most once at the ring's
+//! end). The producer writes payload and header, zeroes the sequence word of
+//! the cell after the message (so stale payload there can never pass for a
+//! published message), then publishes with a release store of `pos + 1`.
+//! The consumer spins on that one word. A small message is one cache line.
+//!
+//! Credit: the producer keeps `cached_head` and re-reads the consumer's
+//! shared `head` only when the ring looks full; the consumer publishes its
+//! head in batches (`release_credit`, at the end of a progress pass or every
+//! quarter ring).
+//!
+//! ```
+//! use shmfab::ring::{cells_for, RingRx, RingTx};
+//! use shm_layout::{Cell, MsgHdr, RingCtl};
+//! // A ring on the heap (in shmfab it lives in the receiver's region).
+//! let ctl: Box<RingCtl> = Box::new(unsafe { std::mem::zeroed() });
+//! let cells: Vec<Cell> = (0..128).map(|_| unsafe { std::mem::zeroed() }).collect();
+//! let (c, p) = (&*ctl as *const RingCtl, cells.as_ptr() as *mut u8);
+//! // SAFETY (doc example): both pointers outlive the ring handles.
+//! let (mut tx, mut rx) = unsafe { (RingTx::new(c, p, 128), RingRx::new(c, p, 128)) };
+//! let hdr = MsgHdr { op: 1, len: 5, ..Default::default() };
+//! assert!(tx.try_push(&hdr, &[b"hello"]));
+//! let (h, n) = rx.peek().unwrap();
+//! assert_eq!((h.len, n), (5, cells_for(5)));
+//! let mut out = [0u8; 5];
+//! rx.read_payload(0, &mut out);
+//! rx.consume(n);
+//! assert_eq!(&out, b"hello");
+//! ```
+
+use crate::sync::Ordering;
+use shm_layout::{Cell, MsgHdr, RingCtl, CELL_PAYLOAD};
+use std::mem::{offset_of, size_of};
+
+/// Byte stride of one cell.
+const STRIDE: usize = size_of::<Cell>();
+/// Offset of the payload in a message's first cell.
+const PAYLOAD_OFF: usize = offset_of!(Cell, payload);
+
+/// Cells a message with `len` payload bytes needs.
+#[inline]
+pub const fn cells_for(len: usize) -> usize {
+    if len <= CELL_PAYLOAD {
+        1
+    } else {
+        1 + (len - CELL_PAYLOAD).div_ceil(STRIDE)
+    }
+}
+
+/// Payload bytes that fit in `ncells` cells.
+#[inline]
+pub const fn payload_capacity(ncells: usize) -> usize {
+    ncells * STRIDE - PAYLOAD_OFF
+}
+
+/// Producer side of a ring (lives in the sender's process).
+pub struct RingTx {
+    /// Control words in the receiver's region.
+    ctl: *const RingCtl,
+    /// First cell in the receiver's region.
+    cells: *mut u8,
+    /// Cells in the ring (power of two).
+    cap: u64,
+    /// Next position to write; the producer's own, monotonic. Invariant:
+    /// `tail - cached_head <= cap`.
+    tail: u64,
+    /// Copy of the consumer's head; may be stale (smaller than the real
+    /// head) and is refreshed only when the ring looks full.
+    cached_head: u64,
+}
+
+// SAFETY: the pointers refer to a shared mapping kept alive by the owner of
+// the RingTx (the peer's Region); the ring has one producer by construction.
+unsafe impl Send for RingTx {}
+
+impl RingTx {
+    /// Wraps a ring.
+    ///
+    /// # Safety
+    /// `ctl` and `cells` (`cap` cells, `cap` a power of two >= 2) must stay
+    /// mapped for the life of the handle, and this must be the only producer.
+    pub unsafe fn new(ctl: *const RingCtl, cells: *mut u8, cap: usize) -> Self {
+        debug_assert!(cap.is_power_of_two() && cap >= 2);
+        // SAFETY: ctl is valid per the contract. A fresh claimant starts at
+        // the consumer's head: the ring is empty when a slot is claimed.
+        let head = unsafe { (*ctl).head.v.load(Ordering::Acquire) };
+        RingTx {
+            ctl,
+            cells,
+            cap: cap as u64,
+            tail: head,
+            cached_head: head,
+        }
+    }
+
+    /// Cells in the ring.
+    pub fn capacity(&self) -> usize {
+        self.cap as usize
+    }
+
+    /// Whether a message of `ncells` cells fits now.
+    #[inline]
+    pub fn has_room_for(&mut self, ncells: usize) -> bool {
+        self.has_room(ncells as u64)
+    }
+
+    /// Whether `ncells` (plus the guard cell) fit now.
+    #[inline]
+    fn has_room(&mut self, ncells: u64) -> bool {
+        let need = ncells + 1; // the guard cell after the message
+        if self.tail + need - self.cached_head <= self.cap {
+            return true;
+        }
+        // SYNC: pairs with the release store in RingRx::release_credit.
+        // SAFETY: ctl mapped per the contract of new().
+        self.cached_head = unsafe { (*self.ctl).head.v.load(Ordering::Acquire) };
+        self.tail + need - self.cached_head <= self.cap
+    }
+
+    #[inline]
+    fn cell(&self, pos: u64) -> *mut Cell {
+        // SAFETY: index masked into 0..cap; cells spans cap cells.
+        unsafe { self.cells.add((pos & (self.cap - 1)) as usize * STRIDE) as *mut Cell }
+    }
+
+    /// Writes `src` at payload offset `voff` of the message starting at `pos`.
+    #[inline]
+    fn write_payload(&self, pos: u64, voff: usize, src: &[u8]) {
+        if src.is_empty() {
+            return;
+        }
+        let ring_bytes = self.cap as usize * STRIDE;
+        let start = ((pos & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) % ring_bytes;
+        let first = src.len().min(ring_bytes - start);
+        // SAFETY: start < ring_bytes and first <= ring_bytes - start; the
+        // rest wraps to the ring's start and is < ring_bytes because a
+        // message never exceeds the ring. The cells are reserved (has_room).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.cells.add(start), first);
+            if first < src.len() {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr().add(first),
+                    self.cells,
+                    src.len() - first,
+                );
+            }
+        }
+    }
+
+    /// Publishes one message whose payload is the concatenation of `parts`;
+    /// `hdr.ncells` is set here. False (and nothing written) if there is no
+    /// room.
+    #[inline]
+    pub fn try_push(&mut self, hdr: &MsgHdr, parts: &[&[u8]]) -> bool {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let n = cells_for(len) as u64;
+        if n + 1 > self.cap || !self.has_room(n) {
+            return false;
+        }
+        let pos = self.tail;
+        let mut off = 0;
+        for p in parts {
+            self.write_payload(pos, off, p);
+            off += p.len();
+        }
+        let c = self.cell(pos);
+        let mut h = *hdr;
+        h.ncells = n as u16;
+        // SAFETY: c is a reserved cell; the guard cell pos + n is free
+        // (has_room counted it), so zeroing its sequence word races nothing.
+        unsafe {
+            std::ptr::addr_of_mut!((*c).hdr).write_volatile(h);
+            (*self.cell(pos + n)).seq.store(0, Ordering::Relaxed);
+            // SYNC: publishes payload, header and guard to the acquire load
+            // in RingRx::peek.
+            (*c).seq.store(pos + 1, Ordering::Release);
+            (*self.ctl).tail.v.store(pos + n, Ordering::Relaxed);
+        }
+        self.tail = pos + n;
+        true
+    }
+}
+
+/// Consumer side of a ring (lives in the receiving endpoint).
+pub struct RingRx {
+    /// Control words in our region.
+    ctl: *const RingCtl,
+    /// First cell.
+    cells: *const u8,
+    /// Cells in the ring (power of two).
+    cap: u64,
+    /// Next position to read; the consumer's own, monotonic.
+    head: u64,
+    /// Head as last published to the producer (`<= head`).
+    published: u64,
+}
+
+// SAFETY: the pointers refer to our own region, kept alive by the domain;
+// one consumer by construction.
+unsafe impl Send for RingRx {}
+
+impl RingRx {
+    /// Wraps a ring.
+    ///
+    /// # Safety
+    /// As [`RingTx::new`]; this must be the only consumer.
+    pub unsafe fn new(ctl: *const RingCtl, cells: *const u8, cap: usize) -> Self {
+        // SAFETY: ctl valid per contract.
+        let head = unsafe { (*ctl).head.v.load(Ordering::Relaxed) };
+        RingRx {
+            ctl,
+            cells,
+            cap: cap as u64,
+            head,
+            published: head,
+        }
+    }
+
+    #[inline]
+    fn cell(&self, pos: u64) -> *const Cell {
+        // SAFETY: masked index within the ring.
+        unsafe { self.cells.add((pos & (self.cap - 1)) as usize * STRIDE) as *const Cell }
+    }
+
+    /// The next message's header and cell count, if one is published. The
+    /// header is copied once: later changes by the peer are not seen. A
+    /// header whose cell count does not fit the ring is reported with
+    /// `ncells == 0` for the caller to treat as a broken peer.
+    #[inline]
+    pub fn peek(&self) -> Option<(MsgHdr, usize)> {
+        let c = self.cell(self.head);
+        // SYNC: pairs with the release store in RingTx::try_push.
+        // SAFETY: c is inside the ring.
+        let seq = unsafe { (*c).seq.load(Ordering::Acquire) };
+        if seq != self.head + 1 {
+            return None;
+        }
+        // SAFETY: published header; volatile because the peer owns the bytes.
+        let h = unsafe { std::ptr::addr_of!((*c).hdr).read_volatile() };
+        let n = h.ncells as u64;
+        if n == 0 || n + 1 > self.cap {
+            return Some((h, 0));
+        }
+        Some((h, n as usize))
+    }
+
+    /// Copies payload bytes `[voff, voff + dst.len())` of the current
+    /// message. The caller keeps `voff + dst.len()` within the message's
+    /// cells ([`payload_capacity`]).
+    #[inline]
+    pub fn read_payload(&self, voff: usize, dst: &mut [u8]) {
+        if dst.is_empty() {
+            return;
+        }
+        let ring_bytes = self.cap as usize * STRIDE;
+        let start =
+            ((self.head & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) % ring_bytes;
+        let first = dst.len().min(ring_bytes - start);
+        // SAFETY: as in RingTx::write_payload; the bytes may change under us
+        // only if the peer is broken, which yields wrong data, not UB in
+        // this byte copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.cells.add(start), dst.as_mut_ptr(), first);
+            if first < dst.len() {
+                std::ptr::copy_nonoverlapping(
+                    self.cells,
+                    dst.as_mut_ptr().add(first),
+                    dst.len() - first,
+                );
+            }
+        }
+    }
+
+    /// Moves past the current message.
+    #[inline]
+    pub fn consume(&mut self, ncells: usize) {
+        self.head += ncells as u64;
+        if self.head - self.published >= self.cap / 4 {
+            self.release_credit();
+        }
+    }
+
+    /// Publishes the head so the producer can reuse consumed cells.
+    #[inline]
+    pub fn release_credit(&mut self) {
+        if self.head != self.published {
+            // SYNC: pairs with the acquire load in RingTx::has_room.
+            // SAFETY: ctl is in our region.
+            unsafe { (*self.ctl).head.v.store(self.head, Ordering::Release) };
+            self.published = self.head;
+        }
+    }
+
+    /// Whether a message is waiting.
+    #[inline]
+    pub fn ready(&self) -> bool {
+        // SAFETY: inside the ring.
+        unsafe { (*self.cell(self.head)).seq.load(Ordering::Acquire) == self.head + 1 }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    struct Heap {
+        ctl: Box<RingCtl>,
+        cells: Vec<Cell>,
+    }
+    fn heap(cap: usize) -> Heap {
+        // SAFETY: all-zero is a valid RingCtl and Cell (atomics and integers).
+        Heap {
+            ctl: Box::new(unsafe { std::mem::zeroed() }),
+            cells: (0..cap).map(|_| unsafe { std::mem::zeroed() }).collect(),
+        }
+    }
+
+    #[test]
+    fn cells_for_boundaries() {
+        assert_eq!(cells_for(0), 1);
+        assert_eq!(cells_for(32), 1);
+        assert_eq!(cells_for(33), 2);
+        assert_eq!(cells_for(96), 2);
+        assert_eq!(cells_for(97), 3);
+        for n in 1..50 {
+            assert!(payload_capacity(n) >= if n == 1 { 32 } else { 32 + 64 * (n - 1) });
+            assert_eq!(cells_for(payload_capacity(n)), n);
+        }
+    }
+
+    #[test]
+    fn wraps_and_fills_and_never_reads_stale_payload_as_a_message() {
+        let cap = 128;
+        let h = heap(cap);
+        let (c, p) = (&*h.ctl as *const RingCtl, h.cells.as_ptr() as *mut u8);
+        // SAFETY: heap outlives the handles.
+        let (mut tx, mut rx) = unsafe { (RingTx::new(c, p, cap), RingRx::new(c, p, cap)) };
+        let mut inflight = std::collections::VecDeque::new();
+        let mut got = 0u64;
+        let mut check =
+            |rx: &mut RingRx, inflight: &mut std::collections::VecDeque<Vec<u8>>, got: &mut u64| {
+                let (hh, n) = rx.peek().expect("a message");
+                assert_eq!(hh.tag, *got, "order");
+                let want = inflight.pop_front().unwrap();
+                let mut buf = vec![0u8; hh.len as usize];
+                rx.read_payload(0, &mut buf);
+                assert_eq!(buf, want, "payload of message {got}");
+                rx.consume(n);
+                *got += 1;
+            };
+        for round in 0..3000u64 {
+            let len = (round as usize * 37) % 700;
+            // Every 8-byte word of the payload holds a value that a later
+            // first cell at that place could be waiting for (`pos + 1`).
+            let words: Vec<u8> = (0..len.div_ceil(8))
+                .flat_map(|j| (tx.tail + 1 + j as u64 / 8 + cap as u64 / 2).to_le_bytes())
+                .take(len)
+                .collect();
+            let hdr = MsgHdr {
+                op: 1,
+                len: len as u32,
+                tag: round,
+                ..Default::default()
+            };
+            while !tx.try_push(&hdr, &[&words[..len / 2], &words[len / 2..]]) {
+                check(&mut rx, &mut inflight, &mut got);
+                rx.release_credit();
+            }
+            inflight.push_back(words);
+            if round % 3 == 0 {
+                while rx.peek().is_some() {
+                    check(&mut rx, &mut inflight, &mut got);
+                }
+                assert!(
+                    inflight.is_empty(),
+                    "stale cells must not pass for messages"
+                );
+                rx.release_credit();
+            }
+        }
+        while rx.peek().is_some() {
+            check(&mut rx, &mut inflight, &mut got);
+        }
+        assert_eq!(got, 3000);
+        assert!(inflight.is_empty());
+    }
+
+    #[test]
+    fn payload_survives_wrap() {
+        let cap = 128;
+        let h = heap(cap);
+        let (c, p) = (&*h.ctl as *const RingCtl, h.cells.as_ptr() as *mut u8);
+        // SAFETY: heap outlives the handles.
+        let (mut tx, mut rx) = unsafe { (RingTx::new(c, p, cap), RingRx::new(c, p, cap)) };
+        for i in 0..500u32 {
+            let len = 1 + (i as usize * 131) % 3000;
+            let data: Vec<u8> = (0..len).map(|k| (k as u32 ^ i) as u8).collect();
+            assert!(tx.try_push(
+                &MsgHdr {
+                    len: len as u32,
+                    ..Default::default()
+                },
+                &[&data]
+            ));
+            let (hh, n) = rx.peek().unwrap();
+            let mut out = vec![0u8; hh.len as usize];
+            rx.read_payload(0, &mut out);
+            assert_eq!(out, data, "message {i}");
+            rx.consume(n);
+            rx.release_credit();
+        }
+    }
+
+    #[test]
+    fn too_large_for_ring_is_refused() {
+        let h = heap(128);
+        let (c, p) = (&*h.ctl as *const RingCtl, h.cells.as_ptr() as *mut u8);
+        // SAFETY: heap outlives the handle.
+        let mut tx = unsafe { RingTx::new(c, p, 128) };
+        let big = vec![0u8; payload_capacity(128)];
+        assert!(!tx.try_push(&MsgHdr::default(), &[&big]));
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+
+    #[test]
+    fn loom_ring_order_and_credit() {
+        loom::model(|| {
+            let cap = 4;
+            let ctl: &'static RingCtl = Box::leak(Box::new(RingCtl {
+                head: shm_layout::PaddedU64 {
+                    v: crate::sync::AtomicU64::new(0),
+                },
+                tail: shm_layout::PaddedU64 {
+                    v: crate::sync::AtomicU64::new(0),
+                },
+            }));
+            let cells: &'static [Cell] = Box::leak(
+                (0..cap)
+                    .map(|_| Cell {
+                        seq: crate::sync::AtomicU64::new(0),
+                        hdr: MsgHdr::default(),
+                        payload: [0; CELL_PAYLOAD],
+                    })
+                    .collect::<Vec<_>>()
+                    .into_boxed_slice(),
+            );
+            let cp = cells.as_ptr() as usize;
+            let c = ctl as *const RingCtl as usize;
+            let prod = loom::thread::spawn(move || {
+                // SAFETY: leaked, 'static.
+                let mut tx = unsafe { RingTx::new(c as *const RingCtl, cp as *mut u8, cap) };
+                let mut i = 0u64;
+                while i < 4 {
+                    if tx.try_push(
+                        &MsgHdr {
+                            tag: i,
+                            ..Default::default()
+                        },
+                        &[],
+                    ) {
+                        i += 1;
+                    } else {
+                        loom::thread::yield_now();
+                    }
+                }
+            });
+            // SAFETY: leaked, 'static.
+            let mut rx = unsafe { RingRx::new(c as *const RingCtl, cp as *const u8, cap) };
+            let mut want = 0u64;
+            while want < 4 {
+                if let Some((h, n)) = rx.peek() {
+                    assert_eq!(h.tag, want);
+                    assert_eq!(n, 1);
+                    rx.consume(n);
+                    rx.release_credit();
+                    want += 1;
+                } else {
+                    loom::thread::yield_now();
+                }
+            }
+            prod.join().unwrap();
+        });
+    }
+}
