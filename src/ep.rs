@@ -119,11 +119,16 @@ impl Iovs {
 pub(crate) enum TxState {
     /// Nothing sent yet.
     Start,
-    /// Streaming pool chunks; `off` bytes sent.
+    /// Header sent; streaming pool chunks, `off` bytes sent.
     Chunks { off: usize, msg_id: u64 },
     /// RTS sent; waiting for the receiver's FIN or CTS_BOUNCE.
     AwaitFin { msg_id: u64 },
+    /// Finished; completes when every earlier send to the peer has.
+    Done,
 }
+
+/// An error to report: kind, provider errno, text.
+pub(crate) type Fail = (ErrorKind, i32, String);
 
 /// A queued transmit.
 pub(crate) struct TxOp {
@@ -142,6 +147,8 @@ pub(crate) struct TxOp {
     pub cqe: bool,
     /// Inject: no entry even on error (counters only).
     pub inject: bool,
+    /// Set when the receiver reported a failure.
+    pub err: Option<Fail>,
 }
 
 /// A posted receive.
@@ -171,17 +178,11 @@ pub(crate) struct Dest {
 
 /// A message that arrived before its receive.
 pub(crate) enum UnexpBody {
-    Inline(Vec<u8>),
-    /// Chunks held in our pool: (chunk index, length), in order.
-    Bounce {
-        msg_id: u64,
-        chunks: Vec<(u32, usize)>,
-        received: usize,
-    },
-    Rts {
-        msg_id: u64,
-        iovs: Vec<(u64, u64)>,
-    },
+    /// Whole payload (inline, or a bounce message copied out of the pool;
+    /// `received < len` while its chunks are still arriving).
+    Data { v: Vec<u8>, received: usize, msg_id: u64 },
+    /// A rendezvous: the data stays with the sender until matched.
+    Rts { msg_id: u64, iovs: Vec<(u64, u64)>, cma: bool },
 }
 
 pub(crate) struct Unexp {
@@ -202,16 +203,30 @@ pub(crate) struct ActiveRecv {
     pub tag: u64,
     pub data: u64,
     pub hflags: u8,
-    pub msg_id: u64,
-    /// A copy failed: complete with this error at the end.
-    pub failed: Option<(ErrorKind, i32)>,
 }
 
-/// The multi-part message currently arriving from a peer (senders
-/// serialise them per peer, so there is at most one).
+/// A multi-part message arriving from a peer, by message id.
 pub(crate) enum RxCur {
     Active(ActiveRecv),
-    Unexp { id: u64, msg_id: u64, total: usize },
+    Unexp { id: u64, total: usize },
+}
+
+/// Facts about a received message needed for its completion.
+#[derive(Clone, Copy)]
+pub(crate) struct RxInfo {
+    pub tagged: bool,
+    pub tag: u64,
+    pub data: u64,
+    pub hflags: u8,
+    pub total: usize,
+    pub delivered: usize,
+}
+
+/// A receive completion waiting for earlier ones from the same peer.
+pub(crate) struct PendingRx {
+    pub dest: Dest,
+    pub info: RxInfo,
+    pub err: Option<Fail>,
 }
 
 /// How we send to a peer.
@@ -238,10 +253,18 @@ pub(crate) struct Peer {
     /// The peer's pool (we fill its chunks).
     pub pool: Option<Pool>,
     pub doorbell: *const Doorbell,
+    /// Sends not started yet, in order.
     pub txq: VecDeque<TxOp>,
+    /// Sends started (header out), in order; completed from the front.
+    pub inflight: VecDeque<TxOp>,
     pub ctrlq: VecDeque<Ctrl>,
     pub next_msg_id: u64,
-    pub rx_cur: Option<RxCur>,
+    /// Multi-part messages arriving from this peer.
+    pub rx_parts: Vec<(u64, RxCur)>,
+    /// Matched receives from this peer in match order; a completion waits
+    /// here until those before it are written (message id, or 0 for one
+    /// that completed on arrival).
+    pub rx_order: VecDeque<(u64, Option<PendingRx>)>,
     /// The kernel refused CMA with this peer: do not offer it again.
     pub cma_refused: bool,
     /// In `EpState::busy`.
@@ -265,9 +288,11 @@ impl Peer {
             pool: None,
             doorbell: std::ptr::null(),
             txq: VecDeque::new(),
+            inflight: VecDeque::new(),
             ctrlq: VecDeque::new(),
             next_msg_id: 1,
-            rx_cur: None,
+            rx_parts: Vec::new(),
+            rx_order: VecDeque::new(),
             cma_refused: false,
             busy: false,
             src_cache: (u64::MAX, FI_ADDR_NOTAVAIL),
@@ -497,21 +522,23 @@ impl EpState {
         let p = self.peer_for(ctx, dest)?;
         let peer = &mut self.peers[p];
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
-        op.proto = proto::choose(
-            ctx.cfg,
-            op.len,
-            op.iovs.n,
-            on_ring,
-            !peer.cma_refused && !inject,
-        );
-        if peer.txq.is_empty() && op.proto == Proto::Inline {
-            if crate::progress::push_inline(peer, &ctx.me, &op) {
-                if let Some(db) = peer.doorbell() {
-                    crate::doorbell::ring(db);
-                }
-                crate::progress::complete_tx(self, ctx, &op, None);
-                return Ok(());
+        op.proto = proto::choose(ctx.cfg, op.len, op.iovs.n, on_ring);
+        if peer.txq.is_empty() && op.proto == Proto::Inline && crate::progress::push_inline(peer, &ctx.me, &op) {
+            if let Some(db) = peer.doorbell() {
+                crate::doorbell::ring(db);
             }
+            if peer.inflight.is_empty() {
+                crate::progress::complete_tx(self, ctx, &op, None);
+            } else {
+                // Completes after the earlier sends still in flight.
+                op.state = TxState::Done;
+                if inject && op.owned.is_none() {
+                    op.iovs = Iovs::default();
+                }
+                peer.inflight.push_back(op);
+                self.tx_outstanding += 1;
+            }
+            return Ok(());
         }
         if inject && op.owned.is_none() {
             let mut v = vec![0u8; op.len];
@@ -993,6 +1020,7 @@ impl Endpoint {
                 state: TxState::Start,
                 cqe: !inject && (!ep.tx_sel || flags & FI_COMPLETION != 0),
                 inject,
+                err: None,
             };
             ep.post_tx(ctx, m.dest, op, inject)
         })

@@ -16,14 +16,14 @@ use crate::cma::{self, CmaError};
 use crate::cq::{prov, CqErrEntry, CqTaggedEntry, NO_SRC};
 use crate::domain::Ctx;
 use crate::ep::{
-    ActiveRecv, Chan, Ctrl, Dest, EpState, InRing, Peer, RxCur, TxOp, TxState, Unexp, UnexpBody,
+    ActiveRecv, Chan, Ctrl, Dest, EpState, Fail, InRing, PendingRx, Peer, RxCur, RxInfo, TxOp, TxState, Unexp, UnexpBody,
 };
 use crate::error::ErrorKind;
 use crate::flags::*;
 use crate::proto::{Proto, MAX_MSG_SIZE};
 use crate::ring::{payload_capacity, RingRx};
 use crate::sync::Ordering;
-use shm_layout::{hdr_flags, op, MsgHdr, MAX_IOV, OVF_PAYLOAD};
+use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, MAX_IOV, OVF_PAYLOAD};
 
 /// Messages taken from one ring per pass.
 const BATCH: usize = 64;
@@ -68,20 +68,6 @@ impl Src<'_> {
         u32::from_le_bytes(b)
     }
 }
-
-/// Facts about a received message needed for its completion.
-#[derive(Clone, Copy)]
-struct RxInfo {
-    tagged: bool,
-    tag: u64,
-    data: u64,
-    hflags: u8,
-    total: usize,
-    delivered: usize,
-}
-
-/// An error to report: kind, provider errno, text.
-type Fail = (ErrorKind, i32, String);
 
 /// One progress pass over an endpoint.
 pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
@@ -151,7 +137,7 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, s: usize) {
         if ncells == 0 {
             // A cell count that does not fit the ring: we cannot find the
             // next message, so this peer's ring is dead to us.
-            bad(ep, ctx, ring.peer, "cell count out of range");
+            bad(ep, ctx, ring.peer, None, "cell count out of range");
             ep.peers[ring.peer].broken = true;
             break;
         }
@@ -193,7 +179,7 @@ fn handle(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
         op::CTS_BOUNCE => on_cts(ep, p, h),
         op::FIN => on_fin(ep, ctx, p, h),
         _ => {
-            bad(ep, ctx, p, "unknown message kind");
+            bad(ep, ctx, p, None, "unknown message kind");
             Flow::Done
         }
     }
@@ -201,14 +187,23 @@ fn handle(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
 
 #[inline]
 fn rx_room(ep: &EpState, ctx: &Ctx<'_>) -> bool {
-    ep.rx_cq
-        .is_none_or(|c| ctx.cqs[c].as_ref().is_none_or(|q| q.has_room()))
+    ep.rx_cq.is_none_or(|c| ctx.cqs[c].as_ref().is_none_or(|q| q.has_room()))
+}
+
+fn new_unexp_id(ep: &mut EpState) -> u64 {
+    let id = ep.next_unexp_id;
+    ep.next_unexp_id += 1;
+    id
+}
+
+fn unexp_full(ep: &EpState, ctx: &Ctx<'_>, more: usize) -> bool {
+    ep.unexp_bytes + more > ctx.cfg.unexp_max || ep.unexp[0].len() + ep.unexp[1].len() >= ctx.cfg.rx_size * 4
 }
 
 fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
     let len = h.len as usize;
     if len > src.cap() {
-        bad(ep, ctx, p, "inline length beyond its cells");
+        bad(ep, ctx, p, None, "inline length beyond its cells");
         return Flow::Done;
     }
     if !rx_room(ep, ctx) {
@@ -220,86 +215,55 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         Some(i) => {
             let d = ep.take_posted(q, i, len);
             let n = d.iovs.scatter(0, len.min(d.cap), |o, dst| src.read(o, dst));
-            let info = RxInfo {
-                tagged,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                total: len,
-                delivered: n,
-            };
-            complete_rx(ep, ctx, p, &d, info, None);
+            let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total: len, delivered: n };
+            finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
         }
         None => {
-            let count = ep.unexp[0].len() + ep.unexp[1].len();
-            if ep.unexp_bytes + len > ctx.cfg.unexp_max || count >= ctx.cfg.rx_size * 4 {
+            if unexp_full(ep, ctx, len) {
                 return Flow::Stall;
             }
             let mut v = vec![0u8; len];
             src.read(0, &mut v);
             ep.unexp_bytes += len;
-            let id = ep.next_unexp_id;
-            ep.next_unexp_id += 1;
-            ep.unexp[q].push_back(Unexp {
-                id,
-                peer: p,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                len,
-                body: UnexpBody::Inline(v),
-            });
+            let id = new_unexp_id(ep);
+            let body = UnexpBody::Data { v, received: len, msg_id: 0 };
+            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len, body });
         }
     }
     Flow::Done
 }
 
+/// Starts a matched multi-part receive: its data arrives in chunks.
+fn start_active(ep: &mut EpState, p: usize, msg_id: u64, dest: Dest, total: usize, tag: u64, data: u64, hflags: u8) {
+    let peer = &mut ep.peers[p];
+    peer.rx_parts.push((msg_id, RxCur::Active(ActiveRecv { dest, total, received: 0, tag, data, hflags })));
+    peer.rx_order.push_back((msg_id, None));
+}
+
 fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
     if src.cap() < 16 {
-        bad(ep, ctx, p, "short bounce header");
+        bad(ep, ctx, p, None, "short bounce header");
         return Flow::Done;
     }
     let (msg_id, total) = (src.u64_at(0), src.u64_at(8) as usize);
-    if total == 0 || total > MAX_MSG_SIZE {
-        bad(ep, ctx, p, "bounce length out of range");
+    if msg_id == 0 || total == 0 || total > MAX_MSG_SIZE || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id) {
+        bad(ep, ctx, p, None, "bad bounce header");
         return Flow::Done;
-    }
-    if ep.peers[p].rx_cur.is_some() {
-        bad(ep, ctx, p, "new message before the previous one ended");
     }
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     let q = tagged as usize;
     match ep.match_posted(tagged, p, h.tag) {
         Some(i) => {
             let dest = ep.take_posted(q, i, total);
-            ep.peers[p].rx_cur = Some(RxCur::Active(ActiveRecv {
-                dest,
-                total,
-                received: 0,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                msg_id,
-                failed: None,
-            }));
+            start_active(ep, p, msg_id, dest, total, h.tag, h.data, h.flags);
         }
         None => {
-            let id = ep.next_unexp_id;
-            ep.next_unexp_id += 1;
-            ep.unexp[q].push_back(Unexp {
-                id,
-                peer: p,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                len: total,
-                body: UnexpBody::Bounce {
-                    msg_id,
-                    chunks: Vec::new(),
-                    received: 0,
-                },
-            });
-            ep.peers[p].rx_cur = Some(RxCur::Unexp { id, msg_id, total });
+            // The data will be copied out of the pool as it arrives
+            // (counted in unexp_bytes chunk by chunk).
+            let id = new_unexp_id(ep);
+            let body = UnexpBody::Data { v: Vec::new(), received: 0, msg_id };
+            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body });
+            ep.peers[p].rx_parts.push((msg_id, RxCur::Unexp { id, total }));
         }
     }
     Flow::Done
@@ -312,403 +276,271 @@ fn find_unexp(ep: &mut EpState, id: u64) -> Option<&mut Unexp> {
 
 fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
     if src.cap() < 4 {
-        bad(ep, ctx, p, "short chunk message");
+        bad(ep, ctx, p, None, "short chunk message");
         return Flow::Done;
     }
     let idx = src.u32_at(0);
     let (msg_id, off, len) = (h.tag, h.data as usize, h.len as usize);
     let Some(chunk) = ep.pool.chunk(idx) else {
-        bad(ep, ctx, p, "chunk index out of range");
+        bad(ep, ctx, p, Some(msg_id), "chunk index out of range");
         return Flow::Done;
     };
     if len == 0 || len > ep.pool.chunk_size() {
         ep.pool.free(idx);
-        bad(ep, ctx, p, "chunk length out of range");
+        bad(ep, ctx, p, Some(msg_id), "chunk length out of range");
         return Flow::Done;
     }
-    match ep.peers[p].rx_cur.take() {
-        Some(RxCur::Active(mut a))
-            if a.msg_id == msg_id && off == a.received && off + len <= a.total =>
-        {
+    let Some(k) = ep.peers[p].rx_parts.iter().position(|x| x.0 == msg_id) else {
+        ep.pool.free(idx);
+        bad(ep, ctx, p, None, "chunk for no message in progress");
+        return Flow::Done;
+    };
+    // SAFETY: chunk is one of our pool's chunks (index checked) and
+    // len <= chunk_size; the sender filled it before publishing the message.
+    let bytes = unsafe { std::slice::from_raw_parts(chunk as *const u8, len) };
+    match &mut ep.peers[p].rx_parts[k].1 {
+        RxCur::Active(a) => {
+            if off != a.received || off + len > a.total {
+                ep.pool.free(idx);
+                bad(ep, ctx, p, Some(msg_id), "chunk out of order");
+                return Flow::Done;
+            }
             if off < a.dest.cap {
                 let n = (a.dest.cap - off).min(len);
-                // SAFETY: chunk is one of our pool's chunks (index checked),
-                // len <= chunk_size; the sender filled it before publishing.
-                a.dest.iovs.scatter(off, n, |o, dst| unsafe {
-                    std::ptr::copy_nonoverlapping(chunk.add(o), dst.as_mut_ptr(), dst.len())
-                });
+                a.dest.iovs.scatter(off, n, |o, dst| dst.copy_from_slice(&bytes[o..o + dst.len()]));
             }
             ep.pool.free(idx);
             a.received += len;
             if a.received == a.total {
-                finish_active(ep, ctx, p, a);
-            } else {
-                ep.peers[p].rx_cur = Some(RxCur::Active(a));
+                let (_, cur) = ep.peers[p].rx_parts.swap_remove(k);
+                let RxCur::Active(a) = cur else { unreachable!("matched above") };
+                finish_active(ep, ctx, p, msg_id, a, None);
             }
         }
-        Some(RxCur::Unexp {
-            id,
-            msg_id: m,
-            total,
-        }) if m == msg_id => {
+        RxCur::Unexp { id, total } => {
+            let (id, total) = (*id, *total);
+            if unexp_full(ep, ctx, len) {
+                return Flow::Stall; // chunk stays in the pool and the message in the ring
+            }
             let ok = match find_unexp(ep, id) {
-                Some(Unexp {
-                    body:
-                        UnexpBody::Bounce {
-                            chunks, received, ..
-                        },
-                    ..
-                }) if *received == off && off + len <= total => {
-                    chunks.push((idx, len));
+                Some(Unexp { body: UnexpBody::Data { v, received, .. }, .. }) if *received == off && off + len <= total => {
+                    v.extend_from_slice(bytes);
                     *received += len;
                     Some(*received == total)
                 }
                 _ => None,
             };
-            match ok {
-                Some(true) => {}
-                Some(false) => ep.peers[p].rx_cur = Some(RxCur::Unexp { id, msg_id, total }),
-                None => {
-                    ep.pool.free(idx);
-                    ep.peers[p].rx_cur = Some(RxCur::Unexp { id, msg_id, total });
-                    bad(ep, ctx, p, "chunk out of order");
-                }
-            }
-        }
-        other => {
             ep.pool.free(idx);
-            ep.peers[p].rx_cur = other;
-            bad(ep, ctx, p, "chunk for no message in progress");
+            match ok {
+                Some(done) => {
+                    ep.unexp_bytes += len;
+                    if done {
+                        ep.peers[p].rx_parts.swap_remove(k);
+                    }
+                }
+                None => bad(ep, ctx, p, Some(msg_id), "chunk out of order"),
+            }
         }
     }
     Flow::Done
 }
 
-/// Parsed request to send by single copy.
+/// Parsed request to send.
 struct Rts {
     msg_id: u64,
     iovs: Vec<(u64, u64)>,
+    cma: bool,
 }
 
 fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
-    let bad_rts = |ep: &mut EpState, ctx: &mut Ctx<'_>| {
-        bad(ep, ctx, p, "malformed request to send");
+    let malformed = |ep: &mut EpState, ctx: &mut Ctx<'_>| {
+        bad(ep, ctx, p, None, "malformed request to send");
         Flow::Done
     };
     if src.cap() < 24 {
-        return bad_rts(ep, ctx);
+        return malformed(ep, ctx);
     }
-    let (msg_id, total, niov) = (
-        src.u64_at(0),
-        src.u64_at(8) as usize,
-        src.u32_at(16) as usize,
-    );
-    if niov == 0 || niov > MAX_IOV || 24 + 16 * niov > src.cap() || total > MAX_MSG_SIZE {
-        return bad_rts(ep, ctx);
+    let (msg_id, total, niov, fl) = (src.u64_at(0), src.u64_at(8) as usize, src.u32_at(16) as usize, src.u32_at(20));
+    if msg_id == 0 || niov == 0 || niov > MAX_IOV || 24 + 16 * niov > src.cap() || total > MAX_MSG_SIZE {
+        return malformed(ep, ctx);
     }
-    let iovs: Vec<(u64, u64)> = (0..niov)
-        .map(|i| (src.u64_at(24 + 16 * i), src.u64_at(32 + 16 * i)))
-        .collect();
-    if iovs.iter().try_fold(0u64, |a, v| a.checked_add(v.1)) != Some(total as u64) {
-        return bad_rts(ep, ctx);
+    let iovs: Vec<(u64, u64)> = (0..niov).map(|i| (src.u64_at(24 + 16 * i), src.u64_at(32 + 16 * i))).collect();
+    if iovs.iter().try_fold(0u64, |a, v| a.checked_add(v.1)) != Some(total as u64)
+        || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id)
+    {
+        return malformed(ep, ctx);
     }
     if !rx_room(ep, ctx) {
         return Flow::Stall;
     }
+    let rts = Rts { msg_id, iovs, cma: fl & rts_flags::CMA != 0 };
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     let q = tagged as usize;
     match ep.match_posted(tagged, p, h.tag) {
         Some(i) => {
             let d = ep.take_posted(q, i, total);
-            let info = RxInfo {
-                tagged,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                total,
-                delivered: 0,
-            };
-            single_copy(ep, ctx, p, d, info, Rts { msg_id, iovs });
+            let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total, delivered: 0 };
+            rendezvous(ep, ctx, p, d, info, rts);
         }
         None => {
-            let id = ep.next_unexp_id;
-            ep.next_unexp_id += 1;
-            ep.unexp[q].push_back(Unexp {
-                id,
-                peer: p,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                len: total,
-                body: UnexpBody::Rts { msg_id, iovs },
-            });
+            if unexp_full(ep, ctx, 0) {
+                return Flow::Stall;
+            }
+            let id = new_unexp_id(ep);
+            let body = UnexpBody::Rts { msg_id, iovs: rts.iovs, cma: rts.cma };
+            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body });
         }
     }
     Flow::Done
 }
 
-/// Reads a matched RTS message straight from the sender's memory; on a
-/// refusal asks the sender for the pool path instead.
-fn single_copy(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: RxInfo, rts: Rts) {
+/// A matched rendezvous: read the data by single copy if the sender offered
+/// it and the kernel lets us; else ask for it through the pool.
+fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: RxInfo, rts: Rts) {
     if let Err(e) = ensure_connected(ep, ctx, p) {
-        let f = (
-            ErrorKind::Io,
-            prov::CMA_FAULT,
-            format!("cannot reach the sender to read its message: {e}"),
-        );
-        complete_rx(ep, ctx, p, &d, info, Some(f));
+        let f = (ErrorKind::Io, prov::CMA_FAULT, format!("cannot reach the sender to fetch its message: {e}"));
+        finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
         return;
     }
-    let local: Vec<(*mut u8, usize)> = d
-        .iovs
-        .segs()
-        .iter()
-        .map(|s| (s.ptr as *mut u8, s.len))
-        .collect();
-    let peer = &mut ep.peers[p];
-    match cma::read(peer.pid, &local, &rts.iovs, ctx.cfg.cma) {
-        Ok(n) => {
-            info.delivered = n;
-            complete_rx(ep, ctx, p, &d, info, None);
-            queue_ctrl(
-                ep,
-                p,
-                Ctrl {
-                    op: op::FIN,
-                    msg_id: rts.msg_id,
-                    status: 0,
-                },
-            );
-        }
-        Err(CmaError::Refused(_)) => {
-            peer.cma_refused = true;
-            if peer.rx_cur.is_some() {
-                bad(
-                    ep,
-                    ctx,
-                    p,
-                    "single-copy message while another is in progress",
-                );
+    let try_cma = rts.cma && !ep.peers[p].cma_refused && ctx.cfg.cma != crate::proto::CmaMode::Off;
+    if try_cma {
+        let local: Vec<(*mut u8, usize)> = d.iovs.segs().iter().map(|s| (s.ptr as *mut u8, s.len)).collect();
+        let peer = &mut ep.peers[p];
+        match cma::read(peer.pid, &local, &rts.iovs, ctx.cfg.cma) {
+            Ok(n) => {
+                info.delivered = n;
+                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
+                queue_ctrl(ep, p, Ctrl { op: op::FIN, msg_id: rts.msg_id, status: 0 });
+                return;
             }
-            ep.peers[p].rx_cur = Some(RxCur::Active(ActiveRecv {
-                dest: d,
-                total: info.total,
-                received: 0,
-                tag: info.tag,
-                data: info.data,
-                hflags: info.hflags,
-                msg_id: rts.msg_id,
-                failed: None,
-            }));
-            queue_ctrl(
-                ep,
-                p,
-                Ctrl {
-                    op: op::CTS_BOUNCE,
-                    msg_id: rts.msg_id,
-                    status: 0,
-                },
-            );
-        }
-        Err(CmaError::Fault(e)) => {
-            let who = crate::av::AddressVector::straddr(&peer.addr);
-            let pid = peer.pid;
-            let f = (
-                ErrorKind::Io,
-                prov::CMA_FAULT,
-                format!(
-                    "single copy from {who} (pid {pid}) failed: {}",
-                    std::io::Error::from_raw_os_error(e)
-                ),
-            );
-            complete_rx(ep, ctx, p, &d, info, Some(f));
-            queue_ctrl(
-                ep,
-                p,
-                Ctrl {
-                    op: op::FIN,
-                    msg_id: rts.msg_id,
-                    status: ErrorKind::Io.errno() as u32,
-                },
-            );
+            Err(CmaError::Refused(_)) => peer.cma_refused = true,
+            Err(CmaError::Fault(e)) => {
+                let f = (
+                    ErrorKind::Io,
+                    prov::CMA_FAULT,
+                    format!(
+                        "single copy from {} (pid {}) failed: {}",
+                        crate::av::AddressVector::straddr(&peer.addr),
+                        peer.pid,
+                        std::io::Error::from_raw_os_error(e)
+                    ),
+                );
+                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
+                queue_ctrl(ep, p, Ctrl { op: op::FIN, msg_id: rts.msg_id, status: ErrorKind::Io.errno() as u32 });
+                return;
+            }
         }
     }
+    if info.total == 0 {
+        finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
+        queue_ctrl(ep, p, Ctrl { op: op::FIN, msg_id: rts.msg_id, status: 0 });
+        return;
+    }
+    start_active(ep, p, rts.msg_id, d, info.total, info.tag, info.data, info.hflags);
+    queue_ctrl(ep, p, Ctrl { op: op::CTS_BOUNCE, msg_id: rts.msg_id, status: 0 });
 }
 
 fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
     let peer = &mut ep.peers[p];
-    if let Some(op) = peer.txq.front_mut() {
-        if op.state == (TxState::AwaitFin { msg_id: h.tag }) {
-            peer.cma_refused = true;
-            op.state = TxState::Chunks {
-                off: 0,
-                msg_id: h.tag,
-            };
-            ep.mark_busy(p);
-        }
-    }
-    Flow::Done
-}
-
-fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
-    let peer = &mut ep.peers[p];
-    let matches = peer
-        .txq
-        .front()
-        .is_some_and(|op| op.state == (TxState::AwaitFin { msg_id: h.tag }));
-    if matches {
-        let op = peer.txq.pop_front().expect("front checked");
-        ep.tx_outstanding -= 1;
-        let err = (h.len != 0).then(|| {
-            let k = ErrorKind::from_errno(h.len as i32);
-            (
-                k,
-                prov::REMOTE,
-                format!(
-                    "{} failed to take the message: {}",
-                    crate::av::AddressVector::straddr(&ep.peers[p].addr),
-                    k.message()
-                ),
-            )
-        });
-        complete_tx(ep, ctx, &op, err);
+    if let Some(op) = peer.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag })) {
+        op.state = TxState::Chunks { off: 0, msg_id: h.tag };
         ep.mark_busy(p);
     }
     Flow::Done
 }
 
-fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, a: ActiveRecv) {
+fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
+    let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
+    let peer = &mut ep.peers[p];
+    if let Some(op) = peer.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag })) {
+        op.state = TxState::Done;
+        if h.len != 0 {
+            let k = ErrorKind::from_errno(h.len as i32);
+            op.err = Some((k, prov::REMOTE, format!("{who} failed to take the message: {}", k.message())));
+        }
+        retire(ep, ctx, p);
+    }
+    Flow::Done
+}
+
+fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: ActiveRecv, err: Option<Fail>) {
     let info = RxInfo {
         tagged: a.hflags & hdr_flags::TAGGED != 0,
         tag: a.tag,
         data: a.data,
         hflags: a.hflags,
         total: a.total,
-        delivered: a.total.min(a.dest.cap),
+        delivered: a.received.min(a.total).min(a.dest.cap),
     };
-    let fail = a.failed.map(|(k, pe)| (k, pe, strerror_owned(pe)));
-    complete_rx(ep, ctx, p, &a.dest, info, fail);
-}
-
-fn strerror_owned(pe: i32) -> String {
-    crate::cq::strerror(pe).to_string()
+    finish_rx(ep, ctx, p, msg_id, PendingRx { dest: a.dest, info, err });
 }
 
 /// A peer sent something that does not parse: drop it and fail the
-/// receive in progress from that peer, if any.
-fn bad(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, what: &str) {
+/// multi-part message it belonged to, if known.
+fn bad(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: Option<u64>, what: &str) {
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
-    match ep.peers[p].rx_cur.take() {
-        Some(RxCur::Active(a)) => {
-            let info = RxInfo {
-                tagged: a.hflags & hdr_flags::TAGGED != 0,
-                tag: a.tag,
-                data: a.data,
-                hflags: a.hflags,
-                total: a.total,
-                delivered: a.received.min(a.dest.cap),
-            };
+    let Some(m) = msg_id else { return };
+    let Some(k) = ep.peers[p].rx_parts.iter().position(|x| x.0 == m) else { return };
+    match ep.peers[p].rx_parts.swap_remove(k).1 {
+        RxCur::Active(a) => {
             let f = (ErrorKind::Io, prov::PROTOCOL, format!("{who}: {what}"));
-            complete_rx(ep, ctx, p, &a.dest, info, Some(f));
+            finish_active(ep, ctx, p, m, a, Some(f));
         }
-        Some(RxCur::Unexp { id, .. }) => {
+        RxCur::Unexp { id, .. } => {
             for q in 0..2 {
                 if let Some(i) = ep.unexp[q].iter().position(|u| u.id == id) {
-                    if let Some(Unexp {
-                        body: UnexpBody::Bounce { chunks, .. },
-                        ..
-                    }) = ep.unexp[q].remove(i)
-                    {
-                        for (c, _) in chunks {
-                            ep.pool.free(c);
-                        }
+                    if let Some(Unexp { body: UnexpBody::Data { v, .. }, .. }) = ep.unexp[q].remove(i) {
+                        ep.unexp_bytes -= v.len();
                     }
                 }
             }
         }
-        None => {}
     }
 }
 
 /// Delivers an unexpected message to a receive posted for it.
 pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: Dest, tagged: bool) {
-    let info = RxInfo {
-        tagged,
-        tag: u.tag,
-        data: u.data,
-        hflags: u.hflags,
-        total: u.len,
-        delivered: 0,
-    };
+    let info = RxInfo { tagged, tag: u.tag, data: u.data, hflags: u.hflags, total: u.len, delivered: 0 };
     match u.body {
-        UnexpBody::Inline(v) => {
+        UnexpBody::Data { v, received, msg_id } => {
             ep.unexp_bytes -= v.len();
-            let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| {
-                dst.copy_from_slice(&v[o..o + dst.len()])
-            });
-            complete_rx(
-                ep,
-                ctx,
-                u.peer,
-                &d,
-                RxInfo {
-                    delivered: n,
-                    ..info
-                },
-                None,
-            );
-        }
-        UnexpBody::Bounce {
-            msg_id,
-            chunks,
-            received,
-        } => {
-            let mut a = ActiveRecv {
-                dest: d,
-                total: u.len,
-                received: 0,
-                tag: u.tag,
-                data: u.data,
-                hflags: u.hflags,
-                msg_id,
-                failed: None,
-            };
-            for (idx, len) in chunks {
-                if let Some(chunk) = ep.pool.chunk(idx) {
-                    let off = a.received;
-                    if off < a.dest.cap {
-                        let n = (a.dest.cap - off).min(len);
-                        // SAFETY: our pool's chunk, held since it arrived.
-                        a.dest.iovs.scatter(off, n, |o, dst| unsafe {
-                            std::ptr::copy_nonoverlapping(chunk.add(o), dst.as_mut_ptr(), dst.len())
-                        });
-                    }
-                    ep.pool.free(idx);
-                }
-                a.received += len;
-            }
-            debug_assert_eq!(a.received, received);
-            if a.received == a.total {
-                finish_active(ep, ctx, u.peer, a);
+            let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| dst.copy_from_slice(&v[o..o + dst.len()]));
+            if received == u.len {
+                finish_rx(ep, ctx, u.peer, 0, PendingRx { dest: d, info: RxInfo { delivered: n, ..info }, err: None });
             } else {
-                // Still arriving: the peer's current message is now this receive.
-                ep.peers[u.peer].rx_cur = Some(RxCur::Active(a));
+                // Still arriving: the rest goes straight to the receive.
+                let peer = &mut ep.peers[u.peer];
+                if let Some(x) = peer.rx_parts.iter_mut().find(|x| x.0 == msg_id) {
+                    x.1 = RxCur::Active(ActiveRecv { dest: d, total: u.len, received, tag: u.tag, data: u.data, hflags: u.hflags });
+                    peer.rx_order.push_back((msg_id, None));
+                }
             }
         }
-        UnexpBody::Rts { msg_id, iovs } => {
-            single_copy(ep, ctx, u.peer, d, info, Rts { msg_id, iovs })
-        }
+        UnexpBody::Rts { msg_id, iovs, cma } => rendezvous(ep, ctx, u.peer, d, info, Rts { msg_id, iovs, cma }),
     }
 }
 
-fn complete_rx(
-    ep: &mut EpState,
-    ctx: &mut Ctx<'_>,
-    p: usize,
-    d: &Dest,
-    i: RxInfo,
-    err: Option<Fail>,
-) {
+/// A receive from `p` is complete: write it now, or after the receives
+/// matched before it from the same peer (`key` is its message id if it was
+/// started with `start_active`, else 0).
+fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: PendingRx) {
+    let order = &mut ep.peers[p].rx_order;
+    if key == 0 && order.is_empty() {
+        emit_rx(ep, ctx, p, pr);
+        return;
+    }
+    match order.iter_mut().find(|x| key != 0 && x.0 == key) {
+        Some(slot) => slot.1 = Some(pr),
+        None => order.push_back((0, Some(pr))),
+    }
+    while ep.peers[p].rx_order.front().is_some_and(|x| x.1.is_some()) {
+        let (_, pr) = ep.peers[p].rx_order.pop_front().expect("front checked");
+        emit_rx(ep, ctx, p, pr.expect("checked"));
+    }
+}
+
+fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
+    let PendingRx { dest: d, info: i, err } = pr;
     let mut flags = FI_RECV | if i.tagged { FI_TAGGED } else { FI_MSG };
     let has_data = i.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
     if has_data {
@@ -737,9 +569,7 @@ fn complete_rx(
         if err.is_some() { &c.err.v } else { &c.value.v }.fetch_add(1, Ordering::Release);
     }
     let src = ep.src_addr(ctx, p);
-    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
-        return;
-    };
+    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else { return };
     let data = if has_data { i.data } else { 0 };
     let tag = if i.tagged { i.tag } else { 0 };
     match err {
@@ -758,17 +588,9 @@ fn complete_rx(
             },
             detail,
         ),
-        None if d.cqe || d.multi_release => cq.push(
-            CqTaggedEntry {
-                op_context: d.ctx,
-                flags,
-                len: i.delivered,
-                buf: d.buf,
-                data,
-                tag,
-            },
-            src,
-        ),
+        None if d.cqe || d.multi_release => {
+            cq.push(CqTaggedEntry { op_context: d.ctx, flags, len: i.delivered, buf: d.buf, data, tag }, src)
+        }
         None => {}
     }
 }
@@ -780,30 +602,24 @@ pub(crate) fn complete_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, op: &TxOp, err: O
         // SYNC: pairs with the acquire loads in Counter::read/readerr.
         if err.is_some() { &c.err.v } else { &c.value.v }.fetch_add(1, Ordering::Release);
     }
-    let Some(cq) = ep.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
-        return;
-    };
+    let Some(cq) = ep.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else { return };
     match err {
         Some((k, pe, detail)) if !op.inject => cq.push_err(
-            CqErrEntry {
-                op_context: op.ctx,
-                flags,
-                tag: op.tag,
-                err: k.errno(),
-                prov_errno: pe,
-                ..Default::default()
-            },
+            CqErrEntry { op_context: op.ctx, flags, tag: op.tag, err: k.errno(), prov_errno: pe, ..Default::default() },
             detail,
         ),
-        None if op.cqe => cq.push(
-            CqTaggedEntry {
-                op_context: op.ctx,
-                flags,
-                ..Default::default()
-            },
-            NO_SRC,
-        ),
+        None if op.cqe => cq.push(CqTaggedEntry { op_context: op.ctx, flags, ..Default::default() }, NO_SRC),
         _ => {}
+    }
+}
+
+/// Completes finished sends from the front of a peer's in-flight queue.
+fn retire(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
+    while ep.peers[p].inflight.front().is_some_and(|op| op.state == TxState::Done) {
+        let mut op = ep.peers[p].inflight.pop_front().expect("front checked");
+        ep.tx_outstanding -= 1;
+        let err = op.err.take();
+        complete_tx(ep, ctx, &op, err);
     }
 }
 
@@ -847,14 +663,7 @@ fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
 }
 
 fn data_hdr(op: &TxOp, kind: u8, len: u32) -> MsgHdr {
-    MsgHdr {
-        op: kind,
-        flags: op.hflags,
-        ncells: 0,
-        len,
-        tag: op.tag,
-        data: op.data,
-    }
+    MsgHdr { op: kind, flags: op.hflags, ncells: 0, len, tag: op.tag, data: op.data }
 }
 
 /// Sends an inline message at once if the channel has room.
@@ -868,22 +677,20 @@ pub(crate) fn push_inline(peer: &mut Peer, me: &shm_layout::Address, op: &TxOp) 
 fn push_inline_chan(chan: &mut Chan, me: &shm_layout::Address, op: &TxOp) -> bool {
     // SAFETY: the op's buffers are valid until completion (its contract).
     let slices = unsafe { op.iovs.slices() };
-    chan_push(
-        chan,
-        me,
-        &data_hdr(op, op::EAGER, op.len as u32),
-        &slices[..op.iovs.n],
-    )
+    chan_push(chan, me, &data_hdr(op, op::EAGER, op.len as u32), &slices[..op.iovs.n])
 }
 
-/// Moves every busy peer's queue forward.
+/// Moves every busy peer's queues forward.
 pub(crate) fn progress_tx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     let mut i = 0;
     while i < ep.busy.len() {
         let p = ep.busy[i];
         progress_peer_tx(ep, ctx, p);
         let peer = &mut ep.peers[p];
-        if peer.txq.is_empty() && peer.ctrlq.is_empty() {
+        let idle = peer.txq.is_empty()
+            && peer.ctrlq.is_empty()
+            && !peer.inflight.iter().any(|op| matches!(op.state, TxState::Chunks { .. }));
+        if idle {
             peer.busy = false;
             ep.busy.swap_remove(i);
         } else {
@@ -892,116 +699,119 @@ pub(crate) fn progress_tx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     }
 }
 
-/// Moves one peer's control messages and transmit queue forward as far as
-/// ring room and pool chunks allow.
+/// Pushes the next chunk of `op`; false when the ring or pool is full.
+fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Pool, op: &mut TxOp) -> bool {
+    let TxState::Chunks { off, msg_id } = op.state else { return false };
+    if !chan_room(chan, 1) {
+        return false;
+    }
+    let Some(idx) = pool.alloc() else { return false };
+    let n = (op.len - off).min(pool.chunk_size());
+    let chunk = pool.chunk(idx).expect("allocated index is in range");
+    // SAFETY: we own chunk idx (popped from the free list) until the CHUNK
+    // message hands it to the receiver; n <= chunk_size.
+    op.iovs.gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
+    let h = MsgHdr { op: op::CHUNK, flags: 0, ncells: 0, len: n as u32, tag: msg_id, data: off as u64 };
+    if !chan_push(chan, me, &h, &[&idx.to_le_bytes()]) {
+        pool.free(idx);
+        return false;
+    }
+    op.state = if off + n >= op.len { TxState::Done } else { TxState::Chunks { off: off + n, msg_id } };
+    true
+}
+
+/// Moves one peer's control messages, in-flight data and queued sends
+/// forward as far as ring room and pool chunks allow.
 pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
     if ensure_connected(ep, ctx, p).is_err() {
         return;
     }
     let me = ep.addr;
     let mut pushed = false;
-    let mut done: Vec<TxOp> = Vec::new();
     {
         let peer = &mut ep.peers[p];
         let chan = peer.chan.as_mut().expect("connected");
+        let pool = peer.pool.as_ref().expect("connected");
+        let cma_refused = peer.cma_refused;
+        // 1. Control messages first: they unblock the peer.
         while let Some(c) = peer.ctrlq.front() {
-            let h = MsgHdr {
-                op: c.op,
-                flags: 0,
-                ncells: 0,
-                len: c.status,
-                tag: c.msg_id,
-                data: 0,
-            };
+            let h = MsgHdr { op: c.op, flags: 0, ncells: 0, len: c.status, tag: c.msg_id, data: 0 };
             if !chan_push(chan, &me, &h, &[]) {
                 break;
             }
             peer.ctrlq.pop_front();
             pushed = true;
         }
-        let pool = peer.pool.as_ref().expect("connected");
-        while peer.ctrlq.is_empty() {
-            let Some(op) = peer.txq.front_mut() else {
+        // 2. Data of messages already started, oldest first.
+        let mut blocked = !peer.ctrlq.is_empty();
+        for op in peer.inflight.iter_mut() {
+            if blocked {
                 break;
-            };
-            match op.state {
-                TxState::Start => match op.proto {
-                    Proto::Inline => {
-                        if !push_inline_chan(chan, &me, op) {
-                            break;
-                        }
-                        pushed = true;
-                        done.push(peer.txq.pop_front().expect("front"));
+            }
+            while matches!(op.state, TxState::Chunks { .. }) {
+                if !push_chunk(chan, &me, pool, op) {
+                    blocked = true;
+                    break;
+                }
+                pushed = true;
+            }
+        }
+        // 3. Start queued sends: headers go out in order, even while older
+        //    data still waits for pool chunks.
+        while peer.ctrlq.is_empty() {
+            let Some(op) = peer.txq.front_mut() else { break };
+            let ok = match op.proto {
+                Proto::Inline => {
+                    let ok = push_inline_chan(chan, &me, op);
+                    if ok {
+                        op.state = TxState::Done;
                     }
-                    Proto::Bounce => {
-                        let msg_id = peer.next_msg_id;
-                        let mut pl = [0u8; 16];
-                        pl[..8].copy_from_slice(&msg_id.to_le_bytes());
-                        pl[8..].copy_from_slice(&(op.len as u64).to_le_bytes());
-                        if !chan_push(chan, &me, &data_hdr(op, op::BOUNCE_HDR, 0), &[&pl]) {
-                            break;
-                        }
+                    ok
+                }
+                Proto::Bounce => {
+                    let msg_id = peer.next_msg_id;
+                    let mut pl = [0u8; 16];
+                    pl[..8].copy_from_slice(&msg_id.to_le_bytes());
+                    pl[8..].copy_from_slice(&(op.len as u64).to_le_bytes());
+                    let ok = chan_push(chan, &me, &data_hdr(op, op::BOUNCE_HDR, 0), &[&pl]);
+                    if ok {
                         peer.next_msg_id += 1;
                         op.state = TxState::Chunks { off: 0, msg_id };
-                        pushed = true;
+                        while !blocked && matches!(op.state, TxState::Chunks { .. }) {
+                            if !push_chunk(chan, &me, pool, op) {
+                                blocked = true;
+                            }
+                        }
                     }
-                    Proto::Cma => {
-                        let msg_id = peer.next_msg_id;
-                        let mut pl = [0u8; 24 + 16 * MAX_IOV];
-                        pl[..8].copy_from_slice(&msg_id.to_le_bytes());
-                        pl[8..16].copy_from_slice(&(op.len as u64).to_le_bytes());
-                        pl[16..20].copy_from_slice(&(op.iovs.n as u32).to_le_bytes());
-                        for (k, s) in op.iovs.segs().iter().enumerate() {
-                            pl[24 + 16 * k..32 + 16 * k]
-                                .copy_from_slice(&(s.ptr as u64).to_le_bytes());
-                            pl[32 + 16 * k..40 + 16 * k]
-                                .copy_from_slice(&(s.len as u64).to_le_bytes());
-                        }
-                        let n = 24 + 16 * op.iovs.n;
-                        if !chan_push(chan, &me, &data_hdr(op, op::RTS, 0), &[&pl[..n]]) {
-                            break;
-                        }
+                    ok
+                }
+                Proto::Rndv => {
+                    let msg_id = peer.next_msg_id;
+                    let mut pl = [0u8; 24 + 16 * MAX_IOV];
+                    let cma = crate::proto::offer_cma(ctx.cfg, cma_refused, op.owned.is_some());
+                    pl[..8].copy_from_slice(&msg_id.to_le_bytes());
+                    pl[8..16].copy_from_slice(&(op.len as u64).to_le_bytes());
+                    pl[16..20].copy_from_slice(&(op.iovs.n as u32).to_le_bytes());
+                    pl[20..24].copy_from_slice(&(if cma { rts_flags::CMA } else { 0 }).to_le_bytes());
+                    for (k, s) in op.iovs.segs().iter().enumerate() {
+                        pl[24 + 16 * k..32 + 16 * k].copy_from_slice(&(s.ptr as u64).to_le_bytes());
+                        pl[32 + 16 * k..40 + 16 * k].copy_from_slice(&(s.len as u64).to_le_bytes());
+                    }
+                    let n = 24 + 16 * op.iovs.n;
+                    let ok = chan_push(chan, &me, &data_hdr(op, op::RTS, 0), &[&pl[..n]]);
+                    if ok {
                         peer.next_msg_id += 1;
                         op.state = TxState::AwaitFin { msg_id };
-                        pushed = true;
-                        break;
                     }
-                },
-                TxState::Chunks { off, msg_id } => {
-                    if off >= op.len {
-                        done.push(peer.txq.pop_front().expect("front"));
-                        continue;
-                    }
-                    if !chan_room(chan, 1) {
-                        break;
-                    }
-                    let Some(idx) = pool.alloc() else { break };
-                    let n = (op.len - off).min(pool.chunk_size());
-                    let chunk = pool.chunk(idx).expect("allocated index is in range");
-                    // SAFETY: we own chunk idx (popped from the free list)
-                    // until the CHUNK message hands it to the receiver.
-                    op.iovs
-                        .gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
-                    let h = MsgHdr {
-                        op: op::CHUNK,
-                        flags: 0,
-                        ncells: 0,
-                        len: n as u32,
-                        tag: msg_id,
-                        data: off as u64,
-                    };
-                    if !chan_push(chan, &me, &h, &[&idx.to_le_bytes()]) {
-                        pool.free(idx);
-                        break;
-                    }
-                    op.state = TxState::Chunks {
-                        off: off + n,
-                        msg_id,
-                    };
-                    pushed = true;
+                    ok
                 }
-                TxState::AwaitFin { .. } => break,
+            };
+            if !ok {
+                break;
             }
+            pushed = true;
+            let op = peer.txq.pop_front().expect("front");
+            peer.inflight.push_back(op);
         }
         if pushed {
             if let Some(db) = peer.doorbell() {
@@ -1009,8 +819,5 @@ pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
             }
         }
     }
-    for op in done {
-        ep.tx_outstanding -= 1;
-        complete_tx(ep, ctx, &op, None);
-    }
+    retire(ep, ctx, p);
 }

@@ -4,8 +4,15 @@
 //! | protocol | when | data moves |
 //! | --- | --- | --- |
 //! | [`Proto::Inline`] | `len <= inline_max` (ring) or fits one overflow cell | in the ring cells, one copy each side |
-//! | [`Proto::Bounce`] | larger, and CMA off, refused, or below `cma_min` | through chunks of the receiver's pool, pipelined: the sender fills chunk k+1 while the receiver drains chunk k |
-//! | [`Proto::Cma`] | `len >= cma_min` and CMA usable | one copy: the receiver reads the sender's buffer with process_vm_readv; if the kernel refuses (EPERM, ENOSYS) the receiver asks for [`Proto::Bounce`] instead and stops trying CMA with that peer |
+//! | [`Proto::Bounce`] | larger, below `cma_min` (or too many iovs for an overflow-queue RTS) | eagerly through chunks of the receiver's pool, pipelined: the sender fills chunk k+1 while the receiver drains chunk k |
+//! | [`Proto::Rndv`] | `len >= cma_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv. Where CMA is off, or the kernel refuses it (EPERM, ENOSYS; the receiver then stops trying it with that peer), the receiver asks for the data through the pool instead |
+//!
+//! Headers leave in send order (so matching follows send order); the data
+//! of several messages to one peer may be in flight at once, and
+//! completions are still written in send order per peer. An unexpected
+//! rendezvous costs the receiver one small entry; an unexpected bounce
+//! message is copied out of the pool (counted against `SHMFAB_UNEXP_MAX`),
+//! so pool chunks are always given back promptly.
 //!
 //! Environment variables (all optional):
 //!
@@ -31,8 +38,10 @@ pub enum Proto {
     Inline,
     /// Pipelined through the receiver's pool chunks.
     Bounce,
-    /// Single copy by the receiver (process_vm_readv).
-    Cma,
+    /// Rendezvous: a request to send; on match the receiver reads the data
+    /// by single copy (process_vm_readv) if offered and allowed, else asks
+    /// for it through the pool.
+    Rndv,
 }
 
 /// CMA policy.
@@ -158,17 +167,23 @@ impl Config {
 ///
 /// `on_ring`: the sender has an SPSC ring to this peer (else it uses the
 /// overflow queue, whose cells carry at most [`OVF_PAYLOAD`] bytes and an RTS
-/// with at most 3 iovs). `cma_ok`: CMA is neither off nor known refused for
-/// this peer.
-pub fn choose(cfg: &Config, len: usize, niov: usize, on_ring: bool, cma_ok: bool) -> Proto {
+/// with at most 3 iovs). Whether the RTS offers single copy is
+/// [`offer_cma`]'s call.
+pub fn choose(cfg: &Config, len: usize, niov: usize, on_ring: bool) -> Proto {
     let inline_max = if on_ring { cfg.inline_max } else { OVF_PAYLOAD };
     if len <= inline_max {
         Proto::Inline
-    } else if cma_ok && cfg.cma != CmaMode::Off && len >= cfg.cma_min && (on_ring || niov <= 3) {
-        Proto::Cma
+    } else if len >= cfg.cma_min && (on_ring || niov <= 3) {
+        Proto::Rndv
     } else {
         Proto::Bounce
     }
+}
+
+/// Whether a rendezvous offers single copy: CMA not off, not known refused
+/// by this peer, and the payload not a provider-owned copy (inject).
+pub fn offer_cma(cfg: &Config, peer_refused: bool, owned: bool) -> bool {
+    cfg.cma != CmaMode::Off && !peer_refused && !owned
 }
 
 #[cfg(test)]

@@ -359,13 +359,15 @@ pub struct MsgHdr {
 pub mod op {
     /// Whole payload inline in the cells.
     pub const EAGER: u8 = 1;
-    /// Start of a message sent through pool chunks; payload: msg id (u64).
+    /// Start of a message sent through pool chunks; payload: msg id (u64),
+    /// total length (u64).
     pub const BOUNCE_HDR: u8 = 2;
     /// One pool chunk of the current message: `tag` = msg id, `data` = offset,
     /// `len` = bytes; payload: chunk index (u32).
     pub const CHUNK: u8 = 3;
-    /// Request to send, single copy: `len` = total; payload: msg id (u64),
-    /// iov count (u32), pad, then (addr u64, len u64) pairs.
+    /// Request to send (rendezvous); payload: msg id (u64), total (u64),
+    /// iov count (u32), bits of [`rts_flags`] (u32), then (addr u64, len
+    /// u64) pairs naming the sender's buffer.
     pub const RTS: u8 = 4;
     /// Receiver to sender: single copy refused, send through the pool;
     /// `tag` = msg id.
@@ -373,6 +375,12 @@ pub mod op {
     /// Receiver to sender: done with the message; `tag` = msg id, `len` = 0
     /// or a positive fabric errno.
     pub const FIN: u8 = 6;
+}
+
+/// Bits of an RTS's flags word.
+pub mod rts_flags {
+    /// The receiver may read the data by single copy (process_vm_readv).
+    pub const CMA: u32 = 1;
 }
 
 /// Bits of `MsgHdr::flags`.

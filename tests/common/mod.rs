@@ -1,0 +1,265 @@
+//! Multi-process test harness: a test re-executes its own binary as N ranks
+//! (role chosen by environment variables), with a timeout; the ranks meet
+//! through address files in a temp directory. After the ranks exit the
+//! parent checks that they left no /dev/shm region behind, and removes any
+//! (also when a rank failed or hung).
+#![allow(dead_code)]
+
+use shmfab::{
+    AddressVector, CompletionQueue, CqAttr, CqErrEntry, CqTaggedEntry, Domain, Endpoint, ErrorKind, Fabric, FiAddr,
+    FI_RECV, FI_TRANSMIT,
+};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const RANK: &str = "SHMFAB_TEST_RANK";
+const SIZE: &str = "SHMFAB_TEST_SIZE";
+const DIR: &str = "SHMFAB_TEST_DIR";
+
+/// Runs `body` in `n` processes (ranks 0..n) of this test binary, with
+/// `env` set for them; fails if any rank fails or the job outlives `timeout`.
+/// In a rank, runs `body` and returns.
+pub fn run(test: &str, n: usize, env: &[(&str, &str)], timeout: Duration, body: impl FnOnce(World)) {
+    if let Ok(r) = std::env::var(RANK) {
+        let rank: usize = r.parse().unwrap();
+        let size: usize = std::env::var(SIZE).unwrap().parse().unwrap();
+        let w = World::new(rank, size);
+        body(w);
+        return;
+    }
+    let job = format!("t-{test}-{}-{}", std::process::id(), rand_suffix());
+    let dir = std::env::temp_dir().join(&job);
+    std::fs::create_dir_all(&dir).unwrap();
+    let _guard = JobGuard { job: job.clone(), dir: dir.clone() };
+    let exe = std::env::current_exe().unwrap();
+    let mut kids: Vec<Child> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            c.args([test, "--exact", "--nocapture", "--test-threads=1"])
+                .env(RANK, r.to_string())
+                .env(SIZE, n.to_string())
+                .env(DIR, &dir)
+                .env("SHMFAB_JOB_ID", &job);
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.spawn().expect("spawn rank")
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut status = vec![None; n];
+    while status.iter().any(|s| s.is_none()) {
+        for (i, k) in kids.iter_mut().enumerate() {
+            if status[i].is_none() {
+                if let Some(s) = k.try_wait().unwrap() {
+                    status[i] = Some(s);
+                }
+            }
+        }
+        // A failed rank dooms the job: stop the others instead of waiting.
+        let failed = status.iter().flatten().any(|s| !s.success());
+        if failed || t0.elapsed() > timeout {
+            for k in kids.iter_mut() {
+                let _ = k.kill();
+            }
+            for k in kids.iter_mut() {
+                let _ = k.wait();
+            }
+            panic!(
+                "{test}: {} after {:?}; rank status: {status:?}",
+                if failed { "a rank failed" } else { "timed out" },
+                t0.elapsed()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let left = shmfab::region::scan(Some(shmfab::region::job_hash(&job)));
+    assert!(left.is_empty(), "{test}: ranks left regions behind: {left:?}");
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64
+}
+
+/// Removes the job's regions and address files, even on panic.
+pub struct JobGuard {
+    pub job: String,
+    pub dir: PathBuf,
+}
+
+impl Drop for JobGuard {
+    fn drop(&mut self) {
+        shmfab::region::remove_job(shmfab::region::job_hash(&self.job));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One rank's view: its objects and every rank's fi_addr.
+pub struct World {
+    pub rank: usize,
+    pub size: usize,
+    // Field order is drop order: endpoint before what it is bound to.
+    pub ep: Endpoint,
+    pub cq: CompletionQueue,
+    pub av: AddressVector,
+    pub dom: Domain,
+    pub fabric: Fabric,
+    pub addrs: Vec<FiAddr>,
+    /// Completions read but not yet asked for, by context.
+    pending: std::cell::RefCell<Vec<Result<(CqTaggedEntry, FiAddr), CqErrEntry>>>,
+}
+
+/// Context of the harness's barrier receives.
+pub const BARRIER_CTX: usize = usize::MAX - 7;
+
+impl World {
+    fn new(rank: usize, size: usize) -> World {
+        let fabric = Fabric::open().unwrap();
+        let dom = fabric.domain().unwrap();
+        let cq = dom.cq_open(&CqAttr { size: 4096, ..Default::default() }).unwrap();
+        let av = dom.av_open().unwrap();
+        let ep = dom.endpoint().unwrap();
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+        let dir = PathBuf::from(std::env::var(DIR).unwrap());
+        let tmp = dir.join(format!("{rank}.tmp"));
+        std::fs::write(&tmp, ep.getname().to_bytes()).unwrap();
+        std::fs::rename(&tmp, dir.join(format!("{rank}.addr"))).unwrap();
+        let t0 = Instant::now();
+        let mut names = Vec::new();
+        for r in 0..size {
+            let p = dir.join(format!("{r}.addr"));
+            loop {
+                if let Ok(b) = std::fs::read(&p) {
+                    names.push(shmfab::Address::from_bytes(&b).unwrap());
+                    break;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(30), "rank {r} never published its address");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let addrs = av.insert(&names).unwrap();
+        World { rank, size, ep, cq, av, dom, fabric, addrs, pending: Default::default() }
+    }
+
+    /// Reads one completion, driving progress and sleeping on the doorbell
+    /// between tries. Err(entry) for an error completion.
+    pub fn next(&self) -> Result<CqTaggedEntry, CqErrEntry> {
+        self.next_from().map(|(e, _)| e)
+    }
+
+    /// As `next`, with the source fi_addr.
+    pub fn next_from(&self) -> Result<(CqTaggedEntry, FiAddr), CqErrEntry> {
+        let any = !self.pending.borrow().is_empty();
+        if any {
+            return self.pending.borrow_mut().remove(0);
+        }
+        self.read_one()
+    }
+
+    fn read_one(&self) -> Result<(CqTaggedEntry, FiAddr), CqErrEntry> {
+        let t0 = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let mut e = [CqTaggedEntry::default()];
+            let mut src = [0u64];
+            match self.cq.readfrom(&mut e, &mut src) {
+                Ok(_) => return Ok((e[0], src[0])),
+                Err(x) if x.kind() == ErrorKind::Avail => return Err(self.cq.readerr().unwrap()),
+                Err(x) if x.kind() == ErrorKind::Again => {}
+                Err(x) => panic!("cq read: {x}"),
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "rank {}: no completion in 60 s", self.rank);
+            spins += 1;
+            if spins > 200 {
+                self.dom.wait(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// The completion (or error completion) of the operation with `ctx`;
+    /// others read meanwhile are kept for later calls.
+    pub fn wait_ctx(&self, ctx: usize) -> Result<(CqTaggedEntry, FiAddr), CqErrEntry> {
+        let ctx_of = |r: &Result<(CqTaggedEntry, FiAddr), CqErrEntry>| match r {
+            Ok((e, _)) => e.op_context,
+            Err(e) => e.op_context,
+        };
+        let found = self.pending.borrow().iter().position(|r| ctx_of(r) == ctx);
+        if let Some(i) = found {
+            return self.pending.borrow_mut().remove(i);
+        }
+        loop {
+            let r = self.read_one();
+            if ctx_of(&r) == ctx {
+                return r;
+            }
+            self.pending.borrow_mut().push(r);
+        }
+    }
+
+    /// As `wait_ctx`, failing on an error completion.
+    pub fn ok(&self, ctx: usize) -> CqTaggedEntry {
+        self.wait_ctx(ctx).unwrap_or_else(|e| panic!("rank {}: error completion for ctx {ctx}: {e:?}", self.rank)).0
+    }
+
+    /// Retries `f` while it says -FI_EAGAIN, driving progress between tries.
+    pub fn retry(&self, mut f: impl FnMut() -> shmfab::Result<()>) -> usize {
+        let mut again = 0;
+        let t0 = Instant::now();
+        loop {
+            match f() {
+                Ok(()) => return again,
+                Err(e) if e.kind() == ErrorKind::Again => {
+                    again += 1;
+                    self.dom.progress();
+                    if again % 64 == 0 {
+                        self.dom.wait(Duration::from_millis(1));
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(60), "stuck on -FI_EAGAIN");
+                }
+                Err(e) => panic!("post failed: {e}"),
+            }
+        }
+    }
+
+    /// A barrier through messages (tag space above 1<<62 is the harness's).
+    pub fn barrier(&self) {
+        const T: u64 = 1 << 62;
+        let mut b = [0u8; 1];
+        if self.rank == 0 {
+            for _ in 1..self.size {
+                // SAFETY: b outlives the wait below.
+                unsafe { self.ep.trecv(&mut b, shmfab::FI_ADDR_UNSPEC, T, 0, BARRIER_CTX).unwrap() };
+                self.ok(BARRIER_CTX);
+            }
+            for r in 1..self.size {
+                self.retry(|| self.ep.tinject(&[1], self.addrs[r], T + 1));
+            }
+        } else {
+            self.retry(|| self.ep.tinject(&[1], self.addrs[0], T));
+            // SAFETY: as above.
+            unsafe { self.ep.trecv(&mut b, self.addrs[0], T + 1, 0, BARRIER_CTX).unwrap() };
+            self.ok(BARRIER_CTX);
+        }
+    }
+
+    /// Number of completions read but not yet claimed.
+    pub fn unclaimed(&self) -> usize {
+        self.pending.borrow().len()
+    }
+}
+
+/// Deterministic test payload.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

@@ -1,0 +1,149 @@
+//! Two processes ping-pong every size from 0 B to 8 MiB (powers of two and
+//! one byte either side of every protocol threshold), every byte checked,
+//! with the receive posted before the send (expected) and after it
+//! (unexpected); again with CMA off and with CMA refused by the "kernel".
+
+mod common;
+use common::{pattern, run, World};
+use std::time::Duration;
+
+fn sizes(w: &World) -> Vec<usize> {
+    let cfg = w.dom.config();
+    let mut v = vec![0usize];
+    let mut p = 1;
+    while p <= 8 << 20 {
+        v.push(p);
+        p *= 2;
+    }
+    let chunk = cfg.geometry.chunk_size as usize;
+    for t in [32usize, 96, cfg.inline_max, chunk, cfg.cma_min, 3 * chunk] {
+        v.extend([t - 1, t, t + 1]);
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// One message `from` -> `to` of `len` bytes; `expected` posts the receive
+/// before the send goes out.
+fn one_way(w: &World, from: usize, to: usize, len: usize, tag: u64, expected: bool) {
+    let ctx_send = 1000 + tag as usize;
+    let ctx_recv = 2000 + tag as usize;
+    if w.rank == to {
+        let mut buf = vec![0xa5u8; len + 16];
+        let post = |buf: &mut Vec<u8>| {
+            // SAFETY: buf lives until the receive's completion below.
+            unsafe { w.ep.trecv(&mut buf[..len], w.addrs[from], tag, 0, ctx_recv).unwrap() };
+        };
+        if expected {
+            post(&mut buf);
+            w.barrier();
+        } else {
+            w.barrier();
+            post(&mut buf);
+        }
+        let (e, src) = w.wait_ctx(ctx_recv).unwrap_or_else(|e| panic!("len {len}: error {e:?}"));
+        assert_eq!(e.len, len, "length of a {len}-byte message");
+        assert_eq!(e.tag, tag);
+        assert_eq!(src, w.addrs[from], "source fi_addr");
+        assert_eq!(e.flags & shmfab::FI_RECV, shmfab::FI_RECV);
+        let want = pattern(len, tag);
+        if buf[..len] != want[..] {
+            let at = buf.iter().zip(&want).position(|(a, b)| a != b).unwrap();
+            panic!("len {len} ({}): first wrong byte at {at}", if expected { "expected" } else { "unexpected" });
+        }
+        assert!(buf[len..].iter().all(|&b| b == 0xa5), "len {len}: wrote past the buffer");
+    } else if w.rank == from {
+        let data = pattern(len, tag);
+        if expected {
+            w.barrier();
+            // SAFETY: data lives until the send's completion below.
+            w.retry(|| unsafe { w.ep.tsend(&data, w.addrs[to], tag, ctx_send) });
+        } else {
+            // SAFETY: as above.
+            w.retry(|| unsafe { w.ep.tsend(&data, w.addrs[to], tag, ctx_send) });
+            w.barrier();
+        }
+        let e = w.ok(ctx_send);
+        assert_eq!(e.flags & shmfab::FI_SEND, shmfab::FI_SEND);
+    }
+}
+
+fn pingpong_body(w: World) {
+    let mut tag = 1u64;
+    for len in sizes(&w) {
+        for expected in [true, false] {
+            one_way(&w, 0, 1, len, tag, expected);
+            one_way(&w, 1, 0, len, tag + 1, expected);
+            tag += 2;
+        }
+    }
+    w.barrier();
+    assert_eq!(w.unclaimed(), 0, "stray completions");
+}
+
+#[test]
+fn pingpong_every_size() {
+    run("pingpong_every_size", 2, &[], Duration::from_secs(240), pingpong_body);
+}
+
+#[test]
+fn pingpong_every_size_cma_off() {
+    run("pingpong_every_size_cma_off", 2, &[("SHMFAB_CMA", "off")], Duration::from_secs(240), pingpong_body);
+}
+
+#[test]
+fn pingpong_every_size_cma_refused() {
+    // The receiver acts as if process_vm_readv failed with EPERM: every
+    // rendezvous must fall back to the pool path.
+    run("pingpong_every_size_cma_refused", 2, &[("SHMFAB_CMA", "fail")], Duration::from_secs(240), pingpong_body);
+}
+
+#[test]
+fn pingpong_every_size_overflow_queue() {
+    // One ring slot per endpoint, claimed first by a third rank: ranks 0
+    // and 1 then talk to each other through the MPSC overflow queue.
+    run(
+        "pingpong_every_size_overflow_queue",
+        3,
+        &[("SHMFAB_RING_SLOTS", "1")],
+        Duration::from_secs(240),
+        |w| {
+            // Rank 2 grabs the only slot of ranks 0 and 1 first.
+            if w.rank == 2 {
+                w.retry(|| w.ep.inject(b"x", w.addrs[0]));
+                w.retry(|| w.ep.inject(b"x", w.addrs[1]));
+            }
+            let mut b = [0u8; 1];
+            if w.rank < 2 {
+                // SAFETY: b outlives the completion wait.
+                unsafe { w.ep.recv(&mut b, w.addrs[2], 77).unwrap() };
+                w.ok(77);
+            }
+            w.barrier(); // rank 0's and 1's barrier traffic now goes through overflow
+            const LENS: [usize; 11] = [0, 1, 31, 32, 33, 72, 73, 4096, 70000, 200000, 1 << 20];
+            if w.rank < 2 {
+                let mut tag = 1u64;
+                for len in LENS {
+                    for expected in [true, false] {
+                        one_way_pair(&w, len, tag, expected);
+                        tag += 2;
+                    }
+                }
+            } else {
+                // Two directions, expected and unexpected: one barrier each.
+                for _ in 0..LENS.len() * 4 {
+                    w.barrier();
+                }
+            }
+            w.barrier();
+        },
+    );
+}
+
+/// `one_way` both directions between ranks 0 and 1, with a third rank
+/// taking part in the barriers.
+fn one_way_pair(w: &World, len: usize, tag: u64, expected: bool) {
+    one_way(w, 0, 1, len, tag, expected);
+    one_way(w, 1, 0, len, tag + 1, expected);
+}
