@@ -164,10 +164,10 @@ impl AddressVector {
     /// Closes the AV; `Busy` while endpoints are bound to it.
     pub fn close(&self) -> Result<()> {
         let mut st = self.dom.lock();
-        let av = st.avs[self.id].as_mut().expect("state");
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
+        let av = st.avs[self.id].as_mut().expect("open AV has state");
         if av.bound > 0 {
             return Err(Error::with(
                 ErrorKind::Busy,

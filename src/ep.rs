@@ -180,9 +180,17 @@ pub(crate) struct Dest {
 pub(crate) enum UnexpBody {
     /// Whole payload (inline, or a bounce message copied out of the pool;
     /// `received < len` while its chunks are still arriving).
-    Data { v: Vec<u8>, received: usize, msg_id: u64 },
+    Data {
+        v: Vec<u8>,
+        received: usize,
+        msg_id: u64,
+    },
     /// A rendezvous: the data stays with the sender until matched.
-    Rts { msg_id: u64, iovs: Vec<(u64, u64)>, cma: bool },
+    Rts {
+        msg_id: u64,
+        iovs: Vec<(u64, u64)>,
+        cma: bool,
+    },
 }
 
 pub(crate) struct Unexp {
@@ -311,6 +319,33 @@ pub(crate) struct InRing {
     pub peer: usize,
 }
 
+/// What an endpoint has done, by path (for tests, `shmfab inspect` and
+/// tuning).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EpStats {
+    /// Sends that went inline.
+    pub tx_inline: u64,
+    /// Sends that went through the receiver's pool eagerly.
+    pub tx_bounce: u64,
+    /// Sends that went by rendezvous.
+    pub tx_rndv: u64,
+    /// Pool chunks filled.
+    pub tx_chunks: u64,
+    /// Messages taken from inbound SPSC rings.
+    pub rx_ring: u64,
+    /// Messages taken from the overflow queue.
+    pub rx_ovf: u64,
+    /// Rendezvous data read by single copy.
+    pub cma_reads: u64,
+    /// Rendezvous data fetched through the pool because CMA was off,
+    /// not offered, or refused.
+    pub cma_fallbacks: u64,
+    /// Progress passes that left a message in place (back-pressure).
+    pub stalls: u64,
+    /// Sends refused with -FI_EAGAIN.
+    pub tx_again: u64,
+}
+
 /// In-process state of an endpoint.
 pub(crate) struct EpState {
     pub addr: Address,
@@ -344,6 +379,7 @@ pub(crate) struct EpState {
     pub next_unexp_id: u64,
     pub tx_outstanding: usize,
     pub min_multi_recv: usize,
+    pub stats: EpStats,
 }
 
 impl EpState {
@@ -516,6 +552,7 @@ impl EpState {
         if self.tx_outstanding >= ctx.cfg.tx_size {
             crate::progress::progress_tx(self, ctx);
             if self.tx_outstanding >= ctx.cfg.tx_size {
+                self.stats.tx_again += 1;
                 return Err(Error::AGAIN);
             }
         }
@@ -523,10 +560,14 @@ impl EpState {
         let peer = &mut self.peers[p];
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
         op.proto = proto::choose(ctx.cfg, op.len, op.iovs.n, on_ring);
-        if peer.txq.is_empty() && op.proto == Proto::Inline && crate::progress::push_inline(peer, &ctx.me, &op) {
+        if peer.txq.is_empty()
+            && op.proto == Proto::Inline
+            && crate::progress::push_inline(peer, &ctx.me, &op)
+        {
             if let Some(db) = peer.doorbell() {
                 crate::doorbell::ring(db);
             }
+            self.stats.tx_inline += 1;
             if peer.inflight.is_empty() {
                 crate::progress::complete_tx(self, ctx, &op, None);
             } else {
@@ -723,6 +764,7 @@ impl Domain {
             next_unexp_id: 1,
             tx_outstanding: 0,
             min_multi_recv: 64,
+            stats: EpStats::default(),
         }));
         Ok(Endpoint {
             dom: inner.clone(),
@@ -814,6 +856,11 @@ impl Endpoint {
     /// This endpoint's address (24 bytes with [`Address::to_bytes`]).
     pub fn getname(&self) -> Address {
         self.addr
+    }
+
+    /// Counts of what the endpoint has done, by path.
+    pub fn stats(&self) -> Result<EpStats> {
+        with_ep!(self, |ep, _ctx| Ok(ep.stats))
     }
 
     /// Index of this endpoint's section in the domain region.

@@ -55,7 +55,7 @@ pub use cq::{
     CompletionQueue, CqAttr, CqDataEntry, CqEntry, CqErrEntry, CqFormat, CqMsgEntry, CqTaggedEntry,
 };
 pub use domain::{Domain, Fabric};
-pub use ep::{Endpoint, RecvMsg, SendMsg};
+pub use ep::{Endpoint, EpStats, RecvMsg, SendMsg};
 pub use error::{Error, ErrorKind, Result};
 pub use flags::*;
 pub use shm_layout::Address;

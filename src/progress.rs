@@ -16,7 +16,8 @@ use crate::cma::{self, CmaError};
 use crate::cq::{prov, CqErrEntry, CqTaggedEntry, NO_SRC};
 use crate::domain::Ctx;
 use crate::ep::{
-    ActiveRecv, Chan, Ctrl, Dest, EpState, Fail, InRing, PendingRx, Peer, RxCur, RxInfo, TxOp, TxState, Unexp, UnexpBody,
+    ActiveRecv, Chan, Ctrl, Dest, EpState, Fail, InRing, Peer, PendingRx, RxCur, RxInfo, TxOp,
+    TxState, Unexp, UnexpBody,
 };
 use crate::error::ErrorKind;
 use crate::flags::*;
@@ -143,8 +144,10 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, s: usize) {
         }
         let src = Src::Ring(&ring.rx, payload_capacity(ncells));
         if handle(ep, ctx, ring.peer, &h, &src) == Flow::Stall {
+            ep.stats.stalls += 1;
             break;
         }
+        ep.stats.rx_ring += 1;
         ring.rx.consume(ncells);
     }
     ring.rx.release_credit();
@@ -164,8 +167,10 @@ fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             continue;
         }
         if handle(ep, ctx, p, &m.hdr, &Src::Buf(&m.payload[..OVF_PAYLOAD])) == Flow::Stall {
+            ep.stats.stalls += 1;
             break;
         }
+        ep.stats.rx_ovf += 1;
         ep.ovf.commit();
     }
 }
@@ -187,7 +192,8 @@ fn handle(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
 
 #[inline]
 fn rx_room(ep: &EpState, ctx: &Ctx<'_>) -> bool {
-    ep.rx_cq.is_none_or(|c| ctx.cqs[c].as_ref().is_none_or(|q| q.has_room()))
+    ep.rx_cq
+        .is_none_or(|c| ctx.cqs[c].as_ref().is_none_or(|q| q.has_room()))
 }
 
 fn new_unexp_id(ep: &mut EpState) -> u64 {
@@ -197,7 +203,8 @@ fn new_unexp_id(ep: &mut EpState) -> u64 {
 }
 
 fn unexp_full(ep: &EpState, ctx: &Ctx<'_>, more: usize) -> bool {
-    ep.unexp_bytes + more > ctx.cfg.unexp_max || ep.unexp[0].len() + ep.unexp[1].len() >= ctx.cfg.rx_size * 4
+    ep.unexp_bytes + more > ctx.cfg.unexp_max
+        || ep.unexp[0].len() + ep.unexp[1].len() >= ctx.cfg.rx_size * 4
 }
 
 fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
@@ -215,8 +222,25 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         Some(i) => {
             let d = ep.take_posted(q, i, len);
             let n = d.iovs.scatter(0, len.min(d.cap), |o, dst| src.read(o, dst));
-            let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total: len, delivered: n };
-            finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
+            let info = RxInfo {
+                tagged,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                total: len,
+                delivered: n,
+            };
+            finish_rx(
+                ep,
+                ctx,
+                p,
+                0,
+                PendingRx {
+                    dest: d,
+                    info,
+                    err: None,
+                },
+            );
         }
         None => {
             if unexp_full(ep, ctx, len) {
@@ -226,17 +250,48 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
             src.read(0, &mut v);
             ep.unexp_bytes += len;
             let id = new_unexp_id(ep);
-            let body = UnexpBody::Data { v, received: len, msg_id: 0 };
-            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len, body });
+            let body = UnexpBody::Data {
+                v,
+                received: len,
+                msg_id: 0,
+            };
+            ep.unexp[q].push_back(Unexp {
+                id,
+                peer: p,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                len,
+                body,
+            });
         }
     }
     Flow::Done
 }
 
 /// Starts a matched multi-part receive: its data arrives in chunks.
-fn start_active(ep: &mut EpState, p: usize, msg_id: u64, dest: Dest, total: usize, tag: u64, data: u64, hflags: u8) {
+fn start_active(
+    ep: &mut EpState,
+    p: usize,
+    msg_id: u64,
+    dest: Dest,
+    total: usize,
+    tag: u64,
+    data: u64,
+    hflags: u8,
+) {
     let peer = &mut ep.peers[p];
-    peer.rx_parts.push((msg_id, RxCur::Active(ActiveRecv { dest, total, received: 0, tag, data, hflags })));
+    peer.rx_parts.push((
+        msg_id,
+        RxCur::Active(ActiveRecv {
+            dest,
+            total,
+            received: 0,
+            tag,
+            data,
+            hflags,
+        }),
+    ));
     peer.rx_order.push_back((msg_id, None));
 }
 
@@ -246,7 +301,11 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
         return Flow::Done;
     }
     let (msg_id, total) = (src.u64_at(0), src.u64_at(8) as usize);
-    if msg_id == 0 || total == 0 || total > MAX_MSG_SIZE || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id) {
+    if msg_id == 0
+        || total == 0
+        || total > MAX_MSG_SIZE
+        || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id)
+    {
         bad(ep, ctx, p, None, "bad bounce header");
         return Flow::Done;
     }
@@ -261,9 +320,23 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
             // The data will be copied out of the pool as it arrives
             // (counted in unexp_bytes chunk by chunk).
             let id = new_unexp_id(ep);
-            let body = UnexpBody::Data { v: Vec::new(), received: 0, msg_id };
-            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body });
-            ep.peers[p].rx_parts.push((msg_id, RxCur::Unexp { id, total }));
+            let body = UnexpBody::Data {
+                v: Vec::new(),
+                received: 0,
+                msg_id,
+            };
+            ep.unexp[q].push_back(Unexp {
+                id,
+                peer: p,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                len: total,
+                body,
+            });
+            ep.peers[p]
+                .rx_parts
+                .push((msg_id, RxCur::Unexp { id, total }));
         }
     }
     Flow::Done
@@ -307,13 +380,17 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
             }
             if off < a.dest.cap {
                 let n = (a.dest.cap - off).min(len);
-                a.dest.iovs.scatter(off, n, |o, dst| dst.copy_from_slice(&bytes[o..o + dst.len()]));
+                a.dest.iovs.scatter(off, n, |o, dst| {
+                    dst.copy_from_slice(&bytes[o..o + dst.len()])
+                });
             }
             ep.pool.free(idx);
             a.received += len;
             if a.received == a.total {
                 let (_, cur) = ep.peers[p].rx_parts.swap_remove(k);
-                let RxCur::Active(a) = cur else { unreachable!("matched above") };
+                let RxCur::Active(a) = cur else {
+                    unreachable!("matched above")
+                };
                 finish_active(ep, ctx, p, msg_id, a, None);
             }
         }
@@ -323,7 +400,10 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
                 return Flow::Stall; // chunk stays in the pool and the message in the ring
             }
             let ok = match find_unexp(ep, id) {
-                Some(Unexp { body: UnexpBody::Data { v, received, .. }, .. }) if *received == off && off + len <= total => {
+                Some(Unexp {
+                    body: UnexpBody::Data { v, received, .. },
+                    ..
+                }) if *received == off && off + len <= total => {
                     v.extend_from_slice(bytes);
                     *received += len;
                     Some(*received == total)
@@ -360,11 +440,23 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
     if src.cap() < 24 {
         return malformed(ep, ctx);
     }
-    let (msg_id, total, niov, fl) = (src.u64_at(0), src.u64_at(8) as usize, src.u32_at(16) as usize, src.u32_at(20));
-    if msg_id == 0 || niov == 0 || niov > MAX_IOV || 24 + 16 * niov > src.cap() || total > MAX_MSG_SIZE {
+    let (msg_id, total, niov, fl) = (
+        src.u64_at(0),
+        src.u64_at(8) as usize,
+        src.u32_at(16) as usize,
+        src.u32_at(20),
+    );
+    if msg_id == 0
+        || niov == 0
+        || niov > MAX_IOV
+        || 24 + 16 * niov > src.cap()
+        || total > MAX_MSG_SIZE
+    {
         return malformed(ep, ctx);
     }
-    let iovs: Vec<(u64, u64)> = (0..niov).map(|i| (src.u64_at(24 + 16 * i), src.u64_at(32 + 16 * i))).collect();
+    let iovs: Vec<(u64, u64)> = (0..niov)
+        .map(|i| (src.u64_at(24 + 16 * i), src.u64_at(32 + 16 * i)))
+        .collect();
     if iovs.iter().try_fold(0u64, |a, v| a.checked_add(v.1)) != Some(total as u64)
         || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id)
     {
@@ -373,13 +465,24 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
     if !rx_room(ep, ctx) {
         return Flow::Stall;
     }
-    let rts = Rts { msg_id, iovs, cma: fl & rts_flags::CMA != 0 };
+    let rts = Rts {
+        msg_id,
+        iovs,
+        cma: fl & rts_flags::CMA != 0,
+    };
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     let q = tagged as usize;
     match ep.match_posted(tagged, p, h.tag) {
         Some(i) => {
             let d = ep.take_posted(q, i, total);
-            let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total, delivered: 0 };
+            let info = RxInfo {
+                tagged,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                total,
+                delivered: 0,
+            };
             rendezvous(ep, ctx, p, d, info, rts);
         }
         None => {
@@ -387,8 +490,20 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
                 return Flow::Stall;
             }
             let id = new_unexp_id(ep);
-            let body = UnexpBody::Rts { msg_id, iovs: rts.iovs, cma: rts.cma };
-            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body });
+            let body = UnexpBody::Rts {
+                msg_id,
+                iovs: rts.iovs,
+                cma: rts.cma,
+            };
+            ep.unexp[q].push_back(Unexp {
+                id,
+                peer: p,
+                tag: h.tag,
+                data: h.data,
+                hflags: h.flags,
+                len: total,
+                body,
+            });
         }
     }
     Flow::Done
@@ -398,19 +513,57 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
 /// it and the kernel lets us; else ask for it through the pool.
 fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: RxInfo, rts: Rts) {
     if let Err(e) = ensure_connected(ep, ctx, p) {
-        let f = (ErrorKind::Io, prov::CMA_FAULT, format!("cannot reach the sender to fetch its message: {e}"));
-        finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
+        let f = (
+            ErrorKind::Io,
+            prov::CMA_FAULT,
+            format!("cannot reach the sender to fetch its message: {e}"),
+        );
+        finish_rx(
+            ep,
+            ctx,
+            p,
+            0,
+            PendingRx {
+                dest: d,
+                info,
+                err: Some(f),
+            },
+        );
         return;
     }
     let try_cma = rts.cma && !ep.peers[p].cma_refused && ctx.cfg.cma != crate::proto::CmaMode::Off;
     if try_cma {
-        let local: Vec<(*mut u8, usize)> = d.iovs.segs().iter().map(|s| (s.ptr as *mut u8, s.len)).collect();
+        let local: Vec<(*mut u8, usize)> = d
+            .iovs
+            .segs()
+            .iter()
+            .map(|s| (s.ptr as *mut u8, s.len))
+            .collect();
         let peer = &mut ep.peers[p];
         match cma::read(peer.pid, &local, &rts.iovs, ctx.cfg.cma) {
             Ok(n) => {
                 info.delivered = n;
-                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
-                queue_ctrl(ep, p, Ctrl { op: op::FIN, msg_id: rts.msg_id, status: 0 });
+                ep.stats.cma_reads += 1;
+                finish_rx(
+                    ep,
+                    ctx,
+                    p,
+                    0,
+                    PendingRx {
+                        dest: d,
+                        info,
+                        err: None,
+                    },
+                );
+                queue_ctrl(
+                    ep,
+                    p,
+                    Ctrl {
+                        op: op::FIN,
+                        msg_id: rts.msg_id,
+                        status: 0,
+                    },
+                );
                 return;
             }
             Err(CmaError::Refused(_)) => peer.cma_refused = true,
@@ -425,25 +578,86 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
                         std::io::Error::from_raw_os_error(e)
                     ),
                 );
-                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
-                queue_ctrl(ep, p, Ctrl { op: op::FIN, msg_id: rts.msg_id, status: ErrorKind::Io.errno() as u32 });
+                finish_rx(
+                    ep,
+                    ctx,
+                    p,
+                    0,
+                    PendingRx {
+                        dest: d,
+                        info,
+                        err: Some(f),
+                    },
+                );
+                queue_ctrl(
+                    ep,
+                    p,
+                    Ctrl {
+                        op: op::FIN,
+                        msg_id: rts.msg_id,
+                        status: ErrorKind::Io.errno() as u32,
+                    },
+                );
                 return;
             }
         }
     }
     if info.total == 0 {
-        finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
-        queue_ctrl(ep, p, Ctrl { op: op::FIN, msg_id: rts.msg_id, status: 0 });
+        finish_rx(
+            ep,
+            ctx,
+            p,
+            0,
+            PendingRx {
+                dest: d,
+                info,
+                err: None,
+            },
+        );
+        queue_ctrl(
+            ep,
+            p,
+            Ctrl {
+                op: op::FIN,
+                msg_id: rts.msg_id,
+                status: 0,
+            },
+        );
         return;
     }
-    start_active(ep, p, rts.msg_id, d, info.total, info.tag, info.data, info.hflags);
-    queue_ctrl(ep, p, Ctrl { op: op::CTS_BOUNCE, msg_id: rts.msg_id, status: 0 });
+    ep.stats.cma_fallbacks += 1;
+    start_active(
+        ep,
+        p,
+        rts.msg_id,
+        d,
+        info.total,
+        info.tag,
+        info.data,
+        info.hflags,
+    );
+    queue_ctrl(
+        ep,
+        p,
+        Ctrl {
+            op: op::CTS_BOUNCE,
+            msg_id: rts.msg_id,
+            status: 0,
+        },
+    );
 }
 
 fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
     let peer = &mut ep.peers[p];
-    if let Some(op) = peer.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag })) {
-        op.state = TxState::Chunks { off: 0, msg_id: h.tag };
+    if let Some(op) = peer
+        .inflight
+        .iter_mut()
+        .find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag }))
+    {
+        op.state = TxState::Chunks {
+            off: 0,
+            msg_id: h.tag,
+        };
         ep.mark_busy(p);
     }
     Flow::Done
@@ -452,18 +666,33 @@ fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
 fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
     let peer = &mut ep.peers[p];
-    if let Some(op) = peer.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag })) {
+    if let Some(op) = peer
+        .inflight
+        .iter_mut()
+        .find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag }))
+    {
         op.state = TxState::Done;
         if h.len != 0 {
             let k = ErrorKind::from_errno(h.len as i32);
-            op.err = Some((k, prov::REMOTE, format!("{who} failed to take the message: {}", k.message())));
+            op.err = Some((
+                k,
+                prov::REMOTE,
+                format!("{who} failed to take the message: {}", k.message()),
+            ));
         }
         retire(ep, ctx, p);
     }
     Flow::Done
 }
 
-fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: ActiveRecv, err: Option<Fail>) {
+fn finish_active(
+    ep: &mut EpState,
+    ctx: &mut Ctx<'_>,
+    p: usize,
+    msg_id: u64,
+    a: ActiveRecv,
+    err: Option<Fail>,
+) {
     let info = RxInfo {
         tagged: a.hflags & hdr_flags::TAGGED != 0,
         tag: a.tag,
@@ -472,7 +701,17 @@ fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: 
         total: a.total,
         delivered: a.received.min(a.total).min(a.dest.cap),
     };
-    finish_rx(ep, ctx, p, msg_id, PendingRx { dest: a.dest, info, err });
+    finish_rx(
+        ep,
+        ctx,
+        p,
+        msg_id,
+        PendingRx {
+            dest: a.dest,
+            info,
+            err,
+        },
+    );
 }
 
 /// A peer sent something that does not parse: drop it and fail the
@@ -480,7 +719,9 @@ fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: 
 fn bad(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: Option<u64>, what: &str) {
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
     let Some(m) = msg_id else { return };
-    let Some(k) = ep.peers[p].rx_parts.iter().position(|x| x.0 == m) else { return };
+    let Some(k) = ep.peers[p].rx_parts.iter().position(|x| x.0 == m) else {
+        return;
+    };
     match ep.peers[p].rx_parts.swap_remove(k).1 {
         RxCur::Active(a) => {
             let f = (ErrorKind::Io, prov::PROTOCOL, format!("{who}: {what}"));
@@ -489,7 +730,11 @@ fn bad(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: Option<u64>, what:
         RxCur::Unexp { id, .. } => {
             for q in 0..2 {
                 if let Some(i) = ep.unexp[q].iter().position(|u| u.id == id) {
-                    if let Some(Unexp { body: UnexpBody::Data { v, .. }, .. }) = ep.unexp[q].remove(i) {
+                    if let Some(Unexp {
+                        body: UnexpBody::Data { v, .. },
+                        ..
+                    }) = ep.unexp[q].remove(i)
+                    {
                         ep.unexp_bytes -= v.len();
                     }
                 }
@@ -500,23 +745,58 @@ fn bad(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: Option<u64>, what:
 
 /// Delivers an unexpected message to a receive posted for it.
 pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: Dest, tagged: bool) {
-    let info = RxInfo { tagged, tag: u.tag, data: u.data, hflags: u.hflags, total: u.len, delivered: 0 };
+    let info = RxInfo {
+        tagged,
+        tag: u.tag,
+        data: u.data,
+        hflags: u.hflags,
+        total: u.len,
+        delivered: 0,
+    };
     match u.body {
-        UnexpBody::Data { v, received, msg_id } => {
+        UnexpBody::Data {
+            v,
+            received,
+            msg_id,
+        } => {
             ep.unexp_bytes -= v.len();
-            let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| dst.copy_from_slice(&v[o..o + dst.len()]));
+            let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| {
+                dst.copy_from_slice(&v[o..o + dst.len()])
+            });
             if received == u.len {
-                finish_rx(ep, ctx, u.peer, 0, PendingRx { dest: d, info: RxInfo { delivered: n, ..info }, err: None });
+                finish_rx(
+                    ep,
+                    ctx,
+                    u.peer,
+                    0,
+                    PendingRx {
+                        dest: d,
+                        info: RxInfo {
+                            delivered: n,
+                            ..info
+                        },
+                        err: None,
+                    },
+                );
             } else {
                 // Still arriving: the rest goes straight to the receive.
                 let peer = &mut ep.peers[u.peer];
                 if let Some(x) = peer.rx_parts.iter_mut().find(|x| x.0 == msg_id) {
-                    x.1 = RxCur::Active(ActiveRecv { dest: d, total: u.len, received, tag: u.tag, data: u.data, hflags: u.hflags });
+                    x.1 = RxCur::Active(ActiveRecv {
+                        dest: d,
+                        total: u.len,
+                        received,
+                        tag: u.tag,
+                        data: u.data,
+                        hflags: u.hflags,
+                    });
                     peer.rx_order.push_back((msg_id, None));
                 }
             }
         }
-        UnexpBody::Rts { msg_id, iovs, cma } => rendezvous(ep, ctx, u.peer, d, info, Rts { msg_id, iovs, cma }),
+        UnexpBody::Rts { msg_id, iovs, cma } => {
+            rendezvous(ep, ctx, u.peer, d, info, Rts { msg_id, iovs, cma })
+        }
     }
 }
 
@@ -540,7 +820,11 @@ fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: Pendin
 }
 
 fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
-    let PendingRx { dest: d, info: i, err } = pr;
+    let PendingRx {
+        dest: d,
+        info: i,
+        err,
+    } = pr;
     let mut flags = FI_RECV | if i.tagged { FI_TAGGED } else { FI_MSG };
     let has_data = i.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
     if has_data {
@@ -569,7 +853,9 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
         if err.is_some() { &c.err.v } else { &c.value.v }.fetch_add(1, Ordering::Release);
     }
     let src = ep.src_addr(ctx, p);
-    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else { return };
+    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+        return;
+    };
     let data = if has_data { i.data } else { 0 };
     let tag = if i.tagged { i.tag } else { 0 };
     match err {
@@ -588,9 +874,17 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
             },
             detail,
         ),
-        None if d.cqe || d.multi_release => {
-            cq.push(CqTaggedEntry { op_context: d.ctx, flags, len: i.delivered, buf: d.buf, data, tag }, src)
-        }
+        None if d.cqe || d.multi_release => cq.push(
+            CqTaggedEntry {
+                op_context: d.ctx,
+                flags,
+                len: i.delivered,
+                buf: d.buf,
+                data,
+                tag,
+            },
+            src,
+        ),
         None => {}
     }
 }
@@ -602,20 +896,40 @@ pub(crate) fn complete_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, op: &TxOp, err: O
         // SYNC: pairs with the acquire loads in Counter::read/readerr.
         if err.is_some() { &c.err.v } else { &c.value.v }.fetch_add(1, Ordering::Release);
     }
-    let Some(cq) = ep.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else { return };
+    let Some(cq) = ep.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+        return;
+    };
     match err {
         Some((k, pe, detail)) if !op.inject => cq.push_err(
-            CqErrEntry { op_context: op.ctx, flags, tag: op.tag, err: k.errno(), prov_errno: pe, ..Default::default() },
+            CqErrEntry {
+                op_context: op.ctx,
+                flags,
+                tag: op.tag,
+                err: k.errno(),
+                prov_errno: pe,
+                ..Default::default()
+            },
             detail,
         ),
-        None if op.cqe => cq.push(CqTaggedEntry { op_context: op.ctx, flags, ..Default::default() }, NO_SRC),
+        None if op.cqe => cq.push(
+            CqTaggedEntry {
+                op_context: op.ctx,
+                flags,
+                ..Default::default()
+            },
+            NO_SRC,
+        ),
         _ => {}
     }
 }
 
 /// Completes finished sends from the front of a peer's in-flight queue.
 fn retire(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
-    while ep.peers[p].inflight.front().is_some_and(|op| op.state == TxState::Done) {
+    while ep.peers[p]
+        .inflight
+        .front()
+        .is_some_and(|op| op.state == TxState::Done)
+    {
         let mut op = ep.peers[p].inflight.pop_front().expect("front checked");
         ep.tx_outstanding -= 1;
         let err = op.err.take();
@@ -663,7 +977,14 @@ fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
 }
 
 fn data_hdr(op: &TxOp, kind: u8, len: u32) -> MsgHdr {
-    MsgHdr { op: kind, flags: op.hflags, ncells: 0, len, tag: op.tag, data: op.data }
+    MsgHdr {
+        op: kind,
+        flags: op.hflags,
+        ncells: 0,
+        len,
+        tag: op.tag,
+        data: op.data,
+    }
 }
 
 /// Sends an inline message at once if the channel has room.
@@ -677,7 +998,12 @@ pub(crate) fn push_inline(peer: &mut Peer, me: &shm_layout::Address, op: &TxOp) 
 fn push_inline_chan(chan: &mut Chan, me: &shm_layout::Address, op: &TxOp) -> bool {
     // SAFETY: the op's buffers are valid until completion (its contract).
     let slices = unsafe { op.iovs.slices() };
-    chan_push(chan, me, &data_hdr(op, op::EAGER, op.len as u32), &slices[..op.iovs.n])
+    chan_push(
+        chan,
+        me,
+        &data_hdr(op, op::EAGER, op.len as u32),
+        &slices[..op.iovs.n],
+    )
 }
 
 /// Moves every busy peer's queues forward.
@@ -689,7 +1015,10 @@ pub(crate) fn progress_tx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
         let peer = &mut ep.peers[p];
         let idle = peer.txq.is_empty()
             && peer.ctrlq.is_empty()
-            && !peer.inflight.iter().any(|op| matches!(op.state, TxState::Chunks { .. }));
+            && !peer
+                .inflight
+                .iter()
+                .any(|op| matches!(op.state, TxState::Chunks { .. }));
         if idle {
             peer.busy = false;
             ep.busy.swap_remove(i);
@@ -700,23 +1029,47 @@ pub(crate) fn progress_tx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
 }
 
 /// Pushes the next chunk of `op`; false when the ring or pool is full.
-fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Pool, op: &mut TxOp) -> bool {
-    let TxState::Chunks { off, msg_id } = op.state else { return false };
+fn push_chunk(
+    chan: &mut Chan,
+    me: &shm_layout::Address,
+    pool: &crate::pool::Pool,
+    op: &mut TxOp,
+) -> bool {
+    let TxState::Chunks { off, msg_id } = op.state else {
+        return false;
+    };
     if !chan_room(chan, 1) {
         return false;
     }
-    let Some(idx) = pool.alloc() else { return false };
+    let Some(idx) = pool.alloc() else {
+        return false;
+    };
     let n = (op.len - off).min(pool.chunk_size());
     let chunk = pool.chunk(idx).expect("allocated index is in range");
     // SAFETY: we own chunk idx (popped from the free list) until the CHUNK
     // message hands it to the receiver; n <= chunk_size.
-    op.iovs.gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
-    let h = MsgHdr { op: op::CHUNK, flags: 0, ncells: 0, len: n as u32, tag: msg_id, data: off as u64 };
+    op.iovs
+        .gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
+    let h = MsgHdr {
+        op: op::CHUNK,
+        flags: 0,
+        ncells: 0,
+        len: n as u32,
+        tag: msg_id,
+        data: off as u64,
+    };
     if !chan_push(chan, me, &h, &[&idx.to_le_bytes()]) {
         pool.free(idx);
         return false;
     }
-    op.state = if off + n >= op.len { TxState::Done } else { TxState::Chunks { off: off + n, msg_id } };
+    op.state = if off + n >= op.len {
+        TxState::Done
+    } else {
+        TxState::Chunks {
+            off: off + n,
+            msg_id,
+        }
+    };
     true
 }
 
@@ -729,13 +1082,21 @@ pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
     let me = ep.addr;
     let mut pushed = false;
     {
+        let stats = &mut ep.stats;
         let peer = &mut ep.peers[p];
         let chan = peer.chan.as_mut().expect("connected");
         let pool = peer.pool.as_ref().expect("connected");
         let cma_refused = peer.cma_refused;
         // 1. Control messages first: they unblock the peer.
         while let Some(c) = peer.ctrlq.front() {
-            let h = MsgHdr { op: c.op, flags: 0, ncells: 0, len: c.status, tag: c.msg_id, data: 0 };
+            let h = MsgHdr {
+                op: c.op,
+                flags: 0,
+                ncells: 0,
+                len: c.status,
+                tag: c.msg_id,
+                data: 0,
+            };
             if !chan_push(chan, &me, &h, &[]) {
                 break;
             }
@@ -753,13 +1114,16 @@ pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
                     blocked = true;
                     break;
                 }
+                stats.tx_chunks += 1;
                 pushed = true;
             }
         }
         // 3. Start queued sends: headers go out in order, even while older
         //    data still waits for pool chunks.
         while peer.ctrlq.is_empty() {
-            let Some(op) = peer.txq.front_mut() else { break };
+            let Some(op) = peer.txq.front_mut() else {
+                break;
+            };
             let ok = match op.proto {
                 Proto::Inline => {
                     let ok = push_inline_chan(chan, &me, op);
@@ -778,7 +1142,9 @@ pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
                         peer.next_msg_id += 1;
                         op.state = TxState::Chunks { off: 0, msg_id };
                         while !blocked && matches!(op.state, TxState::Chunks { .. }) {
-                            if !push_chunk(chan, &me, pool, op) {
+                            if push_chunk(chan, &me, pool, op) {
+                                stats.tx_chunks += 1;
+                            } else {
                                 blocked = true;
                             }
                         }
@@ -792,7 +1158,8 @@ pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
                     pl[..8].copy_from_slice(&msg_id.to_le_bytes());
                     pl[8..16].copy_from_slice(&(op.len as u64).to_le_bytes());
                     pl[16..20].copy_from_slice(&(op.iovs.n as u32).to_le_bytes());
-                    pl[20..24].copy_from_slice(&(if cma { rts_flags::CMA } else { 0 }).to_le_bytes());
+                    pl[20..24]
+                        .copy_from_slice(&(if cma { rts_flags::CMA } else { 0 }).to_le_bytes());
                     for (k, s) in op.iovs.segs().iter().enumerate() {
                         pl[24 + 16 * k..32 + 16 * k].copy_from_slice(&(s.ptr as u64).to_le_bytes());
                         pl[32 + 16 * k..40 + 16 * k].copy_from_slice(&(s.len as u64).to_le_bytes());
@@ -811,6 +1178,11 @@ pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
             }
             pushed = true;
             let op = peer.txq.pop_front().expect("front");
+            match op.proto {
+                Proto::Inline => stats.tx_inline += 1,
+                Proto::Bounce => stats.tx_bounce += 1,
+                Proto::Rndv => stats.tx_rndv += 1,
+            }
             peer.inflight.push_back(op);
         }
         if pushed {

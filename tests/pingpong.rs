@@ -33,7 +33,10 @@ fn one_way(w: &World, from: usize, to: usize, len: usize, tag: u64, expected: bo
         let mut buf = vec![0xa5u8; len + 16];
         let post = |buf: &mut Vec<u8>| {
             // SAFETY: buf lives until the receive's completion below.
-            unsafe { w.ep.trecv(&mut buf[..len], w.addrs[from], tag, 0, ctx_recv).unwrap() };
+            unsafe {
+                w.ep.trecv(&mut buf[..len], w.addrs[from], tag, 0, ctx_recv)
+                    .unwrap()
+            };
         };
         if expected {
             post(&mut buf);
@@ -42,7 +45,9 @@ fn one_way(w: &World, from: usize, to: usize, len: usize, tag: u64, expected: bo
             w.barrier();
             post(&mut buf);
         }
-        let (e, src) = w.wait_ctx(ctx_recv).unwrap_or_else(|e| panic!("len {len}: error {e:?}"));
+        let (e, src) = w
+            .wait_ctx(ctx_recv)
+            .unwrap_or_else(|e| panic!("len {len}: error {e:?}"));
         assert_eq!(e.len, len, "length of a {len}-byte message");
         assert_eq!(e.tag, tag);
         assert_eq!(src, w.addrs[from], "source fi_addr");
@@ -50,9 +55,15 @@ fn one_way(w: &World, from: usize, to: usize, len: usize, tag: u64, expected: bo
         let want = pattern(len, tag);
         if buf[..len] != want[..] {
             let at = buf.iter().zip(&want).position(|(a, b)| a != b).unwrap();
-            panic!("len {len} ({}): first wrong byte at {at}", if expected { "expected" } else { "unexpected" });
+            panic!(
+                "len {len} ({}): first wrong byte at {at}",
+                if expected { "expected" } else { "unexpected" }
+            );
         }
-        assert!(buf[len..].iter().all(|&b| b == 0xa5), "len {len}: wrote past the buffer");
+        assert!(
+            buf[len..].iter().all(|&b| b == 0xa5),
+            "len {len}: wrote past the buffer"
+        );
     } else if w.rank == from {
         let data = pattern(len, tag);
         if expected {
@@ -69,34 +80,71 @@ fn one_way(w: &World, from: usize, to: usize, len: usize, tag: u64, expected: bo
     }
 }
 
-fn pingpong_body(w: World) {
+fn pingpong_body(w: &World) {
     let mut tag = 1u64;
-    for len in sizes(&w) {
+    for len in sizes(w) {
         for expected in [true, false] {
-            one_way(&w, 0, 1, len, tag, expected);
-            one_way(&w, 1, 0, len, tag + 1, expected);
+            one_way(w, 0, 1, len, tag, expected);
+            one_way(w, 1, 0, len, tag + 1, expected);
             tag += 2;
         }
     }
     w.barrier();
     assert_eq!(w.unclaimed(), 0, "stray completions");
+    let s = w.ep.stats().unwrap();
+    assert!(
+        s.tx_inline > 0 && s.tx_bounce > 0 && s.tx_rndv > 0 && s.tx_chunks > 0,
+        "{s:?}"
+    );
 }
 
 #[test]
 fn pingpong_every_size() {
-    run("pingpong_every_size", 2, &[], Duration::from_secs(240), pingpong_body);
+    run(
+        "pingpong_every_size",
+        2,
+        &[],
+        Duration::from_secs(240),
+        |w| {
+            pingpong_body(&w);
+            let s = w.ep.stats().unwrap();
+            if shmfab::cma::available() {
+                assert!(s.cma_reads > 0 && s.cma_fallbacks == 0, "{s:?}");
+            }
+        },
+    );
 }
 
 #[test]
 fn pingpong_every_size_cma_off() {
-    run("pingpong_every_size_cma_off", 2, &[("SHMFAB_CMA", "off")], Duration::from_secs(240), pingpong_body);
+    run(
+        "pingpong_every_size_cma_off",
+        2,
+        &[("SHMFAB_CMA", "off")],
+        Duration::from_secs(240),
+        |w| {
+            pingpong_body(&w);
+            let s = w.ep.stats().unwrap();
+            assert!(s.cma_reads == 0 && s.cma_fallbacks > 0, "{s:?}");
+        },
+    );
 }
 
 #[test]
 fn pingpong_every_size_cma_refused() {
     // The receiver acts as if process_vm_readv failed with EPERM: every
     // rendezvous must fall back to the pool path.
-    run("pingpong_every_size_cma_refused", 2, &[("SHMFAB_CMA", "fail")], Duration::from_secs(240), pingpong_body);
+    run(
+        "pingpong_every_size_cma_refused",
+        2,
+        &[("SHMFAB_CMA", "fail")],
+        Duration::from_secs(240),
+        |w| {
+            pingpong_body(&w);
+            let s = w.ep.stats().unwrap();
+            assert!(s.cma_reads == 0 && s.cma_fallbacks > 0, "{s:?}");
+        },
+    );
 }
 
 #[test]
@@ -130,6 +178,11 @@ fn pingpong_every_size_overflow_queue() {
                         tag += 2;
                     }
                 }
+                let s = w.ep.stats().unwrap();
+                assert!(
+                    s.rx_ovf > 40,
+                    "ranks 0 and 1 must talk through the overflow queue: {s:?}"
+                );
             } else {
                 // Two directions, expected and unexpected: one barrier each.
                 for _ in 0..LENS.len() * 4 {

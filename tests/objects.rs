@@ -1,0 +1,446 @@
+//! Object rules and argument checking (in one process: two endpoints of one
+//! domain talk to each other), the layout check between builds, and the
+//! removal of a SIGKILLed owner's region.
+
+use shmfab::*;
+use std::time::{Duration, Instant};
+
+fn job(name: &str) {
+    std::env::set_var(
+        "SHMFAB_JOB_ID",
+        format!("objects-{name}-{}", std::process::id()),
+    );
+}
+
+struct Pair {
+    ep0: Endpoint,
+    ep1: Endpoint,
+    cq0: CompletionQueue,
+    cq1: CompletionQueue,
+    av: AddressVector,
+    dom: Domain,
+    a0: FiAddr,
+    a1: FiAddr,
+}
+
+fn pair_with(f0: CqFormat, sel: bool) -> Pair {
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let cq0 = dom
+        .cq_open(&CqAttr {
+            size: 64,
+            format: f0,
+        })
+        .unwrap();
+    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let ep0 = dom.endpoint().unwrap();
+    let ep1 = dom.endpoint().unwrap();
+    let selb = if sel { FI_SELECTIVE_COMPLETION } else { 0 };
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV | selb).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    ep0.bind_av(&av).unwrap();
+    ep1.bind_av(&av).unwrap();
+    ep0.enable().unwrap();
+    ep1.enable().unwrap();
+    let a = av.insert(&[ep0.getname(), ep1.getname()]).unwrap();
+    Pair {
+        ep0,
+        ep1,
+        cq0,
+        cq1,
+        av,
+        dom,
+        a0: a[0],
+        a1: a[1],
+    }
+}
+
+fn read_one<T: shmfab::cq::CqFormatEntry>(cq: &CompletionQueue) -> Result<T> {
+    let t0 = Instant::now();
+    loop {
+        let mut e = [T::default()];
+        match cq.read(&mut e) {
+            Ok(_) => return Ok(e[0]),
+            Err(x) if x.kind() == ErrorKind::Again && t0.elapsed() < Duration::from_secs(10) => {}
+            Err(x) => return Err(x),
+        }
+    }
+}
+
+#[test]
+fn close_while_bound_is_busy() {
+    job("busy");
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let c = dom.cntr_open().unwrap();
+    let ep = dom.endpoint().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.bind_cntr(&c, FI_SEND).unwrap();
+    for e in [
+        cq.close().unwrap_err(),
+        av.close().unwrap_err(),
+        c.close().unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
+    }
+    // Still usable after the refused close.
+    assert_eq!(c.read().unwrap(), 0);
+    ep.close().unwrap();
+    cq.close().unwrap();
+    av.close().unwrap();
+    c.close().unwrap();
+    assert_eq!(
+        c.read().unwrap_err().kind(),
+        ErrorKind::Inval,
+        "closed counter"
+    );
+}
+
+#[test]
+fn dropping_a_bound_cq_keeps_the_endpoint_working() {
+    job("orphan");
+    let p = pair_with(CqFormat::Tagged, false);
+    let Pair {
+        ep0,
+        ep1,
+        cq0,
+        cq1,
+        a1,
+        ..
+    } = p;
+    drop(cq0); // bound: stays alive for ep0
+    ep0.inject(b"still here", a1).unwrap();
+    let mut b = [0u8; 10];
+    // SAFETY: b outlives the completion.
+    unsafe { ep1.recv(&mut b, FI_ADDR_UNSPEC, 5).unwrap() };
+    let e: CqTaggedEntry = read_one(&cq1).unwrap();
+    assert_eq!((e.op_context, &b), (5, b"still here"));
+    drop(ep0);
+}
+
+#[test]
+fn cq_formats_and_source_addresses() {
+    job("formats");
+    for fmt in [
+        CqFormat::Context,
+        CqFormat::Msg,
+        CqFormat::Data,
+        CqFormat::Tagged,
+    ] {
+        let p = pair_with(fmt, false);
+        let mut b = [0u8; 16];
+        // SAFETY: b outlives the completion.
+        unsafe { p.ep0.trecv(&mut b, FI_ADDR_UNSPEC, 3, 0, 11).unwrap() };
+        p.ep1.tinjectdata(b"0123456789", 99, p.a0, 3).unwrap();
+        assert_eq!(p.cq0.format().unwrap(), fmt);
+        match fmt {
+            CqFormat::Context => {
+                let e: CqEntry = read_one(&p.cq0).unwrap();
+                assert_eq!(e.op_context, 11);
+                let mut wrong = [CqTaggedEntry::default()];
+                assert_eq!(p.cq0.read(&mut wrong).unwrap_err().kind(), ErrorKind::Inval);
+            }
+            CqFormat::Msg => {
+                let e: CqMsgEntry = read_one(&p.cq0).unwrap();
+                assert_eq!((e.op_context, e.len), (11, 10));
+                assert_eq!(e.flags, FI_RECV | FI_TAGGED | FI_REMOTE_CQ_DATA);
+            }
+            CqFormat::Data => {
+                let e: CqDataEntry = read_one(&p.cq0).unwrap();
+                assert_eq!((e.op_context, e.len, e.data), (11, 10, 99));
+            }
+            _ => {
+                let e: CqTaggedEntry = read_one(&p.cq0).unwrap();
+                assert_eq!((e.op_context, e.len, e.data, e.tag), (11, 10, 99, 3));
+            }
+        }
+    }
+    // readfrom: a source in the AV gets its fi_addr; one that is not gets
+    // FI_ADDR_NOTAVAIL.
+    let p = pair_with(CqFormat::Tagged, false);
+    let mut b = [0u8; 4];
+    unsafe { p.ep0.recv(&mut b, FI_ADDR_UNSPEC, 1).unwrap() };
+    p.ep1.inject(b"ab", p.a0).unwrap();
+    let mut e = [CqTaggedEntry::default()];
+    let mut src = [0u64];
+    let t0 = Instant::now();
+    while p.cq0.readfrom(&mut e, &mut src).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+    assert_eq!(src[0], p.a1);
+    p.av.remove(&[p.a1]).unwrap();
+    unsafe { p.ep0.recv(&mut b, FI_ADDR_UNSPEC, 2).unwrap() };
+    p.ep1.inject(b"cd", p.a0).unwrap();
+    while p.cq0.readfrom(&mut e, &mut src).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+    assert_eq!((e[0].op_context, src[0]), (2, FI_ADDR_NOTAVAIL));
+    let mut short = [0u64; 0];
+    assert_eq!(
+        p.cq0.readfrom(&mut e, &mut short).unwrap_err().kind(),
+        ErrorKind::Inval
+    );
+}
+
+#[test]
+fn counters_count_and_take_add_set() {
+    job("counters");
+    let p = pair_with(CqFormat::Tagged, false);
+    let dom = &p.dom;
+    let c = dom.cntr_open().unwrap();
+    c.add(5).unwrap();
+    c.adderr(2).unwrap();
+    assert_eq!((c.read().unwrap(), c.readerr().unwrap()), (5, 2));
+    c.set(100).unwrap();
+    c.seterr(0).unwrap();
+    assert_eq!((c.read().unwrap(), c.readerr().unwrap()), (100, 0));
+
+    // Counters bound to an endpoint count its completions and errors.
+    let ep = dom.endpoint().unwrap();
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let sent = dom.cntr_open().unwrap();
+    let recvd = dom.cntr_open().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_cntr(&sent, FI_SEND).unwrap();
+    ep.bind_cntr(&recvd, FI_RECV).unwrap();
+    ep.bind_av(&p.av).unwrap();
+    ep.enable().unwrap();
+    let me = p.av.insert(&[ep.getname()]).unwrap()[0];
+    let mut b = [0u8; 4];
+    for i in 0..3 {
+        unsafe { ep.recv(&mut b, FI_ADDR_UNSPEC, i).unwrap() };
+        ep.inject(b"1234", me).unwrap();
+    }
+    unsafe { ep.recv(&mut b[..2], FI_ADDR_UNSPEC, 9).unwrap() };
+    ep.inject(b"too long", me).unwrap();
+    let t0 = Instant::now();
+    while recvd.read().unwrap() + recvd.readerr().unwrap() < 4 {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+    assert_eq!(
+        (recvd.read().unwrap(), recvd.readerr().unwrap()),
+        (3, 1),
+        "one truncated receive is an error"
+    );
+    assert_eq!(sent.read().unwrap(), 4, "inject counts on the send counter");
+    assert_eq!(sent.index() != recvd.index(), true);
+    drop(ep);
+}
+
+#[test]
+fn selective_completion() {
+    job("selective");
+    let p = pair_with(CqFormat::Tagged, true);
+    let big = vec![1u8; 300_000];
+    let mut rb = vec![0u8; 300_000];
+    unsafe {
+        p.ep1.recv(&mut rb, FI_ADDR_UNSPEC, 1).unwrap();
+        p.ep1.recv(&mut rb, FI_ADDR_UNSPEC, 2).unwrap();
+        // No FI_COMPLETION: no entry.
+        p.ep0.send(b"quiet", p.a1, 100).unwrap();
+        let iov = [std::io::IoSlice::new(&big)];
+        p.ep0
+            .sendmsg(
+                &SendMsg {
+                    iov: &iov,
+                    dest: p.a1,
+                    context: 101,
+                    data: 0,
+                    tag: 0,
+                },
+                FI_COMPLETION,
+            )
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let t0 = Instant::now();
+    while seen.len() < 3 && t0.elapsed() < Duration::from_secs(10) {
+        let mut e = [CqTaggedEntry::default()];
+        if p.cq0.read(&mut e).is_ok() {
+            seen.push(e[0].op_context);
+        }
+        if p.cq1.read(&mut e).is_ok() {
+            seen.push(e[0].op_context);
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![1, 2, 101],
+        "only the send that asked completes on the selective CQ"
+    );
+}
+
+#[test]
+fn bad_arguments_get_clear_errors() {
+    job("args");
+    let p = pair_with(CqFormat::Tagged, false);
+    let big = vec![0u8; 5000];
+    assert_eq!(
+        p.ep0.inject(&big, p.a1).unwrap_err().kind(),
+        ErrorKind::MsgSize
+    );
+    assert_eq!(
+        p.ep0.inject(b"x", 12345).unwrap_err().kind(),
+        ErrorKind::AddrNotAvail
+    );
+    let s = [std::io::IoSlice::new(b"a"); 5];
+    unsafe {
+        assert_eq!(
+            p.ep0.sendv(&s, p.a1, 0).unwrap_err().kind(),
+            ErrorKind::Inval
+        );
+        let iov = [std::io::IoSlice::new(b"a")];
+        let m = SendMsg {
+            iov: &iov,
+            dest: p.a1,
+            context: 0,
+            data: 0,
+            tag: 0,
+        };
+        assert_eq!(
+            p.ep0.sendmsg(&m, FI_MULTI_RECV).unwrap_err().kind(),
+            ErrorKind::BadFlags
+        );
+        let mut b = [0u8; 8];
+        let mut iov = [std::io::IoSliceMut::new(&mut b)];
+        let mut m = RecvMsg {
+            iov: &mut iov,
+            src: FI_ADDR_UNSPEC,
+            context: 0,
+            tag: 0,
+            ignore: 0,
+        };
+        assert_eq!(
+            p.ep0.trecvmsg(&mut m, FI_MULTI_RECV).unwrap_err().kind(),
+            ErrorKind::Inval
+        );
+        assert_eq!(
+            p.ep0.recv(&mut b, 777, 0).unwrap_err().kind(),
+            ErrorKind::AddrNotAvail
+        );
+    }
+    assert_eq!(p.av.lookup(999).unwrap_err().kind(), ErrorKind::NoEnt);
+    assert_eq!(
+        p.av.insert_bytes(&[1, 2, 3]).unwrap_err().kind(),
+        ErrorKind::Inval
+    );
+    // Not enabled yet / no AV.
+    let ep = p.dom.endpoint().unwrap();
+    assert_eq!(ep.inject(b"x", p.a1).unwrap_err().kind(), ErrorKind::Inval);
+    assert_eq!(ep.enable().unwrap_err().kind(), ErrorKind::NoData);
+    assert_eq!(
+        p.ep0.bind_cq(&p.cq1, FI_TRANSMIT).unwrap_err().kind(),
+        ErrorKind::Inval,
+        "bind after enable"
+    );
+    assert_eq!(
+        ep.bind_cq(&p.cq1, 0).unwrap_err().kind(),
+        ErrorKind::BadFlags
+    );
+    // A closed peer endpoint is not reachable.
+    let gone = ep.getname();
+    drop(ep);
+    let g = p.av.insert(&[gone]).unwrap()[0];
+    let e = p.ep0.inject(b"x", g).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AddrNotAvail, "{e}");
+    assert!(e.to_string().contains("closed"), "{e}");
+}
+
+#[test]
+fn a_peer_of_another_layout_version_is_refused_naming_both() {
+    job("layout");
+    let fabric = Fabric::open().unwrap();
+    let other = fabric.domain().unwrap();
+    let target = other.endpoint().unwrap();
+    let p = pair_with(CqFormat::Tagged, false);
+    let t = p.av.insert(&[target.getname()]).unwrap()[0];
+    // Make the target's region look as if another build made it.
+    let r = shmfab::region::Region::attach(other.region_name()).unwrap();
+    let hdr = r.base() as *mut shm_layout::RegionHeader;
+    // SAFETY: a mapped header; only this test touches the field.
+    unsafe { std::ptr::addr_of_mut!((*hdr).layout_version).write(shm_layout::LAYOUT_VERSION + 1) };
+    let e = p.ep0.inject(b"x", t).unwrap_err();
+    let s = e.to_string();
+    assert_eq!(e.kind(), ErrorKind::OpNotSupp, "{s}");
+    assert!(
+        s.contains(&format!(
+            "layout version {}",
+            shm_layout::LAYOUT_VERSION + 1
+        )),
+        "{s}"
+    );
+    assert!(
+        s.contains(&format!("layout version {}", shm_layout::LAYOUT_VERSION)),
+        "{s}"
+    );
+    unsafe { std::ptr::addr_of_mut!((*hdr).layout_version).write(shm_layout::LAYOUT_VERSION) };
+    drop(target);
+}
+
+#[test]
+fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
+    if let Ok(path) = std::env::var("SHMFAB_TEST_KILLME") {
+        // Child: make a region, say its name, wait to be killed.
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let _ep = dom.endpoint().unwrap();
+        std::fs::write(&path, dom.region_name()).unwrap();
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let jobid = format!("objects-kill-{}", std::process::id());
+    std::env::set_var("SHMFAB_JOB_ID", &jobid);
+    let note = std::env::temp_dir().join(format!("{jobid}.name"));
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "region_of_a_sigkilled_owner_is_removed_by_the_next_start",
+            "--exact",
+            "-q",
+        ])
+        .env("SHMFAB_TEST_KILLME", &note)
+        .env("SHMFAB_JOB_ID", &jobid)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let name = loop {
+        if let Ok(n) = std::fs::read_to_string(&note) {
+            if !n.is_empty() {
+                break n;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "child never made its region"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let path = format!("/dev/shm/{name}");
+    // A live owner's region is left alone.
+    let keep = Fabric::open().unwrap().domain().unwrap();
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "live owner's region must survive a start"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_file(&note);
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "SIGKILL leaves the region behind"
+    );
+    let dead = shmfab::region::clean_dead(true);
+    assert!(dead.iter().any(|r| r.name == name), "dry run lists it");
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "dry run removes nothing"
+    );
+    let _next = Fabric::open().unwrap().domain().unwrap();
+    assert!(
+        !std::path::Path::new(&path).exists(),
+        "the next start removed the dead owner's region"
+    );
+    assert!(std::path::Path::new(&format!("/dev/shm/{}", keep.region_name())).exists());
+}
