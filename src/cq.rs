@@ -87,7 +87,7 @@ pub struct CqTaggedEntry {
 
 /// `struct fi_cq_err_entry`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CqErrEntry {
     /// Operation context.
     pub op_context: usize,
@@ -112,24 +112,6 @@ pub struct CqErrEntry {
     pub err_data: usize,
     /// Bytes of `err_data`.
     pub err_data_size: usize,
-}
-
-impl Default for CqErrEntry {
-    fn default() -> Self {
-        CqErrEntry {
-            op_context: 0,
-            flags: 0,
-            len: 0,
-            buf: 0,
-            data: 0,
-            tag: 0,
-            olen: 0,
-            err: 0,
-            prov_errno: 0,
-            err_data: 0,
-            err_data_size: 0,
-        }
-    }
 }
 
 /// Provider error codes carried in `prov_errno`.
@@ -356,100 +338,6 @@ impl CqState {
 /// Source address placeholder for entries with no source.
 pub(crate) const NO_SRC: FiAddr = FI_ADDR_NOTAVAIL;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn full(ctx: usize) -> CqTaggedEntry {
-        CqTaggedEntry {
-            op_context: ctx,
-            flags: 1,
-            len: 2,
-            buf: 3,
-            data: 4,
-            tag: 5,
-        }
-    }
-
-    #[test]
-    fn format_is_checked_and_entries_convert() {
-        let mut cq = CqState::new(&CqAttr {
-            size: 4,
-            format: CqFormat::Msg,
-        });
-        cq.push(full(9), 7);
-        let mut t = [CqTaggedEntry::default(); 1];
-        assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Inval);
-        let mut m = [CqMsgEntry::default(); 2];
-        let mut src = [0u64; 2];
-        assert_eq!(cq.read(&mut m, Some(&mut src)).unwrap(), 1);
-        assert_eq!(
-            m[0],
-            CqMsgEntry {
-                op_context: 9,
-                flags: 1,
-                len: 2
-            }
-        );
-        assert_eq!(src[0], 7);
-        assert_eq!(cq.read(&mut m, None).unwrap_err().kind(), ErrorKind::Again);
-    }
-
-    #[test]
-    fn error_entry_blocks_reads_until_readerr() {
-        let mut cq = CqState::new(&CqAttr::default());
-        cq.push(full(1), NO_SRC);
-        cq.push_err(
-            CqErrEntry {
-                op_context: 2,
-                err: 265,
-                olen: 10,
-                ..Default::default()
-            },
-            "peer X".into(),
-        );
-        let mut t = [CqTaggedEntry::default(); 4];
-        assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Avail);
-        let e = cq.readerr().unwrap();
-        assert_eq!((e.op_context, e.err, e.olen), (2, 265, 10));
-        // SAFETY: err_data points at the CQ's NUL-terminated buffer.
-        let s = unsafe { std::ffi::CStr::from_ptr(e.err_data as *const libc::c_char) };
-        assert_eq!(s.to_str().unwrap(), "peer X");
-        assert_eq!(e.err_data_size, 6);
-        assert_eq!(cq.read(&mut t, None).unwrap(), 1);
-        assert_eq!(cq.readerr().unwrap_err().kind(), ErrorKind::Again);
-    }
-
-    #[test]
-    fn overrun_after_valid_entries() {
-        let mut cq = CqState::new(&CqAttr {
-            size: 2,
-            format: CqFormat::Context,
-        });
-        assert!(cq.has_room());
-        for i in 0..cq.hard_cap() {
-            cq.push(full(i), NO_SRC);
-        }
-        assert!(!cq.has_room());
-        assert!(!cq.overrun);
-        cq.push(full(999), NO_SRC);
-        assert!(cq.overrun);
-        let mut out = vec![CqEntry::default(); 1000];
-        let n = cq.read(&mut out, None).unwrap();
-        assert_eq!(n, cq.hard_cap());
-        assert_eq!(
-            out[n - 1].op_context,
-            n - 1,
-            "valid entries kept, the lost one not"
-        );
-        assert_eq!(
-            cq.read(&mut out, None).unwrap_err().kind(),
-            ErrorKind::Overrun
-        );
-        assert_eq!(cq.readerr().unwrap_err().kind(), ErrorKind::Overrun);
-    }
-}
-
 /// A completion queue.
 pub struct CompletionQueue {
     pub(crate) dom: std::sync::Arc<crate::domain::DomainInner>,
@@ -556,5 +444,99 @@ impl Drop for CompletionQueue {
                 c.orphaned = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(ctx: usize) -> CqTaggedEntry {
+        CqTaggedEntry {
+            op_context: ctx,
+            flags: 1,
+            len: 2,
+            buf: 3,
+            data: 4,
+            tag: 5,
+        }
+    }
+
+    #[test]
+    fn format_is_checked_and_entries_convert() {
+        let mut cq = CqState::new(&CqAttr {
+            size: 4,
+            format: CqFormat::Msg,
+        });
+        cq.push(full(9), 7);
+        let mut t = [CqTaggedEntry::default(); 1];
+        assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Inval);
+        let mut m = [CqMsgEntry::default(); 2];
+        let mut src = [0u64; 2];
+        assert_eq!(cq.read(&mut m, Some(&mut src)).unwrap(), 1);
+        assert_eq!(
+            m[0],
+            CqMsgEntry {
+                op_context: 9,
+                flags: 1,
+                len: 2
+            }
+        );
+        assert_eq!(src[0], 7);
+        assert_eq!(cq.read(&mut m, None).unwrap_err().kind(), ErrorKind::Again);
+    }
+
+    #[test]
+    fn error_entry_blocks_reads_until_readerr() {
+        let mut cq = CqState::new(&CqAttr::default());
+        cq.push(full(1), NO_SRC);
+        cq.push_err(
+            CqErrEntry {
+                op_context: 2,
+                err: 265,
+                olen: 10,
+                ..Default::default()
+            },
+            "peer X".into(),
+        );
+        let mut t = [CqTaggedEntry::default(); 4];
+        assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Avail);
+        let e = cq.readerr().unwrap();
+        assert_eq!((e.op_context, e.err, e.olen), (2, 265, 10));
+        // SAFETY: err_data points at the CQ's NUL-terminated buffer.
+        let s = unsafe { std::ffi::CStr::from_ptr(e.err_data as *const libc::c_char) };
+        assert_eq!(s.to_str().unwrap(), "peer X");
+        assert_eq!(e.err_data_size, 6);
+        assert_eq!(cq.read(&mut t, None).unwrap(), 1);
+        assert_eq!(cq.readerr().unwrap_err().kind(), ErrorKind::Again);
+    }
+
+    #[test]
+    fn overrun_after_valid_entries() {
+        let mut cq = CqState::new(&CqAttr {
+            size: 2,
+            format: CqFormat::Context,
+        });
+        assert!(cq.has_room());
+        for i in 0..cq.hard_cap() {
+            cq.push(full(i), NO_SRC);
+        }
+        assert!(!cq.has_room());
+        assert!(!cq.overrun);
+        cq.push(full(999), NO_SRC);
+        assert!(cq.overrun);
+        let mut out = vec![CqEntry::default(); 1000];
+        let n = cq.read(&mut out, None).unwrap();
+        assert_eq!(n, cq.hard_cap());
+        assert_eq!(
+            out[n - 1].op_context,
+            n - 1,
+            "valid entries kept, the lost one not"
+        );
+        assert_eq!(
+            cq.read(&mut out, None).unwrap_err().kind(),
+            ErrorKind::Overrun
+        );
+        assert_eq!(cq.readerr().unwrap_err().kind(), ErrorKind::Overrun);
     }
 }

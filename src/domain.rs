@@ -261,6 +261,12 @@ pub(crate) struct Section {
     pub offset: usize,
 }
 
+// SAFETY: the pointers are into a region mapping that the holder of the
+// Section keeps alive (the domain's own Region, or a peer's Arc<Region> in
+// the Peer); every shared word behind them is an atomic or is copied with
+// the protocol's ordering.
+unsafe impl Send for Section {}
+
 impl Section {
     /// The section of endpoint `ep` in `r`, whose size was validated against
     /// its geometry (create or attach).

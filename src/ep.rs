@@ -612,10 +612,7 @@ impl EpState {
         self.posted[q].push_back(r);
         // Unexpected messages that this receive (or a multi-receive buffer,
         // several of them) matches.
-        loop {
-            let Some(ui) = self.match_unexp(tagged, self.posted[q].len() - 1) else {
-                break;
-            };
+        while let Some(ui) = self.match_unexp(tagged, self.posted[q].len() - 1) {
             let u = self.unexp[q].remove(ui).expect("index from match");
             let last = self.posted[q].len() - 1;
             let dest = self.take_posted(q, last, u.len);

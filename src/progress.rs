@@ -270,28 +270,9 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
 }
 
 /// Starts a matched multi-part receive: its data arrives in chunks.
-fn start_active(
-    ep: &mut EpState,
-    p: usize,
-    msg_id: u64,
-    dest: Dest,
-    total: usize,
-    tag: u64,
-    data: u64,
-    hflags: u8,
-) {
+fn start_active(ep: &mut EpState, p: usize, msg_id: u64, a: ActiveRecv) {
     let peer = &mut ep.peers[p];
-    peer.rx_parts.push((
-        msg_id,
-        RxCur::Active(ActiveRecv {
-            dest,
-            total,
-            received: 0,
-            tag,
-            data,
-            hflags,
-        }),
-    ));
+    peer.rx_parts.push((msg_id, RxCur::Active(a)));
     peer.rx_order.push_back((msg_id, None));
 }
 
@@ -314,7 +295,19 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
     match ep.match_posted(tagged, p, h.tag) {
         Some(i) => {
             let dest = ep.take_posted(q, i, total);
-            start_active(ep, p, msg_id, dest, total, h.tag, h.data, h.flags);
+            start_active(
+                ep,
+                p,
+                msg_id,
+                ActiveRecv {
+                    dest,
+                    total,
+                    received: 0,
+                    tag: h.tag,
+                    data: h.data,
+                    hflags: h.flags,
+                },
+            );
         }
         None => {
             // The data will be copied out of the pool as it arrives
@@ -626,16 +619,15 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
         return;
     }
     ep.stats.cma_fallbacks += 1;
-    start_active(
-        ep,
-        p,
-        rts.msg_id,
-        d,
-        info.total,
-        info.tag,
-        info.data,
-        info.hflags,
-    );
+    let a = ActiveRecv {
+        dest: d,
+        total: info.total,
+        received: 0,
+        tag: info.tag,
+        data: info.data,
+        hflags: info.hflags,
+    };
+    start_active(ep, p, rts.msg_id, a);
     queue_ctrl(
         ep,
         p,

@@ -193,31 +193,35 @@ mod tests {
     #[test]
     fn thresholds_pick_each_protocol() {
         let c = Config::default();
-        assert_eq!(choose(&c, 0, 1, true, true), Proto::Inline);
-        assert_eq!(choose(&c, c.inline_max, 1, true, true), Proto::Inline);
-        assert_eq!(choose(&c, c.inline_max + 1, 1, true, true), Proto::Bounce);
-        assert_eq!(choose(&c, c.cma_min - 1, 1, true, true), Proto::Bounce);
-        assert_eq!(choose(&c, c.cma_min, 1, true, true), Proto::Cma);
+        assert_eq!(choose(&c, 0, 1, true), Proto::Inline);
+        assert_eq!(choose(&c, c.inline_max, 1, true), Proto::Inline);
+        assert_eq!(choose(&c, c.inline_max + 1, 1, true), Proto::Bounce);
+        assert_eq!(choose(&c, c.cma_min - 1, 1, true), Proto::Bounce);
+        assert_eq!(choose(&c, c.cma_min, 1, true), Proto::Rndv);
         assert_eq!(
-            choose(&c, c.cma_min, 1, true, false),
-            Proto::Bounce,
-            "refused peer"
+            choose(&c, OVF_PAYLOAD, 1, false),
+            Proto::Inline,
+            "overflow cell"
         );
         assert_eq!(
-            choose(&c, OVF_PAYLOAD + 1, 1, false, true),
+            choose(&c, OVF_PAYLOAD + 1, 1, false),
             Proto::Bounce,
             "overflow path"
         );
+        assert_eq!(choose(&c, c.cma_min, 3, false), Proto::Rndv);
         assert_eq!(
-            choose(&c, c.cma_min, 4, false, true),
+            choose(&c, c.cma_min, 4, false),
             Proto::Bounce,
             "overflow RTS holds 3 iovs"
         );
+        assert!(offer_cma(&c, false, false));
+        assert!(!offer_cma(&c, true, false), "refused peer");
+        assert!(!offer_cma(&c, false, true), "inject copy");
         let off = Config {
             cma: CmaMode::Off,
             ..Config::default()
         };
-        assert_eq!(choose(&off, 8 << 20, 1, true, true), Proto::Bounce);
+        assert!(!offer_cma(&off, false, false));
     }
 
     #[test]

@@ -20,7 +20,6 @@ use shm_layout::{
     MAGIC, PAGE,
 };
 use std::fs::File;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 
 /// Where POSIX shared memory lives on Linux.
@@ -149,7 +148,7 @@ impl Region {
                 }
             }
         };
-        let file = File::from(OwnedFd::from(fd));
+        let file = File::from(fd);
         let cleanup = |e: Error| {
             let _ = rustix::shm::unlink(name.as_str());
             space_hint(&e)
@@ -219,7 +218,7 @@ impl Region {
                 format!("cannot open peer region {}: {e}", shm_path(name)),
             )
         })?;
-        let file = File::from(OwnedFd::from(fd));
+        let file = File::from(fd);
         let st = rustix::fs::fstat(&file)?;
         let me = uid();
         if st.st_uid != me {
@@ -387,7 +386,7 @@ impl Region {
     /// Pointer to `T` at `off`, bounds- and alignment-checked.
     pub fn at<T>(&self, off: usize) -> Result<*mut T> {
         let end = off.checked_add(std::mem::size_of::<T>());
-        if end.is_none_or(|e| e > self.len()) || off % std::mem::align_of::<T>() != 0 {
+        if end.is_none_or(|e| e > self.len()) || !off.is_multiple_of(std::mem::align_of::<T>()) {
             return Err(Error::with(
                 ErrorKind::Io,
                 format!("offset {off} out of region bounds"),

@@ -343,7 +343,7 @@ mod tests {
         let (mut tx, mut rx) = unsafe { (RingTx::new(c, p, cap), RingRx::new(c, p, cap)) };
         let mut inflight = std::collections::VecDeque::new();
         let mut got = 0u64;
-        let mut check =
+        let check =
             |rx: &mut RingRx, inflight: &mut std::collections::VecDeque<Vec<u8>>, got: &mut u64| {
                 let (hh, n) = rx.peek().expect("a message");
                 assert_eq!(hh.tag, *got, "order");

@@ -225,7 +225,7 @@ fn counters_count_and_take_add_set() {
         "one truncated receive is an error"
     );
     assert_eq!(sent.read().unwrap(), 4, "inject counts on the send counter");
-    assert_eq!(sent.index() != recvd.index(), true);
+    assert_ne!(sent.index(), recvd.index());
     drop(ep);
 }
 

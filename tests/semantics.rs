@@ -69,6 +69,7 @@ fn all_to_all(w: &World, expected: bool) {
         })
         .collect();
     let mut send_ctx = Vec::new();
+    #[allow(clippy::needless_range_loop)] // k indexes the inner lists, peers the outer
     for k in 0..M {
         for &q in &peers {
             let c = 1_000_000 + q * M + k;

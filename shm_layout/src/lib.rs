@@ -142,7 +142,7 @@ pub struct EpGeometry {
 }
 
 const fn align_up(x: usize, a: usize) -> usize {
-    (x + a - 1) / a * a
+    x.div_ceil(a) * a
 }
 
 impl EpGeometry {
@@ -172,7 +172,10 @@ impl EpGeometry {
         if self.pool_chunks == 0 || self.pool_chunks > 65536 {
             return Err("pool_chunks must be 1..=65536");
         }
-        if self.chunk_size < 4096 || self.chunk_size % 4096 != 0 || self.chunk_size > 1 << 24 {
+        if self.chunk_size < 4096
+            || !self.chunk_size.is_multiple_of(4096)
+            || self.chunk_size > 1 << 24
+        {
             return Err("chunk_size must be a multiple of 4096 up to 16 MiB");
         }
         Ok(())
