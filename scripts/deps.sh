@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what shmfab's scripts need, with apt-get, only when missing.
+# Usage: scripts/deps.sh [peers]   (peers: Open MPI, libfabric tools, for
+# the MPI tests and the side-by-side comparison)
+set -euo pipefail
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+have cc || need+=(gcc)
+have pkg-config || need+=(pkg-config)
+if [ "${1:-}" = peers ]; then
+  have mpirun || need+=(openmpi-bin)
+  have mpicc || need+=(libopenmpi-dev)
+  have fi_pingpong || need+=(libfabric-bin)
+  pkg_installed libfabric-dev || need+=(libfabric-dev)
+  have taskset || need+=(util-linux)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi

@@ -1,0 +1,583 @@
+//! Two-process benchmarks, shared by `shmfab bench`, the criterion benches
+//! and `scripts/compare.sh`: ping-pong half round-trip, windowed streaming
+//! bandwidth and message rate over shmfab; the raw floor (two processes
+//! ping-ponging a payload through one shared page with a flag, nothing
+//! else); and runners for the installed peers (Open MPI's shared-memory BTL
+//! through the project's osu-style program, libfabric's shm provider
+//! through fi_pingpong).
+//!
+//! A [`Link`] is the parent's end: it opens an endpoint, starts a peer
+//! process (this same executable, which calls [`peer_main`] when
+//! `SHMFAB_BENCH_PEER` is set) and learns its address from a hello message.
+
+use crate::{
+    AddressVector, CompletionQueue, CqAttr, CqTaggedEntry, Domain, Endpoint, Error, ErrorKind, Fabric, FiAddr,
+    Result, FI_ADDR_UNSPEC, FI_RECV, FI_TRANSMIT,
+};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Set in the peer's environment: the parent's address, hex.
+pub const PEER_ENV: &str = "SHMFAB_BENCH_PEER";
+/// Set in the peer's environment: the CPU to bind to.
+pub const CPU_ENV: &str = "SHMFAB_BENCH_CPU";
+
+const T_HELLO: u64 = 1;
+const T_CMD: u64 = 2;
+const T_PING: u64 = 3;
+const T_PONG: u64 = 4;
+const T_BW: u64 = 5;
+const T_ACK: u64 = 6;
+
+const CMD_PINGPONG: u32 = 1;
+const CMD_BW: u32 = 2;
+const CMD_QUIT: u32 = 3;
+
+/// Largest message the benchmarks send.
+pub const MAX_SIZE: usize = 8 << 20;
+
+/// One measurement.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Figure {
+    /// Message size in bytes.
+    pub size: usize,
+    /// Half round-trip in microseconds.
+    pub half_rtt_us: Option<f64>,
+    /// Streaming bandwidth in GB/s (10^9 bytes per second).
+    pub bw_gbs: Option<f64>,
+    /// Message rate in millions of messages per second.
+    pub mmsgs: Option<f64>,
+}
+
+/// Binds the calling thread to one CPU (best effort).
+pub fn bind_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it;
+    // sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// CPUs online (not the calling thread's affinity, which binding narrows).
+pub fn ncpus() -> usize {
+    // SAFETY: sysconf only reads system configuration.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        1
+    }
+}
+
+/// Iterations for a size: about the same time per size.
+pub fn iters_for(size: usize) -> usize {
+    (400_000_000 / (size + 20_000)).clamp(20, 100_000)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect()
+}
+
+struct Ends {
+    ep: Endpoint,
+    cq: CompletionQueue,
+    av: AddressVector,
+    dom: Domain,
+    _fabric: Fabric,
+}
+
+fn open_ends() -> Result<Ends> {
+    let fabric = Fabric::open()?;
+    let dom = fabric.domain()?;
+    let cq = dom.cq_open(&CqAttr { size: 8192, ..Default::default() })?;
+    let av = dom.av_open()?;
+    let ep = dom.endpoint()?;
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV)?;
+    ep.bind_av(&av)?;
+    ep.enable()?;
+    Ok(Ends { ep, cq, av, dom, _fabric: fabric })
+}
+
+impl Ends {
+    /// Spins on the CQ until `n` receive completions came (send
+    /// completions are counted in `sends`). Errors out after 30 s.
+    fn wait_recvs(&self, n: usize) -> Result<Vec<CqTaggedEntry>> {
+        let mut got = Vec::with_capacity(n);
+        let mut e = [CqTaggedEntry::default(); 16];
+        let t0 = Instant::now();
+        let mut spins = 0u32;
+        while got.len() < n {
+            match self.cq.read(&mut e) {
+                Ok(k) => {
+                    for x in &e[..k] {
+                        if x.flags & FI_RECV != 0 {
+                            got.push(*x);
+                        }
+                    }
+                    spins = 0;
+                }
+                Err(x) if x.kind() == ErrorKind::Again => {
+                    spins += 1;
+                    if spins % 4096 == 0 {
+                        if t0.elapsed() > Duration::from_secs(30) {
+                            return Err(Error::with(ErrorKind::TimedOut, "benchmark peer stopped answering"));
+                        }
+                        if ncpus() < 2 {
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+                Err(x) if x.kind() == ErrorKind::Avail => {
+                    let err = self.cq.readerr()?;
+                    return Err(Error::with(ErrorKind::from_errno(err.err), format!("{:?}", err)));
+                }
+                Err(x) => return Err(x),
+            }
+        }
+        Ok(got)
+    }
+
+    /// Sends, retrying on back-pressure; small messages go by inject.
+    fn send(&self, buf: &[u8], to: FiAddr, tag: u64) -> Result<()> {
+        loop {
+            let r = if buf.len() <= crate::proto::INJECT_SIZE {
+                self.ep.tinject(buf, to, tag)
+            } else {
+                // SAFETY: callers keep buf alive until a receive completion
+                // that follows the send's, which implies the send finished
+                // reading it (the peer answers only after receiving it).
+                unsafe { self.ep.tsend(buf, to, tag, 0) }
+            };
+            match r {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Again => self.dom.progress(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The parent's end of a two-process benchmark.
+pub struct Link {
+    ends: Ends,
+    peer: FiAddr,
+    child: Child,
+    buf: Vec<u8>,
+}
+
+impl Link {
+    /// Starts the peer (`exe` with `args`; it must call [`peer_main`] when
+    /// [`PEER_ENV`] is set) and connects to it.
+    pub fn spawn(exe: &std::path::Path, args: &[&str]) -> Result<Link> {
+        let bind = ncpus() >= 2;
+        if bind {
+            bind_cpu(0);
+        }
+        let ends = open_ends()?;
+        let mut cmd = Command::new(exe);
+        cmd.args(args).env(PEER_ENV, hex(&ends.ep.getname().to_bytes())).stdin(Stdio::null());
+        if bind {
+            cmd.env(CPU_ENV, "1");
+        }
+        let child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the peer: {e}")))?;
+        let mut link = Link { ends, peer: 0, child, buf: vec![0u8; MAX_SIZE] };
+        let mut hello = [0u8; shm_layout::Address::SIZE];
+        // SAFETY: hello lives until the completion read just below.
+        unsafe { link.ends.ep.trecv(&mut hello, FI_ADDR_UNSPEC, T_HELLO, 0, 1)? };
+        link.ends.wait_recvs(1)?;
+        link.peer = link.ends.av.insert_bytes(&hello)?;
+        Ok(link)
+    }
+
+    fn command(&self, kind: u32, size: usize, window: usize, iters: usize) -> Result<()> {
+        let mut c = [0u8; 24];
+        c[0..4].copy_from_slice(&kind.to_le_bytes());
+        c[4..8].copy_from_slice(&(window as u32).to_le_bytes());
+        c[8..16].copy_from_slice(&(size as u64).to_le_bytes());
+        c[16..24].copy_from_slice(&(iters as u64).to_le_bytes());
+        self.ends.send(&c, self.peer, T_CMD)
+    }
+
+    /// Ping-pong: median-free mean half round-trip over `iters` round trips
+    /// (after a tenth as many warm-up ones), in microseconds.
+    pub fn pingpong(&mut self, size: usize, iters: usize) -> Result<f64> {
+        let warm = (iters / 10).max(2);
+        self.command(CMD_PINGPONG, size, 0, warm + iters)?;
+        let mut rb = std::mem::take(&mut self.buf);
+        let sb = crate::bench::payload(size);
+        let mut t0 = Instant::now();
+        for i in 0..warm + iters {
+            if i == warm {
+                t0 = Instant::now();
+            }
+            // SAFETY: rb lives until the completion waited for just below.
+            unsafe { self.ends.ep.trecv(&mut rb[..size], self.peer, T_PONG, 0, 2)? };
+            self.ends.send(&sb, self.peer, T_PING)?;
+            let e = self.ends.wait_recvs(1)?;
+            if e[0].len != size {
+                return Err(Error::with(ErrorKind::Io, format!("pong of {} bytes for a {size}-byte ping", e[0].len)));
+            }
+        }
+        let el = t0.elapsed();
+        self.buf = rb;
+        Ok(el.as_secs_f64() * 1e6 / (2.0 * iters as f64))
+    }
+
+    /// Windowed streaming: `iters` windows of `window` messages of `size`,
+    /// each window acknowledged by the peer. Returns (GB/s, Mmsg/s).
+    pub fn stream(&mut self, size: usize, window: usize, iters: usize) -> Result<(f64, f64)> {
+        let warm = (iters / 10).max(1);
+        self.command(CMD_BW, size, window, warm + iters)?;
+        let sb = payload(size);
+        let mut ack = [0u8; 4];
+        let mut t0 = Instant::now();
+        for i in 0..warm + iters {
+            if i == warm {
+                t0 = Instant::now();
+            }
+            // SAFETY: ack lives until its completion below.
+            unsafe { self.ends.ep.trecv(&mut ack, self.peer, T_ACK, 0, 3)? };
+            for _ in 0..window {
+                self.ends.send(&sb, self.peer, T_BW)?;
+            }
+            self.ends.wait_recvs(1)?;
+        }
+        let s = t0.elapsed().as_secs_f64();
+        let msgs = (window * iters) as f64;
+        Ok((msgs * size as f64 / s / 1e9, msgs / s / 1e6))
+    }
+
+    /// Windows used by [`Link::stream`] for a size.
+    pub fn window_for(size: usize) -> usize {
+        if size >= 1 << 20 {
+            16
+        } else {
+            64
+        }
+    }
+
+    /// Stops the peer.
+    pub fn quit(mut self) -> Result<()> {
+        self.command(CMD_QUIT, 0, 0, 0)?;
+        let t0 = Instant::now();
+        loop {
+            self.ends.dom.progress();
+            if let Some(st) = self.child.try_wait()? {
+                return if st.success() {
+                    Ok(())
+                } else {
+                    Err(Error::with(ErrorKind::Io, format!("benchmark peer exited with {st}")))
+                };
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                let _ = self.child.kill();
+                return Err(Error::with(ErrorKind::TimedOut, "benchmark peer did not exit"));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Deterministic payload of `size` bytes.
+pub fn payload(size: usize) -> Vec<u8> {
+    (0..size).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+/// The peer's side: serves commands from the parent until told to quit.
+/// Returns the process exit code.
+pub fn peer_main() -> i32 {
+    match peer_loop() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("shmfab bench peer: {e}");
+            1
+        }
+    }
+}
+
+fn peer_loop() -> Result<()> {
+    if let Some(cpu) = std::env::var(CPU_ENV).ok().and_then(|c| c.parse().ok()) {
+        bind_cpu(cpu);
+    }
+    let addr = std::env::var(PEER_ENV)
+        .ok()
+        .and_then(|h| unhex(&h))
+        .ok_or_else(|| Error::with(ErrorKind::Inval, format!("{PEER_ENV} is not a hex address")))?;
+    let ends = open_ends()?;
+    let parent = ends.av.insert_bytes(&addr)?;
+    ends.send(&ends.ep.getname().to_bytes(), parent, T_HELLO)?;
+    let mut buf = vec![0u8; MAX_SIZE];
+    let mut bufs: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut c = [0u8; 24];
+        // SAFETY: c lives until the completion below.
+        unsafe { ends.ep.trecv(&mut c, parent, T_CMD, 0, 10)? };
+        ends.wait_recvs(1)?;
+        let kind = u32::from_le_bytes(c[0..4].try_into().unwrap());
+        let window = u32::from_le_bytes(c[4..8].try_into().unwrap()) as usize;
+        let size = u64::from_le_bytes(c[8..16].try_into().unwrap()) as usize;
+        let iters = u64::from_le_bytes(c[16..24].try_into().unwrap()) as usize;
+        if size > MAX_SIZE || window > 4096 {
+            return Err(Error::with(ErrorKind::Inval, "command out of range"));
+        }
+        match kind {
+            CMD_PINGPONG => {
+                for _ in 0..iters {
+                    // SAFETY: buf lives until the completion below.
+                    unsafe { ends.ep.trecv(&mut buf[..size], parent, T_PING, 0, 11)? };
+                    let e = ends.wait_recvs(1)?;
+                    ends.send(&buf[..e[0].len], parent, T_PONG)?;
+                }
+            }
+            CMD_BW => {
+                while bufs.len() < window {
+                    bufs.push(Vec::new());
+                }
+                for b in bufs.iter_mut().take(window) {
+                    b.resize(size, 0);
+                }
+                for _ in 0..iters {
+                    for b in bufs.iter_mut().take(window) {
+                        // SAFETY: the buffers live until the completions below.
+                        unsafe { ends.ep.trecv(&mut b[..size], parent, T_BW, 0, 12)? };
+                    }
+                    ends.wait_recvs(window)?;
+                    ends.send(&[0u8; 4], parent, T_ACK)?;
+                }
+            }
+            CMD_QUIT => return Ok(()),
+            _ => return Err(Error::with(ErrorKind::Inval, format!("unknown command {kind}"))),
+        }
+    }
+}
+
+/// The raw floor: two processes ping-pong `size` bytes (at most one page)
+/// through one shared page with a flag each way, nothing else. Returns the
+/// half round-trip in microseconds. `exe` is re-run as the peer with
+/// `SHMFAB_RAW_PEER` set (it must call [`raw_peer_main`]).
+pub fn raw_pingpong(exe: &std::path::Path, args: &[&str], size: usize, iters: usize) -> Result<f64> {
+    if size > 4096 - 128 {
+        return Err(Error::with(ErrorKind::Inval, "the raw floor moves at most one page"));
+    }
+    let bind = ncpus() >= 2;
+    if bind {
+        bind_cpu(0);
+    }
+    let name = format!("{}{}.raw.{}", crate::region::PREFIX, crate::region::uid(), std::process::id());
+    let page = RawPage::create(&name)?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).env("SHMFAB_RAW_PEER", &name).env("SHMFAB_RAW_SIZE", size.to_string());
+    cmd.env("SHMFAB_RAW_ITERS", iters.to_string()).stdin(Stdio::null());
+    if bind {
+        cmd.env(CPU_ENV, "1");
+    }
+    let mut child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the raw peer: {e}")))?;
+    let src = payload(size);
+    let mut dst = vec![0u8; size];
+    let warm = iters / 10 + 1;
+    let mut t0 = Instant::now();
+    let mut ok = true;
+    for i in 1..=(warm + iters) as u64 {
+        if i == warm as u64 + 1 {
+            t0 = Instant::now();
+        }
+        page.put(0, i, &src);
+        if !page.take(1, i, &mut dst) {
+            ok = false;
+            break;
+        }
+    }
+    let el = t0.elapsed();
+    let st = child.wait()?;
+    drop(page);
+    if !ok || !st.success() || dst != src {
+        return Err(Error::with(ErrorKind::Io, "raw ping-pong failed"));
+    }
+    Ok(el.as_secs_f64() * 1e6 / (2.0 * iters as f64))
+}
+
+/// The raw floor's peer side. Returns the exit code.
+pub fn raw_peer_main() -> i32 {
+    if let Some(cpu) = std::env::var(CPU_ENV).ok().and_then(|c| c.parse().ok()) {
+        bind_cpu(cpu);
+    }
+    let get = |k: &str| std::env::var(k).ok();
+    let (Some(name), Some(size), Some(iters)) = (get("SHMFAB_RAW_PEER"), get("SHMFAB_RAW_SIZE"), get("SHMFAB_RAW_ITERS")) else {
+        return 2;
+    };
+    let (Ok(size), Ok(iters)) = (size.parse::<usize>(), iters.parse::<usize>()) else { return 2 };
+    let Ok(page) = RawPage::open(&name) else { return 1 };
+    let mut buf = vec![0u8; size.min(4096)];
+    let warm = iters / 10 + 1;
+    for i in 1..=(warm + iters) as u64 {
+        if !page.take(0, i, &mut buf) {
+            return 1;
+        }
+        page.put(1, i, &buf);
+    }
+    0
+}
+
+/// One shared page: two (flag, payload) halves, one per direction.
+struct RawPage {
+    map: memmap2::MmapRaw,
+    name: String,
+    owner: bool,
+}
+
+impl RawPage {
+    fn create(name: &str) -> Result<RawPage> {
+        let fd = rustix::shm::open(
+            name,
+            rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )?;
+        let f = std::fs::File::from(fd);
+        f.set_len(8192)?;
+        let map = memmap2::MmapOptions::new().len(8192).map_raw(&f)?;
+        Ok(RawPage { map, name: name.to_string(), owner: true })
+    }
+
+    fn open(name: &str) -> Result<RawPage> {
+        let fd = rustix::shm::open(name, rustix::shm::OFlags::RDWR, rustix::fs::Mode::empty())?;
+        let f = std::fs::File::from(fd);
+        let map = memmap2::MmapOptions::new().len(8192).map_raw(&f)?;
+        Ok(RawPage { map, name: name.to_string(), owner: false })
+    }
+
+    fn flag(&self, dir: usize) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: offset dir * 4096 is inside the 8 KiB mapping and 8-aligned.
+        unsafe { &*(self.map.as_mut_ptr().add(dir * 4096) as *const std::sync::atomic::AtomicU64) }
+    }
+
+    fn put(&self, dir: usize, seq: u64, data: &[u8]) {
+        // SAFETY: the payload area starts 64 bytes into the direction's page
+        // and data is at most 4096 - 128 bytes.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.as_mut_ptr().add(dir * 4096 + 64), data.len()) };
+        // SYNC: publishes the payload to the acquire spin in take().
+        self.flag(dir).store(seq, std::sync::atomic::Ordering::Release);
+    }
+
+    fn take(&self, dir: usize, seq: u64, out: &mut [u8]) -> bool {
+        let t0 = Instant::now();
+        let mut n = 0u32;
+        while self.flag(dir).load(std::sync::atomic::Ordering::Acquire) != seq {
+            n = n.wrapping_add(1);
+            if n % 65536 == 0 && t0.elapsed() > Duration::from_secs(10) {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+        // SAFETY: as in put().
+        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(dir * 4096 + 64), out.as_mut_ptr(), out.len()) };
+        true
+    }
+}
+
+impl Drop for RawPage {
+    fn drop(&mut self) {
+        if self.owner {
+            let _ = rustix::shm::unlink(self.name.as_str());
+        }
+    }
+}
+
+/// Runs the project's osu-style MPI program (`bin`, built with mpicc) under
+/// `mpirun -np 2` over Open MPI's shared-memory BTL and parses its output
+/// lines `kind size value`.
+pub fn openmpi(bin: &std::path::Path, sizes: &[usize]) -> Result<Vec<Figure>> {
+    let list = sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+    let out = Command::new("mpirun")
+        .args(["-np", "2", "--allow-run-as-root", "--bind-to", "core", "--mca", "pml", "ob1", "--mca", "btl", "self,vader"])
+        .arg(bin)
+        .arg(&list)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run mpirun: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::with(ErrorKind::Io, format!("mpirun failed: {}", String::from_utf8_lossy(&out.stderr))));
+    }
+    let mut figs: Vec<Figure> = sizes.iter().map(|&size| Figure { size, ..Default::default() }).collect();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() != 3 {
+            continue;
+        }
+        let (Ok(size), Ok(v)) = (w[1].parse::<usize>(), w[2].parse::<f64>()) else { continue };
+        if let Some(f) = figs.iter_mut().find(|f| f.size == size) {
+            match w[0] {
+                "lat" => f.half_rtt_us = Some(v),
+                "bw" => f.bw_gbs = Some(v),
+                "rate" => f.mmsgs = Some(v),
+                _ => {}
+            }
+        }
+    }
+    Ok(figs)
+}
+
+/// Runs fi_pingpong (libfabric's shm provider) for one size; returns its
+/// usec/xfer (elapsed / iterations / 2, a half round-trip).
+pub fn fi_pingpong(size: usize, iters: usize) -> Result<f64> {
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let base = |cpu: &str| {
+        let mut c = Command::new("taskset");
+        c.args(["-c", cpu, "fi_pingpong", "-p", "shm", "-e", "rdm", "-I", &iters.to_string(), "-S", &size.to_string()]);
+        c.args(["-B", &port.to_string(), "-P", &port.to_string()]);
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    };
+    let mut server = base("0").spawn().map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run fi_pingpong: {e}")))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let client = base("1").arg("127.0.0.1").output();
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = client?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Header: bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() >= 8 && w[0].parse::<usize>().ok() == Some(size) {
+            if let Ok(v) = w[6].parse::<f64>() {
+                return Ok(v);
+            }
+        }
+    }
+    Err(Error::with(ErrorKind::Io, format!("no result from fi_pingpong: {text} {}", String::from_utf8_lossy(&out.stderr))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips() {
+        let b = [0u8, 1, 0xab, 0xff];
+        assert_eq!(unhex(&hex(&b)).unwrap(), b);
+        assert!(unhex("zz").is_none());
+    }
+
+    #[test]
+    fn iterations_shrink_with_size() {
+        assert!(iters_for(8) > iters_for(1 << 20));
+        assert!(iters_for(8 << 20) >= 20);
+    }
+}
