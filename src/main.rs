@@ -1,1 +1,313 @@
-fn main() {}
+//! The `shmfab` command: benchmarks between two processes it starts itself,
+//! the side-by-side comparison with the installed peers, region cleanup and
+//! facts about the node.
+
+use shmfab::bench::{self, Figure, Link};
+use std::io::Write;
+use std::path::PathBuf;
+
+const USAGE: &str = "usage:
+  shmfab bench [pingpong|bw|msgrate|all] [--sizes 8,64,...] [--json FILE]
+      two processes (this one and a peer it starts) over shmfab
+  shmfab compare [--sizes 8,64,...] [--json FILE] [--osu PATH]
+      shmfab, the raw shared-page floor, Open MPI (osu-style program at PATH)
+      and libfabric shm (fi_pingpong) side by side, with shmfab's ratios
+  shmfab clean [--dry-run]
+      remove this user's regions whose owners are dead
+  shmfab info
+      version, layout, thresholds in force, CMA, /dev/shm";
+
+const DEFAULT_SIZES: [usize; 7] = [8, 64, 1024, 4096, 65536, 1 << 20, 4 << 20];
+
+fn main() {
+    if std::env::var_os(bench::PEER_ENV).is_some() {
+        std::process::exit(bench::peer_main());
+    }
+    if std::env::var_os("SHMFAB_RAW_PEER").is_some() {
+        std::process::exit(bench::raw_peer_main());
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match run(&args) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("shmfab: {e}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+struct Opts {
+    sizes: Vec<usize>,
+    json: Option<PathBuf>,
+    osu: Option<PathBuf>,
+    dry_run: bool,
+    what: Option<String>,
+}
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts { sizes: DEFAULT_SIZES.to_vec(), json: None, osu: None, dry_run: false, what: None };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--sizes" => {
+                let v = it.next().ok_or("--sizes needs a list")?;
+                o.sizes = v
+                    .split(',')
+                    .map(|s| parse_size(s).ok_or(format!("bad size {s:?}")))
+                    .collect::<Result<_, _>>()?;
+                if let Some(s) = o.sizes.iter().find(|&&s| s > bench::MAX_SIZE) {
+                    return Err(format!("size {s} is above the {} limit", bench::MAX_SIZE));
+                }
+            }
+            "--json" => o.json = Some(it.next().ok_or("--json needs a file")?.into()),
+            "--osu" => o.osu = Some(it.next().ok_or("--osu needs a path")?.into()),
+            "--dry-run" => o.dry_run = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            w if !w.starts_with('-') && o.what.is_none() => o.what = Some(w.to_string()),
+            w => return Err(format!("unknown argument {w:?}\n{USAGE}")),
+        }
+    }
+    Ok(o)
+}
+
+fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (n, m) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1024),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    n.parse::<usize>().ok().map(|n| n * m)
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    let Some(cmd) = args.first() else { return Err(USAGE.into()) };
+    let o = parse(&args[1..])?;
+    match cmd.as_str() {
+        "bench" => cmd_bench(&o),
+        "compare" => cmd_compare(&o),
+        "clean" => {
+            let dead = shmfab::region::clean_dead(o.dry_run);
+            for r in &dead {
+                let verb = if o.dry_run { "would remove" } else { "removed" };
+                println!("{verb} {} (owner pid {} dead, {} bytes)", r.name, r.pid, r.size);
+            }
+            if dead.is_empty() {
+                println!("no regions of dead owners");
+            }
+            Ok(())
+        }
+        "info" => {
+            cmd_info();
+            Ok(())
+        }
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        c => Err(format!("unknown command {c:?}\n{USAGE}")),
+    }
+}
+
+fn exe() -> Result<PathBuf, String> {
+    std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))
+}
+
+/// shmfab's own figures for `sizes`: any of latency, bandwidth, rate.
+fn measure(sizes: &[usize], lat: bool, bw: bool, rate: bool) -> Result<Vec<Figure>, String> {
+    let mut link = Link::spawn(&exe()?, &[]).map_err(|e| e.to_string())?;
+    let tty = atty_stderr();
+    let mut out = Vec::new();
+    for &size in sizes {
+        let mut f = Figure { size, ..Default::default() };
+        if tty {
+            eprint!("\r  measuring {size} B ...        ");
+        }
+        if lat {
+            f.half_rtt_us = Some(link.pingpong(size, bench::iters_for(size)).map_err(|e| e.to_string())?);
+        }
+        if bw {
+            let w = Link::window_for(size);
+            let it = (bench::iters_for(size) / w).max(10);
+            f.bw_gbs = Some(link.stream(size, w, it).map_err(|e| e.to_string())?.0);
+        }
+        if rate && size <= 64 {
+            f.mmsgs = Some(link.stream(size, 256, 400).map_err(|e| e.to_string())?.1);
+        }
+        out.push(f);
+    }
+    if tty {
+        eprint!("\r                                  \r");
+    }
+    link.quit().map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+fn atty_stderr() -> bool {
+    // SAFETY: isatty only inspects the descriptor.
+    unsafe { libc::isatty(2) == 1 }
+}
+
+fn fmt(v: Option<f64>, prec: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.prec$}"))
+}
+
+fn cmd_bench(o: &Opts) -> Result<(), String> {
+    let what = o.what.as_deref().unwrap_or("all");
+    let (lat, bw, rate) = match what {
+        "pingpong" => (true, false, false),
+        "bw" => (false, true, false),
+        "msgrate" => (false, false, true),
+        "all" => (true, true, true),
+        w => return Err(format!("unknown benchmark {w:?}\n{USAGE}")),
+    };
+    let sizes: Vec<usize> = if what == "msgrate" && o.sizes == DEFAULT_SIZES { vec![8] } else { o.sizes.clone() };
+    println!("shmfab {} between two processes ({} CPUs)", env!("CARGO_PKG_VERSION"), bench::ncpus());
+    let figs = measure(&sizes, lat, bw, rate)?;
+    println!("{:>10} {:>14} {:>12} {:>12}", "size (B)", "half RTT (us)", "bw (GB/s)", "Mmsg/s");
+    for f in &figs {
+        println!("{:>10} {:>14} {:>12} {:>12}", f.size, fmt(f.half_rtt_us, 3), fmt(f.bw_gbs, 2), fmt(f.mmsgs, 2));
+    }
+    if let Some(p) = &o.json {
+        write_json(p, &figs.iter().map(|f| ("shmfab", *f)).collect::<Vec<_>>())?;
+    }
+    Ok(())
+}
+
+fn write_json(path: &PathBuf, rows: &[(&str, Figure)]) -> Result<(), String> {
+    let num = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.6}"));
+    let body: Vec<String> = rows
+        .iter()
+        .map(|(sys, f)| {
+            format!(
+                "{{\"size\":{},\"system\":\"{}\",\"half_rtt_us\":{},\"bw_gbs\":{},\"mmsgs\":{}}}",
+                f.size,
+                sys,
+                num(f.half_rtt_us),
+                num(f.bw_gbs),
+                num(f.mmsgs)
+            )
+        })
+        .collect();
+    let mut file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(file, "[{}]", body.join(",\n ")).map_err(|e| e.to_string())
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "-".into(),
+    }
+}
+
+fn none_for(sizes: &[usize]) -> Vec<Figure> {
+    sizes.iter().map(|&size| Figure { size, ..Default::default() }).collect()
+}
+
+fn cmd_compare(o: &Opts) -> Result<(), String> {
+    let exe = exe()?;
+    println!("measuring shmfab ...");
+    let ours = measure(&o.sizes, true, true, true)?;
+    println!("measuring the raw shared-page floor ...");
+    let mut raw = none_for(&o.sizes);
+    for f in raw.iter_mut().filter(|f| f.size <= 3968) {
+        match bench::raw_pingpong(&exe, &[], f.size, bench::iters_for(f.size)) {
+            Ok(v) => f.half_rtt_us = Some(v),
+            Err(e) => eprintln!("raw floor, {} B: {e}", f.size),
+        }
+    }
+    let ompi = match &o.osu {
+        Some(p) => {
+            println!("measuring Open MPI (vader BTL) ...");
+            bench::openmpi(p, &o.sizes).unwrap_or_else(|e| {
+                eprintln!("Open MPI: {e}");
+                none_for(&o.sizes)
+            })
+        }
+        None => none_for(&o.sizes),
+    };
+    println!("measuring libfabric shm (fi_pingpong) ...");
+    let mut fi = none_for(&o.sizes);
+    for f in fi.iter_mut() {
+        match bench::fi_pingpong(f.size, bench::iters_for(f.size).min(20000)) {
+            Ok(v) => f.half_rtt_us = Some(v),
+            Err(e) => eprintln!("fi_pingpong, {} B: {e}", f.size),
+        }
+    }
+    println!();
+    println!(
+        "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} | {:>7} {:>7} {:>6} | {:>6} {:>6} {:>6}",
+        "size", "shmfab", "raw", "/raw", "ompi", "/ompi", "fi-shm", "/fi", "shmfab", "ompi", "/ompi", "shmfab", "ompi", "/ompi"
+    );
+    println!("{:>8} | {:^49} | {:^22} | {:^20}", "(bytes)", "half round-trip (us)", "bandwidth (GB/s)", "Mmsg/s");
+    for i in 0..o.sizes.len() {
+        let (s, r, m, f) = (&ours[i], &raw[i], &ompi[i], &fi[i]);
+        println!(
+            "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} | {:>7} {:>7} {:>6} | {:>6} {:>6} {:>6}",
+            s.size,
+            fmt(s.half_rtt_us, 3),
+            fmt(r.half_rtt_us, 3),
+            ratio(s.half_rtt_us, r.half_rtt_us),
+            fmt(m.half_rtt_us, 3),
+            ratio(s.half_rtt_us, m.half_rtt_us),
+            fmt(f.half_rtt_us, 3),
+            ratio(s.half_rtt_us, f.half_rtt_us),
+            fmt(s.bw_gbs, 2),
+            fmt(m.bw_gbs, 2),
+            ratio(s.bw_gbs, m.bw_gbs),
+            fmt(s.mmsgs, 2),
+            fmt(m.mmsgs, 2),
+            ratio(s.mmsgs, m.mmsgs),
+        );
+    }
+    println!("\nratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate");
+    if let Some(p) = &o.json {
+        let mut rows = Vec::new();
+        for (sys, figs) in [("shmfab", &ours), ("raw", &raw), ("openmpi", &ompi), ("libfabric-shm", &fi)] {
+            rows.extend(figs.iter().map(|f| (sys, *f)));
+        }
+        write_json(p, &rows)?;
+    }
+    Ok(())
+}
+
+fn cmd_info() {
+    let cfg = shmfab::proto::Config::from_env();
+    println!("shmfab {}", env!("CARGO_PKG_VERSION"));
+    println!("layout version {} (hash {:#018x})", shm_layout::LAYOUT_VERSION, shm_layout::LAYOUT_HASH);
+    println!("capabilities: msg, tagged, directed receive, multi-receive, remote CQ data, inject, counters");
+    println!(
+        "limits: inject {} B, max iov {}, max message {} B",
+        shmfab::proto::INJECT_SIZE,
+        shm_layout::MAX_IOV,
+        shmfab::proto::MAX_MSG_SIZE
+    );
+    println!(
+        "thresholds: inline <= {} B, eager through the pool below {} B, rendezvous (CMA, else pool) from {} B",
+        cfg.inline_max, cfg.cma_min, cfg.cma_min
+    );
+    let g = cfg.geometry;
+    println!(
+        "endpoint section: {} rings x {} cells, overflow queue {} entries, pool {} x {} B: {} KiB per endpoint",
+        g.n_slots,
+        g.ring_cells,
+        g.ovf_cells,
+        g.pool_chunks,
+        g.chunk_size,
+        g.section_size() / 1024
+    );
+    let cma = if shmfab::cma::available() { "available" } else { "refused" };
+    println!("CMA (process_vm_readv): {cma} (policy {:?})", cfg.cma);
+    match rustix::fs::statvfs("/dev/shm") {
+        Ok(s) => println!(
+            "/dev/shm: {} MiB, {} MiB free",
+            s.f_blocks * s.f_frsize / (1 << 20),
+            s.f_bavail * s.f_frsize / (1 << 20)
+        ),
+        Err(e) => println!("/dev/shm: cannot stat: {e}"),
+    }
+    let regions = shmfab::region::scan(None);
+    let dead = regions.iter().filter(|r| !r.alive).count();
+    println!("regions of this user: {} ({dead} with dead owners)", regions.len());
+}
