@@ -33,6 +33,7 @@
 #![deny(missing_docs)]
 
 pub mod av;
+pub mod bench;
 pub mod cma;
 pub mod cntr;
 pub mod cq;

@@ -5,10 +5,17 @@
 //! first cell holds the sequence word, the header and the first
 //! [`CELL_PAYLOAD`] bytes; the following cells are payload only, so the
 //! payload is one contiguous byte range (split at most once at the ring's
-//! end). The producer writes payload and header, zeroes the sequence word of
-//! the cell after the message (so stale payload there can never pass for a
-//! published message), then publishes with a release store of `pos + 1`.
-//! The consumer spins on that one word. A small message is one cache line.
+//! end). The producer writes payload and header, then publishes with a
+//! release store of `pos + 1`. The consumer spins on that one word. A small
+//! message is one cache line.
+//!
+//! Stale payload: the cell after a message is where the consumer looks
+//! next. If that cell last held *payload* (a continuation cell of a message
+//! one lap ago), its first word could by chance equal the awaited `pos + 1`;
+//! so before publishing, the producer zeroes that cell's sequence word, but
+//! only then: it remembers which cells hold continuation payload
+//! (`cont`, one bit per cell), so a stream of one-line messages touches one
+//! cache line per message.
 //!
 //! Credit: the producer keeps `cached_head` and re-reads the consumer's
 //! shared `head` only when the ring looks full; the consumer publishes its
@@ -73,6 +80,9 @@ pub struct RingTx {
     /// Copy of the consumer's head; may be stale (smaller than the real
     /// head) and is refreshed only when the ring looks full.
     cached_head: u64,
+    /// Bit i set: cell i holds continuation payload written by us (so its
+    /// first word is not a sequence value we control).
+    cont: Vec<u64>,
 }
 
 // SAFETY: the pointers refer to a shared mapping kept alive by the owner of
@@ -96,6 +106,8 @@ impl RingTx {
             cap: cap as u64,
             tail: head,
             cached_head: head,
+            // A claimed ring starts zeroed: no cell holds payload yet.
+            cont: vec![0; cap.div_ceil(64)],
         }
     }
 
@@ -127,6 +139,25 @@ impl RingTx {
     fn cell(&self, pos: u64) -> *mut Cell {
         // SAFETY: index masked into 0..cap; cells spans cap cells.
         unsafe { self.cells.add((pos & (self.cap - 1)) as usize * STRIDE) as *mut Cell }
+    }
+
+    /// Records that `[pos, pos + n)` now holds a message (first cell, then
+    /// `n - 1` continuation cells); returns whether the cell after it holds
+    /// continuation payload and must be zeroed (which clears its bit).
+    #[inline]
+    fn mark(&mut self, pos: u64, n: u64) -> bool {
+        let mask = self.cap - 1;
+        let bit = |p: u64| (((p & mask) / 64) as usize, 1u64 << (p & 63));
+        let (w, b) = bit(pos);
+        self.cont[w] &= !b;
+        for p in pos + 1..pos + n {
+            let (w, b) = bit(p);
+            self.cont[w] |= b;
+        }
+        let (w, b) = bit(pos + n);
+        let guard = self.cont[w] & b != 0;
+        self.cont[w] &= !b;
+        guard
     }
 
     /// Writes `src` at payload offset `voff` of the message starting at `pos`.
@@ -172,11 +203,14 @@ impl RingTx {
         let c = self.cell(pos);
         let mut h = *hdr;
         h.ncells = n as u16;
+        let guard = self.mark(pos, n);
         // SAFETY: c is a reserved cell; the guard cell pos + n is free
         // (has_room counted it), so zeroing its sequence word races nothing.
         unsafe {
             std::ptr::addr_of_mut!((*c).hdr).write_volatile(h);
-            (*self.cell(pos + n)).seq.store(0, Ordering::Relaxed);
+            if guard {
+                (*self.cell(pos + n)).seq.store(0, Ordering::Relaxed);
+            }
             // SYNC: publishes payload, header and guard to the acquire load
             // in RingRx::peek.
             (*c).seq.store(pos + 1, Ordering::Release);
@@ -356,10 +390,15 @@ mod tests {
             };
         for round in 0..3000u64 {
             let len = (round as usize * 37) % 700;
-            // Every 8-byte word of the payload holds a value that a later
-            // first cell at that place could be waiting for (`pos + 1`).
+            // Every 8-byte word of the payload holds the value a first cell
+            // at the same place one lap later would be waiting for (its
+            // cell's position + cap + 1): without the guard, stale payload
+            // would pass for a published message.
             let words: Vec<u8> = (0..len.div_ceil(8))
-                .flat_map(|j| (tx.tail + 1 + j as u64 / 8 + cap as u64 / 2).to_le_bytes())
+                .flat_map(|j| {
+                    let cell = tx.tail + (PAYLOAD_OFF as u64 + 8 * j as u64) / STRIDE as u64;
+                    (cell + cap as u64 + 1).to_le_bytes()
+                })
                 .take(len)
                 .collect();
             let hdr = MsgHdr {
