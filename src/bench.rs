@@ -235,50 +235,61 @@ impl Link {
         self.ends.send(&c, self.peer, T_CMD)
     }
 
-    /// Ping-pong: median-free mean half round-trip over `iters` round trips
-    /// (after a tenth as many warm-up ones), in microseconds.
+    /// Ping-pong: mean half round-trip over `iters` round trips (after a
+    /// tenth as many warm-up ones), in microseconds.
     pub fn pingpong(&mut self, size: usize, iters: usize) -> Result<f64> {
         let warm = (iters / 10).max(2);
-        self.command(CMD_PINGPONG, size, 0, warm + iters)?;
+        self.round_trips(size, warm)?;
+        let d = self.round_trips(size, iters)?;
+        Ok(d.as_secs_f64() * 1e6 / (2.0 * iters as f64))
+    }
+
+    /// Time of `n` round trips of `size` bytes each way.
+    pub fn round_trips(&mut self, size: usize, n: usize) -> Result<Duration> {
+        self.command(CMD_PINGPONG, size, 0, n)?;
         let mut rb = std::mem::take(&mut self.buf);
-        let sb = crate::bench::payload(size);
-        let mut t0 = Instant::now();
-        for i in 0..warm + iters {
-            if i == warm {
-                t0 = Instant::now();
+        let sb = payload(size);
+        let t0 = Instant::now();
+        let r = (|| {
+            for _ in 0..n {
+                // SAFETY: rb lives until the completion waited for just below.
+                unsafe {
+                    self.ends
+                        .ep
+                        .trecv(&mut rb[..size], self.peer, T_PONG, 0, 2)?
+                };
+                self.ends.send(&sb, self.peer, T_PING)?;
+                let e = self.ends.wait_recvs(1)?;
+                if e[0].len != size {
+                    return Err(Error::with(
+                        ErrorKind::Io,
+                        format!("pong of {} bytes for a {size}-byte ping", e[0].len),
+                    ));
+                }
             }
-            // SAFETY: rb lives until the completion waited for just below.
-            unsafe {
-                self.ends
-                    .ep
-                    .trecv(&mut rb[..size], self.peer, T_PONG, 0, 2)?
-            };
-            self.ends.send(&sb, self.peer, T_PING)?;
-            let e = self.ends.wait_recvs(1)?;
-            if e[0].len != size {
-                return Err(Error::with(
-                    ErrorKind::Io,
-                    format!("pong of {} bytes for a {size}-byte ping", e[0].len),
-                ));
-            }
-        }
+            Ok(())
+        })();
         let el = t0.elapsed();
         self.buf = rb;
-        Ok(el.as_secs_f64() * 1e6 / (2.0 * iters as f64))
+        r.map(|_| el)
     }
 
     /// Windowed streaming: `iters` windows of `window` messages of `size`,
     /// each window acknowledged by the peer. Returns (GB/s, Mmsg/s).
     pub fn stream(&mut self, size: usize, window: usize, iters: usize) -> Result<(f64, f64)> {
-        let warm = (iters / 10).max(1);
-        self.command(CMD_BW, size, window, warm + iters)?;
+        self.windows(size, window, (iters / 10).max(1))?;
+        let s = self.windows(size, window, iters)?.as_secs_f64();
+        let msgs = (window * iters) as f64;
+        Ok((msgs * size as f64 / s / 1e9, msgs / s / 1e6))
+    }
+
+    /// Time of `n` acknowledged windows of `window` messages of `size`.
+    pub fn windows(&mut self, size: usize, window: usize, n: usize) -> Result<Duration> {
+        self.command(CMD_BW, size, window, n)?;
         let sb = payload(size);
         let mut ack = [0u8; 4];
-        let mut t0 = Instant::now();
-        for i in 0..warm + iters {
-            if i == warm {
-                t0 = Instant::now();
-            }
+        let t0 = Instant::now();
+        for _ in 0..n {
             // SAFETY: ack lives until its completion below.
             unsafe { self.ends.ep.trecv(&mut ack, self.peer, T_ACK, 0, 3)? };
             for _ in 0..window {
@@ -286,9 +297,7 @@ impl Link {
             }
             self.ends.wait_recvs(1)?;
         }
-        let s = t0.elapsed().as_secs_f64();
-        let msgs = (window * iters) as f64;
-        Ok((msgs * size as f64 / s / 1e9, msgs / s / 1e6))
+        Ok(t0.elapsed())
     }
 
     /// Windows used by [`Link::stream`] for a size.

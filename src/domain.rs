@@ -13,12 +13,13 @@ use crate::ep::EpState;
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::Config;
 use crate::region::{self, Region};
+use parking_lot::{Mutex, MutexGuard};
 use shm_layout::{
     ep_state, eps_offset, Address, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl,
     SlotEntry,
 };
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The fabric: configuration shared by its domains.
@@ -123,18 +124,20 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl DomainInner {
+    #[inline]
     pub fn lock(&self) -> MutexGuard<'_, DomainState> {
-        // A panic while holding the lock leaves state we cannot trust less
-        // than the caller's data; keep going rather than poison every call.
-        self.st.lock().unwrap_or_else(|p| p.into_inner())
+        self.st.lock()
     }
 
     pub fn region_fd(&self) -> &std::fs::File {
         self.region.file()
     }
 
+    #[inline]
     pub fn counters(&self) -> &[shm_layout::Counter] {
-        let (_, _, n) = self.region.geometry();
+        // Our own region: the count is the one we created it with (the
+        // shared header is not re-read on this hot path).
+        let n = self.cfg.max_counters;
         // SAFETY: the counter table lies inside our own region (region_size
         // counts it) and Counter holds only atomics.
         unsafe {
@@ -146,6 +149,7 @@ impl DomainInner {
     }
 
     /// Runs `f` with the endpoint `idx` and a progress context.
+    #[inline]
     pub fn with_ep<R>(
         &self,
         st: &mut DomainState,
@@ -175,6 +179,7 @@ impl DomainInner {
     }
 
     /// One progress pass over every enabled endpoint.
+    #[inline]
     pub fn progress(&self, st: &mut DomainState) {
         let counters = self.counters();
         let DomainState {

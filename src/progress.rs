@@ -811,6 +811,7 @@ fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: Pendin
     }
 }
 
+#[inline]
 fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
     let PendingRx {
         dest: d,
@@ -881,6 +882,7 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
     }
 }
 
+#[inline]
 pub(crate) fn complete_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, op: &TxOp, err: Option<Fail>) {
     let flags = FI_SEND | if op.tagged { FI_TAGGED } else { FI_MSG };
     if let Some(c) = ep.cntr_send {
