@@ -136,7 +136,7 @@ impl Ends {
                 }
                 Err(x) if x.kind() == ErrorKind::Again => {
                     spins += 1;
-                    if spins % 4096 == 0 {
+                    if spins.is_multiple_of(4096) {
                         if t0.elapsed() > Duration::from_secs(30) {
                             return Err(Error::with(
                                 ErrorKind::TimedOut,
@@ -577,7 +577,7 @@ impl RawPage {
         let mut n = 0u32;
         while self.flag(dir).load(std::sync::atomic::Ordering::Acquire) != seq {
             n = n.wrapping_add(1);
-            if n % 65536 == 0 && t0.elapsed() > Duration::from_secs(10) {
+            if n.is_multiple_of(65536) && t0.elapsed() > Duration::from_secs(10) {
                 return false;
             }
             std::hint::spin_loop();
