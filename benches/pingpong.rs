@@ -27,13 +27,10 @@ const SIZES: [usize; 7] = [8, 64, 1024, 4096, 65536, 1 << 20, 4 << 20];
 
 fn pingpong(c: &mut Criterion) {
     let mut g = c.benchmark_group("pingpong_half_rtt");
-    g.measurement_time(Duration::from_secs(3))
-        .warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
     for size in SIZES {
         g.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, &size| {
-            b.iter_custom(|n| {
-                with_link(|l| l.round_trips(size, n as usize).expect("ping-pong") / 2)
-            });
+            b.iter_custom(|n| with_link(|l| l.round_trips(size, n as usize).expect("ping-pong") / 2));
         });
     }
     g.finish();
@@ -41,9 +38,7 @@ fn pingpong(c: &mut Criterion) {
 
 fn bandwidth(c: &mut Criterion) {
     let mut g = c.benchmark_group("stream_bandwidth");
-    g.measurement_time(Duration::from_secs(3))
-        .warm_up_time(Duration::from_millis(500))
-        .sample_size(20);
+    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500)).sample_size(20);
     for size in [4096usize, 65536, 1 << 20, 4 << 20] {
         let w = Link::window_for(size);
         g.throughput(Throughput::Bytes((size * w) as u64));
@@ -56,8 +51,7 @@ fn bandwidth(c: &mut Criterion) {
 
 fn msgrate(c: &mut Criterion) {
     let mut g = c.benchmark_group("message_rate");
-    g.measurement_time(Duration::from_secs(3))
-        .warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
     g.throughput(Throughput::Elements(256));
     g.bench_function("8B_window256", |b| {
         b.iter_custom(|n| with_link(|l| l.windows(8, 256, n as usize).expect("rate")));
@@ -75,7 +69,5 @@ fn main() {
     if let Some(l) = LINK.with(|l| l.borrow_mut().take()) {
         l.quit().expect("peer exits cleanly");
     }
-    criterion::Criterion::default()
-        .configure_from_args()
-        .final_summary();
+    criterion::Criterion::default().configure_from_args().final_summary();
 }

@@ -23,10 +23,7 @@ pub(crate) struct AvState {
 
 impl AvState {
     pub fn lookup(&self, a: FiAddr) -> Option<Address> {
-        self.entries
-            .get(usize::try_from(a).ok()?)
-            .copied()
-            .flatten()
+        self.entries.get(usize::try_from(a).ok()?).copied().flatten()
     }
 }
 
@@ -41,13 +38,7 @@ impl Domain {
     /// Opens an address vector.
     pub fn av_open(&self) -> Result<AddressVector> {
         let mut st = self.inner.lock();
-        let s = AvState {
-            entries: Vec::new(),
-            by_addr: HashMap::new(),
-            generation: 0,
-            bound: 0,
-            orphaned: false,
-        };
+        let s = AvState { entries: Vec::new(), by_addr: HashMap::new(), generation: 0, bound: 0, orphaned: false };
         let id = match st.avs.iter().position(|a| a.is_none()) {
             Some(i) => {
                 st.avs[i] = Some(s);
@@ -58,11 +49,7 @@ impl Domain {
                 st.avs.len() - 1
             }
         };
-        Ok(AddressVector {
-            dom: self.inner.clone(),
-            id,
-            closed: false.into(),
-        })
+        Ok(AddressVector { dom: self.inner.clone(), id, closed: false.into() })
     }
 }
 
@@ -113,12 +100,8 @@ impl AddressVector {
 
     /// Inserts raw address bytes (as `getname` gives them).
     pub fn insert_bytes(&self, raw: &[u8]) -> Result<FiAddr> {
-        let a = Address::from_bytes(raw).ok_or_else(|| {
-            Error::with(
-                ErrorKind::Inval,
-                format!("address must be {} bytes", Address::SIZE),
-            )
-        })?;
+        let a = Address::from_bytes(raw)
+            .ok_or_else(|| Error::with(ErrorKind::Inval, format!("address must be {} bytes", Address::SIZE)))?;
         Ok(self.insert(&[a])?[0])
     }
 
@@ -126,10 +109,7 @@ impl AddressVector {
     pub fn remove(&self, fi_addrs: &[FiAddr]) -> Result<()> {
         self.with(|av| {
             if let Some(bad) = fi_addrs.iter().find(|f| av.lookup(**f).is_none()) {
-                return Err(Error::with(
-                    ErrorKind::NoEnt,
-                    format!("fi_addr {bad} is not in the address vector"),
-                ));
+                return Err(Error::with(ErrorKind::NoEnt, format!("fi_addr {bad} is not in the address vector")));
             }
             for f in fi_addrs {
                 if let Some(a) = av.entries[*f as usize].take() {
@@ -144,21 +124,14 @@ impl AddressVector {
     /// The address behind a handle.
     pub fn lookup(&self, fi_addr: FiAddr) -> Result<Address> {
         self.with(|av| {
-            av.lookup(fi_addr).ok_or_else(|| {
-                Error::with(
-                    ErrorKind::NoEnt,
-                    format!("fi_addr {fi_addr} is not in the address vector"),
-                )
-            })
+            av.lookup(fi_addr)
+                .ok_or_else(|| Error::with(ErrorKind::NoEnt, format!("fi_addr {fi_addr} is not in the address vector")))
         })
     }
 
     /// Printable form of an address.
     pub fn straddr(a: &Address) -> String {
-        format!(
-            "shmfab://{}.{:08x}.{:016x}/{}#{}",
-            a.uid, a.job, a.token, a.ep_index, a.generation
-        )
+        format!("shmfab://{}.{:08x}.{:016x}/{}#{}", a.uid, a.job, a.token, a.ep_index, a.generation)
     }
 
     /// Closes the AV; `Busy` while endpoints are bound to it.
@@ -169,14 +142,10 @@ impl AddressVector {
         }
         let av = st.avs[self.id].as_mut().expect("open AV has state");
         if av.bound > 0 {
-            return Err(Error::with(
-                ErrorKind::Busy,
-                format!("address vector is bound to {} endpoint(s)", av.bound),
-            ));
+            return Err(Error::with(ErrorKind::Busy, format!("address vector is bound to {} endpoint(s)", av.bound)));
         }
         st.avs[self.id] = None;
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }

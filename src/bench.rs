@@ -11,8 +11,8 @@
 //! `SHMFAB_BENCH_PEER` is set) and learns its address from a hello message.
 
 use crate::{
-    AddressVector, CompletionQueue, CqAttr, CqTaggedEntry, Domain, Endpoint, Error, ErrorKind,
-    Fabric, FiAddr, Result, FI_ADDR_UNSPEC, FI_RECV, FI_TRANSMIT,
+    AddressVector, CompletionQueue, CqAttr, CqTaggedEntry, Domain, Endpoint, Error, ErrorKind, Fabric, FiAddr, Result,
+    FI_ADDR_UNSPEC, FI_RECV, FI_TRANSMIT,
 };
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -81,10 +81,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-        .collect()
+    (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect()
 }
 
 struct Ends {
@@ -98,22 +95,13 @@ struct Ends {
 fn open_ends() -> Result<Ends> {
     let fabric = Fabric::open()?;
     let dom = fabric.domain()?;
-    let cq = dom.cq_open(&CqAttr {
-        size: 8192,
-        ..Default::default()
-    })?;
+    let cq = dom.cq_open(&CqAttr { size: 8192, ..Default::default() })?;
     let av = dom.av_open()?;
     let ep = dom.endpoint()?;
     ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV)?;
     ep.bind_av(&av)?;
     ep.enable()?;
-    Ok(Ends {
-        ep,
-        cq,
-        av,
-        dom,
-        _fabric: fabric,
-    })
+    Ok(Ends { ep, cq, av, dom, _fabric: fabric })
 }
 
 impl Ends {
@@ -138,10 +126,7 @@ impl Ends {
                     spins += 1;
                     if spins.is_multiple_of(4096) {
                         if t0.elapsed() > Duration::from_secs(30) {
-                            return Err(Error::with(
-                                ErrorKind::TimedOut,
-                                "benchmark peer stopped answering",
-                            ));
+                            return Err(Error::with(ErrorKind::TimedOut, "benchmark peer stopped answering"));
                         }
                         if ncpus() < 2 {
                             std::thread::yield_now();
@@ -150,10 +135,7 @@ impl Ends {
                 }
                 Err(x) if x.kind() == ErrorKind::Avail => {
                     let err = self.cq.readerr()?;
-                    return Err(Error::with(
-                        ErrorKind::from_errno(err.err),
-                        format!("{:?}", err),
-                    ));
+                    return Err(Error::with(ErrorKind::from_errno(err.err), format!("{:?}", err)));
                 }
                 Err(x) => return Err(x),
             }
@@ -199,28 +181,15 @@ impl Link {
         }
         let ends = open_ends()?;
         let mut cmd = Command::new(exe);
-        cmd.args(args)
-            .env(PEER_ENV, hex(&ends.ep.getname().to_bytes()))
-            .stdin(Stdio::null());
+        cmd.args(args).env(PEER_ENV, hex(&ends.ep.getname().to_bytes())).stdin(Stdio::null());
         if bind {
             cmd.env(CPU_ENV, "1");
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the peer: {e}")))?;
-        let mut link = Link {
-            ends,
-            peer: 0,
-            child,
-            buf: vec![0u8; MAX_SIZE],
-        };
+        let child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the peer: {e}")))?;
+        let mut link = Link { ends, peer: 0, child, buf: vec![0u8; MAX_SIZE] };
         let mut hello = [0u8; shm_layout::Address::SIZE];
         // SAFETY: hello lives until the completion read just below.
-        unsafe {
-            link.ends
-                .ep
-                .trecv(&mut hello, FI_ADDR_UNSPEC, T_HELLO, 0, 1)?
-        };
+        unsafe { link.ends.ep.trecv(&mut hello, FI_ADDR_UNSPEC, T_HELLO, 0, 1)? };
         link.ends.wait_recvs(1)?;
         link.peer = link.ends.av.insert_bytes(&hello)?;
         Ok(link)
@@ -253,11 +222,7 @@ impl Link {
         let r = (|| {
             for _ in 0..n {
                 // SAFETY: rb lives until the completion waited for just below.
-                unsafe {
-                    self.ends
-                        .ep
-                        .trecv(&mut rb[..size], self.peer, T_PONG, 0, 2)?
-                };
+                unsafe { self.ends.ep.trecv(&mut rb[..size], self.peer, T_PONG, 0, 2)? };
                 self.ends.send(&sb, self.peer, T_PING)?;
                 let e = self.ends.wait_recvs(1)?;
                 if e[0].len != size {
@@ -319,18 +284,12 @@ impl Link {
                 return if st.success() {
                     Ok(())
                 } else {
-                    Err(Error::with(
-                        ErrorKind::Io,
-                        format!("benchmark peer exited with {st}"),
-                    ))
+                    Err(Error::with(ErrorKind::Io, format!("benchmark peer exited with {st}")))
                 };
             }
             if t0.elapsed() > Duration::from_secs(10) {
                 let _ = self.child.kill();
-                return Err(Error::with(
-                    ErrorKind::TimedOut,
-                    "benchmark peer did not exit",
-                ));
+                return Err(Error::with(ErrorKind::TimedOut, "benchmark peer did not exit"));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -414,12 +373,7 @@ fn peer_loop() -> Result<()> {
                 }
             }
             CMD_QUIT => return Ok(()),
-            _ => {
-                return Err(Error::with(
-                    ErrorKind::Inval,
-                    format!("unknown command {kind}"),
-                ))
-            }
+            _ => return Err(Error::with(ErrorKind::Inval, format!("unknown command {kind}"))),
         }
     }
 }
@@ -428,41 +382,23 @@ fn peer_loop() -> Result<()> {
 /// through one shared page with a flag each way, nothing else. Returns the
 /// half round-trip in microseconds. `exe` is re-run as the peer with
 /// `SHMFAB_RAW_PEER` set (it must call [`raw_peer_main`]).
-pub fn raw_pingpong(
-    exe: &std::path::Path,
-    args: &[&str],
-    size: usize,
-    iters: usize,
-) -> Result<f64> {
+pub fn raw_pingpong(exe: &std::path::Path, args: &[&str], size: usize, iters: usize) -> Result<f64> {
     if size > 4096 - 128 {
-        return Err(Error::with(
-            ErrorKind::Inval,
-            "the raw floor moves at most one page",
-        ));
+        return Err(Error::with(ErrorKind::Inval, "the raw floor moves at most one page"));
     }
     let bind = ncpus() >= 2;
     if bind {
         bind_cpu(0);
     }
-    let name = format!(
-        "{}{}.raw.{}",
-        crate::region::PREFIX,
-        crate::region::uid(),
-        std::process::id()
-    );
+    let name = format!("{}{}.raw.{}", crate::region::PREFIX, crate::region::uid(), std::process::id());
     let page = RawPage::create(&name)?;
     let mut cmd = Command::new(exe);
-    cmd.args(args)
-        .env("SHMFAB_RAW_PEER", &name)
-        .env("SHMFAB_RAW_SIZE", size.to_string());
-    cmd.env("SHMFAB_RAW_ITERS", iters.to_string())
-        .stdin(Stdio::null());
+    cmd.args(args).env("SHMFAB_RAW_PEER", &name).env("SHMFAB_RAW_SIZE", size.to_string());
+    cmd.env("SHMFAB_RAW_ITERS", iters.to_string()).stdin(Stdio::null());
     if bind {
         cmd.env(CPU_ENV, "1");
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the raw peer: {e}")))?;
+    let mut child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the raw peer: {e}")))?;
     let src = payload(size);
     let mut dst = vec![0u8; size];
     let warm = iters / 10 + 1;
@@ -493,11 +429,9 @@ pub fn raw_peer_main() -> i32 {
         bind_cpu(cpu);
     }
     let get = |k: &str| std::env::var(k).ok();
-    let (Some(name), Some(size), Some(iters)) = (
-        get("SHMFAB_RAW_PEER"),
-        get("SHMFAB_RAW_SIZE"),
-        get("SHMFAB_RAW_ITERS"),
-    ) else {
+    let (Some(name), Some(size), Some(iters)) =
+        (get("SHMFAB_RAW_PEER"), get("SHMFAB_RAW_SIZE"), get("SHMFAB_RAW_ITERS"))
+    else {
         return 2;
     };
     let (Ok(size), Ok(iters)) = (size.parse::<usize>(), iters.parse::<usize>()) else {
@@ -534,22 +468,14 @@ impl RawPage {
         let f = std::fs::File::from(fd);
         f.set_len(8192)?;
         let map = memmap2::MmapOptions::new().len(8192).map_raw(&f)?;
-        Ok(RawPage {
-            map,
-            name: name.to_string(),
-            owner: true,
-        })
+        Ok(RawPage { map, name: name.to_string(), owner: true })
     }
 
     fn open(name: &str) -> Result<RawPage> {
         let fd = rustix::shm::open(name, rustix::shm::OFlags::RDWR, rustix::fs::Mode::empty())?;
         let f = std::fs::File::from(fd);
         let map = memmap2::MmapOptions::new().len(8192).map_raw(&f)?;
-        Ok(RawPage {
-            map,
-            name: name.to_string(),
-            owner: false,
-        })
+        Ok(RawPage { map, name: name.to_string(), owner: false })
     }
 
     fn flag(&self, dir: usize) -> &std::sync::atomic::AtomicU64 {
@@ -560,16 +486,9 @@ impl RawPage {
     fn put(&self, dir: usize, seq: u64, data: &[u8]) {
         // SAFETY: the payload area starts 64 bytes into the direction's page
         // and data is at most 4096 - 128 bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.map.as_mut_ptr().add(dir * 4096 + 64),
-                data.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.as_mut_ptr().add(dir * 4096 + 64), data.len()) };
         // SYNC: publishes the payload to the acquire spin in take().
-        self.flag(dir)
-            .store(seq, std::sync::atomic::Ordering::Release);
+        self.flag(dir).store(seq, std::sync::atomic::Ordering::Release);
     }
 
     fn take(&self, dir: usize, seq: u64, out: &mut [u8]) -> bool {
@@ -583,13 +502,7 @@ impl RawPage {
             std::hint::spin_loop();
         }
         // SAFETY: as in put().
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.map.as_ptr().add(dir * 4096 + 64),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(dir * 4096 + 64), out.as_mut_ptr(), out.len()) };
         true
     }
 }
@@ -606,11 +519,7 @@ impl Drop for RawPage {
 /// `mpirun -np 2` over Open MPI's shared-memory BTL and parses its output
 /// lines `kind size value`.
 pub fn openmpi(bin: &std::path::Path, sizes: &[usize]) -> Result<Vec<Figure>> {
-    let list = sizes
-        .iter()
-        .map(|s| s.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
     let out = Command::new("mpirun")
         .args([
             "-np",
@@ -631,18 +540,9 @@ pub fn openmpi(bin: &std::path::Path, sizes: &[usize]) -> Result<Vec<Figure>> {
         .output()
         .map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run mpirun: {e}")))?;
     if !out.status.success() {
-        return Err(Error::with(
-            ErrorKind::Io,
-            format!("mpirun failed: {}", String::from_utf8_lossy(&out.stderr)),
-        ));
+        return Err(Error::with(ErrorKind::Io, format!("mpirun failed: {}", String::from_utf8_lossy(&out.stderr))));
     }
-    let mut figs: Vec<Figure> = sizes
-        .iter()
-        .map(|&size| Figure {
-            size,
-            ..Default::default()
-        })
-        .collect();
+    let mut figs: Vec<Figure> = sizes.iter().map(|&size| Figure { size, ..Default::default() }).collect();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let w: Vec<&str> = line.split_whitespace().collect();
         if w.len() != 3 {
@@ -669,28 +569,13 @@ pub fn fi_pingpong(size: usize, iters: usize) -> Result<f64> {
     let port = 20000 + (std::process::id() % 20000) as u16;
     let base = |cpu: &str, port_flag: &str| {
         let mut c = Command::new("taskset");
-        c.args([
-            "-c",
-            cpu,
-            "fi_pingpong",
-            "-p",
-            "shm",
-            "-e",
-            "rdm",
-            "-I",
-            &iters.to_string(),
-            "-S",
-            &size.to_string(),
-        ]);
+        c.args(["-c", cpu, "fi_pingpong", "-p", "shm", "-e", "rdm", "-I", &iters.to_string(), "-S", &size.to_string()]);
         c.args([port_flag, &port.to_string()]);
-        c.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         c
     };
-    let mut server = base("0", "-B")
-        .spawn()
-        .map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run fi_pingpong: {e}")))?;
+    let mut server =
+        base("0", "-B").spawn().map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run fi_pingpong: {e}")))?;
     std::thread::sleep(Duration::from_millis(300));
     let client = base("1", "-P").arg("127.0.0.1").output();
     let _ = server.kill();
@@ -708,10 +593,7 @@ pub fn fi_pingpong(size: usize, iters: usize) -> Result<f64> {
     }
     Err(Error::with(
         ErrorKind::Io,
-        format!(
-            "no result from fi_pingpong: {text} {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
+        format!("no result from fi_pingpong: {text} {}", String::from_utf8_lossy(&out.stderr)),
     ))
 }
 

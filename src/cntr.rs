@@ -32,25 +32,13 @@ impl Domain {
                 st.cntrs.push(None);
                 st.cntrs.len() - 1
             }
-            None => {
-                return Err(Error::with(
-                    ErrorKind::NoSpc,
-                    format!("all {n} counters of the domain are open"),
-                ))
-            }
+            None => return Err(Error::with(ErrorKind::NoSpc, format!("all {n} counters of the domain are open"))),
         };
-        st.cntrs[id] = Some(CntrState {
-            bound: 0,
-            orphaned: false,
-        });
+        st.cntrs[id] = Some(CntrState { bound: 0, orphaned: false });
         let c = &self.inner.counters()[id];
         c.value.v.store(0, Ordering::Relaxed);
         c.err.v.store(0, Ordering::Release);
-        Ok(Counter {
-            dom: self.inner.clone(),
-            id,
-            closed: false.into(),
-        })
+        Ok(Counter { dom: self.inner.clone(), id, closed: false.into() })
     }
 }
 
@@ -117,14 +105,10 @@ impl Counter {
         }
         let c = st.cntrs[self.id].as_mut().expect("state");
         if c.bound > 0 {
-            return Err(Error::with(
-                ErrorKind::Busy,
-                format!("counter is bound to {} endpoint(s)", c.bound),
-            ));
+            return Err(Error::with(ErrorKind::Busy, format!("counter is bound to {} endpoint(s)", c.bound)));
         }
         st.cntrs[self.id] = None;
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }

@@ -148,31 +148,19 @@ pub trait CqFormatEntry: Copy + Default {
 impl CqFormatEntry for CqEntry {
     const FORMAT: CqFormat = CqFormat::Context;
     fn from_full(e: &CqTaggedEntry) -> Self {
-        CqEntry {
-            op_context: e.op_context,
-        }
+        CqEntry { op_context: e.op_context }
     }
 }
 impl CqFormatEntry for CqMsgEntry {
     const FORMAT: CqFormat = CqFormat::Msg;
     fn from_full(e: &CqTaggedEntry) -> Self {
-        CqMsgEntry {
-            op_context: e.op_context,
-            flags: e.flags,
-            len: e.len,
-        }
+        CqMsgEntry { op_context: e.op_context, flags: e.flags, len: e.len }
     }
 }
 impl CqFormatEntry for CqDataEntry {
     const FORMAT: CqFormat = CqFormat::Data;
     fn from_full(e: &CqTaggedEntry) -> Self {
-        CqDataEntry {
-            op_context: e.op_context,
-            flags: e.flags,
-            len: e.len,
-            buf: e.buf,
-            data: e.data,
-        }
+        CqDataEntry { op_context: e.op_context, flags: e.flags, len: e.len, buf: e.buf, data: e.data }
     }
 }
 impl CqFormatEntry for CqTaggedEntry {
@@ -193,10 +181,7 @@ pub struct CqAttr {
 
 impl Default for CqAttr {
     fn default() -> Self {
-        CqAttr {
-            size: 0,
-            format: CqFormat::Unspec,
-        }
+        CqAttr { size: 0, format: CqFormat::Unspec }
     }
 }
 
@@ -223,11 +208,7 @@ pub(crate) struct CqState {
 impl CqState {
     pub fn new(attr: &CqAttr) -> CqState {
         CqState {
-            format: if attr.format == CqFormat::Unspec {
-                CqFormat::Tagged
-            } else {
-                attr.format
-            },
+            format: if attr.format == CqFormat::Unspec { CqFormat::Tagged } else { attr.format },
             size: if attr.size == 0 { 1024 } else { attr.size },
             entries: VecDeque::new(),
             errors: VecDeque::new(),
@@ -267,27 +248,16 @@ impl CqState {
     }
 
     /// fi_cq_read(from): entries in `out`, sources in `src` if given.
-    pub fn read<T: CqFormatEntry>(
-        &mut self,
-        out: &mut [T],
-        mut src: Option<&mut [FiAddr]>,
-    ) -> Result<usize> {
+    pub fn read<T: CqFormatEntry>(&mut self, out: &mut [T], mut src: Option<&mut [FiAddr]>) -> Result<usize> {
         if T::FORMAT != self.format {
             return Err(Error::with(
                 ErrorKind::Inval,
-                format!(
-                    "CQ format is {:?}, read asked for {:?}",
-                    self.format,
-                    T::FORMAT
-                ),
+                format!("CQ format is {:?}, read asked for {:?}", self.format, T::FORMAT),
             ));
         }
         if let Some(s) = &src {
             if s.len() < out.len() {
-                return Err(Error::with(
-                    ErrorKind::Inval,
-                    "src_addr needs as many entries as count",
-                ));
+                return Err(Error::with(ErrorKind::Inval, "src_addr needs as many entries as count"));
             }
         }
         if out.is_empty() {
@@ -298,11 +268,7 @@ impl CqState {
         }
         let n = out.len().min(self.entries.len());
         if n == 0 {
-            return Err(if self.overrun {
-                Error::new(ErrorKind::Overrun)
-            } else {
-                Error::AGAIN
-            });
+            return Err(if self.overrun { Error::new(ErrorKind::Overrun) } else { Error::AGAIN });
         }
         for (i, slot) in out.iter_mut().take(n).enumerate() {
             let (e, a) = self.entries.pop_front().expect("counted");
@@ -317,11 +283,7 @@ impl CqState {
     /// fi_cq_readerr.
     pub fn readerr(&mut self) -> Result<CqErrEntry> {
         let Some((mut e, detail)) = self.errors.pop_front() else {
-            return Err(if self.overrun {
-                Error::new(ErrorKind::Overrun)
-            } else {
-                Error::AGAIN
-            });
+            return Err(if self.overrun { Error::new(ErrorKind::Overrun) } else { Error::AGAIN });
         };
         self.last_err = CString::new(detail.replace('\0', " ")).unwrap_or_default();
         e.err_data = self.last_err.as_ptr() as usize;
@@ -363,11 +325,7 @@ impl crate::Domain {
                 st.cqs.len() - 1
             }
         };
-        Ok(CompletionQueue {
-            dom: self.inner.clone(),
-            id,
-            closed: false.into(),
-        })
+        Ok(CompletionQueue { dom: self.inner.clone(), id, closed: false.into() })
     }
 }
 
@@ -424,14 +382,10 @@ impl CompletionQueue {
         }
         let c = st.cqs[self.id].as_mut().expect("state");
         if c.bound > 0 {
-            return Err(Error::with(
-                ErrorKind::Busy,
-                format!("CQ is bound to {} endpoint(s)", c.bound),
-            ));
+            return Err(Error::with(ErrorKind::Busy, format!("CQ is bound to {} endpoint(s)", c.bound)));
         }
         st.cqs[self.id] = None;
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }
@@ -452,36 +406,19 @@ mod tests {
     use super::*;
 
     fn full(ctx: usize) -> CqTaggedEntry {
-        CqTaggedEntry {
-            op_context: ctx,
-            flags: 1,
-            len: 2,
-            buf: 3,
-            data: 4,
-            tag: 5,
-        }
+        CqTaggedEntry { op_context: ctx, flags: 1, len: 2, buf: 3, data: 4, tag: 5 }
     }
 
     #[test]
     fn format_is_checked_and_entries_convert() {
-        let mut cq = CqState::new(&CqAttr {
-            size: 4,
-            format: CqFormat::Msg,
-        });
+        let mut cq = CqState::new(&CqAttr { size: 4, format: CqFormat::Msg });
         cq.push(full(9), 7);
         let mut t = [CqTaggedEntry::default(); 1];
         assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Inval);
         let mut m = [CqMsgEntry::default(); 2];
         let mut src = [0u64; 2];
         assert_eq!(cq.read(&mut m, Some(&mut src)).unwrap(), 1);
-        assert_eq!(
-            m[0],
-            CqMsgEntry {
-                op_context: 9,
-                flags: 1,
-                len: 2
-            }
-        );
+        assert_eq!(m[0], CqMsgEntry { op_context: 9, flags: 1, len: 2 });
         assert_eq!(src[0], 7);
         assert_eq!(cq.read(&mut m, None).unwrap_err().kind(), ErrorKind::Again);
     }
@@ -490,15 +427,7 @@ mod tests {
     fn error_entry_blocks_reads_until_readerr() {
         let mut cq = CqState::new(&CqAttr::default());
         cq.push(full(1), NO_SRC);
-        cq.push_err(
-            CqErrEntry {
-                op_context: 2,
-                err: 265,
-                olen: 10,
-                ..Default::default()
-            },
-            "peer X".into(),
-        );
+        cq.push_err(CqErrEntry { op_context: 2, err: 265, olen: 10, ..Default::default() }, "peer X".into());
         let mut t = [CqTaggedEntry::default(); 4];
         assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Avail);
         let e = cq.readerr().unwrap();
@@ -513,10 +442,7 @@ mod tests {
 
     #[test]
     fn overrun_after_valid_entries() {
-        let mut cq = CqState::new(&CqAttr {
-            size: 2,
-            format: CqFormat::Context,
-        });
+        let mut cq = CqState::new(&CqAttr { size: 2, format: CqFormat::Context });
         assert!(cq.has_room());
         for i in 0..cq.hard_cap() {
             cq.push(full(i), NO_SRC);
@@ -528,15 +454,8 @@ mod tests {
         let mut out = vec![CqEntry::default(); 1000];
         let n = cq.read(&mut out, None).unwrap();
         assert_eq!(n, cq.hard_cap());
-        assert_eq!(
-            out[n - 1].op_context,
-            n - 1,
-            "valid entries kept, the lost one not"
-        );
-        assert_eq!(
-            cq.read(&mut out, None).unwrap_err().kind(),
-            ErrorKind::Overrun
-        );
+        assert_eq!(out[n - 1].op_context, n - 1, "valid entries kept, the lost one not");
+        assert_eq!(cq.read(&mut out, None).unwrap_err().kind(), ErrorKind::Overrun);
         assert_eq!(cq.readerr().unwrap_err().kind(), ErrorKind::Overrun);
     }
 }

@@ -14,10 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::proto::Config;
 use crate::region::{self, Region};
 use parking_lot::{Mutex, MutexGuard};
-use shm_layout::{
-    ep_state, eps_offset, Address, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl,
-    SlotEntry,
-};
+use shm_layout::{ep_state, eps_offset, Address, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl, SlotEntry};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,16 +28,12 @@ impl Fabric {
     /// Opens the fabric with the configuration from the environment
     /// (`SHMFAB_*`, see [`crate::proto`]).
     pub fn open() -> Result<Fabric> {
-        Ok(Fabric {
-            cfg: Config::from_env(),
-        })
+        Ok(Fabric { cfg: Config::from_env() })
     }
 
     /// Opens the fabric with an explicit configuration.
     pub fn with_config(mut cfg: Config) -> Result<Fabric> {
-        cfg.geometry
-            .validate()
-            .map_err(|m| Error::with(ErrorKind::Inval, format!("bad geometry: {m}")))?;
+        cfg.geometry.validate().map_err(|m| Error::with(ErrorKind::Inval, format!("bad geometry: {m}")))?;
         cfg.clamp();
         Ok(Fabric { cfg })
     }
@@ -72,16 +65,7 @@ impl Fabric {
             avs: Vec::new(),
             regions: HashMap::new(),
         };
-        Ok(Domain {
-            inner: Arc::new(DomainInner {
-                cfg,
-                region,
-                job,
-                token,
-                uid: region::uid(),
-                st: Mutex::new(st),
-            }),
-        })
+        Ok(Domain { inner: Arc::new(DomainInner { cfg, region, job, token, uid: region::uid(), st: Mutex::new(st) }) })
     }
 }
 
@@ -156,25 +140,12 @@ impl DomainInner {
         idx: usize,
         f: impl FnOnce(&mut EpState, &mut Ctx<'_>) -> Result<R>,
     ) -> Result<R> {
-        let DomainState {
-            eps,
-            cqs,
-            avs,
-            regions,
-            ..
-        } = st;
+        let DomainState { eps, cqs, avs, regions, .. } = st;
         let ep = eps
             .get_mut(idx)
             .and_then(|e| e.as_deref_mut())
             .ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
-        let mut ctx = Ctx {
-            cfg: &self.cfg,
-            cqs,
-            avs,
-            regions,
-            counters: self.counters(),
-            me: ep.addr,
-        };
+        let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, regions, counters: self.counters(), me: ep.addr };
         f(ep, &mut ctx)
     }
 
@@ -182,35 +153,19 @@ impl DomainInner {
     #[inline]
     pub fn progress(&self, st: &mut DomainState) {
         let counters = self.counters();
-        let DomainState {
-            eps,
-            cqs,
-            avs,
-            regions,
-            ..
-        } = st;
+        let DomainState { eps, cqs, avs, regions, .. } = st;
         for ep in eps.iter_mut().flatten() {
             if !ep.enabled {
                 continue;
             }
-            let mut ctx = Ctx {
-                cfg: &self.cfg,
-                cqs,
-                avs,
-                regions,
-                counters,
-                me: ep.addr,
-            };
+            let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, regions, counters, me: ep.addr };
             crate::progress::progress_ep(ep, &mut ctx);
         }
     }
 
     /// Whether any enabled endpoint has inbound work waiting.
     fn has_inbound(&self, st: &DomainState) -> bool {
-        st.eps
-            .iter()
-            .flatten()
-            .any(|ep| ep.enabled && ep.inbound_ready())
+        st.eps.iter().flatten().any(|ep| ep.enabled && ep.inbound_ready())
     }
 }
 
@@ -280,10 +235,7 @@ impl Section {
         if ep >= n_eps {
             return Err(Error::with(
                 ErrorKind::AddrNotAvail,
-                format!(
-                    "endpoint index {ep} out of range: region {} has {n_eps}",
-                    r.name()
-                ),
+                format!("endpoint index {ep} out of range: region {} has {n_eps}", r.name()),
             ));
         }
         let off = eps_offset(n_counters) + ep as usize * g.section_size();
@@ -309,10 +261,7 @@ impl Section {
 
     pub fn ring_cells(&self, slot: u32) -> *mut u8 {
         // SAFETY: slot < n_slots (callers check), so the ring lies in the section.
-        unsafe {
-            self.cells
-                .add(slot as usize * self.g.ring_cells as usize * shm_layout::CACHE_LINE)
-        }
+        unsafe { self.cells.add(slot as usize * self.g.ring_cells as usize * shm_layout::CACHE_LINE) }
     }
 
     pub fn ringctl_at(&self, slot: u32) -> *const RingCtl {
@@ -347,7 +296,6 @@ impl Section {
     pub fn open_at(&self, generation: u32) -> bool {
         use crate::sync::Ordering;
         let h = self.header();
-        h.state.load(Ordering::Acquire) == ep_state::OPEN
-            && h.generation.load(Ordering::Acquire) == generation
+        h.state.load(Ordering::Acquire) == ep_state::OPEN && h.generation.load(Ordering::Acquire) == generation
     }
 }

@@ -27,11 +27,7 @@ pub fn ring(db: &shm_layout::Doorbell) {
 /// Sleeps until `has_work()` is true, the doorbell rings, or `timeout`
 /// passes. Returns `has_work()`'s verdict from before sleeping if it was
 /// true (no sleep), else false after waking (the caller re-checks).
-pub fn wait(
-    db: &shm_layout::Doorbell,
-    mut has_work: impl FnMut() -> bool,
-    timeout: Option<Duration>,
-) -> bool {
+pub fn wait(db: &shm_layout::Doorbell, mut has_work: impl FnMut() -> bool, timeout: Option<Duration>) -> bool {
     let seen = db.futex.load(Ordering::Acquire);
     db.sleepers.fetch_add(1, Ordering::Relaxed);
     // SYNC: pairs with the fence in ring(): either the signaller sees our
@@ -58,21 +54,11 @@ fn futex_wait(word: &crate::sync::AtomicU32, val: u32, timeout: Option<Duration>
         tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: d.subsec_nanos() as libc::c_long,
     });
-    let tsp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: word is a live, aligned u32 in a shared mapping; FUTEX_WAIT
     // (not private) only reads it; tsp is null or points at ts on our stack.
     unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            val,
-            tsp,
-            0usize,
-            0u32,
-        );
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, val, tsp, 0usize, 0u32);
     }
 }
 
@@ -80,15 +66,7 @@ fn futex_wait(word: &crate::sync::AtomicU32, val: u32, timeout: Option<Duration>
 fn futex_wake(word: &crate::sync::AtomicU32) {
     // SAFETY: word is a live, aligned u32; FUTEX_WAKE does not touch memory.
     unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            0usize,
-            0usize,
-            0u32,
-        );
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32);
     }
 }
 
@@ -116,20 +94,13 @@ mod tests {
         let db: Arc<shm_layout::Doorbell> = Arc::new(unsafe { std::mem::zeroed() });
         let t0 = std::time::Instant::now();
         assert!(!wait(&db, || false, Some(Duration::from_millis(20))));
-        assert!(
-            t0.elapsed() >= Duration::from_millis(15),
-            "timeout honoured"
-        );
+        assert!(t0.elapsed() >= Duration::from_millis(15), "timeout honoured");
         let flag = Arc::new(AtomicBool::new(false));
         let (d2, f2) = (db.clone(), flag.clone());
         let h = std::thread::spawn(move || {
             let mut rounds = 0;
             while !f2.load(std::sync::atomic::Ordering::Acquire) {
-                wait(
-                    &d2,
-                    || f2.load(std::sync::atomic::Ordering::Acquire),
-                    Some(Duration::from_secs(10)),
-                );
+                wait(&d2, || f2.load(std::sync::atomic::Ordering::Acquire), Some(Duration::from_secs(10)));
                 rounds += 1;
             }
             rounds

@@ -180,17 +180,9 @@ pub(crate) struct Dest {
 pub(crate) enum UnexpBody {
     /// Whole payload (inline, or a bounce message copied out of the pool;
     /// `received < len` while its chunks are still arriving).
-    Data {
-        v: Vec<u8>,
-        received: usize,
-        msg_id: u64,
-    },
+    Data { v: Vec<u8>, received: usize, msg_id: u64 },
     /// A rendezvous: the data stays with the sender until matched.
-    Rts {
-        msg_id: u64,
-        iovs: Vec<(u64, u64)>,
-        cma: bool,
-    },
+    Rts { msg_id: u64, iovs: Vec<(u64, u64)>, cma: bool },
 }
 
 pub(crate) struct Unexp {
@@ -216,7 +208,25 @@ pub(crate) struct ActiveRecv {
 /// A multi-part message arriving from a peer, by message id.
 pub(crate) enum RxCur {
     Active(ActiveRecv),
-    Unexp { id: u64, total: usize },
+    Unexp {
+        id: u64,
+        total: usize,
+    },
+    /// Split single copy: we read `[0, split)`, the sender writes
+    /// `[split, want)`; completes on the sender's WDONE.
+    Split(SplitRecv),
+}
+
+/// A receive whose data the sender is writing in part (split single copy).
+pub(crate) struct SplitRecv {
+    pub dest: Dest,
+    pub info: RxInfo,
+    pub split: usize,
+    pub want: usize,
+    /// The sender's ranges, to read the rest ourselves if its write fails.
+    pub remote: Vec<(u64, u64)>,
+    /// Our own half failed: report this when the sender is done too.
+    pub own_err: Option<Fail>,
 }
 
 /// Facts about a received message needed for its completion.
@@ -244,11 +254,22 @@ pub(crate) enum Chan {
 }
 
 /// A control message waiting to go to a peer.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Ctrl {
     pub op: u8,
     pub msg_id: u64,
     pub status: u32,
+    /// Header `data` field.
+    pub data: u64,
+    /// Payload (CTS_WRITE's ranges), empty for most.
+    pub payload: Vec<u8>,
+}
+
+impl Ctrl {
+    /// A control message without payload.
+    pub fn new(op: u8, msg_id: u64, status: u32) -> Ctrl {
+        Ctrl { op, msg_id, status, data: 0, payload: Vec::new() }
+    }
 }
 
 /// Everything an endpoint knows about one peer endpoint, both directions.
@@ -275,6 +296,8 @@ pub(crate) struct Peer {
     pub rx_order: VecDeque<(u64, Option<PendingRx>)>,
     /// The kernel refused CMA with this peer: do not offer it again.
     pub cma_refused: bool,
+    /// A single copy from this peer has worked: the split copy may be used.
+    pub cma_worked: bool,
     /// In `EpState::busy`.
     pub busy: bool,
     /// (AV generation, fi_addr) of this peer as a source.
@@ -302,6 +325,7 @@ impl Peer {
             rx_parts: Vec::new(),
             rx_order: VecDeque::new(),
             cma_refused: false,
+            cma_worked: false,
             busy: false,
             src_cache: (u64::MAX, FI_ADDR_NOTAVAIL),
             broken: false,
@@ -340,6 +364,9 @@ pub struct EpStats {
     /// Rendezvous data fetched through the pool because CMA was off,
     /// not offered, or refused.
     pub cma_fallbacks: u64,
+    /// Single copies shared with the sender (receiver read half, sender
+    /// wrote half).
+    pub split_copies: u64,
     /// Progress passes that left a message in place (back-pressure).
     pub stalls: u64,
     /// Sends refused with -FI_EAGAIN.
@@ -403,27 +430,18 @@ impl EpState {
 
     /// The peer behind `fi_addr`, connected.
     pub fn peer_for(&mut self, ctx: &mut Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
-        let av_id = self.av.ok_or_else(|| {
-            Error::with(ErrorKind::Inval, "no address vector bound to the endpoint")
-        })?;
+        let av_id = self.av.ok_or_else(|| Error::with(ErrorKind::Inval, "no address vector bound to the endpoint"))?;
         let av: &AvState = ctx.avs[av_id].as_ref().expect("bound AV exists");
         if self.fi_gen != av.generation {
             self.peer_by_fi.clear();
             self.fi_gen = av.generation;
         }
-        let cached = self
-            .peer_by_fi
-            .get(fi_addr as usize)
-            .copied()
-            .unwrap_or(u32::MAX);
+        let cached = self.peer_by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
         let p = if cached != u32::MAX {
             cached as usize
         } else {
             let a = av.lookup(fi_addr).ok_or_else(|| {
-                Error::with(
-                    ErrorKind::AddrNotAvail,
-                    format!("fi_addr {fi_addr} is not in the address vector"),
-                )
+                Error::with(ErrorKind::AddrNotAvail, format!("fi_addr {fi_addr} is not in the address vector"))
             })?;
             let p = self.peer_index(a);
             let i = fi_addr as usize;
@@ -458,10 +476,7 @@ impl EpState {
         if !sec.open_at(addr.generation) {
             return Err(Error::with(
                 ErrorKind::AddrNotAvail,
-                format!(
-                    "endpoint {} is closed",
-                    crate::av::AddressVector::straddr(&addr)
-                ),
+                format!("endpoint {} is closed", crate::av::AddressVector::straddr(&addr)),
             ));
         }
         let me = self.addr;
@@ -469,11 +484,7 @@ impl EpState {
         let mut chan = None;
         for s in 0..sec.g.n_slots {
             let slot = sec.slot(s);
-            if slot
-                .owner
-                .compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
+            if slot.owner.compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                 // SAFETY: we own the slot now; addr is plain data in it.
                 unsafe { std::ptr::addr_of!(slot.addr).cast_mut().write_volatile(me) };
                 // SYNC: publishes the slot's addr to the acquire load of
@@ -482,11 +493,7 @@ impl EpState {
                 // SAFETY: the ring belongs to the mapped section we hold
                 // (region kept in Peer); we are its only producer (CAS above).
                 chan = Some(Chan::Ring(unsafe {
-                    RingTx::new(
-                        sec.ringctl_at(s),
-                        sec.ring_cells(s),
-                        sec.g.ring_cells as usize,
-                    )
+                    RingTx::new(sec.ringctl_at(s), sec.ring_cells(s), sec.g.ring_cells as usize)
                 }));
                 break;
             }
@@ -514,13 +521,7 @@ impl EpState {
         };
         let peer = &mut self.peers[p];
         if peer.src_cache.0 != av.generation {
-            peer.src_cache = (
-                av.generation,
-                av.by_addr
-                    .get(&peer.addr)
-                    .copied()
-                    .unwrap_or(FI_ADDR_NOTAVAIL),
-            );
+            peer.src_cache = (av.generation, av.by_addr.get(&peer.addr).copied().unwrap_or(FI_ADDR_NOTAVAIL));
         }
         peer.src_cache.1
     }
@@ -533,21 +534,12 @@ impl EpState {
     }
 
     /// Queues (or sends at once) a transmit.
-    pub fn post_tx(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        dest: FiAddr,
-        mut op: TxOp,
-        inject: bool,
-    ) -> Result<()> {
+    pub fn post_tx(&mut self, ctx: &mut Ctx<'_>, dest: FiAddr, mut op: TxOp, inject: bool) -> Result<()> {
         if !self.enabled {
             return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
         }
         if self.tx_cq.is_none() && self.cntr_send.is_none() && op.cqe {
-            return Err(Error::with(
-                ErrorKind::NoCq,
-                "no transmit CQ or send counter bound",
-            ));
+            return Err(Error::with(ErrorKind::NoCq, "no transmit CQ or send counter bound"));
         }
         if self.tx_outstanding >= ctx.cfg.tx_size {
             crate::progress::progress_tx(self, ctx);
@@ -560,10 +552,7 @@ impl EpState {
         let peer = &mut self.peers[p];
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
         op.proto = proto::choose(ctx.cfg, op.len, op.iovs.n, on_ring);
-        if peer.txq.is_empty()
-            && op.proto == Proto::Inline
-            && crate::progress::push_inline(peer, &ctx.me, &op)
-        {
+        if peer.txq.is_empty() && op.proto == Proto::Inline && crate::progress::push_inline(peer, &ctx.me, &op) {
             if let Some(db) = peer.doorbell() {
                 crate::doorbell::ring(db);
             }
@@ -600,10 +589,7 @@ impl EpState {
             return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
         }
         if self.rx_cq.is_none() && self.cntr_recv.is_none() {
-            return Err(Error::with(
-                ErrorKind::NoCq,
-                "no receive CQ or receive counter bound",
-            ));
+            return Err(Error::with(ErrorKind::NoCq, "no receive CQ or receive counter bound"));
         }
         let q = tagged as usize;
         if self.posted[q].len() >= ctx.cfg.rx_size {
@@ -639,10 +625,9 @@ impl EpState {
     pub fn match_posted(&self, tagged: bool, p: usize, tag: u64) -> Option<usize> {
         let q = tagged as usize;
         let from = &self.peers[p].addr;
-        self.posted[q].iter().position(|r| {
-            r.src.is_none_or(|s| s == *from)
-                && (!tagged || (tag & !r.ignore) == (r.tag & !r.ignore))
-        })
+        self.posted[q]
+            .iter()
+            .position(|r| r.src.is_none_or(|s| s == *from) && (!tagged || (tag & !r.ignore) == (r.tag & !r.ignore)))
     }
 
     /// Takes the posted receive `i` of queue `q` for a message of `len`
@@ -705,10 +690,7 @@ impl Domain {
         let idx = st.eps.iter().position(|e| e.is_none()).ok_or_else(|| {
             Error::with(
                 ErrorKind::NoSpc,
-                format!(
-                    "all {} endpoints of the domain are open (SHMFAB_MAX_EPS)",
-                    inner.cfg.max_eps
-                ),
+                format!("all {} endpoints of the domain are open (SHMFAB_MAX_EPS)", inner.cfg.max_eps),
             )
         })?;
         let sec = Section::of(&inner.region, idx as u32)?;
@@ -727,13 +709,7 @@ impl Domain {
         h.generation.store(generation, Ordering::Relaxed);
         // SYNC: opens the section; pairs with the acquire in Section::open_at.
         h.state.store(ep_state::OPEN, Ordering::Release);
-        let addr = Address {
-            uid: inner.uid,
-            job: inner.job,
-            token: inner.token,
-            ep_index: idx as u32,
-            generation,
-        };
+        let addr = Address { uid: inner.uid, job: inner.job, token: inner.token, ep_index: idx as u32, generation };
         let n_slots = sec.g.n_slots as usize;
         st.eps[idx] = Some(Box::new(EpState {
             addr,
@@ -763,12 +739,7 @@ impl Domain {
             min_multi_recv: 64,
             stats: EpStats::default(),
         }));
-        Ok(Endpoint {
-            dom: inner.clone(),
-            idx,
-            addr,
-            closed: false.into(),
-        })
+        Ok(Endpoint { dom: inner.clone(), idx, addr, closed: false.into() })
     }
 }
 
@@ -784,17 +755,11 @@ macro_rules! with_ep {
 
 fn iovs_from(slices: &[IoSlice<'_>]) -> Result<Iovs> {
     if slices.len() > MAX_IOV {
-        return Err(Error::with(
-            ErrorKind::Inval,
-            format!("at most {MAX_IOV} iov segments"),
-        ));
+        return Err(Error::with(ErrorKind::Inval, format!("at most {MAX_IOV} iov segments")));
     }
     let mut v = Iovs::default();
     for (i, s) in slices.iter().enumerate() {
-        v.v[i] = Iov {
-            ptr: s.as_ptr() as usize,
-            len: s.len(),
-        };
+        v.v[i] = Iov { ptr: s.as_ptr() as usize, len: s.len() };
     }
     v.n = slices.len();
     Ok(v)
@@ -802,17 +767,11 @@ fn iovs_from(slices: &[IoSlice<'_>]) -> Result<Iovs> {
 
 fn iovs_from_mut(slices: &mut [IoSliceMut<'_>]) -> Result<Iovs> {
     if slices.len() > MAX_IOV {
-        return Err(Error::with(
-            ErrorKind::Inval,
-            format!("at most {MAX_IOV} iov segments"),
-        ));
+        return Err(Error::with(ErrorKind::Inval, format!("at most {MAX_IOV} iov segments")));
     }
     let mut v = Iovs::default();
     for (i, s) in slices.iter_mut().enumerate() {
-        v.v[i] = Iov {
-            ptr: s.as_mut_ptr() as usize,
-            len: s.len(),
-        };
+        v.v[i] = Iov { ptr: s.as_mut_ptr() as usize, len: s.len() };
     }
     v.n = slices.len();
     Ok(v)
@@ -869,19 +828,14 @@ impl Endpoint {
     /// completions; add FI_SELECTIVE_COMPLETION to report only operations
     /// that ask with FI_COMPLETION.
     pub fn bind_cq(&self, cq: &crate::CompletionQueue, flags: u64) -> Result<()> {
-        if flags & !(FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION) != 0
-            || flags & (FI_TRANSMIT | FI_RECV) == 0
-        {
+        if flags & !(FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION) != 0 || flags & (FI_TRANSMIT | FI_RECV) == 0 {
             return Err(Error::with(
                 ErrorKind::BadFlags,
                 "bind_cq takes FI_TRANSMIT, FI_RECV, FI_SELECTIVE_COMPLETION",
             ));
         }
         if !Arc::ptr_eq(&cq.dom, &self.dom) {
-            return Err(Error::with(
-                ErrorKind::Inval,
-                "CQ belongs to another domain",
-            ));
+            return Err(Error::with(ErrorKind::Inval, "CQ belongs to another domain"));
         }
         let cq_id = cq.id;
         with_ep!(self, |ep, ctx| {
@@ -892,16 +846,12 @@ impl Endpoint {
                 return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
             }
             let sel = flags & FI_SELECTIVE_COMPLETION != 0;
-            for (want, slot, selslot) in [
-                (FI_TRANSMIT, &mut ep.tx_cq, &mut ep.tx_sel),
-                (FI_RECV, &mut ep.rx_cq, &mut ep.rx_sel),
-            ] {
+            for (want, slot, selslot) in
+                [(FI_TRANSMIT, &mut ep.tx_cq, &mut ep.tx_sel), (FI_RECV, &mut ep.rx_cq, &mut ep.rx_sel)]
+            {
                 if flags & want != 0 {
                     if slot.is_some() {
-                        return Err(Error::with(
-                            ErrorKind::Inval,
-                            "a CQ is already bound for that direction",
-                        ));
+                        return Err(Error::with(ErrorKind::Inval, "a CQ is already bound for that direction"));
                     }
                     *slot = Some(cq_id);
                     *selslot = sel;
@@ -915,60 +865,40 @@ impl Endpoint {
     /// Binds a counter for completed sends (FI_SEND) and/or receives (FI_RECV).
     pub fn bind_cntr(&self, c: &crate::Counter, flags: u64) -> Result<()> {
         if flags & !(FI_SEND | FI_RECV) != 0 || flags == 0 {
-            return Err(Error::with(
-                ErrorKind::BadFlags,
-                "bind_cntr takes FI_SEND and/or FI_RECV",
-            ));
+            return Err(Error::with(ErrorKind::BadFlags, "bind_cntr takes FI_SEND and/or FI_RECV"));
         }
         if !Arc::ptr_eq(&c.dom, &self.dom) {
-            return Err(Error::with(
-                ErrorKind::Inval,
-                "counter belongs to another domain",
-            ));
+            return Err(Error::with(ErrorKind::Inval, "counter belongs to another domain"));
         }
         let id = c.id;
         let mut st = self.dom.lock();
-        let ep = st.eps[self.idx]
-            .as_deref_mut()
-            .ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
+        let ep = st.eps[self.idx].as_deref_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
         if ep.enabled {
             return Err(Error::with(ErrorKind::Inval, "bind before enable"));
         }
         let mut n = 0;
         if flags & FI_SEND != 0 {
             if ep.cntr_send.is_some() {
-                return Err(Error::with(
-                    ErrorKind::Inval,
-                    "a send counter is already bound",
-                ));
+                return Err(Error::with(ErrorKind::Inval, "a send counter is already bound"));
             }
             ep.cntr_send = Some(id);
             n += 1;
         }
         if flags & FI_RECV != 0 {
             if ep.cntr_recv.is_some() {
-                return Err(Error::with(
-                    ErrorKind::Inval,
-                    "a receive counter is already bound",
-                ));
+                return Err(Error::with(ErrorKind::Inval, "a receive counter is already bound"));
             }
             ep.cntr_recv = Some(id);
             n += 1;
         }
-        st.cntrs[id]
-            .as_mut()
-            .ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?
-            .bound += n;
+        st.cntrs[id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?.bound += n;
         Ok(())
     }
 
     /// Binds the address vector.
     pub fn bind_av(&self, av: &crate::AddressVector) -> Result<()> {
         if !Arc::ptr_eq(&av.dom, &self.dom) {
-            return Err(Error::with(
-                ErrorKind::Inval,
-                "AV belongs to another domain",
-            ));
+            return Err(Error::with(ErrorKind::Inval, "AV belongs to another domain"));
         }
         let id = av.id;
         with_ep!(self, |ep, ctx| {
@@ -980,10 +910,7 @@ impl Endpoint {
             Ok(())
         })?;
         let mut st = self.dom.lock();
-        st.avs[id]
-            .as_mut()
-            .ok_or_else(|| Error::with(ErrorKind::Inval, "AV is closed"))?
-            .bound += 1;
+        st.avs[id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "AV is closed"))?.bound += 1;
         Ok(())
     }
 
@@ -991,22 +918,13 @@ impl Endpoint {
     pub fn enable(&self) -> Result<()> {
         with_ep!(self, |ep, _ctx| {
             if ep.av.is_none() {
-                return Err(Error::with(
-                    ErrorKind::NoData,
-                    "bind an address vector before enable",
-                ));
+                return Err(Error::with(ErrorKind::NoData, "bind an address vector before enable"));
             }
             if ep.tx_cq.is_none() && ep.cntr_send.is_none() {
-                return Err(Error::with(
-                    ErrorKind::NoCq,
-                    "bind a transmit CQ or send counter before enable",
-                ));
+                return Err(Error::with(ErrorKind::NoCq, "bind a transmit CQ or send counter before enable"));
             }
             if ep.rx_cq.is_none() && ep.cntr_recv.is_none() {
-                return Err(Error::with(
-                    ErrorKind::NoCq,
-                    "bind a receive CQ or receive counter before enable",
-                ));
+                return Err(Error::with(ErrorKind::NoCq, "bind a receive CQ or receive counter before enable"));
             }
             ep.enabled = true;
             Ok(())
@@ -1024,18 +942,12 @@ impl Endpoint {
 
     fn tx(&self, m: &SendMsg<'_>, flags: u64, tagged: bool, inject: bool) -> Result<()> {
         if flags & !SEND_FLAGS != 0 {
-            return Err(Error::with(
-                ErrorKind::BadFlags,
-                format!("unsupported send flags {:#x}", flags & !SEND_FLAGS),
-            ));
+            return Err(Error::with(ErrorKind::BadFlags, format!("unsupported send flags {:#x}", flags & !SEND_FLAGS)));
         }
         let iovs = iovs_from(m.iov)?;
         let len = iovs.total();
         if len > MAX_MSG_SIZE {
-            return Err(Error::with(
-                ErrorKind::MsgSize,
-                format!("{len} bytes is over the {MAX_MSG_SIZE}-byte limit"),
-            ));
+            return Err(Error::with(ErrorKind::MsgSize, format!("{len} bytes is over the {MAX_MSG_SIZE}-byte limit")));
         }
         if inject && len > INJECT_SIZE {
             return Err(Error::with(
@@ -1079,10 +991,7 @@ impl Endpoint {
         }
         let multi = flags & FI_MULTI_RECV != 0;
         if multi && (tagged || m.iov.len() != 1) {
-            return Err(Error::with(
-                ErrorKind::Inval,
-                "FI_MULTI_RECV takes one buffer on an untagged receive",
-            ));
+            return Err(Error::with(ErrorKind::Inval, "FI_MULTI_RECV takes one buffer on an untagged receive"));
         }
         let iovs = iovs_from_mut(m.iov)?;
         let (src_fi, tag, ignore, context) = (m.src, m.tag, m.ignore, m.context);
@@ -1117,12 +1026,7 @@ impl Endpoint {
     /// # Safety
     /// The iov buffers must stay valid and unchanged until the send completes.
     pub unsafe fn sendmsg(&self, m: &SendMsg<'_>, flags: OpFlags) -> Result<()> {
-        self.tx(
-            m,
-            flags,
-            false,
-            flags & FI_INJECT != 0 && m.iov.iter().map(|s| s.len()).sum::<usize>() <= INJECT_SIZE,
-        )
+        self.tx(m, flags, false, flags & FI_INJECT != 0 && m.iov.iter().map(|s| s.len()).sum::<usize>() <= INJECT_SIZE)
     }
 
     /// fi_tsendmsg.
@@ -1155,18 +1059,7 @@ impl Endpoint {
     /// # Safety
     /// `buf` must stay valid and unchanged until the send completes.
     pub unsafe fn send(&self, buf: &[u8], dest: FiAddr, context: usize) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov: &[IoSlice::new(buf)],
-                dest,
-                context,
-                data: 0,
-                tag: 0,
-            },
-            0,
-            false,
-            false,
-        )
+        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context, data: 0, tag: 0 }, 0, false, false)
     }
 
     /// fi_sendv.
@@ -1174,75 +1067,25 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`], for every segment.
     pub unsafe fn sendv(&self, iov: &[IoSlice<'_>], dest: FiAddr, context: usize) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov,
-                dest,
-                context,
-                data: 0,
-                tag: 0,
-            },
-            0,
-            false,
-            false,
-        )
+        self.tx(&SendMsg { iov, dest, context, data: 0, tag: 0 }, 0, false, false)
     }
 
     /// fi_senddata: a send carrying remote CQ data.
     ///
     /// # Safety
     /// As [`Endpoint::send`].
-    pub unsafe fn senddata(
-        &self,
-        buf: &[u8],
-        data: u64,
-        dest: FiAddr,
-        context: usize,
-    ) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov: &[IoSlice::new(buf)],
-                dest,
-                context,
-                data,
-                tag: 0,
-            },
-            FI_REMOTE_CQ_DATA,
-            false,
-            false,
-        )
+    pub unsafe fn senddata(&self, buf: &[u8], data: u64, dest: FiAddr, context: usize) -> Result<()> {
+        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context, data, tag: 0 }, FI_REMOTE_CQ_DATA, false, false)
     }
 
     /// fi_inject: no completion entry; `buf` may be reused on return.
     pub fn inject(&self, buf: &[u8], dest: FiAddr) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov: &[IoSlice::new(buf)],
-                dest,
-                context: 0,
-                data: 0,
-                tag: 0,
-            },
-            0,
-            false,
-            true,
-        )
+        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context: 0, data: 0, tag: 0 }, 0, false, true)
     }
 
     /// fi_injectdata.
     pub fn injectdata(&self, buf: &[u8], data: u64, dest: FiAddr) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov: &[IoSlice::new(buf)],
-                dest,
-                context: 0,
-                data,
-                tag: 0,
-            },
-            FI_REMOTE_CQ_DATA,
-            false,
-            true,
-        )
+        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context: 0, data, tag: 0 }, FI_REMOTE_CQ_DATA, false, true)
     }
 
     /// fi_recv.
@@ -1250,40 +1093,15 @@ impl Endpoint {
     /// # Safety
     /// `buf` must stay valid and untouched until the receive completes.
     pub unsafe fn recv(&self, buf: &mut [u8], src: FiAddr, context: usize) -> Result<()> {
-        self.rx(
-            &mut RecvMsg {
-                iov: &mut [IoSliceMut::new(buf)],
-                src,
-                context,
-                tag: 0,
-                ignore: 0,
-            },
-            0,
-            false,
-        )
+        self.rx(&mut RecvMsg { iov: &mut [IoSliceMut::new(buf)], src, context, tag: 0, ignore: 0 }, 0, false)
     }
 
     /// fi_recvv.
     ///
     /// # Safety
     /// As [`Endpoint::recv`], for every segment.
-    pub unsafe fn recvv(
-        &self,
-        iov: &mut [IoSliceMut<'_>],
-        src: FiAddr,
-        context: usize,
-    ) -> Result<()> {
-        self.rx(
-            &mut RecvMsg {
-                iov,
-                src,
-                context,
-                tag: 0,
-                ignore: 0,
-            },
-            0,
-            false,
-        )
+    pub unsafe fn recvv(&self, iov: &mut [IoSliceMut<'_>], src: FiAddr, context: usize) -> Result<()> {
+        self.rx(&mut RecvMsg { iov, src, context, tag: 0, ignore: 0 }, 0, false)
     }
 
     /// fi_tsend.
@@ -1291,126 +1109,41 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn tsend(&self, buf: &[u8], dest: FiAddr, tag: u64, context: usize) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov: &[IoSlice::new(buf)],
-                dest,
-                context,
-                data: 0,
-                tag,
-            },
-            0,
-            true,
-            false,
-        )
+        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context, data: 0, tag }, 0, true, false)
     }
 
     /// fi_tsendv.
     ///
     /// # Safety
     /// As [`Endpoint::send`].
-    pub unsafe fn tsendv(
-        &self,
-        iov: &[IoSlice<'_>],
-        dest: FiAddr,
-        tag: u64,
-        context: usize,
-    ) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov,
-                dest,
-                context,
-                data: 0,
-                tag,
-            },
-            0,
-            true,
-            false,
-        )
+    pub unsafe fn tsendv(&self, iov: &[IoSlice<'_>], dest: FiAddr, tag: u64, context: usize) -> Result<()> {
+        self.tx(&SendMsg { iov, dest, context, data: 0, tag }, 0, true, false)
     }
 
     /// fi_tsenddata.
     ///
     /// # Safety
     /// As [`Endpoint::send`].
-    pub unsafe fn tsenddata(
-        &self,
-        buf: &[u8],
-        data: u64,
-        dest: FiAddr,
-        tag: u64,
-        context: usize,
-    ) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov: &[IoSlice::new(buf)],
-                dest,
-                context,
-                data,
-                tag,
-            },
-            FI_REMOTE_CQ_DATA,
-            true,
-            false,
-        )
+    pub unsafe fn tsenddata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64, context: usize) -> Result<()> {
+        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context, data, tag }, FI_REMOTE_CQ_DATA, true, false)
     }
 
     /// fi_tinject.
     pub fn tinject(&self, buf: &[u8], dest: FiAddr, tag: u64) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov: &[IoSlice::new(buf)],
-                dest,
-                context: 0,
-                data: 0,
-                tag,
-            },
-            0,
-            true,
-            true,
-        )
+        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context: 0, data: 0, tag }, 0, true, true)
     }
 
     /// fi_tinjectdata.
     pub fn tinjectdata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64) -> Result<()> {
-        self.tx(
-            &SendMsg {
-                iov: &[IoSlice::new(buf)],
-                dest,
-                context: 0,
-                data,
-                tag,
-            },
-            FI_REMOTE_CQ_DATA,
-            true,
-            true,
-        )
+        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context: 0, data, tag }, FI_REMOTE_CQ_DATA, true, true)
     }
 
     /// fi_trecv: matches tags equal outside `ignore`; `src` directs it.
     ///
     /// # Safety
     /// As [`Endpoint::recv`].
-    pub unsafe fn trecv(
-        &self,
-        buf: &mut [u8],
-        src: FiAddr,
-        tag: u64,
-        ignore: u64,
-        context: usize,
-    ) -> Result<()> {
-        self.rx(
-            &mut RecvMsg {
-                iov: &mut [IoSliceMut::new(buf)],
-                src,
-                context,
-                tag,
-                ignore,
-            },
-            0,
-            true,
-        )
+    pub unsafe fn trecv(&self, buf: &mut [u8], src: FiAddr, tag: u64, ignore: u64, context: usize) -> Result<()> {
+        self.rx(&mut RecvMsg { iov: &mut [IoSliceMut::new(buf)], src, context, tag, ignore }, 0, true)
     }
 
     /// fi_trecvv.
@@ -1425,17 +1158,7 @@ impl Endpoint {
         ignore: u64,
         context: usize,
     ) -> Result<()> {
-        self.rx(
-            &mut RecvMsg {
-                iov,
-                src,
-                context,
-                tag,
-                ignore,
-            },
-            0,
-            true,
-        )
+        self.rx(&mut RecvMsg { iov, src, context, tag, ignore }, 0, true)
     }
 
     /// Closes the endpoint: unbinds it, and closes its section to peers.
@@ -1448,10 +1171,7 @@ impl Endpoint {
         let Some(ep) = st.eps[self.idx].take() else {
             return Ok(());
         };
-        ep.sec
-            .header()
-            .state
-            .store(ep_state::CLOSED, Ordering::Release);
+        ep.sec.header().state.store(ep_state::CLOSED, Ordering::Release);
         ep.sec.header().claimed.store(0, Ordering::Relaxed);
         for cq in [ep.tx_cq, ep.rx_cq].into_iter().flatten() {
             if let Some(c) = st.cqs[cq].as_mut() {

@@ -75,11 +75,7 @@ const TABLE: &[(ErrorKind, i32, &str)] = &[
     (ErrorKind::NoEnt, libc::ENOENT, "No such file or directory"),
     (ErrorKind::Intr, libc::EINTR, "Interrupted system call"),
     (ErrorKind::Io, libc::EIO, "Input/output error"),
-    (
-        ErrorKind::Again,
-        libc::EAGAIN,
-        "Resource temporarily unavailable",
-    ),
+    (ErrorKind::Again, libc::EAGAIN, "Resource temporarily unavailable"),
     (ErrorKind::NoMem, libc::ENOMEM, "Cannot allocate memory"),
     (ErrorKind::Busy, libc::EBUSY, "Device or resource busy"),
     (ErrorKind::Inval, libc::EINVAL, "Invalid argument"),
@@ -87,42 +83,18 @@ const TABLE: &[(ErrorKind, i32, &str)] = &[
     (ErrorKind::NoSys, libc::ENOSYS, "Function not implemented"),
     (ErrorKind::NoData, libc::ENODATA, "No data available"),
     (ErrorKind::MsgSize, libc::EMSGSIZE, "Message too long"),
-    (
-        ErrorKind::OpNotSupp,
-        libc::EOPNOTSUPP,
-        "Operation not supported",
-    ),
-    (
-        ErrorKind::AddrNotAvail,
-        libc::EADDRNOTAVAIL,
-        "Cannot assign requested address",
-    ),
-    (
-        ErrorKind::ConnReset,
-        libc::ECONNRESET,
-        "Connection reset by peer",
-    ),
+    (ErrorKind::OpNotSupp, libc::EOPNOTSUPP, "Operation not supported"),
+    (ErrorKind::AddrNotAvail, libc::EADDRNOTAVAIL, "Cannot assign requested address"),
+    (ErrorKind::ConnReset, libc::ECONNRESET, "Connection reset by peer"),
     (ErrorKind::TimedOut, libc::ETIMEDOUT, "Connection timed out"),
-    (
-        ErrorKind::HostUnreach,
-        libc::EHOSTUNREACH,
-        "No route to host",
-    ),
-    (
-        ErrorKind::Already,
-        libc::EALREADY,
-        "Operation already in progress",
-    ),
+    (ErrorKind::HostUnreach, libc::EHOSTUNREACH, "No route to host"),
+    (ErrorKind::Already, libc::EALREADY, "Operation already in progress"),
     (ErrorKind::Canceled, libc::ECANCELED, "Operation canceled"),
     (ErrorKind::Other, 256, "Unspecified error"),
     (ErrorKind::TooSmall, 257, "Provided buffer is too small"),
     (ErrorKind::Avail, 259, "Error available"),
     (ErrorKind::BadFlags, 260, "Flags not supported"),
-    (
-        ErrorKind::NoCq,
-        263,
-        "Missing or unavailable completion queue",
-    ),
+    (ErrorKind::NoCq, 263, "Missing or unavailable completion queue"),
     (ErrorKind::Trunc, 265, "Truncation error"),
     (ErrorKind::NoKey, 266, "Required key not available"),
     (ErrorKind::Overrun, 268, "Queue has been overrun"),
@@ -131,30 +103,18 @@ const TABLE: &[(ErrorKind, i32, &str)] = &[
 impl ErrorKind {
     /// Positive fabric errno value.
     pub fn errno(self) -> i32 {
-        TABLE
-            .iter()
-            .find(|t| t.0 == self)
-            .map(|t| t.1)
-            .unwrap_or(256)
+        TABLE.iter().find(|t| t.0 == self).map(|t| t.1).unwrap_or(256)
     }
 
     /// fi_strerror text.
     pub fn message(self) -> &'static str {
-        TABLE
-            .iter()
-            .find(|t| t.0 == self)
-            .map(|t| t.2)
-            .unwrap_or("Unspecified error")
+        TABLE.iter().find(|t| t.0 == self).map(|t| t.2).unwrap_or("Unspecified error")
     }
 
     /// The kind of a positive fabric errno (FI_EOTHER when unknown).
     pub fn from_errno(errno: i32) -> ErrorKind {
         let errno = errno.abs();
-        TABLE
-            .iter()
-            .find(|t| t.1 == errno)
-            .map(|t| t.0)
-            .unwrap_or(ErrorKind::Other)
+        TABLE.iter().find(|t| t.1 == errno).map(|t| t.0).unwrap_or(ErrorKind::Other)
     }
 }
 
@@ -176,10 +136,7 @@ impl Error {
 
     /// An error of `kind` saying what happened.
     pub fn with(kind: ErrorKind, detail: impl Into<String>) -> Self {
-        Error {
-            kind,
-            detail: Some(detail.into().into_boxed_str()),
-        }
+        Error { kind, detail: Some(detail.into().into_boxed_str()) }
     }
 
     /// The kind.
@@ -225,10 +182,7 @@ impl std::error::Error for Error {}
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        let kind = e
-            .raw_os_error()
-            .map(ErrorKind::from_errno)
-            .unwrap_or(ErrorKind::Other);
+        let kind = e.raw_os_error().map(ErrorKind::from_errno).unwrap_or(ErrorKind::Other);
         Error::with(kind, e.to_string())
     }
 }
@@ -262,9 +216,6 @@ mod tests {
     fn display_names_kind_and_detail() {
         let e = Error::with(ErrorKind::Busy, "cq is bound to 1 endpoint");
         let s = e.to_string();
-        assert!(
-            s.contains("busy") && s.contains("-16") && s.contains("bound"),
-            "{s}"
-        );
+        assert!(s.contains("busy") && s.contains("-16") && s.contains("bound"), "{s}");
     }
 }

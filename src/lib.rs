@@ -52,9 +52,7 @@ pub mod sync;
 
 pub use av::AddressVector;
 pub use cntr::Counter;
-pub use cq::{
-    CompletionQueue, CqAttr, CqDataEntry, CqEntry, CqErrEntry, CqFormat, CqMsgEntry, CqTaggedEntry,
-};
+pub use cq::{CompletionQueue, CqAttr, CqDataEntry, CqEntry, CqErrEntry, CqFormat, CqMsgEntry, CqTaggedEntry};
 pub use domain::{Domain, Fabric};
 pub use ep::{Endpoint, EpStats, RecvMsg, SendMsg};
 pub use error::{Error, ErrorKind, Result};

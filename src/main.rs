@@ -46,22 +46,14 @@ struct Opts {
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts {
-        sizes: DEFAULT_SIZES.to_vec(),
-        json: None,
-        osu: None,
-        dry_run: false,
-        what: None,
-    };
+    let mut o = Opts { sizes: DEFAULT_SIZES.to_vec(), json: None, osu: None, dry_run: false, what: None };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--sizes" => {
                 let v = it.next().ok_or("--sizes needs a list")?;
-                o.sizes = v
-                    .split(',')
-                    .map(|s| parse_size(s).ok_or(format!("bad size {s:?}")))
-                    .collect::<Result<_, _>>()?;
+                o.sizes =
+                    v.split(',').map(|s| parse_size(s).ok_or(format!("bad size {s:?}"))).collect::<Result<_, _>>()?;
                 if let Some(s) = o.sizes.iter().find(|&&s| s > bench::MAX_SIZE) {
                     return Err(format!("size {s} is above the {} limit", bench::MAX_SIZE));
                 }
@@ -99,10 +91,7 @@ fn run(args: &[String]) -> Result<(), String> {
             let dead = shmfab::region::clean_dead(o.dry_run);
             for r in &dead {
                 let verb = if o.dry_run { "would remove" } else { "removed" };
-                println!(
-                    "{verb} {} (owner pid {} dead, {} bytes)",
-                    r.name, r.pid, r.size
-                );
+                println!("{verb} {} (owner pid {} dead, {} bytes)", r.name, r.pid, r.size);
             }
             if dead.is_empty() {
                 println!("no regions of dead owners");
@@ -131,18 +120,12 @@ fn measure(sizes: &[usize], lat: bool, bw: bool, rate: bool) -> Result<Vec<Figur
     let tty = atty_stderr();
     let mut out = Vec::new();
     for &size in sizes {
-        let mut f = Figure {
-            size,
-            ..Default::default()
-        };
+        let mut f = Figure { size, ..Default::default() };
         if tty {
             eprint!("\r  measuring {size} B ...        ");
         }
         if lat {
-            f.half_rtt_us = Some(
-                link.pingpong(size, bench::iters_for(size))
-                    .map_err(|e| e.to_string())?,
-            );
+            f.half_rtt_us = Some(link.pingpong(size, bench::iters_for(size)).map_err(|e| e.to_string())?);
         }
         if bw {
             let w = Link::window_for(size);
@@ -179,29 +162,12 @@ fn cmd_bench(o: &Opts) -> Result<(), String> {
         "all" => (true, true, true),
         w => return Err(format!("unknown benchmark {w:?}\n{USAGE}")),
     };
-    let sizes: Vec<usize> = if what == "msgrate" && o.sizes == DEFAULT_SIZES {
-        vec![8]
-    } else {
-        o.sizes.clone()
-    };
-    println!(
-        "shmfab {} between two processes ({} CPUs)",
-        env!("CARGO_PKG_VERSION"),
-        bench::ncpus()
-    );
+    let sizes: Vec<usize> = if what == "msgrate" && o.sizes == DEFAULT_SIZES { vec![8] } else { o.sizes.clone() };
+    println!("shmfab {} between two processes ({} CPUs)", env!("CARGO_PKG_VERSION"), bench::ncpus());
     let figs = measure(&sizes, lat, bw, rate)?;
-    println!(
-        "{:>10} {:>14} {:>12} {:>12}",
-        "size (B)", "half RTT (us)", "bw (GB/s)", "Mmsg/s"
-    );
+    println!("{:>10} {:>14} {:>12} {:>12}", "size (B)", "half RTT (us)", "bw (GB/s)", "Mmsg/s");
     for f in &figs {
-        println!(
-            "{:>10} {:>14} {:>12} {:>12}",
-            f.size,
-            fmt(f.half_rtt_us, 3),
-            fmt(f.bw_gbs, 2),
-            fmt(f.mmsgs, 2)
-        );
+        println!("{:>10} {:>14} {:>12} {:>12}", f.size, fmt(f.half_rtt_us, 3), fmt(f.bw_gbs, 2), fmt(f.mmsgs, 2));
     }
     if let Some(p) = &o.json {
         write_json(p, &figs.iter().map(|f| ("shmfab", *f)).collect::<Vec<_>>())?;
@@ -236,13 +202,7 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 }
 
 fn none_for(sizes: &[usize]) -> Vec<Figure> {
-    sizes
-        .iter()
-        .map(|&size| Figure {
-            size,
-            ..Default::default()
-        })
-        .collect()
+    sizes.iter().map(|&size| Figure { size, ..Default::default() }).collect()
 }
 
 fn cmd_compare(o: &Opts) -> Result<(), String> {
@@ -293,10 +253,7 @@ fn cmd_compare(o: &Opts) -> Result<(), String> {
         "ompi",
         "/ompi"
     );
-    println!(
-        "{:>8} | {:^49} | {:^22} | {:^20}",
-        "(bytes)", "half round-trip (us)", "bandwidth (GB/s)", "Mmsg/s"
-    );
+    println!("{:>8} | {:^49} | {:^22} | {:^20}", "(bytes)", "half round-trip (us)", "bandwidth (GB/s)", "Mmsg/s");
     for i in 0..o.sizes.len() {
         let (s, r, m, f) = (&ours[i], &raw[i], &ompi[i], &fi[i]);
         println!(
@@ -317,17 +274,10 @@ fn cmd_compare(o: &Opts) -> Result<(), String> {
             ratio(s.mmsgs, m.mmsgs),
         );
     }
-    println!(
-        "\nratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate"
-    );
+    println!("\nratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate");
     if let Some(p) = &o.json {
         let mut rows = Vec::new();
-        for (sys, figs) in [
-            ("shmfab", &ours),
-            ("raw", &raw),
-            ("openmpi", &ompi),
-            ("libfabric-shm", &fi),
-        ] {
+        for (sys, figs) in [("shmfab", &ours), ("raw", &raw), ("openmpi", &ompi), ("libfabric-shm", &fi)] {
             rows.extend(figs.iter().map(|f| (sys, *f)));
         }
         write_json(p, &rows)?;
@@ -338,11 +288,7 @@ fn cmd_compare(o: &Opts) -> Result<(), String> {
 fn cmd_info() {
     let cfg = shmfab::proto::Config::from_env();
     println!("shmfab {}", env!("CARGO_PKG_VERSION"));
-    println!(
-        "layout version {} (hash {:#018x})",
-        shm_layout::LAYOUT_VERSION,
-        shm_layout::LAYOUT_HASH
-    );
+    println!("layout version {} (hash {:#018x})", shm_layout::LAYOUT_VERSION, shm_layout::LAYOUT_HASH);
     println!("capabilities: msg, tagged, directed receive, multi-receive, remote CQ data, inject, counters");
     println!(
         "limits: inject {} B, max iov {}, max message {} B",
@@ -364,11 +310,7 @@ fn cmd_info() {
         g.chunk_size,
         g.section_size() / 1024
     );
-    let cma = if shmfab::cma::available() {
-        "available"
-    } else {
-        "refused"
-    };
+    let cma = if shmfab::cma::available() { "available" } else { "refused" };
     println!("CMA (process_vm_readv): {cma} (policy {:?})", cfg.cma);
     match rustix::fs::statvfs("/dev/shm") {
         Ok(s) => println!(
@@ -380,8 +322,5 @@ fn cmd_info() {
     }
     let regions = shmfab::region::scan(None);
     let dead = regions.iter().filter(|r| !r.alive).count();
-    println!(
-        "regions of this user: {} ({dead} with dead owners)",
-        regions.len()
-    );
+    println!("regions of this user: {} ({dead} with dead owners)", regions.len());
 }

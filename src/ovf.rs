@@ -39,11 +39,7 @@ impl Ovf {
     /// `ctl` and `cap` cells at `cells` must stay mapped for the life of the
     /// handle; `cap` is a power of two.
     pub unsafe fn new(ctl: *const OvfCtl, cells: *mut OvfCell, cap: usize) -> Self {
-        Ovf {
-            ctl,
-            cells,
-            cap: cap as u64,
-        }
+        Ovf { ctl, cells, cap: cap as u64 }
     }
 
     /// Resets an empty queue (owner only, before anyone can see it).
@@ -53,11 +49,7 @@ impl Ovf {
     pub unsafe fn init(&self) {
         for i in 0..self.cap {
             // SAFETY: i < cap.
-            unsafe {
-                (*self.cells.add(i as usize))
-                    .seq
-                    .store(i, Ordering::Relaxed)
-            };
+            unsafe { (*self.cells.add(i as usize)).seq.store(i, Ordering::Relaxed) };
         }
         // SAFETY: ctl mapped.
         unsafe {
@@ -85,8 +77,7 @@ impl Ovf {
             let seq = unsafe { (*c).seq.load(Ordering::Acquire) };
             let dif = seq.wrapping_sub(pos) as i64;
             if dif == 0 {
-                match enq.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed)
-                {
+                match enq.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed) {
                     Ok(_) => {
                         // SAFETY: we own cell pos until we publish it.
                         unsafe {
@@ -170,12 +161,8 @@ mod tests {
         let cap = 16usize;
         // SAFETY: zeroed OvfCtl/OvfCell are valid.
         let ctl: &'static OvfCtl = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
-        let cells: &'static mut [OvfCell] = Box::leak(
-            (0..cap)
-                .map(|_| unsafe { std::mem::zeroed() })
-                .collect::<Vec<OvfCell>>()
-                .into_boxed_slice(),
-        );
+        let cells: &'static mut [OvfCell] =
+            Box::leak((0..cap).map(|_| unsafe { std::mem::zeroed() }).collect::<Vec<OvfCell>>().into_boxed_slice());
         let (c, p) = (ctl as *const OvfCtl as usize, cells.as_mut_ptr() as usize);
         // SAFETY: leaked memory lives forever.
         let q = unsafe { Ovf::new(c as *const _, p as *mut _, cap) };
@@ -186,15 +173,9 @@ mod tests {
                 std::thread::spawn(move || {
                     // SAFETY: leaked memory.
                     let q = unsafe { Ovf::new(c as *const _, p as *mut _, cap) };
-                    let src = Address {
-                        ep_index: t,
-                        ..Default::default()
-                    };
+                    let src = Address { ep_index: t, ..Default::default() };
                     for i in 0..5000u64 {
-                        let h = MsgHdr {
-                            tag: i,
-                            ..Default::default()
-                        };
+                        let h = MsgHdr { tag: i, ..Default::default() };
                         while !q.push(&h, &src, &i.to_le_bytes()) {
                             std::thread::yield_now();
                         }

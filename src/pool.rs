@@ -40,20 +40,8 @@ impl Pool {
     /// # Safety
     /// `ctl`, `n` links at `next` and `n * chunk_size` bytes at `chunks`
     /// must stay mapped for the life of the handle.
-    pub unsafe fn new(
-        ctl: *const PoolCtl,
-        next: *const AtomicU32,
-        chunks: *mut u8,
-        n: u32,
-        chunk_size: usize,
-    ) -> Self {
-        Pool {
-            ctl,
-            next,
-            chunks,
-            n,
-            chunk_size,
-        }
+    pub unsafe fn new(ctl: *const PoolCtl, next: *const AtomicU32, chunks: *mut u8, n: u32, chunk_size: usize) -> Self {
+        Pool { ctl, next, chunks, n, chunk_size }
     }
 
     /// Puts every chunk on the free list (owner, before peers can see it).
@@ -168,12 +156,8 @@ pub(crate) mod test_pool {
             in_use: AtomicU32::new(0),
             reserved: 0,
         }));
-        let next: &'static [AtomicU32] = Box::leak(
-            (0..n)
-                .map(|_| AtomicU32::new(0))
-                .collect::<Vec<_>>()
-                .into_boxed_slice(),
-        );
+        let next: &'static [AtomicU32] =
+            Box::leak((0..n).map(|_| AtomicU32::new(0)).collect::<Vec<_>>().into_boxed_slice());
         // SAFETY: leaked, lives forever; chunks pointer is never dereferenced by these tests.
         unsafe { Pool::new(ctl, next.as_ptr(), std::ptr::null_mut(), n, 4096) }
     }
@@ -206,19 +190,14 @@ mod tests {
         let p: &'static super::Pool = Box::leak(Box::new(heap_pool(4)));
         // SAFETY: fresh pool.
         unsafe { p.init() };
-        let owners: &'static [std::sync::atomic::AtomicU32] = Box::leak(
-            (0..4)
-                .map(|_| std::sync::atomic::AtomicU32::new(0))
-                .collect::<Vec<_>>()
-                .into_boxed_slice(),
-        );
+        let owners: &'static [std::sync::atomic::AtomicU32] =
+            Box::leak((0..4).map(|_| std::sync::atomic::AtomicU32::new(0)).collect::<Vec<_>>().into_boxed_slice());
         let ts: Vec<_> = (0..4)
             .map(|t| {
                 std::thread::spawn(move || {
                     for _ in 0..20000 {
                         if let Some(i) = p.alloc() {
-                            let prev =
-                                owners[i as usize].swap(t + 1, std::sync::atomic::Ordering::SeqCst);
+                            let prev = owners[i as usize].swap(t + 1, std::sync::atomic::Ordering::SeqCst);
                             assert_eq!(prev, 0, "chunk {i} handed out twice");
                             owners[i as usize].store(0, std::sync::atomic::Ordering::SeqCst);
                             assert!(p.free(i));

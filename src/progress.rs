@@ -16,8 +16,8 @@ use crate::cma::{self, CmaError};
 use crate::cq::{prov, CqErrEntry, CqTaggedEntry, NO_SRC};
 use crate::domain::Ctx;
 use crate::ep::{
-    ActiveRecv, Chan, Ctrl, Dest, EpState, Fail, InRing, Peer, PendingRx, RxCur, RxInfo, TxOp,
-    TxState, Unexp, UnexpBody,
+    ActiveRecv, Chan, Ctrl, Dest, EpState, Fail, InRing, Peer, PendingRx, RxCur, RxInfo, SplitRecv, TxOp, TxState,
+    Unexp, UnexpBody,
 };
 use crate::error::ErrorKind;
 use crate::flags::*;
@@ -112,11 +112,7 @@ fn accept_claims(ep: &mut EpState, claimed: u64) {
         let p = ep.peer_index(addr);
         // SAFETY: the ring lies in our own section; we are its only consumer.
         let rx = unsafe {
-            RingRx::new(
-                ep.sec.ringctl_at(s as u32),
-                ep.sec.ring_cells(s as u32),
-                ep.sec.g.ring_cells as usize,
-            )
+            RingRx::new(ep.sec.ringctl_at(s as u32), ep.sec.ring_cells(s as u32), ep.sec.g.ring_cells as usize)
         };
         ep.rings[s] = Some(InRing { rx, peer: p });
     }
@@ -183,6 +179,8 @@ fn handle(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
         op::RTS => on_rts(ep, ctx, p, h, src),
         op::CTS_BOUNCE => on_cts(ep, p, h),
         op::FIN => on_fin(ep, ctx, p, h),
+        op::CTS_WRITE => on_cts_write(ep, ctx, p, h, src),
+        op::WDONE => on_wdone(ep, ctx, p, h),
         _ => {
             bad(ep, ctx, p, None, "unknown message kind");
             Flow::Done
@@ -192,8 +190,7 @@ fn handle(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
 
 #[inline]
 fn rx_room(ep: &EpState, ctx: &Ctx<'_>) -> bool {
-    ep.rx_cq
-        .is_none_or(|c| ctx.cqs[c].as_ref().is_none_or(|q| q.has_room()))
+    ep.rx_cq.is_none_or(|c| ctx.cqs[c].as_ref().is_none_or(|q| q.has_room()))
 }
 
 fn new_unexp_id(ep: &mut EpState) -> u64 {
@@ -203,8 +200,7 @@ fn new_unexp_id(ep: &mut EpState) -> u64 {
 }
 
 fn unexp_full(ep: &EpState, ctx: &Ctx<'_>, more: usize) -> bool {
-    ep.unexp_bytes + more > ctx.cfg.unexp_max
-        || ep.unexp[0].len() + ep.unexp[1].len() >= ctx.cfg.rx_size * 4
+    ep.unexp_bytes + more > ctx.cfg.unexp_max || ep.unexp[0].len() + ep.unexp[1].len() >= ctx.cfg.rx_size * 4
 }
 
 fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
@@ -222,25 +218,8 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         Some(i) => {
             let d = ep.take_posted(q, i, len);
             let n = d.iovs.scatter(0, len.min(d.cap), |o, dst| src.read(o, dst));
-            let info = RxInfo {
-                tagged,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                total: len,
-                delivered: n,
-            };
-            finish_rx(
-                ep,
-                ctx,
-                p,
-                0,
-                PendingRx {
-                    dest: d,
-                    info,
-                    err: None,
-                },
-            );
+            let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total: len, delivered: n };
+            finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
         }
         None => {
             if unexp_full(ep, ctx, len) {
@@ -250,20 +229,8 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
             src.read(0, &mut v);
             ep.unexp_bytes += len;
             let id = new_unexp_id(ep);
-            let body = UnexpBody::Data {
-                v,
-                received: len,
-                msg_id: 0,
-            };
-            ep.unexp[q].push_back(Unexp {
-                id,
-                peer: p,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                len,
-                body,
-            });
+            let body = UnexpBody::Data { v, received: len, msg_id: 0 };
+            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len, body });
         }
     }
     Flow::Done
@@ -282,11 +249,7 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
         return Flow::Done;
     }
     let (msg_id, total) = (src.u64_at(0), src.u64_at(8) as usize);
-    if msg_id == 0
-        || total == 0
-        || total > MAX_MSG_SIZE
-        || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id)
-    {
+    if msg_id == 0 || total == 0 || total > MAX_MSG_SIZE || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id) {
         bad(ep, ctx, p, None, "bad bounce header");
         return Flow::Done;
     }
@@ -299,37 +262,16 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
                 ep,
                 p,
                 msg_id,
-                ActiveRecv {
-                    dest,
-                    total,
-                    received: 0,
-                    tag: h.tag,
-                    data: h.data,
-                    hflags: h.flags,
-                },
+                ActiveRecv { dest, total, received: 0, tag: h.tag, data: h.data, hflags: h.flags },
             );
         }
         None => {
             // The data will be copied out of the pool as it arrives
             // (counted in unexp_bytes chunk by chunk).
             let id = new_unexp_id(ep);
-            let body = UnexpBody::Data {
-                v: Vec::new(),
-                received: 0,
-                msg_id,
-            };
-            ep.unexp[q].push_back(Unexp {
-                id,
-                peer: p,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                len: total,
-                body,
-            });
-            ep.peers[p]
-                .rx_parts
-                .push((msg_id, RxCur::Unexp { id, total }));
+            let body = UnexpBody::Data { v: Vec::new(), received: 0, msg_id };
+            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body });
+            ep.peers[p].rx_parts.push((msg_id, RxCur::Unexp { id, total }));
         }
     }
     Flow::Done
@@ -365,6 +307,10 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
     // len <= chunk_size; the sender filled it before publishing the message.
     let bytes = unsafe { std::slice::from_raw_parts(chunk as *const u8, len) };
     match &mut ep.peers[p].rx_parts[k].1 {
+        RxCur::Split(_) => {
+            ep.pool.free(idx);
+            bad(ep, ctx, p, None, "chunk for a message being copied directly");
+        }
         RxCur::Active(a) => {
             if off != a.received || off + len > a.total {
                 ep.pool.free(idx);
@@ -373,17 +319,13 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
             }
             if off < a.dest.cap {
                 let n = (a.dest.cap - off).min(len);
-                a.dest.iovs.scatter(off, n, |o, dst| {
-                    dst.copy_from_slice(&bytes[o..o + dst.len()])
-                });
+                a.dest.iovs.scatter(off, n, |o, dst| dst.copy_from_slice(&bytes[o..o + dst.len()]));
             }
             ep.pool.free(idx);
             a.received += len;
             if a.received == a.total {
                 let (_, cur) = ep.peers[p].rx_parts.swap_remove(k);
-                let RxCur::Active(a) = cur else {
-                    unreachable!("matched above")
-                };
+                let RxCur::Active(a) = cur else { unreachable!("matched above") };
                 finish_active(ep, ctx, p, msg_id, a, None);
             }
         }
@@ -393,10 +335,9 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
                 return Flow::Stall; // chunk stays in the pool and the message in the ring
             }
             let ok = match find_unexp(ep, id) {
-                Some(Unexp {
-                    body: UnexpBody::Data { v, received, .. },
-                    ..
-                }) if *received == off && off + len <= total => {
+                Some(Unexp { body: UnexpBody::Data { v, received, .. }, .. })
+                    if *received == off && off + len <= total =>
+                {
                     v.extend_from_slice(bytes);
                     *received += len;
                     Some(*received == total)
@@ -433,23 +374,11 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
     if src.cap() < 24 {
         return malformed(ep, ctx);
     }
-    let (msg_id, total, niov, fl) = (
-        src.u64_at(0),
-        src.u64_at(8) as usize,
-        src.u32_at(16) as usize,
-        src.u32_at(20),
-    );
-    if msg_id == 0
-        || niov == 0
-        || niov > MAX_IOV
-        || 24 + 16 * niov > src.cap()
-        || total > MAX_MSG_SIZE
-    {
+    let (msg_id, total, niov, fl) = (src.u64_at(0), src.u64_at(8) as usize, src.u32_at(16) as usize, src.u32_at(20));
+    if msg_id == 0 || niov == 0 || niov > MAX_IOV || 24 + 16 * niov > src.cap() || total > MAX_MSG_SIZE {
         return malformed(ep, ctx);
     }
-    let iovs: Vec<(u64, u64)> = (0..niov)
-        .map(|i| (src.u64_at(24 + 16 * i), src.u64_at(32 + 16 * i)))
-        .collect();
+    let iovs: Vec<(u64, u64)> = (0..niov).map(|i| (src.u64_at(24 + 16 * i), src.u64_at(32 + 16 * i))).collect();
     if iovs.iter().try_fold(0u64, |a, v| a.checked_add(v.1)) != Some(total as u64)
         || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id)
     {
@@ -458,24 +387,13 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
     if !rx_room(ep, ctx) {
         return Flow::Stall;
     }
-    let rts = Rts {
-        msg_id,
-        iovs,
-        cma: fl & rts_flags::CMA != 0,
-    };
+    let rts = Rts { msg_id, iovs, cma: fl & rts_flags::CMA != 0 };
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     let q = tagged as usize;
     match ep.match_posted(tagged, p, h.tag) {
         Some(i) => {
             let d = ep.take_posted(q, i, total);
-            let info = RxInfo {
-                tagged,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                total,
-                delivered: 0,
-            };
+            let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total, delivered: 0 };
             rendezvous(ep, ctx, p, d, info, rts);
         }
         None => {
@@ -483,20 +401,8 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
                 return Flow::Stall;
             }
             let id = new_unexp_id(ep);
-            let body = UnexpBody::Rts {
-                msg_id,
-                iovs: rts.iovs,
-                cma: rts.cma,
-            };
-            ep.unexp[q].push_back(Unexp {
-                id,
-                peer: p,
-                tag: h.tag,
-                data: h.data,
-                hflags: h.flags,
-                len: total,
-                body,
-            });
+            let body = UnexpBody::Rts { msg_id, iovs: rts.iovs, cma: rts.cma };
+            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body });
         }
     }
     Flow::Done
@@ -506,57 +412,27 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
 /// it and the kernel lets us; else ask for it through the pool.
 fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: RxInfo, rts: Rts) {
     if let Err(e) = ensure_connected(ep, ctx, p) {
-        let f = (
-            ErrorKind::Io,
-            prov::CMA_FAULT,
-            format!("cannot reach the sender to fetch its message: {e}"),
-        );
-        finish_rx(
-            ep,
-            ctx,
-            p,
-            0,
-            PendingRx {
-                dest: d,
-                info,
-                err: Some(f),
-            },
-        );
+        let f = (ErrorKind::Io, prov::CMA_FAULT, format!("cannot reach the sender to fetch its message: {e}"));
+        finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
         return;
     }
     let try_cma = rts.cma && !ep.peers[p].cma_refused && ctx.cfg.cma != crate::proto::CmaMode::Off;
     if try_cma {
-        let local: Vec<(*mut u8, usize)> = d
-            .iovs
-            .segs()
-            .iter()
-            .map(|s| (s.ptr as *mut u8, s.len))
-            .collect();
+        let want = info.total.min(d.cap);
+        let on_ring = matches!(ep.peers[p].chan, Some(Chan::Ring(_)));
+        if ep.peers[p].cma_worked && on_ring && want >= ctx.cfg.split_min.max(8192) {
+            split_copy(ep, ctx, p, d, info, rts, want);
+            return;
+        }
+        let local = local_ranges(&d, 0, usize::MAX);
         let peer = &mut ep.peers[p];
         match cma::read(peer.pid, &local, &rts.iovs, ctx.cfg.cma) {
             Ok(n) => {
                 info.delivered = n;
+                peer.cma_worked = true;
                 ep.stats.cma_reads += 1;
-                finish_rx(
-                    ep,
-                    ctx,
-                    p,
-                    0,
-                    PendingRx {
-                        dest: d,
-                        info,
-                        err: None,
-                    },
-                );
-                queue_ctrl(
-                    ep,
-                    p,
-                    Ctrl {
-                        op: op::FIN,
-                        msg_id: rts.msg_id,
-                        status: 0,
-                    },
-                );
+                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
+                queue_ctrl(ep, p, Ctrl::new(op::FIN, rts.msg_id, 0));
                 return;
             }
             Err(CmaError::Refused(_)) => peer.cma_refused = true,
@@ -571,85 +447,137 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
                         std::io::Error::from_raw_os_error(e)
                     ),
                 );
-                finish_rx(
-                    ep,
-                    ctx,
-                    p,
-                    0,
-                    PendingRx {
-                        dest: d,
-                        info,
-                        err: Some(f),
-                    },
-                );
-                queue_ctrl(
-                    ep,
-                    p,
-                    Ctrl {
-                        op: op::FIN,
-                        msg_id: rts.msg_id,
-                        status: ErrorKind::Io.errno() as u32,
-                    },
-                );
+                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
+                queue_ctrl(ep, p, Ctrl::new(op::FIN, rts.msg_id, ErrorKind::Io.errno() as u32));
                 return;
             }
         }
     }
     if info.total == 0 {
-        finish_rx(
-            ep,
-            ctx,
-            p,
-            0,
-            PendingRx {
-                dest: d,
-                info,
-                err: None,
-            },
-        );
-        queue_ctrl(
-            ep,
-            p,
-            Ctrl {
-                op: op::FIN,
-                msg_id: rts.msg_id,
-                status: 0,
-            },
-        );
+        finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
+        queue_ctrl(ep, p, Ctrl::new(op::FIN, rts.msg_id, 0));
         return;
     }
     ep.stats.cma_fallbacks += 1;
-    let a = ActiveRecv {
-        dest: d,
-        total: info.total,
-        received: 0,
-        tag: info.tag,
-        data: info.data,
-        hflags: info.hflags,
-    };
+    let a = ActiveRecv { dest: d, total: info.total, received: 0, tag: info.tag, data: info.data, hflags: info.hflags };
     start_active(ep, p, rts.msg_id, a);
-    queue_ctrl(
-        ep,
-        p,
-        Ctrl {
-            op: op::CTS_BOUNCE,
-            msg_id: rts.msg_id,
-            status: 0,
-        },
-    );
+    queue_ctrl(ep, p, Ctrl::new(op::CTS_BOUNCE, rts.msg_id, 0));
+}
+
+/// Our receive buffer's bytes `[off, off + len)` as (pointer, length) ranges.
+fn local_ranges(d: &Dest, off: usize, len: usize) -> Vec<(*mut u8, usize)> {
+    let all: Vec<(u64, u64)> = d.iovs.segs().iter().map(|s| (s.ptr as u64, s.len as u64)).collect();
+    let len = len.min(d.cap.saturating_sub(off));
+    cma::sub_ranges(&all, off, len).into_iter().map(|(a, l)| (a as usize as *mut u8, l as usize)).collect()
+}
+
+fn cma_fail(peer_addr: &shm_layout::Address, pid: i32, e: i32) -> Fail {
+    (
+        ErrorKind::Io,
+        prov::CMA_FAULT,
+        format!(
+            "single copy with {} (pid {pid}) failed: {}",
+            crate::av::AddressVector::straddr(peer_addr),
+            std::io::Error::from_raw_os_error(e)
+        ),
+    )
+}
+
+/// Split single copy of a large matched rendezvous: ask the sender to write
+/// `[split, want)` into our buffer (CTS_WRITE, pushed at once) and read
+/// `[0, split)` ourselves meanwhile, so both cores copy. The receive
+/// completes when the sender's WDONE says its half is in place.
+#[allow(clippy::too_many_arguments)]
+fn split_copy(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, info: RxInfo, rts: Rts, want: usize) {
+    let split = (want / 2) & !4095;
+    let theirs = local_ranges(&d, split, want - split);
+    let mut pl = Vec::with_capacity(8 + 16 * theirs.len());
+    pl.extend_from_slice(&(theirs.len() as u32).to_le_bytes());
+    pl.extend_from_slice(&0u32.to_le_bytes());
+    for (a, l) in &theirs {
+        pl.extend_from_slice(&(*a as u64).to_le_bytes());
+        pl.extend_from_slice(&(*l as u64).to_le_bytes());
+    }
+    let mut c = Ctrl::new(op::CTS_WRITE, rts.msg_id, 0);
+    c.data = split as u64;
+    c.payload = pl;
+    queue_ctrl(ep, p, c);
+    progress_peer_tx(ep, ctx, p);
+    let mine = local_ranges(&d, 0, split);
+    let peer = &mut ep.peers[p];
+    let own_err = match cma::read(peer.pid, &mine, &cma::sub_ranges(&rts.iovs, 0, split), ctx.cfg.cma) {
+        Ok(_) => None,
+        Err(CmaError::Refused(e)) | Err(CmaError::Fault(e)) => Some(cma_fail(&peer.addr, peer.pid, e)),
+    };
+    ep.stats.cma_reads += 1;
+    ep.stats.split_copies += 1;
+    let sr = SplitRecv { dest: d, info, split, want, remote: rts.iovs, own_err };
+    ep.peers[p].rx_parts.push((rts.msg_id, RxCur::Split(sr)));
+    ep.peers[p].rx_order.push_back((rts.msg_id, None));
+    // No FIN yet: if the sender's write fails we still read its buffer, so
+    // its send may complete only after WDONE (on_wdone sends the FIN).
+}
+
+/// Sender side of a split copy: write the asked part of our message into
+/// the receiver's buffer, then say so.
+fn on_cts_write(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
+    let msg_id = h.tag;
+    let parsed = (src.cap() >= 8).then(|| src.u32_at(0) as usize).filter(|&n| n <= MAX_IOV && 8 + 16 * n <= src.cap());
+    let ranges: Vec<(u64, u64)> = match parsed {
+        Some(n) => (0..n).map(|i| (src.u64_at(8 + 16 * i), src.u64_at(16 + 16 * i))).collect(),
+        None => Vec::new(),
+    };
+    let total: u64 = ranges.iter().map(|r| r.1).sum();
+    let off = h.data as usize;
+    let peer = &mut ep.peers[p];
+    let op = peer.inflight.iter().find(|op| op.state == (TxState::AwaitFin { msg_id }));
+    let status = match op {
+        Some(op) if parsed.is_some() && off.checked_add(total as usize).is_some_and(|e| e <= op.len) => {
+            let all: Vec<(u64, u64)> = op.iovs.segs().iter().map(|s| (s.ptr as u64, s.len as u64)).collect();
+            let local: Vec<(*mut u8, usize)> = cma::sub_ranges(&all, off, total as usize)
+                .into_iter()
+                .map(|(a, l)| (a as usize as *mut u8, l as usize))
+                .collect();
+            match cma::write(peer.pid, &local, &ranges, ctx.cfg.cma) {
+                Ok(_) => 0,
+                Err(CmaError::Refused(e)) | Err(CmaError::Fault(e)) => e as u32,
+            }
+        }
+        _ => ErrorKind::Io.errno() as u32,
+    };
+    queue_ctrl(ep, p, Ctrl::new(op::WDONE, msg_id, status));
+    Flow::Done
+}
+
+/// Receiver side: the sender's half is in place (or failed: then read it
+/// ourselves); the split receive completes.
+fn on_wdone(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
+    let Some(k) = ep.peers[p].rx_parts.iter().position(|x| x.0 == h.tag && matches!(x.1, RxCur::Split(_))) else {
+        return Flow::Done;
+    };
+    let RxCur::Split(mut s) = ep.peers[p].rx_parts.swap_remove(k).1 else { unreachable!("matched above") };
+    if h.len != 0 && s.own_err.is_none() {
+        let rest = local_ranges(&s.dest, s.split, s.want - s.split);
+        let peer = &ep.peers[p];
+        if let Err(CmaError::Refused(e)) | Err(CmaError::Fault(e)) =
+            cma::read(peer.pid, &rest, &cma::sub_ranges(&s.remote, s.split, s.want - s.split), ctx.cfg.cma)
+        {
+            s.own_err = Some(cma_fail(&peer.addr, peer.pid, e));
+        }
+    }
+    let mut info = s.info;
+    info.delivered = if s.own_err.is_some() { 0 } else { s.want };
+    let status = if s.own_err.is_some() { ErrorKind::Io.errno() as u32 } else { 0 };
+    finish_rx(ep, ctx, p, h.tag, PendingRx { dest: s.dest, info, err: s.own_err });
+    // Done with the sender's buffer: its send may complete.
+    queue_ctrl(ep, p, Ctrl::new(op::FIN, h.tag, status));
+    Flow::Done
 }
 
 fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
     let peer = &mut ep.peers[p];
-    if let Some(op) = peer
-        .inflight
-        .iter_mut()
-        .find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag }))
-    {
-        op.state = TxState::Chunks {
-            off: 0,
-            msg_id: h.tag,
-        };
+    if let Some(op) = peer.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag })) {
+        op.state = TxState::Chunks { off: 0, msg_id: h.tag };
         ep.mark_busy(p);
     }
     Flow::Done
@@ -658,33 +586,18 @@ fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
 fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
     let peer = &mut ep.peers[p];
-    if let Some(op) = peer
-        .inflight
-        .iter_mut()
-        .find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag }))
-    {
+    if let Some(op) = peer.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag })) {
         op.state = TxState::Done;
         if h.len != 0 {
             let k = ErrorKind::from_errno(h.len as i32);
-            op.err = Some((
-                k,
-                prov::REMOTE,
-                format!("{who} failed to take the message: {}", k.message()),
-            ));
+            op.err = Some((k, prov::REMOTE, format!("{who} failed to take the message: {}", k.message())));
         }
         retire(ep, ctx, p);
     }
     Flow::Done
 }
 
-fn finish_active(
-    ep: &mut EpState,
-    ctx: &mut Ctx<'_>,
-    p: usize,
-    msg_id: u64,
-    a: ActiveRecv,
-    err: Option<Fail>,
-) {
+fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: ActiveRecv, err: Option<Fail>) {
     let info = RxInfo {
         tagged: a.hflags & hdr_flags::TAGGED != 0,
         tag: a.tag,
@@ -693,17 +606,7 @@ fn finish_active(
         total: a.total,
         delivered: a.received.min(a.total).min(a.dest.cap),
     };
-    finish_rx(
-        ep,
-        ctx,
-        p,
-        msg_id,
-        PendingRx {
-            dest: a.dest,
-            info,
-            err,
-        },
-    );
+    finish_rx(ep, ctx, p, msg_id, PendingRx { dest: a.dest, info, err });
 }
 
 /// A peer sent something that does not parse: drop it and fail the
@@ -722,54 +625,27 @@ fn bad(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: Option<u64>, what:
         RxCur::Unexp { id, .. } => {
             for q in 0..2 {
                 if let Some(i) = ep.unexp[q].iter().position(|u| u.id == id) {
-                    if let Some(Unexp {
-                        body: UnexpBody::Data { v, .. },
-                        ..
-                    }) = ep.unexp[q].remove(i)
-                    {
+                    if let Some(Unexp { body: UnexpBody::Data { v, .. }, .. }) = ep.unexp[q].remove(i) {
                         ep.unexp_bytes -= v.len();
                     }
                 }
             }
         }
+        // The sender may still be writing into that buffer: only its WDONE
+        // may complete the receive.
+        split @ RxCur::Split(_) => ep.peers[p].rx_parts.push((m, split)),
     }
 }
 
 /// Delivers an unexpected message to a receive posted for it.
 pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: Dest, tagged: bool) {
-    let info = RxInfo {
-        tagged,
-        tag: u.tag,
-        data: u.data,
-        hflags: u.hflags,
-        total: u.len,
-        delivered: 0,
-    };
+    let info = RxInfo { tagged, tag: u.tag, data: u.data, hflags: u.hflags, total: u.len, delivered: 0 };
     match u.body {
-        UnexpBody::Data {
-            v,
-            received,
-            msg_id,
-        } => {
+        UnexpBody::Data { v, received, msg_id } => {
             ep.unexp_bytes -= v.len();
-            let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| {
-                dst.copy_from_slice(&v[o..o + dst.len()])
-            });
+            let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| dst.copy_from_slice(&v[o..o + dst.len()]));
             if received == u.len {
-                finish_rx(
-                    ep,
-                    ctx,
-                    u.peer,
-                    0,
-                    PendingRx {
-                        dest: d,
-                        info: RxInfo {
-                            delivered: n,
-                            ..info
-                        },
-                        err: None,
-                    },
-                );
+                finish_rx(ep, ctx, u.peer, 0, PendingRx { dest: d, info: RxInfo { delivered: n, ..info }, err: None });
             } else {
                 // Still arriving: the rest goes straight to the receive.
                 let peer = &mut ep.peers[u.peer];
@@ -786,9 +662,7 @@ pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: De
                 }
             }
         }
-        UnexpBody::Rts { msg_id, iovs, cma } => {
-            rendezvous(ep, ctx, u.peer, d, info, Rts { msg_id, iovs, cma })
-        }
+        UnexpBody::Rts { msg_id, iovs, cma } => rendezvous(ep, ctx, u.peer, d, info, Rts { msg_id, iovs, cma }),
     }
 }
 
@@ -813,11 +687,7 @@ fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: Pendin
 
 #[inline]
 fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
-    let PendingRx {
-        dest: d,
-        info: i,
-        err,
-    } = pr;
+    let PendingRx { dest: d, info: i, err } = pr;
     let mut flags = FI_RECV | if i.tagged { FI_TAGGED } else { FI_MSG };
     let has_data = i.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
     if has_data {
@@ -867,17 +737,9 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
             },
             detail,
         ),
-        None if d.cqe || d.multi_release => cq.push(
-            CqTaggedEntry {
-                op_context: d.ctx,
-                flags,
-                len: i.delivered,
-                buf: d.buf,
-                data,
-                tag,
-            },
-            src,
-        ),
+        None if d.cqe || d.multi_release => {
+            cq.push(CqTaggedEntry { op_context: d.ctx, flags, len: i.delivered, buf: d.buf, data, tag }, src)
+        }
         None => {}
     }
 }
@@ -895,35 +757,17 @@ pub(crate) fn complete_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, op: &TxOp, err: O
     };
     match err {
         Some((k, pe, detail)) if !op.inject => cq.push_err(
-            CqErrEntry {
-                op_context: op.ctx,
-                flags,
-                tag: op.tag,
-                err: k.errno(),
-                prov_errno: pe,
-                ..Default::default()
-            },
+            CqErrEntry { op_context: op.ctx, flags, tag: op.tag, err: k.errno(), prov_errno: pe, ..Default::default() },
             detail,
         ),
-        None if op.cqe => cq.push(
-            CqTaggedEntry {
-                op_context: op.ctx,
-                flags,
-                ..Default::default()
-            },
-            NO_SRC,
-        ),
+        None if op.cqe => cq.push(CqTaggedEntry { op_context: op.ctx, flags, ..Default::default() }, NO_SRC),
         _ => {}
     }
 }
 
 /// Completes finished sends from the front of a peer's in-flight queue.
 fn retire(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
-    while ep.peers[p]
-        .inflight
-        .front()
-        .is_some_and(|op| op.state == TxState::Done)
-    {
+    while ep.peers[p].inflight.front().is_some_and(|op| op.state == TxState::Done) {
         let mut op = ep.peers[p].inflight.pop_front().expect("front checked");
         ep.tx_outstanding -= 1;
         let err = op.err.take();
@@ -971,14 +815,7 @@ fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
 }
 
 fn data_hdr(op: &TxOp, kind: u8, len: u32) -> MsgHdr {
-    MsgHdr {
-        op: kind,
-        flags: op.hflags,
-        ncells: 0,
-        len,
-        tag: op.tag,
-        data: op.data,
-    }
+    MsgHdr { op: kind, flags: op.hflags, ncells: 0, len, tag: op.tag, data: op.data }
 }
 
 /// Sends an inline message at once if the channel has room.
@@ -992,12 +829,7 @@ pub(crate) fn push_inline(peer: &mut Peer, me: &shm_layout::Address, op: &TxOp) 
 fn push_inline_chan(chan: &mut Chan, me: &shm_layout::Address, op: &TxOp) -> bool {
     // SAFETY: the op's buffers are valid until completion (its contract).
     let slices = unsafe { op.iovs.slices() };
-    chan_push(
-        chan,
-        me,
-        &data_hdr(op, op::EAGER, op.len as u32),
-        &slices[..op.iovs.n],
-    )
+    chan_push(chan, me, &data_hdr(op, op::EAGER, op.len as u32), &slices[..op.iovs.n])
 }
 
 /// Moves every busy peer's queues forward.
@@ -1009,10 +841,7 @@ pub(crate) fn progress_tx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
         let peer = &mut ep.peers[p];
         let idle = peer.txq.is_empty()
             && peer.ctrlq.is_empty()
-            && !peer
-                .inflight
-                .iter()
-                .any(|op| matches!(op.state, TxState::Chunks { .. }));
+            && !peer.inflight.iter().any(|op| matches!(op.state, TxState::Chunks { .. }));
         if idle {
             peer.busy = false;
             ep.busy.swap_remove(i);
@@ -1023,12 +852,7 @@ pub(crate) fn progress_tx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
 }
 
 /// Pushes the next chunk of `op`; false when the ring or pool is full.
-fn push_chunk(
-    chan: &mut Chan,
-    me: &shm_layout::Address,
-    pool: &crate::pool::Pool,
-    op: &mut TxOp,
-) -> bool {
+fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Pool, op: &mut TxOp) -> bool {
     let TxState::Chunks { off, msg_id } = op.state else {
         return false;
     };
@@ -1042,28 +866,13 @@ fn push_chunk(
     let chunk = pool.chunk(idx).expect("allocated index is in range");
     // SAFETY: we own chunk idx (popped from the free list) until the CHUNK
     // message hands it to the receiver; n <= chunk_size.
-    op.iovs
-        .gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
-    let h = MsgHdr {
-        op: op::CHUNK,
-        flags: 0,
-        ncells: 0,
-        len: n as u32,
-        tag: msg_id,
-        data: off as u64,
-    };
+    op.iovs.gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
+    let h = MsgHdr { op: op::CHUNK, flags: 0, ncells: 0, len: n as u32, tag: msg_id, data: off as u64 };
     if !chan_push(chan, me, &h, &[&idx.to_le_bytes()]) {
         pool.free(idx);
         return false;
     }
-    op.state = if off + n >= op.len {
-        TxState::Done
-    } else {
-        TxState::Chunks {
-            off: off + n,
-            msg_id,
-        }
-    };
+    op.state = if off + n >= op.len { TxState::Done } else { TxState::Chunks { off: off + n, msg_id } };
     true
 }
 
@@ -1083,15 +892,8 @@ pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
         let cma_refused = peer.cma_refused;
         // 1. Control messages first: they unblock the peer.
         while let Some(c) = peer.ctrlq.front() {
-            let h = MsgHdr {
-                op: c.op,
-                flags: 0,
-                ncells: 0,
-                len: c.status,
-                tag: c.msg_id,
-                data: 0,
-            };
-            if !chan_push(chan, &me, &h, &[]) {
+            let h = MsgHdr { op: c.op, flags: 0, ncells: 0, len: c.status, tag: c.msg_id, data: c.data };
+            if !chan_push(chan, &me, &h, &[&c.payload]) {
                 break;
             }
             peer.ctrlq.pop_front();
@@ -1152,8 +954,7 @@ pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
                     pl[..8].copy_from_slice(&msg_id.to_le_bytes());
                     pl[8..16].copy_from_slice(&(op.len as u64).to_le_bytes());
                     pl[16..20].copy_from_slice(&(op.iovs.n as u32).to_le_bytes());
-                    pl[20..24]
-                        .copy_from_slice(&(if cma { rts_flags::CMA } else { 0 }).to_le_bytes());
+                    pl[20..24].copy_from_slice(&(if cma { rts_flags::CMA } else { 0 }).to_le_bytes());
                     for (k, s) in op.iovs.segs().iter().enumerate() {
                         pl[24 + 16 * k..32 + 16 * k].copy_from_slice(&(s.ptr as u64).to_le_bytes());
                         pl[32 + 16 * k..40 + 16 * k].copy_from_slice(&(s.len as u64).to_le_bytes());

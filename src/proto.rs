@@ -20,7 +20,8 @@
 //! | --- | --- | --- |
 //! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring | 16384 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by single copy | 131072 |
-//! | `SHMFAB_CMA` | `auto`, `off` (never offer CMA), `fail` (act as if the kernel refused it: tests the fallback) | `auto` |
+//! | `SHMFAB_CMA` | `auto`, `off` (never offer CMA), `fail` (act as if the kernel refused it: tests the fallback), `nowrite` (refuse only the sender's writes of a split copy: tests that fallback) | `auto` |
+//! | `SHMFAB_SPLIT_MIN` | smallest single-copy message whose copy both sides share (receiver reads the first half, sender writes the second with process_vm_writev), once single copy has worked with that peer | 524288 |
 //! | `SHMFAB_RING_SLOTS` | SPSC rings per endpoint (more senders use the overflow queue) | 16 |
 //! | `SHMFAB_RING_CELLS` | 64-byte cells per ring | 1024 |
 //! | `SHMFAB_OVF_CELLS` | entries of the overflow queue | 256 |
@@ -53,6 +54,8 @@ pub enum CmaMode {
     Off,
     /// Offer it but act as if the kernel refused (tests the fallback).
     Fail,
+    /// Reads work, writes are refused (tests the split copy's fallback).
+    NoWrite,
 }
 
 /// Tunables in force for a domain.
@@ -64,6 +67,9 @@ pub struct Config {
     pub cma_min: usize,
     /// CMA policy.
     pub cma: CmaMode,
+    /// Smallest single-copy message split between both sides (the
+    /// receiver reads the first half while the sender writes the second).
+    pub split_min: usize,
     /// Geometry of each endpoint section.
     pub geometry: EpGeometry,
     /// Endpoint sections per domain region.
@@ -91,6 +97,7 @@ fn env_num(name: &str, default: usize) -> usize {
             let (num, mul) = match v.as_bytes().last() {
                 Some(b'k' | b'K') => (&v[..v.len() - 1], 1024),
                 Some(b'm' | b'M') => (&v[..v.len() - 1], 1024 * 1024),
+                Some(b'g' | b'G') => (&v[..v.len() - 1], 1024 * 1024 * 1024),
                 _ => (v, 1),
             };
             num.parse::<usize>().ok().map(|n| n * mul)
@@ -104,6 +111,7 @@ impl Default for Config {
             inline_max: 16384,
             cma_min: 128 * 1024,
             cma: CmaMode::Auto,
+            split_min: 512 * 1024,
             geometry: EpGeometry {
                 n_slots: 16,
                 ring_cells: 1024,
@@ -137,12 +145,14 @@ impl Config {
         let cma = match std::env::var("SHMFAB_CMA").as_deref() {
             Ok("off") | Ok("0") => CmaMode::Off,
             Ok("fail") => CmaMode::Fail,
+            Ok("nowrite") => CmaMode::NoWrite,
             _ => CmaMode::Auto,
         };
         let mut c = Config {
             inline_max: env_num("SHMFAB_INLINE_MAX", d.inline_max),
             cma_min: env_num("SHMFAB_CMA_MIN", d.cma_min),
             cma,
+            split_min: env_num("SHMFAB_SPLIT_MIN", d.split_min),
             geometry: if g.validate().is_ok() { g } else { d.geometry },
             max_eps: env_num("SHMFAB_MAX_EPS", d.max_eps as usize).clamp(1, 256) as u32,
             max_counters: d.max_counters,
@@ -198,38 +208,20 @@ mod tests {
         assert_eq!(choose(&c, c.inline_max + 1, 1, true), Proto::Bounce);
         assert_eq!(choose(&c, c.cma_min - 1, 1, true), Proto::Bounce);
         assert_eq!(choose(&c, c.cma_min, 1, true), Proto::Rndv);
-        assert_eq!(
-            choose(&c, OVF_PAYLOAD, 1, false),
-            Proto::Inline,
-            "overflow cell"
-        );
-        assert_eq!(
-            choose(&c, OVF_PAYLOAD + 1, 1, false),
-            Proto::Bounce,
-            "overflow path"
-        );
+        assert_eq!(choose(&c, OVF_PAYLOAD, 1, false), Proto::Inline, "overflow cell");
+        assert_eq!(choose(&c, OVF_PAYLOAD + 1, 1, false), Proto::Bounce, "overflow path");
         assert_eq!(choose(&c, c.cma_min, 3, false), Proto::Rndv);
-        assert_eq!(
-            choose(&c, c.cma_min, 4, false),
-            Proto::Bounce,
-            "overflow RTS holds 3 iovs"
-        );
+        assert_eq!(choose(&c, c.cma_min, 4, false), Proto::Bounce, "overflow RTS holds 3 iovs");
         assert!(offer_cma(&c, false, false));
         assert!(!offer_cma(&c, true, false), "refused peer");
         assert!(!offer_cma(&c, false, true), "inject copy");
-        let off = Config {
-            cma: CmaMode::Off,
-            ..Config::default()
-        };
+        let off = Config { cma: CmaMode::Off, ..Config::default() };
         assert!(!offer_cma(&off, false, false));
     }
 
     #[test]
     fn clamp_keeps_inline_within_a_quarter_ring() {
-        let mut c = Config {
-            inline_max: 1 << 30,
-            ..Config::default()
-        };
+        let mut c = Config { inline_max: 1 << 30, ..Config::default() };
         c.clamp();
         assert!(crate::ring::cells_for(c.inline_max) <= c.geometry.ring_cells as usize / 4);
         assert!(c.cma_min > c.inline_max);

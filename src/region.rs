@@ -16,8 +16,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use memmap2::{MmapOptions, MmapRaw};
 use shm_layout::{
-    region_size, state, EpGeometry, RegionHeader, COUNTERS_OFFSET, LAYOUT_HASH, LAYOUT_VERSION,
-    MAGIC, PAGE,
+    region_size, state, EpGeometry, RegionHeader, COUNTERS_OFFSET, LAYOUT_HASH, LAYOUT_VERSION, MAGIC, PAGE,
 };
 use std::fs::File;
 use std::sync::atomic::Ordering;
@@ -105,10 +104,9 @@ fn space_hint(e: &Error) -> Error {
                  or enlarge it (mount -o remount,size=... /dev/shm)"
             ),
         ),
-        ErrorKind::Perm => Error::with(
-            e.kind(),
-            format!("{e}: /dev/shm refused access; check its mount options and permissions"),
-        ),
+        ErrorKind::Perm => {
+            Error::with(e.kind(), format!("{e}: /dev/shm refused access; check its mount options and permissions"))
+        }
         _ => e.clone(),
     }
 }
@@ -116,13 +114,9 @@ fn space_hint(e: &Error) -> Error {
 impl Region {
     /// Creates and initialises a new region for this process.
     pub fn create(job: u32, g: &EpGeometry, n_eps: u32, n_counters: u32) -> Result<Region> {
-        g.validate()
-            .map_err(|m| Error::with(ErrorKind::Inval, format!("bad geometry: {m}")))?;
+        g.validate().map_err(|m| Error::with(ErrorKind::Inval, format!("bad geometry: {m}")))?;
         if n_eps == 0 || n_eps > 256 || n_counters > 4096 {
-            return Err(Error::with(
-                ErrorKind::Inval,
-                "n_eps must be 1..=256 and n_counters at most 4096",
-            ));
+            return Err(Error::with(ErrorKind::Inval, "n_eps must be 1..=256 and n_counters at most 4096"));
         }
         let uid = uid();
         let size = region_size(g, n_eps, n_counters);
@@ -153,23 +147,14 @@ impl Region {
             let _ = rustix::shm::unlink(name.as_str());
             space_hint(&e)
         };
-        file.set_len(size as u64)
-            .map_err(|e| cleanup(Error::from(e)))?;
+        file.set_len(size as u64).map_err(|e| cleanup(Error::from(e)))?;
         // Reserve the header and counter pages now, so a full /dev/shm is an
         // error here rather than a SIGBUS later; endpoint sections are
         // reserved when each endpoint opens (`reserve`).
         let eps_off = shm_layout::eps_offset(n_counters);
         fallocate(&file, 0, eps_off).map_err(cleanup)?;
-        let map = MmapOptions::new()
-            .len(size)
-            .map_raw(&file)
-            .map_err(|e| cleanup(Error::from(e)))?;
-        let r = Region {
-            map,
-            name,
-            owned: true,
-            file,
-        };
+        let map = MmapOptions::new().len(size).map_raw(&file).map_err(|e| cleanup(Error::from(e)))?;
+        let r = Region { map, name, owned: true, file };
         let pid = std::process::id();
         let start = proc_start_time(pid).unwrap_or(0);
         // SAFETY: the mapping is at least one page, page aligned, and nobody
@@ -197,15 +182,11 @@ impl Region {
     /// Maps a peer's region by name and checks everything a peer controls.
     pub fn attach(name: &str) -> Result<Region> {
         if !name.starts_with(PREFIX) || name.contains('/') || name.len() > 200 {
-            return Err(Error::with(
-                ErrorKind::Inval,
-                format!("not a shmfab region name: {name:?}"),
-            ));
+            return Err(Error::with(ErrorKind::Inval, format!("not a shmfab region name: {name:?}")));
         }
         let fd = rustix::shm::open(
             name,
-            rustix::shm::OFlags::RDWR
-                | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32),
+            rustix::shm::OFlags::RDWR | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32),
             rustix::fs::Mode::empty(),
         )
         .map_err(|e| {
@@ -213,10 +194,7 @@ impl Region {
                 rustix::io::Errno::NOENT => ErrorKind::AddrNotAvail,
                 _ => ErrorKind::from_errno(e.raw_os_error()),
             };
-            Error::with(
-                kind,
-                format!("cannot open peer region {}: {e}", shm_path(name)),
-            )
+            Error::with(kind, format!("cannot open peer region {}: {e}", shm_path(name)))
         })?;
         let file = File::from(fd);
         let st = rustix::fs::fstat(&file)?;
@@ -234,26 +212,15 @@ impl Region {
         if st.st_mode & 0o077 != 0 {
             return Err(Error::with(
                 ErrorKind::Perm,
-                format!(
-                    "region {name} has mode {:o}; shmfab regions are 0600",
-                    st.st_mode & 0o777
-                ),
+                format!("region {name} has mode {:o}; shmfab regions are 0600", st.st_mode & 0o777),
             ));
         }
         let fsize = st.st_size as usize;
         if fsize < PAGE {
-            return Err(Error::with(
-                ErrorKind::Io,
-                format!("region {name} is too short ({fsize} bytes)"),
-            ));
+            return Err(Error::with(ErrorKind::Io, format!("region {name} is too short ({fsize} bytes)")));
         }
         let map = MmapOptions::new().len(fsize).map_raw(&file)?;
-        let r = Region {
-            map,
-            name: name.to_string(),
-            owned: false,
-            file,
-        };
+        let r = Region { map, name: name.to_string(), owned: false, file };
         let h = r.header();
         // SYNC: pairs with the release store of magic in create().
         let magic = h.magic.load(Ordering::Acquire);
@@ -297,13 +264,9 @@ impl Region {
                 std::ptr::addr_of!(h.n_counters).read_volatile(),
             )
         };
-        g.validate()
-            .map_err(|m| Error::with(ErrorKind::Io, format!("region {name}: bad geometry: {m}")))?;
+        g.validate().map_err(|m| Error::with(ErrorKind::Io, format!("region {name}: bad geometry: {m}")))?;
         if n_eps == 0 || n_eps > 256 || n_counters > 4096 {
-            return Err(Error::with(
-                ErrorKind::Io,
-                format!("region {name}: bad endpoint or counter count"),
-            ));
+            return Err(Error::with(ErrorKind::Io, format!("region {name}: bad endpoint or counter count")));
         }
         let want = region_size(&g, n_eps, n_counters);
         if total as usize != fsize || want != fsize {
@@ -376,10 +339,7 @@ impl Region {
         let h = self.header();
         // SAFETY: mapped header fields, plain integers.
         unsafe {
-            (
-                std::ptr::addr_of!(h.owner_pid).read_volatile(),
-                std::ptr::addr_of!(h.owner_start_time).read_volatile(),
-            )
+            (std::ptr::addr_of!(h.owner_pid).read_volatile(), std::ptr::addr_of!(h.owner_start_time).read_volatile())
         }
     }
 
@@ -387,10 +347,7 @@ impl Region {
     pub fn at<T>(&self, off: usize) -> Result<*mut T> {
         let end = off.checked_add(std::mem::size_of::<T>());
         if end.is_none_or(|e| e > self.len()) || !off.is_multiple_of(std::mem::align_of::<T>()) {
-            return Err(Error::with(
-                ErrorKind::Io,
-                format!("offset {off} out of region bounds"),
-            ));
+            return Err(Error::with(ErrorKind::Io, format!("offset {off} out of region bounds")));
         }
         // SAFETY: off + size_of::<T>() <= len, so the pointer stays inside the mapping.
         Ok(unsafe { self.base().add(off) as *mut T })
@@ -425,13 +382,7 @@ fn fallocate(file: &File, off: usize, len: usize) -> Result<()> {
     if len == 0 {
         return Ok(());
     }
-    rustix::fs::fallocate(
-        file,
-        rustix::fs::FallocateFlags::empty(),
-        off as u64,
-        len as u64,
-    )
-    .map_err(|e| {
+    rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), off as u64, len as u64).map_err(|e| {
         Error::with(
             ErrorKind::from_errno(e.raw_os_error()),
             format!("cannot reserve {len} bytes of shared memory: {e}"),
@@ -468,11 +419,7 @@ pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
         let Some(rest) = name.strip_prefix(&prefix) else {
             continue;
         };
-        let jh = rest
-            .split('.')
-            .next()
-            .and_then(|s| u32::from_str_radix(s, 16).ok())
-            .unwrap_or(0);
+        let jh = rest.split('.').next().and_then(|s| u32::from_str_radix(s, 16).ok()).unwrap_or(0);
         if job.is_some_and(|j| j != jh) {
             continue;
         }
@@ -499,10 +446,7 @@ pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
         } else {
             // Not initialised: alive while young (its creator may be between
             // open and the magic store), dead after 30 s.
-            meta.modified()
-                .ok()
-                .and_then(|m| m.elapsed().ok())
-                .is_none_or(|age| age.as_secs() < 30)
+            meta.modified().ok().and_then(|m| m.elapsed().ok()).is_none_or(|age| age.as_secs() < 30)
         };
         out.push(RegionInfo {
             name,
@@ -546,10 +490,7 @@ mod tests {
         let pid = std::process::id();
         let st = proc_start_time(pid).expect("own start time");
         assert!(owner_alive(pid, st));
-        assert!(
-            !owner_alive(pid, st + 1),
-            "same pid, other start time: not the owner"
-        );
+        assert!(!owner_alive(pid, st + 1), "same pid, other start time: not the owner");
         assert!(!owner_alive(0, 0));
     }
 
@@ -567,10 +508,7 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         drop(p);
         drop(r);
-        assert!(
-            std::fs::metadata(shm_path(&name)).is_err(),
-            "unlinked on close"
-        );
+        assert!(std::fs::metadata(shm_path(&name)).is_err(), "unlinked on close");
         assert!(Region::attach(&name).is_err());
     }
 
@@ -585,27 +523,13 @@ mod tests {
         }
         let e = Region::attach(r.name()).unwrap_err();
         let s = e.to_string();
-        assert!(
-            s.contains(&format!("layout version {}", LAYOUT_VERSION + 6)),
-            "{s}"
-        );
-        assert!(
-            s.contains(&format!("layout version {LAYOUT_VERSION}")),
-            "{s}"
-        );
+        assert!(s.contains(&format!("layout version {}", LAYOUT_VERSION + 6)), "{s}");
+        assert!(s.contains(&format!("layout version {LAYOUT_VERSION}")), "{s}");
     }
 
     #[test]
     fn attach_refuses_names_that_are_not_regions() {
-        assert_eq!(
-            Region::attach("../etc/passwd").unwrap_err().kind(),
-            ErrorKind::Inval
-        );
-        assert_eq!(
-            Region::attach("shmfab.0.0.doesnotexist")
-                .unwrap_err()
-                .kind(),
-            ErrorKind::AddrNotAvail
-        );
+        assert_eq!(Region::attach("../etc/passwd").unwrap_err().kind(), ErrorKind::Inval);
+        assert_eq!(Region::attach("shmfab.0.0.doesnotexist").unwrap_err().kind(), ErrorKind::AddrNotAvail);
     }
 }

@@ -175,11 +175,7 @@ impl RingTx {
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.cells.add(start), first);
             if first < src.len() {
-                std::ptr::copy_nonoverlapping(
-                    src.as_ptr().add(first),
-                    self.cells,
-                    src.len() - first,
-                );
+                std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.cells, src.len() - first);
             }
         }
     }
@@ -247,13 +243,7 @@ impl RingRx {
     pub unsafe fn new(ctl: *const RingCtl, cells: *const u8, cap: usize) -> Self {
         // SAFETY: ctl valid per contract.
         let head = unsafe { (*ctl).head.v.load(Ordering::Relaxed) };
-        RingRx {
-            ctl,
-            cells,
-            cap: cap as u64,
-            head,
-            published: head,
-        }
+        RingRx { ctl, cells, cap: cap as u64, head, published: head }
     }
 
     #[inline]
@@ -293,8 +283,7 @@ impl RingRx {
             return;
         }
         let ring_bytes = self.cap as usize * STRIDE;
-        let start =
-            ((self.head & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) % ring_bytes;
+        let start = ((self.head & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) % ring_bytes;
         let first = dst.len().min(ring_bytes - start);
         // SAFETY: as in RingTx::write_payload; the bytes may change under us
         // only if the peer is broken, which yields wrong data, not UB in
@@ -302,11 +291,7 @@ impl RingRx {
         unsafe {
             std::ptr::copy_nonoverlapping(self.cells.add(start), dst.as_mut_ptr(), first);
             if first < dst.len() {
-                std::ptr::copy_nonoverlapping(
-                    self.cells,
-                    dst.as_mut_ptr().add(first),
-                    dst.len() - first,
-                );
+                std::ptr::copy_nonoverlapping(self.cells, dst.as_mut_ptr().add(first), dst.len() - first);
             }
         }
     }
@@ -377,17 +362,16 @@ mod tests {
         let (mut tx, mut rx) = unsafe { (RingTx::new(c, p, cap), RingRx::new(c, p, cap)) };
         let mut inflight = std::collections::VecDeque::new();
         let mut got = 0u64;
-        let check =
-            |rx: &mut RingRx, inflight: &mut std::collections::VecDeque<Vec<u8>>, got: &mut u64| {
-                let (hh, n) = rx.peek().expect("a message");
-                assert_eq!(hh.tag, *got, "order");
-                let want = inflight.pop_front().unwrap();
-                let mut buf = vec![0u8; hh.len as usize];
-                rx.read_payload(0, &mut buf);
-                assert_eq!(buf, want, "payload of message {got}");
-                rx.consume(n);
-                *got += 1;
-            };
+        let check = |rx: &mut RingRx, inflight: &mut std::collections::VecDeque<Vec<u8>>, got: &mut u64| {
+            let (hh, n) = rx.peek().expect("a message");
+            assert_eq!(hh.tag, *got, "order");
+            let want = inflight.pop_front().unwrap();
+            let mut buf = vec![0u8; hh.len as usize];
+            rx.read_payload(0, &mut buf);
+            assert_eq!(buf, want, "payload of message {got}");
+            rx.consume(n);
+            *got += 1;
+        };
         for round in 0..3000u64 {
             let len = (round as usize * 37) % 700;
             // Every 8-byte word of the payload holds the value a first cell
@@ -401,12 +385,7 @@ mod tests {
                 })
                 .take(len)
                 .collect();
-            let hdr = MsgHdr {
-                op: 1,
-                len: len as u32,
-                tag: round,
-                ..Default::default()
-            };
+            let hdr = MsgHdr { op: 1, len: len as u32, tag: round, ..Default::default() };
             while !tx.try_push(&hdr, &[&words[..len / 2], &words[len / 2..]]) {
                 check(&mut rx, &mut inflight, &mut got);
                 rx.release_credit();
@@ -416,10 +395,7 @@ mod tests {
                 while rx.peek().is_some() {
                     check(&mut rx, &mut inflight, &mut got);
                 }
-                assert!(
-                    inflight.is_empty(),
-                    "stale cells must not pass for messages"
-                );
+                assert!(inflight.is_empty(), "stale cells must not pass for messages");
                 rx.release_credit();
             }
         }
@@ -440,13 +416,7 @@ mod tests {
         for i in 0..500u32 {
             let len = 1 + (i as usize * 131) % 3000;
             let data: Vec<u8> = (0..len).map(|k| (k as u32 ^ i) as u8).collect();
-            assert!(tx.try_push(
-                &MsgHdr {
-                    len: len as u32,
-                    ..Default::default()
-                },
-                &[&data]
-            ));
+            assert!(tx.try_push(&MsgHdr { len: len as u32, ..Default::default() }, &[&data]));
             let (hh, n) = rx.peek().unwrap();
             let mut out = vec![0u8; hh.len as usize];
             rx.read_payload(0, &mut out);
@@ -476,12 +446,8 @@ mod loom_tests {
         loom::model(|| {
             let cap = 4;
             let ctl: &'static RingCtl = Box::leak(Box::new(RingCtl {
-                head: shm_layout::PaddedU64 {
-                    v: crate::sync::AtomicU64::new(0),
-                },
-                tail: shm_layout::PaddedU64 {
-                    v: crate::sync::AtomicU64::new(0),
-                },
+                head: shm_layout::PaddedU64 { v: crate::sync::AtomicU64::new(0) },
+                tail: shm_layout::PaddedU64 { v: crate::sync::AtomicU64::new(0) },
             }));
             let cells: &'static [Cell] = Box::leak(
                 (0..cap)
@@ -500,13 +466,7 @@ mod loom_tests {
                 let mut tx = unsafe { RingTx::new(c as *const RingCtl, cp as *mut u8, cap) };
                 let mut i = 0u64;
                 while i < 4 {
-                    if tx.try_push(
-                        &MsgHdr {
-                            tag: i,
-                            ..Default::default()
-                        },
-                        &[],
-                    ) {
+                    if tx.try_push(&MsgHdr { tag: i, ..Default::default() }, &[]) {
                         i += 1;
                     } else {
                         loom::thread::yield_now();

@@ -6,10 +6,7 @@ use shmfab::*;
 use std::time::{Duration, Instant};
 
 fn job(name: &str) {
-    std::env::set_var(
-        "SHMFAB_JOB_ID",
-        format!("objects-{name}-{}", std::process::id()),
-    );
+    std::env::set_var("SHMFAB_JOB_ID", format!("objects-{name}-{}", std::process::id()));
 }
 
 struct Pair {
@@ -25,12 +22,7 @@ struct Pair {
 
 fn pair_with(f0: CqFormat, sel: bool) -> Pair {
     let dom = Fabric::open().unwrap().domain().unwrap();
-    let cq0 = dom
-        .cq_open(&CqAttr {
-            size: 64,
-            format: f0,
-        })
-        .unwrap();
+    let cq0 = dom.cq_open(&CqAttr { size: 64, format: f0 }).unwrap();
     let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
     let av = dom.av_open().unwrap();
     let ep0 = dom.endpoint().unwrap();
@@ -43,16 +35,7 @@ fn pair_with(f0: CqFormat, sel: bool) -> Pair {
     ep0.enable().unwrap();
     ep1.enable().unwrap();
     let a = av.insert(&[ep0.getname(), ep1.getname()]).unwrap();
-    Pair {
-        ep0,
-        ep1,
-        cq0,
-        cq1,
-        av,
-        dom,
-        a0: a[0],
-        a1: a[1],
-    }
+    Pair { ep0, ep1, cq0, cq1, av, dom, a0: a[0], a1: a[1] }
 }
 
 fn read_one<T: shmfab::cq::CqFormatEntry>(cq: &CompletionQueue) -> Result<T> {
@@ -78,11 +61,7 @@ fn close_while_bound_is_busy() {
     ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
     ep.bind_av(&av).unwrap();
     ep.bind_cntr(&c, FI_SEND).unwrap();
-    for e in [
-        cq.close().unwrap_err(),
-        av.close().unwrap_err(),
-        c.close().unwrap_err(),
-    ] {
+    for e in [cq.close().unwrap_err(), av.close().unwrap_err(), c.close().unwrap_err()] {
         assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
     }
     // Still usable after the refused close.
@@ -91,25 +70,14 @@ fn close_while_bound_is_busy() {
     cq.close().unwrap();
     av.close().unwrap();
     c.close().unwrap();
-    assert_eq!(
-        c.read().unwrap_err().kind(),
-        ErrorKind::Inval,
-        "closed counter"
-    );
+    assert_eq!(c.read().unwrap_err().kind(), ErrorKind::Inval, "closed counter");
 }
 
 #[test]
 fn dropping_a_bound_cq_keeps_the_endpoint_working() {
     job("orphan");
     let p = pair_with(CqFormat::Tagged, false);
-    let Pair {
-        ep0,
-        ep1,
-        cq0,
-        cq1,
-        a1,
-        ..
-    } = p;
+    let Pair { ep0, ep1, cq0, cq1, a1, .. } = p;
     drop(cq0); // bound: stays alive for ep0
     ep0.inject(b"still here", a1).unwrap();
     let mut b = [0u8; 10];
@@ -123,12 +91,7 @@ fn dropping_a_bound_cq_keeps_the_endpoint_working() {
 #[test]
 fn cq_formats_and_source_addresses() {
     job("formats");
-    for fmt in [
-        CqFormat::Context,
-        CqFormat::Msg,
-        CqFormat::Data,
-        CqFormat::Tagged,
-    ] {
+    for fmt in [CqFormat::Context, CqFormat::Msg, CqFormat::Data, CqFormat::Tagged] {
         let p = pair_with(fmt, false);
         let mut b = [0u8; 16];
         // SAFETY: b outlives the completion.
@@ -178,10 +141,7 @@ fn cq_formats_and_source_addresses() {
     }
     assert_eq!((e[0].op_context, src[0]), (2, FI_ADDR_NOTAVAIL));
     let mut short = [0u64; 0];
-    assert_eq!(
-        p.cq0.readfrom(&mut e, &mut short).unwrap_err().kind(),
-        ErrorKind::Inval
-    );
+    assert_eq!(p.cq0.readfrom(&mut e, &mut short).unwrap_err().kind(), ErrorKind::Inval);
 }
 
 #[test]
@@ -219,11 +179,7 @@ fn counters_count_and_take_add_set() {
     while recvd.read().unwrap() + recvd.readerr().unwrap() < 4 {
         assert!(t0.elapsed() < Duration::from_secs(10));
     }
-    assert_eq!(
-        (recvd.read().unwrap(), recvd.readerr().unwrap()),
-        (3, 1),
-        "one truncated receive is an error"
-    );
+    assert_eq!((recvd.read().unwrap(), recvd.readerr().unwrap()), (3, 1), "one truncated receive is an error");
     assert_eq!(sent.read().unwrap(), 4, "inject counts on the send counter");
     assert_ne!(sent.index(), recvd.index());
     drop(ep);
@@ -241,18 +197,7 @@ fn selective_completion() {
         // No FI_COMPLETION: no entry.
         p.ep0.send(b"quiet", p.a1, 100).unwrap();
         let iov = [std::io::IoSlice::new(&big)];
-        p.ep0
-            .sendmsg(
-                &SendMsg {
-                    iov: &iov,
-                    dest: p.a1,
-                    context: 101,
-                    data: 0,
-                    tag: 0,
-                },
-                FI_COMPLETION,
-            )
-            .unwrap();
+        p.ep0.sendmsg(&SendMsg { iov: &iov, dest: p.a1, context: 101, data: 0, tag: 0 }, FI_COMPLETION).unwrap();
     }
     let mut seen = Vec::new();
     let t0 = Instant::now();
@@ -266,11 +211,7 @@ fn selective_completion() {
         }
     }
     seen.sort();
-    assert_eq!(
-        seen,
-        vec![1, 2, 101],
-        "only the send that asked completes on the selective CQ"
-    );
+    assert_eq!(seen, vec![1, 2, 101], "only the send that asked completes on the selective CQ");
 }
 
 #[test]
@@ -278,68 +219,28 @@ fn bad_arguments_get_clear_errors() {
     job("args");
     let p = pair_with(CqFormat::Tagged, false);
     let big = vec![0u8; 5000];
-    assert_eq!(
-        p.ep0.inject(&big, p.a1).unwrap_err().kind(),
-        ErrorKind::MsgSize
-    );
-    assert_eq!(
-        p.ep0.inject(b"x", 12345).unwrap_err().kind(),
-        ErrorKind::AddrNotAvail
-    );
+    assert_eq!(p.ep0.inject(&big, p.a1).unwrap_err().kind(), ErrorKind::MsgSize);
+    assert_eq!(p.ep0.inject(b"x", 12345).unwrap_err().kind(), ErrorKind::AddrNotAvail);
     let s = [std::io::IoSlice::new(b"a"); 5];
     unsafe {
-        assert_eq!(
-            p.ep0.sendv(&s, p.a1, 0).unwrap_err().kind(),
-            ErrorKind::Inval
-        );
+        assert_eq!(p.ep0.sendv(&s, p.a1, 0).unwrap_err().kind(), ErrorKind::Inval);
         let iov = [std::io::IoSlice::new(b"a")];
-        let m = SendMsg {
-            iov: &iov,
-            dest: p.a1,
-            context: 0,
-            data: 0,
-            tag: 0,
-        };
-        assert_eq!(
-            p.ep0.sendmsg(&m, FI_MULTI_RECV).unwrap_err().kind(),
-            ErrorKind::BadFlags
-        );
+        let m = SendMsg { iov: &iov, dest: p.a1, context: 0, data: 0, tag: 0 };
+        assert_eq!(p.ep0.sendmsg(&m, FI_MULTI_RECV).unwrap_err().kind(), ErrorKind::BadFlags);
         let mut b = [0u8; 8];
         let mut iov = [std::io::IoSliceMut::new(&mut b)];
-        let mut m = RecvMsg {
-            iov: &mut iov,
-            src: FI_ADDR_UNSPEC,
-            context: 0,
-            tag: 0,
-            ignore: 0,
-        };
-        assert_eq!(
-            p.ep0.trecvmsg(&mut m, FI_MULTI_RECV).unwrap_err().kind(),
-            ErrorKind::Inval
-        );
-        assert_eq!(
-            p.ep0.recv(&mut b, 777, 0).unwrap_err().kind(),
-            ErrorKind::AddrNotAvail
-        );
+        let mut m = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 0, tag: 0, ignore: 0 };
+        assert_eq!(p.ep0.trecvmsg(&mut m, FI_MULTI_RECV).unwrap_err().kind(), ErrorKind::Inval);
+        assert_eq!(p.ep0.recv(&mut b, 777, 0).unwrap_err().kind(), ErrorKind::AddrNotAvail);
     }
     assert_eq!(p.av.lookup(999).unwrap_err().kind(), ErrorKind::NoEnt);
-    assert_eq!(
-        p.av.insert_bytes(&[1, 2, 3]).unwrap_err().kind(),
-        ErrorKind::Inval
-    );
+    assert_eq!(p.av.insert_bytes(&[1, 2, 3]).unwrap_err().kind(), ErrorKind::Inval);
     // Not enabled yet / no AV.
     let ep = p.dom.endpoint().unwrap();
     assert_eq!(ep.inject(b"x", p.a1).unwrap_err().kind(), ErrorKind::Inval);
     assert_eq!(ep.enable().unwrap_err().kind(), ErrorKind::NoData);
-    assert_eq!(
-        p.ep0.bind_cq(&p.cq1, FI_TRANSMIT).unwrap_err().kind(),
-        ErrorKind::Inval,
-        "bind after enable"
-    );
-    assert_eq!(
-        ep.bind_cq(&p.cq1, 0).unwrap_err().kind(),
-        ErrorKind::BadFlags
-    );
+    assert_eq!(p.ep0.bind_cq(&p.cq1, FI_TRANSMIT).unwrap_err().kind(), ErrorKind::Inval, "bind after enable");
+    assert_eq!(ep.bind_cq(&p.cq1, 0).unwrap_err().kind(), ErrorKind::BadFlags);
     // A closed peer endpoint is not reachable.
     let gone = ep.getname();
     drop(ep);
@@ -365,17 +266,8 @@ fn a_peer_of_another_layout_version_is_refused_naming_both() {
     let e = p.ep0.inject(b"x", t).unwrap_err();
     let s = e.to_string();
     assert_eq!(e.kind(), ErrorKind::OpNotSupp, "{s}");
-    assert!(
-        s.contains(&format!(
-            "layout version {}",
-            shm_layout::LAYOUT_VERSION + 1
-        )),
-        "{s}"
-    );
-    assert!(
-        s.contains(&format!("layout version {}", shm_layout::LAYOUT_VERSION)),
-        "{s}"
-    );
+    assert!(s.contains(&format!("layout version {}", shm_layout::LAYOUT_VERSION + 1)), "{s}");
+    assert!(s.contains(&format!("layout version {}", shm_layout::LAYOUT_VERSION)), "{s}");
     unsafe { std::ptr::addr_of_mut!((*hdr).layout_version).write(shm_layout::LAYOUT_VERSION) };
     drop(target);
 }
@@ -394,11 +286,7 @@ fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
     std::env::set_var("SHMFAB_JOB_ID", &jobid);
     let note = std::env::temp_dir().join(format!("{jobid}.name"));
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "region_of_a_sigkilled_owner_is_removed_by_the_next_start",
-            "--exact",
-            "-q",
-        ])
+        .args(["region_of_a_sigkilled_owner_is_removed_by_the_next_start", "--exact", "-q"])
         .env("SHMFAB_TEST_KILLME", &note)
         .env("SHMFAB_JOB_ID", &jobid)
         .stdout(std::process::Stdio::null())
@@ -411,36 +299,21 @@ fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
                 break n;
             }
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "child never made its region"
-        );
+        assert!(t0.elapsed() < Duration::from_secs(30), "child never made its region");
         std::thread::sleep(Duration::from_millis(5));
     };
     let path = format!("/dev/shm/{name}");
     // A live owner's region is left alone.
     let keep = Fabric::open().unwrap().domain().unwrap();
-    assert!(
-        std::path::Path::new(&path).exists(),
-        "live owner's region must survive a start"
-    );
+    assert!(std::path::Path::new(&path).exists(), "live owner's region must survive a start");
     child.kill().unwrap();
     child.wait().unwrap();
     let _ = std::fs::remove_file(&note);
-    assert!(
-        std::path::Path::new(&path).exists(),
-        "SIGKILL leaves the region behind"
-    );
+    assert!(std::path::Path::new(&path).exists(), "SIGKILL leaves the region behind");
     let dead = shmfab::region::clean_dead(true);
     assert!(dead.iter().any(|r| r.name == name), "dry run lists it");
-    assert!(
-        std::path::Path::new(&path).exists(),
-        "dry run removes nothing"
-    );
+    assert!(std::path::Path::new(&path).exists(), "dry run removes nothing");
     let _next = Fabric::open().unwrap().domain().unwrap();
-    assert!(
-        !std::path::Path::new(&path).exists(),
-        "the next start removed the dead owner's region"
-    );
+    assert!(!std::path::Path::new(&path).exists(), "the next start removed the dead owner's region");
     assert!(std::path::Path::new(&format!("/dev/shm/{}", keep.region_name())).exists());
 }

@@ -33,10 +33,7 @@ fn one_way(w: &World, from: usize, to: usize, len: usize, tag: u64, expected: bo
         let mut buf = vec![0xa5u8; len + 16];
         let post = |buf: &mut Vec<u8>| {
             // SAFETY: buf lives until the receive's completion below.
-            unsafe {
-                w.ep.trecv(&mut buf[..len], w.addrs[from], tag, 0, ctx_recv)
-                    .unwrap()
-            };
+            unsafe { w.ep.trecv(&mut buf[..len], w.addrs[from], tag, 0, ctx_recv).unwrap() };
         };
         if expected {
             post(&mut buf);
@@ -45,9 +42,7 @@ fn one_way(w: &World, from: usize, to: usize, len: usize, tag: u64, expected: bo
             w.barrier();
             post(&mut buf);
         }
-        let (e, src) = w
-            .wait_ctx(ctx_recv)
-            .unwrap_or_else(|e| panic!("len {len}: error {e:?}"));
+        let (e, src) = w.wait_ctx(ctx_recv).unwrap_or_else(|e| panic!("len {len}: error {e:?}"));
         assert_eq!(e.len, len, "length of a {len}-byte message");
         assert_eq!(e.tag, tag);
         assert_eq!(src, w.addrs[from], "source fi_addr");
@@ -55,15 +50,9 @@ fn one_way(w: &World, from: usize, to: usize, len: usize, tag: u64, expected: bo
         let want = pattern(len, tag);
         if buf[..len] != want[..] {
             let at = buf.iter().zip(&want).position(|(a, b)| a != b).unwrap();
-            panic!(
-                "len {len} ({}): first wrong byte at {at}",
-                if expected { "expected" } else { "unexpected" }
-            );
+            panic!("len {len} ({}): first wrong byte at {at}", if expected { "expected" } else { "unexpected" });
         }
-        assert!(
-            buf[len..].iter().all(|&b| b == 0xa5),
-            "len {len}: wrote past the buffer"
-        );
+        assert!(buf[len..].iter().all(|&b| b == 0xa5), "len {len}: wrote past the buffer");
     } else if w.rank == from {
         let data = pattern(len, tag);
         if expected {
@@ -92,106 +81,89 @@ fn pingpong_body(w: &World) {
     w.barrier();
     assert_eq!(w.unclaimed(), 0, "stray completions");
     let s = w.ep.stats().unwrap();
-    assert!(
-        s.tx_inline > 0 && s.tx_bounce > 0 && s.tx_rndv > 0 && s.tx_chunks > 0,
-        "{s:?}"
-    );
+    assert!(s.tx_inline > 0 && s.tx_bounce > 0 && s.tx_rndv > 0 && s.tx_chunks > 0, "{s:?}");
 }
 
 #[test]
 fn pingpong_every_size() {
-    run(
-        "pingpong_every_size",
-        2,
-        &[],
-        Duration::from_secs(240),
-        |w| {
-            pingpong_body(&w);
-            let s = w.ep.stats().unwrap();
-            if shmfab::cma::available() {
-                assert!(s.cma_reads > 0 && s.cma_fallbacks == 0, "{s:?}");
-            }
-        },
-    );
+    run("pingpong_every_size", 2, &[], Duration::from_secs(240), |w| {
+        pingpong_body(&w);
+        let s = w.ep.stats().unwrap();
+        if shmfab::cma::available() {
+            assert!(s.cma_reads > 0 && s.cma_fallbacks == 0 && s.split_copies > 0, "{s:?}");
+        }
+    });
+}
+
+#[test]
+fn pingpong_every_size_split_write_refused() {
+    // Senders cannot write into receivers: every split copy's second half
+    // must be read by the receiver itself after the sender says so.
+    run("pingpong_every_size_split_write_refused", 2, &[("SHMFAB_CMA", "nowrite")], Duration::from_secs(240), |w| {
+        pingpong_body(&w);
+        let s = w.ep.stats().unwrap();
+        if shmfab::cma::available() {
+            assert!(s.split_copies > 0, "{s:?}");
+        }
+    });
 }
 
 #[test]
 fn pingpong_every_size_cma_off() {
-    run(
-        "pingpong_every_size_cma_off",
-        2,
-        &[("SHMFAB_CMA", "off")],
-        Duration::from_secs(240),
-        |w| {
-            pingpong_body(&w);
-            let s = w.ep.stats().unwrap();
-            assert!(s.cma_reads == 0 && s.cma_fallbacks > 0, "{s:?}");
-        },
-    );
+    run("pingpong_every_size_cma_off", 2, &[("SHMFAB_CMA", "off")], Duration::from_secs(240), |w| {
+        pingpong_body(&w);
+        let s = w.ep.stats().unwrap();
+        assert!(s.cma_reads == 0 && s.cma_fallbacks > 0, "{s:?}");
+    });
 }
 
 #[test]
 fn pingpong_every_size_cma_refused() {
     // The receiver acts as if process_vm_readv failed with EPERM: every
     // rendezvous must fall back to the pool path.
-    run(
-        "pingpong_every_size_cma_refused",
-        2,
-        &[("SHMFAB_CMA", "fail")],
-        Duration::from_secs(240),
-        |w| {
-            pingpong_body(&w);
-            let s = w.ep.stats().unwrap();
-            assert!(s.cma_reads == 0 && s.cma_fallbacks > 0, "{s:?}");
-        },
-    );
+    run("pingpong_every_size_cma_refused", 2, &[("SHMFAB_CMA", "fail")], Duration::from_secs(240), |w| {
+        pingpong_body(&w);
+        let s = w.ep.stats().unwrap();
+        assert!(s.cma_reads == 0 && s.cma_fallbacks > 0, "{s:?}");
+    });
 }
 
 #[test]
 fn pingpong_every_size_overflow_queue() {
     // One ring slot per endpoint, claimed first by a third rank: ranks 0
     // and 1 then talk to each other through the MPSC overflow queue.
-    run(
-        "pingpong_every_size_overflow_queue",
-        3,
-        &[("SHMFAB_RING_SLOTS", "1")],
-        Duration::from_secs(240),
-        |w| {
-            // Rank 2 grabs the only slot of ranks 0 and 1 first.
-            if w.rank == 2 {
-                w.retry(|| w.ep.inject(b"x", w.addrs[0]));
-                w.retry(|| w.ep.inject(b"x", w.addrs[1]));
-            }
-            let mut b = [0u8; 1];
-            if w.rank < 2 {
-                // SAFETY: b outlives the completion wait.
-                unsafe { w.ep.recv(&mut b, w.addrs[2], 77).unwrap() };
-                w.ok(77);
-            }
-            w.barrier(); // rank 0's and 1's barrier traffic now goes through overflow
-            const LENS: [usize; 11] = [0, 1, 31, 32, 33, 72, 73, 4096, 70000, 200000, 1 << 20];
-            if w.rank < 2 {
-                let mut tag = 1u64;
-                for len in LENS {
-                    for expected in [true, false] {
-                        one_way_pair(&w, len, tag, expected);
-                        tag += 2;
-                    }
-                }
-                let s = w.ep.stats().unwrap();
-                assert!(
-                    s.rx_ovf > 40,
-                    "ranks 0 and 1 must talk through the overflow queue: {s:?}"
-                );
-            } else {
-                // Two directions, expected and unexpected: one barrier each.
-                for _ in 0..LENS.len() * 4 {
-                    w.barrier();
+    run("pingpong_every_size_overflow_queue", 3, &[("SHMFAB_RING_SLOTS", "1")], Duration::from_secs(240), |w| {
+        // Rank 2 grabs the only slot of ranks 0 and 1 first.
+        if w.rank == 2 {
+            w.retry(|| w.ep.inject(b"x", w.addrs[0]));
+            w.retry(|| w.ep.inject(b"x", w.addrs[1]));
+        }
+        let mut b = [0u8; 1];
+        if w.rank < 2 {
+            // SAFETY: b outlives the completion wait.
+            unsafe { w.ep.recv(&mut b, w.addrs[2], 77).unwrap() };
+            w.ok(77);
+        }
+        w.barrier(); // rank 0's and 1's barrier traffic now goes through overflow
+        const LENS: [usize; 11] = [0, 1, 31, 32, 33, 72, 73, 4096, 70000, 200000, 1 << 20];
+        if w.rank < 2 {
+            let mut tag = 1u64;
+            for len in LENS {
+                for expected in [true, false] {
+                    one_way_pair(&w, len, tag, expected);
+                    tag += 2;
                 }
             }
-            w.barrier();
-        },
-    );
+            let s = w.ep.stats().unwrap();
+            assert!(s.rx_ovf > 40, "ranks 0 and 1 must talk through the overflow queue: {s:?}");
+        } else {
+            // Two directions, expected and unexpected: one barrier each.
+            for _ in 0..LENS.len() * 4 {
+                w.barrier();
+            }
+        }
+        w.barrier();
+    });
 }
 
 /// `one_way` both directions between ranks 0 and 1, with a third rank

@@ -4,9 +4,7 @@
 
 mod common;
 use common::{pattern, run, World};
-use shmfab::{
-    ErrorKind, RecvMsg, FI_ADDR_UNSPEC, FI_MULTI_RECV, FI_RECV, FI_REMOTE_CQ_DATA, FI_TAGGED,
-};
+use shmfab::{ErrorKind, RecvMsg, FI_ADDR_UNSPEC, FI_MULTI_RECV, FI_RECV, FI_REMOTE_CQ_DATA, FI_TAGGED};
 use std::io::IoSliceMut;
 use std::time::Duration;
 
@@ -38,8 +36,7 @@ fn all_to_all(w: &World, expected: bool) {
                 // buffers, only the outer Vec) until all completions arrived.
                 unsafe {
                     if tagged {
-                        w.ep.trecv(b, FI_ADDR_UNSPEC, (q as u64) << 32, 0xffff_ffff, *ctx)
-                            .unwrap();
+                        w.ep.trecv(b, FI_ADDR_UNSPEC, (q as u64) << 32, 0xffff_ffff, *ctx).unwrap();
                     } else {
                         w.ep.recv(b, w.addrs[q], *ctx).unwrap();
                     }
@@ -58,13 +55,7 @@ fn all_to_all(w: &World, expected: bool) {
     let payloads: Vec<Vec<Vec<u8>>> = (0..n)
         .map(|q| {
             (0..M)
-                .map(|k| {
-                    if q == w.rank {
-                        vec![]
-                    } else {
-                        pattern(SIZES[k % SIZES.len()], seed(w.rank, q, k))
-                    }
-                })
+                .map(|k| if q == w.rank { vec![] } else { pattern(SIZES[k % SIZES.len()], seed(w.rank, q, k)) })
                 .collect()
         })
         .collect();
@@ -94,30 +85,18 @@ fn all_to_all(w: &World, expected: bool) {
     let mut sends_seen = std::collections::HashSet::new();
     let mut got = 0;
     while got < meta.len() {
-        let (e, src) = w
-            .next_from()
-            .unwrap_or_else(|e| panic!("rank {}: error {e:?}", w.rank));
+        let (e, src) = w.next_from().unwrap_or_else(|e| panic!("rank {}: error {e:?}", w.rank));
         if e.flags & FI_RECV == 0 {
             assert_eq!(e.flags & shmfab::FI_SEND, shmfab::FI_SEND);
             sends_seen.insert(e.op_context);
             continue;
         }
-        let i = meta
-            .iter()
-            .position(|m| m.0 == e.op_context)
-            .expect("known context");
+        let i = meta.iter().position(|m| m.0 == e.op_context).expect("known context");
         let (_, from_posted, tagged_posted) = meta[i];
         assert_eq!(e.flags & FI_TAGGED != 0, tagged_posted, "tagged flag");
-        let from = w
-            .addrs
-            .iter()
-            .position(|&a| a == src)
-            .expect("source in AV");
+        let from = w.addrs.iter().position(|&a| a == src).expect("source in AV");
         if !tagged_posted {
-            assert_eq!(
-                from, from_posted,
-                "directed receive took a message from another source"
-            );
+            assert_eq!(from, from_posted, "directed receive took a message from another source");
         }
         let k = if tagged_posted {
             assert_eq!(e.tag >> 32, from as u64, "ignore mask kept the sender bits");
@@ -136,20 +115,13 @@ fn all_to_all(w: &World, expected: bool) {
         next_k[from][stream] += 2;
         let want = pattern(SIZES[k % SIZES.len()], seed(from, w.rank, k));
         assert_eq!(e.len, want.len(), "length");
-        assert!(
-            bufs[i][..e.len] == want[..],
-            "rank {}: payload of k={k} from {from}",
-            w.rank
-        );
+        assert!(bufs[i][..e.len] == want[..], "rank {}: payload of k={k} from {from}", w.rank);
         got += 1;
     }
     // Whatever send completions were read meanwhile sit in the harness's
     // pending list or are still to come: claim every one.
     for c in send_ctx.into_iter().filter(|c| !sends_seen.contains(c)) {
-        let e = w
-            .wait_ctx(c)
-            .unwrap_or_else(|e| panic!("send error {e:?}"))
-            .0;
+        let e = w.wait_ctx(c).unwrap_or_else(|e| panic!("send error {e:?}")).0;
         assert_eq!(e.flags & shmfab::FI_SEND, shmfab::FI_SEND);
     }
     w.barrier();
@@ -157,17 +129,11 @@ fn all_to_all(w: &World, expected: bool) {
 
 #[test]
 fn all_to_all_four_ranks() {
-    run(
-        "all_to_all_four_ranks",
-        4,
-        &[],
-        Duration::from_secs(240),
-        |w| {
-            all_to_all(&w, true);
-            all_to_all(&w, false);
-            assert_eq!(w.unclaimed(), 0);
-        },
-    );
+    run("all_to_all_four_ranks", 4, &[], Duration::from_secs(240), |w| {
+        all_to_all(&w, true);
+        all_to_all(&w, false);
+        assert_eq!(w.unclaimed(), 0);
+    });
 }
 
 #[test]
@@ -190,29 +156,18 @@ fn all_to_all_four_ranks_through_overflow_queue() {
 
 #[test]
 fn truncation_multirecv_remote_data_inject() {
-    run(
-        "truncation_multirecv_remote_data_inject",
-        2,
-        &[],
-        Duration::from_secs(120),
-        |w| {
-            truncation(&w);
-            multi_recv(&w);
-            remote_cq_data(&w);
-            inject_reuse(&w);
-            assert_eq!(w.unclaimed(), 0);
-        },
-    );
+    run("truncation_multirecv_remote_data_inject", 2, &[], Duration::from_secs(120), |w| {
+        truncation(&w);
+        multi_recv(&w);
+        remote_cq_data(&w);
+        inject_reuse(&w);
+        assert_eq!(w.unclaimed(), 0);
+    });
 }
 
 fn truncation(w: &World) {
     // (message, buffer) for inline, bounce and rendezvous messages.
-    let cases = [
-        (100usize, 60usize),
-        (50_000, 30_000),
-        (300_000, 200_000),
-        (2 << 20, 1 << 20),
-    ];
+    let cases = [(100usize, 60usize), (50_000, 30_000), (300_000, 200_000), (2 << 20, 1 << 20)];
     for (i, &(len, cap)) in cases.iter().enumerate() {
         for expected in [true, false] {
             let tag = 100 + i as u64 * 2 + expected as u64;
@@ -229,22 +184,14 @@ fn truncation(w: &World) {
                     w.barrier();
                     post(&mut buf);
                 }
-                let e = w
-                    .wait_ctx(7)
-                    .expect_err("a truncated receive completes as an error");
+                let e = w.wait_ctx(7).expect_err("a truncated receive completes as an error");
                 assert_eq!(e.err, ErrorKind::Trunc.errno());
                 assert_eq!(e.olen, len - cap, "olen");
                 assert_eq!(e.len, cap, "the part that fits is delivered");
                 assert_eq!(e.tag, tag);
                 let want = pattern(len, tag);
-                assert!(
-                    buf[..cap] == want[..cap],
-                    "delivered prefix ({len} into {cap})"
-                );
-                assert!(
-                    buf[cap..].iter().all(|&b| b == 0x5a),
-                    "nothing written past the buffer"
-                );
+                assert!(buf[..cap] == want[..cap], "delivered prefix ({len} into {cap})");
+                assert!(buf[cap..].iter().all(|&b| b == 0x5a), "nothing written past the buffer");
                 let text = w.cq.last_error_text().unwrap();
                 assert!(text.contains("truncated"), "{text}");
             } else {
@@ -275,13 +222,7 @@ fn multi_recv(w: &World) {
         // SAFETY: big and rest live until every completion below.
         unsafe {
             let mut iov = [IoSliceMut::new(&mut big)];
-            let mut m = RecvMsg {
-                iov: &mut iov,
-                src: FI_ADDR_UNSPEC,
-                context: 50,
-                tag: 0,
-                ignore: 0,
-            };
+            let mut m = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 50, tag: 0, ignore: 0 };
             w.ep.recvmsg(&mut m, FI_MULTI_RECV).unwrap();
             w.ep.recv(&mut rest[..LEN], FI_ADDR_UNSPEC, 51).unwrap();
         }
@@ -292,32 +233,16 @@ fn multi_recv(w: &World) {
         for i in 0..8 {
             let e = w.ok(50);
             assert_eq!(e.len, LEN);
-            assert!(
-                e.buf >= base && e.buf + LEN <= base + BUF,
-                "buf inside the multi-recv buffer"
-            );
+            assert!(e.buf >= base && e.buf + LEN <= base + BUF, "buf inside the multi-recv buffer");
             let off = e.buf - base;
-            assert!(
-                big[off..off + LEN] == pattern(LEN, 300 + i)[..],
-                "message {i} content"
-            );
-            assert_eq!(
-                e.flags & FI_MULTI_RECV != 0,
-                i == 7,
-                "only the last one releases the buffer"
-            );
+            assert!(big[off..off + LEN] == pattern(LEN, 300 + i)[..], "message {i} content");
+            assert_eq!(e.flags & FI_MULTI_RECV != 0, i == 7, "only the last one releases the buffer");
             offs.push(off);
         }
-        assert!(
-            offs.windows(2).all(|p| p[1] >= p[0] + LEN),
-            "messages do not overlap: {offs:?}"
-        );
+        assert!(offs.windows(2).all(|p| p[1] >= p[0] + LEN), "messages do not overlap: {offs:?}");
         let e = w.ok(51);
         assert_eq!(e.len, LEN);
-        assert!(
-            rest[..LEN] == pattern(LEN, 308)[..],
-            "ninth message went to the next receive"
-        );
+        assert!(rest[..LEN] == pattern(LEN, 308)[..], "ninth message went to the next receive");
     } else {
         w.barrier();
         for i in 0..9u64 {
@@ -330,29 +255,17 @@ fn multi_recv(w: &World) {
 fn remote_cq_data(w: &World) {
     if w.rank == 1 {
         let mut b = vec![0u8; 300_000];
-        for (ctx, want_data) in [
-            (60usize, Some(0xdead_beef_u64)),
-            (61, None),
-            (62, Some(7)),
-            (63, Some(u64::MAX)),
-        ] {
+        for (ctx, want_data) in [(60usize, Some(0xdead_beef_u64)), (61, None), (62, Some(7)), (63, Some(u64::MAX))] {
             // SAFETY: b lives until the completion.
             unsafe { w.ep.recv(&mut b, w.addrs[0], ctx).unwrap() };
             let e = w.ok(ctx);
-            assert_eq!(
-                e.flags & FI_REMOTE_CQ_DATA != 0,
-                want_data.is_some(),
-                "ctx {ctx}"
-            );
+            assert_eq!(e.flags & FI_REMOTE_CQ_DATA != 0, want_data.is_some(), "ctx {ctx}");
             assert_eq!(e.data, want_data.unwrap_or(0), "ctx {ctx}");
         }
         // Tagged, with data.
         unsafe { w.ep.trecv(&mut b, w.addrs[0], 9, 0, 64).unwrap() };
         let e = w.ok(64);
-        assert_eq!(
-            (e.data, e.tag, e.flags & FI_REMOTE_CQ_DATA != 0),
-            (42, 9, true)
-        );
+        assert_eq!((e.data, e.tag, e.flags & FI_REMOTE_CQ_DATA != 0), (42, 9, true));
     } else {
         let big = pattern(200_000, 1);
         // SAFETY: buffers live until the send completions below.
@@ -393,15 +306,8 @@ fn inject_reuse(w: &World) {
             unsafe { w.ep.recv(&mut b, w.addrs[0], 80).unwrap() };
             let e = w.ok(80);
             assert_eq!(e.len, LEN);
-            assert_eq!(
-                u64::from_le_bytes(b[..8].try_into().unwrap()),
-                i as u64,
-                "order"
-            );
-            assert!(
-                b[8..].iter().all(|&x| x == i as u8),
-                "inject {i}: content is what it was at the call"
-            );
+            assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), i as u64, "order");
+            assert!(b[8..].iter().all(|&x| x == i as u8), "inject {i}: content is what it was at the call");
         }
     }
     w.barrier();
@@ -412,73 +318,50 @@ fn unexpected_flood_backpressure_then_all_delivered() {
     // A small unexpected budget and transmit queue: the sender must hit
     // -FI_EAGAIN while the receiver has posted nothing; then the receiver
     // posts everything and every message arrives, in order, intact.
-    let env = [
-        ("SHMFAB_UNEXP_MAX", "64k"),
-        ("SHMFAB_TX_SIZE", "64"),
-        ("SHMFAB_RING_CELLS", "256"),
-    ];
-    run(
-        "unexpected_flood_backpressure_then_all_delivered",
-        2,
-        &env,
-        Duration::from_secs(120),
-        |w| {
-            const N: usize = 3000;
-            let len = |i: usize| [700usize, 24, 5000, 40000, 200_000][i % 5];
-            let flag = std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap())
-                .join("saw-eagain");
-            if w.rank == 0 {
-                let data: Vec<Vec<u8>> = (0..N).map(|i| pattern(len(i), i as u64)).collect();
-                let mut again = 0;
-                let t0 = std::time::Instant::now();
-                for (i, d) in data.iter().enumerate() {
-                    // SAFETY: data lives until the send completions below.
-                    while let Err(e) = unsafe { w.ep.send(d, w.addrs[1], i) } {
-                        assert_eq!(e.kind(), ErrorKind::Again, "{e}");
-                        if again == 0 {
-                            std::fs::write(&flag, b"1").unwrap();
-                        }
-                        again += 1;
-                        w.dom.wait(Duration::from_millis(1));
-                        w.dom.progress();
-                        assert!(
-                            t0.elapsed() < Duration::from_secs(60),
-                            "stuck on -FI_EAGAIN"
-                        );
+    let env = [("SHMFAB_UNEXP_MAX", "64k"), ("SHMFAB_TX_SIZE", "64"), ("SHMFAB_RING_CELLS", "256")];
+    run("unexpected_flood_backpressure_then_all_delivered", 2, &env, Duration::from_secs(120), |w| {
+        const N: usize = 3000;
+        let len = |i: usize| [700usize, 24, 5000, 40000, 200_000][i % 5];
+        let flag = std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap()).join("saw-eagain");
+        if w.rank == 0 {
+            let data: Vec<Vec<u8>> = (0..N).map(|i| pattern(len(i), i as u64)).collect();
+            let mut again = 0;
+            let t0 = std::time::Instant::now();
+            for (i, d) in data.iter().enumerate() {
+                // SAFETY: data lives until the send completions below.
+                while let Err(e) = unsafe { w.ep.send(d, w.addrs[1], i) } {
+                    assert_eq!(e.kind(), ErrorKind::Again, "{e}");
+                    if again == 0 {
+                        std::fs::write(&flag, b"1").unwrap();
                     }
-                }
-                assert!(again > 0, "the flood must meet back-pressure");
-                assert!(w.ep.stats().unwrap().tx_again > 0);
-                for i in 0..N {
-                    w.ok(i);
-                }
-            } else {
-                let t0 = std::time::Instant::now();
-                while !flag.exists() {
-                    w.dom.progress(); // drain what the budget allows
-                    assert!(
-                        t0.elapsed() < Duration::from_secs(60),
-                        "sender never met back-pressure"
-                    );
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                assert!(
-                    w.ep.stats().unwrap().stalls > 0,
-                    "receiver stopped draining"
-                );
-                let mut b = vec![0u8; 200_000];
-                for i in 0..N {
-                    // SAFETY: b lives until the completion.
-                    unsafe { w.ep.recv(&mut b, w.addrs[0], i).unwrap() };
-                    let e = w.ok(i);
-                    assert_eq!(e.len, len(i), "message {i}");
-                    assert!(
-                        b[..e.len] == pattern(len(i), i as u64)[..],
-                        "message {i} content"
-                    );
+                    again += 1;
+                    w.dom.wait(Duration::from_millis(1));
+                    w.dom.progress();
+                    assert!(t0.elapsed() < Duration::from_secs(60), "stuck on -FI_EAGAIN");
                 }
             }
-            w.barrier();
-        },
-    );
+            assert!(again > 0, "the flood must meet back-pressure");
+            assert!(w.ep.stats().unwrap().tx_again > 0);
+            for i in 0..N {
+                w.ok(i);
+            }
+        } else {
+            let t0 = std::time::Instant::now();
+            while !flag.exists() {
+                w.dom.progress(); // drain what the budget allows
+                assert!(t0.elapsed() < Duration::from_secs(60), "sender never met back-pressure");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(w.ep.stats().unwrap().stalls > 0, "receiver stopped draining");
+            let mut b = vec![0u8; 200_000];
+            for i in 0..N {
+                // SAFETY: b lives until the completion.
+                unsafe { w.ep.recv(&mut b, w.addrs[0], i).unwrap() };
+                let e = w.ok(i);
+                assert_eq!(e.len, len(i), "message {i}");
+                assert!(b[..e.len] == pattern(len(i), i as u64)[..], "message {i} content");
+            }
+        }
+        w.barrier();
+    });
 }

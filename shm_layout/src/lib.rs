@@ -148,22 +148,15 @@ const fn align_up(x: usize, a: usize) -> usize {
 impl EpGeometry {
     /// Default geometry: 16 rings of 256 cells (16 KiB each), a 64-entry
     /// overflow queue, and 32 chunks of 32 KiB in the pool.
-    pub const DEFAULT: EpGeometry = EpGeometry {
-        n_slots: 16,
-        ring_cells: 256,
-        ovf_cells: 64,
-        pool_chunks: 32,
-        chunk_size: 32 * 1024,
-        reserved: 0,
-    };
+    pub const DEFAULT: EpGeometry =
+        EpGeometry { n_slots: 16, ring_cells: 256, ovf_cells: 64, pool_chunks: 32, chunk_size: 32 * 1024, reserved: 0 };
 
     /// Checks every bound; returns what is wrong.
     pub const fn validate(&self) -> Result<(), &'static str> {
         if self.n_slots == 0 || self.n_slots > MAX_SLOTS {
             return Err("n_slots must be 1..=64");
         }
-        if !self.ring_cells.is_power_of_two() || self.ring_cells < 128 || self.ring_cells > 1 << 20
-        {
+        if !self.ring_cells.is_power_of_two() || self.ring_cells < 128 || self.ring_cells > 1 << 20 {
             return Err("ring_cells must be a power of two in 128..=2^20");
         }
         if !self.ovf_cells.is_power_of_two() || self.ovf_cells < 2 || self.ovf_cells > 1 << 16 {
@@ -172,10 +165,7 @@ impl EpGeometry {
         if self.pool_chunks == 0 || self.pool_chunks > 65536 {
             return Err("pool_chunks must be 1..=65536");
         }
-        if self.chunk_size < 4096
-            || !self.chunk_size.is_multiple_of(4096)
-            || self.chunk_size > 1 << 24
-        {
+        if self.chunk_size < 4096 || !self.chunk_size.is_multiple_of(4096) || self.chunk_size > 1 << 24 {
             return Err("chunk_size must be a multiple of 4096 up to 16 MiB");
         }
         Ok(())
@@ -187,17 +177,11 @@ impl EpGeometry {
     }
     /// Offset of the ring control blocks.
     pub const fn ringctl_offset(&self) -> usize {
-        align_up(
-            self.slots_offset() + self.n_slots as usize * core::mem::size_of::<SlotEntry>(),
-            CACHE_LINE,
-        )
+        align_up(self.slots_offset() + self.n_slots as usize * core::mem::size_of::<SlotEntry>(), CACHE_LINE)
     }
     /// Offset of the ring cells (ring `i` starts at `i * ring_cells * 64`).
     pub const fn cells_offset(&self) -> usize {
-        align_up(
-            self.ringctl_offset() + self.n_slots as usize * core::mem::size_of::<RingCtl>(),
-            PAGE,
-        )
+        align_up(self.ringctl_offset() + self.n_slots as usize * core::mem::size_of::<RingCtl>(), PAGE)
     }
     /// Offset of the overflow queue's control block.
     pub const fn ovfctl_offset(&self) -> usize {
@@ -217,17 +201,11 @@ impl EpGeometry {
     }
     /// Offset of the first pool chunk.
     pub const fn chunks_offset(&self) -> usize {
-        align_up(
-            self.pool_next_offset() + self.pool_chunks as usize * 4,
-            PAGE,
-        )
+        align_up(self.pool_next_offset() + self.pool_chunks as usize * 4, PAGE)
     }
     /// Bytes of one endpoint section (page aligned).
     pub const fn section_size(&self) -> usize {
-        align_up(
-            self.chunks_offset() + self.pool_chunks as usize * self.chunk_size as usize,
-            PAGE,
-        )
+        align_up(self.chunks_offset() + self.pool_chunks as usize * self.chunk_size as usize, PAGE)
     }
 }
 
@@ -241,10 +219,7 @@ pub const fn region_size(g: &EpGeometry, n_eps: u32, n_counters: u32) -> usize {
 
 /// Offset of the first endpoint section.
 pub const fn eps_offset(n_counters: u32) -> usize {
-    align_up(
-        COUNTERS_OFFSET + n_counters as usize * core::mem::size_of::<Counter>(),
-        PAGE,
-    )
+    align_up(COUNTERS_OFFSET + n_counters as usize * core::mem::size_of::<Counter>(), PAGE)
 }
 
 /// The first page of a region.
@@ -378,6 +353,14 @@ pub mod op {
     /// Receiver to sender: done with the message; `tag` = msg id, `len` = 0
     /// or a positive fabric errno.
     pub const FIN: u8 = 6;
+    /// Receiver to sender, split single copy: "write bytes from `data`
+    /// onwards of the message into these ranges of mine while I read the
+    /// part before": `tag` = msg id, `data` = offset; payload: iov count
+    /// (u32), pad, then (addr u64, len u64) pairs.
+    pub const CTS_WRITE: u8 = 7;
+    /// Sender to receiver: the write asked by CTS_WRITE is done; `tag` = msg
+    /// id, `len` = 0 or a positive errno.
+    pub const WDONE: u8 = 8;
 }
 
 /// Bits of an RTS's flags word.
@@ -532,13 +515,7 @@ mod tests {
 
     #[test]
     fn address_round_trips() {
-        let a = Address {
-            uid: 1000,
-            job: 0xdead_beef,
-            token: 0x0123_4567_89ab_cdef,
-            ep_index: 3,
-            generation: 2,
-        };
+        let a = Address { uid: 1000, job: 0xdead_beef, token: 0x0123_4567_89ab_cdef, ep_index: 3, generation: 2 };
         assert_eq!(Address::from_bytes(&a.to_bytes()), Some(a));
         assert_eq!(Address::from_bytes(&[0u8; 5]), None);
     }

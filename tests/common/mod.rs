@@ -6,8 +6,8 @@
 #![allow(dead_code)]
 
 use shmfab::{
-    AddressVector, CompletionQueue, CqAttr, CqErrEntry, CqTaggedEntry, Domain, Endpoint, ErrorKind,
-    Fabric, FiAddr, FI_RECV, FI_TRANSMIT,
+    AddressVector, CompletionQueue, CqAttr, CqErrEntry, CqTaggedEntry, Domain, Endpoint, ErrorKind, Fabric, FiAddr,
+    FI_RECV, FI_TRANSMIT,
 };
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -20,13 +20,7 @@ const DIR: &str = "SHMFAB_TEST_DIR";
 /// Runs `body` in `n` processes (ranks 0..n) of this test binary, with
 /// `env` set for them; fails if any rank fails or the job outlives `timeout`.
 /// In a rank, runs `body` and returns.
-pub fn run(
-    test: &str,
-    n: usize,
-    env: &[(&str, &str)],
-    timeout: Duration,
-    body: impl FnOnce(World),
-) {
+pub fn run(test: &str, n: usize, env: &[(&str, &str)], timeout: Duration, body: impl FnOnce(World)) {
     if let Ok(r) = std::env::var(RANK) {
         let rank: usize = r.parse().unwrap();
         let size: usize = std::env::var(SIZE).unwrap().parse().unwrap();
@@ -37,10 +31,7 @@ pub fn run(
     let job = format!("t-{test}-{}-{}", std::process::id(), rand_suffix());
     let dir = std::env::temp_dir().join(&job);
     std::fs::create_dir_all(&dir).unwrap();
-    let _guard = JobGuard {
-        job: job.clone(),
-        dir: dir.clone(),
-    };
+    let _guard = JobGuard { job: job.clone(), dir: dir.clone() };
     let exe = std::env::current_exe().unwrap();
     let mut kids: Vec<Child> = (0..n)
         .map(|r| {
@@ -81,10 +72,7 @@ pub fn run(
                 let log = std::fs::read_to_string(dir.join(format!("{r}.log"))).unwrap_or_default();
                 eprintln!(
                     "----- rank {r} -----\n{}",
-                    log.lines()
-                        .filter(|l| !l.trim().is_empty())
-                        .collect::<Vec<_>>()
-                        .join("\n")
+                    log.lines().filter(|l| !l.trim().is_empty()).collect::<Vec<_>>().join("\n")
                 );
             }
             panic!(
@@ -96,17 +84,11 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(5));
     }
     let left = shmfab::region::scan(Some(shmfab::region::job_hash(&job)));
-    assert!(
-        left.is_empty(),
-        "{test}: ranks left regions behind: {left:?}"
-    );
+    assert!(left.is_empty(), "{test}: ranks left regions behind: {left:?}");
 }
 
 fn rand_suffix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64
 }
 
 /// Removes the job's regions and address files, even on panic.
@@ -144,12 +126,7 @@ impl World {
     fn new(rank: usize, size: usize) -> World {
         let fabric = Fabric::open().unwrap();
         let dom = fabric.domain().unwrap();
-        let cq = dom
-            .cq_open(&CqAttr {
-                size: 4096,
-                ..Default::default()
-            })
-            .unwrap();
+        let cq = dom.cq_open(&CqAttr { size: 4096, ..Default::default() }).unwrap();
         let av = dom.av_open().unwrap();
         let ep = dom.endpoint().unwrap();
         ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
@@ -168,25 +145,12 @@ impl World {
                     names.push(shmfab::Address::from_bytes(&b).unwrap());
                     break;
                 }
-                assert!(
-                    t0.elapsed() < Duration::from_secs(30),
-                    "rank {r} never published its address"
-                );
+                assert!(t0.elapsed() < Duration::from_secs(30), "rank {r} never published its address");
                 std::thread::sleep(Duration::from_millis(2));
             }
         }
         let addrs = av.insert(&names).unwrap();
-        World {
-            rank,
-            size,
-            ep,
-            cq,
-            av,
-            dom,
-            fabric,
-            addrs,
-            pending: Default::default(),
-        }
+        World { rank, size, ep, cq, av, dom, fabric, addrs, pending: Default::default() }
     }
 
     /// Reads one completion, driving progress and sleeping on the doorbell
@@ -216,11 +180,7 @@ impl World {
                 Err(x) if x.kind() == ErrorKind::Again => {}
                 Err(x) => panic!("cq read: {x}"),
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "rank {}: no completion in 60 s",
-                self.rank
-            );
+            assert!(t0.elapsed() < Duration::from_secs(60), "rank {}: no completion in 60 s", self.rank);
             spins += 1;
             if spins > 200 {
                 self.dom.wait(Duration::from_millis(1));
@@ -250,9 +210,7 @@ impl World {
 
     /// As `wait_ctx`, failing on an error completion.
     pub fn ok(&self, ctx: usize) -> CqTaggedEntry {
-        self.wait_ctx(ctx)
-            .unwrap_or_else(|e| panic!("rank {}: error completion for ctx {ctx}: {e:?}", self.rank))
-            .0
+        self.wait_ctx(ctx).unwrap_or_else(|e| panic!("rank {}: error completion for ctx {ctx}: {e:?}", self.rank)).0
     }
 
     /// Retries `f` while it says -FI_EAGAIN, driving progress between tries.
@@ -268,10 +226,7 @@ impl World {
                     if again % 64 == 0 {
                         self.dom.wait(Duration::from_millis(1));
                     }
-                    assert!(
-                        t0.elapsed() < Duration::from_secs(60),
-                        "stuck on -FI_EAGAIN"
-                    );
+                    assert!(t0.elapsed() < Duration::from_secs(60), "stuck on -FI_EAGAIN");
                 }
                 Err(e) => panic!("post failed: {e}"),
             }
@@ -285,11 +240,7 @@ impl World {
         if self.rank == 0 {
             for _ in 1..self.size {
                 // SAFETY: b outlives the wait below.
-                unsafe {
-                    self.ep
-                        .trecv(&mut b, shmfab::FI_ADDR_UNSPEC, T, 0, BARRIER_CTX)
-                        .unwrap()
-                };
+                unsafe { self.ep.trecv(&mut b, shmfab::FI_ADDR_UNSPEC, T, 0, BARRIER_CTX).unwrap() };
                 self.ok(BARRIER_CTX);
             }
             for r in 1..self.size {
@@ -298,11 +249,7 @@ impl World {
         } else {
             self.retry(|| self.ep.tinject(&[1], self.addrs[0], T));
             // SAFETY: as above.
-            unsafe {
-                self.ep
-                    .trecv(&mut b, self.addrs[0], T + 1, 0, BARRIER_CTX)
-                    .unwrap()
-            };
+            unsafe { self.ep.trecv(&mut b, self.addrs[0], T + 1, 0, BARRIER_CTX).unwrap() };
             self.ok(BARRIER_CTX);
         }
     }
