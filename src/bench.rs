@@ -221,9 +221,12 @@ impl Link {
         let t0 = Instant::now();
         let r = (|| {
             for _ in 0..n {
+                // Send, then post the receive for the answer (as an
+                // osu-style MPI_Send + MPI_Recv does): sending runs no
+                // receive progress, so the pong still finds it posted.
+                self.ends.send(&sb, self.peer, T_PING)?;
                 // SAFETY: rb lives until the completion waited for just below.
                 unsafe { self.ends.ep.trecv(&mut rb[..size], self.peer, T_PONG, 0, 2)? };
-                self.ends.send(&sb, self.peer, T_PING)?;
                 let e = self.ends.wait_recvs(1)?;
                 if e[0].len != size {
                     return Err(Error::with(
@@ -349,11 +352,20 @@ fn peer_loop() -> Result<()> {
         }
         match kind {
             CMD_PINGPONG => {
-                for _ in 0..iters {
-                    // SAFETY: buf lives until the completion below.
-                    unsafe { ends.ep.trecv(&mut buf[..size], parent, T_PING, 0, 11)? };
+                // The first receive is posted up front; each later one right
+                // after answering, off the critical path.
+                // SAFETY: buf lives until the completions below; the send
+                // of a pong has read buf before the next receive is posted
+                // (inline sends copy at once; larger ones complete before
+                // the parent's next ping, which the next receive waits for).
+                unsafe { ends.ep.trecv(&mut buf[..size], parent, T_PING, 0, 11)? };
+                for i in 0..iters {
                     let e = ends.wait_recvs(1)?;
                     ends.send(&buf[..e[0].len], parent, T_PONG)?;
+                    if i + 1 < iters {
+                        // SAFETY: as above.
+                        unsafe { ends.ep.trecv(&mut buf[..size], parent, T_PING, 0, 11)? };
+                    }
                 }
             }
             CMD_BW => {
