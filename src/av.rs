@@ -37,7 +37,7 @@ pub struct AddressVector {
 impl Domain {
     /// Opens an address vector.
     pub fn av_open(&self) -> Result<AddressVector> {
-        let mut st = self.inner.lock();
+        let mut st = self.inner.lock()?;
         let s = AvState { entries: Vec::new(), by_addr: HashMap::new(), generation: 0, bound: 0, orphaned: false };
         let id = match st.avs.iter().position(|a| a.is_none()) {
             Some(i) => {
@@ -58,7 +58,7 @@ impl AddressVector {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "address vector is closed"));
         }
-        let mut st = self.dom.lock();
+        let mut st = self.dom.lock()?;
         let av = st.avs[self.id].as_mut().expect("open AV has state");
         f(av)
     }
@@ -136,7 +136,7 @@ impl AddressVector {
 
     /// Closes the AV; `Busy` while endpoints are bound to it.
     pub fn close(&self) -> Result<()> {
-        let mut st = self.dom.lock();
+        let mut st = self.dom.lock()?;
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
@@ -153,7 +153,7 @@ impl AddressVector {
 impl Drop for AddressVector {
     fn drop(&mut self) {
         if self.close().is_err() {
-            let mut st = self.dom.lock();
+            let Ok(mut st) = self.dom.lock() else { return };
             if let Some(av) = st.avs[self.id].as_mut() {
                 av.orphaned = true;
             }

@@ -156,7 +156,7 @@ impl Ends {
             };
             match r {
                 Ok(()) => return Ok(()),
-                Err(e) if e.kind() == ErrorKind::Again => self.dom.progress(),
+                Err(e) if e.kind() == ErrorKind::Again => self.dom.progress()?,
                 Err(e) => return Err(e),
             }
         }
@@ -282,7 +282,7 @@ impl Link {
         self.command(CMD_QUIT, 0, 0, 0)?;
         let t0 = Instant::now();
         loop {
-            self.ends.dom.progress();
+            self.ends.dom.progress()?;
             if let Some(st) = self.child.try_wait()? {
                 return if st.success() {
                     Ok(())

@@ -24,7 +24,7 @@ pub struct Counter {
 impl Domain {
     /// Opens a counter (value and error start at 0).
     pub fn cntr_open(&self) -> Result<Counter> {
-        let mut st = self.inner.lock();
+        let mut st = self.inner.lock()?;
         let n = self.inner.counters().len();
         let id = match st.cntrs.iter().position(|c| c.is_none()) {
             Some(i) => i,
@@ -50,21 +50,22 @@ impl Counter {
         Ok(&self.dom.counters()[self.id])
     }
 
-    fn progress(&self) {
-        let mut st = self.dom.lock();
+    fn progress(&self) -> Result<()> {
+        let mut st = self.dom.lock()?;
         self.dom.progress(&mut st);
+        Ok(())
     }
 
     /// Success value (after a progress pass).
     pub fn read(&self) -> Result<u64> {
-        self.progress();
+        self.progress()?;
         // SYNC: pairs with the release increments in progress.
         Ok(self.shm()?.value.v.load(Ordering::Acquire))
     }
 
     /// Error value (after a progress pass).
     pub fn readerr(&self) -> Result<u64> {
-        self.progress();
+        self.progress()?;
         Ok(self.shm()?.err.v.load(Ordering::Acquire))
     }
 
@@ -99,7 +100,7 @@ impl Counter {
 
     /// Closes the counter; `Busy` while endpoints are bound to it.
     pub fn close(&self) -> Result<()> {
-        let mut st = self.dom.lock();
+        let mut st = self.dom.lock()?;
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
@@ -116,7 +117,7 @@ impl Counter {
 impl Drop for Counter {
     fn drop(&mut self) {
         if self.close().is_err() {
-            let mut st = self.dom.lock();
+            let Ok(mut st) = self.dom.lock() else { return };
             if let Some(c) = st.cntrs[self.id].as_mut() {
                 c.orphaned = true;
             }

@@ -313,7 +313,7 @@ impl crate::Domain {
         if attr.size > 1 << 24 {
             return Err(Error::with(ErrorKind::Inval, "CQ size above 16M entries"));
         }
-        let mut st = self.inner.lock();
+        let mut st = self.inner.lock()?;
         let s = CqState::new(attr);
         let id = match st.cqs.iter().position(|c| c.is_none()) {
             Some(i) => {
@@ -334,7 +334,7 @@ impl CompletionQueue {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
         }
-        let mut st = self.dom.lock();
+        let mut st = self.dom.lock()?;
         if progress {
             self.dom.progress(&mut st);
         }
@@ -376,7 +376,7 @@ impl CompletionQueue {
 
     /// Closes the CQ; `Busy` while endpoints are bound to it.
     pub fn close(&self) -> Result<()> {
-        let mut st = self.dom.lock();
+        let mut st = self.dom.lock()?;
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
@@ -393,7 +393,7 @@ impl CompletionQueue {
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
         if self.close().is_err() {
-            let mut st = self.dom.lock();
+            let Ok(mut st) = self.dom.lock() else { return };
             if let Some(c) = st.cqs[self.id].as_mut() {
                 c.orphaned = true;
             }

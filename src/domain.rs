@@ -13,7 +13,7 @@ use crate::ep::EpState;
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::Config;
 use crate::region::{self, Region};
-use parking_lot::{Mutex, MutexGuard};
+use crate::sync::{DomainGuard, DomainLock, LockError, Threading};
 use shm_layout::{ep_state, eps_offset, Address, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl, SlotEntry};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,9 +43,20 @@ impl Fabric {
         &self.cfg
     }
 
+    /// Opens a domain with the default threading model,
+    /// [`Threading::Domain`] (or `SHMFAB_THREADING=safe`).
+    pub fn domain(&self) -> Result<Domain> {
+        let t = match std::env::var("SHMFAB_THREADING").as_deref() {
+            Ok("safe") => Threading::Safe,
+            _ => Threading::Domain,
+        };
+        self.domain_with(t)
+    }
+
     /// Opens a domain: creates its shared region (removing this user's
     /// regions whose owners died first).
-    pub fn domain(&self) -> Result<Domain> {
+    pub fn domain_with(&self, threading: Threading) -> Result<Domain> {
+        crate::doorbell::init();
         region::clean_dead(false);
         let job = region::job_hash(&region::job_id());
         let cfg = self.cfg.clone();
@@ -65,7 +76,17 @@ impl Fabric {
             avs: Vec::new(),
             regions: HashMap::new(),
         };
-        Ok(Domain { inner: Arc::new(DomainInner { cfg, region, job, token, uid: region::uid(), st: Mutex::new(st) }) })
+        Ok(Domain {
+            inner: Arc::new(DomainInner {
+                cfg,
+                region,
+                job,
+                token,
+                uid: region::uid(),
+                st: DomainLock::new(st, threading),
+                sleeps: Default::default(),
+            }),
+        })
     }
 }
 
@@ -81,7 +102,9 @@ pub(crate) struct DomainInner {
     pub job: u32,
     pub token: u64,
     pub uid: u32,
-    pub st: Mutex<DomainState>,
+    pub st: DomainLock<DomainState>,
+    /// Times a `wait` really slept on the doorbell.
+    pub sleeps: std::sync::atomic::AtomicU64,
 }
 
 /// Everything in-process of a domain.
@@ -109,8 +132,15 @@ pub(crate) struct Ctx<'a> {
 
 impl DomainInner {
     #[inline]
-    pub fn lock(&self) -> MutexGuard<'_, DomainState> {
-        self.st.lock()
+    pub fn lock(&self) -> Result<DomainGuard<'_, DomainState>> {
+        self.st.lock().map_err(|e| match e {
+            LockError::OtherThread => Error::with(
+                ErrorKind::Inval,
+                "this domain was opened with Threading::Domain (FI_THREAD_DOMAIN) and is driven by another \
+                 thread; open it with Threading::Safe to share it between threads",
+            ),
+            LockError::Reentrant => Error::with(ErrorKind::Inval, "domain called re-entrantly from inside a call"),
+        })
     }
 
     pub fn region_fd(&self) -> &std::fs::File {
@@ -181,9 +211,10 @@ impl Domain {
     }
 
     /// Runs one progress pass (reading a CQ or counter does this too).
-    pub fn progress(&self) {
-        let mut st = self.inner.lock();
+    pub fn progress(&self) -> Result<()> {
+        let mut st = self.inner.lock()?;
         self.inner.progress(&mut st);
+        Ok(())
     }
 
     /// Sleeps on the domain's doorbell until inbound work may be there or
@@ -193,14 +224,22 @@ impl Domain {
     /// doorbell, so callers waiting for that should pass a short timeout.
     pub fn wait(&self, timeout: Duration) {
         let db = &self.inner.region.header().doorbell;
-        crate::doorbell::wait(
+        let found = crate::doorbell::wait(
             db,
-            || {
-                let st = self.inner.lock();
-                self.inner.has_inbound(&st)
+            || match self.inner.lock() {
+                Ok(st) => self.inner.has_inbound(&st),
+                Err(_) => true, // not ours to sleep on: return at once
             },
             Some(timeout),
         );
+        if !found {
+            self.inner.sleeps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// How many times [`Domain::wait`] really slept on the doorbell.
+    pub fn sleeps(&self) -> u64 {
+        self.inner.sleeps.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -407,9 +407,44 @@ pub(crate) struct EpState {
     pub tx_outstanding: usize,
     pub min_multi_recv: usize,
     pub stats: EpStats,
+    /// Buffers of delivered unexpected messages, kept for the next ones
+    /// (small ones only, at most `SPARE_MAX`): no allocation per message.
+    pub spare: Vec<Vec<u8>>,
 }
 
+/// Most spare unexpected-message buffers an endpoint keeps.
+const SPARE_MAX: usize = 256;
+/// Largest buffer kept as a spare.
+const SPARE_BYTES: usize = 4096;
+
 impl EpState {
+    /// A buffer of `len` bytes for an unexpected message (a recycled one if
+    /// it fits).
+    #[inline]
+    pub fn spare_buf(&mut self, len: usize) -> Vec<u8> {
+        match self.spare.pop() {
+            Some(mut v) if v.capacity() >= len => {
+                v.resize(len, 0);
+                v
+            }
+            other => {
+                if let Some(v) = other {
+                    self.spare.push(v);
+                }
+                vec![0u8; len]
+            }
+        }
+    }
+
+    /// Keeps a delivered unexpected message's buffer for reuse.
+    #[inline]
+    pub fn recycle_buf(&mut self, mut v: Vec<u8>) {
+        if v.capacity() <= SPARE_BYTES && self.spare.len() < SPARE_MAX {
+            v.clear();
+            self.spare.push(v);
+        }
+    }
+
     /// Whether a message is waiting in any inbound ring or the overflow queue.
     pub fn inbound_ready(&self) -> bool {
         if self.sec.header().claimed.load(Ordering::Acquire) != self.claimed_seen {
@@ -686,7 +721,7 @@ impl Domain {
     /// peers. Its address ([`Endpoint::getname`]) is valid at once.
     pub fn endpoint(&self) -> Result<Endpoint> {
         let inner = &self.inner;
-        let mut st = inner.lock();
+        let mut st = inner.lock()?;
         let idx = st.eps.iter().position(|e| e.is_none()).ok_or_else(|| {
             Error::with(
                 ErrorKind::NoSpc,
@@ -738,6 +773,7 @@ impl Domain {
             tx_outstanding: 0,
             min_multi_recv: 64,
             stats: EpStats::default(),
+            spare: Vec::new(),
         }));
         Ok(Endpoint { dom: inner.clone(), idx, addr, closed: false.into() })
     }
@@ -748,7 +784,7 @@ macro_rules! with_ep {
         if $self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "endpoint is closed"));
         }
-        let mut st = $self.dom.lock();
+        let mut st = $self.dom.lock()?;
         $self.dom.with_ep(&mut st, $self.idx, |$ep, $ctx| $body)
     }};
 }
@@ -871,7 +907,7 @@ impl Endpoint {
             return Err(Error::with(ErrorKind::Inval, "counter belongs to another domain"));
         }
         let id = c.id;
-        let mut st = self.dom.lock();
+        let mut st = self.dom.lock()?;
         let ep = st.eps[self.idx].as_deref_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
         if ep.enabled {
             return Err(Error::with(ErrorKind::Inval, "bind before enable"));
@@ -909,7 +945,7 @@ impl Endpoint {
             ep.av = Some(id);
             Ok(())
         })?;
-        let mut st = self.dom.lock();
+        let mut st = self.dom.lock()?;
         st.avs[id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "AV is closed"))?.bound += 1;
         Ok(())
     }
@@ -1167,7 +1203,7 @@ impl Endpoint {
         if self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        let mut st = self.dom.lock();
+        let mut st = self.dom.lock()?;
         let Some(ep) = st.eps[self.idx].take() else {
             return Ok(());
         };

@@ -58,3 +58,4 @@ pub use ep::{Endpoint, EpStats, RecvMsg, SendMsg};
 pub use error::{Error, ErrorKind, Result};
 pub use flags::*;
 pub use shm_layout::Address;
+pub use sync::Threading;

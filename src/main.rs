@@ -17,6 +17,9 @@ const USAGE: &str = "usage:
   shmfab info
       version, layout, thresholds in force, CMA, /dev/shm";
 
+/// Window of the message-rate test: osu_mbw_mr's default.
+const RATE_WINDOW: usize = 64;
+
 const DEFAULT_SIZES: [usize; 7] = [8, 64, 1024, 4096, 65536, 1 << 20, 4 << 20];
 
 fn main() {
@@ -133,7 +136,7 @@ fn measure(sizes: &[usize], lat: bool, bw: bool, rate: bool) -> Result<Vec<Figur
             f.bw_gbs = Some(link.stream(size, w, it).map_err(|e| e.to_string())?.0);
         }
         if rate && size <= 64 {
-            f.mmsgs = Some(link.stream(size, 256, 400).map_err(|e| e.to_string())?.1);
+            f.mmsgs = Some(link.stream(size, RATE_WINDOW, 2000).map_err(|e| e.to_string())?.1);
         }
         out.push(f);
     }

@@ -225,7 +225,7 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
             if unexp_full(ep, ctx, len) {
                 return Flow::Stall;
             }
-            let mut v = vec![0u8; len];
+            let mut v = ep.spare_buf(len);
             src.read(0, &mut v);
             ep.unexp_bytes += len;
             let id = new_unexp_id(ep);
@@ -644,6 +644,7 @@ pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: De
         UnexpBody::Data { v, received, msg_id } => {
             ep.unexp_bytes -= v.len();
             let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| dst.copy_from_slice(&v[o..o + dst.len()]));
+            ep.recycle_buf(v);
             if received == u.len {
                 finish_rx(ep, ctx, u.peer, 0, PendingRx { dest: d, info: RxInfo { delivered: n, ..info }, err: None });
             } else {

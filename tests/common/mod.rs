@@ -222,7 +222,7 @@ impl World {
                 Ok(()) => return again,
                 Err(e) if e.kind() == ErrorKind::Again => {
                     again += 1;
-                    self.dom.progress();
+                    self.dom.progress().unwrap();
                     if again % 64 == 0 {
                         self.dom.wait(Duration::from_millis(1));
                     }
