@@ -17,17 +17,18 @@ static long iters_for(long size) {
     return n < 20 ? 20 : (n > 100000 ? 100000 : n);
 }
 
-static double lat(char *buf, long size, int rank) {
+/* Separate send and receive buffers, as osu_latency. */
+static double lat(char *sbuf, char *rbuf, long size, int rank) {
     long iters = iters_for(size), warm = iters / 10 + 2;
     double t0 = 0;
     for (long i = 0; i < warm + iters; i++) {
         if (i == warm) t0 = MPI_Wtime();
         if (rank == 0) {
-            MPI_Send(buf, (int)size, MPI_BYTE, 1, 1, MPI_COMM_WORLD);
-            MPI_Recv(buf, (int)size, MPI_BYTE, 1, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Send(sbuf, (int)size, MPI_BYTE, 1, 1, MPI_COMM_WORLD);
+            MPI_Recv(rbuf, (int)size, MPI_BYTE, 1, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         } else {
-            MPI_Recv(buf, (int)size, MPI_BYTE, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            MPI_Send(buf, (int)size, MPI_BYTE, 0, 2, MPI_COMM_WORLD);
+            MPI_Recv(rbuf, (int)size, MPI_BYTE, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Send(sbuf, (int)size, MPI_BYTE, 0, 2, MPI_COMM_WORLD);
         }
     }
     return (MPI_Wtime() - t0) * 1e6 / (2.0 * iters);
@@ -76,7 +77,7 @@ int main(int argc, char **argv) {
             memset(bufs[w], w, sz > 0 ? sz : 1);
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        double l = lat(bufs[0], sz, rank);
+        double l = lat(bufs[0], bufs[1], sz, rank);
         long it = iters_for(sz) / window;
         if (it < 10) it = 10;
         double s = stream(bufs, sz, window, it, rank);

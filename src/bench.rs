@@ -60,15 +60,19 @@ pub fn bind_cpu(cpu: usize) {
     }
 }
 
-/// CPUs online (not the calling thread's affinity, which binding narrows).
+/// CPUs online (not the calling thread's affinity, which binding narrows),
+/// read once: sysconf reads a sysfs file each time.
 pub fn ncpus() -> usize {
-    // SAFETY: sysconf only reads system configuration.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    if n > 0 {
-        n as usize
-    } else {
-        1
-    }
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        // SAFETY: sysconf only reads system configuration.
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        if n > 0 {
+            n as usize
+        } else {
+            1
+        }
+    })
 }
 
 /// Iterations for a size: about the same time per size.
@@ -336,7 +340,10 @@ fn peer_loop() -> Result<()> {
     let ends = open_ends()?;
     let parent = ends.av.insert_bytes(&addr)?;
     ends.send(&ends.ep.getname().to_bytes(), parent, T_HELLO)?;
+    // Separate receive and send buffers, as osu_latency has (echoing the
+    // received buffer would also measure pulling it from the other core).
     let mut buf = vec![0u8; MAX_SIZE];
+    let sbuf = payload(MAX_SIZE);
     let mut bufs: Vec<Vec<u8>> = Vec::new();
     loop {
         let mut c = [0u8; 24];
@@ -354,14 +361,12 @@ fn peer_loop() -> Result<()> {
             CMD_PINGPONG => {
                 // The first receive is posted up front; each later one right
                 // after answering, off the critical path.
-                // SAFETY: buf lives until the completions below; the send
-                // of a pong has read buf before the next receive is posted
-                // (inline sends copy at once; larger ones complete before
-                // the parent's next ping, which the next receive waits for).
+                // SAFETY: buf lives until the completions below; sbuf is
+                // never written, and outlives every send from it.
                 unsafe { ends.ep.trecv(&mut buf[..size], parent, T_PING, 0, 11)? };
                 for i in 0..iters {
                     let e = ends.wait_recvs(1)?;
-                    ends.send(&buf[..e[0].len], parent, T_PONG)?;
+                    ends.send(&sbuf[..e[0].len], parent, T_PONG)?;
                     if i + 1 < iters {
                         // SAFETY: as above.
                         unsafe { ends.ep.trecv(&mut buf[..size], parent, T_PING, 0, 11)? };
@@ -597,7 +602,7 @@ pub fn fi_pingpong(size: usize, iters: usize) -> Result<f64> {
     // Header: bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
     for line in text.lines() {
         let w: Vec<&str> = line.split_whitespace().collect();
-        if w.len() >= 8 && w[0].parse::<usize>().ok() == Some(size) {
+        if w.len() >= 8 && parse_fi_size(w[0]) == Some(size) {
             if let Ok(v) = w[6].parse::<f64>() {
                 return Ok(v);
             }
@@ -609,9 +614,28 @@ pub fn fi_pingpong(size: usize, iters: usize) -> Result<f64> {
     ))
 }
 
+/// fi_pingpong's size column: `8`, `1k`, `4m`.
+fn parse_fi_size(s: &str) -> Option<usize> {
+    let (n, m) = match s.as_bytes().last()? {
+        b'k' => (&s[..s.len() - 1], 1 << 10),
+        b'm' => (&s[..s.len() - 1], 1 << 20),
+        b'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    n.parse::<usize>().ok().map(|n| n * m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fi_pingpong_sizes_parse() {
+        assert_eq!(parse_fi_size("8"), Some(8));
+        assert_eq!(parse_fi_size("1k"), Some(1024));
+        assert_eq!(parse_fi_size("4m"), Some(4 << 20));
+        assert_eq!(parse_fi_size("x"), None);
+    }
 
     #[test]
     fn hex_round_trips() {

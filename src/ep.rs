@@ -586,7 +586,8 @@ impl EpState {
         let p = self.peer_for(ctx, dest)?;
         let peer = &mut self.peers[p];
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
-        op.proto = proto::choose(ctx.cfg, op.len, op.iovs.n, on_ring);
+        let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
+        op.proto = proto::choose(ctx.cfg, op.len, op.iovs.n, on_ring, cma_ok);
         if peer.txq.is_empty() && op.proto == Proto::Inline && crate::progress::push_inline(peer, &ctx.me, &op) {
             if let Some(db) = peer.doorbell() {
                 crate::doorbell::ring(db);

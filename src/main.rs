@@ -300,8 +300,12 @@ fn cmd_info() {
         shmfab::proto::MAX_MSG_SIZE
     );
     println!(
-        "thresholds: inline <= {} B, eager through the pool below {} B, rendezvous (CMA, else pool) from {} B",
-        cfg.inline_max, cfg.cma_min, cfg.cma_min
+        "thresholds: with single copy: inline below {} B, rendezvous + CMA from {} B (split between both sides from {} B);",
+        cfg.cma_min, cfg.cma_min, cfg.split_min
+    );
+    println!(
+        "            without: inline up to {} B, eager through the pool below {} B, rendezvous through the pool from {} B",
+        cfg.inline_max, cfg.rndv_min, cfg.rndv_min
     );
     let g = cfg.geometry;
     println!(

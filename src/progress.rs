@@ -199,8 +199,22 @@ fn new_unexp_id(ep: &mut EpState) -> u64 {
     id
 }
 
-fn unexp_full(ep: &EpState, ctx: &Ctx<'_>, more: usize) -> bool {
-    ep.unexp_bytes + more > ctx.cfg.unexp_max || ep.unexp[0].len() + ep.unexp[1].len() >= ctx.cfg.rx_size * 4
+/// Whether holding `more` unexpected bytes from peer `p` is refused (the
+/// ring then stalls: back-pressure). Never refused while we wait on `p`
+/// itself (a matched receive whose data it is sending, or a send of ours
+/// awaiting its FIN or CTS): what we wait for may sit behind this message
+/// in the same ring, so refusing would deadlock. The overshoot is bounded
+/// by what fits in that ring and the pool ahead of it.
+fn unexp_full(ep: &EpState, ctx: &Ctx<'_>, p: usize, more: usize) -> bool {
+    let full =
+        ep.unexp_bytes + more > ctx.cfg.unexp_max || ep.unexp[0].len() + ep.unexp[1].len() >= ctx.cfg.rx_size * 4;
+    full && !waiting_on(ep, p)
+}
+
+fn waiting_on(ep: &EpState, p: usize) -> bool {
+    let peer = &ep.peers[p];
+    peer.rx_parts.iter().any(|x| matches!(x.1, RxCur::Active(_) | RxCur::Split(_)))
+        || peer.inflight.iter().any(|op| matches!(op.state, TxState::AwaitFin { .. }))
 }
 
 fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
@@ -222,7 +236,7 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
             finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
         }
         None => {
-            if unexp_full(ep, ctx, len) {
+            if unexp_full(ep, ctx, p, len) {
                 return Flow::Stall;
             }
             let mut v = ep.spare_buf(len);
@@ -331,7 +345,7 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         }
         RxCur::Unexp { id, total } => {
             let (id, total) = (*id, *total);
-            if unexp_full(ep, ctx, len) {
+            if unexp_full(ep, ctx, p, len) {
                 return Flow::Stall; // chunk stays in the pool and the message in the ring
             }
             let ok = match find_unexp(ep, id) {
@@ -397,7 +411,7 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
             rendezvous(ep, ctx, p, d, info, rts);
         }
         None => {
-            if unexp_full(ep, ctx, 0) {
+            if unexp_full(ep, ctx, p, 0) {
                 return Flow::Stall;
             }
             let id = new_unexp_id(ep);
@@ -578,6 +592,11 @@ fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
     let peer = &mut ep.peers[p];
     if let Some(op) = peer.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag })) {
         op.state = TxState::Chunks { off: 0, msg_id: h.tag };
+        if op.owned.is_none() {
+            // We offered single copy and the receiver could not use it:
+            // stop offering it to this peer (and use the no-CMA thresholds).
+            peer.cma_refused = true;
+        }
         ep.mark_busy(p);
     }
     Flow::Done

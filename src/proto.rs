@@ -3,9 +3,15 @@
 //!
 //! | protocol | when | data moves |
 //! | --- | --- | --- |
-//! | [`Proto::Inline`] | `len <= inline_max` (ring) or fits one overflow cell | in the ring cells, one copy each side |
-//! | [`Proto::Bounce`] | larger, below `cma_min` (or too many iovs for an overflow-queue RTS) | eagerly through chunks of the receiver's pool, pipelined: the sender fills chunk k+1 while the receiver drains chunk k |
-//! | [`Proto::Rndv`] | `len >= cma_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv. Where CMA is off, or the kernel refuses it (EPERM, ENOSYS; the receiver then stops trying it with that peer), the receiver asks for the data through the pool instead |
+//! | [`Proto::Inline`] | below `cma_min` where single copy is usable, else up to `inline_max`; on the overflow queue up to one cell (72 B) | in the ring cells, one copy each side |
+//! | [`Proto::Bounce`] | single copy not usable: up to `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through chunks of the receiver's pool, pipelined: the sender fills chunk k+1 while the receiver drains chunk k |
+//! | [`Proto::Rndv`] | from `cma_min` where single copy is usable, else from `rndv_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv (from `split_min`, both sides copy half each). Where CMA is off or the kernel refuses it (EPERM, ENOSYS; both sides then stop offering it to that peer) the receiver asks for the data through the pool |
+//!
+//! "Single copy usable" means: CMA not off, not refused by that peer, and the
+//! payload not a provider-held copy (an inject queued behind other sends).
+//! The defaults are the crossovers measured on the 2-vCPU development VMs
+//! (ping-pong, separate send and receive buffers): single copy beats the
+//! ring from about 6 KiB; without it the ring beats the pool up to 16 KiB.
 //!
 //! Headers leave in send order (so matching follows send order); the data
 //! of several messages to one peer may be in flight at once, and
@@ -18,8 +24,9 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring | 16384 |
-//! | `SHMFAB_CMA_MIN` | smallest message sent by single copy | 131072 |
+//! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring when single copy is not usable | 16384 |
+//! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 6144 |
+//! | `SHMFAB_RNDV_MIN` | smallest message sent by rendezvous when single copy is not usable (data through the pool on demand) | 131072 |
 //! | `SHMFAB_CMA` | `auto`, `off` (never offer CMA), `fail` (act as if the kernel refused it: tests the fallback), `nowrite` (refuse only the sender's writes of a split copy: tests that fallback) | `auto` |
 //! | `SHMFAB_SPLIT_MIN` | smallest single-copy message whose copy both sides share (receiver reads the first half, sender writes the second with process_vm_writev), once single copy has worked with that peer | 524288 |
 //! | `SHMFAB_RING_SLOTS` | SPSC rings per endpoint (more senders use the overflow queue) | 16 |
@@ -61,10 +68,12 @@ pub enum CmaMode {
 /// Tunables in force for a domain.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Largest inline message (ring path).
+    /// Largest inline message (ring path) when single copy is not usable.
     pub inline_max: usize,
-    /// Smallest single-copy message.
+    /// Smallest rendezvous (single copy) message when single copy is usable.
     pub cma_min: usize,
+    /// Smallest rendezvous message when single copy is not usable.
+    pub rndv_min: usize,
     /// CMA policy.
     pub cma: CmaMode,
     /// Smallest single-copy message split between both sides (the
@@ -109,7 +118,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             inline_max: 16384,
-            cma_min: 128 * 1024,
+            cma_min: 6144,
+            rndv_min: 128 * 1024,
             cma: CmaMode::Auto,
             split_min: 512 * 1024,
             geometry: EpGeometry {
@@ -151,6 +161,7 @@ impl Config {
         let mut c = Config {
             inline_max: env_num("SHMFAB_INLINE_MAX", d.inline_max),
             cma_min: env_num("SHMFAB_CMA_MIN", d.cma_min),
+            rndv_min: env_num("SHMFAB_RNDV_MIN", d.rndv_min),
             cma,
             split_min: env_num("SHMFAB_SPLIT_MIN", d.split_min),
             geometry: if g.validate().is_ok() { g } else { d.geometry },
@@ -169,7 +180,8 @@ impl Config {
     pub fn clamp(&mut self) {
         let ring_max = payload_capacity(self.geometry.ring_cells as usize / 4);
         self.inline_max = self.inline_max.min(ring_max);
-        self.cma_min = self.cma_min.max(self.inline_max + 1);
+        self.cma_min = self.cma_min.clamp(1, ring_max + 1);
+        self.rndv_min = self.rndv_min.max(self.inline_max + 1);
     }
 }
 
@@ -177,13 +189,17 @@ impl Config {
 ///
 /// `on_ring`: the sender has an SPSC ring to this peer (else it uses the
 /// overflow queue, whose cells carry at most [`OVF_PAYLOAD`] bytes and an RTS
-/// with at most 3 iovs). Whether the RTS offers single copy is
-/// [`offer_cma`]'s call.
-pub fn choose(cfg: &Config, len: usize, niov: usize, on_ring: bool) -> Proto {
-    let inline_max = if on_ring { cfg.inline_max } else { OVF_PAYLOAD };
+/// with at most 3 iovs). `cma_ok`: single copy is usable ([`offer_cma`]).
+pub fn choose(cfg: &Config, len: usize, niov: usize, on_ring: bool, cma_ok: bool) -> Proto {
+    let (inline_max, rndv_min) = match (on_ring, cma_ok) {
+        (true, true) => (cfg.cma_min - 1, cfg.cma_min),
+        (true, false) => (cfg.inline_max, cfg.rndv_min),
+        (false, true) => (OVF_PAYLOAD, cfg.cma_min.max(OVF_PAYLOAD + 1)),
+        (false, false) => (OVF_PAYLOAD, cfg.rndv_min),
+    };
     if len <= inline_max {
         Proto::Inline
-    } else if len >= cfg.cma_min && (on_ring || niov <= 3) {
+    } else if len >= rndv_min && (on_ring || niov <= 3) {
         Proto::Rndv
     } else {
         Proto::Bounce
@@ -203,15 +219,20 @@ mod tests {
     #[test]
     fn thresholds_pick_each_protocol() {
         let c = Config::default();
-        assert_eq!(choose(&c, 0, 1, true), Proto::Inline);
-        assert_eq!(choose(&c, c.inline_max, 1, true), Proto::Inline);
-        assert_eq!(choose(&c, c.inline_max + 1, 1, true), Proto::Bounce);
-        assert_eq!(choose(&c, c.cma_min - 1, 1, true), Proto::Bounce);
-        assert_eq!(choose(&c, c.cma_min, 1, true), Proto::Rndv);
-        assert_eq!(choose(&c, OVF_PAYLOAD, 1, false), Proto::Inline, "overflow cell");
-        assert_eq!(choose(&c, OVF_PAYLOAD + 1, 1, false), Proto::Bounce, "overflow path");
-        assert_eq!(choose(&c, c.cma_min, 3, false), Proto::Rndv);
-        assert_eq!(choose(&c, c.cma_min, 4, false), Proto::Bounce, "overflow RTS holds 3 iovs");
+        // Single copy usable.
+        assert_eq!(choose(&c, 0, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&c, c.cma_min - 1, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&c, c.cma_min, 1, true, true), Proto::Rndv);
+        // Not usable: ring, then eager pool, then rendezvous through the pool.
+        assert_eq!(choose(&c, c.inline_max, 1, true, false), Proto::Inline);
+        assert_eq!(choose(&c, c.inline_max + 1, 1, true, false), Proto::Bounce);
+        assert_eq!(choose(&c, c.rndv_min - 1, 1, true, false), Proto::Bounce);
+        assert_eq!(choose(&c, c.rndv_min, 1, true, false), Proto::Rndv);
+        // Overflow queue: one cell inline, RTS holds 3 iovs.
+        assert_eq!(choose(&c, OVF_PAYLOAD, 1, false, true), Proto::Inline);
+        assert_eq!(choose(&c, OVF_PAYLOAD + 1, 1, false, false), Proto::Bounce);
+        assert_eq!(choose(&c, c.cma_min.max(OVF_PAYLOAD + 1), 3, false, true), Proto::Rndv);
+        assert_eq!(choose(&c, c.rndv_min, 4, false, false), Proto::Bounce);
         assert!(offer_cma(&c, false, false));
         assert!(!offer_cma(&c, true, false), "refused peer");
         assert!(!offer_cma(&c, false, true), "inject copy");
@@ -221,9 +242,10 @@ mod tests {
 
     #[test]
     fn clamp_keeps_inline_within_a_quarter_ring() {
-        let mut c = Config { inline_max: 1 << 30, ..Config::default() };
+        let mut c = Config { inline_max: 1 << 30, cma_min: 1 << 30, ..Config::default() };
         c.clamp();
         assert!(crate::ring::cells_for(c.inline_max) <= c.geometry.ring_cells as usize / 4);
-        assert!(c.cma_min > c.inline_max);
+        assert!(crate::ring::cells_for(c.cma_min - 1) <= c.geometry.ring_cells as usize / 4);
+        assert!(c.rndv_min > c.inline_max);
     }
 }

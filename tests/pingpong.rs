@@ -16,7 +16,7 @@ fn sizes(w: &World) -> Vec<usize> {
         p *= 2;
     }
     let chunk = cfg.geometry.chunk_size as usize;
-    for t in [32usize, 96, cfg.inline_max, chunk, cfg.cma_min, 3 * chunk] {
+    for t in [32usize, 96, cfg.inline_max, chunk, cfg.cma_min, cfg.rndv_min, cfg.split_min, 3 * chunk] {
         v.extend([t - 1, t, t + 1]);
     }
     v.sort();
@@ -81,7 +81,7 @@ fn pingpong_body(w: &World) {
     w.barrier();
     assert_eq!(w.unclaimed(), 0, "stray completions");
     let s = w.ep.stats().unwrap();
-    assert!(s.tx_inline > 0 && s.tx_bounce > 0 && s.tx_rndv > 0 && s.tx_chunks > 0, "{s:?}");
+    assert!(s.tx_inline > 0 && s.tx_rndv > 0, "{s:?}");
 }
 
 #[test]
@@ -114,6 +114,7 @@ fn pingpong_every_size_cma_off() {
         pingpong_body(&w);
         let s = w.ep.stats().unwrap();
         assert!(s.cma_reads == 0 && s.cma_fallbacks > 0, "{s:?}");
+        assert!(s.tx_bounce > 0 && s.tx_chunks > 0, "the pool carries the data: {s:?}");
     });
 }
 
@@ -125,6 +126,7 @@ fn pingpong_every_size_cma_refused() {
         pingpong_body(&w);
         let s = w.ep.stats().unwrap();
         assert!(s.cma_reads == 0 && s.cma_fallbacks > 0, "{s:?}");
+        assert!(s.tx_bounce > 0 && s.tx_chunks > 0, "the pool carries the data: {s:?}");
     });
 }
 
