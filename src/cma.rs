@@ -20,37 +20,7 @@ pub fn read(pid: i32, local: &[(*mut u8, usize)], remote: &[(u64, u64)], mode: C
     if mode == CmaMode::Fail {
         return Err(CmaError::Refused(libc::EPERM));
     }
-    let want = local.iter().map(|l| l.1).sum::<usize>().min(remote.iter().map(|r| r.1 as usize).sum());
-    let mut done = 0usize;
-    while done < want {
-        let (liov, riov) = (slice_iov(local, done, want - done), slice_iov_remote(remote, done, want - done));
-        // SAFETY: liov points into caller-owned writable buffers of the
-        // given lengths; riov names another process's memory, which the
-        // kernel checks (EFAULT) - nothing of ours is touched by it.
-        let n = unsafe {
-            libc::process_vm_readv(
-                pid,
-                liov.as_ptr(),
-                liov.len() as libc::c_ulong,
-                riov.as_ptr(),
-                riov.len() as libc::c_ulong,
-                0,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            return Err(match e {
-                libc::EPERM | libc::ENOSYS | libc::EACCES => CmaError::Refused(e),
-                libc::EINTR | libc::EAGAIN => continue,
-                _ => CmaError::Fault(e),
-            });
-        }
-        if n == 0 {
-            return Err(CmaError::Fault(libc::EFAULT));
-        }
-        done += n as usize;
-    }
-    Ok(done)
+    transfer(pid, local, remote, false)
 }
 
 /// Writes `local` ranges of ours into `remote` ranges of process `pid`
@@ -59,21 +29,24 @@ pub fn write(pid: i32, local: &[(*mut u8, usize)], remote: &[(u64, u64)], mode: 
     if mode == CmaMode::Fail || mode == CmaMode::NoWrite {
         return Err(CmaError::Refused(libc::EPERM));
     }
+    transfer(pid, local, remote, true)
+}
+
+fn transfer(pid: i32, local: &[(*mut u8, usize)], remote: &[(u64, u64)], write: bool) -> Result<usize, CmaError> {
     let want = local.iter().map(|l| l.1).sum::<usize>().min(remote.iter().map(|r| r.1 as usize).sum());
     let mut done = 0usize;
     while done < want {
         let (liov, riov) = (slice_iov(local, done, want - done), slice_iov_remote(remote, done, want - done));
-        // SAFETY: liov points into our own readable buffers of the given
-        // lengths; riov names the peer's memory, checked by the kernel.
+        let (lp, ln, rp, rn) = (liov.as_ptr(), liov.len() as libc::c_ulong, riov.as_ptr(), riov.len() as libc::c_ulong);
+        // SAFETY: liov points into caller-owned buffers of the given lengths
+        // (writable for a read); riov names another process's memory, which
+        // the kernel checks (EFAULT) - nothing of ours is touched by it.
         let n = unsafe {
-            libc::process_vm_writev(
-                pid,
-                liov.as_ptr(),
-                liov.len() as libc::c_ulong,
-                riov.as_ptr(),
-                riov.len() as libc::c_ulong,
-                0,
-            )
+            if write {
+                libc::process_vm_writev(pid, lp, ln, rp, rn, 0)
+            } else {
+                libc::process_vm_readv(pid, lp, ln, rp, rn, 0)
+            }
         };
         if n < 0 {
             let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);

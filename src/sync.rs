@@ -118,37 +118,24 @@ impl<T> DomainLock<T> {
             }
             return Ok(DomainGuard { lock: self });
         }
-        // SYNC: acquire pairs with the release store in DomainGuard::drop.
-        if self
-            .locked
-            .compare_exchange_weak(
-                false,
-                true,
-                std::sync::atomic::Ordering::Acquire,
-                std::sync::atomic::Ordering::Relaxed,
-            )
-            .is_err()
-        {
+        if !self.try_take() {
             self.lock_slow();
         }
         Ok(DomainGuard { lock: self })
+    }
+
+    #[inline]
+    fn try_take(&self) -> bool {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        // SYNC: acquire pairs with the release store in DomainGuard::drop.
+        self.locked.compare_exchange_weak(false, true, Acquire, Relaxed).is_ok()
     }
 
     #[cold]
     fn lock_slow(&self) {
         let mut round = 0u32;
         loop {
-            if !self.locked.load(std::sync::atomic::Ordering::Relaxed)
-                && self
-                    .locked
-                    .compare_exchange_weak(
-                        false,
-                        true,
-                        std::sync::atomic::Ordering::Acquire,
-                        std::sync::atomic::Ordering::Relaxed,
-                    )
-                    .is_ok()
-            {
+            if !self.locked.load(std::sync::atomic::Ordering::Relaxed) && self.try_take() {
                 return;
             }
             round += 1;
