@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite: unit tests, multi-process integration tests and
-# doctests (cargo test), then the loom models of the ring, the doorbell and
-# the pool free list. Fails if any test leaves a region in /dev/shm.
+# doctests (cargo test), the loom models of the ring, the doorbell and the
+# pool free list, then the multi-rank programs under mpirun and shmfab run.
+# Fails if any test leaves a region in /dev/shm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
+scripts/deps.sh peers
 before=$(ls /dev/shm | grep -c "^shmfab\.$(id -u)\." || true)
 timeout 1500 cargo test --workspace --all-targets --release
 timeout 600 cargo test --workspace --doc --release
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
   cargo test --release -p shmfab --lib loom
+echo "== multi-rank programs"
+scripts/mpi-tests.sh
 after=$(ls /dev/shm | grep -c "^shmfab\.$(id -u)\." || true)
 if [ "$after" -gt "$before" ]; then
   echo "tests left $((after - before)) region(s) in /dev/shm:" >&2

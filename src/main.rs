@@ -7,6 +7,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 const USAGE: &str = "usage:
+  shmfab run -n N [--bind core|numa|none] -- PROGRAM [ARGS]
+      start N ranks of PROGRAM (shmfab's own launcher; ranks join with shmfab::World)
   shmfab bench [pingpong|bw|msgrate|all] [--sizes 8,64,...] [--json FILE]
       two processes (this one and a peer it starts) over shmfab
   shmfab compare [--sizes 8,64,...] [--json FILE] [--osu PATH]
@@ -86,6 +88,9 @@ fn run(args: &[String]) -> Result<(), String> {
     let Some(cmd) = args.first() else {
         return Err(USAGE.into());
     };
+    if cmd == "run" {
+        return cmd_run(&args[1..]);
+    }
     let o = parse(&args[1..])?;
     match cmd.as_str() {
         "bench" => cmd_bench(&o),
@@ -111,6 +116,33 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         c => Err(format!("unknown command {c:?}\n{USAGE}")),
     }
+}
+
+fn cmd_run(args: &[String]) -> Result<(), String> {
+    let split = args
+        .iter()
+        .position(|a| a == "--")
+        .ok_or_else(|| format!("shmfab run needs -- before the program\n{USAGE}"))?;
+    let (opts, prog) = (&args[..split], &args[split + 1..]);
+    let mut n = None;
+    let mut bind = shmfab::run::Bind::None;
+    let mut it = opts.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-n" | "--np" => n = Some(it.next().and_then(|v| v.parse::<usize>().ok()).ok_or("-n takes a number")?),
+            "--bind" => {
+                bind = it
+                    .next()
+                    .ok_or("--bind takes core, numa or none")?
+                    .parse()
+                    .map_err(|e: shmfab::Error| e.to_string())?
+            }
+            w => return Err(format!("unknown run option {w:?}\n{USAGE}")),
+        }
+    }
+    let n = n.ok_or("shmfab run needs -n N")?;
+    let code = shmfab::run::run(n, bind, prog).map_err(|e| e.to_string())?;
+    std::process::exit(code);
 }
 
 fn exe() -> Result<PathBuf, String> {

@@ -31,20 +31,11 @@ pub fn uid() -> u32 {
     rustix::process::getuid().as_raw()
 }
 
-/// The job id from the launcher's environment: `SHMFAB_JOB_ID`, Open MPI's
-/// `PMIX_NAMESPACE`, Slurm's `SLURM_JOB_ID.SLURM_STEP_ID`, else `solo`.
+/// The job id from the launcher's environment (see [`crate::launch`]):
+/// `SHMFAB_JOB_ID`, Open MPI's `PMIX_NAMESPACE`, Slurm's job and step, the
+/// Hydra proxy, else this process alone.
 pub fn job_id() -> String {
-    if let Ok(j) = std::env::var("SHMFAB_JOB_ID") {
-        return j;
-    }
-    if let Ok(j) = std::env::var("PMIX_NAMESPACE") {
-        return j;
-    }
-    if let Ok(j) = std::env::var("SLURM_JOB_ID") {
-        let step = std::env::var("SLURM_STEP_ID").unwrap_or_default();
-        return format!("slurm.{j}.{step}");
-    }
-    "solo".to_string()
+    crate::launch::Launch::detect().map(|l| l.job).unwrap_or_else(|_| format!("solo.{}", std::process::id()))
 }
 
 /// FNV-1a hash of a job id, as kept in names and headers.

@@ -432,6 +432,52 @@ pub struct PoolCtl {
     pub reserved: u32,
 }
 
+/// Header of a job's boot region (`shmfab.<uid>.<jobhash>.boot`), where
+/// the ranks of a job meet: each publishes its addresses, then reads the
+/// others'. Its first 40 bytes are the same stable prefix as
+/// [`RegionHeader`]'s (magic, version, uid, creator pid, state, start time,
+/// hash), so region scans treat it alike.
+#[repr(C, align(4096))]
+pub struct BootHeader {
+    /// [`MAGIC`], stored last at creation (release).
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`].
+    pub layout_version: u32,
+    /// Owner's user id.
+    pub uid: u32,
+    /// Creator's pid.
+    pub owner_pid: u32,
+    /// One of [`state`].
+    pub state: AtomicU32,
+    /// Creator's start time (clock ticks since boot).
+    pub owner_start_time: u64,
+    /// [`LAYOUT_HASH`].
+    pub layout_hash: u64,
+    /// Ranks in the job.
+    pub size: u32,
+    /// Ranks that published their entry.
+    pub arrived: AtomicU32,
+    /// Ranks that have read every entry (the last one unlinks the region).
+    pub departed: AtomicU32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// One rank's entry in a boot region.
+#[repr(C, align(64))]
+pub struct BootEntry {
+    /// 1 once the entry is written (release).
+    pub state: AtomicU32,
+    /// The rank's pid.
+    pub pid: u32,
+    /// The rank's start time.
+    pub start_time: u64,
+    /// Address of the rank's application endpoint.
+    pub addr: Address,
+    /// Address of the rank's control endpoint (barriers).
+    pub ctl: Address,
+}
+
 // Compile-time layout checks.
 #[cfg(not(loom))]
 const _: () = {
@@ -458,6 +504,10 @@ const _: () = {
     assert!(core::mem::offset_of!(RegionHeader, owner_start_time) == 24);
     assert!(core::mem::offset_of!(RegionHeader, layout_hash) == 32);
     assert!(EpGeometry::DEFAULT.validate().is_ok());
+    assert!(size_of::<BootHeader>() == PAGE);
+    assert!(size_of::<BootEntry>() == 64);
+    assert!(core::mem::offset_of!(BootHeader, owner_pid) == 16);
+    assert!(core::mem::offset_of!(BootHeader, owner_start_time) == 24);
 };
 
 const fn fnv(mut h: u64, x: u64) -> u64 {
@@ -474,7 +524,7 @@ const fn fnv(mut h: u64, x: u64) -> u64 {
 /// builds agree on it only if they agree on the layout.
 pub const LAYOUT_HASH: u64 = {
     use core::mem::{align_of, offset_of, size_of};
-    let parts: [u64; 24] = [
+    let parts: [u64; 26] = [
         LAYOUT_VERSION as u64,
         size_of::<RegionHeader>() as u64,
         offset_of!(RegionHeader, total_size) as u64,
@@ -499,6 +549,8 @@ pub const LAYOUT_HASH: u64 = {
         align_of::<Cell>() as u64,
         MAX_SLOTS as u64,
         MAX_IOV as u64,
+        size_of::<BootEntry>() as u64,
+        offset_of!(BootEntry, ctl) as u64,
     ];
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     let mut i = 0;

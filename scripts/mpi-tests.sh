@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Multi-rank programs (mpi_tests/src/bin) under Debian's Open MPI mpirun
+# with 2, 4 and 8 ranks (oversubscribed: the machine may have 2 cores), and
+# under shmfab's own launcher. Each run has a timeout; afterwards no region
+# of this user may be left in /dev/shm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh peers
+cargo build --release --quiet -p shmfab-mpi-tests -p shmfab --bins
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Open MPI may not find a network interface in a sandbox; shmfab needs none.
+export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+progs="ring alltoall barrier_storm staggered_exit"
+regions() { ls /dev/shm | grep -c "^shmfab\.$(id -u)\." || true; }
+before=$(regions)
+pass=0; fail=0
+run_one() {
+  local what="$1"; shift
+  if out=$(timeout 180 "$@" 2>&1); then
+    pass=$((pass + 1)); echo "ok   $what: $(echo "$out" | tail -1)"
+  else
+    fail=$((fail + 1)); echo "FAIL $what"; echo "$out" | tail -20 | sed 's/^/     /'
+  fi
+}
+for np in 2 4 8; do
+  for p in $progs; do
+    run_one "mpirun -np $np $p" mpirun -np "$np" --oversubscribe "target/release/$p"
+    run_one "shmfab run -n $np $p" target/release/shmfab run -n "$np" -- "target/release/$p"
+  done
+done
+after=$(regions)
+if [ "$after" -gt "$before" ]; then
+  fail=$((fail + 1)); echo "FAIL regions left in /dev/shm:"; ls -l /dev/shm | grep "shmfab\.$(id -u)\."
+fi
+echo "mpi-tests: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

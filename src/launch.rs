@@ -1,0 +1,580 @@
+//! Launch: who am I in which job, and the [`World`] that ranks build from it.
+//!
+//! [`Launch::detect`] reads rank, size, local rank and a job id from the
+//! launcher's environment: shmfab's own `shmfab run` (`SHMFAB_RANK`,
+//! `SHMFAB_SIZE`, `SHMFAB_LOCAL_RANK`, `SHMFAB_JOB_ID`), Open MPI
+//! (`OMPI_COMM_WORLD_*`, `PMIX_NAMESPACE`), MPICH Hydra (`PMI_RANK`,
+//! `PMI_SIZE`, `MPI_LOCALRANKID`; Hydra gives no job id, so the node-local
+//! job is named after the `hydra_pmi_proxy` that is every local rank's
+//! parent) and Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`,
+//! `SLURM_JOB_ID`, `SLURM_STEP_ID`). `SHMFAB_JOB_ID` always names the job if
+//! set. Without a launcher a process is rank 0 of 1.
+//!
+//! Ranks meet in a boot region `shmfab.<uid>.<jobhash>.boot`: the first to
+//! come creates it (O_EXCL), each writes its pid and endpoint addresses,
+//! waits for all (a rank that never arrives is named after
+//! `SHMFAB_BOOT_TIMEOUT` seconds, default 120), reads every entry, and the
+//! last to read unlinks it. Two jobs on one node have different job ids and
+//! never see each other. No MPI library is needed.
+//!
+//! ```
+//! use shmfab::launch::{Launch, Launcher};
+//! let vars = [("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "4"),
+//!             ("OMPI_COMM_WORLD_LOCAL_RANK", "2"), ("PMIX_NAMESPACE", "prterun-x-1@1")];
+//! let l = Launch::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string())).unwrap();
+//! assert_eq!((l.rank, l.size, l.local_rank, l.launcher), (2, 4, 2, Launcher::OpenMpi));
+//! assert_eq!(l.job, "prterun-x-1@1");
+//! ```
+
+use crate::cq::{CqErrEntry, CqTaggedEntry};
+use crate::error::{Error, ErrorKind, Result};
+use crate::region::{owner_alive, proc_start_time, uid};
+use crate::sync::Ordering;
+use crate::{AddressVector, CompletionQueue, CqAttr, Domain, Endpoint, Fabric, FiAddr, FI_RECV, FI_TRANSMIT};
+use memmap2::{MmapOptions, MmapRaw};
+use shm_layout::{Address, BootEntry, BootHeader, LAYOUT_HASH, LAYOUT_VERSION, MAGIC, PAGE};
+use std::cell::{Cell, RefCell};
+use std::fs::File;
+use std::time::{Duration, Instant};
+
+/// Which launcher started this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    /// `shmfab run`.
+    Shmfab,
+    /// Open MPI's mpirun / prterun.
+    OpenMpi,
+    /// MPICH's Hydra (mpiexec.hydra), also Intel MPI's.
+    Hydra,
+    /// Slurm's srun.
+    Slurm,
+    /// No launcher: a job of one.
+    Single,
+}
+
+/// This process's place in its job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Rank, `0 .. size`.
+    pub rank: usize,
+    /// Ranks in the job.
+    pub size: usize,
+    /// Rank among the job's ranks on this node.
+    pub local_rank: usize,
+    /// The job id (ranks of one job agree on it; other jobs differ).
+    pub job: String,
+    /// Who launched us.
+    pub launcher: Launcher,
+}
+
+fn num(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>> {
+    match get(var) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| Error::with(ErrorKind::Inval, format!("{var}={v:?} is not a number"))),
+    }
+}
+
+impl Launch {
+    /// From this process's environment.
+    pub fn detect() -> Result<Launch> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// From any variable source (`get(name)`), for tests and tools.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Launch> {
+        let schemes: [(Launcher, &str, &str, &str); 4] = [
+            (Launcher::Shmfab, "SHMFAB_RANK", "SHMFAB_SIZE", "SHMFAB_LOCAL_RANK"),
+            (Launcher::OpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+            (Launcher::Hydra, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+            (Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        ];
+        let mut found = None;
+        for (l, rv, sv, lv) in schemes {
+            if let Some(rank) = num(&get, rv)? {
+                let size = num(&get, sv)?
+                    .ok_or_else(|| Error::with(ErrorKind::Inval, format!("{rv} is set but {sv} is not")))?;
+                if size == 0 || rank >= size {
+                    return Err(Error::with(ErrorKind::Inval, format!("{rv}={rank} is not below {sv}={size}")));
+                }
+                let local = num(&get, lv)?.unwrap_or(rank);
+                found = Some((l, rank, size, local));
+                break;
+            }
+        }
+        let (launcher, rank, size, local_rank) = found.unwrap_or((Launcher::Single, 0, 1, 0));
+        let job = match get("SHMFAB_JOB_ID") {
+            Some(j) if !j.is_empty() => j,
+            _ => match launcher {
+                Launcher::OpenMpi => get("PMIX_NAMESPACE")
+                    .or_else(|| get("OMPI_MCA_orte_ess_jobid"))
+                    .ok_or_else(|| Error::with(ErrorKind::Inval, "Open MPI launch without PMIX_NAMESPACE"))?,
+                Launcher::Slurm => format!(
+                    "slurm.{}.{}",
+                    get("SLURM_JOB_ID").unwrap_or_default(),
+                    get("SLURM_STEP_ID").unwrap_or_default()
+                ),
+                Launcher::Hydra => {
+                    let ppid = rustix::process::getppid().map(|p| p.as_raw_nonzero().get() as u32).unwrap_or(0);
+                    format!("hydra.{ppid}.{}", proc_start_time(ppid).unwrap_or(0))
+                }
+                Launcher::Shmfab => {
+                    return Err(Error::with(ErrorKind::Inval, "SHMFAB_RANK is set but SHMFAB_JOB_ID is not"))
+                }
+                Launcher::Single => format!("solo.{}", std::process::id()),
+            },
+        };
+        Ok(Launch { rank, size, local_rank, job, launcher })
+    }
+}
+
+/// Name of a job's boot region.
+pub fn boot_name(job: &str) -> String {
+    format!("{}{}.{:08x}.boot", crate::region::PREFIX, uid(), crate::region::job_hash(job))
+}
+
+struct Boot {
+    map: MmapRaw,
+    name: String,
+    size: usize,
+}
+
+impl Boot {
+    fn header(&self) -> &BootHeader {
+        // SAFETY: the mapping is at least a page, page aligned; the header
+        // holds atomics and plain integers.
+        unsafe { &*(self.map.as_ptr() as *const BootHeader) }
+    }
+
+    fn entry(&self, r: usize) -> &BootEntry {
+        debug_assert!(r < self.size);
+        // SAFETY: r < size, and the mapping holds size entries after the
+        // header page (checked at open).
+        unsafe { &*(self.map.as_ptr().add(PAGE + r * std::mem::size_of::<BootEntry>()) as *const BootEntry) }
+    }
+
+    /// Creates or opens the boot region of `job` for `size` ranks.
+    fn open(job: &str, size: usize, deadline: Instant) -> Result<Boot> {
+        let name = boot_name(job);
+        let bytes = PAGE + size * std::mem::size_of::<BootEntry>();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let fl = rustix::shm::OFlags::RDWR | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32);
+            match rustix::shm::open(
+                name.as_str(),
+                fl | rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL,
+                0o600.into(),
+            ) {
+                Ok(fd) => {
+                    let f = File::from(fd);
+                    f.set_len(bytes as u64)?;
+                    let map = MmapOptions::new().len(bytes).map_raw(&f)?;
+                    let b = Boot { map, name, size };
+                    let h = b.map.as_mut_ptr() as *mut BootHeader;
+                    let pid = std::process::id();
+                    // SAFETY: fresh mapping (O_EXCL), magic still zero: nobody reads it yet.
+                    unsafe {
+                        std::ptr::addr_of_mut!((*h).layout_version).write(LAYOUT_VERSION);
+                        std::ptr::addr_of_mut!((*h).uid).write(uid());
+                        std::ptr::addr_of_mut!((*h).owner_pid).write(pid);
+                        std::ptr::addr_of_mut!((*h).owner_start_time).write(proc_start_time(pid).unwrap_or(0));
+                        std::ptr::addr_of_mut!((*h).layout_hash).write(LAYOUT_HASH);
+                        std::ptr::addr_of_mut!((*h).size).write(size as u32);
+                    }
+                    // SYNC: publishes the header to the acquire in the open path below.
+                    b.header().magic.store(MAGIC, Ordering::Release);
+                    return Ok(b);
+                }
+                Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => {
+                    return Err(Error::with(
+                        ErrorKind::from_errno(e.raw_os_error()),
+                        format!("cannot create the job's boot region /dev/shm/{name}: {e}"),
+                    ))
+                }
+            }
+            let fd = match rustix::shm::open(name.as_str(), fl, 0o600.into()) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) if tries < 100 => continue, // unlinked meanwhile
+                Err(e) => {
+                    return Err(Error::with(ErrorKind::from_errno(e.raw_os_error()), format!("/dev/shm/{name}: {e}")))
+                }
+            };
+            let f = File::from(fd);
+            let st = rustix::fs::fstat(&f)?;
+            if st.st_uid != uid() || st.st_mode & 0o077 != 0 {
+                return Err(Error::with(ErrorKind::Perm, format!("/dev/shm/{name} is not this user's 0600 region")));
+            }
+            // Wait for its creator to size and initialise it.
+            let mapped = loop {
+                let len = rustix::fs::fstat(&f)?.st_size as usize;
+                if len >= PAGE {
+                    let map = MmapOptions::new().len(len).map_raw(&f)?;
+                    // SAFETY: at least one page mapped.
+                    let h = unsafe { &*(map.as_ptr() as *const BootHeader) };
+                    // SYNC: pairs with the release store of magic above.
+                    if h.magic.load(Ordering::Acquire) == MAGIC {
+                        break (map, len);
+                    }
+                }
+                if Instant::now() > deadline {
+                    return Err(Error::with(ErrorKind::TimedOut, format!("/dev/shm/{name} was never initialised")));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            let (map, len) = mapped;
+            let b = Boot { map, name: name.clone(), size };
+            let h = b.header();
+            // SAFETY: published header fields (magic acquired).
+            let (ver, hash, n, opid, ostart) = unsafe {
+                (
+                    std::ptr::addr_of!(h.layout_version).read_volatile(),
+                    std::ptr::addr_of!(h.layout_hash).read_volatile(),
+                    std::ptr::addr_of!(h.size).read_volatile() as usize,
+                    std::ptr::addr_of!(h.owner_pid).read_volatile(),
+                    std::ptr::addr_of!(h.owner_start_time).read_volatile(),
+                )
+            };
+            if ver != LAYOUT_VERSION || hash != LAYOUT_HASH {
+                return Err(Error::with(
+                    ErrorKind::OpNotSupp,
+                    format!("job {job}: boot region has layout version {ver}, this build {LAYOUT_VERSION}: ranks built from different shmfab trees"),
+                ));
+            }
+            if n != size || len < PAGE + n * std::mem::size_of::<BootEntry>() {
+                // A leftover of an earlier job with the same id, or a
+                // mismatched launch.
+                if !owner_alive(opid, ostart) && tries < 3 {
+                    let _ = rustix::shm::unlink(name.as_str());
+                    continue;
+                }
+                return Err(Error::with(
+                    ErrorKind::Inval,
+                    format!("job {job}: its boot region is for {n} ranks but this rank was launched with {size}"),
+                ));
+            }
+            // A stale region of a dead job of the same id with the same size:
+            // its entries would name dead pids; start over.
+            let stale = (0..n).any(|r| {
+                let e = b.entry(r);
+                e.state.load(Ordering::Acquire) == 1 && !owner_alive(e.pid, e.start_time)
+            });
+            if stale && !owner_alive(opid, ostart) && tries < 3 {
+                let _ = rustix::shm::unlink(name.as_str());
+                continue;
+            }
+            return Ok(b);
+        }
+    }
+}
+
+/// Publishes this rank's addresses and returns every rank's (in rank order).
+fn exchange(l: &Launch, addr: Address, ctl: Address, timeout: Duration) -> Result<Vec<(Address, Address)>> {
+    let deadline = Instant::now() + timeout;
+    let b = Boot::open(&l.job, l.size, deadline)?;
+    let me = b.entry(l.rank);
+    let pid = std::process::id();
+    if me.state.load(Ordering::Acquire) == 1 && owner_alive(me.pid, me.start_time) && me.pid != pid {
+        return Err(Error::with(
+            ErrorKind::Inval,
+            format!("job {}: rank {} is already taken by pid {}", l.job, l.rank, me.pid),
+        ));
+    }
+    // SAFETY: our own entry; nobody else writes it (ranks are unique).
+    unsafe {
+        let e = me as *const BootEntry as *mut BootEntry;
+        std::ptr::addr_of_mut!((*e).pid).write_volatile(pid);
+        std::ptr::addr_of_mut!((*e).start_time).write_volatile(proc_start_time(pid).unwrap_or(0));
+        std::ptr::addr_of_mut!((*e).addr).write_volatile(addr);
+        std::ptr::addr_of_mut!((*e).ctl).write_volatile(ctl);
+    }
+    // SYNC: publishes the entry to the acquire loads below in other ranks.
+    me.state.store(1, Ordering::Release);
+    b.header().arrived.fetch_add(1, Ordering::AcqRel);
+    let mut naps = 0u32;
+    loop {
+        let missing: Vec<usize> = (0..l.size).filter(|&r| b.entry(r).state.load(Ordering::Acquire) != 1).collect();
+        if missing.is_empty() {
+            break;
+        }
+        let dead: Vec<usize> = (0..l.size)
+            .filter(|&r| {
+                let e = b.entry(r);
+                e.state.load(Ordering::Acquire) == 1 && !owner_alive(e.pid, e.start_time)
+            })
+            .collect();
+        if !dead.is_empty() {
+            return Err(Error::with(
+                ErrorKind::Io,
+                format!("job {}: rank(s) {dead:?} died while the job started", l.job),
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(Error::with(
+                ErrorKind::TimedOut,
+                format!(
+                    "job {}: rank(s) {missing:?} of {} did not arrive within {:?} (SHMFAB_BOOT_TIMEOUT)",
+                    l.job, l.size, timeout
+                ),
+            ));
+        }
+        naps += 1;
+        if naps < 100 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let out = (0..l.size)
+        .map(|r| {
+            let e = b.entry(r);
+            // SAFETY: published entries (state acquired above); plain data.
+            unsafe { (std::ptr::addr_of!(e.addr).read_volatile(), std::ptr::addr_of!(e.ctl).read_volatile()) }
+        })
+        .collect();
+    if b.header().departed.fetch_add(1, Ordering::AcqRel) + 1 == l.size as u32 {
+        let _ = rustix::shm::unlink(b.name.as_str());
+    }
+    Ok(out)
+}
+
+/// Tags at or above this are the World's own (barriers).
+pub const RESERVED_TAGS: u64 = 0xffff_0000_0000_0000;
+
+/// A job's ranks, connected: this rank's domain, endpoint, CQ and AV, and
+/// every rank's address. A second, private endpoint carries the World's
+/// barriers, so they never take the application's completions.
+pub struct World {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the job.
+    pub size: usize,
+    /// Rank on this node.
+    pub local_rank: usize,
+    /// The job id.
+    pub job: String,
+    /// Who launched the job.
+    pub launcher: Launcher,
+    /// The application's endpoint (bound to `cq` and `av`).
+    pub ep: Endpoint,
+    /// The application's CQ (transmit and receive).
+    pub cq: CompletionQueue,
+    ctl_ep: Endpoint,
+    ctl_cq: CompletionQueue,
+    /// The address vector; `addr(r)` is rank r's entry.
+    pub av: AddressVector,
+    /// The domain.
+    pub dom: Domain,
+    _fabric: Fabric,
+    addrs: Vec<FiAddr>,
+    ctl_addrs: Vec<FiAddr>,
+    epoch: Cell<u64>,
+    /// Completions read by `wait` that were not the one asked for.
+    pending: RefCell<Vec<std::result::Result<CqTaggedEntry, CqErrEntry>>>,
+}
+
+impl World {
+    /// Joins the job the launcher started: opens the domain and endpoints,
+    /// exchanges addresses with every rank, then a barrier.
+    pub fn init() -> Result<World> {
+        let l = Launch::detect()?;
+        let timeout =
+            Duration::from_secs(std::env::var("SHMFAB_BOOT_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(120));
+        let fabric = Fabric::open()?;
+        let dom = fabric.domain()?;
+        let cq = dom.cq_open(&CqAttr { size: 16384, ..Default::default() })?;
+        let ctl_cq = dom.cq_open(&CqAttr { size: 1024, ..Default::default() })?;
+        let av = dom.av_open()?;
+        let ep = dom.endpoint()?;
+        let ctl_ep = dom.endpoint()?;
+        for (e, c) in [(&ep, &cq), (&ctl_ep, &ctl_cq)] {
+            e.bind_cq(c, FI_TRANSMIT | FI_RECV)?;
+            e.bind_av(&av)?;
+            e.enable()?;
+        }
+        let all = exchange(&l, ep.getname(), ctl_ep.getname(), timeout)?;
+        let addrs = av.insert(&all.iter().map(|a| a.0).collect::<Vec<_>>())?;
+        let ctl_addrs = av.insert(&all.iter().map(|a| a.1).collect::<Vec<_>>())?;
+        let w = World {
+            rank: l.rank,
+            size: l.size,
+            local_rank: l.local_rank,
+            job: l.job,
+            launcher: l.launcher,
+            ep,
+            cq,
+            ctl_ep,
+            ctl_cq,
+            av,
+            dom,
+            _fabric: fabric,
+            addrs,
+            ctl_addrs,
+            epoch: Cell::new(0),
+            pending: RefCell::new(Vec::new()),
+        };
+        w.barrier()?;
+        Ok(w)
+    }
+
+    /// Rank `r`'s fi_addr in [`World::av`].
+    pub fn addr(&self, r: usize) -> FiAddr {
+        self.addrs[r]
+    }
+
+    /// The rank behind an fi_addr (a source from `readfrom`).
+    pub fn rank_of(&self, a: FiAddr) -> Option<usize> {
+        self.addrs.iter().position(|&x| x == a)
+    }
+
+    /// A barrier over the control endpoint (dissemination: log2(size)
+    /// rounds of one message each way).
+    pub fn barrier(&self) -> Result<()> {
+        let n = self.size;
+        if n == 1 {
+            return Ok(());
+        }
+        let epoch = self.epoch.get();
+        self.epoch.set(epoch + 1);
+        let mut d = 1;
+        let mut round = 0u64;
+        let mut b = [0u8; 1];
+        while d < n {
+            let to = (self.rank + d) % n;
+            let from = (self.rank + n - d) % n;
+            let tag = RESERVED_TAGS | ((epoch & 0xffff_ffff) << 8) | round;
+            // SAFETY: b lives until the completion waited for below.
+            unsafe { self.ctl_ep.trecv(&mut b, self.ctl_addrs[from], tag, 0, 1)? };
+            loop {
+                match self.ctl_ep.tinject(&[1], self.ctl_addrs[to], tag) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == ErrorKind::Again => self.dom.progress()?,
+                    Err(e) => return Err(e),
+                }
+            }
+            if let Err(e) = wait_one(&self.dom, &self.ctl_cq, &RefCell::new(Vec::new()), 1)? {
+                let text = self.ctl_cq.last_error_text().unwrap_or_default();
+                return Err(Error::with(
+                    ErrorKind::from_errno(e.err),
+                    format!("barrier round {round} with rank {from}: {text}"),
+                ));
+            }
+            d *= 2;
+            round += 1;
+        }
+        Ok(())
+    }
+
+    /// The completion of the operation with context `ctx` on the
+    /// application CQ, driving progress and sleeping on the doorbell
+    /// between tries (so oversubscribed ranks do not burn the cores).
+    /// Completions of other operations read meanwhile are kept for later
+    /// calls. Err(entry) for an error completion.
+    pub fn wait(&self, ctx: usize) -> Result<std::result::Result<CqTaggedEntry, CqErrEntry>> {
+        wait_one(&self.dom, &self.cq, &self.pending, ctx)
+    }
+}
+
+type Entry = std::result::Result<CqTaggedEntry, CqErrEntry>;
+
+fn wait_one(dom: &Domain, cq: &CompletionQueue, pending: &RefCell<Vec<Entry>>, ctx: usize) -> Result<Entry> {
+    let ctx_of = |r: &Entry| match r {
+        Ok(e) => e.op_context,
+        Err(e) => e.op_context,
+    };
+    let found = pending.borrow().iter().position(|r| ctx_of(r) == ctx);
+    if let Some(i) = found {
+        return Ok(pending.borrow_mut().remove(i));
+    }
+    let mut spins = 0u32;
+    loop {
+        let mut e = [CqTaggedEntry::default()];
+        let r = match cq.read(&mut e) {
+            Ok(_) => Some(Ok(e[0])),
+            Err(x) if x.kind() == ErrorKind::Avail => Some(Err(cq.readerr()?)),
+            Err(x) if x.kind() == ErrorKind::Again => None,
+            Err(x) => return Err(x),
+        };
+        match r {
+            Some(r) if ctx_of(&r) == ctx => return Ok(r),
+            Some(r) => pending.borrow_mut().push(r),
+            None => {
+                spins += 1;
+                if spins > 64 {
+                    dom.wait(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(v: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| v.iter().find(|x| x.0 == k).map(|x| x.1.to_string())
+    }
+
+    #[test]
+    fn detects_each_launcher() {
+        let l = Launch::from_vars(vars(&[("SHMFAB_RANK", "1"), ("SHMFAB_SIZE", "3"), ("SHMFAB_JOB_ID", "j")])).unwrap();
+        assert_eq!((l.rank, l.size, l.local_rank, l.launcher, l.job.as_str()), (1, 3, 1, Launcher::Shmfab, "j"));
+        let l = Launch::from_vars(vars(&[("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("MPI_LOCALRANKID", "0")])).unwrap();
+        assert_eq!((l.rank, l.size, l.launcher), (0, 2, Launcher::Hydra));
+        assert!(l.job.starts_with("hydra."), "{}", l.job);
+        let l = Launch::from_vars(vars(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "0"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (l.rank, l.size, l.local_rank, l.launcher, l.job.as_str()),
+            (5, 8, 1, Launcher::Slurm, "slurm.77.0")
+        );
+        let l = Launch::from_vars(vars(&[])).unwrap();
+        assert_eq!((l.rank, l.size, l.launcher), (0, 1, Launcher::Single));
+        // SHMFAB_JOB_ID names the job whatever the launcher.
+        let l = Launch::from_vars(vars(&[("PMI_RANK", "0"), ("PMI_SIZE", "1"), ("SHMFAB_JOB_ID", "x")])).unwrap();
+        assert_eq!(l.job, "x");
+    }
+
+    #[test]
+    fn bad_launch_variables_are_named() {
+        let e = Launch::from_vars(vars(&[("OMPI_COMM_WORLD_RANK", "4"), ("OMPI_COMM_WORLD_SIZE", "4")])).unwrap_err();
+        assert!(e.to_string().contains("OMPI_COMM_WORLD_RANK=4"), "{e}");
+        let e = Launch::from_vars(vars(&[("PMI_RANK", "x")])).unwrap_err();
+        assert!(e.to_string().contains("PMI_RANK"), "{e}");
+        let e = Launch::from_vars(vars(&[("SLURM_PROCID", "0")])).unwrap_err();
+        assert!(e.to_string().contains("SLURM_NTASKS"), "{e}");
+    }
+
+    #[test]
+    fn a_rank_that_never_arrives_is_named() {
+        let job = format!("unit-boot-{}", std::process::id());
+        let l = Launch { rank: 0, size: 3, local_rank: 0, job: job.clone(), launcher: Launcher::Shmfab };
+        let a = Address::default();
+        let e = exchange(&l, a, a, Duration::from_millis(200)).unwrap_err();
+        let s = e.to_string();
+        assert_eq!(e.kind(), ErrorKind::TimedOut);
+        assert!(s.contains("[1, 2]") && s.contains("did not arrive"), "{s}");
+        let _ = rustix::shm::unlink(boot_name(&job).as_str());
+    }
+
+    #[test]
+    fn single_rank_exchange_unlinks_its_boot_region() {
+        let job = format!("unit-boot1-{}", std::process::id());
+        let l = Launch { rank: 0, size: 1, local_rank: 0, job: job.clone(), launcher: Launcher::Shmfab };
+        let a = Address { ep_index: 3, ..Default::default() };
+        let out = exchange(&l, a, a, Duration::from_secs(5)).unwrap();
+        assert_eq!(out, vec![(a, a)]);
+        assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists());
+    }
+}
