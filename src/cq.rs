@@ -124,6 +124,8 @@ pub mod prov {
     pub const PROTOCOL: i32 = 3;
     /// The peer reported an error for this message.
     pub const REMOTE: i32 = 4;
+    /// The peer died (or closed its endpoint) with the operation pending.
+    pub const PEER_GONE: i32 = 5;
 }
 
 /// Text of a provider errno, as fi_cq_strerror gives it.
@@ -133,6 +135,7 @@ pub fn strerror(prov_errno: i32) -> &'static str {
         prov::CMA_FAULT => "single copy from the peer's memory failed",
         prov::PROTOCOL => "peer sent a malformed message",
         prov::REMOTE => "peer reported an error for this message",
+        prov::PEER_GONE => "peer process died or closed its endpoint",
         _ => "no provider error",
     }
 }

@@ -234,6 +234,12 @@ impl Domain {
         );
         if !found {
             self.inner.sleeps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // Time passed: let the next progress pass check peers' lives.
+            if let Ok(mut st) = self.inner.lock() {
+                for ep in st.eps.iter_mut().flatten() {
+                    ep.check_now = true;
+                }
+            }
         }
     }
 

@@ -304,6 +304,9 @@ pub(crate) struct Peer {
     pub src_cache: (u64, FiAddr),
     /// Sent us something we could not parse: its ring is no longer read.
     pub broken: bool,
+    /// Why the peer is gone (its process died or its endpoint closed):
+    /// everything pending with it has failed, new sends fail at once.
+    pub gone: Option<String>,
 }
 
 // SAFETY: doorbell points into `region`, which the Peer keeps alive.
@@ -329,6 +332,7 @@ impl Peer {
             busy: false,
             src_cache: (u64::MAX, FI_ADDR_NOTAVAIL),
             broken: false,
+            gone: None,
         }
     }
 
@@ -410,6 +414,12 @@ pub(crate) struct EpState {
     /// Buffers of delivered unexpected messages, kept for the next ones
     /// (small ones only, at most `SPARE_MAX`): no allocation per message.
     pub spare: Vec<Vec<u8>>,
+    /// Progress passes, to look at the clock only now and then.
+    pub passes: u32,
+    /// When peers with pending operations were last checked for life.
+    pub last_check: std::time::Instant,
+    /// Set after a doorbell sleep: check the clock on the next pass.
+    pub check_now: bool,
 }
 
 /// Most spare unexpected-message buffers an endpoint keeps.
@@ -585,6 +595,9 @@ impl EpState {
         }
         let p = self.peer_for(ctx, dest)?;
         let peer = &mut self.peers[p];
+        if let Some(why) = &peer.gone {
+            return Err(Error::with(ErrorKind::Io, why.clone()));
+        }
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
         let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
         op.proto = proto::choose(ctx.cfg, op.len, op.iovs.n, on_ring, cma_ok);
@@ -775,6 +788,9 @@ impl Domain {
             min_multi_recv: 64,
             stats: EpStats::default(),
             spare: Vec::new(),
+            passes: 0,
+            last_check: std::time::Instant::now(),
+            check_now: false,
         }));
         Ok(Endpoint { dom: inner.clone(), idx, addr, closed: false.into() })
     }
@@ -1044,6 +1060,11 @@ impl Endpoint {
                     )
                 })?)
             };
+            if let Some(a) = src {
+                // Known as a peer from now on, so its death is noticed
+                // while this receive waits for it.
+                ep.peer_index(a);
+            }
             let r = PostedRecv {
                 ctx: context,
                 iovs,

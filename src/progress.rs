@@ -91,6 +91,121 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     if !ep.busy.is_empty() {
         progress_tx(ep, ctx);
     }
+    ep.passes = ep.passes.wrapping_add(1);
+    if ep.passes.is_multiple_of(256) || ep.check_now {
+        ep.check_now = false;
+        let now = std::time::Instant::now();
+        if now.duration_since(ep.last_check) >= ctx.cfg.peer_check {
+            ep.last_check = now;
+            check_peers(ep, ctx);
+        }
+    }
+}
+
+/// Whether we have anything pending with peer `p`.
+fn pending_with(ep: &EpState, p: usize) -> bool {
+    let peer = &ep.peers[p];
+    !peer.txq.is_empty()
+        || peer.inflight.iter().any(|op| op.state != TxState::Done)
+        || peer.rx_parts.iter().any(|x| !matches!(x.1, RxCur::Unexp { .. }))
+        || ep.posted.iter().flatten().any(|r| r.src == Some(peer.addr))
+}
+
+/// Checks every peer we wait on; fails what is pending with dead ones.
+fn check_peers(ep: &mut EpState, ctx: &mut Ctx<'_>) {
+    for p in 0..ep.peers.len() {
+        if ep.peers[p].gone.is_some() || !pending_with(ep, p) {
+            continue;
+        }
+        if let Some(why) = peer_gone(ep, ctx, p) {
+            fail_peer(ep, ctx, p, why);
+        }
+    }
+}
+
+/// Why peer `p` can no longer answer, if it cannot: its process died (pid
+/// and start time), its region is closing, or its endpoint closed.
+fn peer_gone(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> Option<String> {
+    let addr = ep.peers[p].addr;
+    let who = crate::av::AddressVector::straddr(&addr);
+    if ep.peers[p].region.is_none() {
+        // Never mapped (we only received from it): map it now to look.
+        if let Err(e) = ep.connect(ctx, p) {
+            return Some(format!("peer {who} cannot be reached: {e}"));
+        }
+    }
+    let region = ep.peers[p].region.as_ref()?;
+    let (pid, start) = region.owner();
+    if !crate::region::owner_alive(pid, start) {
+        return Some(format!("peer {who} (pid {pid}) died"));
+    }
+    if region.header().state.load(Ordering::Acquire) != shm_layout::state::READY {
+        return Some(format!("peer {who} (pid {pid}) closed its domain"));
+    }
+    match crate::domain::Section::of(region, addr.ep_index) {
+        Ok(sec) if sec.open_at(addr.generation) => None,
+        _ => Some(format!("peer {who} (pid {pid}) closed its endpoint")),
+    }
+}
+
+/// Fails everything pending with a peer that is gone. Messages it left in
+/// our rings are still delivered by later passes; only what can never
+/// complete fails.
+fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
+    let fail = || (ErrorKind::Io, prov::PEER_GONE, why.clone());
+    ep.peers[p].gone = Some(why.clone());
+    // Our sends to it, queued or in flight, in order.
+    let mut ops: Vec<TxOp> = ep.peers[p].inflight.drain(..).collect();
+    ops.extend(ep.peers[p].txq.drain(..));
+    ep.peers[p].ctrlq.clear();
+    for op in ops {
+        ep.tx_outstanding -= 1;
+        let err = if op.state == TxState::Done { op.err.clone() } else { Some(fail()) };
+        complete_tx(ep, ctx, &op, err);
+    }
+    // Receives whose data it was still sending.
+    let parts: Vec<(u64, RxCur)> = ep.peers[p].rx_parts.drain(..).collect();
+    for (msg_id, cur) in parts {
+        match cur {
+            RxCur::Active(a) => finish_active(ep, ctx, p, msg_id, a, Some(fail())),
+            RxCur::Split(sp) => {
+                let mut info = sp.info;
+                info.delivered = 0;
+                finish_rx(ep, ctx, p, msg_id, PendingRx { dest: sp.dest, info, err: Some(fail()) });
+            }
+            RxCur::Unexp { id, .. } => {
+                // Never complete: drop it.
+                for q in 0..2 {
+                    if let Some(i) = ep.unexp[q].iter().position(|u| u.id == id) {
+                        if let Some(Unexp { body: UnexpBody::Data { v, .. }, .. }) = ep.unexp[q].remove(i) {
+                            ep.unexp_bytes -= v.len();
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Unexpected rendezvous from it: the data is gone with it.
+    for q in 0..2 {
+        ep.unexp[q].retain(|u| !(u.peer == p && matches!(u.body, UnexpBody::Rts { .. })));
+    }
+    // Receives directed at it.
+    let addr = ep.peers[p].addr;
+    for q in 0..2 {
+        let mut i = 0;
+        while i < ep.posted[q].len() {
+            if ep.posted[q][i].src == Some(addr) {
+                let r = ep.posted[q].remove(i).expect("index checked");
+                let at = r.iovs.v[0].ptr + r.moff;
+                let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
+                let d = Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe };
+                let info = RxInfo { tagged: q == 1, tag: 0, data: 0, hflags: 0, total: 0, delivered: 0 };
+                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(fail()) });
+            } else {
+                i += 1;
+            }
+        }
+    }
 }
 
 fn accept_claims(ep: &mut EpState, claimed: u64) {
@@ -899,7 +1014,7 @@ fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Poo
 /// Moves one peer's control messages, in-flight data and queued sends
 /// forward as far as ring room and pool chunks allow.
 pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
-    if ensure_connected(ep, ctx, p).is_err() {
+    if ep.peers[p].gone.is_some() || ensure_connected(ep, ctx, p).is_err() {
         return;
     }
     let me = ep.addr;

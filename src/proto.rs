@@ -35,6 +35,7 @@
 //! | `SHMFAB_POOL_CHUNKS`, `SHMFAB_CHUNK_SIZE` | bounce pool | 32, 65536 |
 //! | `SHMFAB_UNEXP_MAX` | bytes of unexpected inline messages an endpoint holds before it stops draining (back-pressure) | 8 MiB |
 //! | `SHMFAB_TX_SIZE`, `SHMFAB_RX_SIZE` | outstanding sends / posted receives per endpoint | 4096 |
+//! | `SHMFAB_PEER_CHECK_MS` | how often a peer with pending operations is checked for life; a dead peer's operations fail within about this time | 100 |
 
 use crate::ring::payload_capacity;
 use shm_layout::{EpGeometry, OVF_PAYLOAD};
@@ -91,6 +92,8 @@ pub struct Config {
     pub tx_size: usize,
     /// Posted receives per endpoint.
     pub rx_size: usize,
+    /// How often a peer with pending operations is checked for life.
+    pub peer_check: std::time::Duration,
 }
 
 /// Largest payload an inject accepts (buffer reusable on return).
@@ -135,6 +138,7 @@ impl Default for Config {
             unexp_max: 8 << 20,
             tx_size: 4096,
             rx_size: 4096,
+            peer_check: std::time::Duration::from_millis(100),
         }
     }
 }
@@ -170,6 +174,7 @@ impl Config {
             unexp_max: env_num("SHMFAB_UNEXP_MAX", d.unexp_max),
             tx_size: env_num("SHMFAB_TX_SIZE", d.tx_size).max(1),
             rx_size: env_num("SHMFAB_RX_SIZE", d.rx_size).max(1),
+            peer_check: std::time::Duration::from_millis(env_num("SHMFAB_PEER_CHECK_MS", 100).clamp(1, 60_000) as u64),
         };
         c.clamp();
         c

@@ -21,6 +21,20 @@ const DIR: &str = "SHMFAB_TEST_DIR";
 /// `env` set for them; fails if any rank fails or the job outlives `timeout`.
 /// In a rank, runs `body` and returns.
 pub fn run(test: &str, n: usize, env: &[(&str, &str)], timeout: Duration, body: impl FnOnce(World)) {
+    run_killing(test, n, env, timeout, &[], body)
+}
+
+/// As `run`, where the ranks in `killed` are expected to die by SIGKILL
+/// (they kill themselves); the regions they leave are then removed by a
+/// start of the next domain (dead owners), which the harness checks.
+pub fn run_killing(
+    test: &str,
+    n: usize,
+    env: &[(&str, &str)],
+    timeout: Duration,
+    killed: &[usize],
+    body: impl FnOnce(World),
+) {
     if let Ok(r) = std::env::var(RANK) {
         let rank: usize = r.parse().unwrap();
         let size: usize = std::env::var(SIZE).unwrap().parse().unwrap();
@@ -60,7 +74,11 @@ pub fn run(test: &str, n: usize, env: &[(&str, &str)], timeout: Duration, body: 
             }
         }
         // A failed rank dooms the job: stop the others instead of waiting.
-        let failed = status.iter().flatten().any(|s| !s.success());
+        use std::os::unix::process::ExitStatusExt;
+        let failed = status
+            .iter()
+            .enumerate()
+            .any(|(r, s)| s.is_some_and(|s| !(s.success() || killed.contains(&r) && s.signal() == Some(9))));
         if failed || t0.elapsed() > timeout {
             for k in kids.iter_mut() {
                 let _ = k.kill();
@@ -83,8 +101,25 @@ pub fn run(test: &str, n: usize, env: &[(&str, &str)], timeout: Duration, body: 
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let left = shmfab::region::scan(Some(shmfab::region::job_hash(&job)));
-    assert!(left.is_empty(), "{test}: ranks left regions behind: {left:?}");
+    use std::os::unix::process::ExitStatusExt;
+    for (r, s) in status.iter().enumerate() {
+        let s = s.unwrap();
+        if killed.contains(&r) {
+            assert_eq!(s.signal(), Some(9), "{test}: rank {r} was to die by SIGKILL: {s:?}");
+        }
+    }
+    let jh = shmfab::region::job_hash(&job);
+    let left = shmfab::region::scan(Some(jh));
+    if killed.is_empty() {
+        assert!(left.is_empty(), "{test}: ranks left regions behind: {left:?}");
+    } else {
+        // Only the killed ranks' regions may be left, with dead owners; the
+        // next start (clean_dead) removes them.
+        assert!(left.iter().all(|r| !r.alive), "{test}: live regions left: {left:?}");
+        shmfab::region::clean_dead(false);
+        let left = shmfab::region::scan(Some(jh));
+        assert!(left.is_empty(), "{test}: dead owners' regions not cleaned: {left:?}");
+    }
 }
 
 fn rand_suffix() -> u64 {

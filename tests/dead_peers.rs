@@ -1,0 +1,199 @@
+//! A peer that dies (SIGKILL) while others talk to it: every pending
+//! operation to it completes with an error naming it within a bounded time,
+//! new sends fail at once, nothing hangs, the survivors go on, and /dev/shm
+//! is clean afterwards.
+
+mod common;
+use common::{run_killing, World};
+use shmfab::{ErrorKind, FI_RECV};
+use std::time::{Duration, Instant};
+
+fn die() -> ! {
+    // SAFETY: kill on our own pid.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL")
+}
+
+/// Survivors pass a token around themselves (ranks 0..n-1 without `dead`).
+fn survivors_talk(w: &World, dead: usize) {
+    let alive: Vec<usize> = (0..w.size).filter(|&r| r != dead).collect();
+    let me = alive.iter().position(|&r| r == w.rank).unwrap();
+    let next = alive[(me + 1) % alive.len()];
+    let prev = alive[(me + alive.len() - 1) % alive.len()];
+    let mut b = [0u8; 4];
+    // SAFETY: b lives until the completion below.
+    unsafe { w.ep.trecv(&mut b, w.addrs[prev], 999, 0, 999).unwrap() };
+    w.retry(|| w.ep.tinject(b"live", w.addrs[next], 999));
+    let e = w.ok(999);
+    assert_eq!((e.len, &b), (4, b"live"));
+}
+
+#[test]
+fn a_rank_killed_mid_stream() {
+    run_killing("a_rank_killed_mid_stream", 4, &[], Duration::from_secs(60), &[3], |w| {
+        w.barrier();
+        match w.rank {
+            3 => {
+                // Take some of rank 0's stream, then die.
+                let mut b = vec![0u8; 4096];
+                for i in 0..50 {
+                    // SAFETY: b lives until the completion below.
+                    unsafe { w.ep.recv(&mut b, w.addrs[0], i).unwrap() };
+                    w.ok(i);
+                }
+                die();
+            }
+            0 => {
+                // Stream to rank 3 until it is gone.
+                let data = vec![7u8; 4096];
+                let t0 = Instant::now();
+                let mut sent = 0usize;
+                let why = loop {
+                    // SAFETY: data lives until every completion is read below.
+                    match unsafe { w.ep.send(&data, w.addrs[3], 10_000 + sent) } {
+                        Ok(()) => sent += 1,
+                        Err(e) if e.kind() == ErrorKind::Again => {
+                            w.dom.progress().unwrap();
+                            w.dom.wait(Duration::from_millis(1));
+                        }
+                        Err(e) => break e,
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(20), "sends to a dead peer never failed");
+                };
+                assert_eq!(why.kind(), ErrorKind::Io, "{why}");
+                assert!(why.to_string().contains("died"), "{why}");
+                // Every send completed, some with errors naming the peer.
+                let mut errors = 0;
+                for i in 0..sent {
+                    if let Err(e) = w.wait_ctx(10_000 + i) {
+                        assert_eq!(e.err, ErrorKind::Io.errno());
+                        errors += 1;
+                    }
+                }
+                let text = w.cq.last_error_text().unwrap();
+                assert!(errors > 0 && text.contains("died"), "{errors} errors, last: {text}");
+                // Fail fast: a new send is refused at once.
+                let t1 = Instant::now();
+                assert_eq!(w.ep.inject(b"x", w.addrs[3]).unwrap_err().kind(), ErrorKind::Io);
+                assert!(t1.elapsed() < Duration::from_millis(50));
+                survivors_talk(&w, 3);
+            }
+            1 => {
+                // A receive directed at rank 3, which never sends: it must
+                // fail once rank 3 is dead.
+                let mut b = [0u8; 8];
+                // SAFETY: b lives until the completion below.
+                unsafe { w.ep.recv(&mut b, w.addrs[3], 5).unwrap() };
+                let e = w.wait_ctx(5).expect_err("receive from a dead rank must fail");
+                assert_eq!(e.err, ErrorKind::Io.errno());
+                assert_eq!(e.flags & FI_RECV, FI_RECV);
+                assert!(w.cq.last_error_text().unwrap().contains("died"));
+                survivors_talk(&w, 3);
+            }
+            _ => survivors_talk(&w, 3),
+        }
+    });
+}
+
+#[test]
+fn a_rank_killed_in_large_transfers() {
+    // CMA off: the data moves chunk by chunk through the pool, so the
+    // transfers are in progress when rank 1 dies.
+    let env = [("SHMFAB_CMA", "off"), ("SHMFAB_PEER_CHECK_MS", "50")];
+    run_killing("a_rank_killed_in_large_transfers", 3, &env, Duration::from_secs(60), &[1], |w| {
+        const BIG: usize = 512 << 20;
+        w.barrier();
+        match w.rank {
+            1 => {
+                // Receive a huge message from rank 2 and send one to rank 0;
+                // die while both are under way.
+                let mut rb = vec![0u8; BIG];
+                let sb = vec![1u8; BIG];
+                // SAFETY: buffers live until we die (no completion is awaited).
+                unsafe {
+                    w.ep.recv(&mut rb, w.addrs[2], 1).unwrap();
+                    w.ep.send(&sb, w.addrs[0], 2).unwrap();
+                }
+                let t0 = Instant::now();
+                while t0.elapsed() < Duration::from_millis(30) {
+                    w.dom.progress().unwrap();
+                }
+                die();
+            }
+            0 => {
+                // Blocked receiving rank 1's huge message.
+                let mut rb = vec![0u8; BIG];
+                // SAFETY: rb lives until the completion below.
+                unsafe { w.ep.recv(&mut rb, w.addrs[1], 3).unwrap() };
+                let t0 = Instant::now();
+                let e = w.wait_ctx(3).expect_err("a receive from a rank that died mid-transfer must fail");
+                assert_eq!(e.err, ErrorKind::Io.errno());
+                assert!(t0.elapsed() < Duration::from_secs(5), "failed after {:?}", t0.elapsed());
+                survivors_talk(&w, 1);
+            }
+            _ => {
+                // Blocked sending a huge message to rank 1.
+                let sb = vec![2u8; BIG];
+                // SAFETY: sb lives until the completion below.
+                unsafe { w.ep.send(&sb, w.addrs[1], 4).unwrap() };
+                let e = w.wait_ctx(4).expect_err("a send to a rank that died mid-transfer must fail");
+                assert_eq!(e.err, ErrorKind::Io.errno());
+                assert!(w.cq.last_error_text().unwrap().contains("died"));
+                survivors_talk(&w, 1);
+            }
+        }
+    });
+}
+
+#[test]
+fn killing_the_launcher_ends_its_ranks_and_leaves_nothing() {
+    if std::env::var_os("SHMFAB_RANK").is_some() {
+        // A rank under `shmfab run`: join the job, say so, then wait for a
+        // message that never comes.
+        let w = shmfab::World::init().unwrap();
+        let dir = std::env::var("KILL_TEST_DIR").unwrap();
+        std::fs::write(format!("{dir}/{}", w.rank), w.dom.region_name()).unwrap();
+        let mut b = [0u8; 1];
+        // SAFETY: b lives as long as this process.
+        unsafe { w.ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 1).unwrap() };
+        let _ = w.wait(1);
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kill-launcher-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut launcher = std::process::Command::new(env!("CARGO_BIN_EXE_shmfab"))
+        .args(["run", "-n", "3", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["killing_the_launcher_ends_its_ranks_and_leaves_nothing", "--exact", "-q"])
+        .env("KILL_TEST_DIR", &dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let names: Vec<String> = loop {
+        let v: Vec<String> = (0..3).filter_map(|r| std::fs::read_to_string(dir.join(r.to_string())).ok()).collect();
+        if v.len() == 3 && v.iter().all(|n| !n.is_empty()) {
+            break v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "ranks never started");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    // The ranks die with their launcher; their regions, owners dead, go at
+    // the next start.
+    let t1 = Instant::now();
+    loop {
+        let live = shmfab::region::scan(None).into_iter().filter(|r| names.contains(&r.name) && r.alive).count();
+        if live == 0 {
+            break;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(10), "{live} ranks outlived their launcher");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    shmfab::region::clean_dead(false);
+    for n in &names {
+        assert!(!std::path::Path::new(&format!("/dev/shm/{n}")).exists(), "{n} left behind");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
