@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Installs what shmfab's scripts need, with apt-get, only when missing.
-# Usage: scripts/deps.sh [peers]   (peers: Open MPI, libfabric tools, for
-# the MPI tests and the side-by-side comparison)
+# Installs what shmfab's scripts need, with apt-get, only when missing:
+# always the build's C libraries (hwloc); with "peers" also Open MPI and
+# libfabric's tools, for the multi-rank tests and the comparison.
+# Usage: scripts/deps.sh [peers]
 set -euo pipefail
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }
 pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 have cc || need+=(gcc)
 have pkg-config || need+=(pkg-config)
+# hwloc 2.x for the topology (hwlocality links it through pkg-config).
+pkg_installed libhwloc-dev || need+=(libhwloc-dev)
+pkg_installed libudev-dev || need+=(libudev-dev)
 if [ "${1:-}" = peers ]; then
   have mpirun || need+=(openmpi-bin)
   have mpicc || need+=(libopenmpi-dev)

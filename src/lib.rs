@@ -51,6 +51,7 @@ pub mod region;
 pub mod ring;
 pub mod run;
 pub mod sync;
+pub mod topo;
 
 pub use av::AddressVector;
 pub use cntr::Counter;

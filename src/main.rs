@@ -359,6 +359,24 @@ fn cmd_info() {
         ),
         Err(e) => println!("/dev/shm: cannot stat: {e}"),
     }
+    match shmfab::topo::discover() {
+        Ok(t) => {
+            println!(
+                "topology (hwloc): {} package(s), {} NUMA node(s), {} core(s), {} hardware thread(s)",
+                t.packages,
+                t.numa.len(),
+                t.cores.len(),
+                t.cores.iter().map(|c| c.len()).sum::<usize>()
+            );
+            for (os, cpus, mem) in &t.numa {
+                println!("  NUMA node {os}: CPUs {cpus:?}, {} MiB", mem / (1 << 20));
+            }
+            let caches: Vec<String> =
+                t.caches.iter().map(|(n, count, size)| format!("{count} x {n} {} KiB", size / 1024)).collect();
+            println!("  caches: {}", caches.join(", "));
+        }
+        Err(e) => println!("topology: {e}"),
+    }
     let regions = shmfab::region::scan(None);
     let dead = regions.iter().filter(|r| !r.alive).count();
     println!("regions of this user: {} ({dead} with dead owners)", regions.len());

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 /// How ranks are pinned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bind {
-    /// Rank r on CPU r mod ncpus.
+    /// Rank r on the hardware threads of core r mod ncores (hwloc).
     Core,
-    /// Rank r on the CPUs of NUMA node r mod nnodes.
+    /// Rank r on the CPUs of NUMA node r mod nnodes (hwloc).
     Numa,
     /// Not pinned.
     None,
@@ -98,10 +98,14 @@ pub fn run(n: usize, bind: Bind, argv: &[String]) -> Result<i32> {
     let me = std::process::id();
     let job = format!("run.{me}.{}", crate::region::proc_start_time(me).unwrap_or(0));
     let launcher = me as libc::pid_t;
-    let cpus: Vec<Vec<usize>> = match bind {
-        Bind::Core => (0..crate::bench::ncpus()).map(|c| vec![c]).collect(),
-        Bind::Numa => numa_nodes(),
-        Bind::None => Vec::new(),
+    // CPU sets from hwloc; sysfs if hwloc cannot say.
+    let topo = crate::topo::discover().ok();
+    let cpus: Vec<Vec<usize>> = match (bind, &topo) {
+        (Bind::None, _) => Vec::new(),
+        (Bind::Core, Some(t)) if !t.units(false).is_empty() => t.units(false),
+        (Bind::Numa, Some(t)) if !t.units(true).is_empty() => t.units(true),
+        (Bind::Core, _) => (0..crate::bench::ncpus()).map(|c| vec![c]).collect(),
+        (Bind::Numa, _) => numa_nodes(),
     };
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
         // SAFETY: on_signal only stores to an atomic (async-signal-safe).
