@@ -42,6 +42,7 @@ pub mod doorbell;
 pub mod ep;
 pub mod error;
 pub mod flags;
+pub mod inspect;
 pub mod launch;
 pub mod ovf;
 pub mod pool;

@@ -9,11 +9,14 @@ use std::path::PathBuf;
 const USAGE: &str = "usage:
   shmfab run -n N [--bind core|numa|none] -- PROGRAM [ARGS]
       start N ranks of PROGRAM (shmfab's own launcher; ranks join with shmfab::World)
-  shmfab bench [pingpong|bw|msgrate|all] [--sizes 8,64,...] [--json FILE]
-      two processes (this one and a peer it starts) over shmfab
+  shmfab bench [pingpong|bw|msgrate|all] [--sizes 8,64,...] [--json FILE] [--compare]
+      two processes (this one and a peer it starts) over shmfab; --compare adds
+      the installed peers side by side (as shmfab compare)
   shmfab compare [--sizes 8,64,...] [--json FILE] [--osu PATH]
       shmfab, the raw shared-page floor, Open MPI (osu-style program at PATH)
       and libfabric shm (fi_pingpong) side by side, with shmfab's ratios
+  shmfab inspect [JOB]
+      what a live job's regions hold (JOB: a job id or its 8-hex hash; default: all)
   shmfab clean [--dry-run]
       remove this user's regions whose owners are dead
   shmfab info
@@ -47,11 +50,13 @@ struct Opts {
     json: Option<PathBuf>,
     osu: Option<PathBuf>,
     dry_run: bool,
+    compare: bool,
     what: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts { sizes: DEFAULT_SIZES.to_vec(), json: None, osu: None, dry_run: false, what: None };
+    let mut o =
+        Opts { sizes: DEFAULT_SIZES.to_vec(), json: None, osu: None, dry_run: false, compare: false, what: None };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -66,6 +71,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--json" => o.json = Some(it.next().ok_or("--json needs a file")?.into()),
             "--osu" => o.osu = Some(it.next().ok_or("--osu needs a path")?.into()),
             "--dry-run" => o.dry_run = true,
+            "--compare" => o.compare = true,
             "-h" | "--help" => return Err(USAGE.into()),
             w if !w.starts_with('-') && o.what.is_none() => o.what = Some(w.to_string()),
             w => return Err(format!("unknown argument {w:?}\n{USAGE}")),
@@ -108,6 +114,11 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         "info" => {
             cmd_info();
+            Ok(())
+        }
+        "inspect" => {
+            let job = o.what.as_deref().map(shmfab::inspect::job_arg);
+            print!("{}", shmfab::inspect::inspect(job).map_err(|e| e.to_string())?);
             Ok(())
         }
         "-h" | "--help" | "help" => {
@@ -188,7 +199,35 @@ fn fmt(v: Option<f64>, prec: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.prec$}"))
 }
 
+/// The osu-style MPI program, built here with mpicc when none was given.
+const OSU_SOURCE: &str = include_str!("../mpi_tests/osu_style.c");
+
+fn osu_binary(o: &Opts) -> Option<PathBuf> {
+    if o.osu.is_some() {
+        return o.osu.clone();
+    }
+    let dir = std::env::temp_dir().join(format!("shmfab-osu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).ok()?;
+    let src = dir.join("osu_style.c");
+    let bin = dir.join("osu_style");
+    std::fs::write(&src, OSU_SOURCE).ok()?;
+    let ok = std::process::Command::new("mpicc").args(["-O2", "-o"]).arg(&bin).arg(&src).status().ok()?.success();
+    if !ok {
+        eprintln!("mpicc failed: Open MPI left out of the comparison");
+        return None;
+    }
+    Some(bin)
+}
+
 fn cmd_bench(o: &Opts) -> Result<(), String> {
+    if o.compare {
+        let osu = osu_binary(o);
+        std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");
+        std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        let with =
+            Opts { osu, sizes: o.sizes.clone(), json: o.json.clone(), dry_run: false, compare: true, what: None };
+        return cmd_compare(&with);
+    }
     let what = o.what.as_deref().unwrap_or("all");
     let (lat, bw, rate) = match what {
         "pingpong" => (true, false, false),

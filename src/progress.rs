@@ -99,7 +99,21 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             ep.last_check = now;
             check_peers(ep, ctx);
         }
+        publish_gauges(ep);
     }
+}
+
+/// Publishes what this endpoint holds for `shmfab inspect` (relaxed
+/// stores to our own header line, now and then, not per message).
+fn publish_gauges(ep: &EpState) {
+    let h = ep.sec.header();
+    let rx_active: usize =
+        ep.peers.iter().map(|p| p.rx_parts.iter().filter(|x| !matches!(x.1, RxCur::Unexp { .. })).count()).sum();
+    h.tx_queued.store(ep.tx_outstanding as u32, Ordering::Relaxed);
+    h.rx_posted.store((ep.posted[0].len() + ep.posted[1].len()) as u32, Ordering::Relaxed);
+    h.unexpected.store((ep.unexp[0].len() + ep.unexp[1].len()) as u32, Ordering::Relaxed);
+    h.rx_active.store(rx_active as u32, Ordering::Relaxed);
+    h.passes.store(ep.passes as u64, Ordering::Relaxed);
 }
 
 /// Whether we have anything pending with peer `p`.

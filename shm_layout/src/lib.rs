@@ -289,8 +289,19 @@ pub struct EpHeader {
     pub claimed: AtomicU64,
     /// Non-zero once any sender used the overflow queue.
     pub ovf_used: AtomicU32,
+    /// Sends queued or in flight (published by the owner now and then, for
+    /// `shmfab inspect`; so are the four words below).
+    pub tx_queued: AtomicU32,
+    /// Receives posted.
+    pub rx_posted: AtomicU32,
+    /// Unexpected messages held.
+    pub unexpected: AtomicU32,
+    /// Receives whose data is still arriving.
+    pub rx_active: AtomicU32,
     /// Zero.
     pub reserved: u32,
+    /// Progress passes so far: a heartbeat of the owner.
+    pub passes: AtomicU64,
 }
 
 /// One entry of the ring slot table: which sender owns ring `i`.
@@ -524,7 +535,7 @@ const fn fnv(mut h: u64, x: u64) -> u64 {
 /// builds agree on it only if they agree on the layout.
 pub const LAYOUT_HASH: u64 = {
     use core::mem::{align_of, offset_of, size_of};
-    let parts: [u64; 26] = [
+    let parts: [u64; 27] = [
         LAYOUT_VERSION as u64,
         size_of::<RegionHeader>() as u64,
         offset_of!(RegionHeader, total_size) as u64,
@@ -534,6 +545,7 @@ pub const LAYOUT_HASH: u64 = {
         size_of::<Counter>() as u64,
         size_of::<EpHeader>() as u64,
         offset_of!(EpHeader, claimed) as u64,
+        offset_of!(EpHeader, passes) as u64,
         size_of::<SlotEntry>() as u64,
         offset_of!(SlotEntry, addr) as u64,
         size_of::<RingCtl>() as u64,
