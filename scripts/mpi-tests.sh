@@ -28,6 +28,9 @@ for np in 2 4 8; do
     run_one "shmfab run -n $np $p" target/release/shmfab run -n "$np" -- "target/release/$p"
   done
 done
+# shmfab's benchmark on a launcher's two ranks instead of its own.
+run_one "mpirun -np 2 shmfab bench" mpirun -np 2 target/release/shmfab bench all --sizes 8,64k,1m
+run_one "shmfab run -n 2 shmfab bench" target/release/shmfab run -n 2 --bind core -- target/release/shmfab bench pingpong --sizes 8,4k
 after=$(regions)
 if [ "$after" -gt "$before" ]; then
   fail=$((fail + 1)); echo "FAIL regions left in /dev/shm:"; ls -l /dev/shm | grep "shmfab\.$(id -u)\."

@@ -171,7 +171,8 @@ impl Ends {
 pub struct Link {
     ends: Ends,
     peer: FiAddr,
-    child: Child,
+    /// The peer process we started (None when a launcher started it).
+    child: Option<Child>,
     buf: Vec<u8>,
 }
 
@@ -190,7 +191,7 @@ impl Link {
             cmd.env(CPU_ENV, "1");
         }
         let child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the peer: {e}")))?;
-        let mut link = Link { ends, peer: 0, child, buf: vec![0u8; MAX_SIZE] };
+        let mut link = Link { ends, peer: 0, child: Some(child), buf: vec![0u8; MAX_SIZE] };
         let mut hello = [0u8; shm_layout::Address::SIZE];
         // SAFETY: hello lives until the completion read just below.
         unsafe { link.ends.ep.trecv(&mut hello, FI_ADDR_UNSPEC, T_HELLO, 0, 1)? };
@@ -285,9 +286,16 @@ impl Link {
     pub fn quit(mut self) -> Result<()> {
         self.command(CMD_QUIT, 0, 0, 0)?;
         let t0 = Instant::now();
+        let Some(child) = self.child.as_mut() else {
+            // A launcher's rank: it exits by itself; let the command go out.
+            while t0.elapsed() < Duration::from_millis(50) {
+                self.ends.dom.progress()?;
+            }
+            return Ok(());
+        };
         loop {
             self.ends.dom.progress()?;
-            if let Some(st) = self.child.try_wait()? {
+            if let Some(st) = child.try_wait()? {
                 return if st.success() {
                     Ok(())
                 } else {
@@ -295,19 +303,51 @@ impl Link {
                 };
             }
             if t0.elapsed() > Duration::from_secs(10) {
-                let _ = self.child.kill();
+                let _ = child.kill();
                 return Err(Error::with(ErrorKind::TimedOut, "benchmark peer did not exit"));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
     }
+
+    /// Rank 0 of a two-rank job a launcher started (mpirun, shmfab run):
+    /// the peer is rank 1, which calls [`serve_world`]; binding is the
+    /// launcher's.
+    pub fn with_world(w: &crate::World) -> Result<Link> {
+        if w.size != 2 || w.rank != 0 {
+            return Err(Error::with(ErrorKind::Inval, "benchmarks under a launcher need exactly 2 ranks"));
+        }
+        let ends = open_ends()?;
+        w.ep.inject(&ends.ep.getname().to_bytes(), w.addr(1))?;
+        let mut link = Link { ends, peer: 0, child: None, buf: vec![0u8; MAX_SIZE] };
+        let mut hello = [0u8; shm_layout::Address::SIZE];
+        // SAFETY: hello lives until the completion read just below.
+        unsafe { link.ends.ep.trecv(&mut hello, FI_ADDR_UNSPEC, T_HELLO, 0, 1)? };
+        link.ends.wait_recvs(1)?;
+        link.peer = link.ends.av.insert_bytes(&hello)?;
+        Ok(link)
+    }
+}
+
+/// Rank 1 of a two-rank job: serves rank 0's [`Link::with_world`] until
+/// told to quit.
+pub fn serve_world(w: &crate::World) -> Result<()> {
+    let mut addr = [0u8; shm_layout::Address::SIZE];
+    // SAFETY: addr lives until the completion below.
+    unsafe { w.ep.recv(&mut addr, w.addr(0), 77)? };
+    match w.wait(77)? {
+        Ok(_) => serve(&addr),
+        Err(e) => Err(Error::with(ErrorKind::from_errno(e.err), "rank 0 did not send its address")),
+    }
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Some(c) = self.child.as_mut() {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
         }
     }
 }
@@ -337,8 +377,13 @@ fn peer_loop() -> Result<()> {
         .ok()
         .and_then(|h| unhex(&h))
         .ok_or_else(|| Error::with(ErrorKind::Inval, format!("{PEER_ENV} is not a hex address")))?;
+    serve(&addr)
+}
+
+/// The peer's loop: says hello to `addr`, then serves its commands.
+fn serve(addr: &[u8]) -> Result<()> {
     let ends = open_ends()?;
-    let parent = ends.av.insert_bytes(&addr)?;
+    let parent = ends.av.insert_bytes(addr)?;
     ends.send(&ends.ep.getname().to_bytes(), parent, T_HELLO)?;
     // Separate receive and send buffers, as osu_latency has (echoing the
     // received buffer would also measure pulling it from the other core).

@@ -160,9 +160,38 @@ fn exe() -> Result<PathBuf, String> {
     std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))
 }
 
+/// The two ranks of a launcher (mpirun, shmfab run -n 2), if this process
+/// is one of them: rank 0 measures, rank 1 serves it (and exits here).
+fn launched_pair() -> Result<Option<shmfab::World>, String> {
+    let l = shmfab::launch::Launch::detect().map_err(|e| e.to_string())?;
+    if l.launcher == shmfab::launch::Launcher::Single {
+        return Ok(None);
+    }
+    if l.size != 2 {
+        return Err(format!("shmfab bench under a launcher needs 2 ranks, not {}", l.size));
+    }
+    let w = shmfab::World::init().map_err(|e| e.to_string())?;
+    if w.rank == 1 {
+        let code = match bench::serve_world(&w) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("shmfab bench (rank 1): {e}");
+                1
+            }
+        };
+        std::process::exit(code);
+    }
+    Ok(Some(w))
+}
+
 /// shmfab's own figures for `sizes`: any of latency, bandwidth, rate.
 fn measure(sizes: &[usize], lat: bool, bw: bool, rate: bool) -> Result<Vec<Figure>, String> {
-    let mut link = Link::spawn(&exe()?, &[]).map_err(|e| e.to_string())?;
+    let world = launched_pair()?;
+    let mut link = match &world {
+        Some(w) => Link::with_world(w),
+        None => Link::spawn(&exe()?, &[]),
+    }
+    .map_err(|e| e.to_string())?;
     let tty = atty_stderr();
     let mut out = Vec::new();
     for &size in sizes {

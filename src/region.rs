@@ -519,6 +519,19 @@ mod tests {
     }
 
     #[test]
+    fn a_full_dev_shm_is_an_error_that_says_what_to_do() {
+        // A region larger than /dev/shm: the reservation fails with ENOSPC
+        // at creation (not SIGBUS later), and says what to do.
+        let job = job_hash(&format!("unit-full-{}", std::process::id()));
+        let huge = EpGeometry { pool_chunks: 65536, chunk_size: 1 << 24, ..EpGeometry::DEFAULT };
+        let r = Region::create(job, &huge, 1, 1).unwrap();
+        let sec_off = shm_layout::eps_offset(1);
+        let e = r.reserve(sec_off, huge.section_size()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoSpc, "{e}");
+        assert!(e.to_string().contains("/dev/shm is too small or full"), "{e}");
+    }
+
+    #[test]
     fn attach_refuses_names_that_are_not_regions() {
         assert_eq!(Region::attach("../etc/passwd").unwrap_err().kind(), ErrorKind::Inval);
         assert_eq!(Region::attach("shmfab.0.0.doesnotexist").unwrap_err().kind(), ErrorKind::AddrNotAvail);
