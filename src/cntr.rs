@@ -93,6 +93,34 @@ impl Counter {
         Ok(())
     }
 
+    /// fi_cntr_wait: waits (sleeping on the doorbell) until the value
+    /// reaches `threshold`; `-FI_ETIMEDOUT` after `timeout_ms` (< 0:
+    /// forever), `-FI_EAVAIL` if the error value changes meanwhile.
+    pub fn wait(&self, threshold: u64, timeout_ms: i32) -> Result<()> {
+        let deadline =
+            (timeout_ms >= 0).then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64));
+        let err0 = self.shm()?.err.v.load(Ordering::Acquire);
+        let dom = crate::Domain { inner: self.dom.clone() };
+        loop {
+            self.progress()?;
+            let c = self.shm()?;
+            if c.value.v.load(Ordering::Acquire) >= threshold {
+                return Ok(());
+            }
+            if c.err.v.load(Ordering::Acquire) != err0 {
+                return Err(Error::with(ErrorKind::Avail, "the counter's error value changed while waiting"));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(Error::with(
+                    ErrorKind::TimedOut,
+                    format!("counter below {threshold} after {timeout_ms} ms"),
+                ));
+            }
+            dom.wait_for(left, || c.value.v.load(Ordering::Acquire) >= threshold);
+        }
+    }
+
     /// Index of the counter in the domain region's counter table.
     pub fn index(&self) -> usize {
         self.id

@@ -173,19 +173,41 @@ impl CqFormatEntry for CqTaggedEntry {
     }
 }
 
+/// How a CQ's blocking reads wait (`fi_wait_obj`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WaitObj {
+    /// FI_WAIT_NONE: no blocking reads (`sread` is refused).
+    None,
+    /// FI_WAIT_UNSPEC: the provider's choice: sleep on the domain's futex
+    /// doorbell, which senders in other processes ring.
+    #[default]
+    Unspec,
+    /// FI_WAIT_YIELD: poll, yielding the CPU between tries.
+    Yield,
+}
+
+/// Wait condition of blocking reads (`fi_cq_wait_cond`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WaitCond {
+    /// Any completion satisfies the wait.
+    #[default]
+    None,
+    /// FI_CQ_COND_THRESHOLD: `sread`'s `cond` is the number of entries to
+    /// wait for (a hint: a timeout returns what is there).
+    Threshold,
+}
+
 /// CQ attributes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct CqAttr {
     /// Entries (0: provider default, 1024).
     pub size: usize,
     /// Entry format.
     pub format: CqFormat,
-}
-
-impl Default for CqAttr {
-    fn default() -> Self {
-        CqAttr { size: 0, format: CqFormat::Unspec }
-    }
+    /// Wait object for `sread`.
+    pub wait_obj: WaitObj,
+    /// Wait condition for `sread`.
+    pub wait_cond: WaitCond,
 }
 
 /// In-process state of a CQ.
@@ -206,6 +228,8 @@ pub(crate) struct CqState {
     pub orphaned: bool,
     /// Keeps the last error's text alive for `err_data`.
     pub last_err: CString,
+    pub wait_obj: WaitObj,
+    pub wait_cond: WaitCond,
 }
 
 impl CqState {
@@ -219,6 +243,8 @@ impl CqState {
             bound: 0,
             orphaned: false,
             last_err: CString::default(),
+            wait_obj: attr.wait_obj,
+            wait_cond: attr.wait_cond,
         }
     }
 
@@ -308,6 +334,8 @@ pub struct CompletionQueue {
     pub(crate) dom: std::sync::Arc<crate::domain::DomainInner>,
     pub(crate) id: usize,
     closed: std::sync::atomic::AtomicBool,
+    /// Set by `signal` (any thread), taken by a blocked `sread`.
+    signaled: std::sync::atomic::AtomicBool,
 }
 
 impl crate::Domain {
@@ -328,7 +356,7 @@ impl crate::Domain {
                 st.cqs.len() - 1
             }
         };
-        Ok(CompletionQueue { dom: self.inner.clone(), id, closed: false.into() })
+        Ok(CompletionQueue { dom: self.inner.clone(), id, closed: false.into(), signaled: false.into() })
     }
 }
 
@@ -354,6 +382,86 @@ impl CompletionQueue {
     /// (FI_ADDR_NOTAVAIL when the source is not in the bound AV).
     pub fn readfrom<T: CqFormatEntry>(&self, out: &mut [T], src: &mut [FiAddr]) -> Result<usize> {
         self.with(true, |c| c.read(out, Some(src)))
+    }
+
+    /// fi_cq_sread: as `read`, but waits (without spinning, with the
+    /// Unspec wait object) until a completion is there, or, with
+    /// FI_CQ_COND_THRESHOLD, until `cond` entries are; `timeout_ms` < 0
+    /// waits forever. `-FI_EAGAIN` on timeout or when `signal` interrupts.
+    pub fn sread<T: CqFormatEntry>(&self, out: &mut [T], cond: Option<usize>, timeout_ms: i32) -> Result<usize> {
+        self.sread_impl(out, None, cond, timeout_ms)
+    }
+
+    /// fi_cq_sreadfrom: `sread` with source addresses.
+    pub fn sreadfrom<T: CqFormatEntry>(
+        &self,
+        out: &mut [T],
+        src: &mut [FiAddr],
+        cond: Option<usize>,
+        timeout_ms: i32,
+    ) -> Result<usize> {
+        self.sread_impl(out, Some(src), cond, timeout_ms)
+    }
+
+    fn sread_impl<T: CqFormatEntry>(
+        &self,
+        out: &mut [T],
+        mut src: Option<&mut [FiAddr]>,
+        cond: Option<usize>,
+        timeout_ms: i32,
+    ) -> Result<usize> {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let (wait_obj, wait_cond) = self.with(false, |c| Ok((c.wait_obj, c.wait_cond)))?;
+        if wait_obj == WaitObj::None {
+            return Err(Error::with(ErrorKind::Inval, "CQ opened with FI_WAIT_NONE: blocking reads are not allowed"));
+        }
+        let want = match wait_cond {
+            WaitCond::Threshold => cond.unwrap_or(1).clamp(1, out.len().max(1)),
+            WaitCond::None => 1,
+        };
+        let deadline =
+            (timeout_ms >= 0).then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64));
+        loop {
+            if self.signaled.swap(false, AcqRel) {
+                return Err(Error::with(ErrorKind::Again, "interrupted by cq_signal"));
+            }
+            let timed_out = deadline.is_some_and(|d| std::time::Instant::now() >= d);
+            let ready = self.with(true, |c| {
+                let n = c.entries.len();
+                if !c.errors.is_empty() || c.overrun || n >= want || (timed_out && n > 0) {
+                    c.read(out, src.as_deref_mut()).map(Some)
+                } else {
+                    Ok(None)
+                }
+            })?;
+            if let Some(n) = ready {
+                return Ok(n);
+            }
+            if timed_out {
+                return Err(Error::AGAIN);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            match wait_obj {
+                WaitObj::Yield => std::thread::yield_now(),
+                _ => {
+                    let dom = crate::Domain { inner: self.dom.clone() };
+                    dom.wait_for(left, || self.signaled.load(Acquire));
+                }
+            }
+        }
+    }
+
+    /// fi_cq_signal: wakes a thread blocked in `sread` on this CQ (from any
+    /// thread, whatever the domain's threading); it returns `-FI_EAGAIN`.
+    pub fn signal(&self) -> Result<()> {
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
+        }
+        // SYNC: the flag is published before the doorbell bump that wakes
+        // the sleeper; pairs with the acquire swap in sread_impl.
+        self.signaled.store(true, std::sync::atomic::Ordering::Release);
+        crate::doorbell::wake_all(&self.dom.region.header().doorbell);
+        Ok(())
     }
 
     /// fi_cq_readerr: the next error entry; its `err_data` stays valid until
@@ -414,7 +522,7 @@ mod tests {
 
     #[test]
     fn format_is_checked_and_entries_convert() {
-        let mut cq = CqState::new(&CqAttr { size: 4, format: CqFormat::Msg });
+        let mut cq = CqState::new(&CqAttr { size: 4, format: CqFormat::Msg, ..Default::default() });
         cq.push(full(9), 7);
         let mut t = [CqTaggedEntry::default(); 1];
         assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Inval);
@@ -445,7 +553,7 @@ mod tests {
 
     #[test]
     fn overrun_after_valid_entries() {
-        let mut cq = CqState::new(&CqAttr { size: 2, format: CqFormat::Context });
+        let mut cq = CqState::new(&CqAttr { size: 2, format: CqFormat::Context, ..Default::default() });
         assert!(cq.has_room());
         for i in 0..cq.hard_cap() {
             cq.push(full(i), NO_SRC);

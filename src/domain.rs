@@ -223,12 +223,28 @@ impl Domain {
     /// message (pool chunks freed, credit returned) does not ring the
     /// doorbell, so callers waiting for that should pass a short timeout.
     pub fn wait(&self, timeout: Duration) {
+        self.sleep(timeout, || false);
+    }
+
+    /// Sleeps as [`Domain::wait`] until `done()` or `timeout` (None:
+    /// forever). While sends wait for ring room or pool chunks (which do not
+    /// ring the doorbell) it sleeps in 1 ms slices.
+    pub(crate) fn wait_for(&self, timeout: Option<Duration>, done: impl Fn() -> bool) {
+        let local = self.inner.lock().map(|st| st.eps.iter().flatten().any(|e| !e.busy.is_empty())).unwrap_or(true);
+        let cap = if local { Duration::from_millis(1) } else { Duration::from_secs(3600) };
+        self.sleep(timeout.map_or(cap, |t| t.min(cap)), done);
+    }
+
+    fn sleep(&self, timeout: Duration, done: impl Fn() -> bool) {
         let db = &self.inner.region.header().doorbell;
         let found = crate::doorbell::wait(
             db,
-            || match self.inner.lock() {
-                Ok(st) => self.inner.has_inbound(&st),
-                Err(_) => true, // not ours to sleep on: return at once
+            || {
+                done()
+                    || match self.inner.lock() {
+                        Ok(st) => self.inner.has_inbound(&st),
+                        Err(_) => true, // not ours to sleep on: return at once
+                    }
             },
             Some(timeout),
         );

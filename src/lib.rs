@@ -56,7 +56,9 @@ pub mod topo;
 
 pub use av::AddressVector;
 pub use cntr::Counter;
-pub use cq::{CompletionQueue, CqAttr, CqDataEntry, CqEntry, CqErrEntry, CqFormat, CqMsgEntry, CqTaggedEntry};
+pub use cq::{
+    CompletionQueue, CqAttr, CqDataEntry, CqEntry, CqErrEntry, CqFormat, CqMsgEntry, CqTaggedEntry, WaitCond, WaitObj,
+};
 pub use domain::{Domain, Fabric};
 pub use ep::{Endpoint, EpStats, RecvMsg, SendMsg};
 pub use error::{Error, ErrorKind, Result};

@@ -22,7 +22,7 @@ struct Pair {
 
 fn pair_with(f0: CqFormat, sel: bool) -> Pair {
     let dom = Fabric::open().unwrap().domain().unwrap();
-    let cq0 = dom.cq_open(&CqAttr { size: 64, format: f0 }).unwrap();
+    let cq0 = dom.cq_open(&CqAttr { size: 64, format: f0, ..Default::default() }).unwrap();
     let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
     let av = dom.av_open().unwrap();
     let ep0 = dom.endpoint().unwrap();

@@ -1,0 +1,147 @@
+//! Blocking reads as in fi_cq(3) and fi_cntr(3), with the completion made
+//! by another process: sread wakes up, times out, honours the threshold
+//! condition, is interrupted by cq_signal; cntr_wait; FI_WAIT_NONE refuses.
+
+mod common;
+use common::run;
+use shmfab::{CqAttr, CqTaggedEntry, ErrorKind, Fabric, WaitCond, WaitObj, FI_RECV, FI_TRANSMIT};
+use std::time::{Duration, Instant};
+
+#[test]
+fn sread_sleeps_until_another_process_completes_it() {
+    run("sread_sleeps_until_another_process_completes_it", 2, &[], Duration::from_secs(60), |w| {
+        let mut b = [0u8; 8];
+        if w.rank == 1 {
+            // SAFETY: b lives until the completion below.
+            unsafe { w.ep.recv(&mut b, w.addrs[0], 1).unwrap() };
+        }
+        w.barrier();
+        if w.rank == 0 {
+            std::thread::sleep(Duration::from_millis(200));
+            w.retry(|| w.ep.inject(b"wake up!", w.addrs[1]));
+        } else {
+            let sleeps0 = w.dom.sleeps();
+            let t0 = Instant::now();
+            let mut e = [CqTaggedEntry::default()];
+            assert_eq!(w.cq.sread(&mut e, None, 10_000).unwrap(), 1);
+            let el = t0.elapsed();
+            assert_eq!((e[0].op_context, &b), (1, b"wake up!"));
+            assert!(el >= Duration::from_millis(150) && el < Duration::from_secs(5), "{el:?}");
+            assert!(w.dom.sleeps() > sleeps0, "sread slept rather than spun");
+        }
+        w.barrier();
+    });
+}
+
+#[test]
+fn sread_times_out_and_respects_the_threshold() {
+    run("sread_times_out_and_respects_the_threshold", 2, &[], Duration::from_secs(60), |w| {
+        if w.rank == 1 {
+            // An idle CQ: -FI_EAGAIN after the timeout, not before.
+            let mut e = [CqTaggedEntry::default(); 8];
+            let t0 = Instant::now();
+            assert_eq!(w.cq.sread(&mut e, None, 100).unwrap_err().kind(), ErrorKind::Again);
+            let el = t0.elapsed();
+            assert!(el >= Duration::from_millis(95) && el < Duration::from_secs(2), "{el:?}");
+            // Threshold: a CQ with FI_CQ_COND_THRESHOLD waits for 5 entries.
+            let cq = w.dom.cq_open(&CqAttr { wait_cond: WaitCond::Threshold, ..Default::default() }).unwrap();
+            let ep = w.dom.endpoint().unwrap();
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_av(&w.av).unwrap();
+            ep.enable().unwrap();
+            let mut bufs = [[0u8; 4]; 5];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs live until the completions below.
+                unsafe { ep.recv(b, shmfab::FI_ADDR_UNSPEC, i).unwrap() };
+            }
+            // Tell rank 0 where to send (our new endpoint's address).
+            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            let t0 = Instant::now();
+            let n = cq.sread(&mut e, Some(5), 10_000).unwrap();
+            assert_eq!(n, 5, "all five at once");
+            assert!(t0.elapsed() >= Duration::from_millis(60), "did not return before the fifth");
+            drop(ep);
+        } else {
+            let mut a = [0u8; 24];
+            // SAFETY: a lives until the completion below.
+            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
+            w.ok(9);
+            let dest = w.av.insert_bytes(&a).unwrap();
+            for _ in 0..5 {
+                std::thread::sleep(Duration::from_millis(20));
+                w.retry(|| w.ep.inject(b"tick", dest));
+            }
+        }
+        w.barrier();
+    });
+}
+
+#[test]
+fn cq_signal_interrupts_a_blocked_sread() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("waits-signal-{}", std::process::id()));
+    for threading in [shmfab::Threading::Domain, shmfab::Threading::Safe] {
+        let dom = Fabric::open().unwrap().domain_with(threading).unwrap();
+        let cq = dom.cq_open(&CqAttr::default()).unwrap();
+        let av = dom.av_open().unwrap();
+        let ep = dom.endpoint().unwrap();
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+        std::thread::scope(|s| {
+            // The owner thread blocks; another thread signals (allowed in
+            // FI_THREAD_DOMAIN mode too: signal takes no domain lock).
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(150));
+                cq.signal().unwrap();
+            });
+            let t0 = Instant::now();
+            let mut e = [CqTaggedEntry::default()];
+            let r = cq.sread(&mut e, None, -1);
+            let el = t0.elapsed();
+            assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::Again), "{threading:?}");
+            assert!(el >= Duration::from_millis(100) && el < Duration::from_secs(5), "{el:?}");
+        });
+        drop(ep);
+    }
+}
+
+#[test]
+fn cntr_wait_and_wait_none() {
+    run("cntr_wait_and_wait_none", 2, &[], Duration::from_secs(60), |w| {
+        if w.rank == 1 {
+            let c = w.dom.cntr_open().unwrap();
+            let cq = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::None, ..Default::default() }).unwrap();
+            let ep = w.dom.endpoint().unwrap();
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_cntr(&c, FI_RECV).unwrap();
+            ep.bind_av(&w.av).unwrap();
+            ep.enable().unwrap();
+            let mut e = [CqTaggedEntry::default()];
+            assert_eq!(cq.sread(&mut e, None, 10).unwrap_err().kind(), ErrorKind::Inval, "FI_WAIT_NONE");
+            let t0 = Instant::now();
+            assert_eq!(c.wait(1, 100).unwrap_err().kind(), ErrorKind::TimedOut);
+            assert!(t0.elapsed() >= Duration::from_millis(95));
+            let mut bufs = [[0u8; 4]; 10];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs live until the counter says all arrived.
+                unsafe { ep.recv(b, shmfab::FI_ADDR_UNSPEC, i).unwrap() };
+            }
+            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            c.wait(10, 10_000).unwrap();
+            assert_eq!(c.read().unwrap(), 10);
+            assert!(bufs.iter().all(|b| b == b"tick"));
+            drop(ep);
+        } else {
+            let mut a = [0u8; 24];
+            // SAFETY: a lives until the completion below.
+            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
+            w.ok(9);
+            let dest = w.av.insert_bytes(&a).unwrap();
+            for _ in 0..10 {
+                std::thread::sleep(Duration::from_millis(5));
+                w.retry(|| w.ep.inject(b"tick", dest));
+            }
+        }
+        w.barrier();
+    });
+}
