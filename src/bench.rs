@@ -32,6 +32,31 @@ const T_ACK: u64 = 6;
 const CMD_PINGPONG: u32 = 1;
 const CMD_BW: u32 = 2;
 const CMD_QUIT: u32 = 3;
+const CMD_WAKE: u32 = 4;
+const CMD_IDLE: u32 = 5;
+const T_WAKE: u64 = 7;
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the node.
+pub fn mono_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// CPU time (user + system) of this process, in nanoseconds.
+fn cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Median of a sample.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
 
 /// Largest message the benchmarks send.
 pub const MAX_SIZE: usize = 8 << 20;
@@ -273,6 +298,44 @@ impl Link {
         Ok(t0.elapsed())
     }
 
+    /// Wake-up latency of a peer asleep in `sread`: microseconds from our
+    /// send to the peer seeing the completion (one clock for both), one per
+    /// try; the peer is given `gap` to fall asleep before each send.
+    pub fn wakeups(&mut self, tries: usize, gap: Duration) -> Result<Vec<f64>> {
+        self.command(CMD_WAKE, 8, 0, tries)?;
+        let mut out = Vec::with_capacity(tries);
+        let mut b = [0u8; 8];
+        for _ in 0..tries {
+            std::thread::sleep(gap);
+            // SAFETY: b lives until the completion below.
+            unsafe { self.ends.ep.trecv(&mut b, self.peer, T_PONG, 0, 2)? };
+            let sent = mono_ns();
+            self.ends.send(&[1u8; 8], self.peer, T_WAKE)?;
+            self.ends.wait_recvs(1)?;
+            let seen = u64::from_le_bytes(b);
+            out.push(seen.saturating_sub(sent) as f64 / 1e3);
+        }
+        Ok(out)
+    }
+
+    /// CPU share (percent of one core) of a peer blocked in `sread` on an
+    /// idle CQ for `period`.
+    pub fn idle_cpu(&mut self, period: Duration) -> Result<f64> {
+        let mut b = [0u8; 8];
+        // SAFETY: b lives until the completion below.
+        unsafe { self.ends.ep.trecv(&mut b, self.peer, T_PONG, 0, 2)? };
+        self.command(CMD_IDLE, 0, 0, period.as_millis() as usize)?;
+        let t0 = Instant::now();
+        loop {
+            match self.ends.cq.sread(&mut [CqTaggedEntry::default()], None, 1000) {
+                Ok(_) => break,
+                Err(e) if e.kind() == ErrorKind::Again && t0.elapsed() < period + Duration::from_secs(30) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(u64::from_le_bytes(b) as f64 / period.as_nanos() as f64 * 100.0)
+    }
+
     /// Windows used by [`Link::stream`] for a size.
     pub fn window_for(size: usize) -> usize {
         if size >= 1 << 20 {
@@ -434,6 +497,37 @@ fn serve(addr: &[u8]) -> Result<()> {
                     ends.send(&[0u8; 4], parent, T_ACK)?;
                 }
             }
+            CMD_WAKE => {
+                // Block in sread (asleep on the doorbell) for each message,
+                // then say when we saw it.
+                let mut b = [0u8; 8];
+                for _ in 0..iters {
+                    // SAFETY: b lives until the completion below.
+                    unsafe { ends.ep.trecv(&mut b, parent, T_WAKE, 0, 13)? };
+                    let mut e = [CqTaggedEntry::default()];
+                    loop {
+                        match ends.cq.sread(&mut e, None, 30_000) {
+                            Ok(_) if e[0].flags & FI_RECV != 0 => break,
+                            Ok(_) => continue,
+                            Err(x) => return Err(x),
+                        }
+                    }
+                    let seen = mono_ns();
+                    ends.send(&seen.to_le_bytes(), parent, T_PONG)?;
+                }
+            }
+            CMD_IDLE => {
+                // Block in sread on an idle CQ for `iters` ms; report the CPU
+                // time that cost.
+                let c0 = cpu_ns();
+                let mut e = [CqTaggedEntry::default()];
+                let r = ends.cq.sread(&mut e, None, iters as i32);
+                if !matches!(&r, Err(x) if x.kind() == ErrorKind::Again) {
+                    return Err(Error::with(ErrorKind::Other, format!("idle sread returned {r:?}")));
+                }
+                let used = cpu_ns() - c0;
+                ends.send(&used.to_le_bytes(), parent, T_PONG)?;
+            }
             CMD_QUIT => return Ok(()),
             _ => return Err(Error::with(ErrorKind::Inval, format!("unknown command {kind}"))),
         }
@@ -485,6 +579,44 @@ pub fn raw_pingpong(exe: &std::path::Path, args: &[&str], size: usize, iters: us
     Ok(el.as_secs_f64() * 1e6 / (2.0 * iters as f64))
 }
 
+/// A raw futex wake between two processes, measured as [`Link::wakeups`]:
+/// the peer sleeps in FUTEX_WAIT on a shared word; we store and FUTEX_WAKE;
+/// it writes the time it woke. Microseconds, one per try.
+pub fn raw_futex_wakeups(exe: &std::path::Path, args: &[&str], tries: usize, gap: Duration) -> Result<Vec<f64>> {
+    let name = format!("{}{}.rawfutex.{}", crate::region::PREFIX, crate::region::uid(), std::process::id());
+    let page = RawPage::create(&name)?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).env("SHMFAB_RAW_PEER", &name).env("SHMFAB_RAW_SIZE", "0").env("SHMFAB_RAW_MODE", "futex");
+    cmd.env("SHMFAB_RAW_ITERS", tries.to_string()).stdin(Stdio::null());
+    // Same placement as the shmfab measurement: us on CPU 0, the sleeper on
+    // CPU 1 (a wake-up on the waker's own CPU would skip the cross-CPU
+    // interrupt that dominates the cost).
+    if ncpus() >= 2 {
+        bind_cpu(0);
+        cmd.env(CPU_ENV, "1");
+    }
+    let mut child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the raw peer: {e}")))?;
+    let mut out = Vec::with_capacity(tries);
+    for i in 1..=tries as u64 {
+        std::thread::sleep(gap);
+        let sent = mono_ns();
+        // SYNC: the peer's FUTEX_WAIT compares against the old value.
+        page.word().store((i & 0xffff_ffff) as u32, std::sync::atomic::Ordering::Release);
+        // SAFETY: FUTEX_WAKE on a word of our shared mapping.
+        unsafe {
+            libc::syscall(libc::SYS_futex, page.word().as_ptr(), libc::FUTEX_WAKE, 1, 0usize, 0usize, 0u32);
+        }
+        let mut t = [0u8; 8];
+        if !page.take(1, i, &mut t) {
+            let _ = child.kill();
+            return Err(Error::with(ErrorKind::TimedOut, "raw futex peer did not answer"));
+        }
+        out.push(u64::from_le_bytes(t).saturating_sub(sent) as f64 / 1e3);
+    }
+    child.wait()?;
+    Ok(out)
+}
+
 /// The raw floor's peer side. Returns the exit code.
 pub fn raw_peer_main() -> i32 {
     if let Some(cpu) = std::env::var(CPU_ENV).ok().and_then(|c| c.parse().ok()) {
@@ -502,6 +634,24 @@ pub fn raw_peer_main() -> i32 {
     let Ok(page) = RawPage::open(&name) else {
         return 1;
     };
+    if std::env::var("SHMFAB_RAW_MODE").as_deref() == Ok("futex") {
+        for i in 1..=iters as u64 {
+            let want = (i & 0xffff_ffff) as u32;
+            loop {
+                let v = page.word().load(std::sync::atomic::Ordering::Acquire);
+                if v == want {
+                    break;
+                }
+                // SAFETY: FUTEX_WAIT on a word of our shared mapping; it
+                // returns at once if the word is no longer v.
+                unsafe {
+                    libc::syscall(libc::SYS_futex, page.word().as_ptr(), libc::FUTEX_WAIT, v, 0usize, 0usize, 0u32);
+                }
+            }
+            page.put(1, i, &mono_ns().to_le_bytes());
+        }
+        return 0;
+    }
     let mut buf = vec![0u8; size.min(4096)];
     let warm = iters / 10 + 1;
     for i in 1..=(warm + iters) as u64 {
@@ -538,6 +688,13 @@ impl RawPage {
         let f = std::fs::File::from(fd);
         let map = memmap2::MmapOptions::new().len(8192).map_raw(&f)?;
         Ok(RawPage { map, name: name.to_string(), owner: false })
+    }
+
+    /// The futex word (second half of the first page's first line).
+    fn word(&self) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: offset 32 is inside the mapping, 4-aligned, not used by
+        // the flags (offsets 0 and 4096) or payloads (from 64).
+        unsafe { &*(self.map.as_mut_ptr().add(32) as *const std::sync::atomic::AtomicU32) }
     }
 
     fn flag(&self, dir: usize) -> &std::sync::atomic::AtomicU64 {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 const USAGE: &str = "usage:
   shmfab run -n N [--bind core|numa|none] -- PROGRAM [ARGS]
       start N ranks of PROGRAM (shmfab's own launcher; ranks join with shmfab::World)
-  shmfab bench [pingpong|bw|msgrate|all] [--sizes 8,64,...] [--json FILE] [--compare]
+  shmfab bench [pingpong|bw|msgrate|all|wakeup] [--sizes 8,64,...] [--json FILE] [--compare]
       two processes (this one and a peer it starts) over shmfab; --compare adds
       the installed peers side by side (as shmfab compare)
   shmfab compare [--sizes 8,64,...] [--json FILE] [--osu PATH]
@@ -258,6 +258,9 @@ fn cmd_bench(o: &Opts) -> Result<(), String> {
         return cmd_compare(&with);
     }
     let what = o.what.as_deref().unwrap_or("all");
+    if what == "wakeup" {
+        return cmd_wakeup(o);
+    }
     let (lat, bw, rate) = match what {
         "pingpong" => (true, false, false),
         "bw" => (false, true, false),
@@ -274,6 +277,32 @@ fn cmd_bench(o: &Opts) -> Result<(), String> {
     }
     if let Some(p) = &o.json {
         write_json(p, &figs.iter().map(|f| ("shmfab", *f)).collect::<Vec<_>>())?;
+    }
+    Ok(())
+}
+
+/// Wake-up latency of a receiver asleep in sread against a raw futex wake
+/// between two processes, and the CPU an idle blocked rank uses.
+fn cmd_wakeup(o: &Opts) -> Result<(), String> {
+    let tries = 200;
+    let gap = std::time::Duration::from_millis(2);
+    let mut link = Link::spawn(&exe()?, &[]).map_err(|e| e.to_string())?;
+    let ours = bench::median(link.wakeups(tries, gap).map_err(|e| e.to_string())?);
+    let secs: u64 = std::env::var("SHMFAB_IDLE_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    eprintln!("  idle rank for {secs} s ...");
+    let idle = link.idle_cpu(std::time::Duration::from_secs(secs)).map_err(|e| e.to_string())?;
+    link.quit().map_err(|e| e.to_string())?;
+    let raw = bench::median(bench::raw_futex_wakeups(&exe()?, &[], tries, gap).map_err(|e| e.to_string())?);
+    println!("wake-up of a receiver asleep in sread (median of {tries}): {ours:.2} us");
+    println!(
+        "raw futex wake between two processes (median of {tries}): {raw:.2} us  (shmfab / raw: {:.2}x)",
+        ours / raw
+    );
+    println!("CPU of a rank blocked in sread on an idle CQ for {secs} s: {idle:.3} % of a core");
+    if let Some(p) = &o.json {
+        let body =
+            format!("{{\"shmfab_wake_us\":{ours:.3},\"raw_futex_wake_us\":{raw:.3},\"idle_cpu_percent\":{idle:.4}}}\n");
+        std::fs::write(p, body).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
 }
