@@ -184,6 +184,11 @@ pub enum WaitObj {
     Unspec,
     /// FI_WAIT_YIELD: poll, yielding the CPU between tries.
     Yield,
+    /// FI_WAIT_FD: a file descriptor ([`CompletionQueue::wait_fd`]) that
+    /// poll, select and epoll report readable when a completion may be
+    /// there; use [`Domain::trywait`](crate::Domain::trywait) before
+    /// blocking on it, as fi_poll(3) shows.
+    Fd,
 }
 
 /// Wait condition of blocking reads (`fi_cq_wait_cond`).
@@ -230,6 +235,8 @@ pub(crate) struct CqState {
     pub last_err: CString,
     pub wait_obj: WaitObj,
     pub wait_cond: WaitCond,
+    /// The eventfd of an FD wait object.
+    pub fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 impl CqState {
@@ -245,6 +252,7 @@ impl CqState {
             last_err: CString::default(),
             wait_obj: attr.wait_obj,
             wait_cond: attr.wait_cond,
+            fd: None,
         }
     }
 
@@ -336,6 +344,8 @@ pub struct CompletionQueue {
     closed: std::sync::atomic::AtomicBool,
     /// Set by `signal` (any thread), taken by a blocked `sread`.
     signaled: std::sync::atomic::AtomicBool,
+    /// The eventfd of an FD wait object (also in the state).
+    fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 impl crate::Domain {
@@ -345,7 +355,14 @@ impl crate::Domain {
             return Err(Error::with(ErrorKind::Inval, "CQ size above 16M entries"));
         }
         let mut st = self.inner.lock()?;
-        let s = CqState::new(attr);
+        let mut s = CqState::new(attr);
+        if attr.wait_obj == WaitObj::Fd {
+            let fd = crate::fdwait::eventfd()?;
+            let mut b = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
+            b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.inner.region.header().doorbell)).add(fd.clone());
+            s.fd = Some(fd);
+        }
+        let fd = s.fd.clone();
         let id = match st.cqs.iter().position(|c| c.is_none()) {
             Some(i) => {
                 st.cqs[i] = Some(s);
@@ -356,7 +373,7 @@ impl crate::Domain {
                 st.cqs.len() - 1
             }
         };
-        Ok(CompletionQueue { dom: self.inner.clone(), id, closed: false.into(), signaled: false.into() })
+        Ok(CompletionQueue { dom: self.inner.clone(), id, closed: false.into(), signaled: false.into(), fd })
     }
 }
 
@@ -451,8 +468,20 @@ impl CompletionQueue {
         }
     }
 
+    /// FI_GETWAIT for an FD wait object: the fd to poll (readable when a
+    /// completion may be there; call `Domain::trywait` before blocking).
+    pub fn wait_fd(&self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.with(false, |c| {
+            c.fd.as_ref().map(|f| f.as_raw_fd()).ok_or_else(|| {
+                Error::with(ErrorKind::NoSys, format!("CQ wait object is {:?}, not Fd: no fd to retrieve", c.wait_obj))
+            })
+        })
+    }
+
     /// fi_cq_signal: wakes a thread blocked in `sread` on this CQ (from any
     /// thread, whatever the domain's threading); it returns `-FI_EAGAIN`.
+    /// An FD wait object's fd becomes readable.
     pub fn signal(&self) -> Result<()> {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
@@ -461,6 +490,9 @@ impl CompletionQueue {
         // the sleeper; pairs with the acquire swap in sread_impl.
         self.signaled.store(true, std::sync::atomic::Ordering::Release);
         crate::doorbell::wake_all(&self.dom.region.header().doorbell);
+        if let Some(fd) = &self.fd {
+            crate::fdwait::poke(fd);
+        }
         Ok(())
     }
 
@@ -497,6 +529,11 @@ impl CompletionQueue {
         }
         st.cqs[self.id] = None;
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(fd) = &self.fd {
+            if let Some(b) = self.dom.bridge.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                b.remove(fd);
+            }
+        }
         Ok(())
     }
 }

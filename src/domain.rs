@@ -85,6 +85,7 @@ impl Fabric {
                 uid: region::uid(),
                 st: DomainLock::new(st, threading),
                 sleeps: Default::default(),
+                bridge: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -105,6 +106,17 @@ pub(crate) struct DomainInner {
     pub st: DomainLock<DomainState>,
     /// Times a `wait` really slept on the doorbell.
     pub sleeps: std::sync::atomic::AtomicU64,
+    /// The FD wait objects' bridge thread, started by the first FD CQ.
+    pub bridge: std::sync::Mutex<Option<crate::fdwait::Bridge>>,
+}
+
+impl Drop for DomainInner {
+    fn drop(&mut self) {
+        // Stop the bridge while the doorbell it sleeps on is still mapped.
+        if let Ok(mut b) = self.bridge.lock() {
+            b.take();
+        }
+    }
 }
 
 /// Everything in-process of a domain.
@@ -257,6 +269,48 @@ impl Domain {
                 }
             }
         }
+    }
+
+    /// fi_trywait over CQs: `Ok` when nothing is there to read and the
+    /// CQs' wait fds ([`CompletionQueue::wait_fd`]) will become readable
+    /// when something arrives, so the caller may block in poll, select or
+    /// epoll; `-FI_EAGAIN` when it should read the CQs first. Only CQs with
+    /// [`WaitObj::Fd`](crate::WaitObj::Fd) may be given.
+    pub fn trywait(&self, cqs: &[&crate::CompletionQueue]) -> Result<()> {
+        let db = &self.inner.region.header().doorbell;
+        let mut st = self.inner.lock()?;
+        for cq in cqs {
+            if !Arc::ptr_eq(&cq.dom, &self.inner) {
+                return Err(Error::with(ErrorKind::Inval, "CQ of another domain"));
+            }
+            let c = st.cqs[cq.id].as_ref().ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+            let fd =
+                c.fd.clone()
+                    .ok_or_else(|| Error::with(ErrorKind::Inval, "trywait takes CQs opened with WaitObj::Fd"))?;
+            crate::fdwait::drain(&fd);
+        }
+        self.inner.progress(&mut st);
+        let ready = |st: &DomainState| {
+            cqs.iter().any(|cq| {
+                st.cqs[cq.id].as_ref().is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun)
+            })
+        };
+        if ready(&st) {
+            return Err(Error::AGAIN);
+        }
+        let bridge = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
+        let bridge =
+            bridge.as_ref().ok_or_else(|| Error::with(ErrorKind::Inval, "no FD wait object in this domain"))?;
+        if bridge.is_armed() {
+            return Ok(()); // an earlier trywait's announcement still stands
+        }
+        let seen = crate::doorbell::announce(db);
+        if self.inner.has_inbound(&st) {
+            db.sleepers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(Error::AGAIN);
+        }
+        bridge.arm(seen);
+        Ok(())
     }
 
     /// How many times [`Domain::wait`] really slept on the doorbell.

@@ -92,6 +92,27 @@ pub fn wait(db: &shm_layout::Doorbell, mut has_work: impl FnMut() -> bool, timeo
     false
 }
 
+/// Sleeps on `word` while it holds `val` (no timeout; spurious returns
+/// possible).
+pub(crate) fn futex_wait_shared(word: &crate::sync::AtomicU32, val: u32) {
+    futex_wait(word, val, None)
+}
+
+/// Announces a sleeper and makes the barrier that pairs with `ring`:
+/// returns the futex value seen before announcing. The caller re-checks
+/// for work, then sleeps from that value or withdraws (`sleepers -= 1`).
+pub(crate) fn announce(db: &shm_layout::Doorbell) -> u32 {
+    let seen = db.futex.load(Ordering::Acquire);
+    db.sleepers.fetch_add(1, Ordering::Relaxed);
+    // SYNC: as in wait(): pairs with the fence (or membarrier) in ring().
+    fence(Ordering::SeqCst);
+    if asymmetric() {
+        // SAFETY: membarrier takes integer arguments only.
+        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) };
+    }
+    seen
+}
+
 /// Bumps the word and wakes every sleeper unconditionally (signal/close).
 pub fn wake_all(db: &shm_layout::Doorbell) {
     db.futex.fetch_add(1, Ordering::Release);

@@ -41,6 +41,7 @@ pub mod domain;
 pub mod doorbell;
 pub mod ep;
 pub mod error;
+pub mod fdwait;
 pub mod flags;
 pub mod inspect;
 pub mod launch;

@@ -1,0 +1,137 @@
+//! FD wait objects: an eventfd per CQ opened with [`WaitObj::Fd`], which
+//! poll, select and epoll report readable when a completion may be there,
+//! even one caused by another process (which cannot write our eventfd).
+//!
+//! The bridge: [`trywait`](crate::Domain::trywait) runs a progress pass and,
+//! when nothing is there to read, announces a sleeper on the domain's
+//! doorbell, re-checks, and hands the futex value it saw to a small thread
+//! of the domain. That thread sleeps on the futex; a sender that rings the
+//! doorbell wakes it, and it makes every FD CQ of the domain readable, then
+//! withdraws its announcement. Senders pay for a wake-up only while an
+//! application is really blocked on an fd.
+//!
+//! [`WaitObj::Fd`]: crate::cq::WaitObj::Fd
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// The bridge of one domain.
+pub(crate) struct Bridge {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Shared {
+    /// Some(futex value seen) while armed and not yet fired.
+    armed: Mutex<Option<u32>>,
+    cv: Condvar,
+    stop: AtomicBool,
+    /// The eventfds to make readable.
+    fds: Mutex<Vec<Arc<OwnedFd>>>,
+    /// The domain's doorbell (in its region, which outlives the bridge:
+    /// DomainInner stops the bridge before its region is unmapped).
+    doorbell: usize,
+}
+
+/// A new non-blocking eventfd.
+pub(crate) fn eventfd() -> crate::Result<Arc<OwnedFd>> {
+    let fd = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC)?;
+    Ok(Arc::new(fd))
+}
+
+/// Makes an eventfd readable.
+pub(crate) fn poke(fd: &OwnedFd) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+/// Empties an eventfd (not readable any more).
+pub(crate) fn drain(fd: &OwnedFd) {
+    let mut b = [0u8; 8];
+    let _ = rustix::io::read(fd, &mut b);
+}
+
+impl Bridge {
+    pub(crate) fn start(doorbell: &shm_layout::Doorbell) -> Bridge {
+        let shared = Arc::new(Shared {
+            armed: Mutex::new(None),
+            cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+            fds: Mutex::new(Vec::new()),
+            doorbell: doorbell as *const _ as usize,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("shmfab-fd-bridge".into())
+            .spawn(move || run(&s))
+            .expect("spawn the fd bridge thread");
+        Bridge { shared, thread: Some(thread) }
+    }
+
+    pub(crate) fn add(&self, fd: Arc<OwnedFd>) {
+        self.shared.fds.lock().unwrap_or_else(|p| p.into_inner()).push(fd);
+    }
+
+    pub(crate) fn remove(&self, fd: &OwnedFd) {
+        let raw = fd.as_raw_fd();
+        self.shared.fds.lock().unwrap_or_else(|p| p.into_inner()).retain(|f| f.as_raw_fd() != raw);
+    }
+
+    /// Whether an earlier trywait's arming has not fired yet.
+    pub(crate) fn is_armed(&self) -> bool {
+        self.shared.armed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Hands over an announced sleeper: the bridge waits on the futex from
+    /// value `seen` and withdraws the announcement when it fires.
+    pub(crate) fn arm(&self, seen: u32) {
+        *self.shared.armed.lock().unwrap_or_else(|p| p.into_inner()) = Some(seen);
+        self.shared.cv.notify_one();
+    }
+}
+
+fn run(s: &Shared) {
+    // SAFETY: see Shared::doorbell: the doorbell outlives this thread.
+    let db = unsafe { &*(s.doorbell as *const shm_layout::Doorbell) };
+    loop {
+        let seen = {
+            let mut a = s.armed.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if s.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(v) = *a {
+                    break v;
+                }
+                a = s.cv.wait(a).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        // Sleep until a sender rings (or the value already moved on).
+        crate::doorbell::futex_wait_shared(&db.futex, seen);
+        if s.stop.load(Ordering::Acquire) {
+            db.sleepers.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        if db.futex.load(Ordering::Acquire) == seen {
+            continue; // spurious: still armed, sleep again
+        }
+        db.sleepers.fetch_sub(1, Ordering::Relaxed);
+        *s.armed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        for fd in s.fds.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            poke(fd);
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.cv.notify_one();
+        // SAFETY: as in run().
+        let db = unsafe { &*(self.shared.doorbell as *const shm_layout::Doorbell) };
+        crate::doorbell::wake_all(db);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! FD wait objects across processes, with the trywait/epoll loop of
+//! fi_poll(3): over 100,000 messages from another process, no event is
+//! ever missed (a blocked epoll_wait that times out fails the test), and
+//! the receiver really blocks (counted).
+
+mod common;
+use common::run;
+use shmfab::{CqAttr, CqTaggedEntry, ErrorKind, WaitObj, FI_RECV, FI_TRANSMIT};
+use std::time::Duration;
+
+const N: usize = 100_000;
+
+#[test]
+fn trywait_epoll_loop_never_misses_an_event() {
+    run("trywait_epoll_loop_never_misses_an_event", 2, &[], Duration::from_secs(240), |w| {
+        if w.rank == 1 {
+            let cq = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::Fd, size: 4096, ..Default::default() }).unwrap();
+            let ep = w.dom.endpoint().unwrap();
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_av(&w.av).unwrap();
+            ep.enable().unwrap();
+            let fd = cq.wait_fd().unwrap();
+            // SAFETY: plain epoll system calls on our own fds.
+            let ep_fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            assert!(ep_fd >= 0);
+            let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 1 };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::epoll_ctl(ep_fd, libc::EPOLL_CTL_ADD, fd, &mut ev) }, 0);
+            // Tell rank 0 where to send.
+            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            let mut bufs = vec![[0u8; 8]; 256];
+            let mut posted = 0usize;
+            let mut got = 0usize;
+            let mut blocked = 0usize;
+            let mut e = [CqTaggedEntry::default(); 64];
+            while got < N {
+                // Keep receives posted (slot i % 256 is free again once
+                // message i - 256 completed).
+                while posted < N && posted < got + 256 {
+                    let b = &mut bufs[posted % 256];
+                    // SAFETY: bufs live for the loop; slot reused only after
+                    // its previous receive completed.
+                    unsafe { ep.recv(b, shmfab::FI_ADDR_UNSPEC, posted).unwrap() };
+                    posted += 1;
+                }
+                match w.dom.trywait(&[&cq]) {
+                    Ok(()) => {
+                        let mut out = [libc::epoll_event { events: 0, u64: 0 }];
+                        // SAFETY: as above.
+                        let n = unsafe { libc::epoll_wait(ep_fd, out.as_mut_ptr(), 1, 5000) };
+                        assert!(n == 1, "epoll_wait timed out with {got} of {N} messages: an event was missed");
+                        blocked += 1;
+                    }
+                    Err(x) => assert_eq!(x.kind(), ErrorKind::Again, "{x}"),
+                }
+                loop {
+                    match cq.read(&mut e) {
+                        Ok(k) => {
+                            for x in &e[..k] {
+                                assert_eq!(x.op_context, got, "order");
+                                assert_eq!(u64::from_le_bytes(bufs[got % 256]), got as u64);
+                                got += 1;
+                            }
+                        }
+                        Err(x) if x.kind() == ErrorKind::Again => break,
+                        Err(x) => panic!("{x}"),
+                    }
+                }
+            }
+            eprintln!("blocked in epoll {blocked} times over {N} messages");
+            assert!(blocked > 500, "the loop must really block: {blocked} times");
+            // SAFETY: closing our epoll fd.
+            unsafe { libc::close(ep_fd) };
+            drop(ep);
+        } else {
+            let mut a = [0u8; 24];
+            // SAFETY: a lives until the completion below.
+            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
+            w.ok(9);
+            let dest = w.av.insert_bytes(&a).unwrap();
+            let mut x = 88172645463325252u64;
+            let mut i = 0usize;
+            while i < N {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let burst = 1 + (x % 40) as usize;
+                for _ in 0..burst.min(N - i) {
+                    w.retry(|| w.ep.inject(&(i as u64).to_le_bytes(), dest));
+                    i += 1;
+                }
+                match (x >> 8) % 4 {
+                    0 => std::thread::sleep(Duration::from_micros((x >> 16) % 300)),
+                    1 => std::thread::yield_now(),
+                    _ => {}
+                }
+            }
+        }
+        w.barrier();
+    });
+}
