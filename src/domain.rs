@@ -86,6 +86,8 @@ impl Fabric {
                 st: DomainLock::new(st, threading),
                 sleeps: Default::default(),
                 bridge: std::sync::Mutex::new(None),
+                progress_thread: std::sync::Mutex::new(None),
+                threading,
             }),
         })
     }
@@ -108,6 +110,10 @@ pub(crate) struct DomainInner {
     pub sleeps: std::sync::atomic::AtomicU64,
     /// The FD wait objects' bridge thread, started by the first FD CQ.
     pub bridge: std::sync::Mutex<Option<crate::fdwait::Bridge>>,
+    /// The auto-progress thread, if started: (stop flag, handle).
+    pub progress_thread: std::sync::Mutex<Option<(Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>)>>,
+    /// Threading model (the progress thread needs Safe).
+    pub threading: Threading,
 }
 
 impl Drop for DomainInner {
@@ -115,6 +121,17 @@ impl Drop for DomainInner {
         // Stop the bridge while the doorbell it sleeps on is still mapped.
         if let Ok(mut b) = self.bridge.lock() {
             b.take();
+        }
+        // Stop the progress thread (it holds only a weak reference; if it
+        // is the one dropping the domain, it is not joined).
+        if let Ok(mut p) = self.progress_thread.lock() {
+            if let Some((stop, h)) = p.take() {
+                stop.store(true, std::sync::atomic::Ordering::Release);
+                crate::doorbell::wake_all(&self.region.header().doorbell);
+                if h.thread().id() != std::thread::current().id() {
+                    let _ = h.join();
+                }
+            }
         }
     }
 }
@@ -310,6 +327,61 @@ impl Domain {
             return Err(Error::AGAIN);
         }
         bridge.arm(seen);
+        Ok(())
+    }
+
+    /// Starts auto progress: a thread of this domain that runs progress
+    /// passes and sleeps on the doorbell when there is nothing to do, so
+    /// transfers, blocking waits and completions move on while the
+    /// application computes. Needs a [`Threading::Safe`] domain (the thread
+    /// and the application share it). Stopped when the domain is dropped.
+    pub fn start_progress_thread(&self) -> Result<()> {
+        if self.inner.threading != Threading::Safe {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                "auto progress needs a domain opened with Threading::Safe (the thread shares it with the application)",
+            ));
+        }
+        let mut slot = self.inner.progress_thread.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return Ok(());
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let weak = Arc::downgrade(&self.inner);
+        let st = stop.clone();
+        let h = std::thread::Builder::new()
+            .name("shmfab-progress".into())
+            .spawn(move || {
+                use std::sync::atomic::Ordering::Acquire;
+                loop {
+                    if st.load(Acquire) {
+                        return;
+                    }
+                    let Some(inner) = weak.upgrade() else { return };
+                    let busy = match inner.lock() {
+                        Ok(mut s) => {
+                            inner.progress(&mut s);
+                            s.eps.iter().flatten().any(|e| !e.busy.is_empty())
+                        }
+                        Err(_) => false,
+                    };
+                    let db = &inner.region.header().doorbell as *const shm_layout::Doorbell as usize;
+                    // Sleep without keeping the domain alive.
+                    drop(inner);
+                    if st.load(Acquire) {
+                        return;
+                    }
+                    // SAFETY: the domain's Drop sets `st`, wakes this thread
+                    // and joins it before its region (holding the doorbell)
+                    // is unmapped; if this thread dropped the last reference,
+                    // `st` was set and we returned above.
+                    let db = unsafe { &*(db as *const shm_layout::Doorbell) };
+                    let slice = if busy { Duration::from_millis(1) } else { Duration::from_millis(50) };
+                    crate::doorbell::wait(db, || st.load(Acquire), Some(slice));
+                }
+            })
+            .map_err(|e| Error::with(ErrorKind::NoMem, format!("cannot start the progress thread: {e}")))?;
+        *slot = Some((stop, h));
         Ok(())
     }
 

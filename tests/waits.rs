@@ -145,3 +145,48 @@ fn cntr_wait_and_wait_none() {
         w.barrier();
     });
 }
+
+#[test]
+fn auto_progress_moves_a_transfer_while_the_application_computes() {
+    run("auto_progress_moves_a_transfer_while_the_application_computes", 2, &[], Duration::from_secs(60), |w| {
+        const LEN: usize = 1 << 20;
+        if w.rank == 1 {
+            let dom = Fabric::open().unwrap().domain_with(shmfab::Threading::Safe).unwrap();
+            let cq = dom.cq_open(&CqAttr::default()).unwrap();
+            let av = dom.av_open().unwrap();
+            let ep = dom.endpoint().unwrap();
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_av(&av).unwrap();
+            ep.enable().unwrap();
+            let src = av.insert(&[w.av.lookup(w.addrs[0]).unwrap()]).unwrap()[0];
+            let mut buf = vec![0u8; LEN];
+            // SAFETY: buf lives until the completion read below.
+            unsafe { ep.recv(&mut buf, src, 1).unwrap() };
+            // A Domain-threaded domain refuses a progress thread.
+            assert_eq!(w.dom.start_progress_thread().unwrap_err().kind(), ErrorKind::Inval);
+            dom.start_progress_thread().unwrap();
+            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            // "Compute" without calling into shmfab.
+            std::thread::sleep(Duration::from_millis(800));
+            let mut e = [CqTaggedEntry::default()];
+            assert_eq!(cq.read(&mut e).unwrap(), 1, "the receive completed while we computed");
+            assert_eq!(e[0].len, LEN);
+            assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+            drop(ep);
+        } else {
+            let mut a = [0u8; 24];
+            // SAFETY: a lives until the completion below.
+            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
+            w.ok(9);
+            let dest = w.av.insert_bytes(&a).unwrap();
+            let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+            let t0 = Instant::now();
+            // SAFETY: data lives until the completion below.
+            w.retry(|| unsafe { w.ep.send(&data, dest, 2) });
+            w.ok(2);
+            let el = t0.elapsed();
+            assert!(el < Duration::from_millis(400), "the peer's progress thread completed it: {el:?}");
+        }
+        w.barrier();
+    });
+}
