@@ -190,3 +190,68 @@ fn auto_progress_moves_a_transfer_while_the_application_computes() {
         w.barrier();
     });
 }
+
+#[test]
+fn poll_set_reports_exactly_the_right_contexts() {
+    run("poll_set_reports_exactly_the_right_contexts", 2, &[], Duration::from_secs(60), |w| {
+        if w.rank == 1 {
+            // Two endpoints with their own CQs, and a receive counter on the second.
+            let cq_a = w.dom.cq_open(&CqAttr::default()).unwrap();
+            let cq_b = w.dom.cq_open(&CqAttr::default()).unwrap();
+            let cn = w.dom.cntr_open().unwrap();
+            let (ea, eb) = (w.dom.endpoint().unwrap(), w.dom.endpoint().unwrap());
+            ea.bind_cq(&cq_a, FI_TRANSMIT | FI_RECV).unwrap();
+            eb.bind_cq(&cq_b, FI_TRANSMIT | FI_RECV).unwrap();
+            eb.bind_cntr(&cn, FI_RECV).unwrap();
+            for e in [&ea, &eb] {
+                e.bind_av(&w.av).unwrap();
+                e.enable().unwrap();
+            }
+            let ps = w.dom.poll_open().unwrap();
+            ps.add_cq(&cq_a, 0xa).unwrap();
+            ps.add_cq(&cq_b, 0xb).unwrap();
+            ps.add_cntr(&cn, 0xc).unwrap();
+            assert_eq!(ps.add_cq(&cq_a, 1).unwrap_err().kind(), ErrorKind::Already);
+            let mut out = [0usize; 8];
+            assert_eq!(ps.poll(&mut out).unwrap(), 0, "nothing yet");
+            let mut b = [0u8; 4];
+            // SAFETY: b lives until the completion is read below.
+            unsafe { eb.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 1).unwrap() };
+            w.retry(|| w.ep.inject(&eb.getname().to_bytes(), w.addrs[0]));
+            let t0 = Instant::now();
+            let n = loop {
+                let n = ps.poll(&mut out).unwrap();
+                if n > 0 {
+                    break n;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(10));
+                w.dom.wait(Duration::from_millis(1));
+            };
+            let mut got: Vec<usize> = out[..n].to_vec();
+            got.sort();
+            assert_eq!(got, vec![0xb, 0xc], "CQ b not empty and counter changed; CQ a untouched");
+            // The counter is reported once per change; the CQ while not empty.
+            let n = ps.poll(&mut out).unwrap();
+            assert_eq!(&out[..n], &[0xb]);
+            let mut e = [CqTaggedEntry::default()];
+            cq_b.read(&mut e).unwrap();
+            assert_eq!(ps.poll(&mut out).unwrap(), 0);
+            // Bound: a CQ in a poll set cannot close, a non-empty set cannot either.
+            assert_eq!(cq_a.close().unwrap_err().kind(), ErrorKind::Busy);
+            assert_eq!(ps.close().unwrap_err().kind(), ErrorKind::Busy);
+            ps.del_cq(&cq_a).unwrap();
+            ps.del_cq(&cq_b).unwrap();
+            ps.del_cntr(&cn).unwrap();
+            ps.close().unwrap();
+            drop((ea, eb));
+        } else {
+            let mut a = [0u8; 24];
+            // SAFETY: a lives until the completion below.
+            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
+            w.ok(9);
+            let dest = w.av.insert_bytes(&a).unwrap();
+            w.retry(|| w.ep.inject(b"poll", dest));
+        }
+        w.barrier();
+    });
+}

@@ -1,0 +1,166 @@
+//! Poll sets as in fi_poll(3): progress every member and return the
+//! contexts of CQs that are not empty and of counters whose success or
+//! error value changed since the last poll. Members count as bindings: a
+//! CQ or counter in a poll set cannot be closed (`Busy`), nor can a poll
+//! set that still has members.
+
+use crate::domain::{Domain, DomainInner};
+use crate::error::{Error, ErrorKind, Result};
+use crate::sync::Ordering;
+use crate::{CompletionQueue, Counter};
+use std::sync::{Arc, Mutex};
+
+enum Member {
+    Cq { id: usize, ctx: usize },
+    Cntr { id: usize, ctx: usize, last: (u64, u64) },
+}
+
+/// A poll set.
+pub struct PollSet {
+    dom: Arc<DomainInner>,
+    members: Mutex<Vec<Member>>,
+}
+
+impl Domain {
+    /// fi_poll_open.
+    pub fn poll_open(&self) -> Result<PollSet> {
+        Ok(PollSet { dom: self.inner.clone(), members: Mutex::new(Vec::new()) })
+    }
+}
+
+impl PollSet {
+    fn members(&self) -> std::sync::MutexGuard<'_, Vec<Member>> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// fi_poll_add for a CQ; `context` is what `poll` returns for it.
+    pub fn add_cq(&self, cq: &CompletionQueue, context: usize) -> Result<()> {
+        if !Arc::ptr_eq(&cq.dom, &self.dom) {
+            return Err(Error::with(ErrorKind::Inval, "CQ of another domain"));
+        }
+        let mut m = self.members();
+        if m.iter().any(|x| matches!(x, Member::Cq { id, .. } if *id == cq.id)) {
+            return Err(Error::with(ErrorKind::Already, "CQ is already in the poll set"));
+        }
+        let mut st = self.dom.lock()?;
+        st.cqs[cq.id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?.bound += 1;
+        m.push(Member::Cq { id: cq.id, ctx: context });
+        Ok(())
+    }
+
+    /// fi_poll_add for a counter.
+    pub fn add_cntr(&self, c: &Counter, context: usize) -> Result<()> {
+        if !Arc::ptr_eq(&c.dom, &self.dom) {
+            return Err(Error::with(ErrorKind::Inval, "counter of another domain"));
+        }
+        let mut m = self.members();
+        if m.iter().any(|x| matches!(x, Member::Cntr { id, .. } if *id == c.id)) {
+            return Err(Error::with(ErrorKind::Already, "counter is already in the poll set"));
+        }
+        let mut st = self.dom.lock()?;
+        st.cntrs[c.id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?.bound += 1;
+        let shm = &self.dom.counters()[c.id];
+        let last = (shm.value.v.load(Ordering::Acquire), shm.err.v.load(Ordering::Acquire));
+        m.push(Member::Cntr { id: c.id, ctx: context, last });
+        Ok(())
+    }
+
+    /// fi_poll_del for a CQ.
+    pub fn del_cq(&self, cq: &CompletionQueue) -> Result<()> {
+        let mut m = self.members();
+        let i = m
+            .iter()
+            .position(|x| matches!(x, Member::Cq { id, .. } if *id == cq.id))
+            .ok_or_else(|| Error::with(ErrorKind::NoEnt, "CQ is not in the poll set"))?;
+        m.remove(i);
+        if let Some(c) = self.dom.lock()?.cqs[cq.id].as_mut() {
+            c.bound -= 1;
+        }
+        Ok(())
+    }
+
+    /// fi_poll_del for a counter.
+    pub fn del_cntr(&self, c: &Counter) -> Result<()> {
+        let mut m = self.members();
+        let i = m
+            .iter()
+            .position(|x| matches!(x, Member::Cntr { id, .. } if *id == c.id))
+            .ok_or_else(|| Error::with(ErrorKind::NoEnt, "counter is not in the poll set"))?;
+        m.remove(i);
+        if let Some(s) = self.dom.lock()?.cntrs[c.id].as_mut() {
+            s.bound -= 1;
+        }
+        Ok(())
+    }
+
+    /// fi_poll: one progress pass, then the contexts of members with events
+    /// (at most `out.len()`); returns how many were written (0: none).
+    pub fn poll(&self, out: &mut [usize]) -> Result<usize> {
+        let mut m = self.members();
+        let mut st = self.dom.lock()?;
+        self.dom.progress(&mut st);
+        let mut n = 0;
+        for x in m.iter_mut() {
+            if n == out.len() {
+                break;
+            }
+            match x {
+                Member::Cq { id, ctx } => {
+                    if st.cqs[*id].as_ref().is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun)
+                    {
+                        out[n] = *ctx;
+                        n += 1;
+                    }
+                }
+                Member::Cntr { id, ctx, last } => {
+                    let shm = &self.dom.counters()[*id];
+                    let now = (shm.value.v.load(Ordering::Acquire), shm.err.v.load(Ordering::Acquire));
+                    if now != *last {
+                        *last = now;
+                        out[n] = *ctx;
+                        n += 1;
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Closes the poll set; `Busy` while it has members.
+    pub fn close(&self) -> Result<()> {
+        let m = self.members();
+        if !m.is_empty() {
+            return Err(Error::with(ErrorKind::Busy, format!("poll set still has {} member(s)", m.len())));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PollSet {
+    fn drop(&mut self) {
+        // Release the members' bindings.
+        let m = std::mem::take(&mut *self.members());
+        if let Ok(mut st) = self.dom.lock() {
+            for x in m {
+                match x {
+                    Member::Cq { id, .. } => {
+                        if let Some(c) = st.cqs[id].as_mut() {
+                            c.bound -= 1;
+                            if c.bound == 0 && c.orphaned {
+                                st.cqs[id] = None;
+                            }
+                        }
+                    }
+                    Member::Cntr { id, .. } => {
+                        if let Some(c) = st.cntrs[id].as_mut() {
+                            c.bound -= 1;
+                            if c.bound == 0 && c.orphaned {
+                                st.cntrs[id] = None;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
