@@ -237,6 +237,8 @@ pub(crate) struct CqState {
     pub wait_cond: WaitCond,
     /// The eventfd of an FD wait object.
     pub fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// Completion notification (channel, context, arming).
+    pub notify: Option<crate::notify::Notify>,
 }
 
 impl CqState {
@@ -253,6 +255,7 @@ impl CqState {
             wait_obj: attr.wait_obj,
             wait_cond: attr.wait_cond,
             fd: None,
+            notify: None,
         }
     }
 
@@ -269,11 +272,20 @@ impl CqState {
 
     #[inline]
     pub fn push(&mut self, e: CqTaggedEntry, src: FiAddr) {
+        self.push_ext(e, src, false)
+    }
+
+    /// As `push`; `solicited`: a receive of a message sent solicited.
+    #[inline]
+    pub fn push_ext(&mut self, e: CqTaggedEntry, src: FiAddr, solicited: bool) {
         if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
             self.overrun = true;
             return;
         }
         self.entries.push_back((e, src));
+        if let Some(n) = self.notify.as_mut() {
+            n.on_completion(solicited);
+        }
     }
 
     pub fn push_err(&mut self, e: CqErrEntry, detail: String) {
@@ -282,6 +294,9 @@ impl CqState {
             return;
         }
         self.errors.push_back((e, detail));
+        if let Some(n) = self.notify.as_mut() {
+            n.on_completion(true);
+        }
     }
 
     /// fi_cq_read(from): entries in `out`, sources in `src` if given.
@@ -526,6 +541,9 @@ impl CompletionQueue {
         let c = st.cqs[self.id].as_mut().expect("state");
         if c.bound > 0 {
             return Err(Error::with(ErrorKind::Busy, format!("CQ is bound to {} endpoint(s)", c.bound)));
+        }
+        if let Some(n) = c.notify.take() {
+            n.chan_detached();
         }
         st.cqs[self.id] = None;
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -294,7 +294,6 @@ impl Domain {
     /// epoll; `-FI_EAGAIN` when it should read the CQs first. Only CQs with
     /// [`WaitObj::Fd`](crate::WaitObj::Fd) may be given.
     pub fn trywait(&self, cqs: &[&crate::CompletionQueue]) -> Result<()> {
-        let db = &self.inner.region.header().doorbell;
         let mut st = self.inner.lock()?;
         for cq in cqs {
             if !Arc::ptr_eq(&cq.dom, &self.inner) {
@@ -315,6 +314,18 @@ impl Domain {
         if ready(&st) {
             return Err(Error::AGAIN);
         }
+        self.arm_bridge(&st)
+    }
+
+    /// The fd half of trywait for completion channels: no CQs to look at.
+    pub(crate) fn trywait_fds(&self) -> Result<()> {
+        let mut st = self.inner.lock()?;
+        self.inner.progress(&mut st);
+        self.arm_bridge(&st)
+    }
+
+    fn arm_bridge(&self, st: &DomainState) -> Result<()> {
+        let db = &self.inner.region.header().doorbell;
         let bridge = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
         let bridge =
             bridge.as_ref().ok_or_else(|| Error::with(ErrorKind::Inval, "no FD wait object in this domain"))?;
@@ -322,7 +333,7 @@ impl Domain {
             return Ok(()); // an earlier trywait's announcement still stands
         }
         let seen = crate::doorbell::announce(db);
-        if self.inner.has_inbound(&st) {
+        if self.inner.has_inbound(st) {
             db.sleepers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             return Err(Error::AGAIN);
         }

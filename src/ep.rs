@@ -858,7 +858,7 @@ pub struct RecvMsg<'a, 'b> {
     pub ignore: u64,
 }
 
-const SEND_FLAGS: u64 = FI_REMOTE_CQ_DATA | FI_COMPLETION | FI_INJECT;
+const SEND_FLAGS: u64 = FI_REMOTE_CQ_DATA | FI_COMPLETION | FI_INJECT | SHMFAB_SOLICITED;
 const RECV_FLAGS: u64 = FI_MULTI_RECV | FI_COMPLETION;
 
 impl Endpoint {
@@ -1014,6 +1014,9 @@ impl Endpoint {
         }
         if flags & FI_REMOTE_CQ_DATA != 0 {
             hflags |= shm_layout::hdr_flags::REMOTE_CQ_DATA;
+        }
+        if flags & SHMFAB_SOLICITED != 0 {
+            hflags |= shm_layout::hdr_flags::SOLICITED;
         }
         with_ep!(self, |ep, ctx| {
             let op = TxOp {

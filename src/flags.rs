@@ -39,3 +39,8 @@ pub const FI_COMPLETION: u64 = 1 << 24;
 pub const FI_INJECT: u64 = 1 << 25;
 /// Bind flag: only operations with FI_COMPLETION generate entries.
 pub const FI_SELECTIVE_COMPLETION: u64 = 1 << 59;
+/// shmfab's own operation flag: the message is solicited (completion
+/// notification armed for solicited completions fires on its receive), as
+/// ibverbs' IBV_SEND_SOLICITED. libfabric has no such flag; the bit is in
+/// the range libfabric leaves to providers.
+pub const SHMFAB_SOLICITED: u64 = 1 << 62;

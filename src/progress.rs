@@ -887,7 +887,12 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
             detail,
         ),
         None if d.cqe || d.multi_release => {
-            cq.push(CqTaggedEntry { op_context: d.ctx, flags, len: i.delivered, buf: d.buf, data, tag }, src)
+            let solicited = i.hflags & hdr_flags::SOLICITED != 0;
+            cq.push_ext(
+                CqTaggedEntry { op_context: d.ctx, flags, len: i.delivered, buf: d.buf, data, tag },
+                src,
+                solicited,
+            )
         }
         None => {}
     }
