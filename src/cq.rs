@@ -184,6 +184,9 @@ pub enum WaitObj {
     Unspec,
     /// FI_WAIT_YIELD: poll, yielding the CPU between tries.
     Yield,
+    /// FI_WAIT_SET: waits go through the wait set the CQ was added to
+    /// ([`WaitSet`](crate::poll::WaitSet)); the CQ's own `sread` is refused.
+    Set,
     /// FI_WAIT_FD: a file descriptor ([`CompletionQueue::wait_fd`]) that
     /// poll, select and epoll report readable when a completion may be
     /// there; use [`Domain::trywait`](crate::Domain::trywait) before
@@ -444,8 +447,11 @@ impl CompletionQueue {
     ) -> Result<usize> {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         let (wait_obj, wait_cond) = self.with(false, |c| Ok((c.wait_obj, c.wait_cond)))?;
-        if wait_obj == WaitObj::None {
-            return Err(Error::with(ErrorKind::Inval, "CQ opened with FI_WAIT_NONE: blocking reads are not allowed"));
+        if wait_obj == WaitObj::None || wait_obj == WaitObj::Set {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                format!("CQ wait object is {wait_obj:?}: its own blocking reads are not allowed"),
+            ));
         }
         let want = match wait_cond {
             WaitCond::Threshold => cond.unwrap_or(1).clamp(1, out.len().max(1)),
@@ -525,6 +531,11 @@ impl CompletionQueue {
     /// fi_cq_strerror.
     pub fn strerror(&self, prov_errno: i32) -> &'static str {
         strerror(prov_errno)
+    }
+
+    /// FI_GETWAITOBJ: the wait object in force.
+    pub fn wait_obj(&self) -> Result<WaitObj> {
+        self.with(false, |c| Ok(c.wait_obj))
     }
 
     /// The entry format in force.

@@ -68,6 +68,6 @@ pub use error::{Error, ErrorKind, Result};
 pub use flags::*;
 pub use launch::World;
 pub use notify::CompletionChannel;
-pub use poll::PollSet;
+pub use poll::{PollSet, WaitSet};
 pub use shm_layout::Address;
 pub use sync::Threading;

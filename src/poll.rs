@@ -164,3 +164,62 @@ impl Drop for PollSet {
         }
     }
 }
+
+/// A wait set (fi_wait_open, fi_wait): block until any member CQ is not
+/// empty or any member counter changed. A CQ in a wait set waits through it:
+/// its own `sread` is refused, as fi_cq(3) says for FI_WAIT_SET. Members
+/// are bindings: neither side closes while bound.
+pub struct WaitSet {
+    set: PollSet,
+}
+
+impl Domain {
+    /// fi_wait_open (on the domain: waiting drives its progress).
+    pub fn wait_open(&self) -> Result<WaitSet> {
+        Ok(WaitSet { set: self.poll_open()? })
+    }
+}
+
+impl WaitSet {
+    /// Adds a CQ (its wait object becomes the set).
+    pub fn add_cq(&self, cq: &CompletionQueue) -> Result<()> {
+        self.set.add_cq(cq, cq.id)?;
+        let mut st = self.set.dom.lock()?;
+        if let Some(c) = st.cqs[cq.id].as_mut() {
+            c.wait_obj = crate::cq::WaitObj::Set;
+        }
+        Ok(())
+    }
+
+    /// Adds a counter.
+    pub fn add_cntr(&self, c: &Counter) -> Result<()> {
+        self.set.add_cntr(c, usize::MAX - c.id)
+    }
+
+    /// fi_wait: returns when a member has an event (possibly already
+    /// there); `-FI_ETIMEDOUT` after `timeout_ms` (< 0: forever).
+    pub fn wait(&self, timeout_ms: i32) -> Result<()> {
+        let deadline =
+            (timeout_ms >= 0).then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64));
+        let dom = Domain { inner: self.set.dom.clone() };
+        let mut out = [0usize; 1];
+        loop {
+            if self.set.poll(&mut out)? > 0 {
+                return Ok(());
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(Error::with(
+                    ErrorKind::TimedOut,
+                    format!("no event in the wait set within {timeout_ms} ms"),
+                ));
+            }
+            dom.wait_for(left, || false);
+        }
+    }
+
+    /// Closes the wait set; `Busy` while it has members.
+    pub fn close(&self) -> Result<()> {
+        self.set.close().map_err(|_| Error::with(ErrorKind::Busy, "wait set still has members"))
+    }
+}

@@ -255,3 +255,49 @@ fn poll_set_reports_exactly_the_right_contexts() {
         w.barrier();
     });
 }
+
+#[test]
+fn wait_set_wakes_on_a_member_and_binds() {
+    run("wait_set_wakes_on_a_member_and_binds", 2, &[], Duration::from_secs(60), |w| {
+        if w.rank == 1 {
+            let ws = w.dom.wait_open().unwrap();
+            let cq = w.dom.cq_open(&CqAttr::default()).unwrap();
+            let ep = w.dom.endpoint().unwrap();
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_av(&w.av).unwrap();
+            ep.enable().unwrap();
+            ws.add_cq(&cq).unwrap();
+            assert_eq!(cq.wait_obj().unwrap(), WaitObj::Set);
+            let mut e = [CqTaggedEntry::default()];
+            assert_eq!(
+                cq.sread(&mut e, None, 10).unwrap_err().kind(),
+                ErrorKind::Inval,
+                "FI_WAIT_SET CQs wait through the set"
+            );
+            let t0 = Instant::now();
+            assert_eq!(ws.wait(100).unwrap_err().kind(), ErrorKind::TimedOut);
+            assert!(t0.elapsed() >= Duration::from_millis(95));
+            let mut b = [0u8; 4];
+            // SAFETY: b lives until the completion is read below.
+            unsafe { ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 3).unwrap() };
+            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            let sleeps = w.dom.sleeps();
+            ws.wait(10_000).unwrap();
+            assert!(w.dom.sleeps() > sleeps, "waited asleep");
+            assert_eq!(cq.read(&mut e).unwrap(), 1);
+            assert_eq!(&b, b"wset");
+            assert_eq!(cq.close().unwrap_err().kind(), ErrorKind::Busy, "bound to the wait set (and the endpoint)");
+            assert_eq!(ws.close().unwrap_err().kind(), ErrorKind::Busy);
+            drop(ep);
+        } else {
+            let mut a = [0u8; 24];
+            // SAFETY: a lives until the completion below.
+            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
+            w.ok(9);
+            let dest = w.av.insert_bytes(&a).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            w.retry(|| w.ep.inject(b"wset", dest));
+        }
+        w.barrier();
+    });
+}
