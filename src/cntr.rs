@@ -10,6 +10,8 @@ use std::sync::Arc;
 pub(crate) struct CntrState {
     /// Endpoints bound.
     pub bound: usize,
+    /// (value, error) when trywait last looked.
+    pub checkpoint: (u64, u64),
     /// Handle dropped while bound.
     pub orphaned: bool,
 }
@@ -34,7 +36,7 @@ impl Domain {
             }
             None => return Err(Error::with(ErrorKind::NoSpc, format!("all {n} counters of the domain are open"))),
         };
-        st.cntrs[id] = Some(CntrState { bound: 0, orphaned: false });
+        st.cntrs[id] = Some(CntrState { bound: 0, checkpoint: (0, 0), orphaned: false });
         let c = &self.inner.counters()[id];
         c.value.v.store(0, Ordering::Relaxed);
         c.err.v.store(0, Ordering::Release);

@@ -184,6 +184,13 @@ pub enum WaitObj {
     Unspec,
     /// FI_WAIT_YIELD: poll, yielding the CPU between tries.
     Yield,
+    /// FI_WAIT_MUTEX_COND: a mutex and condition variable
+    /// ([`CompletionQueue::wait_mutex_cond`]) signalled when a completion
+    /// may be there (after `Domain::trywait`, by the domain's bridge thread).
+    MutexCond,
+    /// FI_WAIT_POLLFD: as `Fd`, retrieved as a set of pollfds with a change
+    /// index ([`CompletionQueue::wait_pollfd`]).
+    PollFd,
     /// FI_WAIT_SET: waits go through the wait set the CQ was added to
     /// ([`WaitSet`](crate::poll::WaitSet)); the CQ's own `sread` is refused.
     Set,
@@ -242,6 +249,8 @@ pub(crate) struct CqState {
     pub fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// Completion notification (channel, context, arming).
     pub notify: Option<crate::notify::Notify>,
+    /// The mutex/condvar of a MutexCond wait object.
+    pub cond: Option<std::sync::Arc<crate::fdwait::MutexCond>>,
 }
 
 impl CqState {
@@ -259,6 +268,7 @@ impl CqState {
             wait_cond: attr.wait_cond,
             fd: None,
             notify: None,
+            cond: None,
         }
     }
 
@@ -374,11 +384,18 @@ impl crate::Domain {
         }
         let mut st = self.inner.lock()?;
         let mut s = CqState::new(attr);
-        if attr.wait_obj == WaitObj::Fd {
-            let fd = crate::fdwait::eventfd()?;
+        if matches!(attr.wait_obj, WaitObj::Fd | WaitObj::PollFd | WaitObj::MutexCond) {
             let mut b = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
-            b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.inner.region.header().doorbell)).add(fd.clone());
-            s.fd = Some(fd);
+            let b = b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.inner.region.header().doorbell));
+            if attr.wait_obj == WaitObj::MutexCond {
+                let c = std::sync::Arc::new(crate::fdwait::MutexCond::default());
+                b.add_cond(c.clone());
+                s.cond = Some(c);
+            } else {
+                let fd = crate::fdwait::eventfd()?;
+                b.add(fd.clone());
+                s.fd = Some(fd);
+            }
         }
         let fd = s.fd.clone();
         let id = match st.cqs.iter().position(|c| c.is_none()) {
@@ -533,6 +550,42 @@ impl CompletionQueue {
         strerror(prov_errno)
     }
 
+    /// FI_GETWAIT for FI_WAIT_MUTEX_COND: the mutex (holding a generation)
+    /// and condvar signalled when a completion may be there.
+    pub fn wait_mutex_cond(&self) -> Result<std::sync::Arc<crate::fdwait::MutexCond>> {
+        self.with(false, |c| {
+            c.cond.clone().ok_or_else(|| {
+                Error::with(ErrorKind::NoSys, format!("CQ wait object is {:?}, not MutexCond", c.wait_obj))
+            })
+        })
+    }
+
+    /// FI_GETWAIT for FI_WAIT_POLLFD (struct fi_wait_pollfd): fills `fds`
+    /// and sets `nfds` to the number of fds; returns the change index (it
+    /// changes when the set of fds does). `-FI_ETOOSMALL` with `nfds` set to
+    /// the number needed when `fds` is too short.
+    pub fn wait_pollfd(&self, fds: &mut [libc::pollfd], nfds: &mut usize) -> Result<u64> {
+        use std::os::fd::AsRawFd;
+        self.with(false, |c| {
+            let fd = match (&c.fd, c.wait_obj) {
+                (Some(f), WaitObj::PollFd) => f.as_raw_fd(),
+                _ => {
+                    return Err(Error::with(
+                        ErrorKind::NoSys,
+                        format!("CQ wait object is {:?}, not PollFd", c.wait_obj),
+                    ))
+                }
+            };
+            *nfds = 1;
+            if fds.is_empty() {
+                return Err(Error::with(ErrorKind::TooSmall, "fi_wait_pollfd needs room for 1 fd"));
+            }
+            fds[0] = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // One eventfd for the CQ's life: the set never changes.
+            Ok(1)
+        })
+    }
+
     /// FI_GETWAITOBJ: the wait object in force.
     pub fn wait_obj(&self) -> Result<WaitObj> {
         self.with(false, |c| Ok(c.wait_obj))
@@ -556,11 +609,15 @@ impl CompletionQueue {
         if let Some(n) = c.notify.take() {
             n.chan_detached();
         }
+        let cond = c.cond.clone();
         st.cqs[self.id] = None;
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(fd) = &self.fd {
-            if let Some(b) = self.dom.bridge.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if let Some(b) = self.dom.bridge.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            if let Some(fd) = &self.fd {
                 b.remove(fd);
+            }
+            if let Some(c) = &cond {
+                b.remove_cond(c);
             }
         }
         Ok(())

@@ -294,16 +294,60 @@ impl Domain {
     /// epoll; `-FI_EAGAIN` when it should read the CQs first. Only CQs with
     /// [`WaitObj::Fd`](crate::WaitObj::Fd) may be given.
     pub fn trywait(&self, cqs: &[&crate::CompletionQueue]) -> Result<()> {
+        self.trywait_with(cqs, &[], &[])
+    }
+
+    /// fi_trywait over CQs, counters and wait sets: `-FI_EAGAIN` if a CQ is
+    /// not empty, a counter moved since the last trywait (its checkpoint),
+    /// or a wait set has an event; else arms the domain's bridge as
+    /// [`Domain::trywait`] does and returns `Ok`.
+    pub fn trywait_with(
+        &self,
+        cqs: &[&crate::CompletionQueue],
+        cntrs: &[&crate::Counter],
+        sets: &[&crate::WaitSet],
+    ) -> Result<()> {
+        for set in sets {
+            if set.has_event()? {
+                return Err(Error::AGAIN);
+            }
+        }
+        let mut moved = false;
+        {
+            let mut st = self.inner.lock()?;
+            self.inner.progress(&mut st);
+            for c in cntrs {
+                if !Arc::ptr_eq(&c.dom, &self.inner) {
+                    return Err(Error::with(ErrorKind::Inval, "counter of another domain"));
+                }
+                let shm = &self.inner.counters()[c.id];
+                use std::sync::atomic::Ordering::Acquire;
+                let now = (shm.value.v.load(Acquire), shm.err.v.load(Acquire));
+                let cs = st.cntrs[c.id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?;
+                if cs.checkpoint != now {
+                    cs.checkpoint = now;
+                    moved = true;
+                }
+            }
+        }
+        if moved {
+            return Err(Error::AGAIN);
+        }
         let mut st = self.inner.lock()?;
         for cq in cqs {
             if !Arc::ptr_eq(&cq.dom, &self.inner) {
                 return Err(Error::with(ErrorKind::Inval, "CQ of another domain"));
             }
             let c = st.cqs[cq.id].as_ref().ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
-            let fd =
-                c.fd.clone()
-                    .ok_or_else(|| Error::with(ErrorKind::Inval, "trywait takes CQs opened with WaitObj::Fd"))?;
-            crate::fdwait::drain(&fd);
+            if !matches!(c.wait_obj, crate::WaitObj::Fd | crate::WaitObj::PollFd | crate::WaitObj::MutexCond) {
+                return Err(Error::with(
+                    ErrorKind::Inval,
+                    "trywait takes CQs with an Fd, PollFd or MutexCond wait object",
+                ));
+            }
+            if let Some(fd) = &c.fd {
+                crate::fdwait::drain(fd);
+            }
         }
         self.inner.progress(&mut st);
         let ready = |st: &DomainState| {

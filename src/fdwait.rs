@@ -29,9 +29,30 @@ struct Shared {
     stop: AtomicBool,
     /// The eventfds to make readable.
     fds: Mutex<Vec<Arc<OwnedFd>>>,
+    /// The mutex/condvar wait objects to signal.
+    conds: Mutex<Vec<Arc<MutexCond>>>,
     /// The domain's doorbell (in its region, which outlives the bridge:
     /// DomainInner stops the bridge before its region is unmapped).
     doorbell: usize,
+}
+
+/// A FI_WAIT_MUTEX_COND wait object: a generation bumped (and the condvar
+/// notified) whenever a completion may be there. Wait while the generation
+/// is the one you saw before `trywait` returned `Ok`.
+#[derive(Default)]
+pub struct MutexCond {
+    /// Generation, bumped at each signal.
+    pub mutex: Mutex<u64>,
+    /// Notified at each signal.
+    pub cond: Condvar,
+}
+
+impl MutexCond {
+    /// Bumps the generation and wakes the waiters.
+    pub fn signal(&self) {
+        *self.mutex.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.cond.notify_all();
+    }
 }
 
 /// A new non-blocking eventfd.
@@ -58,6 +79,7 @@ impl Bridge {
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
             fds: Mutex::new(Vec::new()),
+            conds: Mutex::new(Vec::new()),
             doorbell: doorbell as *const _ as usize,
         });
         let s = shared.clone();
@@ -70,6 +92,14 @@ impl Bridge {
 
     pub(crate) fn add(&self, fd: Arc<OwnedFd>) {
         self.shared.fds.lock().unwrap_or_else(|p| p.into_inner()).push(fd);
+    }
+
+    pub(crate) fn add_cond(&self, c: Arc<MutexCond>) {
+        self.shared.conds.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+    }
+
+    pub(crate) fn remove_cond(&self, c: &Arc<MutexCond>) {
+        self.shared.conds.lock().unwrap_or_else(|p| p.into_inner()).retain(|x| !Arc::ptr_eq(x, c));
     }
 
     pub(crate) fn remove(&self, fd: &OwnedFd) {
@@ -119,6 +149,9 @@ fn run(s: &Shared) {
         *s.armed.lock().unwrap_or_else(|p| p.into_inner()) = None;
         for fd in s.fds.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             poke(fd);
+        }
+        for c in s.conds.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            c.signal();
         }
     }
 }

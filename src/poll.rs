@@ -218,6 +218,12 @@ impl WaitSet {
         }
     }
 
+    /// Whether a member has an event now (one progress pass).
+    pub fn has_event(&self) -> Result<bool> {
+        let mut out = [0usize; 1];
+        Ok(self.set.poll(&mut out)? > 0)
+    }
+
     /// Closes the wait set; `Busy` while it has members.
     pub fn close(&self) -> Result<()> {
         self.set.close().map_err(|_| Error::with(ErrorKind::Busy, "wait set still has members"))

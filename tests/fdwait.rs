@@ -99,3 +99,92 @@ fn trywait_epoll_loop_never_misses_an_event() {
         w.barrier();
     });
 }
+
+#[test]
+fn mutex_cond_and_pollfd_wait_objects_wake_on_another_process() {
+    run("mutex_cond_and_pollfd_wait_objects_wake_on_another_process", 2, &[], Duration::from_secs(60), |w| {
+        if w.rank == 1 {
+            let cq_m = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::MutexCond, ..Default::default() }).unwrap();
+            let cq_p = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::PollFd, ..Default::default() }).unwrap();
+            let (em, ep) = (w.dom.endpoint().unwrap(), w.dom.endpoint().unwrap());
+            em.bind_cq(&cq_m, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_cq(&cq_p, FI_TRANSMIT | FI_RECV).unwrap();
+            for e in [&em, &ep] {
+                e.bind_av(&w.av).unwrap();
+                e.enable().unwrap();
+            }
+            // POLLFD retrieval: too small first, as fi_poll(3) describes.
+            let mut nfds = 0;
+            assert_eq!(cq_p.wait_pollfd(&mut [], &mut nfds).unwrap_err().kind(), ErrorKind::TooSmall);
+            assert_eq!(nfds, 1);
+            let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }];
+            let change = cq_p.wait_pollfd(&mut fds, &mut nfds).unwrap();
+            assert_eq!(cq_p.wait_pollfd(&mut fds, &mut nfds).unwrap(), change, "fd set unchanged");
+            assert!(fds[0].fd >= 0);
+            let mc = cq_m.wait_mutex_cond().unwrap();
+            assert_eq!(cq_m.wait_fd().unwrap_err().kind(), ErrorKind::NoSys);
+            let mut b = [[0u8; 4]; 2];
+            // SAFETY: b lives until the completions are read below.
+            unsafe {
+                em.recv(&mut b[0], shmfab::FI_ADDR_UNSPEC, 1).unwrap();
+                ep.recv(&mut b[1], shmfab::FI_ADDR_UNSPEC, 2).unwrap();
+            }
+            let mut addrs = em.getname().to_bytes().to_vec();
+            addrs.extend_from_slice(&ep.getname().to_bytes());
+            // 1. Mutex/condvar: trywait, then wait on the generation.
+            let gen = *mc.mutex.lock().unwrap();
+            w.retry(|| w.ep.inject(&addrs, w.addrs[0]));
+            let mut e = [CqTaggedEntry::default()];
+            loop {
+                match w.dom.trywait(&[&cq_m]) {
+                    Ok(()) => {
+                        let g = mc.mutex.lock().unwrap();
+                        let (g, to) = mc.cond.wait_timeout_while(g, Duration::from_secs(10), |g| *g == gen).unwrap();
+                        assert!(!to.timed_out(), "condvar never signalled (generation {})", *g);
+                    }
+                    Err(x) => assert_eq!(x.kind(), ErrorKind::Again),
+                }
+                if cq_m.read(&mut e).is_ok() {
+                    break;
+                }
+            }
+            assert_eq!(&b[0], b"cond");
+            // 2. POLLFD: trywait, then poll(2) on the retrieved set.
+            loop {
+                match w.dom.trywait(&[&cq_p]) {
+                    Ok(()) => {
+                        // SAFETY: poll on our own fd set.
+                        assert_eq!(unsafe { libc::poll(fds.as_mut_ptr(), 1, 10_000) }, 1, "pollfd never readable");
+                    }
+                    Err(x) => assert_eq!(x.kind(), ErrorKind::Again),
+                }
+                if cq_p.read(&mut e).is_ok() {
+                    break;
+                }
+            }
+            assert_eq!(&b[1], b"poll");
+            // 3. trywait over a counter (checkpoint) and a wait set.
+            let c = w.dom.cntr_open().unwrap();
+            c.add(1).unwrap();
+            assert_eq!(w.dom.trywait_with(&[], &[&c], &[]).unwrap_err().kind(), ErrorKind::Again, "counter moved");
+            w.dom.trywait_with(&[], &[&c], &[]).expect("unchanged since the checkpoint");
+            let ws = w.dom.wait_open().unwrap();
+            ws.add_cntr(&c).unwrap();
+            c.add(1).unwrap();
+            assert_eq!(w.dom.trywait_with(&[], &[], &[&ws]).unwrap_err().kind(), ErrorKind::Again, "set has an event");
+            drop((em, ep, ws));
+        } else {
+            let mut a = [0u8; 48];
+            // SAFETY: a lives until the completion below.
+            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
+            w.ok(9);
+            let m = w.av.insert_bytes(&a[..24]).unwrap();
+            let p = w.av.insert_bytes(&a[24..]).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            w.retry(|| w.ep.inject(b"cond", m));
+            std::thread::sleep(Duration::from_millis(100));
+            w.retry(|| w.ep.inject(b"poll", p));
+        }
+        w.barrier();
+    });
+}
