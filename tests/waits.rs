@@ -301,3 +301,37 @@ fn wait_set_wakes_on_a_member_and_binds() {
         w.barrier();
     });
 }
+
+#[test]
+fn yield_wait_object_and_sreadfrom_across_processes() {
+    run("yield_wait_object_and_sreadfrom_across_processes", 2, &[], Duration::from_secs(60), |w| {
+        if w.rank == 1 {
+            let cq = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::Yield, ..Default::default() }).unwrap();
+            let ep = w.dom.endpoint().unwrap();
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_av(&w.av).unwrap();
+            ep.enable().unwrap();
+            let mut b = [0u8; 5];
+            // SAFETY: b lives until the completion below.
+            unsafe { ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 4).unwrap() };
+            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            let mut e = [CqTaggedEntry::default()];
+            let mut src = [0u64];
+            let t0 = Instant::now();
+            assert_eq!(cq.sreadfrom(&mut e, &mut src, None, 10_000).unwrap(), 1);
+            assert!(t0.elapsed() >= Duration::from_millis(50));
+            assert_eq!((e[0].op_context, &b), (4, b"yield"));
+            assert_eq!(src[0], w.addrs[0], "source of the completion");
+            drop(ep);
+        } else {
+            let mut a = [0u8; 24];
+            // SAFETY: a lives until the completion below.
+            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
+            w.ok(9);
+            let dest = w.av.insert_bytes(&a).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            w.retry(|| w.ep.inject(b"yield", dest));
+        }
+        w.barrier();
+    });
+}
