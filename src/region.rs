@@ -246,8 +246,8 @@ impl Region {
                 format!("region {name} says uid {ruid} but this process runs as uid {me}"),
             ));
         }
+        // SAFETY: as above: published header fields, read once.
         let (total, g, n_eps, n_counters) = unsafe {
-            // SAFETY: as above.
             (
                 std::ptr::addr_of!(h.total_size).read_volatile(),
                 std::ptr::addr_of!(h.geometry).read_volatile(),

@@ -26,10 +26,12 @@
 //! use shmfab::ring::{cells_for, RingRx, RingTx};
 //! use shm_layout::{Cell, MsgHdr, RingCtl};
 //! // A ring on the heap (in shmfab it lives in the receiver's region).
+//! // SAFETY: (doc example) all-zero bytes are a valid RingCtl.
 //! let ctl: Box<RingCtl> = Box::new(unsafe { std::mem::zeroed() });
+//! // SAFETY: (doc example) all-zero bytes are a valid Cell.
 //! let cells: Vec<Cell> = (0..128).map(|_| unsafe { std::mem::zeroed() }).collect();
 //! let (c, p) = (&*ctl as *const RingCtl, cells.as_ptr() as *mut u8);
-//! // SAFETY (doc example): both pointers outlive the ring handles.
+//! // SAFETY: (doc example) ctl and cells outlive both handles; one producer, one consumer.
 //! let (mut tx, mut rx) = unsafe { (RingTx::new(c, p, 128), RingRx::new(c, p, 128)) };
 //! let hdr = MsgHdr { op: 1, len: 5, ..Default::default() };
 //! assert!(tx.try_push(&hdr, &[b"hello"]));

@@ -124,6 +124,7 @@ fn cq_formats_and_source_addresses() {
     // FI_ADDR_NOTAVAIL.
     let p = pair_with(CqFormat::Tagged, false);
     let mut b = [0u8; 4];
+    // SAFETY: b outlives the completion read below.
     unsafe { p.ep0.recv(&mut b, FI_ADDR_UNSPEC, 1).unwrap() };
     p.ep1.inject(b"ab", p.a0).unwrap();
     let mut e = [CqTaggedEntry::default()];
@@ -134,6 +135,7 @@ fn cq_formats_and_source_addresses() {
     }
     assert_eq!(src[0], p.a1);
     p.av.remove(&[p.a1]).unwrap();
+    // SAFETY: b outlives the completion read below.
     unsafe { p.ep0.recv(&mut b, FI_ADDR_UNSPEC, 2).unwrap() };
     p.ep1.inject(b"cd", p.a0).unwrap();
     while p.cq0.readfrom(&mut e, &mut src).is_err() {
@@ -170,9 +172,11 @@ fn counters_count_and_take_add_set() {
     let me = p.av.insert(&[ep.getname()]).unwrap()[0];
     let mut b = [0u8; 4];
     for i in 0..3 {
+        // SAFETY: b outlives the completion counted below.
         unsafe { ep.recv(&mut b, FI_ADDR_UNSPEC, i).unwrap() };
         ep.inject(b"1234", me).unwrap();
     }
+    // SAFETY: b outlives the completion counted below.
     unsafe { ep.recv(&mut b[..2], FI_ADDR_UNSPEC, 9).unwrap() };
     ep.inject(b"too long", me).unwrap();
     let t0 = Instant::now();
@@ -191,6 +195,7 @@ fn selective_completion() {
     let p = pair_with(CqFormat::Tagged, true);
     let big = vec![1u8; 300_000];
     let mut rb = vec![0u8; 300_000];
+    // SAFETY: big and rb outlive the completions read below.
     unsafe {
         p.ep1.recv(&mut rb, FI_ADDR_UNSPEC, 1).unwrap();
         p.ep1.recv(&mut rb, FI_ADDR_UNSPEC, 2).unwrap();
@@ -222,6 +227,7 @@ fn bad_arguments_get_clear_errors() {
     assert_eq!(p.ep0.inject(&big, p.a1).unwrap_err().kind(), ErrorKind::MsgSize);
     assert_eq!(p.ep0.inject(b"x", 12345).unwrap_err().kind(), ErrorKind::AddrNotAvail);
     let s = [std::io::IoSlice::new(b"a"); 5];
+    // SAFETY: the buffers outlive the completions read below.
     unsafe {
         assert_eq!(p.ep0.sendv(&s, p.a1, 0).unwrap_err().kind(), ErrorKind::Inval);
         let iov = [std::io::IoSlice::new(b"a")];
@@ -268,6 +274,7 @@ fn a_peer_of_another_layout_version_is_refused_naming_both() {
     assert_eq!(e.kind(), ErrorKind::OpNotSupp, "{s}");
     assert!(s.contains(&format!("layout version {}", shm_layout::LAYOUT_VERSION + 1)), "{s}");
     assert!(s.contains(&format!("layout version {}", shm_layout::LAYOUT_VERSION)), "{s}");
+    // SAFETY: as above: restoring the field this test changed.
     unsafe { std::ptr::addr_of_mut!((*hdr).layout_version).write(shm_layout::LAYOUT_VERSION) };
     drop(target);
 }
@@ -326,6 +333,7 @@ fn inspect_shows_what_a_stuck_job_holds() {
     // ep1 posts two receives that nothing matches and does not progress;
     // ep0 sends three 100-byte messages it never takes.
     let mut b = [0u8; 8];
+    // SAFETY: mapped header of our own test region; only this test writes it.
     unsafe {
         p.ep1.trecv(&mut b, FI_ADDR_UNSPEC, 77, 0, 1).unwrap();
         p.ep1.trecv(&mut b, FI_ADDR_UNSPEC, 78, 0, 2).unwrap();

@@ -263,6 +263,7 @@ fn remote_cq_data(w: &World) {
             assert_eq!(e.data, want_data.unwrap_or(0), "ctx {ctx}");
         }
         // Tagged, with data.
+        // SAFETY: b lives until the completion read just below.
         unsafe { w.ep.trecv(&mut b, w.addrs[0], 9, 0, 64).unwrap() };
         let e = w.ok(64);
         assert_eq!((e.data, e.tag, e.flags & FI_REMOTE_CQ_DATA != 0), (42, 9, true));
