@@ -27,7 +27,7 @@ fn trywait_epoll_loop_never_misses_an_event() {
             // SAFETY: as above.
             assert_eq!(unsafe { libc::epoll_ctl(ep_fd, libc::EPOLL_CTL_ADD, fd, &mut ev) }, 0);
             // Tell rank 0 where to send.
-            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            w.tell(0, &[ep.getname()]);
             let mut bufs = vec![[0u8; 8]; 256];
             let mut posted = 0usize;
             let mut got = 0usize;
@@ -73,11 +73,7 @@ fn trywait_epoll_loop_never_misses_an_event() {
             unsafe { libc::close(ep_fd) };
             drop(ep);
         } else {
-            let mut a = [0u8; 24];
-            // SAFETY: a lives until the completion below.
-            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
-            w.ok(9);
-            let dest = w.av.insert_bytes(&a).unwrap();
+            let dest = w.learn(1, 1)[0];
             let mut x = 88172645463325252u64;
             let mut i = 0usize;
             while i < N {
@@ -129,11 +125,9 @@ fn mutex_cond_and_pollfd_wait_objects_wake_on_another_process() {
                 em.recv(&mut b[0], shmfab::FI_ADDR_UNSPEC, 1).unwrap();
                 ep.recv(&mut b[1], shmfab::FI_ADDR_UNSPEC, 2).unwrap();
             }
-            let mut addrs = em.getname().to_bytes().to_vec();
-            addrs.extend_from_slice(&ep.getname().to_bytes());
             // 1. Mutex/condvar: trywait, then wait on the generation.
             let gen = *mc.mutex.lock().unwrap();
-            w.retry(|| w.ep.inject(&addrs, w.addrs[0]));
+            w.tell(0, &[em.getname(), ep.getname()]);
             let mut e = [CqTaggedEntry::default()];
             loop {
                 match w.dom.trywait(&[&cq_m]) {
@@ -174,12 +168,8 @@ fn mutex_cond_and_pollfd_wait_objects_wake_on_another_process() {
             assert_eq!(w.dom.trywait_with(&[], &[], &[&ws]).unwrap_err().kind(), ErrorKind::Again, "set has an event");
             drop((em, ep, ws));
         } else {
-            let mut a = [0u8; 48];
-            // SAFETY: a lives until the completion below.
-            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
-            w.ok(9);
-            let m = w.av.insert_bytes(&a[..24]).unwrap();
-            let p = w.av.insert_bytes(&a[24..]).unwrap();
+            let both = w.learn(1, 2);
+            let (m, p) = (both[0], both[1]);
             std::thread::sleep(Duration::from_millis(100));
             w.retry(|| w.ep.inject(b"cond", m));
             std::thread::sleep(Duration::from_millis(100));

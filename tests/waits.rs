@@ -55,18 +55,14 @@ fn sread_times_out_and_respects_the_threshold() {
                 unsafe { ep.recv(b, shmfab::FI_ADDR_UNSPEC, i).unwrap() };
             }
             // Tell rank 0 where to send (our new endpoint's address).
-            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            w.tell(0, &[ep.getname()]);
             let t0 = Instant::now();
             let n = cq.sread(&mut e, Some(5), 10_000).unwrap();
             assert_eq!(n, 5, "all five at once");
             assert!(t0.elapsed() >= Duration::from_millis(60), "did not return before the fifth");
             drop(ep);
         } else {
-            let mut a = [0u8; 24];
-            // SAFETY: a lives until the completion below.
-            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
-            w.ok(9);
-            let dest = w.av.insert_bytes(&a).unwrap();
+            let dest = w.learn(1, 1)[0];
             for _ in 0..5 {
                 std::thread::sleep(Duration::from_millis(20));
                 w.retry(|| w.ep.inject(b"tick", dest));
@@ -126,17 +122,13 @@ fn cntr_wait_and_wait_none() {
                 // SAFETY: bufs live until the counter says all arrived.
                 unsafe { ep.recv(b, shmfab::FI_ADDR_UNSPEC, i).unwrap() };
             }
-            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            w.tell(0, &[ep.getname()]);
             c.wait(10, 10_000).unwrap();
             assert_eq!(c.read().unwrap(), 10);
             assert!(bufs.iter().all(|b| b == b"tick"));
             drop(ep);
         } else {
-            let mut a = [0u8; 24];
-            // SAFETY: a lives until the completion below.
-            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
-            w.ok(9);
-            let dest = w.av.insert_bytes(&a).unwrap();
+            let dest = w.learn(1, 1)[0];
             for _ in 0..10 {
                 std::thread::sleep(Duration::from_millis(5));
                 w.retry(|| w.ep.inject(b"tick", dest));
@@ -165,7 +157,7 @@ fn auto_progress_moves_a_transfer_while_the_application_computes() {
             // A Domain-threaded domain refuses a progress thread.
             assert_eq!(w.dom.start_progress_thread().unwrap_err().kind(), ErrorKind::Inval);
             dom.start_progress_thread().unwrap();
-            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            w.tell(0, &[ep.getname()]);
             // "Compute" without calling into shmfab.
             std::thread::sleep(Duration::from_millis(800));
             let mut e = [CqTaggedEntry::default()];
@@ -174,11 +166,7 @@ fn auto_progress_moves_a_transfer_while_the_application_computes() {
             assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
             drop(ep);
         } else {
-            let mut a = [0u8; 24];
-            // SAFETY: a lives until the completion below.
-            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
-            w.ok(9);
-            let dest = w.av.insert_bytes(&a).unwrap();
+            let dest = w.learn(1, 1)[0];
             let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
             let t0 = Instant::now();
             // SAFETY: data lives until the completion below.
@@ -217,7 +205,7 @@ fn poll_set_reports_exactly_the_right_contexts() {
             let mut b = [0u8; 4];
             // SAFETY: b lives until the completion is read below.
             unsafe { eb.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 1).unwrap() };
-            w.retry(|| w.ep.inject(&eb.getname().to_bytes(), w.addrs[0]));
+            w.tell(0, &[eb.getname()]);
             let t0 = Instant::now();
             let n = loop {
                 let n = ps.poll(&mut out).unwrap();
@@ -245,11 +233,7 @@ fn poll_set_reports_exactly_the_right_contexts() {
             ps.close().unwrap();
             drop((ea, eb));
         } else {
-            let mut a = [0u8; 24];
-            // SAFETY: a lives until the completion below.
-            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
-            w.ok(9);
-            let dest = w.av.insert_bytes(&a).unwrap();
+            let dest = w.learn(1, 1)[0];
             w.retry(|| w.ep.inject(b"poll", dest));
         }
         w.barrier();
@@ -280,7 +264,7 @@ fn wait_set_wakes_on_a_member_and_binds() {
             let mut b = [0u8; 4];
             // SAFETY: b lives until the completion is read below.
             unsafe { ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 3).unwrap() };
-            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            w.tell(0, &[ep.getname()]);
             let sleeps = w.dom.sleeps();
             ws.wait(10_000).unwrap();
             assert!(w.dom.sleeps() > sleeps, "waited asleep");
@@ -290,11 +274,7 @@ fn wait_set_wakes_on_a_member_and_binds() {
             assert_eq!(ws.close().unwrap_err().kind(), ErrorKind::Busy);
             drop(ep);
         } else {
-            let mut a = [0u8; 24];
-            // SAFETY: a lives until the completion below.
-            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
-            w.ok(9);
-            let dest = w.av.insert_bytes(&a).unwrap();
+            let dest = w.learn(1, 1)[0];
             std::thread::sleep(Duration::from_millis(100));
             w.retry(|| w.ep.inject(b"wset", dest));
         }
@@ -314,7 +294,7 @@ fn yield_wait_object_and_sreadfrom_across_processes() {
             let mut b = [0u8; 5];
             // SAFETY: b lives until the completion below.
             unsafe { ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 4).unwrap() };
-            w.retry(|| w.ep.inject(&ep.getname().to_bytes(), w.addrs[0]));
+            w.tell(0, &[ep.getname()]);
             let mut e = [CqTaggedEntry::default()];
             let mut src = [0u64];
             let t0 = Instant::now();
@@ -324,11 +304,7 @@ fn yield_wait_object_and_sreadfrom_across_processes() {
             assert_eq!(src[0], w.addrs[0], "source of the completion");
             drop(ep);
         } else {
-            let mut a = [0u8; 24];
-            // SAFETY: a lives until the completion below.
-            unsafe { w.ep.recv(&mut a, w.addrs[1], 9).unwrap() };
-            w.ok(9);
-            let dest = w.av.insert_bytes(&a).unwrap();
+            let dest = w.learn(1, 1)[0];
             std::thread::sleep(Duration::from_millis(100));
             w.retry(|| w.ep.inject(b"yield", dest));
         }

@@ -289,6 +289,23 @@ impl World {
         }
     }
 
+    /// Sends endpoint addresses to rank `to` (who calls `learn`).
+    pub fn tell(&self, to: usize, addrs: &[shmfab::Address]) {
+        let bytes: Vec<u8> = addrs.iter().flat_map(|a| a.to_bytes()).collect();
+        self.retry(|| self.ep.inject(&bytes, self.addrs[to]));
+    }
+
+    /// Receives `n` endpoint addresses from rank `from` (who calls `tell`)
+    /// and inserts them into the AV.
+    pub fn learn(&self, from: usize, n: usize) -> Vec<FiAddr> {
+        const CTX: usize = usize::MAX - 9;
+        let mut b = vec![0u8; n * shmfab::Address::SIZE];
+        // SAFETY: b lives until the completion waited for below.
+        unsafe { self.ep.recv(&mut b, self.addrs[from], CTX).unwrap() };
+        self.ok(CTX);
+        b.chunks(shmfab::Address::SIZE).map(|c| self.av.insert_bytes(c).unwrap()).collect()
+    }
+
     /// Number of completions read but not yet claimed.
     pub fn unclaimed(&self) -> usize {
         self.pending.borrow().len()
