@@ -473,8 +473,10 @@ impl EpState {
         i
     }
 
-    /// The peer behind `fi_addr`, connected.
-    pub fn peer_for(&mut self, ctx: &mut Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
+    /// The peer behind `fi_addr` (through a cache indexed by fi_addr, valid
+    /// for the AV's generation), not necessarily connected.
+    #[inline]
+    pub fn peer_of(&mut self, ctx: &Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
         let av_id = self.av.ok_or_else(|| Error::with(ErrorKind::Inval, "no address vector bound to the endpoint"))?;
         let av: &AvState = ctx.avs[av_id].as_ref().expect("bound AV exists");
         if self.fi_gen != av.generation {
@@ -482,22 +484,26 @@ impl EpState {
             self.fi_gen = av.generation;
         }
         let cached = self.peer_by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
-        let p = if cached != u32::MAX {
-            cached as usize
-        } else {
-            let a = av.lookup(fi_addr).ok_or_else(|| {
-                Error::with(ErrorKind::AddrNotAvail, format!("fi_addr {fi_addr} is not in the address vector"))
-            })?;
-            let p = self.peer_index(a);
-            let i = fi_addr as usize;
-            if i < (1 << 24) {
-                if self.peer_by_fi.len() <= i {
-                    self.peer_by_fi.resize(i + 1, u32::MAX);
-                }
-                self.peer_by_fi[i] = p as u32;
+        if cached != u32::MAX {
+            return Ok(cached as usize);
+        }
+        let a = av.lookup(fi_addr).ok_or_else(|| {
+            Error::with(ErrorKind::AddrNotAvail, format!("fi_addr {fi_addr} is not in the address vector"))
+        })?;
+        let p = self.peer_index(a);
+        let i = fi_addr as usize;
+        if i < (1 << 24) {
+            if self.peer_by_fi.len() <= i {
+                self.peer_by_fi.resize(i + 1, u32::MAX);
             }
-            p
-        };
+            self.peer_by_fi[i] = p as u32;
+        }
+        Ok(p)
+    }
+
+    /// The peer behind `fi_addr`, connected.
+    pub fn peer_for(&mut self, ctx: &mut Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
+        let p = self.peer_of(ctx, fi_addr)?;
         if self.peers[p].chan.is_none() {
             self.connect(ctx, p)?;
         }
@@ -1052,22 +1058,19 @@ impl Endpoint {
         let iovs = iovs_from_mut(m.iov)?;
         let (src_fi, tag, ignore, context) = (m.src, m.tag, m.ignore, m.context);
         with_ep!(self, |ep, ctx| {
+            // A directed receive's source becomes a known peer, so its
+            // death is noticed while this receive waits for it.
             let src = if src_fi == FI_ADDR_UNSPEC {
                 None
             } else {
-                let av = ep.av.and_then(|a| ctx.avs[a].as_ref());
-                Some(av.and_then(|av| av.lookup(src_fi)).ok_or_else(|| {
+                let p = ep.peer_of(ctx, src_fi).map_err(|_| {
                     Error::with(
                         ErrorKind::AddrNotAvail,
                         format!("source fi_addr {src_fi} is not in the address vector"),
                     )
-                })?)
+                })?;
+                Some(ep.peers[p].addr)
             };
-            if let Some(a) = src {
-                // Known as a peer from now on, so its death is noticed
-                // while this receive waits for it.
-                ep.peer_index(a);
-            }
             let r = PostedRecv {
                 ctx: context,
                 iovs,
