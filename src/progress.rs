@@ -132,7 +132,14 @@ fn check_peers(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             continue;
         }
         if let Some(why) = peer_gone(ep, ctx, p) {
-            fail_peer(ep, ctx, p, why);
+            // What it sent before going is delivered first: fail its
+            // pending operations only once nothing of it is left in our
+            // inbound queues (the overflow queue is shared: any entry there
+            // defers the decision to the next check).
+            let left = ep.rings.iter().flatten().any(|r| r.peer == p && r.rx.ready()) || ep.ovf.ready();
+            if !left {
+                fail_peer(ep, ctx, p, why);
+            }
         }
     }
 }
