@@ -155,8 +155,9 @@ pub(crate) struct TxOp {
 pub(crate) struct PostedRecv {
     pub ctx: usize,
     pub iovs: Iovs,
-    /// Directed receive: only from this address.
-    pub src: Option<Address>,
+    /// Directed receive: only from this peer (its index in `peers`, which
+    /// never changes: peers are only appended).
+    pub src: Option<usize>,
     pub tag: u64,
     pub ignore: u64,
     pub multi: bool,
@@ -669,20 +670,18 @@ impl EpState {
     fn match_unexp(&self, tagged: bool, ri: usize) -> Option<usize> {
         let q = tagged as usize;
         let r = &self.posted[q][ri];
-        self.unexp[q].iter().position(|u| {
-            r.src.is_none_or(|s| s == self.peers[u.peer].addr)
-                && (!tagged || (u.tag & !r.ignore) == (r.tag & !r.ignore))
-        })
+        self.unexp[q]
+            .iter()
+            .position(|u| r.src.is_none_or(|s| s == u.peer) && (!tagged || (u.tag & !r.ignore) == (r.tag & !r.ignore)))
     }
 
     /// First posted receive a message from `p` with `tag` matches.
     #[inline]
     pub fn match_posted(&self, tagged: bool, p: usize, tag: u64) -> Option<usize> {
         let q = tagged as usize;
-        let from = &self.peers[p].addr;
         self.posted[q]
             .iter()
-            .position(|r| r.src.is_none_or(|s| s == *from) && (!tagged || (tag & !r.ignore) == (r.tag & !r.ignore)))
+            .position(|r| r.src.is_none_or(|s| s == p) && (!tagged || (tag & !r.ignore) == (r.tag & !r.ignore)))
     }
 
     /// Takes the posted receive `i` of queue `q` for a message of `len`
@@ -1069,7 +1068,7 @@ impl Endpoint {
                         format!("source fi_addr {src_fi} is not in the address vector"),
                     )
                 })?;
-                Some(ep.peers[p].addr)
+                Some(p)
             };
             let r = PostedRecv {
                 ctx: context,

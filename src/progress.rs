@@ -122,7 +122,7 @@ fn pending_with(ep: &EpState, p: usize) -> bool {
     !peer.txq.is_empty()
         || peer.inflight.iter().any(|op| op.state != TxState::Done)
         || peer.rx_parts.iter().any(|x| !matches!(x.1, RxCur::Unexp { .. }))
-        || ep.posted.iter().flatten().any(|r| r.src == Some(peer.addr))
+        || ep.posted.iter().flatten().any(|r| r.src == Some(p))
 }
 
 /// Checks every peer we wait on; fails what is pending with dead ones.
@@ -211,11 +211,10 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
         ep.unexp[q].retain(|u| !(u.peer == p && matches!(u.body, UnexpBody::Rts { .. })));
     }
     // Receives directed at it.
-    let addr = ep.peers[p].addr;
     for q in 0..2 {
         let mut i = 0;
         while i < ep.posted[q].len() {
-            if ep.posted[q][i].src == Some(addr) {
+            if ep.posted[q][i].src == Some(p) {
                 let r = ep.posted[q].remove(i).expect("index checked");
                 let at = r.iovs.v[0].ptr + r.moff;
                 let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
