@@ -586,16 +586,7 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
             }
             Err(CmaError::Refused(_)) => peer.cma_refused = true,
             Err(CmaError::Fault(e)) => {
-                let f = (
-                    ErrorKind::Io,
-                    prov::CMA_FAULT,
-                    format!(
-                        "single copy from {} (pid {}) failed: {}",
-                        crate::av::AddressVector::straddr(&peer.addr),
-                        peer.pid,
-                        std::io::Error::from_raw_os_error(e)
-                    ),
-                );
+                let f = cma_fail(&peer.addr, peer.pid, e);
                 finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
                 queue_ctrl(ep, p, Ctrl::new(op::FIN, rts.msg_id, ErrorKind::Io.errno() as u32));
                 return;

@@ -15,9 +15,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use memmap2::{MmapOptions, MmapRaw};
-use shm_layout::{
-    region_size, state, EpGeometry, RegionHeader, COUNTERS_OFFSET, LAYOUT_HASH, LAYOUT_VERSION, MAGIC, PAGE,
-};
+use shm_layout::{region_size, state, EpGeometry, RegionHeader, LAYOUT_HASH, LAYOUT_VERSION, MAGIC, PAGE};
 use std::fs::File;
 use std::sync::atomic::Ordering;
 
@@ -342,11 +340,6 @@ impl Region {
         }
         // SAFETY: off + size_of::<T>() <= len, so the pointer stays inside the mapping.
         Ok(unsafe { self.base().add(off) as *mut T })
-    }
-
-    /// Pointer to the counter table.
-    pub fn counters_offset(&self) -> usize {
-        COUNTERS_OFFSET
     }
 }
 

@@ -113,11 +113,6 @@ impl RingTx {
         }
     }
 
-    /// Cells in the ring.
-    pub fn capacity(&self) -> usize {
-        self.cap as usize
-    }
-
     /// Whether a message of `ncells` cells fits now.
     #[inline]
     pub fn has_room_for(&mut self, ncells: usize) -> bool {
