@@ -126,6 +126,8 @@ pub mod prov {
     pub const REMOTE: i32 = 4;
     /// The peer died (or closed its endpoint) with the operation pending.
     pub const PEER_GONE: i32 = 5;
+    /// The endpoint was closed before the receive completed (flushed).
+    pub const FLUSHED: i32 = 6;
 }
 
 /// Text of a provider errno, as fi_cq_strerror gives it.
@@ -136,6 +138,7 @@ pub fn strerror(prov_errno: i32) -> &'static str {
         prov::PROTOCOL => "peer sent a malformed message",
         prov::REMOTE => "peer reported an error for this message",
         prov::PEER_GONE => "peer process died or closed its endpoint",
+        prov::FLUSHED => "endpoint closed before the receive completed: flushed",
         _ => "no provider error",
     }
 }
@@ -285,19 +288,19 @@ impl CqState {
 
     #[inline]
     pub fn push(&mut self, e: CqTaggedEntry, src: FiAddr) {
-        self.push_ext(e, src, false)
+        self.push_ext(e, src, crate::notify::Signal::Normal)
     }
 
-    /// As `push`; `solicited`: a receive of a message sent solicited.
+    /// As `push`, signalling an armed channel as `sig` says.
     #[inline]
-    pub fn push_ext(&mut self, e: CqTaggedEntry, src: FiAddr, solicited: bool) {
+    pub fn push_ext(&mut self, e: CqTaggedEntry, src: FiAddr, sig: crate::notify::Signal) {
         if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
             self.overrun = true;
             return;
         }
         self.entries.push_back((e, src));
         if let Some(n) = self.notify.as_mut() {
-            n.on_completion(solicited);
+            n.on_completion(sig);
         }
     }
 
@@ -308,7 +311,7 @@ impl CqState {
         }
         self.errors.push_back((e, detail));
         if let Some(n) = self.notify.as_mut() {
-            n.on_completion(true);
+            n.on_completion(crate::notify::Signal::Solicited);
         }
     }
 

@@ -13,6 +13,7 @@ use crate::ep::EpState;
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::Config;
 use crate::region::{self, Region};
+use crate::srq::SrqState;
 use crate::sync::{DomainGuard, DomainLock, LockError, Threading};
 use shm_layout::{ep_state, eps_offset, Address, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl, SlotEntry};
 use std::collections::HashMap;
@@ -74,6 +75,7 @@ impl Fabric {
             cqs: Vec::new(),
             cntrs: Vec::new(),
             avs: Vec::new(),
+            srqs: Vec::new(),
             regions: HashMap::new(),
         };
         Ok(Domain {
@@ -145,6 +147,7 @@ pub(crate) struct DomainState {
     pub cqs: Vec<Option<CqState>>,
     pub cntrs: Vec<Option<CntrState>>,
     pub avs: Vec<Option<AvState>>,
+    pub srqs: Vec<Option<SrqState>>,
     /// Peer regions mapped so far, by name (first contact maps them).
     pub regions: HashMap<String, Arc<Region>>,
 }
@@ -154,6 +157,7 @@ pub(crate) struct Ctx<'a> {
     pub cfg: &'a Config,
     pub cqs: &'a mut [Option<CqState>],
     pub avs: &'a [Option<AvState>],
+    pub srqs: &'a mut [Option<SrqState>],
     pub regions: &'a mut HashMap<String, Arc<Region>>,
     pub counters: &'a [shm_layout::Counter],
     pub me: Address,
@@ -199,12 +203,12 @@ impl DomainInner {
         idx: usize,
         f: impl FnOnce(&mut EpState, &mut Ctx<'_>) -> Result<R>,
     ) -> Result<R> {
-        let DomainState { eps, cqs, avs, regions, .. } = st;
+        let DomainState { eps, cqs, avs, srqs, regions, .. } = st;
         let ep = eps
             .get_mut(idx)
             .and_then(|e| e.as_deref_mut())
             .ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
-        let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, regions, counters: self.counters(), me: ep.addr };
+        let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters: self.counters(), me: ep.addr };
         f(ep, &mut ctx)
     }
 
@@ -212,12 +216,12 @@ impl DomainInner {
     #[inline]
     pub fn progress(&self, st: &mut DomainState) {
         let counters = self.counters();
-        let DomainState { eps, cqs, avs, regions, .. } = st;
+        let DomainState { eps, cqs, avs, srqs, regions, .. } = st;
         for ep in eps.iter_mut().flatten() {
             if !ep.enabled {
                 continue;
             }
-            let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, regions, counters, me: ep.addr };
+            let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters, me: ep.addr };
             crate::progress::progress_ep(ep, &mut ctx);
         }
     }

@@ -29,7 +29,11 @@ pub(crate) struct Iov {
     pub len: usize,
 }
 
-/// Up to [`MAX_IOV`] segments.
+/// Up to [`MAX_IOV`] segments inline; more (buffers of a shared receive
+/// queue, up to [`crate::srq::SRQ_MAX_IOV`]) live in a list the SRQ keeps
+/// for the receive's lifetime: then `n > MAX_IOV`, `v[0].ptr` is the list's
+/// address and `v[0].len` its slot in the SRQ (so the common case stays
+/// small: this struct is copied along the receive path).
 #[derive(Clone, Copy, Default, Debug)]
 pub(crate) struct Iovs {
     pub v: [Iov; MAX_IOV],
@@ -43,12 +47,33 @@ impl Iovs {
         Iovs { v, n: 1 }
     }
 
-    pub fn total(&self) -> usize {
-        self.v[..self.n].iter().map(|i| i.len).sum()
+    /// Segments held in an SRQ's list `list` (`n > MAX_IOV` of them) at
+    /// `slot`; the list must outlive every copy of the result.
+    pub fn external(list: *const Iov, n: usize, slot: usize) -> Iovs {
+        debug_assert!(n > MAX_IOV);
+        let mut v = [Iov::default(); MAX_IOV];
+        v[0] = Iov { ptr: list as usize, len: slot };
+        Iovs { v, n }
     }
 
+    /// The SRQ slot of an external list.
+    pub fn ext_slot(&self) -> Option<usize> {
+        (self.n > MAX_IOV).then_some(self.v[0].len)
+    }
+
+    pub fn total(&self) -> usize {
+        self.segs().iter().map(|i| i.len).sum()
+    }
+
+    #[inline]
     pub fn segs(&self) -> &[Iov] {
-        &self.v[..self.n]
+        if self.n <= MAX_IOV {
+            &self.v[..self.n]
+        } else {
+            // SAFETY: per `external`: v[0].ptr is a live list of n segments,
+            // kept by the SRQ until the receive holding it completes.
+            unsafe { std::slice::from_raw_parts(self.v[0].ptr as *const Iov, self.n) }
+        }
     }
 
     /// Copies `len` bytes into the segments starting at byte `off`, taking
@@ -392,6 +417,13 @@ pub(crate) struct EpState {
     pub cntr_send: Option<usize>,
     pub cntr_recv: Option<usize>,
     pub av: Option<usize>,
+    /// Shared receive queue its untagged receives come from.
+    pub srq: Option<usize>,
+    /// Solicited wait: a receive completion signals a completion channel
+    /// only if the message was sent solicited (errors always do).
+    pub solicited_wait: bool,
+    /// Closing: takes no more SRQ buffers.
+    pub closing: bool,
     /// Inbound rings by slot.
     pub rings: Vec<Option<InRing>>,
     /// Claimed-slot mask already turned into `rings`.
@@ -675,6 +707,23 @@ impl EpState {
             .position(|u| r.src.is_none_or(|s| s == u.peer) && (!tagged || (u.tag & !r.ignore) == (r.tag & !r.ignore)))
     }
 
+    /// Takes the receive a message of `len` bytes from `p` with `tag`
+    /// matches: the SRQ's oldest buffer for an untagged message on an SRQ
+    /// endpoint, else the first matching posted receive.
+    #[inline]
+    pub fn take_match(&mut self, ctx: &mut Ctx<'_>, tagged: bool, p: usize, tag: u64, len: usize) -> Option<Dest> {
+        if !tagged {
+            if let Some(s) = self.srq {
+                if self.closing {
+                    return None;
+                }
+                return ctx.srqs[s].as_mut().and_then(|q| q.take());
+            }
+        }
+        let i = self.match_posted(tagged, p, tag)?;
+        Some(self.take_posted(tagged as usize, i, len))
+    }
+
     /// First posted receive a message from `p` with `tag` matches.
     #[inline]
     pub fn match_posted(&self, tagged: bool, p: usize, tag: u64) -> Option<usize> {
@@ -778,6 +827,9 @@ impl Domain {
             cntr_send: None,
             cntr_recv: None,
             av: None,
+            srq: None,
+            solicited_wait: false,
+            closing: false,
             rings: (0..n_slots).map(|_| None).collect(),
             claimed_seen: 0,
             peers: Vec::new(),
@@ -972,6 +1024,46 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Binds a shared receive queue (before enable): the endpoint's untagged
+    /// receives then come from it, and `recv`/`recvv`/`recvmsg` on the
+    /// endpoint are refused; tagged receives stay the endpoint's own.
+    pub fn bind_srq(&self, srq: &crate::SharedRecvQueue) -> Result<()> {
+        if !Arc::ptr_eq(&srq.dom, &self.dom) {
+            return Err(Error::with(ErrorKind::Inval, "SRQ belongs to another domain"));
+        }
+        let (id, idx) = (srq.id, self.idx);
+        with_ep!(self, |ep, ctx| {
+            if ep.enabled {
+                return Err(Error::with(ErrorKind::Inval, "bind before enable"));
+            }
+            if ep.srq.is_some() {
+                return Err(Error::with(ErrorKind::Inval, "an SRQ is already bound"));
+            }
+            let q = ctx
+                .srqs
+                .get_mut(id)
+                .and_then(|q| q.as_mut())
+                .ok_or_else(|| Error::with(ErrorKind::Inval, "SRQ is closed"))?;
+            q.eps.push(idx);
+            ep.srq = Some(id);
+            Ok(())
+        })
+    }
+
+    /// Solicited wait (DAT_COMPLETION_SOLICITED_WAIT_FLAG): when on, a
+    /// receive completion of this endpoint signals an armed completion
+    /// channel only if its message was sent with
+    /// [`SHMFAB_SOLICITED`](crate::flags::SHMFAB_SOLICITED) (errors always
+    /// signal); when off (the default) every completion signals as
+    /// [`CompletionQueue::req_notify`](crate::CompletionQueue::req_notify)
+    /// says. The completions themselves are written either way.
+    pub fn set_solicited_wait(&self, on: bool) -> Result<()> {
+        with_ep!(self, |ep, _ctx| {
+            ep.solicited_wait = on;
+            Ok(())
+        })
+    }
+
     /// Enables the endpoint: needs an AV, and a CQ or counter per direction.
     pub fn enable(&self) -> Result<()> {
         with_ep!(self, |ep, _ctx| {
@@ -1057,6 +1149,12 @@ impl Endpoint {
         let iovs = iovs_from_mut(m.iov)?;
         let (src_fi, tag, ignore, context) = (m.src, m.tag, m.ignore, m.context);
         with_ep!(self, |ep, ctx| {
+            if !tagged && ep.srq.is_some() {
+                return Err(Error::with(
+                    ErrorKind::Inval,
+                    "the endpoint takes its untagged receives from its shared receive queue: post there",
+                ));
+            }
             // A directed receive's source becomes a known peer, so its
             // death is noticed while this receive waits for it.
             let src = if src_fi == FI_ADDR_UNSPEC {
@@ -1225,15 +1323,33 @@ impl Endpoint {
     }
 
     /// Closes the endpoint: unbinds it, and closes its section to peers.
-    /// Queued sends and posted receives are dropped without completions.
+    /// Receives already matched (SRQ buffers it dequeued among them) that
+    /// have not completed are flushed to its CQ as `FI_ECANCELED` error
+    /// entries; queued sends and unmatched posted receives are dropped
+    /// without completions.
     pub fn close(&self) -> Result<()> {
         if self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
         let mut st = self.dom.lock()?;
+        if st.eps[self.idx].is_none() {
+            return Ok(());
+        }
+        self.dom.with_ep(&mut st, self.idx, |ep, ctx| {
+            crate::progress::flush_rx(ep, ctx);
+            Ok(())
+        })?;
         let Some(ep) = st.eps[self.idx].take() else {
             return Ok(());
         };
+        if let Some(s) = ep.srq {
+            if let Some(q) = st.srqs[s].as_mut() {
+                q.eps.retain(|&e| e != self.idx);
+                if q.eps.is_empty() && q.orphaned {
+                    st.srqs[s] = None;
+                }
+            }
+        }
         ep.sec.header().state.store(ep_state::CLOSED, Ordering::Release);
         ep.sec.header().claimed.store(0, Ordering::Relaxed);
         for cq in [ep.tx_cq, ep.rx_cq].into_iter().flatten() {

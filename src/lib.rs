@@ -54,6 +54,7 @@ pub mod proto;
 pub mod region;
 pub mod ring;
 pub mod run;
+pub mod srq;
 pub mod sync;
 pub mod topo;
 
@@ -70,4 +71,5 @@ pub use launch::World;
 pub use notify::CompletionChannel;
 pub use poll::{PollSet, WaitSet};
 pub use shm_layout::Address;
+pub use srq::{SharedRecvQueue, SrqAttr, SrqEvent, SrqInfo};
 pub use sync::Threading;

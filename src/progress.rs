@@ -21,6 +21,7 @@ use crate::ep::{
 };
 use crate::error::ErrorKind;
 use crate::flags::*;
+use crate::notify::Signal;
 use crate::proto::{Proto, MAX_MSG_SIZE};
 use crate::ring::{payload_capacity, RingRx};
 use crate::sync::Ordering;
@@ -99,18 +100,19 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             ep.last_check = now;
             check_peers(ep, ctx);
         }
-        publish_gauges(ep);
+        publish_gauges(ep, ctx);
     }
 }
 
 /// Publishes what this endpoint holds for `shmfab inspect` (relaxed
 /// stores to our own header line, now and then, not per message).
-fn publish_gauges(ep: &EpState) {
+fn publish_gauges(ep: &EpState, ctx: &Ctx<'_>) {
     let h = ep.sec.header();
     let rx_active: usize =
         ep.peers.iter().map(|p| p.rx_parts.iter().filter(|x| !matches!(x.1, RxCur::Unexp { .. })).count()).sum();
     h.tx_queued.store(ep.tx_outstanding as u32, Ordering::Relaxed);
-    h.rx_posted.store((ep.posted[0].len() + ep.posted[1].len()) as u32, Ordering::Relaxed);
+    let srq = ep.srq.and_then(|s| ctx.srqs[s].as_ref()).map_or(0, |q| q.len());
+    h.rx_posted.store((ep.posted[0].len() + ep.posted[1].len() + srq) as u32, Ordering::Relaxed);
     h.unexpected.store((ep.unexp[0].len() + ep.unexp[1].len()) as u32, Ordering::Relaxed);
     h.rx_active.store(rx_active as u32, Ordering::Relaxed);
     h.passes.store(ep.passes as u64, Ordering::Relaxed);
@@ -363,9 +365,8 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
     }
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     let q = tagged as usize;
-    match ep.match_posted(tagged, p, h.tag) {
-        Some(i) => {
-            let d = ep.take_posted(q, i, len);
+    match ep.take_match(ctx, tagged, p, h.tag, len) {
+        Some(d) => {
             let n = d.iovs.scatter(0, len.min(d.cap), |o, dst| src.read(o, dst));
             let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total: len, delivered: n };
             finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
@@ -404,9 +405,8 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
     }
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     let q = tagged as usize;
-    match ep.match_posted(tagged, p, h.tag) {
-        Some(i) => {
-            let dest = ep.take_posted(q, i, total);
+    match ep.take_match(ctx, tagged, p, h.tag, total) {
+        Some(dest) => {
             start_active(
                 ep,
                 p,
@@ -539,9 +539,8 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
     let rts = Rts { msg_id, iovs, cma: fl & rts_flags::CMA != 0 };
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     let q = tagged as usize;
-    match ep.match_posted(tagged, p, h.tag) {
-        Some(i) => {
-            let d = ep.take_posted(q, i, total);
+    match ep.take_match(ctx, tagged, p, h.tag, total) {
+        Some(d) => {
             let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total, delivered: 0 };
             rendezvous(ep, ctx, p, d, info, rts);
         }
@@ -569,7 +568,9 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
     if try_cma {
         let want = info.total.min(d.cap);
         let on_ring = matches!(ep.peers[p].chan, Some(Chan::Ring(_)));
-        if ep.peers[p].cma_worked && on_ring && want >= ctx.cfg.split_min.max(8192) {
+        // The sender's half goes in one CTS_WRITE of at most MAX_IOV ranges.
+        let fits = d.iovs.n <= MAX_IOV;
+        if ep.peers[p].cma_worked && on_ring && fits && want >= ctx.cfg.split_min.max(8192) {
             split_copy(ep, ctx, p, d, info, rts, want);
             return;
         }
@@ -782,6 +783,55 @@ fn bad(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: Option<u64>, what:
     }
 }
 
+/// Longest an endpoint's close waits for senders still writing into its
+/// receive buffers (split single copies).
+const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The endpoint closes: waits (bounded by [`CLOSE_DRAIN`], and only for
+/// live peers) for split copies the senders are writing into our buffers,
+/// then writes every matched receive in per-peer order: those complete but
+/// held for order as they are, the others as `FI_ECANCELED` (flushed). SRQ
+/// buffers the endpoint dequeued are thereby reported exactly once.
+pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
+    ep.closing = true;
+    let t0 = std::time::Instant::now();
+    let splitting = |ep: &EpState| {
+        ep.peers.iter().any(|p| p.gone.is_none() && p.rx_parts.iter().any(|x| matches!(x.1, RxCur::Split(_))))
+    };
+    while splitting(ep) && t0.elapsed() < CLOSE_DRAIN {
+        progress_ep(ep, ctx);
+        std::thread::yield_now();
+    }
+    let cancel = || (ErrorKind::Canceled, prov::FLUSHED, "endpoint closed before the receive completed".to_string());
+    for p in 0..ep.peers.len() {
+        let order: Vec<(u64, Option<PendingRx>)> = ep.peers[p].rx_order.drain(..).collect();
+        let mut parts: Vec<(u64, RxCur)> = ep.peers[p].rx_parts.drain(..).collect();
+        for (key, pend) in order {
+            let pr = match pend {
+                Some(pr) => pr,
+                None => match parts.iter().position(|x| x.0 == key).map(|k| parts.swap_remove(k).1) {
+                    Some(RxCur::Active(a)) => {
+                        let info = RxInfo {
+                            tagged: a.hflags & hdr_flags::TAGGED != 0,
+                            tag: a.tag,
+                            data: a.data,
+                            hflags: a.hflags,
+                            total: a.total,
+                            delivered: 0,
+                        };
+                        PendingRx { dest: a.dest, info, err: Some(cancel()) }
+                    }
+                    Some(RxCur::Split(sp)) => {
+                        PendingRx { dest: sp.dest, info: RxInfo { delivered: 0, ..sp.info }, err: Some(cancel()) }
+                    }
+                    _ => continue,
+                },
+            };
+            emit_rx(ep, ctx, p, pr);
+        }
+    }
+}
+
 /// Delivers an unexpected message to a receive posted for it.
 pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: Dest, tagged: bool) {
     let info = RxInfo { tagged, tag: u.tag, data: u.data, hflags: u.hflags, total: u.len, delivered: 0 };
@@ -834,6 +884,11 @@ fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: Pendin
 #[inline]
 fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
     let PendingRx { dest: d, info: i, err } = pr;
+    if d.iovs.ext_slot().is_some() {
+        if let Some(q) = ep.srq.and_then(|s| ctx.srqs[s].as_mut()) {
+            q.release(&d.iovs);
+        }
+    }
     let mut flags = FI_RECV | if i.tagged { FI_TAGGED } else { FI_MSG };
     let has_data = i.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
     if has_data {
@@ -884,12 +939,14 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
             detail,
         ),
         None if d.cqe || d.multi_release => {
-            let solicited = i.hflags & hdr_flags::SOLICITED != 0;
-            cq.push_ext(
-                CqTaggedEntry { op_context: d.ctx, flags, len: i.delivered, buf: d.buf, data, tag },
-                src,
-                solicited,
-            )
+            let sig = if i.hflags & hdr_flags::SOLICITED != 0 {
+                Signal::Solicited
+            } else if ep.solicited_wait {
+                Signal::Quiet
+            } else {
+                Signal::Normal
+            };
+            cq.push_ext(CqTaggedEntry { op_context: d.ctx, flags, len: i.delivered, buf: d.buf, data, tag }, src, sig)
         }
         None => {}
     }

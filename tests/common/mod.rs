@@ -40,6 +40,10 @@ pub fn run_killing(
         let size: usize = std::env::var(SIZE).unwrap().parse().unwrap();
         let w = World::new(rank, size);
         body(w);
+        // Proof for the parent that this rank ran the body (a test name
+        // that matches no test would run nothing and exit 0).
+        let dir = PathBuf::from(std::env::var(DIR).unwrap());
+        std::fs::write(dir.join(format!("{rank}.done")), b"").unwrap();
         return;
     }
     let job = format!("t-{test}-{}-{}", std::process::id(), rand_suffix());
@@ -106,6 +110,8 @@ pub fn run_killing(
         let s = s.unwrap();
         if killed.contains(&r) {
             assert_eq!(s.signal(), Some(9), "{test}: rank {r} was to die by SIGKILL: {s:?}");
+        } else {
+            assert!(dir.join(format!("{r}.done")).exists(), "{test}: rank {r} exited without running the test body");
         }
     }
     let jh = shmfab::region::job_hash(&job);

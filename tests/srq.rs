@@ -1,0 +1,775 @@
+//! Shared receive queues across processes: several senders into one SRQ
+//! shared by several endpoints, the iov fill rules, cookies, per-connection
+//! order, truncation, the low-watermark event, resize under load, flush at
+//! endpoint close, back-pressure when the SRQ is empty, solicited wait, and
+//! the object rules (Busy close, refused posts).
+
+mod common;
+use common::{pattern, run, World};
+use shmfab::*;
+use std::io::{IoSlice, IoSliceMut};
+use std::time::{Duration, Instant};
+
+/// The receiver's SRQ side: endpoints bound to one SRQ, one receive CQ.
+struct SrqSide {
+    // Field order is drop order: endpoints before what they are bound to.
+    eps: Vec<Endpoint>,
+    srq: SharedRecvQueue,
+    cq: CompletionQueue,
+}
+
+fn srq_side(w: &World, n_eps: usize, attr: SrqAttr) -> SrqSide {
+    let cq = w.dom.cq_open(&CqAttr { size: 1 << 16, ..Default::default() }).unwrap();
+    let srq = w.dom.srq_open(&attr).unwrap();
+    let eps = (0..n_eps)
+        .map(|_| {
+            let ep = w.dom.endpoint().unwrap();
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_av(&w.av).unwrap();
+            ep.bind_srq(&srq).unwrap();
+            ep.enable().unwrap();
+            ep
+        })
+        .collect();
+    SrqSide { eps, srq, cq }
+}
+
+impl SrqSide {
+    fn addrs(&self) -> Vec<Address> {
+        self.eps.iter().map(|e| e.getname()).collect()
+    }
+}
+
+/// One completion from `cq`, driving progress and sleeping between tries.
+fn next(dom: &Domain, cq: &CompletionQueue) -> std::result::Result<(CqTaggedEntry, FiAddr), CqErrEntry> {
+    let t0 = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        let mut e = [CqTaggedEntry::default()];
+        let mut src = [0u64];
+        match cq.readfrom(&mut e, &mut src) {
+            Ok(_) => return Ok((e[0], src[0])),
+            Err(x) if x.kind() == ErrorKind::Avail => return Err(cq.readerr().unwrap()),
+            Err(x) if x.kind() == ErrorKind::Again => {}
+            Err(x) => panic!("cq read: {x}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no completion in 60 s");
+        spins += 1;
+        if spins > 200 {
+            dom.wait(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Whether `cq` stays empty over `ms` of progress.
+fn stays_empty(dom: &Domain, cq: &CompletionQueue, ms: u64) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(ms) {
+        let mut e = [CqTaggedEntry::default()];
+        match cq.read(&mut e) {
+            Err(x) if x.kind() == ErrorKind::Again => dom.wait(Duration::from_millis(1)),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Message header: sender rank, destination endpoint, sequence number.
+fn header(sender: usize, ep: usize, seq: u64) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[..4].copy_from_slice(&(sender as u32).to_le_bytes());
+    h[4..8].copy_from_slice(&(ep as u32).to_le_bytes());
+    h[8..].copy_from_slice(&seq.to_le_bytes());
+    h
+}
+
+fn parse(b: &[u8]) -> (usize, usize, u64) {
+    (
+        u32::from_le_bytes(b[..4].try_into().unwrap()) as usize,
+        u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize,
+        u64::from_le_bytes(b[8..16].try_into().unwrap()),
+    )
+}
+
+/// A message: header then a pattern seeded by it.
+fn message(sender: usize, ep: usize, seq: u64, len: usize) -> Vec<u8> {
+    let mut m = pattern(len.max(16), seq ^ ((sender as u64) << 40) ^ ((ep as u64) << 32));
+    m[..16].copy_from_slice(&header(sender, ep, seq));
+    m.truncate(len.max(16));
+    m
+}
+
+/// Sends with retries on -FI_EAGAIN (progress between tries); returns
+/// the number of -FI_EAGAIN seen.
+fn send_retry(w: &World, ep: &Endpoint, buf: &[u8], dest: FiAddr, ctx: usize) -> usize {
+    // SAFETY: every caller waits for the send completions (or drains its CQ)
+    // before the buffer goes.
+    w.retry(|| unsafe { ep.send(buf, dest, ctx) })
+}
+
+/// Size of message `seq`: mostly small, some through the pool or by
+/// rendezvous.
+fn size_of(seq: u64) -> usize {
+    match seq % 97 {
+        0 => 200_000,
+        1 | 2 => 20_000,
+        3..=10 => 1000,
+        _ => 16 + (seq % 48) as usize,
+    }
+}
+
+#[test]
+fn four_senders_into_one_srq_of_four_endpoints() {
+    const PER_SENDER: u64 = 25_000; // 100,000 messages in all
+    const BUFS: usize = 128;
+    const BUF: usize = 256 * 1024;
+    run("four_senders_into_one_srq_of_four_endpoints", 5, &[("SHMFAB_MAX_EPS", "8")], Duration::from_secs(240), |w| {
+        if w.rank == 0 {
+            let side = srq_side(&w, 4, SrqAttr { max_recv: BUFS, low_watermark: 0 });
+            for r in 1..5 {
+                w.tell(r, &side.addrs());
+            }
+            let mut bufs = vec![vec![0u8; BUF]; BUFS];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive every completion (all read below).
+                unsafe { side.srq.post(b, i).unwrap() };
+            }
+            // next[sender][ep]: expected sequence number per connection.
+            let mut want = [[0u64; 4]; 5];
+            let mut per_ep = [0u64; 4];
+            for _ in 0..4 * PER_SENDER {
+                let (e, src) = next(&w.dom, &side.cq).unwrap_or_else(|e| panic!("error completion {e:?}"));
+                assert_eq!(e.flags & (FI_RECV | FI_MSG), FI_RECV | FI_MSG);
+                let i = e.op_context;
+                let b = &bufs[i];
+                let (s, ep, seq) = parse(b);
+                assert!((1..5).contains(&s) && ep < 4, "bad header {s} {ep}");
+                assert_eq!(src, w.addrs[s], "source of a message from rank {s}");
+                assert_eq!(seq, want[s][ep], "connection {s}->{ep} out of order");
+                want[s][ep] += 1;
+                per_ep[ep] += 1;
+                assert_eq!(e.len, size_of(seq).max(16));
+                assert_eq!(e.buf, b.as_ptr() as usize);
+                assert!(b[..e.len] == message(s, ep, seq, e.len)[..], "payload {s}->{ep} #{seq}");
+                // SAFETY: as above.
+                unsafe { side.srq.post(&mut bufs[i], i).unwrap() };
+            }
+            assert!(per_ep.iter().all(|&n| n == PER_SENDER), "per endpoint: {per_ep:?}");
+            assert!(stays_empty(&w.dom, &side.cq, 50), "no extra completion");
+            let info = side.srq.query().unwrap();
+            assert_eq!((info.posted, info.max_recv, info.endpoints), (BUFS, BUFS, 4));
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 4);
+            let mut sent = 0usize;
+            let mut msgs: Vec<Vec<u8>> = Vec::new();
+            for seq in 0..PER_SENDER {
+                for (k, &dest) in eps.iter().enumerate() {
+                    if seq % 4 != k as u64 {
+                        continue;
+                    }
+                    let m = message(w.rank, k, seq / 4, size_of(seq / 4));
+                    msgs.push(m);
+                    let b = msgs.last().unwrap();
+                    send_retry(&w, &w.ep, b, dest, sent);
+                    sent += 1;
+                }
+                // Keep at most 256 buffers in flight.
+                if msgs.len() == 256 {
+                    for _ in 0..256 {
+                        w.next().unwrap();
+                    }
+                    msgs.clear();
+                }
+            }
+            for _ in 0..msgs.len() {
+                w.next().unwrap();
+            }
+            w.barrier();
+        }
+    });
+}
+
+/// Segment layouts and their boundaries.
+fn layouts() -> Vec<Vec<usize>> {
+    vec![
+        vec![64],
+        vec![100_000],
+        vec![10, 30],
+        vec![5000, 70_000],
+        (1..=16).collect(),
+        (0..16).map(|i| 4096 + 512 * i).collect(),
+    ]
+}
+
+/// Message lengths around every boundary of a layout (up to one past the
+/// total: that one truncates).
+fn lengths(segs: &[usize]) -> Vec<usize> {
+    let mut v = vec![0, 1];
+    let mut at = 0;
+    for s in segs {
+        at += s;
+        v.extend([at.saturating_sub(1), at, at + 1]);
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn iov_fill_rules(test: &str, cma: &str) {
+    run(test, 2, &[("SHMFAB_CMA", cma)], Duration::from_secs(120), |w| {
+        const SENTINEL: u8 = 0xEE;
+        if w.rank == 0 {
+            let side = srq_side(&w, 1, SrqAttr { max_recv: 64, low_watermark: 0 });
+            w.tell(1, &side.addrs());
+            for segs in layouts() {
+                let total: usize = segs.iter().sum();
+                for len in lengths(&segs) {
+                    // The buffer under test, then a neighbour that the
+                    // next message (a 16-byte marker) fills.
+                    let mut parts: Vec<Vec<u8>> = segs.iter().map(|&n| vec![SENTINEL; n]).collect();
+                    let mut next_buf = vec![SENTINEL; 64];
+                    {
+                        let mut iov: Vec<IoSliceMut> = parts.iter_mut().map(|p| IoSliceMut::new(p)).collect();
+                        // SAFETY: parts and next_buf live until both
+                        // completions are read below.
+                        unsafe {
+                            side.srq.post_recv(&mut iov, 0xC0).unwrap();
+                            side.srq.post(&mut next_buf, 0xC1).unwrap();
+                        }
+                    }
+                    w.barrier(); // the sender may send now
+                    let sent = pattern(len, len as u64);
+                    match next(&w.dom, &side.cq) {
+                        Ok((e, _)) => {
+                            assert!(len <= total, "{segs:?} len {len}: should have truncated");
+                            assert_eq!((e.op_context, e.len), (0xC0, len));
+                        }
+                        Err(e) => {
+                            assert!(len > total, "{segs:?} len {len}: unexpected error {e:?}");
+                            assert_eq!(e.op_context, 0xC0);
+                            assert_eq!(e.err, ErrorKind::Trunc.errno());
+                            assert_eq!(e.olen, len - total);
+                        }
+                    }
+                    // Front segments full, at most one partly, the rest
+                    // untouched.
+                    let mut at = 0;
+                    for (k, p) in parts.iter().enumerate() {
+                        let n = len.min(at + p.len()).saturating_sub(at).min(p.len());
+                        assert!(n == 0 || p[..n] == sent[at..at + n], "{segs:?} len {len}: segment {k} content");
+                        assert!(p[n..].iter().all(|&b| b == SENTINEL), "{segs:?} len {len}: segment {k} tail touched");
+                        at += p.len();
+                    }
+                    let (e, _) = next(&w.dom, &side.cq).unwrap();
+                    assert_eq!((e.op_context, e.len), (0xC1, 16));
+                    assert!(next_buf[..16] == pattern(16, 99)[..], "neighbour buffer");
+                    assert!(next_buf[16..].iter().all(|&b| b == SENTINEL), "neighbour buffer tail");
+                }
+            }
+            w.barrier();
+        } else {
+            let dest = w.learn(0, 1)[0];
+            for segs in layouts() {
+                for len in lengths(&segs) {
+                    w.barrier();
+                    let m = pattern(len, len as u64);
+                    send_retry(&w, &w.ep, &m, dest, 1);
+                    let marker = pattern(16, 99);
+                    send_retry(&w, &w.ep, &marker, dest, 2);
+                    // A truncated receive still completes the send.
+                    w.ok(1);
+                    w.ok(2);
+                }
+            }
+            w.barrier();
+        }
+    });
+}
+
+#[test]
+fn iov_fill_rules_single_copy() {
+    iov_fill_rules("iov_fill_rules_single_copy", "on");
+}
+
+#[test]
+fn iov_fill_rules_through_the_pool() {
+    iov_fill_rules("iov_fill_rules_through_the_pool", "off");
+}
+
+#[test]
+fn cookies_come_back_as_given() {
+    run("cookies_come_back_as_given", 2, &[], Duration::from_secs(60), |w| {
+        const N: usize = 64;
+        if w.rank == 0 {
+            let side = srq_side(&w, 1, SrqAttr { max_recv: N, low_watermark: 0 });
+            w.tell(1, &side.addrs());
+            let mut bufs = vec![[0u8; 32]; N];
+            // Cookies: 0..8 each used 8 times, one odd one (usize::MAX).
+            let cookie = |i: usize| if i == N - 1 { usize::MAX } else { i % 8 };
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive the completions read below.
+                unsafe { side.srq.post(b, cookie(i)).unwrap() };
+            }
+            w.barrier();
+            // Buffers are taken in posting order: completion i is buffer i.
+            for (i, b) in bufs.iter().enumerate() {
+                let (e, _) = next(&w.dom, &side.cq).unwrap();
+                assert_eq!(e.op_context, cookie(i));
+                assert_eq!(e.buf, b.as_ptr() as usize);
+                assert_eq!(parse(b).2, i as u64);
+            }
+            w.barrier();
+        } else {
+            let dest = w.learn(0, 1)[0];
+            w.barrier();
+            for i in 0..N {
+                w.retry(|| w.ep.inject(&header(1, 0, i as u64), dest));
+            }
+            w.barrier();
+        }
+    });
+}
+
+#[test]
+fn per_connection_order_over_100k_messages() {
+    run("per_connection_order_over_100k_messages", 2, &[], Duration::from_secs(120), |w| {
+        const N: u64 = 100_000;
+        if w.rank == 0 {
+            let side = srq_side(&w, 1, SrqAttr { max_recv: 256, low_watermark: 0 });
+            w.tell(1, &side.addrs());
+            let mut bufs = vec![vec![0u8; 256 * 1024]; 256];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive every completion read below.
+                unsafe { side.srq.post(b, i).unwrap() };
+            }
+            for want in 0..N {
+                let (e, _) = next(&w.dom, &side.cq).unwrap();
+                let i = e.op_context;
+                let (_, _, seq) = parse(&bufs[i]);
+                assert_eq!(seq, want, "order");
+                assert_eq!(e.len, size_of(seq).max(16));
+                if seq % 97 < 3 {
+                    assert!(bufs[i][..e.len] == message(1, 0, seq, e.len)[..], "payload #{seq}");
+                }
+                // SAFETY: as above.
+                unsafe { side.srq.post(&mut bufs[i], i).unwrap() };
+            }
+            w.barrier();
+        } else {
+            let dest = w.learn(0, 1)[0];
+            let mut inflight: Vec<Vec<u8>> = Vec::new();
+            for seq in 0..N {
+                let m = message(1, 0, seq, size_of(seq));
+                inflight.push(m);
+                send_retry(&w, &w.ep, inflight.last().unwrap(), dest, seq as usize);
+                if inflight.len() == 512 {
+                    for _ in 0..512 {
+                        w.next().unwrap();
+                    }
+                    inflight.clear();
+                }
+            }
+            for _ in 0..inflight.len() {
+                w.next().unwrap();
+            }
+            w.barrier();
+        }
+    });
+}
+
+#[test]
+fn low_watermark_event_once_per_arming() {
+    run("low_watermark_event_once_per_arming", 2, &[], Duration::from_secs(60), |w| {
+        if w.rank == 0 {
+            let side = srq_side(&w, 2, SrqAttr { max_recv: 16, low_watermark: 4 });
+            w.tell(1, &side.addrs());
+            let mut bufs = vec![[0u8; 32]; 16];
+            // Buffers are reposted in the order they were taken, so the
+            // next one to post is always free.
+            let mut at = 0usize;
+            let mut post = |n: usize| {
+                for _ in 0..n {
+                    let i = at % 16;
+                    at += 1;
+                    // SAFETY: bufs outlive every completion read below.
+                    unsafe { side.srq.post(&mut bufs[i], i).unwrap() };
+                }
+            };
+            post(10);
+            assert_eq!(side.srq.read_event().unwrap_err().kind(), ErrorKind::Again);
+            w.barrier(); // round 1: 8 messages (10 -> 2 posted)
+            for _ in 0..8 {
+                next(&w.dom, &side.cq).unwrap();
+            }
+            let ev = side.srq.wait_event(Some(Duration::from_secs(5))).unwrap();
+            // Raised by the dequeue that left 3 posted.
+            assert_eq!(ev, SrqEvent::LowWatermark { posted: 3, low_watermark: 4 });
+            assert_eq!(
+                side.srq.wait_event(Some(Duration::from_millis(50))).unwrap_err().kind(),
+                ErrorKind::Again,
+                "one event per arming"
+            );
+            assert!(!side.srq.query().unwrap().armed);
+            // Round 2, not re-armed: no event.
+            post(8); // 10 posted
+            w.barrier();
+            for _ in 0..8 {
+                next(&w.dom, &side.cq).unwrap();
+            }
+            assert_eq!(side.srq.read_event().unwrap_err().kind(), ErrorKind::Again, "not re-armed");
+            // Re-armed while above the mark: exactly one event again.
+            post(8);
+            side.srq.set_low_watermark(5).unwrap();
+            assert!(side.srq.query().unwrap().armed);
+            w.barrier();
+            for _ in 0..8 {
+                next(&w.dom, &side.cq).unwrap();
+            }
+            assert_eq!(side.srq.read_event().unwrap(), SrqEvent::LowWatermark { posted: 4, low_watermark: 5 });
+            assert_eq!(side.srq.read_event().unwrap_err().kind(), ErrorKind::Again);
+            assert_eq!(side.srq.set_low_watermark(17).unwrap_err().kind(), ErrorKind::Inval);
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            for _round in 0..3 {
+                w.barrier();
+                for i in 0..8 {
+                    w.retry(|| w.ep.inject(&header(1, i % 2, i as u64), eps[i % 2]));
+                }
+            }
+            w.barrier();
+        }
+    });
+}
+
+#[test]
+fn resize_under_load() {
+    run("resize_under_load", 3, &[("SHMFAB_MAX_EPS", "8")], Duration::from_secs(120), |w| {
+        const N: u64 = 20_000;
+        const SLOTS: usize = 512;
+        if w.rank == 0 {
+            let side = srq_side(&w, 2, SrqAttr { max_recv: 32, low_watermark: 0 });
+            for r in 1..3 {
+                w.tell(r, &side.addrs());
+            }
+            let mut bufs = vec![vec![0u8; 2048]; SLOTS];
+            let mut free: Vec<usize> = (0..SLOTS).rev().collect();
+            let mut want = [[0u64; 2]; 3];
+            let mut got = 0;
+            let mut max = 32usize;
+            let (mut grows, mut shrinks, mut refused) = (0, 0, 0);
+            // A resize waiting for the posted count to fall to it.
+            let mut goal: Option<usize> = None;
+            while got < 2 * N {
+                if let Some(t) = goal {
+                    let posted = side.srq.query().unwrap().posted;
+                    if t >= posted {
+                        side.srq.resize(t).unwrap();
+                        if t > max {
+                            grows += 1;
+                        } else {
+                            shrinks += 1;
+                        }
+                        max = t;
+                        goal = None;
+                        let info = side.srq.query().unwrap();
+                        assert_eq!(info.max_recv, max);
+                        assert!(info.posted <= max);
+                    } else if refused < 3 {
+                        // Below the posted count: refused, nothing dropped.
+                        assert_eq!(side.srq.resize(t).unwrap_err().kind(), ErrorKind::Busy);
+                        assert_eq!(side.srq.query().unwrap().max_recv, max);
+                        refused += 1;
+                    }
+                }
+                // Post what the current maximum allows (nothing while a
+                // shrink waits).
+                while goal.is_none() {
+                    let Some(&i) = free.last() else { break };
+                    // SAFETY: bufs outlive every completion read below.
+                    match unsafe { side.srq.post(&mut bufs[i], i) } {
+                        Ok(()) => {
+                            free.pop();
+                        }
+                        Err(e) if e.kind() == ErrorKind::Again => break,
+                        Err(e) => panic!("post: {e}"),
+                    }
+                }
+                let (e, _) = next(&w.dom, &side.cq).unwrap();
+                let i = e.op_context;
+                let (s, ep, seq) = parse(&bufs[i]);
+                assert_eq!(seq, want[s][ep], "order {s}->{ep}");
+                assert!(bufs[i][..e.len] == message(s, ep, seq, e.len)[..]);
+                want[s][ep] += 1;
+                free.push(i);
+                got += 1;
+                // Every 500 messages: grow or shrink, between 8 and 512.
+                if got % 500 == 0 && goal.is_none() {
+                    goal = Some([8, 512, 64, 16, 256][(got / 500) as usize % 5]);
+                }
+            }
+            assert!(grows > 0 && shrinks > 0, "grows {grows} shrinks {shrinks} refused {refused}");
+            assert_eq!(want[1], [N / 2, N / 2]);
+            assert_eq!(want[2], [N / 2, N / 2]);
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            let mut inflight = Vec::new();
+            for seq in 0..N {
+                let k = (seq % 2) as usize;
+                inflight.push(message(w.rank, k, seq / 2, 16 + (seq % 2000) as usize));
+                send_retry(&w, &w.ep, inflight.last().unwrap(), eps[k], 0);
+                if inflight.len() == 256 {
+                    for _ in 0..256 {
+                        w.next().unwrap();
+                    }
+                    inflight.clear();
+                }
+            }
+            for _ in 0..inflight.len() {
+                w.next().unwrap();
+            }
+            w.barrier();
+        }
+    });
+}
+
+#[test]
+fn endpoint_close_flushes_dequeued_buffers() {
+    // CMA off: a large message arrives through the pool, so its receive
+    // stays dequeued and incomplete while we stop driving progress.
+    let env = [("SHMFAB_CMA", "off"), ("SHMFAB_MAX_EPS", "8"), ("SHMFAB_PEER_CHECK_MS", "20")];
+    run("endpoint_close_flushes_dequeued_buffers", 2, &env, Duration::from_secs(60), |w| {
+        const BIG: usize = 32 << 20;
+        if w.rank == 0 {
+            let side = srq_side(&w, 2, SrqAttr { max_recv: 8, low_watermark: 0 });
+            w.tell(1, &side.addrs());
+            let mut bufs = vec![vec![0u8; BIG]; 5];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive every completion read below.
+                unsafe { side.srq.post(b, 100 + i).unwrap() };
+            }
+            w.barrier();
+            // The sender sent 3 big messages to endpoint 0: wait until all
+            // three took a buffer (the data cannot all be there yet: the
+            // pool holds 2 MiB).
+            let t0 = Instant::now();
+            while side.srq.query().unwrap().posted > 2 {
+                assert!(t0.elapsed() < Duration::from_secs(20), "messages never matched");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut side = side;
+            let ep0 = side.eps.remove(0);
+            ep0.close().unwrap();
+            // Exactly three flushes, in send order, for cookies 100..103.
+            for k in 0..3 {
+                let e = next(&w.dom, &side.cq).unwrap_err();
+                assert_eq!(e.op_context, 100 + k);
+                assert_eq!(e.err, ErrorKind::Canceled.errno());
+                assert_eq!(side.cq.strerror(e.prov_errno), "endpoint closed before the receive completed: flushed");
+            }
+            assert!(stays_empty(&w.dom, &side.cq, 100), "a flushed buffer completed twice");
+            // The other endpoint still takes the remaining buffers.
+            w.barrier();
+            let (e, _) = next(&w.dom, &side.cq).unwrap();
+            assert_eq!((e.op_context, e.len), (103, 16));
+            assert_eq!(parse(&bufs[3]), (1, 1, 7));
+            assert_eq!(side.srq.query().unwrap().endpoints, 1);
+            drop(ep0);
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            let big: Vec<Vec<u8>> = (0..3).map(|k| message(1, 0, k, BIG)).collect();
+            w.barrier();
+            for (k, b) in big.iter().enumerate() {
+                send_retry(&w, &w.ep, b, eps[0], k);
+            }
+            // Each big send fails once the receiving endpoint closed.
+            for k in 0..3 {
+                let e = w.wait_ctx(k).unwrap_err();
+                assert_eq!(e.err, ErrorKind::Io.errno(), "send {k}");
+            }
+            w.barrier();
+            w.retry(|| w.ep.inject(&header(1, 1, 7), eps[1]));
+            w.barrier();
+        }
+    });
+}
+
+#[test]
+fn empty_srq_gives_back_pressure_then_everything() {
+    let env = [("SHMFAB_UNEXP_MAX", "65536")];
+    run("empty_srq_gives_back_pressure_then_everything", 2, &env, Duration::from_secs(120), |w| {
+        const N: u64 = 20_000;
+        const LEN: usize = 1024;
+        if w.rank == 0 {
+            let side = srq_side(&w, 1, SrqAttr { max_recv: 64, low_watermark: 0 });
+            w.tell(1, &side.addrs());
+            // Drive progress with nothing posted until the sender is
+            // refused; it says so through a file in the job directory.
+            let flag = std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap()).join("refused");
+            let t0 = Instant::now();
+            while !flag.exists() {
+                w.dom.progress().unwrap();
+                std::thread::sleep(Duration::from_micros(200));
+                assert!(t0.elapsed() < Duration::from_secs(30), "sender never saw back-pressure");
+            }
+            assert!(side.eps[0].stats().unwrap().stalls > 0, "the receiver stalled its ring");
+            let mut bufs = vec![vec![0u8; LEN]; 64];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive every completion read below.
+                unsafe { side.srq.post(b, i).unwrap() };
+            }
+            for want in 0..N {
+                let (e, _) = next(&w.dom, &side.cq).unwrap();
+                let i = e.op_context;
+                assert_eq!(parse(&bufs[i]).2, want);
+                assert!(bufs[i] == message(1, 0, want, LEN));
+                // SAFETY: as above.
+                unsafe { side.srq.post(&mut bufs[i], i).unwrap() };
+            }
+            w.barrier();
+        } else {
+            let dest = w.learn(0, 1)[0];
+            let flag = std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap()).join("refused");
+            let mut refused = 0;
+            for seq in 0..N {
+                let m = message(1, 0, seq, LEN);
+                loop {
+                    match w.ep.inject(&m, dest) {
+                        Ok(()) => break,
+                        Err(e) if e.kind() == ErrorKind::Again => {
+                            if refused == 0 {
+                                std::fs::write(&flag, b"1").unwrap();
+                            }
+                            refused += 1;
+                            w.dom.progress().unwrap();
+                            w.dom.wait(Duration::from_millis(1));
+                        }
+                        Err(e) => panic!("inject: {e}"),
+                    }
+                }
+            }
+            assert!(refused > 0, "no back-pressure seen");
+            w.barrier();
+        }
+    });
+}
+
+/// Objects, in one process: bind and close rules, refused posts.
+#[test]
+fn srq_object_rules() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("srq-rules-{}", std::process::id()));
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    assert_eq!(dom.srq_open(&SrqAttr { max_recv: 0, low_watermark: 0 }).err().unwrap().kind(), ErrorKind::Inval);
+    assert_eq!(dom.srq_open(&SrqAttr { max_recv: 4, low_watermark: 5 }).err().unwrap().kind(), ErrorKind::Inval);
+    let srq = dom.srq_open(&SrqAttr { max_recv: 2, low_watermark: 1 }).unwrap();
+    let ep = dom.endpoint().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.bind_srq(&srq).unwrap();
+    assert_eq!(ep.bind_srq(&srq).unwrap_err().kind(), ErrorKind::Inval, "bound twice");
+    ep.enable().unwrap();
+    let me = av.insert(&[ep.getname()]).unwrap()[0];
+    let mut a = [0u8; 8];
+    let mut b = [0u8; 8];
+    let mut c = [0u8; 8];
+    // SAFETY (all posts below): the buffers outlive the completions read
+    // before the end of the test, or are never filled.
+    unsafe {
+        assert_eq!(ep.recv(&mut a, FI_ADDR_UNSPEC, 1).unwrap_err().kind(), ErrorKind::Inval, "recv on an SRQ ep");
+        assert_eq!(srq.post_recv(&mut [], 1).unwrap_err().kind(), ErrorKind::Inval);
+        let mut many: Vec<IoSliceMut> = (0..17).map(|_| IoSliceMut::new(&mut [])).collect();
+        assert_eq!(srq.post_recv(&mut many, 1).unwrap_err().kind(), ErrorKind::Inval);
+        srq.post(&mut a, 1).unwrap();
+        srq.post(&mut b, 2).unwrap();
+        assert_eq!(srq.post(&mut c, 3).unwrap_err().kind(), ErrorKind::Again, "full");
+    }
+    assert_eq!(srq.resize(1).unwrap_err().kind(), ErrorKind::Busy, "2 posted");
+    srq.resize(3).unwrap();
+    // SAFETY: as above.
+    unsafe { srq.post(&mut c, 3).unwrap() };
+    assert_eq!(srq.query().unwrap(), SrqInfo { posted: 3, max_recv: 3, low_watermark: 1, armed: true, endpoints: 1 });
+    // A loopback message takes the oldest buffer.
+    ep.inject(b"loopback", me).unwrap();
+    let (e, src) = next(&dom, &cq).unwrap();
+    assert_eq!((e.op_context, e.len, src), (1, 8, me));
+    assert_eq!(&a, b"loopback");
+    // Tagged receives stay the endpoint's own.
+    let mut t = [0u8; 4];
+    // SAFETY: t outlives the completion read below.
+    unsafe { ep.trecv(&mut t, FI_ADDR_UNSPEC, 9, 0, 77).unwrap() };
+    ep.tinject(b"tag!", me, 9).unwrap();
+    assert_eq!(next(&dom, &cq).unwrap().0.op_context, 77);
+    assert_eq!(srq.close().unwrap_err().kind(), ErrorKind::Busy, "endpoint bound");
+    ep.close().unwrap();
+    assert!(stays_empty(&dom, &cq, 10), "posted buffers are not flushed by an endpoint");
+    srq.close().unwrap();
+    // SAFETY: the post is refused.
+    assert_eq!(unsafe { srq.post(&mut c, 4) }.unwrap_err().kind(), ErrorKind::Inval, "closed");
+    let other = Fabric::open().unwrap().domain().unwrap();
+    let srq2 = other.srq_open(&SrqAttr::default()).unwrap();
+    let ep2 = dom.endpoint().unwrap();
+    assert_eq!(ep2.bind_srq(&srq2).unwrap_err().kind(), ErrorKind::Inval, "other domain");
+}
+
+/// Solicited wait decides whether a receive completion signals the
+/// completion channel (across processes).
+#[test]
+fn solicited_wait_decides_the_signal() {
+    run("solicited_wait_decides_the_signal", 2, &[("SHMFAB_MAX_EPS", "8")], Duration::from_secs(60), |w| {
+        if w.rank == 0 {
+            let side = srq_side(&w, 2, SrqAttr { max_recv: 16, low_watermark: 0 });
+            side.eps[1].set_solicited_wait(true).unwrap();
+            let ch = w.dom.channel_open().unwrap();
+            side.cq.attach_channel(&ch, 0x5A).unwrap();
+            w.tell(1, &side.addrs());
+            let mut bufs = vec![[0u8; 16]; 16];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive the completions read below.
+                unsafe { side.srq.post(b, i).unwrap() };
+            }
+            let mut events = 0;
+            // Step k: the sender sends message k; we arm "next" first.
+            // 0: unsolicited to ep0 (normal) -> event
+            // 1: unsolicited to ep1 (solicited wait) -> no event
+            // 2: solicited to ep1 -> event
+            for (k, fires) in [(0, true), (1, false), (2, true)] {
+                side.cq.req_notify(false).unwrap();
+                w.barrier();
+                let (e, _) = next(&w.dom, &side.cq).unwrap();
+                assert_eq!(parse(&bufs[e.op_context]).2, k);
+                match ch.get_event(if fires { 5000 } else { 100 }) {
+                    Ok(c) => {
+                        assert!(fires, "step {k}: unsolicited completion on a solicited-wait endpoint signalled");
+                        assert_eq!(c, 0x5A);
+                        events += 1;
+                    }
+                    Err(e) => {
+                        assert_eq!(e.kind(), ErrorKind::Again);
+                        assert!(!fires, "step {k}: no event");
+                    }
+                }
+            }
+            ch.ack(events).unwrap();
+            side.cq.detach_channel().unwrap();
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            for (k, ep, flags) in [(0u64, 0usize, 0u64), (1, 1, 0), (2, 1, SHMFAB_SOLICITED)] {
+                w.barrier();
+                let h = header(1, ep, k);
+                let iov = [IoSlice::new(&h)];
+                // SAFETY: h lives until the completion read below.
+                unsafe {
+                    w.ep.sendmsg(&SendMsg { iov: &iov, dest: eps[ep], context: 5, data: 0, tag: 0 }, flags).unwrap()
+                };
+                w.ok(5);
+            }
+            w.barrier();
+        }
+    });
+}
