@@ -28,6 +28,14 @@ for np in 2 4 8; do
     run_one "shmfab run -n $np $p" target/release/shmfab run -n "$np" -- "target/release/$p"
   done
 done
+# Shared receive queues: 8 ranks all to all, each receive model (every
+# message checked for sender and per-connection order).
+for mode in a b c; do
+  run_one "mpirun -np 8 srq_alltoall $mode" env SHMFAB_MAX_EPS=12 \
+    mpirun -np 8 --oversubscribe -x SHMFAB_MAX_EPS target/release/srq_alltoall "$mode" 2000
+  run_one "shmfab run -n 8 srq_alltoall $mode" env SHMFAB_MAX_EPS=12 \
+    target/release/shmfab run -n 8 -- target/release/srq_alltoall "$mode" 2000
+done
 # shmfab's benchmark on a launcher's two ranks instead of its own.
 run_one "mpirun -np 2 shmfab bench" mpirun -np 2 target/release/shmfab bench all --sizes 8,64k,1m
 run_one "shmfab run -n 2 shmfab bench" target/release/shmfab run -n 2 --bind core -- target/release/shmfab bench pingpong --sizes 8,4k

@@ -43,6 +43,7 @@ pub mod ep;
 pub mod error;
 pub mod fdwait;
 pub mod flags;
+pub mod footprint;
 pub mod inspect;
 pub mod launch;
 pub mod notify;

@@ -19,8 +19,10 @@ const USAGE: &str = "usage:
       what a live job's regions hold (JOB: a job id or its 8-hex hash; default: all)
   shmfab clean [--dry-run]
       remove this user's regions whose owners are dead
-  shmfab info
-      version, layout, thresholds in force, CMA, /dev/shm";
+  shmfab info [--ranks N,...] [--depth D] [--buf BYTES]
+      version, layout, thresholds in force, CMA, /dev/shm, and memory per
+      rank for N ranks (default 2,8,64,256; SRQ depth D default 128, per-peer
+      queue depth D/2, buffers default 4K)";
 
 /// Window of the message-rate test: osu_mbw_mr's default.
 const RATE_WINDOW: usize = 64;
@@ -52,11 +54,23 @@ struct Opts {
     dry_run: bool,
     compare: bool,
     what: Option<String>,
+    ranks: Vec<usize>,
+    depth: usize,
+    buf: usize,
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o =
-        Opts { sizes: DEFAULT_SIZES.to_vec(), json: None, osu: None, dry_run: false, compare: false, what: None };
+    let mut o = Opts {
+        sizes: DEFAULT_SIZES.to_vec(),
+        json: None,
+        osu: None,
+        dry_run: false,
+        compare: false,
+        what: None,
+        ranks: vec![2, 8, 64, 256],
+        depth: 128,
+        buf: 4096,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -70,6 +84,22 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             }
             "--json" => o.json = Some(it.next().ok_or("--json needs a file")?.into()),
             "--osu" => o.osu = Some(it.next().ok_or("--osu needs a path")?.into()),
+            "--ranks" => {
+                let v = it.next().ok_or("--ranks needs a list")?;
+                o.ranks = v
+                    .split(',')
+                    .map(|s| s.trim().parse::<usize>().ok().filter(|&n| (1..=1 << 16).contains(&n)))
+                    .collect::<Option<_>>()
+                    .ok_or(format!("bad --ranks {v:?}: numbers 1..=65536"))?;
+            }
+            "--depth" => {
+                let v = it.next().ok_or("--depth needs a number")?;
+                o.depth = v.parse().ok().filter(|&d| d >= 2).ok_or(format!("bad --depth {v:?}"))?;
+            }
+            "--buf" => {
+                let v = it.next().ok_or("--buf needs a size")?;
+                o.buf = parse_size(v).filter(|&b| b > 0).ok_or(format!("bad --buf {v:?}"))?;
+            }
             "--dry-run" => o.dry_run = true,
             "--compare" => o.compare = true,
             "-h" | "--help" => return Err(USAGE.into()),
@@ -113,7 +143,7 @@ fn run(args: &[String]) -> Result<(), String> {
             Ok(())
         }
         "info" => {
-            cmd_info();
+            cmd_info(&o);
             Ok(())
         }
         "inspect" => {
@@ -253,8 +283,17 @@ fn cmd_bench(o: &Opts) -> Result<(), String> {
         let osu = osu_binary(o);
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        let with =
-            Opts { osu, sizes: o.sizes.clone(), json: o.json.clone(), dry_run: false, compare: true, what: None };
+        let with = Opts {
+            osu,
+            sizes: o.sizes.clone(),
+            json: o.json.clone(),
+            dry_run: false,
+            compare: true,
+            what: None,
+            ranks: o.ranks.clone(),
+            depth: o.depth,
+            buf: o.buf,
+        };
         return cmd_compare(&with);
     }
     let what = o.what.as_deref().unwrap_or("all");
@@ -417,11 +456,15 @@ fn cmd_compare(o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_info() {
+fn cmd_info(o: &Opts) {
     let cfg = shmfab::proto::Config::from_env();
     println!("shmfab {}", env!("CARGO_PKG_VERSION"));
     println!("layout version {} (hash {:#018x})", shm_layout::LAYOUT_VERSION, shm_layout::LAYOUT_HASH);
-    println!("capabilities: msg, tagged, directed receive, multi-receive, remote CQ data, inject, counters");
+    println!(
+        "capabilities: msg, tagged, directed receive, multi-receive, remote CQ data, inject, counters, \
+         shared receive queues (up to {} segments per buffer)",
+        shmfab::srq::SRQ_MAX_IOV
+    );
     println!(
         "limits: inject {} B, max iov {}, max message {} B",
         shmfab::proto::INJECT_SIZE,
@@ -477,4 +520,38 @@ fn cmd_info() {
     let regions = shmfab::region::scan(None);
     let dead = regions.iter().filter(|r| !r.alive).count();
     println!("regions of this user: {} ({dead} with dead owners)", regions.len());
+    print_footprint(&cfg, o);
+}
+
+/// Memory per rank for each N, by receive model (see shmfab::footprint).
+fn print_footprint(cfg: &shmfab::proto::Config, o: &Opts) {
+    use shmfab::footprint::{per_rank, RecvModel};
+    let (d, b) = (o.depth, o.buf);
+    let per_peer = (d / 2).max(1);
+    println!(
+        "memory per rank for N ranks (KiB; buffers of {b} B; in-process state {} B per peer):",
+        shmfab::footprint::peer_bytes()
+    );
+    println!("  a: one endpoint, shared receive queue of {d} buffers (shmfab's way: flat in N)");
+    println!("  b: one endpoint per peer, each with its own queue of {per_peer} buffers (N squared per node)");
+    println!("  c: one endpoint per peer, one SRQ of {d} buffers");
+    println!(
+        "  {:>6} | {:>10} {:>10} {:>10} | {:>12} {:>12} {:>14}",
+        "N", "a shared", "a buffers", "a total", "b total", "c total", "node total a"
+    );
+    for &n in &o.ranks {
+        let a = per_rank(cfg, n, RecvModel::SharedQueue { depth: d }, b);
+        let pb = per_rank(cfg, n, RecvModel::PerPeerQueues { depth: per_peer }, b);
+        let c = per_rank(cfg, n, RecvModel::PerPeerEndpointsSrq { depth: d }, b);
+        println!(
+            "  {:>6} | {:>10} {:>10} {:>10} | {:>12} {:>12} {:>10} MiB",
+            n,
+            a.shared / 1024,
+            a.buffers / 1024,
+            a.total() / 1024,
+            pb.total() / 1024,
+            c.total() / 1024,
+            n * a.total() / (1 << 20)
+        );
+    }
 }
