@@ -1090,6 +1090,7 @@ impl Endpoint {
         })
     }
 
+    #[inline(always)]
     fn tx(&self, m: &SendMsg<'_>, flags: u64, tagged: bool, inject: bool) -> Result<()> {
         if flags & !SEND_FLAGS != 0 {
             return Err(Error::with(ErrorKind::BadFlags, format!("unsupported send flags {:#x}", flags & !SEND_FLAGS)));
@@ -1135,6 +1136,7 @@ impl Endpoint {
         })
     }
 
+    #[inline(always)]
     fn rx(&self, m: &mut RecvMsg<'_, '_>, flags: u64, tagged: bool) -> Result<()> {
         if flags & !RECV_FLAGS != 0 {
             return Err(Error::with(
