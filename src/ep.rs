@@ -759,15 +759,22 @@ impl EpState {
             }
             d
         } else {
-            let r = self.posted[q].remove(i).expect("index valid");
-            Dest {
+            // Built from a reference, then the entry dropped: moving the
+            // whole entry out first costs store-forwarding stalls.
+            let d = Dest {
                 ctx: r.ctx,
                 iovs: r.iovs,
                 cap: r.iovs.total(),
                 buf: r.iovs.v[0].ptr,
                 multi_release: false,
                 cqe: r.cqe,
+            };
+            if i == 0 {
+                self.posted[q].pop_front();
+            } else {
+                self.posted[q].remove(i);
             }
+            d
         }
     }
 }

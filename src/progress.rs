@@ -369,7 +369,12 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         Some(d) => {
             let n = d.iovs.scatter(0, len.min(d.cap), |o, dst| src.read(o, dst));
             let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total: len, delivered: n };
-            finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
+            if ep.peers[p].rx_order.is_empty() {
+                // Nothing earlier from this peer pending: complete in place.
+                emit_rx(ep, ctx, p, &d, &info, None);
+            } else {
+                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
+            }
         }
         None => {
             if unexp_full(ep, ctx, p, len) {
@@ -827,7 +832,7 @@ pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
                     _ => continue,
                 },
             };
-            emit_rx(ep, ctx, p, pr);
+            emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
         }
     }
 }
@@ -868,7 +873,7 @@ pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: De
 fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: PendingRx) {
     let order = &mut ep.peers[p].rx_order;
     if key == 0 && order.is_empty() {
-        emit_rx(ep, ctx, p, pr);
+        emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
         return;
     }
     match order.iter_mut().find(|x| key != 0 && x.0 == key) {
@@ -877,13 +882,13 @@ fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: Pendin
     }
     while ep.peers[p].rx_order.front().is_some_and(|x| x.1.is_some()) {
         let (_, pr) = ep.peers[p].rx_order.pop_front().expect("front checked");
-        emit_rx(ep, ctx, p, pr.expect("checked"));
+        let pr = pr.expect("checked");
+        emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
     }
 }
 
 #[inline]
-fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, pr: PendingRx) {
-    let PendingRx { dest: d, info: i, err } = pr;
+fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, err: Option<Fail>) {
     if d.iovs.ext_slot().is_some() {
         if let Some(q) = ep.srq.and_then(|s| ctx.srqs[s].as_mut()) {
             q.release(&d.iovs);
