@@ -196,7 +196,7 @@ impl DomainInner {
     }
 
     /// Runs `f` with the endpoint `idx` and a progress context.
-    #[inline]
+    #[inline(always)]
     pub fn with_ep<R>(
         &self,
         st: &mut DomainState,

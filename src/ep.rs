@@ -710,7 +710,7 @@ impl EpState {
     /// Takes the receive a message of `len` bytes from `p` with `tag`
     /// matches: the SRQ's oldest buffer for an untagged message on an SRQ
     /// endpoint, else the first matching posted receive.
-    #[inline]
+    #[inline(always)]
     pub fn take_match(&mut self, ctx: &mut Ctx<'_>, tagged: bool, p: usize, tag: u64, len: usize) -> Option<Dest> {
         if !tagged {
             if let Some(s) = self.srq {
@@ -735,6 +735,7 @@ impl EpState {
 
     /// Takes the posted receive `i` of queue `q` for a message of `len`
     /// bytes: removes it, or carves from a multi-receive buffer.
+    #[inline(always)]
     pub fn take_posted(&mut self, q: usize, i: usize, len: usize) -> Dest {
         let min = self.min_multi_recv;
         let r = &mut self.posted[q][i];
@@ -1103,6 +1104,28 @@ impl Endpoint {
             return Err(Error::with(ErrorKind::BadFlags, format!("unsupported send flags {:#x}", flags & !SEND_FLAGS)));
         }
         let iovs = iovs_from(m.iov)?;
+        self.tx_raw(iovs, m.dest, m.context, m.data, m.tag, flags, tagged, inject)
+    }
+
+    /// The send path, from scalars: each captured by its own reference in
+    /// the closure below, so no wide load re-reads a struct written field
+    /// by field (a store-forwarding stall).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn tx_raw(
+        &self,
+        iovs: Iovs,
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        tag: u64,
+        flags: u64,
+        tagged: bool,
+        inject: bool,
+    ) -> Result<()> {
+        if flags & !SEND_FLAGS != 0 {
+            return Err(Error::with(ErrorKind::BadFlags, format!("unsupported send flags {:#x}", flags & !SEND_FLAGS)));
+        }
         let len = iovs.total();
         if len > MAX_MSG_SIZE {
             return Err(Error::with(ErrorKind::MsgSize, format!("{len} bytes is over the {MAX_MSG_SIZE}-byte limit")));
@@ -1125,10 +1148,10 @@ impl Endpoint {
         }
         with_ep!(self, |ep, ctx| {
             let op = TxOp {
-                ctx: m.context,
+                ctx: context,
                 tagged,
-                tag: m.tag,
-                data: m.data,
+                tag,
+                data,
                 hflags,
                 len,
                 iovs,
@@ -1139,7 +1162,7 @@ impl Endpoint {
                 inject,
                 err: None,
             };
-            ep.post_tx(ctx, m.dest, op, inject)
+            ep.post_tx(ctx, dest, op, inject)
         })
     }
 
@@ -1229,7 +1252,7 @@ impl Endpoint {
     /// # Safety
     /// `buf` must stay valid and unchanged until the send completes.
     pub unsafe fn send(&self, buf: &[u8], dest: FiAddr, context: usize) -> Result<()> {
-        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context, data: 0, tag: 0 }, 0, false, false)
+        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, context, 0, 0, 0, false, false)
     }
 
     /// fi_sendv.
@@ -1245,17 +1268,17 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn senddata(&self, buf: &[u8], data: u64, dest: FiAddr, context: usize) -> Result<()> {
-        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context, data, tag: 0 }, FI_REMOTE_CQ_DATA, false, false)
+        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, context, data, 0, FI_REMOTE_CQ_DATA, false, false)
     }
 
     /// fi_inject: no completion entry; `buf` may be reused on return.
     pub fn inject(&self, buf: &[u8], dest: FiAddr) -> Result<()> {
-        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context: 0, data: 0, tag: 0 }, 0, false, true)
+        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, 0, 0, 0, 0, false, true)
     }
 
     /// fi_injectdata.
     pub fn injectdata(&self, buf: &[u8], data: u64, dest: FiAddr) -> Result<()> {
-        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context: 0, data, tag: 0 }, FI_REMOTE_CQ_DATA, false, true)
+        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, 0, data, 0, FI_REMOTE_CQ_DATA, false, true)
     }
 
     /// fi_recv.
@@ -1279,7 +1302,7 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn tsend(&self, buf: &[u8], dest: FiAddr, tag: u64, context: usize) -> Result<()> {
-        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context, data: 0, tag }, 0, true, false)
+        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, context, 0, tag, 0, true, false)
     }
 
     /// fi_tsendv.
@@ -1295,17 +1318,17 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn tsenddata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64, context: usize) -> Result<()> {
-        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context, data, tag }, FI_REMOTE_CQ_DATA, true, false)
+        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, context, data, tag, FI_REMOTE_CQ_DATA, true, false)
     }
 
     /// fi_tinject.
     pub fn tinject(&self, buf: &[u8], dest: FiAddr, tag: u64) -> Result<()> {
-        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context: 0, data: 0, tag }, 0, true, true)
+        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, 0, 0, tag, 0, true, true)
     }
 
     /// fi_tinjectdata.
     pub fn tinjectdata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64) -> Result<()> {
-        self.tx(&SendMsg { iov: &[IoSlice::new(buf)], dest, context: 0, data, tag }, FI_REMOTE_CQ_DATA, true, true)
+        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, 0, data, tag, FI_REMOTE_CQ_DATA, true, true)
     }
 
     /// fi_trecv: matches tags equal outside `ignore`; `src` directs it.

@@ -365,15 +365,18 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
     }
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     let q = tagged as usize;
-    match ep.take_match(ctx, tagged, p, h.tag, len) {
+    // Matched by reference: moving the Dest out of the Option would copy
+    // bytes just written by narrow stores (a store-forwarding stall).
+    let m = ep.take_match(ctx, tagged, p, h.tag, len);
+    match &m {
         Some(d) => {
             let n = d.iovs.scatter(0, len.min(d.cap), |o, dst| src.read(o, dst));
             let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total: len, delivered: n };
             if ep.peers[p].rx_order.is_empty() {
                 // Nothing earlier from this peer pending: complete in place.
-                emit_rx(ep, ctx, p, &d, &info, None);
+                emit_rx(ep, ctx, p, d, &info, None);
             } else {
-                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
+                finish_rx(ep, ctx, p, 0, PendingRx { dest: *d, info, err: None });
             }
         }
         None => {

@@ -164,7 +164,8 @@ impl RingTx {
             return;
         }
         let ring_bytes = self.cap as usize * STRIDE;
-        let start = ((pos & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) % ring_bytes;
+        // ring_bytes is a power of two (cap is): a mask, not a division.
+        let start = ((pos & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) & (ring_bytes - 1);
         let first = src.len().min(ring_bytes - start);
         // SAFETY: start < ring_bytes and first <= ring_bytes - start; the
         // rest wraps to the ring's start and is < ring_bytes because a
@@ -194,13 +195,16 @@ impl RingTx {
             off += p.len();
         }
         let c = self.cell(pos);
-        let mut h = *hdr;
-        h.ncells = n as u16;
+        let w = hdr.words(n as u16);
         let guard = self.mark(pos, n);
         // SAFETY: c is a reserved cell; the guard cell pos + n is free
         // (has_room counted it), so zeroing its sequence word races nothing.
+        // The header is 24 bytes at offset 8 of the cell: three aligned words.
         unsafe {
-            std::ptr::addr_of_mut!((*c).hdr).write_volatile(h);
+            let hp = std::ptr::addr_of_mut!((*c).hdr) as *mut u64;
+            hp.write_volatile(w[0]);
+            hp.add(1).write_volatile(w[1]);
+            hp.add(2).write_volatile(w[2]);
             if guard {
                 (*self.cell(pos + n)).seq.store(0, Ordering::Relaxed);
             }
@@ -280,7 +284,7 @@ impl RingRx {
             return;
         }
         let ring_bytes = self.cap as usize * STRIDE;
-        let start = ((self.head & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) % ring_bytes;
+        let start = ((self.head & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) & (ring_bytes - 1);
         let first = dst.len().min(ring_bytes - start);
         // SAFETY: as in RingTx::write_payload; the bytes may change under us
         // only if the peer is broken, which yields wrong data, not UB in

@@ -344,6 +344,18 @@ pub struct MsgHdr {
     pub data: u64,
 }
 
+impl MsgHdr {
+    /// The header as the three 8-byte words it occupies in memory, with
+    /// `ncells` replaced: writers store these words (narrow field stores
+    /// followed by a wide copy stall store forwarding on the send path).
+    #[inline]
+    pub fn words(&self, ncells: u16) -> [u64; 3] {
+        let n = ncells.to_ne_bytes();
+        let l = self.len.to_ne_bytes();
+        [u64::from_ne_bytes([self.op, self.flags, n[0], n[1], l[0], l[1], l[2], l[3]]), self.tag, self.data]
+    }
+}
+
 /// Message kinds.
 pub mod op {
     /// Whole payload inline in the cells.
@@ -572,6 +584,21 @@ pub const LAYOUT_HASH: u64 = {
     }
     h
 };
+
+#[cfg(test)]
+mod hdr_tests {
+    use super::*;
+
+    #[test]
+    fn header_words_are_its_memory() {
+        let h = MsgHdr { op: 3, flags: 0x81, ncells: 9, len: 0x0102_0304, tag: 7, data: u64::MAX };
+        let w = h.words(9);
+        // SAFETY: MsgHdr is 24 bytes of plain data.
+        let mem: [u64; 3] = unsafe { core::mem::transmute(h) };
+        assert_eq!(w, mem);
+        assert_ne!(h.words(10), mem);
+    }
+}
 
 #[cfg(test)]
 mod tests {
