@@ -23,7 +23,7 @@ use crate::error::ErrorKind;
 use crate::flags::*;
 use crate::notify::Signal;
 use crate::proto::{Proto, MAX_MSG_SIZE};
-use crate::ring::{payload_capacity, RingRx};
+use crate::ring::{payload_capacity, RingRx, RingView};
 use crate::sync::Ordering;
 use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, MAX_IOV, OVF_PAYLOAD};
 
@@ -41,7 +41,7 @@ enum Flow {
 
 /// Where a message's payload is.
 enum Src<'a> {
-    Ring(&'a RingRx, usize),
+    Ring(RingView, usize),
     Buf(&'a [u8]),
 }
 
@@ -256,35 +256,41 @@ fn accept_claims(ep: &mut EpState, claimed: u64) {
     ep.claimed_seen = claimed;
 }
 
+/// Reads up to [`BATCH`] messages of ring `s`. The ring stays in place
+/// (moving it out and back costs store-forwarding stalls on every pass):
+/// each message is handled through a copy of its place ([`RingView`]).
 fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, s: usize) {
-    let Some(mut ring) = ep.rings[s].take() else {
+    let Some(peer) = ep.rings[s].as_ref().map(|r| r.peer) else {
         return;
     };
-    if ep.peers[ring.peer].broken {
-        ep.rings[s] = Some(ring);
+    if ep.peers[peer].broken {
         return;
     }
     for _ in 0..BATCH {
+        let Some(ring) = ep.rings[s].as_ref() else { return };
         let Some((h, ncells)) = ring.rx.peek() else {
             break;
         };
         if ncells == 0 {
             // A cell count that does not fit the ring: we cannot find the
             // next message, so this peer's ring is dead to us.
-            bad(ep, ctx, ring.peer, None, "cell count out of range");
-            ep.peers[ring.peer].broken = true;
+            bad(ep, ctx, peer, None, "cell count out of range");
+            ep.peers[peer].broken = true;
             break;
         }
-        let src = Src::Ring(&ring.rx, payload_capacity(ncells));
-        if handle(ep, ctx, ring.peer, &h, &src) == Flow::Stall {
+        let src = Src::Ring(ring.rx.view(), payload_capacity(ncells));
+        if handle(ep, ctx, peer, &h, &src) == Flow::Stall {
             ep.stats.stalls += 1;
             break;
         }
         ep.stats.rx_ring += 1;
-        ring.rx.consume(ncells);
+        if let Some(r) = ep.rings[s].as_mut() {
+            r.rx.consume(ncells);
+        }
     }
-    ring.rx.release_credit();
-    ep.rings[s] = Some(ring);
+    if let Some(r) = ep.rings[s].as_mut() {
+        r.rx.release_credit();
+    }
 }
 
 fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {

@@ -68,6 +68,22 @@ pub const fn payload_capacity(ncells: usize) -> usize {
     ncells * STRIDE - PAYLOAD_OFF
 }
 
+/// Cells ahead of the tail whose line the producer claims early.
+const PREFETCH_AHEAD: u64 = 2;
+
+/// Whether the CPU has PREFETCHW (CPUID 0x8000_0001 ECX bit 8,
+/// 3DNowPrefetch, on every x86-64 since Broadwell and on AMD).
+fn has_prefetchw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        let max = __cpuid(0x8000_0000).eax;
+        max >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Producer side of a ring (lives in the sender's process).
 pub struct RingTx {
     /// Control words in the receiver's region.
@@ -85,6 +101,8 @@ pub struct RingTx {
     /// Bit i set: cell i holds continuation payload written by us (so its
     /// first word is not a sequence value we control).
     cont: Vec<u64>,
+    /// The CPU has PREFETCHW.
+    pfw: bool,
 }
 
 // SAFETY: the pointers refer to a shared mapping kept alive by the owner of
@@ -110,6 +128,7 @@ impl RingTx {
             cached_head: head,
             // A claimed ring starts zeroed: no cell holds payload yet.
             cont: vec![0; cap.div_ceil(64)],
+            pfw: has_prefetchw(),
         }
     }
 
@@ -214,7 +233,57 @@ impl RingTx {
             (*self.ctl).tail.v.store(pos + n, Ordering::Relaxed);
         }
         self.tail = pos + n;
+        // Ask for ownership of a line a few cells ahead, while it is free:
+        // the write there will not wait for the line to come back from
+        // the consumer's core.
+        #[cfg(target_arch = "x86_64")]
+        if self.pfw {
+            // As many lines as this message took, PREFETCH_AHEAD cells on.
+            for k in 0..n {
+                let ahead = self.tail + PREFETCH_AHEAD + k;
+                if ahead - self.cached_head >= self.cap {
+                    break;
+                }
+                // SAFETY: prefetchw only hints the cache; the address is a
+                // cell of our mapped ring.
+                unsafe {
+                    std::arch::asm!("prefetchw [{}]", in(reg) self.cell(ahead), options(nostack, preserves_flags, readonly))
+                };
+            }
+        }
         true
+    }
+}
+
+/// Where the current message of a ring is: enough to read its payload.
+#[derive(Clone, Copy)]
+pub struct RingView {
+    cells: *const u8,
+    cap: u64,
+    head: u64,
+}
+
+impl RingView {
+    /// As [`RingRx::read_payload`].
+    #[inline]
+    pub fn read_payload(&self, voff: usize, dst: &mut [u8]) {
+        if dst.is_empty() {
+            return;
+        }
+        let ring_bytes = self.cap as usize * STRIDE;
+        // ring_bytes is a power of two (cap is): a mask, not a division.
+        let start = ((self.head & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) & (ring_bytes - 1);
+        let first = dst.len().min(ring_bytes - start);
+        // SAFETY: as in RingTx::write_payload; the bytes may change under us
+        // only if the peer is broken, which yields wrong data, not UB in
+        // this byte copy. The view comes from a live RingRx of a ring the
+        // domain keeps mapped.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.cells.add(start), dst.as_mut_ptr(), first);
+            if first < dst.len() {
+                std::ptr::copy_nonoverlapping(self.cells, dst.as_mut_ptr().add(first), dst.len() - first);
+            }
+        }
     }
 }
 
@@ -280,22 +349,16 @@ impl RingRx {
     /// cells ([`payload_capacity`]).
     #[inline]
     pub fn read_payload(&self, voff: usize, dst: &mut [u8]) {
-        if dst.is_empty() {
-            return;
-        }
-        let ring_bytes = self.cap as usize * STRIDE;
-        let start = ((self.head & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) & (ring_bytes - 1);
-        let first = dst.len().min(ring_bytes - start);
-        // SAFETY: as in RingTx::write_payload; the bytes may change under us
-        // only if the peer is broken, which yields wrong data, not UB in
-        // this byte copy.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.cells.add(start), dst.as_mut_ptr(), first);
-            if first < dst.len() {
-                std::ptr::copy_nonoverlapping(self.cells, dst.as_mut_ptr().add(first), dst.len() - first);
-            }
-        }
+        self.view().read_payload(voff, dst)
     }
+
+    /// The current message's place (a small copy: reading a message does
+    /// not need to move or borrow the ring itself).
+    #[inline]
+    pub fn view(&self) -> RingView {
+        RingView { cells: self.cells, cap: self.cap, head: self.head }
+    }
+
 
     /// Moves past the current message.
     #[inline]
