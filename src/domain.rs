@@ -15,7 +15,7 @@ use crate::proto::Config;
 use crate::region::{self, Region};
 use crate::srq::SrqState;
 use crate::sync::{DomainGuard, DomainLock, LockError, Threading};
-use shm_layout::{ep_state, eps_offset, Address, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl, SlotEntry};
+use shm_layout::{ep_state, eps_offset, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl, SlotEntry};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -160,7 +160,6 @@ pub(crate) struct Ctx<'a> {
     pub srqs: &'a mut [Option<SrqState>],
     pub regions: &'a mut HashMap<String, Arc<Region>>,
     pub counters: &'a [shm_layout::Counter],
-    pub me: Address,
 }
 
 impl DomainInner {
@@ -208,7 +207,7 @@ impl DomainInner {
             .get_mut(idx)
             .and_then(|e| e.as_deref_mut())
             .ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
-        let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters: self.counters(), me: ep.addr };
+        let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters: self.counters() };
         f(ep, &mut ctx)
     }
 
@@ -221,7 +220,7 @@ impl DomainInner {
             if !ep.enabled {
                 continue;
             }
-            let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters, me: ep.addr };
+            let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters };
             crate::progress::progress_ep(ep, &mut ctx);
         }
     }

@@ -640,7 +640,7 @@ impl EpState {
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
         let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
         op.proto = proto::choose(ctx.cfg, op.len, op.iovs.n, on_ring, cma_ok);
-        if peer.txq.is_empty() && op.proto == Proto::Inline && crate::progress::push_inline(peer, &ctx.me, &op) {
+        if peer.txq.is_empty() && op.proto == Proto::Inline && crate::progress::push_inline(peer, &self.addr, &op) {
             if let Some(db) = peer.doorbell() {
                 crate::doorbell::ring(db);
             }
