@@ -1268,7 +1268,16 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn senddata(&self, buf: &[u8], data: u64, dest: FiAddr, context: usize) -> Result<()> {
-        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, context, data, 0, FI_REMOTE_CQ_DATA, false, false)
+        self.tx_raw(
+            Iovs::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            context,
+            data,
+            0,
+            FI_REMOTE_CQ_DATA,
+            false,
+            false,
+        )
     }
 
     /// fi_inject: no completion entry; `buf` may be reused on return.
@@ -1318,7 +1327,16 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn tsenddata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64, context: usize) -> Result<()> {
-        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, context, data, tag, FI_REMOTE_CQ_DATA, true, false)
+        self.tx_raw(
+            Iovs::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            context,
+            data,
+            tag,
+            FI_REMOTE_CQ_DATA,
+            true,
+            false,
+        )
     }
 
     /// fi_tinject.
