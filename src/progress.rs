@@ -757,15 +757,22 @@ fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
     Flow::Done
 }
 
+impl ActiveRecv {
+    /// Facts for its completion, with `delivered` bytes in place.
+    fn info(&self, delivered: usize) -> RxInfo {
+        RxInfo {
+            tagged: self.hflags & hdr_flags::TAGGED != 0,
+            tag: self.tag,
+            data: self.data,
+            hflags: self.hflags,
+            total: self.total,
+            delivered,
+        }
+    }
+}
+
 fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: ActiveRecv, err: Option<Fail>) {
-    let info = RxInfo {
-        tagged: a.hflags & hdr_flags::TAGGED != 0,
-        tag: a.tag,
-        data: a.data,
-        hflags: a.hflags,
-        total: a.total,
-        delivered: a.received.min(a.total).min(a.dest.cap),
-    };
+    let info = a.info(a.received.min(a.total).min(a.dest.cap));
     finish_rx(ep, ctx, p, msg_id, PendingRx { dest: a.dest, info, err });
 }
 
@@ -824,17 +831,7 @@ pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             let pr = match pend {
                 Some(pr) => pr,
                 None => match parts.iter().position(|x| x.0 == key).map(|k| parts.swap_remove(k).1) {
-                    Some(RxCur::Active(a)) => {
-                        let info = RxInfo {
-                            tagged: a.hflags & hdr_flags::TAGGED != 0,
-                            tag: a.tag,
-                            data: a.data,
-                            hflags: a.hflags,
-                            total: a.total,
-                            delivered: 0,
-                        };
-                        PendingRx { dest: a.dest, info, err: Some(cancel()) }
-                    }
+                    Some(RxCur::Active(a)) => PendingRx { dest: a.dest, info: a.info(0), err: Some(cancel()) },
                     Some(RxCur::Split(sp)) => {
                         PendingRx { dest: sp.dest, info: RxInfo { delivered: 0, ..sp.info }, err: Some(cancel()) }
                     }

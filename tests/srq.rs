@@ -107,6 +107,26 @@ fn send_retry(w: &World, ep: &Endpoint, buf: &[u8], dest: FiAddr, ctx: usize) ->
     w.retry(|| unsafe { ep.send(buf, dest, ctx) })
 }
 
+/// Sends `n` messages made by `make(seq)` (payload, destination), at most
+/// `window` in flight: their buffers are kept until their completions.
+fn stream(w: &World, n: u64, window: usize, mut make: impl FnMut(u64) -> (Vec<u8>, FiAddr)) {
+    let mut inflight: Vec<Vec<u8>> = Vec::new();
+    for seq in 0..n {
+        let (m, dest) = make(seq);
+        inflight.push(m);
+        send_retry(w, &w.ep, inflight.last().unwrap(), dest, seq as usize);
+        if inflight.len() == window {
+            for _ in 0..window {
+                w.next().unwrap();
+            }
+            inflight.clear();
+        }
+    }
+    for _ in 0..inflight.len() {
+        w.next().unwrap();
+    }
+}
+
 /// Size of message `seq`: mostly small, some through the pool or by
 /// rendezvous.
 fn size_of(seq: u64) -> usize {
@@ -161,30 +181,12 @@ fn four_senders_into_one_srq_of_four_endpoints() {
             w.barrier();
         } else {
             let eps = w.learn(0, 4);
-            let mut sent = 0usize;
-            let mut msgs: Vec<Vec<u8>> = Vec::new();
-            for seq in 0..PER_SENDER {
-                for (k, &dest) in eps.iter().enumerate() {
-                    if seq % 4 != k as u64 {
-                        continue;
-                    }
-                    let m = message(w.rank, k, seq / 4, size_of(seq / 4));
-                    msgs.push(m);
-                    let b = msgs.last().unwrap();
-                    send_retry(&w, &w.ep, b, dest, sent);
-                    sent += 1;
-                }
-                // Keep at most 256 buffers in flight.
-                if msgs.len() == 256 {
-                    for _ in 0..256 {
-                        w.next().unwrap();
-                    }
-                    msgs.clear();
-                }
-            }
-            for _ in 0..msgs.len() {
-                w.next().unwrap();
-            }
+            // Round robin over the four endpoints: message seq goes to
+            // endpoint seq % 4 as that connection's number seq / 4.
+            stream(&w, PER_SENDER, 256, |seq| {
+                let k = (seq % 4) as usize;
+                (message(w.rank, k, seq / 4, size_of(seq / 4)), eps[k])
+            });
             w.barrier();
         }
     });
@@ -358,21 +360,7 @@ fn per_connection_order_over_100k_messages() {
             w.barrier();
         } else {
             let dest = w.learn(0, 1)[0];
-            let mut inflight: Vec<Vec<u8>> = Vec::new();
-            for seq in 0..N {
-                let m = message(1, 0, seq, size_of(seq));
-                inflight.push(m);
-                send_retry(&w, &w.ep, inflight.last().unwrap(), dest, seq as usize);
-                if inflight.len() == 512 {
-                    for _ in 0..512 {
-                        w.next().unwrap();
-                    }
-                    inflight.clear();
-                }
-            }
-            for _ in 0..inflight.len() {
-                w.next().unwrap();
-            }
+            stream(&w, N, 512, |seq| (message(1, 0, seq, size_of(seq)), dest));
             w.barrier();
         }
     });
@@ -515,21 +503,10 @@ fn resize_under_load() {
             w.barrier();
         } else {
             let eps = w.learn(0, 2);
-            let mut inflight = Vec::new();
-            for seq in 0..N {
+            stream(&w, N, 256, |seq| {
                 let k = (seq % 2) as usize;
-                inflight.push(message(w.rank, k, seq / 2, 16 + (seq % 2000) as usize));
-                send_retry(&w, &w.ep, inflight.last().unwrap(), eps[k], 0);
-                if inflight.len() == 256 {
-                    for _ in 0..256 {
-                        w.next().unwrap();
-                    }
-                    inflight.clear();
-                }
-            }
-            for _ in 0..inflight.len() {
-                w.next().unwrap();
-            }
+                (message(w.rank, k, seq / 2, 16 + (seq % 2000) as usize), eps[k])
+            });
             w.barrier();
         }
     });
