@@ -617,6 +617,48 @@ impl EpState {
         }
     }
 
+    /// The fast path of a small send: one segment, inline in the peer's
+    /// ring, nothing queued or in flight to that peer, so it completes at
+    /// once; no transmit record is built. `None` when it does not apply
+    /// (the caller then takes the general path, which also reports every
+    /// error but an unknown destination).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_inline_now(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        dest: FiAddr,
+        buf: &[u8],
+        hdr: &shm_layout::MsgHdr,
+        done: crate::progress::SendDone,
+    ) -> Option<Result<()>> {
+        if !self.enabled || self.tx_outstanding >= ctx.cfg.tx_size {
+            return None;
+        }
+        if done.cqe && self.tx_cq.is_none() && self.cntr_send.is_none() {
+            return None;
+        }
+        let p = match self.peer_for(ctx, dest) {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        let peer = &mut self.peers[p];
+        if peer.gone.is_some() || !peer.txq.is_empty() || !peer.inflight.is_empty() {
+            return None;
+        }
+        let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
+        let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, done.inject);
+        if proto::choose(ctx.cfg, buf.len(), 1, true, cma_ok) != Proto::Inline || !ring.try_push(hdr, &[buf]) {
+            return None;
+        }
+        if let Some(db) = peer.doorbell() {
+            crate::doorbell::ring(db);
+        }
+        self.stats.tx_inline += 1;
+        crate::progress::complete_send(self, ctx, done, None);
+        Some(Ok(()))
+    }
+
     /// Queues (or sends at once) a transmit.
     pub fn post_tx(&mut self, ctx: &mut Ctx<'_>, dest: FiAddr, mut op: TxOp, inject: bool) -> Result<()> {
         if !self.enabled {
@@ -1147,6 +1189,24 @@ impl Endpoint {
             hflags |= shm_layout::hdr_flags::SOLICITED;
         }
         with_ep!(self, |ep, ctx| {
+            let cqe = !inject && (!ep.tx_sel || flags & FI_COMPLETION != 0);
+            if iovs.n == 1 {
+                // SAFETY: the caller's buffer, valid for reads for the call
+                // (and until completion, which is now on this path).
+                let buf = unsafe { std::slice::from_raw_parts(iovs.v[0].ptr as *const u8, iovs.v[0].len) };
+                let hdr = shm_layout::MsgHdr {
+                    op: shm_layout::op::EAGER,
+                    flags: hflags,
+                    ncells: 0,
+                    len: len as u32,
+                    tag,
+                    data,
+                };
+                let done = crate::progress::SendDone { ctx: context, tagged, tag, cqe, inject };
+                if let Some(r) = ep.send_inline_now(ctx, dest, buf, &hdr, done) {
+                    return r;
+                }
+            }
             let op = TxOp {
                 ctx: context,
                 tagged,
@@ -1158,7 +1218,7 @@ impl Endpoint {
                 owned: None,
                 proto: Proto::Inline,
                 state: TxState::Start,
-                cqe: !inject && (!ep.tx_sel || flags & FI_COMPLETION != 0),
+                cqe,
                 inject,
                 err: None,
             };

@@ -965,6 +965,26 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, 
 
 #[inline]
 pub(crate) fn complete_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, op: &TxOp, err: Option<Fail>) {
+    complete_send(
+        ep,
+        ctx,
+        SendDone { ctx: op.ctx, tagged: op.tagged, tag: op.tag, cqe: op.cqe, inject: op.inject },
+        err,
+    )
+}
+
+/// What a send's completion needs to know of it.
+#[derive(Clone, Copy)]
+pub(crate) struct SendDone {
+    pub ctx: usize,
+    pub tagged: bool,
+    pub tag: u64,
+    pub cqe: bool,
+    pub inject: bool,
+}
+
+#[inline]
+pub(crate) fn complete_send(ep: &mut EpState, ctx: &mut Ctx<'_>, op: SendDone, err: Option<Fail>) {
     let flags = FI_SEND | if op.tagged { FI_TAGGED } else { FI_MSG };
     if let Some(c) = ep.cntr_send {
         let c = &ctx.counters[c];
