@@ -286,13 +286,15 @@ impl CqState {
         !self.overrun && self.entries.len() + self.errors.len() < self.size
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, e: CqTaggedEntry, src: FiAddr) {
         self.push_ext(e, src, crate::notify::Signal::Normal)
     }
 
-    /// As `push`, signalling an armed channel as `sig` says.
-    #[inline]
+    /// As `push`, signalling an armed channel as `sig` says. Inlined so the
+    /// entry is built in its queue slot (not built on the stack field by
+    /// field and re-read wide: a store-forwarding stall).
+    #[inline(always)]
     pub fn push_ext(&mut self, e: CqTaggedEntry, src: FiAddr, sig: crate::notify::Signal) {
         if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
             self.overrun = true;
