@@ -228,6 +228,77 @@ pub struct CqAttr {
     pub wait_cond: WaitCond,
 }
 
+/// The successful completions of a CQ, oldest first: a ring buffer whose
+/// slots are written field by field (a queue that moves whole entries
+/// copies them through the stack, re-reading wide what was just written
+/// narrow: a store-forwarding stall on every completion).
+#[derive(Default)]
+pub(crate) struct EntryQueue {
+    slots: Vec<(CqTaggedEntry, FiAddr)>,
+    head: usize,
+    len: usize,
+}
+
+impl EntryQueue {
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline(always)]
+    pub fn push(&mut self, e: &CqTaggedEntry, src: FiAddr) {
+        if self.len == self.slots.len() {
+            self.grow();
+        }
+        let mut i = self.head + self.len;
+        if i >= self.slots.len() {
+            i -= self.slots.len();
+        }
+        let s = &mut self.slots[i];
+        s.0.op_context = e.op_context;
+        s.0.flags = e.flags;
+        s.0.len = e.len;
+        s.0.buf = e.buf;
+        s.0.data = e.data;
+        s.0.tag = e.tag;
+        s.1 = src;
+        self.len += 1;
+    }
+
+    #[inline]
+    pub fn pop(&mut self) -> Option<(CqTaggedEntry, FiAddr)> {
+        if self.len == 0 {
+            return None;
+        }
+        let e = self.slots[self.head];
+        self.head += 1;
+        if self.head == self.slots.len() {
+            self.head = 0;
+        }
+        self.len -= 1;
+        Some(e)
+    }
+
+    /// Doubles the ring (at least 64 slots), oldest entry first.
+    #[cold]
+    fn grow(&mut self) {
+        let cap = (self.slots.len() * 2).max(64);
+        let mut v = Vec::with_capacity(cap);
+        while let Some(e) = self.pop() {
+            v.push(e);
+        }
+        self.len = v.len();
+        self.head = 0;
+        v.resize(cap, (CqTaggedEntry::default(), 0));
+        self.slots = v;
+    }
+}
+
 /// In-process state of a CQ.
 pub(crate) struct CqState {
     /// Format fixed at open.
@@ -235,7 +306,7 @@ pub(crate) struct CqState {
     /// Soft capacity.
     pub size: usize,
     /// Successful completions with their source fi_addr.
-    pub entries: VecDeque<(CqTaggedEntry, FiAddr)>,
+    pub entries: EntryQueue,
     /// Error completions with their detail text.
     pub errors: VecDeque<(CqErrEntry, String)>,
     /// Set once an entry was lost; fatal.
@@ -261,7 +332,7 @@ impl CqState {
         CqState {
             format: if attr.format == CqFormat::Unspec { CqFormat::Tagged } else { attr.format },
             size: if attr.size == 0 { 1024 } else { attr.size },
-            entries: VecDeque::new(),
+            entries: EntryQueue::default(),
             errors: VecDeque::new(),
             overrun: false,
             bound: 0,
@@ -300,7 +371,7 @@ impl CqState {
             self.overrun = true;
             return;
         }
-        self.entries.push_back((e, src));
+        self.entries.push(&e, src);
         if let Some(n) = self.notify.as_mut() {
             n.on_completion(sig);
         }
@@ -341,7 +412,7 @@ impl CqState {
             return Err(if self.overrun { Error::new(ErrorKind::Overrun) } else { Error::AGAIN });
         }
         for (i, slot) in out.iter_mut().take(n).enumerate() {
-            let (e, a) = self.entries.pop_front().expect("counted");
+            let (e, a) = self.entries.pop().expect("counted");
             *slot = T::from_full(&e);
             if let Some(s) = src.as_deref_mut() {
                 s[i] = a;
@@ -677,6 +748,33 @@ mod tests {
         assert_eq!(e.err_data_size, 6);
         assert_eq!(cq.read(&mut t, None).unwrap(), 1);
         assert_eq!(cq.readerr().unwrap_err().kind(), ErrorKind::Again);
+    }
+
+    #[test]
+    fn entry_queue_keeps_order_across_wrap_and_growth() {
+        let mut q = EntryQueue::default();
+        let e = |i: usize| CqTaggedEntry { op_context: i, tag: i as u64 * 3, ..Default::default() };
+        let mut next_out = 0;
+        let mut next_in = 0;
+        // Interleave pushes and pops so the ring wraps, then grows while wrapped.
+        for round in 0..6 {
+            for _ in 0..(40 + round * 30) {
+                q.push(&e(next_in), next_in as u64 + 1);
+                next_in += 1;
+            }
+            for _ in 0..(30 + round * 10) {
+                let (x, src) = q.pop().unwrap();
+                assert_eq!((x.op_context, x.tag, src), (next_out, next_out as u64 * 3, next_out as u64 + 1));
+                next_out += 1;
+            }
+            assert_eq!(q.len(), next_in - next_out);
+        }
+        while let Some((x, _)) = q.pop() {
+            assert_eq!(x.op_context, next_out);
+            next_out += 1;
+        }
+        assert_eq!(next_out, next_in);
+        assert!(q.is_empty());
     }
 
     #[test]

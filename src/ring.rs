@@ -331,13 +331,18 @@ impl RingView {
 }
 
 /// Consumer side of a ring (lives in the receiving endpoint).
+///
+/// `repr(C)` with `cells` and `cap` (never written) apart from `head`
+/// (written per message): a view copies them as one wide load that must
+/// not span a just-written `head`.
+#[repr(C)]
 pub struct RingRx {
-    /// Control words in our region.
-    ctl: *const RingCtl,
     /// First cell.
     cells: *const u8,
     /// Cells in the ring (power of two).
     cap: u64,
+    /// Control words in our region.
+    ctl: *const RingCtl,
     /// Next position to read; the consumer's own, monotonic.
     head: u64,
     /// Head as last published to the producer (`<= head`).
