@@ -370,6 +370,9 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         return Flow::Stall;
     }
     let tagged = h.flags & hdr_flags::TAGGED != 0;
+    if eager_to_front(ep, ctx, p, h, src, len, tagged) {
+        return Flow::Done;
+    }
     let q = tagged as usize;
     // Matched by reference: moving the Dest out of the Option would copy
     // bytes just written by narrow stores (a store-forwarding stall).
@@ -398,6 +401,73 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         }
     }
     Flow::Done
+}
+
+/// The common case of an inline message, done without the general
+/// matching records: the oldest posted receive (one segment, not
+/// multi-receive, not from an SRQ) matches it and holds it whole, and
+/// nothing earlier from this peer waits to complete. Returns false, having
+/// done nothing, when that is not the case.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn eager_to_front(
+    ep: &mut EpState,
+    ctx: &mut Ctx<'_>,
+    p: usize,
+    h: &MsgHdr,
+    src: &Src<'_>,
+    len: usize,
+    tagged: bool,
+) -> bool {
+    if (!tagged && ep.srq.is_some()) || !ep.peers[p].rx_order.is_empty() {
+        return false;
+    }
+    let q = tagged as usize;
+    let Some(r) = ep.posted[q].front() else { return false };
+    let seg = r.iovs.v[0];
+    if r.multi
+        || r.iovs.n != 1
+        || len > seg.len
+        || r.src.is_some_and(|s| s != p)
+        || (tagged && (h.tag & !r.ignore) != (r.tag & !r.ignore))
+    {
+        return false;
+    }
+    let (op_context, cqe) = (r.ctx, r.cqe);
+    // SAFETY: the posted receive's buffer, valid and writable until its
+    // completion (the posting contract); len <= its length.
+    src.read(0, unsafe { std::slice::from_raw_parts_mut(seg.ptr as *mut u8, len) });
+    ep.posted[q].pop_front();
+    if let Some(c) = ep.cntr_recv {
+        // SYNC: pairs with the acquire loads in Counter::read/readerr.
+        ctx.counters[c].value.v.fetch_add(1, Ordering::Release);
+    }
+    if !cqe {
+        return true;
+    }
+    let src_fi = ep.src_addr(ctx, p);
+    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+        return true;
+    };
+    let has_data = h.flags & hdr_flags::REMOTE_CQ_DATA != 0;
+    let flags = FI_RECV | if tagged { FI_TAGGED } else { FI_MSG } | if has_data { FI_REMOTE_CQ_DATA } else { 0 };
+    let sig = if h.flags & hdr_flags::SOLICITED != 0 {
+        Signal::Solicited
+    } else if ep.solicited_wait {
+        Signal::Quiet
+    } else {
+        Signal::Normal
+    };
+    let e = CqTaggedEntry {
+        op_context,
+        flags,
+        len,
+        buf: seg.ptr,
+        data: if has_data { h.data } else { 0 },
+        tag: if tagged { h.tag } else { 0 },
+    };
+    cq.push_ext(e, src_fi, sig);
+    true
 }
 
 /// Starts a matched multi-part receive: its data arrives in chunks.

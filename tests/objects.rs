@@ -219,6 +219,54 @@ fn selective_completion() {
     assert_eq!(seen, vec![1, 2, 101], "only the send that asked completes on the selective CQ");
 }
 
+/// Receive side of selective completion: a receive posted without
+/// FI_COMPLETION completes on the counter only; one with it also on the CQ
+/// (small messages, the inline fast path, and a large one).
+#[test]
+fn selective_receive_completion_counts_without_entries() {
+    job("selective-rx");
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let recvd = dom.cntr_open().unwrap();
+    let ep = dom.endpoint().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION).unwrap();
+    ep.bind_cntr(&recvd, FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let me = av.insert(&[ep.getname()]).unwrap()[0];
+    let big = vec![7u8; 200_000];
+    let mut bufs = vec![vec![0u8; 200_000]; 4];
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let mut iov = [std::io::IoSliceMut::new(b)];
+        let flags = if i % 2 == 1 { FI_COMPLETION } else { 0 };
+        let mut m = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 10 + i, tag: 0, ignore: 0 };
+        // SAFETY: bufs outlive the completions counted below.
+        unsafe { ep.recvmsg(&mut m, flags).unwrap() };
+    }
+    ep.injectdata(b"a", 5, me).unwrap();
+    ep.inject(b"bb", me).unwrap();
+    ep.inject(b"ccc", me).unwrap();
+    // SAFETY: big outlives its completion, read below.
+    unsafe { ep.send(&big, me, 77).unwrap() };
+    let t0 = Instant::now();
+    let mut entries = Vec::new();
+    while recvd.read().unwrap() < 4 || entries.len() < 2 {
+        let mut e = [CqTaggedEntry::default()];
+        if cq.read(&mut e).is_ok() && e[0].flags & FI_RECV != 0 {
+            entries.push(e[0]);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "counter {} entries {entries:?}", recvd.read().unwrap());
+    }
+    assert_eq!(recvd.read().unwrap(), 4);
+    let ctxs: Vec<(usize, usize)> = entries.iter().map(|e| (e.op_context, e.len)).collect();
+    assert_eq!(ctxs, vec![(11, 2), (13, 200_000)], "only the receives that asked have entries");
+    assert_eq!(&bufs[0][..1], b"a");
+    assert_eq!(&bufs[2][..3], b"ccc");
+    assert!(bufs[3] == big);
+    drop(ep);
+}
+
 #[test]
 fn bad_arguments_get_clear_errors() {
     job("args");
