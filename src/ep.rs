@@ -726,6 +726,9 @@ impl EpState {
             return Err(Error::AGAIN);
         }
         self.posted[q].push_back(r);
+        if self.unexp[q].is_empty() {
+            return Ok(());
+        }
         // Unexpected messages that this receive (or a multi-receive buffer,
         // several of them) matches.
         while let Some(ui) = self.match_unexp(tagged, self.posted[q].len() - 1) {
