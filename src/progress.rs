@@ -403,6 +403,19 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
     Flow::Done
 }
 
+/// How a receive completion signals an armed channel: solicited messages
+/// always; others not at all on a solicited-wait endpoint.
+#[inline]
+fn rx_signal(ep: &EpState, hflags: u8) -> Signal {
+    if hflags & hdr_flags::SOLICITED != 0 {
+        Signal::Solicited
+    } else if ep.solicited_wait {
+        Signal::Quiet
+    } else {
+        Signal::Normal
+    }
+}
+
 /// The common case of an inline message, done without the general
 /// matching records: the oldest posted receive (one segment, not
 /// multi-receive, not from an SRQ) matches it and holds it whole, and
@@ -451,13 +464,7 @@ fn eager_to_front(
     };
     let has_data = h.flags & hdr_flags::REMOTE_CQ_DATA != 0;
     let flags = FI_RECV | if tagged { FI_TAGGED } else { FI_MSG } | if has_data { FI_REMOTE_CQ_DATA } else { 0 };
-    let sig = if h.flags & hdr_flags::SOLICITED != 0 {
-        Signal::Solicited
-    } else if ep.solicited_wait {
-        Signal::Quiet
-    } else {
-        Signal::Normal
-    };
+    let sig = rx_signal(ep, h.flags);
     let e = CqTaggedEntry {
         op_context,
         flags,
@@ -1020,13 +1027,7 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, 
             detail,
         ),
         None if d.cqe || d.multi_release => {
-            let sig = if i.hflags & hdr_flags::SOLICITED != 0 {
-                Signal::Solicited
-            } else if ep.solicited_wait {
-                Signal::Quiet
-            } else {
-                Signal::Normal
-            };
+            let sig = rx_signal(ep, i.hflags);
             cq.push_ext(CqTaggedEntry { op_context: d.ctx, flags, len: i.delivered, buf: d.buf, data, tag }, src, sig)
         }
         None => {}
