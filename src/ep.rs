@@ -333,9 +333,29 @@ pub(crate) struct Peer {
     /// Why the peer is gone (its process died or its endpoint closed):
     /// everything pending with it has failed, new sends fail at once.
     pub gone: Option<String>,
+    /// What says our channel to it is still ours (see [`Peer::chan_valid`]).
+    pub claim: ChanClaim,
 }
 
-// SAFETY: doorbell points into `region`, which the Peer keeps alive.
+/// Where a sender checks, before each push, that the channel it writes is
+/// still its own: the ring slot's owner word (a line written only when a
+/// slot is claimed or released, so the check is an L1 hit), or for the
+/// overflow queue the section's generation and state. A closed endpoint's
+/// section is zeroed and may be reopened for someone else: a sender that
+/// kept writing would corrupt the new endpoint's rings.
+pub(crate) struct ChanClaim {
+    owner: *const crate::sync::AtomicU64,
+    token: u64,
+    hdr: *const shm_layout::EpHeader,
+    generation: u32,
+}
+
+impl ChanClaim {
+    const NONE: ChanClaim = ChanClaim { owner: std::ptr::null(), token: 0, hdr: std::ptr::null(), generation: 0 };
+}
+
+// SAFETY: doorbell and the claim pointers point into `region`, which the
+// Peer keeps alive.
 unsafe impl Send for Peer {}
 
 impl Peer {
@@ -359,12 +379,33 @@ impl Peer {
             src_cache: (u64::MAX, FI_ADDR_NOTAVAIL),
             broken: false,
             gone: None,
+            claim: ChanClaim::NONE,
         }
     }
 
     pub fn doorbell(&self) -> Option<&Doorbell> {
         // SAFETY: set from our Arc<Region>, alive as long as self.
         unsafe { self.doorbell.as_ref() }
+    }
+
+    /// Whether our channel to the peer is still ours: our ring slot still
+    /// holds our token, or (overflow queue) the section is still open at
+    /// the generation we connected to. True before the first connect.
+    #[inline]
+    pub fn chan_valid(&self) -> bool {
+        let c = &self.claim;
+        // SAFETY: the pointers are into the peer's region, which `region`
+        // keeps mapped; they are set together with it in connect().
+        unsafe {
+            if !c.owner.is_null() {
+                (*c.owner).load(Ordering::Relaxed) == c.token
+            } else if let Some(h) = c.hdr.as_ref() {
+                h.generation.load(Ordering::Relaxed) == c.generation
+                    && h.state.load(Ordering::Relaxed) == ep_state::OPEN
+            } else {
+                true
+            }
+        }
     }
 }
 
@@ -566,9 +607,11 @@ impl EpState {
         let me = self.addr;
         let token = (me.token ^ ((me.ep_index as u64) << 48) ^ ((me.generation as u64) << 32)) | 1;
         let mut chan = None;
+        let mut claim = ChanClaim { owner: std::ptr::null(), token, hdr: sec.header(), generation: addr.generation };
         for s in 0..sec.g.n_slots {
             let slot = sec.slot(s);
             if slot.owner.compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                claim.owner = &slot.owner;
                 // SAFETY: we own the slot now; addr is plain data in it.
                 unsafe { std::ptr::addr_of!(slot.addr).cast_mut().write_volatile(me) };
                 // SYNC: publishes the slot's addr to the acquire load of
@@ -594,6 +637,7 @@ impl EpState {
         peer.pool = Some(sec.pool());
         peer.doorbell = &region.header().doorbell as *const Doorbell;
         peer.chan = Some(chan);
+        peer.claim = claim;
         peer.region = Some(region);
         Ok(())
     }
@@ -643,7 +687,7 @@ impl EpState {
             Err(e) => return Some(Err(e)),
         };
         let peer = &mut self.peers[p];
-        if peer.gone.is_some() || !peer.txq.is_empty() || !peer.inflight.is_empty() {
+        if peer.gone.is_some() || !peer.txq.is_empty() || !peer.inflight.is_empty() || !peer.chan_valid() {
             return None;
         }
         let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
@@ -675,6 +719,10 @@ impl EpState {
             }
         }
         let p = self.peer_for(ctx, dest)?;
+        if !self.peers[p].chan_valid() {
+            let why = crate::progress::chan_lost(self, ctx, p);
+            return Err(Error::with(ErrorKind::Io, why));
+        }
         let peer = &mut self.peers[p];
         if let Some(why) = &peer.gone {
             return Err(Error::with(ErrorKind::Io, why.clone()));

@@ -171,6 +171,23 @@ fn peer_gone(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> Option<String> {
     }
 }
 
+/// Our channel to peer `p` was taken from us (its endpoint closed, its
+/// section maybe reopened): fail everything pending with it, as for a dead
+/// peer, once nothing it sent is left in our inbound queues (else the next
+/// check does). Returns why, for the send that found it.
+pub(crate) fn chan_lost(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> String {
+    if let Some(why) = &ep.peers[p].gone {
+        return why.clone();
+    }
+    let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
+    let why = format!("peer {who} (pid {}) closed its endpoint: its ring slot is no longer ours", ep.peers[p].pid);
+    let left = ep.rings.iter().flatten().any(|r| r.peer == p && r.rx.ready()) || ep.ovf.ready();
+    if !left {
+        fail_peer(ep, ctx, p, why.clone());
+    }
+    why
+}
+
 /// Fails everything pending with a peer that is gone. Messages it left in
 /// our rings are still delivered by later passes; only what can never
 /// complete fails.
@@ -1190,6 +1207,10 @@ fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Poo
 /// forward as far as ring room and pool chunks allow.
 pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
     if ep.peers[p].gone.is_some() || ensure_connected(ep, ctx, p).is_err() {
+        return;
+    }
+    if !ep.peers[p].chan_valid() {
+        chan_lost(ep, ctx, p);
         return;
     }
     let me = ep.addr;

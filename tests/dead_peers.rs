@@ -197,3 +197,93 @@ fn killing_the_launcher_ends_its_ranks_and_leaves_nothing() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An endpoint closed and its section reopened for another endpoint: a
+/// sender that kept the old address must get an error, never write into
+/// the new endpoint's rings (where another sender now owns its old slot).
+#[test]
+fn a_stale_sender_cannot_write_into_a_reopened_endpoint() {
+    use shmfab::{CqAttr, CqTaggedEntry, FI_ADDR_UNSPEC, FI_TRANSMIT};
+    common::run("a_stale_sender_cannot_write_into_a_reopened_endpoint", 3, &[], Duration::from_secs(60), |w| {
+        let next = |cq: &shmfab::CompletionQueue| -> CqTaggedEntry {
+            let t0 = Instant::now();
+            loop {
+                let mut e = [CqTaggedEntry::default()];
+                if cq.read(&mut e).is_ok() {
+                    return e[0];
+                }
+                assert!(t0.elapsed() < Duration::from_secs(20), "no completion");
+                w.dom.wait(Duration::from_millis(1));
+            }
+        };
+        match w.rank {
+            0 => {
+                let cq = w.dom.cq_open(&CqAttr::default()).unwrap();
+                let open = || {
+                    let ep = w.dom.endpoint().unwrap();
+                    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+                    ep.bind_av(&w.av).unwrap();
+                    ep.enable().unwrap();
+                    ep
+                };
+                let e1 = open();
+                w.tell(1, &[e1.getname()]);
+                let mut b = [0u8; 8];
+                // SAFETY: b outlives the completion read below.
+                unsafe { e1.recv(&mut b, FI_ADDR_UNSPEC, 1).unwrap() };
+                assert_eq!(next(&cq).op_context, 1);
+                assert_eq!(&b, b"from-one");
+                let idx = e1.index();
+                e1.close().unwrap();
+                let e2 = open();
+                assert_eq!(e2.index(), idx, "the section is reused");
+                assert_ne!(e2.getname(), e1.getname(), "with a new generation");
+                w.tell(2, &[e2.getname()]);
+                // Rank 2 claims the freed slot; then rank 1 tries its old
+                // address (it must fail); then rank 2 sends 100 more.
+                let mut bufs = vec![[0u8; 16]; 101];
+                for (i, b) in bufs.iter_mut().enumerate() {
+                    // SAFETY: bufs outlive the completions read below.
+                    unsafe { e2.recv(b, FI_ADDR_UNSPEC, 100 + i).unwrap() };
+                }
+                w.barrier();
+                w.barrier();
+                for i in 0..101 {
+                    let e = next(&cq);
+                    assert_eq!((e.op_context, e.len), (100 + i, 16), "only rank 2's messages, in order");
+                    assert_eq!(&bufs[i][..8], b"from-two");
+                    assert_eq!(u64::from_le_bytes(bufs[i][8..].try_into().unwrap()), i as u64);
+                }
+                let mut extra = [CqTaggedEntry::default()];
+                std::thread::sleep(Duration::from_millis(50));
+                assert!(cq.read(&mut extra).is_err(), "a stale message reached the new endpoint: {extra:?}");
+                drop(e2);
+                drop(e1);
+                w.barrier();
+            }
+            1 => {
+                let old = w.learn(0, 1)[0];
+                w.retry(|| w.ep.inject(b"from-one", old));
+                w.barrier(); // rank 2 has claimed the slot
+                let e = w.ep.inject(b"stale!!!stale!!!", old).unwrap_err();
+                assert!(matches!(e.kind(), ErrorKind::Io | ErrorKind::AddrNotAvail), "stale send must fail, got {e}");
+                assert!(w.ep.inject(b"stale!!!stale!!!", old).is_err(), "and keep failing");
+                w.barrier();
+                w.barrier();
+            }
+            _ => {
+                let new = w.learn(0, 1)[0];
+                let mut m = [0u8; 16];
+                m[..8].copy_from_slice(b"from-two");
+                w.retry(|| w.ep.inject(&m, new));
+                w.barrier(); // our slot is claimed (first send connected)
+                w.barrier(); // rank 1 has tried its stale address
+                for i in 1..101u64 {
+                    m[8..].copy_from_slice(&i.to_le_bytes());
+                    w.retry(|| w.ep.inject(&m, new));
+                }
+                w.barrier();
+            }
+        }
+    });
+}
