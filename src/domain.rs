@@ -95,6 +95,11 @@ impl Fabric {
     }
 }
 
+/// Entries (and errors) held by the domain's CQs.
+fn waitable_entries(st: &DomainState) -> usize {
+    st.cqs.iter().flatten().map(|c| c.entries.len() + c.errors.len()).sum()
+}
+
 /// A domain (see the module docs).
 #[derive(Clone)]
 pub struct Domain {
@@ -416,13 +421,21 @@ impl Domain {
                         return;
                     }
                     let Some(inner) = weak.upgrade() else { return };
-                    let busy = match inner.lock() {
+                    let (busy, made) = match inner.lock() {
                         Ok(mut s) => {
+                            let before = waitable_entries(&s);
                             inner.progress(&mut s);
-                            s.eps.iter().flatten().any(|e| !e.busy.is_empty())
+                            (s.eps.iter().flatten().any(|e| !e.busy.is_empty()), waitable_entries(&s) > before)
                         }
-                        Err(_) => false,
+                        Err(_) => (false, false),
                     };
+                    if made && inner.region.header().doorbell.sleepers.load(Acquire) != 0 {
+                        // Completions made here, with no doorbell rung by
+                        // anyone (sends that waited for ring room, ...):
+                        // ring our own, so an armed bridge makes the FD and
+                        // condvar wait objects ready and sread wakes up.
+                        crate::doorbell::wake_all(&inner.region.header().doorbell);
+                    }
                     let db = &inner.region.header().doorbell as *const shm_layout::Doorbell as usize;
                     // Sleep without keeping the domain alive.
                     drop(inner);

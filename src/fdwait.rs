@@ -147,10 +147,16 @@ fn run(s: &Shared) {
         }
         db.sleepers.fetch_sub(1, Ordering::Relaxed);
         *s.armed.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        for fd in s.fds.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        s.fire();
+    }
+}
+
+impl Shared {
+    fn fire(&self) {
+        for fd in self.fds.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             poke(fd);
         }
-        for c in s.conds.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for c in self.conds.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             c.signal();
         }
     }

@@ -178,3 +178,86 @@ fn mutex_cond_and_pollfd_wait_objects_wake_on_another_process() {
         w.barrier();
     });
 }
+
+/// Completions that the domain's progress thread makes locally, with no
+/// doorbell rung by anyone (sends that waited for ring room and went out
+/// when the receiver freed it), must make an FD CQ readable too: an
+/// application blocked in poll(2) would otherwise sleep through them.
+#[test]
+fn progress_thread_completions_make_the_fd_readable() {
+    let env = [("SHMFAB_THREADING", "safe")];
+    run("progress_thread_completions_make_the_fd_readable", 2, &env, Duration::from_secs(60), |w| {
+        const N: usize = 300;
+        let dir = std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap());
+        if w.rank == 0 {
+            let cq = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::Fd, size: 4096, ..Default::default() }).unwrap();
+            let ep = w.dom.endpoint().unwrap();
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_av(&w.av).unwrap();
+            ep.enable().unwrap();
+            w.dom.start_progress_thread().unwrap();
+            let dest = w.learn(1, 1)[0];
+            // Rank 1 does not read yet: its ring fills and the rest of the
+            // sends wait in our queue.
+            let msg = vec![5u8; 1000];
+            for i in 0..N {
+                // SAFETY: msg outlives every send completion read below.
+                w.retry(|| unsafe { ep.send(&msg, dest, i) });
+            }
+            let mut done = 0usize;
+            let mut e = [CqTaggedEntry::default(); 64];
+            let mut read = |done: &mut usize| loop {
+                match cq.read(&mut e) {
+                    Ok(k) => *done += k,
+                    Err(x) if x.kind() == ErrorKind::Again => break,
+                    Err(x) => panic!("{x}"),
+                }
+            };
+            read(&mut done);
+            assert!(done < N, "the ring took everything ({done}); the test needs queued sends");
+            std::fs::write(dir.join("go"), b"").unwrap();
+            let fd = cq.wait_fd().unwrap();
+            let mut blocked = 0;
+            while done < N {
+                match w.dom.trywait(&[&cq]) {
+                    Ok(()) => {
+                        let mut p = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+                        // SAFETY: poll on our own fd.
+                        let n = unsafe { libc::poll(p.as_mut_ptr(), 1, 5000) };
+                        assert_eq!(n, 1, "fd never readable with {done} of {N} sends complete");
+                        blocked += 1;
+                    }
+                    Err(x) => assert_eq!(x.kind(), ErrorKind::Again, "{x}"),
+                }
+                read(&mut done);
+            }
+            eprintln!("blocked {blocked} times");
+            std::fs::write(dir.join("done"), b"").unwrap();
+            drop(ep);
+        } else {
+            w.tell(0, &[w.ep.getname()]);
+            // Wait (without driving progress) until rank 0 is blocked-ready.
+            let t0 = std::time::Instant::now();
+            while !dir.join("go").exists() {
+                assert!(t0.elapsed() < Duration::from_secs(30));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            // Now take everything, slowly enough that rank 0 blocks between.
+            let mut b = vec![0u8; 1000];
+            for i in 0..N {
+                // SAFETY: b lives until the completion below.
+                unsafe { w.ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 7).unwrap() };
+                w.ok(7);
+                if i % 50 == 0 {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            // Never send anything to rank 0: only our consuming frees room.
+            while !dir.join("done").exists() {
+                assert!(t0.elapsed() < Duration::from_secs(50));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+}
