@@ -267,7 +267,13 @@ impl Domain {
     /// forever). While sends wait for ring room or pool chunks (which do not
     /// ring the doorbell) it sleeps in 1 ms slices.
     pub(crate) fn wait_for(&self, timeout: Option<Duration>, done: impl Fn() -> bool) {
-        let local = self.inner.lock().map(|st| st.eps.iter().flatten().any(|e| !e.busy.is_empty())).unwrap_or(true);
+        // Sends waiting for room, or an overflow queue blocked by a claim
+        // that may be dead: nothing will ring for those, so look again soon.
+        let local = self
+            .inner
+            .lock()
+            .map(|st| st.eps.iter().flatten().any(|e| !e.busy.is_empty() || e.ovf_stuck.is_some()))
+            .unwrap_or(true);
         let cap = if local { Duration::from_millis(1) } else { Duration::from_secs(3600) };
         self.sleep(timeout.map_or(cap, |t| t.min(cap)), done);
     }

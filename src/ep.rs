@@ -442,6 +442,9 @@ pub struct EpStats {
     pub stalls: u64,
     /// Sends refused with -FI_EAGAIN.
     pub tx_again: u64,
+    /// Overflow queue entries freed because the sender that claimed them
+    /// died before publishing.
+    pub ovf_skipped: u64,
 }
 
 /// In-process state of an endpoint.
@@ -494,6 +497,9 @@ pub(crate) struct EpState {
     pub last_check: std::time::Instant,
     /// Set after a doorbell sleep: check the clock on the next pass.
     pub check_now: bool,
+    /// The overflow queue's head found claimed but unpublished: its
+    /// position and since when.
+    pub ovf_stuck: Option<(u64, std::time::Instant)>,
 }
 
 /// Most spare unexpected-message buffers an endpoint keeps.
@@ -949,6 +955,7 @@ impl Domain {
             passes: 0,
             last_check: std::time::Instant::now(),
             check_now: false,
+            ovf_stuck: None,
         }));
         Ok(Endpoint { dom: inner.clone(), idx, addr, closed: false.into() })
     }

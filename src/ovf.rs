@@ -8,6 +8,20 @@
 use crate::sync::Ordering;
 use shm_layout::{Address, MsgHdr, OvfCell, OvfCtl, OVF_PAYLOAD};
 
+static DIE_AFTER_CLAIM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Fault injection for the tests: when on, this process's next overflow
+/// push kills the process (SIGKILL) between claiming a cell and publishing
+/// it, as a crash there would.
+#[doc(hidden)]
+pub fn set_fault_die_after_claim(on: bool) {
+    DIE_AFTER_CLAIM.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn fault_die_after_claim() -> bool {
+    DIE_AFTER_CLAIM.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Handle on a queue (producer or consumer side).
 pub struct Ovf {
     /// Control words.
@@ -79,10 +93,16 @@ impl Ovf {
             if dif == 0 {
                 match enq.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed) {
                     Ok(_) => {
-                        // SAFETY: we own cell pos until we publish it.
+                        // SAFETY: we own cell pos until we publish it. The
+                        // source goes first: if we die before publishing,
+                        // it tells the consumer whose claim blocks the queue
+                        // (see `blocked_head`).
                         unsafe {
-                            std::ptr::addr_of_mut!((*c).hdr).write_volatile(*hdr);
                             std::ptr::addr_of_mut!((*c).src).write_volatile(*src);
+                            if fault_die_after_claim() {
+                                libc::kill(libc::getpid(), libc::SIGKILL);
+                            }
+                            std::ptr::addr_of_mut!((*c).hdr).write_volatile(*hdr);
                             std::ptr::copy_nonoverlapping(
                                 payload.as_ptr(),
                                 std::ptr::addr_of_mut!((*c).payload) as *mut u8,
@@ -129,10 +149,38 @@ impl Ovf {
         let deq = unsafe { &(*self.ctl).dequeue.v };
         let pos = deq.load(Ordering::Relaxed);
         let c = self.cell(pos);
-        // SYNC: frees the cell for the producer's acquire in push().
-        // SAFETY: c inside the queue.
-        unsafe { (*c).seq.store(pos + self.cap, Ordering::Release) };
+        // SAFETY: c inside the queue; the cell is ours (read, or its claimant
+        // is dead) until the release store below: clear its source so a
+        // later claimant that dies early is not taken for this one.
+        unsafe {
+            std::ptr::addr_of_mut!((*c).src).write_volatile(Address::default());
+            // SYNC: frees the cell for the producer's acquire in push().
+            (*c).seq.store(pos + self.cap, Ordering::Release);
+        }
         deq.store(pos + 1, Ordering::Relaxed);
+    }
+
+    /// When the next entry is claimed by a producer but not published:
+    /// its position and the source the producer wrote first (all zero if it
+    /// wrote none yet). A claim whose producer died blocks the queue; the
+    /// owner then frees it with [`Ovf::skip`].
+    pub fn blocked_head(&self) -> Option<(u64, Address)> {
+        // SAFETY: ctl and cells mapped; dequeue is written only by the owner.
+        unsafe {
+            let pos = (*self.ctl).dequeue.v.load(Ordering::Relaxed);
+            let c = self.cell(pos);
+            if (*c).seq.load(Ordering::Acquire) != pos || (*self.ctl).enqueue.v.load(Ordering::Acquire) <= pos {
+                return None;
+            }
+            Some((pos, std::ptr::addr_of!((*c).src).read_volatile()))
+        }
+    }
+
+    /// Frees the head entry whose producer died after claiming it (the
+    /// owner only, after [`Ovf::blocked_head`] named it and its owner was
+    /// found dead: nobody will publish it).
+    pub fn skip(&self) {
+        self.commit();
     }
 
     /// Dequeues (the owner only).
@@ -155,6 +203,37 @@ impl Ovf {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_claim_is_named_and_skipped() {
+        let cap = 8usize;
+        // SAFETY: zeroed OvfCtl/OvfCell are valid.
+        let ctl: &'static OvfCtl = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
+        let cells: &'static mut [OvfCell] =
+            Box::leak((0..cap).map(|_| unsafe { std::mem::zeroed() }).collect::<Vec<OvfCell>>().into_boxed_slice());
+        // SAFETY: leaked memory lives forever.
+        let q = unsafe { Ovf::new(ctl, cells.as_mut_ptr(), cap) };
+        // SAFETY: nobody else uses it yet.
+        unsafe { q.init() };
+        assert!(q.blocked_head().is_none(), "empty is not blocked");
+        let live = Address { ep_index: 1, token: 11, ..Default::default() };
+        assert!(q.push(&MsgHdr { tag: 1, ..Default::default() }, &live, b"a"));
+        assert!(q.blocked_head().is_none(), "published is not blocked");
+        assert_eq!(q.pop().unwrap().hdr.tag, 1);
+        // A producer claims position 1, writes its source, and dies.
+        let dead = Address { ep_index: 2, token: 22, ..Default::default() };
+        ctl.enqueue.v.store(2, Ordering::Relaxed);
+        cells[1].src = dead;
+        // Another one publishes behind it.
+        assert!(q.push(&MsgHdr { tag: 3, ..Default::default() }, &live, b"c"));
+        assert!(q.peek().is_none(), "the dead claim blocks the queue");
+        assert_eq!(q.blocked_head(), Some((1, dead)));
+        q.skip();
+        assert_eq!(q.pop().unwrap().hdr.tag, 3, "the entry behind it comes out");
+        assert!(q.blocked_head().is_none());
+        // The skipped cell is clean for its next round.
+        assert_eq!(cells[1].src, Address::default());
+    }
 
     #[test]
     fn many_producers_one_consumer_lose_nothing() {

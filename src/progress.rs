@@ -99,6 +99,9 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
         if now.duration_since(ep.last_check) >= ctx.cfg.peer_check {
             ep.last_check = now;
             check_peers(ep, ctx);
+            if ep.sec.header().ovf_used.load(Ordering::Relaxed) != 0 {
+                check_ovf_claim(ep, ctx, now);
+            }
         }
         publish_gauges(ep, ctx);
     }
@@ -186,6 +189,37 @@ pub(crate) fn chan_lost(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> String
         fail_peer(ep, ctx, p, why.clone());
     }
     why
+}
+
+/// The overflow queue is shared: a sender that died between claiming an
+/// entry and publishing it would block every sender behind it for ever.
+/// When the head has stayed claimed but unpublished for a peer-check
+/// period, and the source its claimant wrote first names a peer that is
+/// gone (process dead, domain or endpoint closed: none of which can happen
+/// in the middle of a push), the entry is freed. A claimant that wrote no
+/// source yet cannot be named, and is waited for.
+fn check_ovf_claim(ep: &mut EpState, ctx: &mut Ctx<'_>, now: std::time::Instant) {
+    let Some((pos, src)) = ep.ovf.blocked_head() else {
+        ep.ovf_stuck = None;
+        return;
+    };
+    match ep.ovf_stuck {
+        Some((p, since)) if p == pos => {
+            if now.duration_since(since) < ctx.cfg.peer_check
+                || src == shm_layout::Address::default()
+                || src.uid != ep.addr.uid
+            {
+                return;
+            }
+            let peer = ep.peer_index(src);
+            if peer_gone(ep, ctx, peer).is_some() {
+                ep.ovf.skip();
+                ep.stats.ovf_skipped += 1;
+                ep.ovf_stuck = None;
+            }
+        }
+        _ => ep.ovf_stuck = Some((pos, now)),
+    }
 }
 
 /// Fails everything pending with a peer that is gone. Messages it left in
@@ -312,7 +346,17 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, s: usize) {
 
 fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     for _ in 0..BATCH {
-        let Some(m) = ep.ovf.peek() else { break };
+        let Some(m) = ep.ovf.peek() else {
+            if ep.ovf_stuck.is_none() {
+                if let Some((pos, _)) = ep.ovf.blocked_head() {
+                    // Claimed, not published: a sender mid-push, or one
+                    // that died there (check_ovf_claim decides).
+                    ep.ovf_stuck = Some((pos, std::time::Instant::now()));
+                }
+            }
+            break;
+        };
+        ep.ovf_stuck = None;
         if m.src.uid != ep.addr.uid {
             ep.ovf.commit();
             continue;

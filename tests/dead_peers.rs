@@ -287,3 +287,100 @@ fn a_stale_sender_cannot_write_into_a_reopened_endpoint() {
         }
     });
 }
+
+/// A sender that dies between claiming an overflow queue entry and
+/// publishing it must not block the senders behind it for ever: the
+/// receiver frees the dead claim and their messages come through.
+#[test]
+fn a_sender_dying_mid_push_does_not_block_the_overflow_queue() {
+    use shmfab::{CqAttr, CqTaggedEntry, FI_ADDR_UNSPEC, FI_TRANSMIT};
+    // One ring slot per endpoint: the second sender to an endpoint uses
+    // the overflow queue.
+    let env = [("SHMFAB_RING_SLOTS", "1"), ("SHMFAB_PEER_CHECK_MS", "50")];
+    run_killing(
+        "a_sender_dying_mid_push_does_not_block_the_overflow_queue",
+        4,
+        &env,
+        Duration::from_secs(60),
+        &[2],
+        |w| {
+            let dir = std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap());
+            let wait_file = |name: &str| {
+                let t0 = Instant::now();
+                while !dir.join(name).exists() {
+                    assert!(t0.elapsed() < Duration::from_secs(30), "no {name}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            match w.rank {
+                0 => {
+                    let cq = w.dom.cq_open(&CqAttr::default()).unwrap();
+                    let r = w.dom.endpoint().unwrap();
+                    r.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+                    r.bind_av(&w.av).unwrap();
+                    r.enable().unwrap();
+                    let mut bufs = vec![[0u8; 8]; 51];
+                    for (i, b) in bufs.iter_mut().enumerate() {
+                        // SAFETY: bufs outlive the completions read below.
+                        unsafe { r.recv(b, FI_ADDR_UNSPEC, i).unwrap() };
+                    }
+                    let next = || -> CqTaggedEntry {
+                        let t0 = Instant::now();
+                        loop {
+                            let mut e = [CqTaggedEntry::default()];
+                            if cq.read(&mut e).is_ok() {
+                                return e[0];
+                            }
+                            assert!(t0.elapsed() < Duration::from_secs(20), "the overflow queue stays blocked");
+                            w.dom.wait(Duration::from_millis(100));
+                        }
+                    };
+                    // Rank 1 takes the endpoint's only ring slot.
+                    w.tell(1, &[r.getname()]);
+                    assert_eq!(next().op_context, 0);
+                    assert_eq!(&bufs[0][..3], b"one");
+                    // Rank 2 claims an overflow entry and dies; then rank 3
+                    // queues 50 messages behind it.
+                    w.tell(2, &[r.getname()]);
+                    w.tell(3, &[r.getname()]);
+                    for i in 1..51 {
+                        let e = next();
+                        assert_eq!(e.op_context, i);
+                        assert_eq!(u64::from_le_bytes(bufs[i]), i as u64, "rank 3's messages in order");
+                    }
+                    assert_eq!(r.stats().unwrap().ovf_skipped, 1, "the dead claim was freed");
+                    std::fs::write(dir.join("done"), b"").unwrap();
+                    drop(r);
+                }
+                1 => {
+                    let r = w.learn(0, 1)[0];
+                    w.retry(|| w.ep.inject(b"one", r));
+                    wait_file("done");
+                }
+                2 => {
+                    let r = w.learn(0, 1)[0];
+                    std::fs::write(dir.join("pid2"), std::process::id().to_string()).unwrap();
+                    shmfab::ovf::set_fault_die_after_claim(true);
+                    let _ = w.ep.inject(b"dies", r);
+                    unreachable!("the fault kills us mid-push");
+                }
+                _ => {
+                    let r = w.learn(0, 1)[0];
+                    // Wait until rank 2 is dead (its claim is in the queue).
+                    wait_file("pid2");
+                    let pid: i32 = std::fs::read_to_string(dir.join("pid2")).unwrap().parse().unwrap();
+                    let t0 = Instant::now();
+                    // SAFETY: kill with signal 0 only checks the pid.
+                    while unsafe { libc::kill(pid, 0) } == 0 {
+                        assert!(t0.elapsed() < Duration::from_secs(20), "rank 2 did not die");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    for i in 1..51u64 {
+                        w.retry(|| w.ep.inject(&i.to_le_bytes(), r));
+                    }
+                    wait_file("done");
+                }
+            }
+        },
+    );
+}
