@@ -96,7 +96,7 @@ impl Fabric {
 }
 
 /// Entries (and errors) held by the domain's CQs.
-fn waitable_entries(st: &DomainState) -> usize {
+fn cq_entries(st: &DomainState) -> usize {
     st.cqs.iter().flatten().map(|c| c.entries.len() + c.errors.len()).sum()
 }
 
@@ -429,9 +429,9 @@ impl Domain {
                     let Some(inner) = weak.upgrade() else { return };
                     let (busy, made) = match inner.lock() {
                         Ok(mut s) => {
-                            let before = waitable_entries(&s);
+                            let before = cq_entries(&s);
                             inner.progress(&mut s);
-                            (s.eps.iter().flatten().any(|e| !e.busy.is_empty()), waitable_entries(&s) > before)
+                            (s.eps.iter().flatten().any(|e| !e.busy.is_empty()), cq_entries(&s) > before)
                         }
                         Err(_) => (false, false),
                     };

@@ -130,6 +130,12 @@ fn pending_with(ep: &EpState, p: usize) -> bool {
         || ep.posted.iter().flatten().any(|r| r.src == Some(p))
 }
 
+/// Whether peer `p` may still have messages in our inbound queues (its
+/// ring, or the shared overflow queue, where any entry counts).
+fn left_in_queues(ep: &EpState, p: usize) -> bool {
+    ep.rings.iter().flatten().any(|r| r.peer == p && r.rx.ready()) || ep.ovf.ready()
+}
+
 /// Checks every peer we wait on; fails what is pending with dead ones.
 fn check_peers(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     for p in 0..ep.peers.len() {
@@ -141,8 +147,7 @@ fn check_peers(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             // pending operations only once nothing of it is left in our
             // inbound queues (the overflow queue is shared: any entry there
             // defers the decision to the next check).
-            let left = ep.rings.iter().flatten().any(|r| r.peer == p && r.rx.ready()) || ep.ovf.ready();
-            if !left {
+            if !left_in_queues(ep, p) {
                 fail_peer(ep, ctx, p, why);
             }
         }
@@ -184,8 +189,7 @@ pub(crate) fn chan_lost(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> String
     }
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
     let why = format!("peer {who} (pid {}) closed its endpoint: its ring slot is no longer ours", ep.peers[p].pid);
-    let left = ep.rings.iter().flatten().any(|r| r.peer == p && r.rx.ready()) || ep.ovf.ready();
-    if !left {
+    if !left_in_queues(ep, p) {
         fail_peer(ep, ctx, p, why.clone());
     }
     why
@@ -512,29 +516,9 @@ fn eager_to_front(
     // completion (the posting contract); len <= its length.
     src.read(0, unsafe { std::slice::from_raw_parts_mut(seg.ptr as *mut u8, len) });
     ep.posted[q].pop_front();
-    if let Some(c) = ep.cntr_recv {
-        // SYNC: pairs with the acquire loads in Counter::read/readerr.
-        ctx.counters[c].value.v.fetch_add(1, Ordering::Release);
-    }
-    if !cqe {
-        return true;
-    }
-    let src_fi = ep.src_addr(ctx, p);
-    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
-        return true;
-    };
-    let has_data = h.flags & hdr_flags::REMOTE_CQ_DATA != 0;
-    let flags = FI_RECV | if tagged { FI_TAGGED } else { FI_MSG } | if has_data { FI_REMOTE_CQ_DATA } else { 0 };
-    let sig = rx_signal(ep, h.flags);
-    let e = CqTaggedEntry {
-        op_context,
-        flags,
-        len,
-        buf: seg.ptr,
-        data: if has_data { h.data } else { 0 },
-        tag: if tagged { h.tag } else { 0 },
-    };
-    cq.push_ext(e, src_fi, sig);
+    let ok =
+        RxOk { op_context, buf: seg.ptr, len, tagged, hflags: h.flags, data: h.data, tag: h.tag, multi_release: false };
+    complete_rx_ok(ep, ctx, p, &ok, cqe);
     true
 }
 
@@ -1031,20 +1015,68 @@ fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: Pendin
     }
 }
 
+/// A receive that completed without error, for [`complete_rx_ok`].
+struct RxOk {
+    op_context: usize,
+    buf: usize,
+    len: usize,
+    tagged: bool,
+    hflags: u8,
+    data: u64,
+    tag: u64,
+    multi_release: bool,
+}
+
+/// Completion flags of a receive.
+#[inline]
+fn rx_flags(tagged: bool, hflags: u8, multi_release: bool) -> u64 {
+    let mut flags = FI_RECV | if tagged { FI_TAGGED } else { FI_MSG };
+    if hflags & hdr_flags::REMOTE_CQ_DATA != 0 {
+        flags |= FI_REMOTE_CQ_DATA;
+    }
+    if multi_release {
+        flags |= FI_MULTI_RECV;
+    }
+    flags
+}
+
+/// A successful receive: the receive counter, and the CQ entry when one is
+/// asked for (`entry`). Shared by the general path ([`emit_rx`]) and the
+/// inline fast path ([`eager_to_front`]); inlined, so `ok` is never a
+/// struct re-read from memory.
+#[inline(always)]
+fn complete_rx_ok(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, ok: &RxOk, entry: bool) {
+    if let Some(c) = ep.cntr_recv {
+        // SYNC: pairs with the acquire loads in Counter::read/readerr.
+        ctx.counters[c].value.v.fetch_add(1, Ordering::Release);
+    }
+    if !entry {
+        return;
+    }
+    let src = ep.src_addr(ctx, p);
+    let sig = rx_signal(ep, ok.hflags);
+    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+        return;
+    };
+    let has_data = ok.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
+    let e = CqTaggedEntry {
+        op_context: ok.op_context,
+        flags: rx_flags(ok.tagged, ok.hflags, ok.multi_release),
+        len: ok.len,
+        buf: ok.buf,
+        data: if has_data { ok.data } else { 0 },
+        tag: if ok.tagged { ok.tag } else { 0 },
+    };
+    cq.push_ext(e, src, sig);
+}
+
+/// Writes a finished receive's completion (success, truncation or error).
 #[inline]
 fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, err: Option<Fail>) {
     if d.iovs.ext_slot().is_some() {
         if let Some(q) = ep.srq.and_then(|s| ctx.srqs[s].as_mut()) {
             q.release(&d.iovs);
         }
-    }
-    let mut flags = FI_RECV | if i.tagged { FI_TAGGED } else { FI_MSG };
-    let has_data = i.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
-    if has_data {
-        flags |= FI_REMOTE_CQ_DATA;
-    }
-    if d.multi_release {
-        flags |= FI_MULTI_RECV;
     }
     let err = err.or_else(|| {
         (i.total > d.cap).then(|| {
@@ -1060,39 +1092,42 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, 
             )
         })
     });
+    let Some((k, pe, detail)) = err else {
+        let ok = RxOk {
+            op_context: d.ctx,
+            buf: d.buf,
+            len: i.delivered,
+            tagged: i.tagged,
+            hflags: i.hflags,
+            data: i.data,
+            tag: i.tag,
+            multi_release: d.multi_release,
+        };
+        complete_rx_ok(ep, ctx, p, &ok, d.cqe || d.multi_release);
+        return;
+    };
     if let Some(c) = ep.cntr_recv {
-        let c = &ctx.counters[c];
         // SYNC: pairs with the acquire loads in Counter::read/readerr.
-        if err.is_some() { &c.err.v } else { &c.value.v }.fetch_add(1, Ordering::Release);
+        ctx.counters[c].err.v.fetch_add(1, Ordering::Release);
     }
-    let src = ep.src_addr(ctx, p);
     let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
         return;
     };
-    let data = if has_data { i.data } else { 0 };
-    let tag = if i.tagged { i.tag } else { 0 };
-    match err {
-        Some((k, pe, detail)) => cq.push_err(
-            CqErrEntry {
-                op_context: d.ctx,
-                flags,
-                len: i.delivered,
-                buf: d.buf,
-                data,
-                tag,
-                olen: i.total.saturating_sub(d.cap),
-                err: k.errno(),
-                prov_errno: pe,
-                ..Default::default()
-            },
-            detail,
-        ),
-        None if d.cqe || d.multi_release => {
-            let sig = rx_signal(ep, i.hflags);
-            cq.push_ext(CqTaggedEntry { op_context: d.ctx, flags, len: i.delivered, buf: d.buf, data, tag }, src, sig)
-        }
-        None => {}
-    }
+    cq.push_err(
+        CqErrEntry {
+            op_context: d.ctx,
+            flags: rx_flags(i.tagged, i.hflags, d.multi_release),
+            len: i.delivered,
+            buf: d.buf,
+            data: if i.hflags & hdr_flags::REMOTE_CQ_DATA != 0 { i.data } else { 0 },
+            tag: if i.tagged { i.tag } else { 0 },
+            olen: i.total.saturating_sub(d.cap),
+            err: k.errno(),
+            prov_errno: pe,
+            ..Default::default()
+        },
+        detail,
+    );
 }
 
 #[inline]
