@@ -557,15 +557,26 @@ impl EpState {
     /// for the AV's generation), not necessarily connected.
     #[inline]
     pub fn peer_of(&mut self, ctx: &Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
+        if let Some(av) = self.av.and_then(|a| ctx.avs[a].as_ref()) {
+            if self.fi_gen == av.generation {
+                let cached = self.peer_by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
+                if cached != u32::MAX {
+                    return Ok(cached as usize);
+                }
+            }
+        }
+        self.peer_of_slow(ctx, fi_addr)
+    }
+
+    /// [`EpState::peer_of`] when the cache does not know `fi_addr`.
+    #[cold]
+    #[inline(never)]
+    fn peer_of_slow(&mut self, ctx: &Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
         let av_id = self.av.ok_or_else(|| Error::with(ErrorKind::Inval, "no address vector bound to the endpoint"))?;
         let av: &AvState = ctx.avs[av_id].as_ref().expect("bound AV exists");
         if self.fi_gen != av.generation {
             self.peer_by_fi.clear();
             self.fi_gen = av.generation;
-        }
-        let cached = self.peer_by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
-        if cached != u32::MAX {
-            return Ok(cached as usize);
         }
         let a = av.lookup(fi_addr).ok_or_else(|| {
             Error::with(ErrorKind::AddrNotAvail, format!("fi_addr {fi_addr} is not in the address vector"))
@@ -649,6 +660,7 @@ impl EpState {
     }
 
     /// Source fi_addr of a peer as the bound AV knows it.
+    #[inline]
     pub fn src_addr(&mut self, ctx: &Ctx<'_>, p: usize) -> FiAddr {
         let Some(av) = self.av.and_then(|a| ctx.avs[a].as_ref()) else {
             return FI_ADDR_NOTAVAIL;
@@ -698,7 +710,15 @@ impl EpState {
         }
         let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
         let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, done.inject);
-        if proto::choose(ctx.cfg, buf.len(), 1, true, cma_ok) != Proto::Inline || !ring.try_push(hdr, &[buf]) {
+        if proto::choose(ctx.cfg, buf.len(), 1, true, cma_ok) != Proto::Inline {
+            return None;
+        }
+        let pushed = if buf.len() <= shm_layout::CELL_PAYLOAD {
+            ring.try_push_small(hdr, buf)
+        } else {
+            ring.try_push(hdr, &[buf])
+        };
+        if !pushed {
             return None;
         }
         if let Some(db) = peer.doorbell() {
@@ -961,13 +981,25 @@ impl Domain {
     }
 }
 
+/// The general send path, kept out of the inlined fast path so that the
+/// latter's frame stays small (the transmit record is built here only).
+#[inline(never)]
+fn post_tx_outlined(ep: &mut EpState, ctx: &mut Ctx<'_>, dest: FiAddr, op: TxOp, inject: bool) -> Result<()> {
+    ep.post_tx(ctx, dest, op, inject)
+}
+
 macro_rules! with_ep {
     ($self:ident, |$ep:ident, $ctx:ident| $body:expr) => {{
         if $self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "endpoint is closed"));
         }
         let mut st = $self.dom.lock()?;
-        $self.dom.with_ep(&mut st, $self.idx, |$ep, $ctx| $body)
+        $self.dom.with_ep(
+            &mut st,
+            $self.idx,
+            #[inline(always)]
+            |$ep, $ctx| $body,
+        )
     }};
 }
 
@@ -1204,17 +1236,20 @@ impl Endpoint {
             return Err(Error::with(ErrorKind::BadFlags, format!("unsupported send flags {:#x}", flags & !SEND_FLAGS)));
         }
         let iovs = iovs_from(m.iov)?;
-        self.tx_raw(iovs, m.dest, m.context, m.data, m.tag, flags, tagged, inject)
+        self.tx_raw(iovs.v[0], Some(&iovs), m.dest, m.context, m.data, m.tag, flags, tagged, inject)
     }
 
     /// The send path, from scalars: each captured by its own reference in
     /// the closure below, so no wide load re-reads a struct written field
-    /// by field (a store-forwarding stall).
+    /// by field (a store-forwarding stall). `iovs` is None for the
+    /// one-buffer calls (`one` is that buffer): their segment list is built
+    /// only if the fast path does not take them.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn tx_raw(
         &self,
-        iovs: Iovs,
+        one: Iov,
+        iovs: Option<&Iovs>,
         dest: FiAddr,
         context: usize,
         data: u64,
@@ -1225,7 +1260,7 @@ impl Endpoint {
     ) -> Result<()> {
         // Checked by `tx`; the one-buffer calls pass constant valid flags.
         debug_assert!(flags & !SEND_FLAGS == 0);
-        let len = iovs.total();
+        let len = iovs.map_or(one.len, |v| v.total());
         if len > MAX_MSG_SIZE {
             return Err(Error::with(ErrorKind::MsgSize, format!("{len} bytes is over the {MAX_MSG_SIZE}-byte limit")));
         }
@@ -1247,10 +1282,10 @@ impl Endpoint {
         }
         with_ep!(self, |ep, ctx| {
             let cqe = !inject && (!ep.tx_sel || flags & FI_COMPLETION != 0);
-            if iovs.n == 1 {
+            if iovs.is_none_or(|v| v.n == 1) {
                 // SAFETY: the caller's buffer, valid for reads for the call
                 // (and until completion, which is now on this path).
-                let buf = unsafe { std::slice::from_raw_parts(iovs.v[0].ptr as *const u8, iovs.v[0].len) };
+                let buf = unsafe { std::slice::from_raw_parts(one.ptr as *const u8, one.len) };
                 let hdr = shm_layout::MsgHdr {
                     op: shm_layout::op::EAGER,
                     flags: hflags,
@@ -1264,6 +1299,7 @@ impl Endpoint {
                     return r;
                 }
             }
+            let iovs = iovs.copied().unwrap_or_else(|| Iovs::one(one.ptr, one.len));
             let op = TxOp {
                 ctx: context,
                 tagged,
@@ -1279,7 +1315,7 @@ impl Endpoint {
                 inject,
                 err: None,
             };
-            ep.post_tx(ctx, dest, op, inject)
+            post_tx_outlined(ep, ctx, dest, op, inject)
         })
     }
 
@@ -1369,7 +1405,7 @@ impl Endpoint {
     /// # Safety
     /// `buf` must stay valid and unchanged until the send completes.
     pub unsafe fn send(&self, buf: &[u8], dest: FiAddr, context: usize) -> Result<()> {
-        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, context, 0, 0, 0, false, false)
+        self.tx_raw(Iov { ptr: buf.as_ptr() as usize, len: buf.len() }, None, dest, context, 0, 0, 0, false, false)
     }
 
     /// fi_sendv.
@@ -1386,7 +1422,8 @@ impl Endpoint {
     /// As [`Endpoint::send`].
     pub unsafe fn senddata(&self, buf: &[u8], data: u64, dest: FiAddr, context: usize) -> Result<()> {
         self.tx_raw(
-            Iovs::one(buf.as_ptr() as usize, buf.len()),
+            Iov { ptr: buf.as_ptr() as usize, len: buf.len() },
+            None,
             dest,
             context,
             data,
@@ -1399,12 +1436,22 @@ impl Endpoint {
 
     /// fi_inject: no completion entry; `buf` may be reused on return.
     pub fn inject(&self, buf: &[u8], dest: FiAddr) -> Result<()> {
-        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, 0, 0, 0, 0, false, true)
+        self.tx_raw(Iov { ptr: buf.as_ptr() as usize, len: buf.len() }, None, dest, 0, 0, 0, 0, false, true)
     }
 
     /// fi_injectdata.
     pub fn injectdata(&self, buf: &[u8], data: u64, dest: FiAddr) -> Result<()> {
-        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, 0, data, 0, FI_REMOTE_CQ_DATA, false, true)
+        self.tx_raw(
+            Iov { ptr: buf.as_ptr() as usize, len: buf.len() },
+            None,
+            dest,
+            0,
+            data,
+            0,
+            FI_REMOTE_CQ_DATA,
+            false,
+            true,
+        )
     }
 
     /// fi_recv.
@@ -1428,7 +1475,7 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn tsend(&self, buf: &[u8], dest: FiAddr, tag: u64, context: usize) -> Result<()> {
-        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, context, 0, tag, 0, true, false)
+        self.tx_raw(Iov { ptr: buf.as_ptr() as usize, len: buf.len() }, None, dest, context, 0, tag, 0, true, false)
     }
 
     /// fi_tsendv.
@@ -1445,7 +1492,8 @@ impl Endpoint {
     /// As [`Endpoint::send`].
     pub unsafe fn tsenddata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64, context: usize) -> Result<()> {
         self.tx_raw(
-            Iovs::one(buf.as_ptr() as usize, buf.len()),
+            Iov { ptr: buf.as_ptr() as usize, len: buf.len() },
+            None,
             dest,
             context,
             data,
@@ -1458,12 +1506,22 @@ impl Endpoint {
 
     /// fi_tinject.
     pub fn tinject(&self, buf: &[u8], dest: FiAddr, tag: u64) -> Result<()> {
-        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, 0, 0, tag, 0, true, true)
+        self.tx_raw(Iov { ptr: buf.as_ptr() as usize, len: buf.len() }, None, dest, 0, 0, tag, 0, true, true)
     }
 
     /// fi_tinjectdata.
     pub fn tinjectdata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64) -> Result<()> {
-        self.tx_raw(Iovs::one(buf.as_ptr() as usize, buf.len()), dest, 0, data, tag, FI_REMOTE_CQ_DATA, true, true)
+        self.tx_raw(
+            Iov { ptr: buf.as_ptr() as usize, len: buf.len() },
+            None,
+            dest,
+            0,
+            data,
+            tag,
+            FI_REMOTE_CQ_DATA,
+            true,
+            true,
+        )
     }
 
     /// fi_trecv: matches tags equal outside `ignore`; `src` directs it.

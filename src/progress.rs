@@ -25,7 +25,7 @@ use crate::notify::Signal;
 use crate::proto::{Proto, MAX_MSG_SIZE};
 use crate::ring::{payload_capacity, RingRx, RingView};
 use crate::sync::Ordering;
-use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, MAX_IOV, OVF_PAYLOAD};
+use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, CELL_PAYLOAD, MAX_IOV, OVF_PAYLOAD};
 
 /// Messages taken from one ring per pass.
 const BATCH: usize = 64;
@@ -514,7 +514,11 @@ fn eager_to_front(
     let (op_context, cqe) = (r.ctx, r.cqe);
     // SAFETY: the posted receive's buffer, valid and writable until its
     // completion (the posting contract); len <= its length.
-    src.read(0, unsafe { std::slice::from_raw_parts_mut(seg.ptr as *mut u8, len) });
+    let dst = unsafe { std::slice::from_raw_parts_mut(seg.ptr as *mut u8, len) };
+    match src {
+        Src::Ring(v, _) if len <= CELL_PAYLOAD => v.read_small(dst),
+        _ => src.read(0, dst),
+    }
     ep.posted[q].pop_front();
     let ok =
         RxOk { op_context, buf: seg.ptr, len, tagged, hflags: h.flags, data: h.data, tag: h.tag, multi_release: false };
