@@ -4,17 +4,18 @@
 
 use shmfab::bench::{self, Figure, Link};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 const USAGE: &str = "usage:
   shmfab run -n N [--bind core|numa|none] -- PROGRAM [ARGS]
       start N ranks of PROGRAM (shmfab's own launcher; ranks join with shmfab::World)
-  shmfab bench [pingpong|bw|msgrate|all|wakeup] [--sizes 8,64,...] [--json FILE] [--compare]
+  shmfab bench [pingpong|bw|msgrate|all|wakeup] [--sizes 8,64,...] [--json FILE] [--compare [--rounds N]]
       two processes (this one and a peer it starts) over shmfab; --compare adds
       the installed peers side by side (as shmfab compare)
-  shmfab compare [--sizes 8,64,...] [--json FILE] [--osu PATH]
+  shmfab compare [--sizes 8,64,...] [--json FILE] [--osu PATH] [--rounds N]
       shmfab, the raw shared-page floor, Open MPI (osu-style program at PATH)
-      and libfabric shm (fi_pingpong) side by side, with shmfab's ratios
+      and libfabric shm (fi_pingpong) side by side, with shmfab's ratios;
+      the systems take turns for N rounds (default 3), each figure the median
   shmfab inspect [JOB]
       what a live job's regions hold (JOB: a job id or its 8-hex hash; default: all)
   shmfab clean [--dry-run]
@@ -57,6 +58,7 @@ struct Opts {
     ranks: Vec<usize>,
     depth: usize,
     buf: usize,
+    rounds: usize,
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
@@ -70,6 +72,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         ranks: vec![2, 8, 64, 256],
         depth: 128,
         buf: 4096,
+        rounds: 3,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -99,6 +102,11 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--buf" => {
                 let v = it.next().ok_or("--buf needs a size")?;
                 o.buf = parse_size(v).filter(|&b| b > 0).ok_or(format!("bad --buf {v:?}"))?;
+            }
+            "--rounds" => {
+                let v = it.next().ok_or("--rounds needs a number")?;
+                o.rounds =
+                    v.parse().ok().filter(|r| (1..=50).contains(r)).ok_or(format!("bad --rounds {v:?}: 1..=50"))?;
             }
             "--dry-run" => o.dry_run = true,
             "--compare" => o.compare = true,
@@ -293,6 +301,7 @@ fn cmd_bench(o: &Opts) -> Result<(), String> {
             ranks: o.ranks.clone(),
             depth: o.depth,
             buf: o.buf,
+            rounds: o.rounds,
         };
         return cmd_compare(&with);
     }
@@ -376,14 +385,14 @@ fn none_for(sizes: &[usize]) -> Vec<Figure> {
     sizes.iter().map(|&size| Figure { size, ..Default::default() }).collect()
 }
 
-fn cmd_compare(o: &Opts) -> Result<(), String> {
-    let exe = exe()?;
+/// One round of `compare`: shmfab, the raw floor, Open MPI, libfabric shm.
+fn compare_round(o: &Opts, exe: &Path) -> Result<[Vec<Figure>; 4], String> {
     println!("measuring shmfab ...");
     let ours = measure(&o.sizes, true, true, true)?;
     println!("measuring the raw shared-page floor ...");
     let mut raw = none_for(&o.sizes);
     for f in raw.iter_mut().filter(|f| f.size <= 3968) {
-        match bench::raw_pingpong(&exe, &[], f.size, bench::iters_for(f.size)) {
+        match bench::raw_pingpong(exe, &[], f.size, bench::iters_for(f.size)) {
             Ok(v) => f.half_rtt_us = Some(v),
             Err(e) => eprintln!("raw floor, {} B: {e}", f.size),
         }
@@ -406,6 +415,44 @@ fn cmd_compare(o: &Opts) -> Result<(), String> {
             Err(e) => eprintln!("fi_pingpong, {} B: {e}", f.size),
         }
     }
+    Ok([ours, raw, ompi, fi])
+}
+
+/// Median of the values present (None when no round had one).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    Some(if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 })
+}
+
+/// Figure by figure, the median over rounds.
+fn median_figures(rounds: &[Vec<Figure>]) -> Vec<Figure> {
+    let pick = |i: usize, get: fn(&Figure) -> Option<f64>| median(rounds.iter().filter_map(|r| get(&r[i])).collect());
+    (0..rounds[0].len())
+        .map(|i| Figure {
+            size: rounds[0][i].size,
+            half_rtt_us: pick(i, |f| f.half_rtt_us),
+            bw_gbs: pick(i, |f| f.bw_gbs),
+            mmsgs: pick(i, |f| f.mmsgs),
+        })
+        .collect()
+}
+
+fn cmd_compare(o: &Opts) -> Result<(), String> {
+    let exe = exe()?;
+    // The systems take turns, round after round, so that a slow spell of
+    // the machine touches each of them; each figure is the median.
+    let mut per_sys: [Vec<Vec<Figure>>; 4] = Default::default();
+    for r in 0..o.rounds {
+        println!("round {} of {}", r + 1, o.rounds);
+        for (all, one) in per_sys.iter_mut().zip(compare_round(o, &exe)?) {
+            all.push(one);
+        }
+    }
+    let [ours, raw, ompi, fi] = per_sys.map(|r| median_figures(&r));
     println!();
     println!(
         "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} | {:>7} {:>7} {:>6} | {:>6} {:>6} {:>6}",
@@ -445,7 +492,10 @@ fn cmd_compare(o: &Opts) -> Result<(), String> {
             ratio(s.mmsgs, m.mmsgs),
         );
     }
-    println!("\nratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate");
+    println!(
+        "\nmedians of {} rounds; ratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate",
+        o.rounds
+    );
     if let Some(p) = &o.json {
         let mut rows = Vec::new();
         for (sys, figs) in [("shmfab", &ours), ("raw", &raw), ("openmpi", &ompi), ("libfabric-shm", &fi)] {
@@ -553,5 +603,26 @@ fn print_footprint(cfg: &shmfab::proto::Config, o: &Opts) {
             c.total() / 1024,
             n * a.total() / (1 << 20)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_missing() {
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn median_figures_take_each_field_over_the_rounds_that_have_it() {
+        let f = |h: Option<f64>, b: Option<f64>| Figure { size: 8, half_rtt_us: h, bw_gbs: b, mmsgs: None };
+        let rounds = vec![vec![f(Some(0.3), None)], vec![f(Some(0.1), Some(2.0))], vec![f(Some(0.2), None)]];
+        let m = median_figures(&rounds);
+        assert_eq!(m.len(), 1);
+        assert_eq!((m[0].size, m[0].half_rtt_us, m[0].bw_gbs, m[0].mmsgs), (8, Some(0.2), Some(2.0), None));
     }
 }
