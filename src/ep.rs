@@ -383,6 +383,7 @@ impl Peer {
         }
     }
 
+    #[inline(always)]
     pub fn doorbell(&self) -> Option<&Doorbell> {
         // SAFETY: set from our Arc<Region>, alive as long as self.
         unsafe { self.doorbell.as_ref() }
@@ -593,6 +594,7 @@ impl EpState {
     }
 
     /// The peer behind `fi_addr`, connected.
+    #[inline(always)]
     pub fn peer_for(&mut self, ctx: &mut Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
         let p = self.peer_of(ctx, fi_addr)?;
         if self.peers[p].chan.is_none() {
@@ -684,7 +686,7 @@ impl EpState {
     /// once; no transmit record is built. `None` when it does not apply
     /// (the caller then takes the general path, which also reports every
     /// error but an unknown destination).
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub fn send_inline_now(
         &mut self,

@@ -334,7 +334,8 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, s: usize) {
             break;
         }
         let src = Src::Ring(ring.rx.view(), payload_capacity(ncells));
-        if handle(ep, ctx, peer, &h, &src) == Flow::Stall {
+        let flow = if h.op == op::EAGER { on_eager(ep, ctx, peer, &h, &src) } else { handle(ep, ctx, peer, &h, &src) };
+        if flow == Flow::Stall {
             ep.stats.stalls += 1;
             break;
         }
@@ -425,7 +426,22 @@ fn waiting_on(ep: &EpState, p: usize) -> bool {
         || peer.inflight.iter().any(|op| matches!(op.state, TxState::AwaitFin { .. }))
 }
 
+/// An inline message: the common case ([`eager_to_front`]) inlined into
+/// the ring's drain loop, the rest out of line.
+#[inline(always)]
 fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
+    let len = h.len as usize;
+    if len <= src.cap() && rx_room(ep, ctx) && eager_to_front(ep, ctx, p, h, src, len, h.flags & hdr_flags::TAGGED != 0)
+    {
+        return Flow::Done;
+    }
+    on_eager_general(ep, ctx, p, h, src)
+}
+
+/// [`on_eager`] past the fast path: bad lengths, a full CQ, matching in
+/// general, or queueing as unexpected.
+#[inline(never)]
+fn on_eager_general(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
     let len = h.len as usize;
     if len > src.cap() {
         bad(ep, ctx, p, None, "inline length beyond its cells");
@@ -435,9 +451,6 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         return Flow::Stall;
     }
     let tagged = h.flags & hdr_flags::TAGGED != 0;
-    if eager_to_front(ep, ctx, p, h, src, len, tagged) {
-        return Flow::Done;
-    }
     let q = tagged as usize;
     // Matched by reference: moving the Dest out of the Option would copy
     // bytes just written by narrow stores (a store-forwarding stall).
