@@ -479,7 +479,10 @@ impl RingRx {
         // SAFETY: prefetch is a hint; the addresses are inside the ring.
         unsafe {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            for k in 1..=RX_PREFETCH {
+            // The lines that just came into the window (the others were
+            // asked for by earlier calls).
+            let first = (RX_PREFETCH + 1).saturating_sub(ncells as u64).max(1);
+            for k in first..=RX_PREFETCH {
                 _mm_prefetch(self.cell(self.head + k) as *const i8, _MM_HINT_T0);
             }
         }
