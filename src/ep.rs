@@ -556,7 +556,7 @@ impl EpState {
 
     /// The peer behind `fi_addr` (through a cache indexed by fi_addr, valid
     /// for the AV's generation), not necessarily connected.
-    #[inline]
+    #[inline(always)]
     pub fn peer_of(&mut self, ctx: &Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
         if let Some(av) = self.av.and_then(|a| ctx.avs[a].as_ref()) {
             if self.fi_gen == av.generation {
