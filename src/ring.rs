@@ -203,7 +203,7 @@ impl RingTx {
     /// Records that `[pos, pos + n)` now holds a message (first cell, then
     /// `n - 1` continuation cells); returns whether the cell after it holds
     /// continuation payload and must be zeroed (which clears its bit).
-    #[inline]
+    #[inline(always)]
     fn mark(&mut self, pos: u64, n: u64) -> bool {
         let mask = self.cap - 1;
         let bit = |p: u64| (((p & mask) / 64) as usize, 1u64 << (p & 63));
@@ -250,43 +250,11 @@ impl RingTx {
             return false;
         }
         let pos = self.tail;
-        let c = self.cell(pos);
-        let w = hdr.words(1);
-        let mask = self.cap - 1;
-        let (w0, b0) = (((pos & mask) / 64) as usize, 1u64 << (pos & 63));
-        let (w1, b1) = ((((pos + 1) & mask) / 64) as usize, 1u64 << ((pos + 1) & 63));
-        self.cont[w0] &= !b0;
-        let guard = self.cont[w1] & b1 != 0;
-        self.cont[w1] &= !b1;
-        // SAFETY: c is a reserved cell (has_room counted it and the guard
-        // cell after it); the payload fits its payload area; the header is
-        // 24 bytes at offset 8 of the cell: three aligned words.
-        unsafe {
-            copy_small(buf.as_ptr(), (c as *mut u8).add(PAYLOAD_OFF), buf.len());
-            let hp = std::ptr::addr_of_mut!((*c).hdr) as *mut u64;
-            hp.write_volatile(w[0]);
-            hp.add(1).write_volatile(w[1]);
-            hp.add(2).write_volatile(w[2]);
-            if guard {
-                (*self.cell(pos + 1)).seq.store(0, Ordering::Relaxed);
-            }
-            // SYNC: publishes payload, header and guard to the acquire load
-            // in RingRx::peek.
-            (*c).seq.store(pos + 1, Ordering::Release);
-            (*self.ctl).tail.v.store(pos + 1, Ordering::Relaxed);
-        }
-        self.tail = pos + 1;
-        #[cfg(target_arch = "x86_64")]
-        if self.pfw {
-            let ahead = self.tail + PREFETCH_AHEAD;
-            if ahead - self.cached_head < self.cap {
-                // SAFETY: prefetchw only hints the cache; the address is a
-                // cell of our mapped ring.
-                unsafe {
-                    std::arch::asm!("prefetchw [{}]", in(reg) self.cell(ahead), options(nostack, preserves_flags, readonly))
-                };
-            }
-        }
+        // SAFETY: the cell is reserved (has_room) and its payload area
+        // holds CELL_PAYLOAD >= buf.len() bytes.
+        unsafe { copy_small(buf.as_ptr(), (self.cell(pos) as *mut u8).add(PAYLOAD_OFF), buf.len()) };
+        let guard = self.mark(pos, 1);
+        self.publish(pos, 1, hdr, guard);
         true
     }
 
@@ -306,9 +274,18 @@ impl RingTx {
             self.write_payload(pos, off, p);
             off += p.len();
         }
+        let guard = self.mark(pos, n);
+        self.publish(pos, n, hdr, guard);
+        true
+    }
+
+    /// Writes the header of the message of `n` cells at `pos` (its payload
+    /// written), zeroes the guard cell's sequence word if `guard`, then
+    /// publishes; asks early for the lines the next messages will take.
+    #[inline(always)]
+    fn publish(&mut self, pos: u64, n: u64, hdr: &MsgHdr, guard: bool) {
         let c = self.cell(pos);
         let w = hdr.words(n as u16);
-        let guard = self.mark(pos, n);
         // SAFETY: c is a reserved cell; the guard cell pos + n is free
         // (has_room counted it), so zeroing its sequence word races nothing.
         // The header is 24 bytes at offset 8 of the cell: three aligned words.
@@ -344,7 +321,6 @@ impl RingTx {
                 };
             }
         }
-        true
     }
 }
 
