@@ -29,6 +29,14 @@ pub(crate) struct Iov {
     pub len: usize,
 }
 
+impl Iov {
+    /// The segment of a send buffer.
+    #[inline(always)]
+    fn of(buf: &[u8]) -> Iov {
+        Iov { ptr: buf.as_ptr() as usize, len: buf.len() }
+    }
+}
+
 /// Up to [`MAX_IOV`] segments inline; more (buffers of a shared receive
 /// queue, up to [`crate::srq::SRQ_MAX_IOV`]) live in a list the SRQ keeps
 /// for the receive's lifetime: then `n > MAX_IOV`, `v[0].ptr` is the list's
@@ -1407,7 +1415,7 @@ impl Endpoint {
     /// # Safety
     /// `buf` must stay valid and unchanged until the send completes.
     pub unsafe fn send(&self, buf: &[u8], dest: FiAddr, context: usize) -> Result<()> {
-        self.tx_raw(Iov { ptr: buf.as_ptr() as usize, len: buf.len() }, None, dest, context, 0, 0, 0, false, false)
+        self.tx_raw(Iov::of(buf), None, dest, context, 0, 0, 0, false, false)
     }
 
     /// fi_sendv.
@@ -1423,37 +1431,17 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn senddata(&self, buf: &[u8], data: u64, dest: FiAddr, context: usize) -> Result<()> {
-        self.tx_raw(
-            Iov { ptr: buf.as_ptr() as usize, len: buf.len() },
-            None,
-            dest,
-            context,
-            data,
-            0,
-            FI_REMOTE_CQ_DATA,
-            false,
-            false,
-        )
+        self.tx_raw(Iov::of(buf), None, dest, context, data, 0, FI_REMOTE_CQ_DATA, false, false)
     }
 
     /// fi_inject: no completion entry; `buf` may be reused on return.
     pub fn inject(&self, buf: &[u8], dest: FiAddr) -> Result<()> {
-        self.tx_raw(Iov { ptr: buf.as_ptr() as usize, len: buf.len() }, None, dest, 0, 0, 0, 0, false, true)
+        self.tx_raw(Iov::of(buf), None, dest, 0, 0, 0, 0, false, true)
     }
 
     /// fi_injectdata.
     pub fn injectdata(&self, buf: &[u8], data: u64, dest: FiAddr) -> Result<()> {
-        self.tx_raw(
-            Iov { ptr: buf.as_ptr() as usize, len: buf.len() },
-            None,
-            dest,
-            0,
-            data,
-            0,
-            FI_REMOTE_CQ_DATA,
-            false,
-            true,
-        )
+        self.tx_raw(Iov::of(buf), None, dest, 0, data, 0, FI_REMOTE_CQ_DATA, false, true)
     }
 
     /// fi_recv.
@@ -1477,7 +1465,7 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn tsend(&self, buf: &[u8], dest: FiAddr, tag: u64, context: usize) -> Result<()> {
-        self.tx_raw(Iov { ptr: buf.as_ptr() as usize, len: buf.len() }, None, dest, context, 0, tag, 0, true, false)
+        self.tx_raw(Iov::of(buf), None, dest, context, 0, tag, 0, true, false)
     }
 
     /// fi_tsendv.
@@ -1493,37 +1481,17 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn tsenddata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64, context: usize) -> Result<()> {
-        self.tx_raw(
-            Iov { ptr: buf.as_ptr() as usize, len: buf.len() },
-            None,
-            dest,
-            context,
-            data,
-            tag,
-            FI_REMOTE_CQ_DATA,
-            true,
-            false,
-        )
+        self.tx_raw(Iov::of(buf), None, dest, context, data, tag, FI_REMOTE_CQ_DATA, true, false)
     }
 
     /// fi_tinject.
     pub fn tinject(&self, buf: &[u8], dest: FiAddr, tag: u64) -> Result<()> {
-        self.tx_raw(Iov { ptr: buf.as_ptr() as usize, len: buf.len() }, None, dest, 0, 0, tag, 0, true, true)
+        self.tx_raw(Iov::of(buf), None, dest, 0, 0, tag, 0, true, true)
     }
 
     /// fi_tinjectdata.
     pub fn tinjectdata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64) -> Result<()> {
-        self.tx_raw(
-            Iov { ptr: buf.as_ptr() as usize, len: buf.len() },
-            None,
-            dest,
-            0,
-            data,
-            tag,
-            FI_REMOTE_CQ_DATA,
-            true,
-            true,
-        )
+        self.tx_raw(Iov::of(buf), None, dest, 0, data, tag, FI_REMOTE_CQ_DATA, true, true)
     }
 
     /// fi_trecv: matches tags equal outside `ignore`; `src` directs it.
