@@ -723,12 +723,7 @@ impl EpState {
         if proto::choose(ctx.cfg, buf.len(), 1, true, cma_ok) != Proto::Inline {
             return None;
         }
-        let pushed = if buf.len() <= shm_layout::CELL_PAYLOAD {
-            ring.try_push_small(hdr, buf)
-        } else {
-            ring.try_push(hdr, &[buf])
-        };
-        if !pushed {
+        if !ring.try_push(hdr, &[buf]) {
             return None;
         }
         if let Some(db) = peer.doorbell() {

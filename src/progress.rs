@@ -25,7 +25,7 @@ use crate::notify::Signal;
 use crate::proto::{Proto, MAX_MSG_SIZE};
 use crate::ring::{payload_capacity, RingRx, RingView};
 use crate::sync::Ordering;
-use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, CELL_PAYLOAD, MAX_IOV, OVF_PAYLOAD};
+use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, MAX_IOV, OVF_PAYLOAD};
 
 /// Messages taken from one ring per pass.
 const BATCH: usize = 64;
@@ -53,6 +53,7 @@ impl Src<'_> {
         }
     }
     /// Caller keeps `off + dst.len() <= cap()`.
+    #[inline(always)]
     fn read(&self, off: usize, dst: &mut [u8]) {
         match self {
             Src::Ring(r, _) => r.read_payload(off, dst),
@@ -426,22 +427,10 @@ fn waiting_on(ep: &EpState, p: usize) -> bool {
         || peer.inflight.iter().any(|op| matches!(op.state, TxState::AwaitFin { .. }))
 }
 
-/// An inline message: the common case ([`eager_to_front`]) inlined into
-/// the ring's drain loop, the rest out of line.
+/// An inline message: checked, then the common case ([`eager_to_front`])
+/// inlined into the ring's drain loop, the rest out of line.
 #[inline(always)]
 fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
-    let len = h.len as usize;
-    if len <= src.cap() && rx_room(ep, ctx) && eager_to_front(ep, ctx, p, h, src, len, h.flags & hdr_flags::TAGGED != 0)
-    {
-        return Flow::Done;
-    }
-    on_eager_general(ep, ctx, p, h, src)
-}
-
-/// [`on_eager`] past the fast path: bad lengths, a full CQ, matching in
-/// general, or queueing as unexpected.
-#[inline(never)]
-fn on_eager_general(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
     let len = h.len as usize;
     if len > src.cap() {
         bad(ep, ctx, p, None, "inline length beyond its cells");
@@ -451,6 +440,25 @@ fn on_eager_general(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, s
         return Flow::Stall;
     }
     let tagged = h.flags & hdr_flags::TAGGED != 0;
+    if eager_to_front(ep, ctx, p, h, src, len, tagged) {
+        return Flow::Done;
+    }
+    eager_match_or_queue(ep, ctx, p, h, src, len, tagged)
+}
+
+/// [`on_eager`] past the fast path: matching in general, or queueing as
+/// unexpected.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn eager_match_or_queue(
+    ep: &mut EpState,
+    ctx: &mut Ctx<'_>,
+    p: usize,
+    h: &MsgHdr,
+    src: &Src<'_>,
+    len: usize,
+    tagged: bool,
+) -> Flow {
     let q = tagged as usize;
     // Matched by reference: moving the Dest out of the Option would copy
     // bytes just written by narrow stores (a store-forwarding stall).
@@ -528,10 +536,7 @@ fn eager_to_front(
     // SAFETY: the posted receive's buffer, valid and writable until its
     // completion (the posting contract); len <= its length.
     let dst = unsafe { std::slice::from_raw_parts_mut(seg.ptr as *mut u8, len) };
-    match src {
-        Src::Ring(v, _) if len <= CELL_PAYLOAD => v.read_small(dst),
-        _ => src.read(0, dst),
-    }
+    src.read(0, dst);
     ep.posted[q].pop_front();
     let ok =
         RxOk { op_context, buf: seg.ptr, len, tagged, hflags: h.flags, data: h.data, tag: h.tag, multi_release: false };
