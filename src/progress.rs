@@ -163,6 +163,11 @@ fn peer_gone(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> Option<String> {
     if ep.peers[p].region.is_none() {
         // Never mapped (we only received from it): map it now to look.
         if let Err(e) = ep.connect(ctx, p) {
+            // Its region or endpoint no longer exists: unlinked by its
+            // owner, or by the next start after its owner died.
+            if e.kind() == ErrorKind::AddrNotAvail {
+                return Some(format!("peer {who} is gone (its process died or closed its domain or endpoint): {e}"));
+            }
             return Some(format!("peer {who} cannot be reached: {e}"));
         }
     }

@@ -14,6 +14,33 @@ fn die() -> ! {
     unreachable!("SIGKILL")
 }
 
+/// The harness's per-test folder (shared by the ranks of one test).
+fn test_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap())
+}
+
+/// Writes `name` in the test folder whole or not at all (a rank polling
+/// for it never reads it half written).
+fn put_file(name: &str, text: &str) {
+    let dir = test_dir();
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+/// Waits (up to 30 s) until another rank has written `name`; its text.
+fn wait_file(name: &str) -> String {
+    let path = test_dir().join(name);
+    let t0 = Instant::now();
+    loop {
+        if let Ok(t) = std::fs::read_to_string(&path) {
+            return t;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no {name}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Survivors pass a token around themselves (ranks 0..n-1 without `dead`).
 fn survivors_talk(w: &World, dead: usize) {
     let alive: Vec<usize> = (0..w.size).filter(|&r| r != dead).collect();
@@ -114,6 +141,14 @@ fn a_rank_killed_in_large_transfers() {
                     w.ep.recv(&mut rb, w.addrs[2], 1).unwrap();
                     w.ep.send(&sb, w.addrs[0], 2).unwrap();
                 }
+                // Die only once both peers have posted theirs (before, the
+                // send to us could find our region already gone).
+                let t = Instant::now();
+                while !["posted0", "posted2"].iter().all(|f| test_dir().join(f).exists()) {
+                    assert!(t.elapsed() < Duration::from_secs(30), "the peers never posted");
+                    w.dom.progress().unwrap();
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 let t0 = Instant::now();
                 while t0.elapsed() < Duration::from_millis(30) {
                     w.dom.progress().unwrap();
@@ -125,6 +160,7 @@ fn a_rank_killed_in_large_transfers() {
                 let mut rb = vec![0u8; BIG];
                 // SAFETY: rb lives until the completion below.
                 unsafe { w.ep.recv(&mut rb, w.addrs[1], 3).unwrap() };
+                put_file("posted0", "");
                 let t0 = Instant::now();
                 let e = w.wait_ctx(3).expect_err("a receive from a rank that died mid-transfer must fail");
                 assert_eq!(e.err, ErrorKind::Io.errno());
@@ -136,6 +172,7 @@ fn a_rank_killed_in_large_transfers() {
                 let sb = vec![2u8; BIG];
                 // SAFETY: sb lives until the completion below.
                 unsafe { w.ep.send(&sb, w.addrs[1], 4).unwrap() };
+                put_file("posted2", "");
                 let e = w.wait_ctx(4).expect_err("a send to a rank that died mid-transfer must fail");
                 assert_eq!(e.err, ErrorKind::Io.errno());
                 assert!(w.cq.last_error_text().unwrap().contains("died"));
@@ -304,14 +341,6 @@ fn a_sender_dying_mid_push_does_not_block_the_overflow_queue() {
         Duration::from_secs(60),
         &[2],
         |w| {
-            let dir = std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap());
-            let wait_file = |name: &str| {
-                let t0 = Instant::now();
-                while !dir.join(name).exists() {
-                    assert!(t0.elapsed() < Duration::from_secs(30), "no {name}");
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            };
             match w.rank {
                 0 => {
                     let cq = w.dom.cq_open(&CqAttr::default()).unwrap();
@@ -349,7 +378,7 @@ fn a_sender_dying_mid_push_does_not_block_the_overflow_queue() {
                         assert_eq!(u64::from_le_bytes(*b), i as u64, "rank 3's messages in order");
                     }
                     assert_eq!(r.stats().unwrap().ovf_skipped, 1, "the dead claim was freed");
-                    std::fs::write(dir.join("done"), b"").unwrap();
+                    put_file("done", "");
                     drop(r);
                 }
                 1 => {
@@ -359,7 +388,7 @@ fn a_sender_dying_mid_push_does_not_block_the_overflow_queue() {
                 }
                 2 => {
                     let r = w.learn(0, 1)[0];
-                    std::fs::write(dir.join("pid2"), std::process::id().to_string()).unwrap();
+                    put_file("pid2", &std::process::id().to_string());
                     shmfab::ovf::set_fault_die_after_claim(true);
                     let _ = w.ep.inject(b"dies", r);
                     unreachable!("the fault kills us mid-push");
@@ -367,8 +396,7 @@ fn a_sender_dying_mid_push_does_not_block_the_overflow_queue() {
                 _ => {
                     let r = w.learn(0, 1)[0];
                     // Wait until rank 2 is dead (its claim is in the queue).
-                    wait_file("pid2");
-                    let pid: i32 = std::fs::read_to_string(dir.join("pid2")).unwrap().parse().unwrap();
+                    let pid: i32 = wait_file("pid2").parse().unwrap();
                     let t0 = Instant::now();
                     // SAFETY: kill with signal 0 only checks the pid.
                     while unsafe { libc::kill(pid, 0) } == 0 {
