@@ -734,7 +734,10 @@ impl EpState {
         Some(Ok(()))
     }
 
-    /// Queues (or sends at once) a transmit.
+    /// Queues (or sends at once) a transmit. The general send path, kept
+    /// out of the inlined fast path so that the latter's frame stays small
+    /// (the transmit record is built for it only).
+    #[inline(never)]
     pub fn post_tx(&mut self, ctx: &mut Ctx<'_>, dest: FiAddr, mut op: TxOp, inject: bool) -> Result<()> {
         if !self.enabled {
             return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
@@ -984,13 +987,6 @@ impl Domain {
         }));
         Ok(Endpoint { dom: inner.clone(), idx, addr, closed: false.into() })
     }
-}
-
-/// The general send path, kept out of the inlined fast path so that the
-/// latter's frame stays small (the transmit record is built here only).
-#[inline(never)]
-fn post_tx_outlined(ep: &mut EpState, ctx: &mut Ctx<'_>, dest: FiAddr, op: TxOp, inject: bool) -> Result<()> {
-    ep.post_tx(ctx, dest, op, inject)
 }
 
 macro_rules! with_ep {
@@ -1320,7 +1316,7 @@ impl Endpoint {
                 inject,
                 err: None,
             };
-            post_tx_outlined(ep, ctx, dest, op, inject)
+            ep.post_tx(ctx, dest, op, inject)
         })
     }
 
