@@ -305,6 +305,9 @@ pub(crate) struct CqState {
     pub format: CqFormat,
     /// Soft capacity.
     pub size: usize,
+    /// Most entries held before the CQ overruns: four times `size`, and at
+    /// least 64 more than it.
+    pub hard_cap: usize,
     /// Successful completions with their source fi_addr.
     pub entries: EntryQueue,
     /// Error completions with their detail text.
@@ -329,9 +332,11 @@ pub(crate) struct CqState {
 
 impl CqState {
     pub fn new(attr: &CqAttr) -> CqState {
+        let size = if attr.size == 0 { 1024 } else { attr.size };
         CqState {
             format: if attr.format == CqFormat::Unspec { CqFormat::Tagged } else { attr.format },
-            size: if attr.size == 0 { 1024 } else { attr.size },
+            size,
+            hard_cap: size.saturating_mul(4).max(size + 64),
             entries: EntryQueue::default(),
             errors: VecDeque::new(),
             overrun: false,
@@ -346,9 +351,10 @@ impl CqState {
         }
     }
 
-    /// Most entries held before the CQ overruns.
+    /// Most entries held before the CQ overruns (computed once: checked
+    /// on every completion).
     pub fn hard_cap(&self) -> usize {
-        self.size.saturating_mul(4).max(self.size + 64)
+        self.hard_cap
     }
 
     /// Whether progress may take another inbound message for this CQ.

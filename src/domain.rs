@@ -71,6 +71,7 @@ impl Fabric {
         let n = cfg.max_eps as usize;
         let st = DomainState {
             eps: (0..n).map(|_| None).collect(),
+            eps_end: 0,
             ep_gen: vec![0; n],
             cqs: Vec::new(),
             cntrs: Vec::new(),
@@ -147,6 +148,9 @@ impl Drop for DomainInner {
 pub(crate) struct DomainState {
     /// Endpoints by section index.
     pub eps: Vec<Option<Box<EpState>>>,
+    /// One past the highest open endpoint's index (a progress pass looks
+    /// no further).
+    pub eps_end: usize,
     /// Generation of each section (bumped at each open).
     pub ep_gen: Vec<u32>,
     pub cqs: Vec<Option<CqState>>,
@@ -155,6 +159,16 @@ pub(crate) struct DomainState {
     pub srqs: Vec<Option<SrqState>>,
     /// Peer regions mapped so far, by name (first contact maps them).
     pub regions: HashMap<String, Arc<Region>>,
+}
+
+impl DomainState {
+    /// Puts `ep` in endpoint slot `idx` (None: the endpoint closed),
+    /// keeping `eps_end`; returns what was there.
+    pub fn set_ep(&mut self, idx: usize, ep: Option<Box<EpState>>) -> Option<Box<EpState>> {
+        let old = std::mem::replace(&mut self.eps[idx], ep);
+        self.eps_end = self.eps.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
+        old
+    }
 }
 
 /// What a progress pass needs besides the endpoint it works on.
@@ -220,8 +234,8 @@ impl DomainInner {
     #[inline]
     pub fn progress(&self, st: &mut DomainState) {
         let counters = self.counters();
-        let DomainState { eps, cqs, avs, srqs, regions, .. } = st;
-        for ep in eps.iter_mut().flatten() {
+        let DomainState { eps, eps_end, cqs, avs, srqs, regions, .. } = st;
+        for ep in eps[..*eps_end].iter_mut().flatten() {
             if !ep.enabled {
                 continue;
             }

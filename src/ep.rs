@@ -669,10 +669,11 @@ impl EpState {
         Ok(())
     }
 
-    /// Source fi_addr of a peer as the bound AV knows it.
-    #[inline]
-    pub fn src_addr(&mut self, ctx: &Ctx<'_>, p: usize) -> FiAddr {
-        let Some(av) = self.av.and_then(|a| ctx.avs[a].as_ref()) else {
+    /// Source fi_addr of a peer as the bound AV knows it (cached per peer
+    /// for the AV's generation; inlined: every receive completion asks).
+    #[inline(always)]
+    pub fn src_addr(&mut self, avs: &[Option<AvState>], p: usize) -> FiAddr {
+        let Some(av) = self.av.and_then(|a| avs[a].as_ref()) else {
             return FI_ADDR_NOTAVAIL;
         };
         let peer = &mut self.peers[p];
@@ -949,7 +950,7 @@ impl Domain {
         h.state.store(ep_state::OPEN, Ordering::Release);
         let addr = Address { uid: inner.uid, job: inner.job, token: inner.token, ep_index: idx as u32, generation };
         let n_slots = sec.g.n_slots as usize;
-        st.eps[idx] = Some(Box::new(EpState {
+        let ep = Box::new(EpState {
             addr,
             enabled: false,
             sec,
@@ -984,7 +985,8 @@ impl Domain {
             last_check: std::time::Instant::now(),
             check_now: false,
             ovf_stuck: None,
-        }));
+        });
+        st.set_ep(idx, Some(ep));
         Ok(Endpoint { dom: inner.clone(), idx, addr, closed: false.into() })
     }
 }
@@ -1525,7 +1527,7 @@ impl Endpoint {
             crate::progress::flush_rx(ep, ctx);
             Ok(())
         })?;
-        let Some(ep) = st.eps[self.idx].take() else {
+        let Some(ep) = st.set_ep(self.idx, None) else {
             return Ok(());
         };
         if let Some(s) = ep.srq {

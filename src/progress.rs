@@ -72,40 +72,61 @@ impl Src<'_> {
     }
 }
 
-/// One progress pass over an endpoint.
+/// One progress pass over an endpoint. The rings are drained last but for
+/// the transmit queues (which the messages handled may have fed): a
+/// message found there completes the caller's read, and whatever the pass
+/// does after it adds to that message's latency.
 pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
-    let hdr = ep.sec.header();
+    ep.passes = ep.passes.wrapping_add(1);
+    if ep.passes.is_multiple_of(256) || ep.check_now {
+        housekeeping(ep, ctx);
+    }
+    // The overflow queue holds the messages of senders without a ring: no
+    // order to keep with the rings'.
+    if ep.sec.header().ovf_used.load(Ordering::Relaxed) != 0 {
+        drain_ovf(ep, ctx);
+    }
     // SYNC: pairs with the release fetch_or in EpState::connect; makes the
     // slot's address visible.
-    let claimed = hdr.claimed.load(Ordering::Acquire);
+    let claimed = ep.sec.header().claimed.load(Ordering::Acquire);
     if claimed != ep.claimed_seen {
         accept_claims(ep, claimed);
     }
     let mut bits = ep.claimed_seen;
-    while bits != 0 {
-        let s = bits.trailing_zeros() as usize;
-        bits &= bits - 1;
-        drain_ring(ep, ctx, s);
-    }
-    if ep.sec.header().ovf_used.load(Ordering::Relaxed) != 0 {
-        drain_ovf(ep, ctx);
+    if bits != 0 {
+        // Out of the endpoint while it is drained (no handler touches
+        // them): the ring being read is then a local the handlers cannot
+        // alias, kept in registers instead of re-fetched per message.
+        let mut rings = std::mem::take(&mut ep.rings);
+        while bits != 0 {
+            let s = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if let Some(r) = rings.get_mut(s).and_then(Option::as_mut) {
+                drain_ring(ep, ctx, r);
+            }
+        }
+        ep.rings = rings;
     }
     if !ep.busy.is_empty() {
         progress_tx(ep, ctx);
     }
-    ep.passes = ep.passes.wrapping_add(1);
-    if ep.passes.is_multiple_of(256) || ep.check_now {
-        ep.check_now = false;
-        let now = std::time::Instant::now();
-        if now.duration_since(ep.last_check) >= ctx.cfg.peer_check {
-            ep.last_check = now;
-            check_peers(ep, ctx);
-            if ep.sec.header().ovf_used.load(Ordering::Relaxed) != 0 {
-                check_ovf_claim(ep, ctx, now);
-            }
+}
+
+/// Now and then: peers checked for life, a stuck overflow claim looked
+/// at, gauges published.
+#[cold]
+#[inline(never)]
+fn housekeeping(ep: &mut EpState, ctx: &mut Ctx<'_>) {
+    ep.check_now = false;
+    let now = std::time::Instant::now();
+    if now.duration_since(ep.last_check) >= ctx.cfg.peer_check {
+        ep.last_check = now;
+        check_peers(ep, ctx);
+        if ep.sec.header().ovf_used.load(Ordering::Relaxed) != 0 {
+            check_ovf_claim(ep, ctx, now);
         }
-        publish_gauges(ep, ctx);
     }
+    publish_gauges(ep, ctx);
 }
 
 /// Publishes what this endpoint holds for `shmfab inspect` (relaxed
@@ -317,19 +338,16 @@ fn accept_claims(ep: &mut EpState, claimed: u64) {
     ep.claimed_seen = claimed;
 }
 
-/// Reads up to [`BATCH`] messages of ring `s`. The ring stays in place
-/// (moving it out and back costs store-forwarding stalls on every pass):
-/// each message is handled through a copy of its place ([`RingView`]).
-fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, s: usize) {
-    let Some(peer) = ep.rings[s].as_ref().map(|r| r.peer) else {
-        return;
-    };
+/// Reads up to [`BATCH`] messages of ring `r` (taken out of the endpoint
+/// by [`progress_ep`]). Each message is handled through a copy of its place
+/// ([`RingView`]).
+fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
+    let peer = r.peer;
     if ep.peers[peer].broken {
         return;
     }
     for _ in 0..BATCH {
-        let Some(ring) = ep.rings[s].as_ref() else { return };
-        let Some((h, ncells)) = ring.rx.peek() else {
+        let Some((h, ncells)) = r.rx.peek() else {
             break;
         };
         if ncells == 0 {
@@ -339,20 +357,16 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, s: usize) {
             ep.peers[peer].broken = true;
             break;
         }
-        let src = Src::Ring(ring.rx.view(), payload_capacity(ncells));
+        let src = Src::Ring(r.rx.view(), payload_capacity(ncells));
         let flow = if h.op == op::EAGER { on_eager(ep, ctx, peer, &h, &src) } else { handle(ep, ctx, peer, &h, &src) };
         if flow == Flow::Stall {
             ep.stats.stalls += 1;
             break;
         }
         ep.stats.rx_ring += 1;
-        if let Some(r) = ep.rings[s].as_mut() {
-            r.rx.consume(ncells);
-        }
+        r.rx.consume(ncells);
     }
-    if let Some(r) = ep.rings[s].as_mut() {
-        r.rx.release_credit();
-    }
+    r.rx.release_credit();
 }
 
 fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
@@ -441,12 +455,12 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         bad(ep, ctx, p, None, "inline length beyond its cells");
         return Flow::Done;
     }
+    let tagged = h.flags & hdr_flags::TAGGED != 0;
+    if let Some(flow) = eager_to_front(ep, ctx, p, h, src, len, tagged) {
+        return flow;
+    }
     if !rx_room(ep, ctx) {
         return Flow::Stall;
-    }
-    let tagged = h.flags & hdr_flags::TAGGED != 0;
-    if eager_to_front(ep, ctx, p, h, src, len, tagged) {
-        return Flow::Done;
     }
     eager_match_or_queue(ep, ctx, p, h, src, len, tagged)
 }
@@ -510,8 +524,9 @@ fn rx_signal(ep: &EpState, hflags: u8) -> Signal {
 /// The common case of an inline message, done without the general
 /// matching records: the oldest posted receive (one segment, not
 /// multi-receive, not from an SRQ) matches it and holds it whole, and
-/// nothing earlier from this peer waits to complete. Returns false, having
-/// done nothing, when that is not the case.
+/// nothing earlier from this peer waits to complete. The receive CQ is
+/// looked up once, for its room and for the entry. None, having done
+/// nothing, when that is not the case; `Stall` when the CQ is full.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn eager_to_front(
@@ -522,12 +537,12 @@ fn eager_to_front(
     src: &Src<'_>,
     len: usize,
     tagged: bool,
-) -> bool {
+) -> Option<Flow> {
     if (!tagged && ep.srq.is_some()) || !ep.peers[p].rx_order.is_empty() {
-        return false;
+        return None;
     }
     let q = tagged as usize;
-    let Some(r) = ep.posted[q].front() else { return false };
+    let r = ep.posted[q].front()?;
     let seg = r.iovs.v[0];
     if r.multi
         || r.iovs.n != 1
@@ -535,9 +550,18 @@ fn eager_to_front(
         || r.src.is_some_and(|s| s != p)
         || (tagged && (h.tag & !r.ignore) != (r.tag & !r.ignore))
     {
-        return false;
+        return None;
     }
     let (op_context, cqe) = (r.ctx, r.cqe);
+    let mut cq = None;
+    if let Some(c) = ep.rx_cq {
+        if let Some(q) = ctx.cqs[c].as_mut() {
+            if !q.has_room() {
+                return Some(Flow::Stall);
+            }
+            cq = Some(q);
+        }
+    }
     // SAFETY: the posted receive's buffer, valid and writable until its
     // completion (the posting contract); len <= its length.
     let dst = unsafe { std::slice::from_raw_parts_mut(seg.ptr as *mut u8, len) };
@@ -545,8 +569,8 @@ fn eager_to_front(
     ep.posted[q].pop_front();
     let ok =
         RxOk { op_context, buf: seg.ptr, len, tagged, hflags: h.flags, data: h.data, tag: h.tag, multi_release: false };
-    complete_rx_ok(ep, ctx, p, &ok, cqe);
-    true
+    complete_rx_ok(ep, ctx.counters, ctx.avs, cq, p, &ok, cqe);
+    Some(Flow::Done)
 }
 
 /// Starts a matched multi-part receive: its data arrives in chunks.
@@ -1068,23 +1092,32 @@ fn rx_flags(tagged: bool, hflags: u8, multi_release: bool) -> u64 {
 }
 
 /// A successful receive: the receive counter, and the CQ entry when one is
-/// asked for (`entry`). Shared by the general path ([`emit_rx`]) and the
-/// inline fast path ([`eager_to_front`]); inlined, so `ok` is never a
-/// struct re-read from memory.
+/// asked for (`entry`) in `cq` (the endpoint's receive CQ, looked up by
+/// the caller). Shared by the general path ([`emit_rx`]) and the inline
+/// fast path ([`eager_to_front`]); inlined, so `ok` is never a struct
+/// re-read from memory.
 #[inline(always)]
-fn complete_rx_ok(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, ok: &RxOk, entry: bool) {
+fn complete_rx_ok(
+    ep: &mut EpState,
+    counters: &[shm_layout::Counter],
+    avs: &[Option<crate::av::AvState>],
+    cq: Option<&mut crate::cq::CqState>,
+    p: usize,
+    ok: &RxOk,
+    entry: bool,
+) {
     if let Some(c) = ep.cntr_recv {
         // SYNC: pairs with the acquire loads in Counter::read/readerr.
-        ctx.counters[c].value.v.fetch_add(1, Ordering::Release);
+        counters[c].value.v.fetch_add(1, Ordering::Release);
     }
     if !entry {
         return;
     }
-    let src = ep.src_addr(ctx, p);
-    let sig = rx_signal(ep, ok.hflags);
-    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+    let Some(cq) = cq else {
         return;
     };
+    let src = ep.src_addr(avs, p);
+    let sig = rx_signal(ep, ok.hflags);
     let has_data = ok.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
     let e = CqTaggedEntry {
         op_context: ok.op_context,
@@ -1130,7 +1163,8 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, 
             tag: i.tag,
             multi_release: d.multi_release,
         };
-        complete_rx_ok(ep, ctx, p, &ok, d.cqe || d.multi_release);
+        let cq = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut());
+        complete_rx_ok(ep, ctx.counters, ctx.avs, cq, p, &ok, d.cqe || d.multi_release);
         return;
     };
     if let Some(c) = ep.cntr_recv {
@@ -1184,6 +1218,9 @@ pub(crate) fn complete_send(ep: &mut EpState, ctx: &mut Ctx<'_>, op: SendDone, e
         let c = &ctx.counters[c];
         // SYNC: pairs with the acquire loads in Counter::read/readerr.
         if err.is_some() { &c.err.v } else { &c.value.v }.fetch_add(1, Ordering::Release);
+    }
+    if err.is_none() && !op.cqe {
+        return; // an inject, or a send without FI_COMPLETION
     }
     let Some(cq) = ep.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
         return;

@@ -80,6 +80,13 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
     // SAFETY (every arm): each access lies in [0, n) of both ranges, which
     // the caller guarantees valid and disjoint.
     unsafe {
+        // The most common small size first (one range check, not a tree).
+        if (8..=16).contains(&n) {
+            let (a, b) = (rd(src as *const u64), rd(src.add(n - 8) as *const u64));
+            wr(dst as *mut u64, a);
+            wr(dst.add(n - 8) as *mut u64, b);
+            return;
+        }
         match n {
             0 => {}
             1..=3 => {
@@ -91,11 +98,6 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
                 let (a, b) = (rd(src as *const u32), rd(src.add(n - 4) as *const u32));
                 wr(dst as *mut u32, a);
                 wr(dst.add(n - 4) as *mut u32, b);
-            }
-            8..=16 => {
-                let (a, b) = (rd(src as *const u64), rd(src.add(n - 8) as *const u64));
-                wr(dst as *mut u64, a);
-                wr(dst.add(n - 8) as *mut u64, b);
             }
             17..=32 => {
                 let (a, b) = (rd(src as *const u128), rd(src.add(n - 16) as *const u128));
@@ -456,9 +458,13 @@ impl RingRx {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             // The lines that just came into the window (the others were
             // asked for by earlier calls).
-            let first = (RX_PREFETCH + 1).saturating_sub(ncells as u64).max(1);
-            for k in first..=RX_PREFETCH {
-                _mm_prefetch(self.cell(self.head + k) as *const i8, _MM_HINT_T0);
+            if ncells == 1 {
+                _mm_prefetch(self.cell(self.head + RX_PREFETCH) as *const i8, _MM_HINT_T0);
+            } else {
+                let first = (RX_PREFETCH + 1).saturating_sub(ncells as u64).max(1);
+                for k in first..=RX_PREFETCH {
+                    _mm_prefetch(self.cell(self.head + k) as *const i8, _MM_HINT_T0);
+                }
             }
         }
         if self.head - self.published >= self.cap / 4 {
