@@ -148,6 +148,11 @@ pub struct RingTx {
     cont: Vec<u64>,
     /// The CPU has PREFETCHW.
     pfw: bool,
+    /// A one-cell message at this position or later finds neither its cell
+    /// nor the next one marked in `cont`: every continuation cell written
+    /// so far has been overwritten by a message's first cell by then (the
+    /// last one, at `c`, by the message at `c + cap`). Only grows.
+    cont_clear_from: u64,
 }
 
 // SAFETY: the pointers refer to a shared mapping kept alive by the owner of
@@ -174,6 +179,7 @@ impl RingTx {
             // A claimed ring starts zeroed: no cell holds payload yet.
             cont: vec![0; cap.div_ceil(64)],
             pfw: has_prefetchw(),
+            cont_clear_from: 0,
         }
     }
 
@@ -207,6 +213,12 @@ impl RingTx {
     /// continuation payload and must be zeroed (which clears its bit).
     #[inline(always)]
     fn mark(&mut self, pos: u64, n: u64) -> bool {
+        if n == 1 && pos >= self.cont_clear_from {
+            return false; // nothing to clear, no guard (see cont_clear_from)
+        }
+        if n > 1 {
+            self.cont_clear_from = pos + n + self.cap;
+        }
         let mask = self.cap - 1;
         let bit = |p: u64| (((p & mask) / 64) as usize, 1u64 << (p & 63));
         let (w, b) = bit(pos);
@@ -262,14 +274,20 @@ impl RingTx {
 
     /// Publishes one message whose payload is the concatenation of `parts`;
     /// `hdr.ncells` is set here. False (and nothing written) if there is no
-    /// room.
-    #[inline]
+    /// room. The one-cell case is inlined into the caller; the rest is not.
+    #[inline(always)]
     pub fn try_push(&mut self, hdr: &MsgHdr, parts: &[&[u8]]) -> bool {
         if let [buf] = parts {
             if buf.len() <= CELL_PAYLOAD {
                 return self.push_one_cell(hdr, buf);
             }
         }
+        self.push_cells(hdr, parts)
+    }
+
+    /// [`RingTx::try_push`] past one cell.
+    #[inline(never)]
+    fn push_cells(&mut self, hdr: &MsgHdr, parts: &[&[u8]]) -> bool {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let n = cells_for(len) as u64;
         if n + 1 > self.cap || !self.has_room(n) {
