@@ -711,19 +711,23 @@ impl EpState {
         if done.cqe && self.tx_cq.is_none() && self.cntr_send.is_none() {
             return None;
         }
-        let p = match self.peer_for(ctx, dest) {
+        let p = match self.peer_of(ctx, dest) {
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
-        let peer = &mut self.peers[p];
+        // A peer not connected yet (first contact) also takes the general
+        // path: its channel is None.
+        let peer = self.peers.get_mut(p)?;
         if peer.gone.is_some() || !peer.txq.is_empty() || !peer.inflight.is_empty() || !peer.chan_valid() {
             return None;
         }
-        let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
-        let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, done.inject);
-        if proto::choose(ctx.cfg, buf.len(), 1, true, cma_ok) != Proto::Inline {
-            return None;
+        if !proto::inline_on_ring(ctx.cfg, buf.len()) {
+            let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, done.inject);
+            if proto::choose(ctx.cfg, buf.len(), 1, true, cma_ok) != Proto::Inline {
+                return None;
+            }
         }
+        let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
         if !ring.try_push(hdr, &[buf]) {
             return None;
         }

@@ -211,6 +211,14 @@ pub fn choose(cfg: &Config, len: usize, niov: usize, on_ring: bool, cma_ok: bool
     }
 }
 
+/// Whether [`choose`] picks [`Proto::Inline`] for a one-segment message of
+/// `len` bytes on a ring whether or not single copy is offered: the send
+/// fast path's check, without the single-copy question.
+#[inline(always)]
+pub fn inline_on_ring(cfg: &Config, len: usize) -> bool {
+    len < cfg.cma_min && len <= cfg.inline_max
+}
+
 /// Whether a rendezvous offers single copy: CMA not off, not known refused
 /// by this peer, and the payload not a provider-owned copy (inject).
 pub fn offer_cma(cfg: &Config, peer_refused: bool, owned: bool) -> bool {
@@ -239,6 +247,14 @@ mod tests {
         assert_eq!(choose(&c, c.cma_min.max(OVF_PAYLOAD + 1), 3, false, true), Proto::Rndv);
         assert_eq!(choose(&c, c.rndv_min, 4, false, false), Proto::Bounce);
         assert!(offer_cma(&c, false, false));
+        // The fast check agrees with choose() wherever it answers yes.
+        for len in [0, 8, c.inline_max.min(c.cma_min - 1), c.inline_max, c.cma_min - 1, c.cma_min, c.inline_max + 1] {
+            if inline_on_ring(&c, len) {
+                assert_eq!(choose(&c, len, 1, true, true), Proto::Inline, "len {len}");
+                assert_eq!(choose(&c, len, 1, true, false), Proto::Inline, "len {len}");
+            }
+        }
+        assert!(inline_on_ring(&c, 8));
         assert!(!offer_cma(&c, true, false), "refused peer");
         assert!(!offer_cma(&c, false, true), "inject copy");
         let off = Config { cma: CmaMode::Off, ..Config::default() };
