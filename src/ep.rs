@@ -479,6 +479,9 @@ pub(crate) struct EpState {
     pub closing: bool,
     /// Inbound rings by slot.
     pub rings: Vec<Option<InRing>>,
+    /// `rings` is out of the endpoint (a progress pass drains them; see
+    /// `left_in_queues`).
+    pub rings_out: bool,
     /// Claimed-slot mask already turned into `rings`.
     pub claimed_seen: u64,
     pub peers: Vec<Peer>,
@@ -971,6 +974,7 @@ impl Domain {
             solicited_wait: false,
             closing: false,
             rings: (0..n_slots).map(|_| None).collect(),
+            rings_out: false,
             claimed_seen: 0,
             peers: Vec::new(),
             peer_by_addr: HashMap::new(),

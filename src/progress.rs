@@ -77,6 +77,14 @@ impl Src<'_> {
 /// message found there completes the caller's read, and whatever the pass
 /// does after it adds to that message's latency.
 pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
+    // SYNC: pairs with the release fetch_or in EpState::connect; makes the
+    // slot's address visible.
+    let claimed = ep.sec.header().claimed.load(Ordering::Acquire);
+    if claimed != ep.claimed_seen {
+        accept_claims(ep, claimed);
+    }
+    // After the claims: a peer found dead may have left messages in a ring
+    // it just claimed (see left_in_queues).
     ep.passes = ep.passes.wrapping_add(1);
     if ep.passes.is_multiple_of(256) || ep.check_now {
         housekeeping(ep, ctx);
@@ -86,18 +94,13 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     if ep.sec.header().ovf_used.load(Ordering::Relaxed) != 0 {
         drain_ovf(ep, ctx);
     }
-    // SYNC: pairs with the release fetch_or in EpState::connect; makes the
-    // slot's address visible.
-    let claimed = ep.sec.header().claimed.load(Ordering::Acquire);
-    if claimed != ep.claimed_seen {
-        accept_claims(ep, claimed);
-    }
     let mut bits = ep.claimed_seen;
     if bits != 0 {
         // Out of the endpoint while it is drained (no handler touches
         // them): the ring being read is then a local the handlers cannot
         // alias, kept in registers instead of re-fetched per message.
         let mut rings = std::mem::take(&mut ep.rings);
+        ep.rings_out = true;
         while bits != 0 {
             let s = bits.trailing_zeros() as usize;
             bits &= bits - 1;
@@ -106,6 +109,7 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             }
         }
         ep.rings = rings;
+        ep.rings_out = false;
     }
     if !ep.busy.is_empty() {
         progress_tx(ep, ctx);
@@ -153,9 +157,15 @@ fn pending_with(ep: &EpState, p: usize) -> bool {
 }
 
 /// Whether peer `p` may still have messages in our inbound queues (its
-/// ring, or the shared overflow queue, where any entry counts).
+/// ring, or the shared overflow queue, where any entry counts, or a ring
+/// claimed since the last pass looked, which may be its). While the rings
+/// are out being drained (a handler asks), the answer is yes: the caller
+/// decides again at the next check.
 fn left_in_queues(ep: &EpState, p: usize) -> bool {
-    ep.rings.iter().flatten().any(|r| r.peer == p && r.rx.ready()) || ep.ovf.ready()
+    ep.rings_out
+        || ep.rings.iter().flatten().any(|r| r.peer == p && r.rx.ready())
+        || ep.ovf.ready()
+        || ep.sec.header().claimed.load(Ordering::Acquire) != ep.claimed_seen
 }
 
 /// Checks every peer we wait on; fails what is pending with dead ones.
