@@ -299,6 +299,36 @@ impl EntryQueue {
     }
 }
 
+/// The caller's entry array (and source array) of a read in progress.
+/// While it has room, completions that the read's own progress pass
+/// writes go there directly, in the CQ's format, instead of being queued
+/// and copied out again. Open only inside [`CompletionQueue::read`] and
+/// `readfrom`, under the domain lock, and only while nothing older waits in
+/// the CQ (an error entry closes it: later entries queue behind it).
+pub(crate) struct Sink {
+    /// `cap` entries of the CQ's format.
+    out: *mut u8,
+    /// `cap` source addresses, or null.
+    src: *mut FiAddr,
+    cap: usize,
+    len: usize,
+}
+
+// SAFETY: the pointers are set only while the thread that owns them holds
+// the domain lock in a read, and cleared before that read returns.
+unsafe impl Send for Sink {}
+
+impl Sink {
+    const CLOSED: Sink = Sink { out: std::ptr::null_mut(), src: std::ptr::null_mut(), cap: 0, len: 0 };
+
+    /// Closes the sink; returns how many entries it took.
+    fn close(&mut self) -> usize {
+        let n = self.len;
+        *self = Sink::CLOSED;
+        n
+    }
+}
+
 /// In-process state of a CQ.
 pub(crate) struct CqState {
     /// Format fixed at open.
@@ -328,6 +358,8 @@ pub(crate) struct CqState {
     pub notify: Option<crate::notify::Notify>,
     /// The mutex/condvar of a MutexCond wait object.
     pub cond: Option<std::sync::Arc<crate::fdwait::MutexCond>>,
+    /// The read in progress's array, if open (see [`Sink`]).
+    sink: Sink,
 }
 
 impl CqState {
@@ -348,6 +380,7 @@ impl CqState {
             fd: None,
             notify: None,
             cond: None,
+            sink: Sink::CLOSED,
         }
     }
 
@@ -373,17 +406,73 @@ impl CqState {
     /// field and re-read wide: a store-forwarding stall).
     #[inline(always)]
     pub fn push_ext(&mut self, e: CqTaggedEntry, src: FiAddr, sig: crate::notify::Signal) {
-        if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
-            self.overrun = true;
-            return;
+        if self.sink.len < self.sink.cap {
+            self.sink_write(&e, src);
+        } else {
+            self.queue(e, src);
         }
-        self.entries.push(&e, src);
         if let Some(n) = self.notify.as_mut() {
             n.on_completion(sig);
         }
     }
 
+    /// Queues a successful entry (or overruns).
+    #[inline(always)]
+    fn queue(&mut self, e: CqTaggedEntry, src: FiAddr) {
+        if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
+            self.overrun = true;
+            return;
+        }
+        self.entries.push(&e, src);
+    }
+
+    /// Writes an entry into the open sink, which has room.
+    #[inline(always)]
+    fn sink_write(&mut self, e: &CqTaggedEntry, src: FiAddr) {
+        let k = &mut self.sink;
+        debug_assert!(k.len < k.cap);
+        // SAFETY: the sink was opened on the caller's array of `cap` entries
+        // of this CQ's format (checked in open_sink), alive and exclusively
+        // ours until the read that opened it closes it; len < cap.
+        unsafe {
+            match self.format {
+                CqFormat::Context => (k.out as *mut CqEntry).add(k.len).write(CqEntry::from_full(e)),
+                CqFormat::Msg => (k.out as *mut CqMsgEntry).add(k.len).write(CqMsgEntry::from_full(e)),
+                CqFormat::Data => (k.out as *mut CqDataEntry).add(k.len).write(CqDataEntry::from_full(e)),
+                CqFormat::Tagged | CqFormat::Unspec => (k.out as *mut CqTaggedEntry).add(k.len).write(*e),
+            }
+            if !k.src.is_null() {
+                k.src.add(k.len).write(src);
+            }
+        }
+        k.len += 1;
+    }
+
+    /// Opens the sink on `out` (and `src`) if a read may take entries
+    /// straight from progress: arguments valid for [`CqState::read`] and
+    /// nothing waiting in the CQ (nor overrun). Returns whether it did.
+    fn open_sink<T: CqFormatEntry>(&mut self, out: &mut [T], src: Option<&mut [FiAddr]>) -> bool {
+        if T::FORMAT != self.format
+            || out.is_empty()
+            || src.as_ref().is_some_and(|s| s.len() < out.len())
+            || !self.entries.is_empty()
+            || !self.errors.is_empty()
+            || self.overrun
+        {
+            return false;
+        }
+        self.sink = Sink {
+            out: out.as_mut_ptr() as *mut u8,
+            src: src.map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
+            cap: out.len(),
+            len: 0,
+        };
+        true
+    }
+
     pub fn push_err(&mut self, e: CqErrEntry, detail: String) {
+        // Entries after this one queue behind it, as reads must see them.
+        self.sink.cap = self.sink.len;
         if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
             self.overrun = true;
             return;
@@ -509,13 +598,39 @@ impl CompletionQueue {
     /// fi_cq_read: drives progress, then returns up to `out.len()` entries;
     /// `-FI_EAGAIN` when none, `-FI_EAVAIL` while an error entry waits.
     pub fn read<T: CqFormatEntry>(&self, out: &mut [T]) -> Result<usize> {
-        self.with(true, |c| c.read(out, None))
+        self.read_impl(out, None)
     }
 
     /// fi_cq_readfrom: as `read`, with each entry's source address
     /// (FI_ADDR_NOTAVAIL when the source is not in the bound AV).
     pub fn readfrom<T: CqFormatEntry>(&self, out: &mut [T], src: &mut [FiAddr]) -> Result<usize> {
-        self.with(true, |c| c.read(out, Some(src)))
+        self.read_impl(out, Some(src))
+    }
+
+    /// `read` and `readfrom`: when the CQ holds nothing, the progress pass
+    /// writes this read's entries straight into `out` (see [`Sink`]).
+    #[inline(always)]
+    fn read_impl<T: CqFormatEntry>(&self, out: &mut [T], mut src: Option<&mut [FiAddr]>) -> Result<usize> {
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
+        }
+        let mut st = self.dom.lock()?;
+        let cq = st.cqs[self.id].as_mut().expect("open CQ has state");
+        if cq.open_sink(out, src.as_deref_mut()) {
+            // A panic inside progress must not leave the sink pointing at
+            // this call's arrays.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dom.progress(&mut st)));
+            let n = st.cqs[self.id].as_mut().expect("open CQ has state").sink.close();
+            if let Err(p) = r {
+                std::panic::resume_unwind(p);
+            }
+            if n > 0 {
+                return Ok(n);
+            }
+        } else {
+            self.dom.progress(&mut st);
+        }
+        st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src)
     }
 
     /// fi_cq_sread: as `read`, but waits (without spinning, with the

@@ -146,6 +146,78 @@ fn cq_formats_and_source_addresses() {
     assert_eq!(p.cq0.readfrom(&mut e, &mut short).unwrap_err().kind(), ErrorKind::Inval);
 }
 
+/// Completions a read's own progress pass writes go straight into its
+/// array while it has room; the rest queue. An error entry among them
+/// keeps its place: entries after it are not returned before it.
+#[test]
+fn read_keeps_completion_order_between_its_array_and_the_queue() {
+    job("sinkorder");
+    let p = pair_with(CqFormat::Tagged, false);
+    let read_all = |want: usize| -> Vec<usize> {
+        let mut got = Vec::new();
+        let mut e = [CqTaggedEntry::default(); 8];
+        let t0 = Instant::now();
+        while got.len() < want {
+            match p.cq0.read(&mut e[..want - got.len()]) {
+                Ok(n) => got.extend(e[..n].iter().map(|x| x.op_context)),
+                Err(x) if x.kind() == ErrorKind::Again => assert!(t0.elapsed() < Duration::from_secs(10)),
+                Err(x) => panic!("{x}"),
+            }
+        }
+        got
+    };
+    // Array of 2, five completions in one pass: 1 and 2 fill it, 3 fails
+    // (truncated), 4 and 5 queue behind the error.
+    let mut bufs = [[0u8; 8]; 5];
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let len = if i == 2 { 4 } else { 8 };
+        // SAFETY: bufs outlive the completions read below.
+        unsafe { p.ep0.trecv(&mut b[..len], FI_ADDR_UNSPEC, 7, 0, i + 1).unwrap() };
+    }
+    for i in 0..5u8 {
+        p.ep1.tinject(&[i; 8], p.a0, 7).unwrap();
+    }
+    let mut e = [CqTaggedEntry::default(); 2];
+    let t0 = Instant::now();
+    let n = loop {
+        match p.cq0.read(&mut e) {
+            Ok(n) => break n,
+            Err(x) if x.kind() == ErrorKind::Again => assert!(t0.elapsed() < Duration::from_secs(10)),
+            Err(x) => panic!("{x}"),
+        }
+    };
+    assert_eq!((n, e[0].op_context, e[1].op_context), (2, 1, 2));
+    assert_eq!(p.cq0.read(&mut e).unwrap_err().kind(), ErrorKind::Avail);
+    let err = p.cq0.readerr().unwrap();
+    assert_eq!((err.op_context, err.olen), (3, 4));
+    assert_eq!(read_all(2), vec![4, 5]);
+    assert_eq!(bufs[4], [4; 8]);
+    // Array of 4, three completions: the error after the first closes the
+    // array, so the third waits behind it.
+    for (i, b) in bufs.iter_mut().enumerate().take(3) {
+        let len = if i == 1 { 4 } else { 8 };
+        // SAFETY: as above.
+        unsafe { p.ep0.trecv(&mut b[..len], FI_ADDR_UNSPEC, 7, 0, 11 + i).unwrap() };
+    }
+    for i in 0..3u8 {
+        p.ep1.tinject(&[i; 8], p.a0, 7).unwrap();
+    }
+    let mut e4 = [CqTaggedEntry::default(); 4];
+    let t0 = Instant::now();
+    let n = loop {
+        match p.cq0.read(&mut e4) {
+            Ok(n) => break n,
+            Err(x) if x.kind() == ErrorKind::Again => assert!(t0.elapsed() < Duration::from_secs(10)),
+            Err(x) => panic!("{x}"),
+        }
+    };
+    assert_eq!((n, e4[0].op_context), (1, 11));
+    assert_eq!(p.cq0.read(&mut e4).unwrap_err().kind(), ErrorKind::Avail);
+    assert_eq!(p.cq0.readerr().unwrap().op_context, 12);
+    assert_eq!(read_all(1), vec![13]);
+    drop(p.dom);
+}
+
 #[test]
 fn counters_count_and_take_add_set() {
     job("counters");
