@@ -153,6 +153,17 @@ fn cq_formats_and_source_addresses() {
 fn read_keeps_completion_order_between_its_array_and_the_queue() {
     job("sinkorder");
     let p = pair_with(CqFormat::Tagged, false);
+    // The first read that returns something (completions, or an error).
+    let read_some = |e: &mut [CqTaggedEntry]| -> usize {
+        let t0 = Instant::now();
+        loop {
+            match p.cq0.read(e) {
+                Ok(n) => return n,
+                Err(x) if x.kind() == ErrorKind::Again => assert!(t0.elapsed() < Duration::from_secs(10)),
+                Err(x) => panic!("{x}"),
+            }
+        }
+    };
     let read_all = |want: usize| -> Vec<usize> {
         let mut got = Vec::new();
         let mut e = [CqTaggedEntry::default(); 8];
@@ -178,14 +189,7 @@ fn read_keeps_completion_order_between_its_array_and_the_queue() {
         p.ep1.tinject(&[i; 8], p.a0, 7).unwrap();
     }
     let mut e = [CqTaggedEntry::default(); 2];
-    let t0 = Instant::now();
-    let n = loop {
-        match p.cq0.read(&mut e) {
-            Ok(n) => break n,
-            Err(x) if x.kind() == ErrorKind::Again => assert!(t0.elapsed() < Duration::from_secs(10)),
-            Err(x) => panic!("{x}"),
-        }
-    };
+    let n = read_some(&mut e);
     assert_eq!((n, e[0].op_context, e[1].op_context), (2, 1, 2));
     assert_eq!(p.cq0.read(&mut e).unwrap_err().kind(), ErrorKind::Avail);
     let err = p.cq0.readerr().unwrap();
@@ -203,14 +207,7 @@ fn read_keeps_completion_order_between_its_array_and_the_queue() {
         p.ep1.tinject(&[i; 8], p.a0, 7).unwrap();
     }
     let mut e4 = [CqTaggedEntry::default(); 4];
-    let t0 = Instant::now();
-    let n = loop {
-        match p.cq0.read(&mut e4) {
-            Ok(n) => break n,
-            Err(x) if x.kind() == ErrorKind::Again => assert!(t0.elapsed() < Duration::from_secs(10)),
-            Err(x) => panic!("{x}"),
-        }
-    };
+    let n = read_some(&mut e4);
     assert_eq!((n, e4[0].op_context), (1, 11));
     assert_eq!(p.cq0.read(&mut e4).unwrap_err().kind(), ErrorKind::Avail);
     assert_eq!(p.cq0.readerr().unwrap().op_context, 12);
