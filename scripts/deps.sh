@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what shmfab's scripts need, with apt-get, only when missing:
 # always the build's C libraries (hwloc); with "peers" also Open MPI and
-# libfabric's tools, for the multi-rank tests and the comparison.
-# Usage: scripts/deps.sh [peers]
+# libfabric's tools, for the multi-rank tests and the comparison; with
+# "profile" valgrind, for scripts/profile.sh.
+# Usage: scripts/deps.sh [peers|profile]
 set -euo pipefail
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -18,6 +19,9 @@ if [ "${1:-}" = peers ]; then
   have fi_pingpong || need+=(libfabric-bin)
   pkg_installed libfabric-dev || need+=(libfabric-dev)
   have taskset || need+=(util-linux)
+fi
+if [ "${1:-}" = profile ]; then
+  have valgrind || need+=(valgrind)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}" >&2

@@ -583,6 +583,26 @@ impl crate::Domain {
     }
 }
 
+/// The domain lock, held while a CQ's sink is open; closes the sink when
+/// dropped (see [`CompletionQueue::read`]).
+struct SinkOpen<'a> {
+    st: crate::sync::DomainGuard<'a, crate::domain::DomainState>,
+    id: usize,
+}
+
+impl SinkOpen<'_> {
+    /// Closes the sink; returns how many entries it took.
+    fn close(&mut self) -> usize {
+        self.st.cqs[self.id].as_mut().map_or(0, |c| c.sink.close())
+    }
+}
+
+impl Drop for SinkOpen<'_> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 impl CompletionQueue {
     fn with<R>(&self, progress: bool, f: impl FnOnce(&mut CqState) -> Result<R>) -> Result<R> {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
@@ -615,22 +635,19 @@ impl CompletionQueue {
             return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
         }
         let mut st = self.dom.lock()?;
-        let cq = st.cqs[self.id].as_mut().expect("open CQ has state");
-        if cq.open_sink(out, src.as_deref_mut()) {
-            // A panic inside progress must not leave the sink pointing at
-            // this call's arrays.
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dom.progress(&mut st)));
-            let n = st.cqs[self.id].as_mut().expect("open CQ has state").sink.close();
-            if let Err(p) = r {
-                std::panic::resume_unwind(p);
-            }
-            if n > 0 {
-                return Ok(n);
-            }
-        } else {
+        if !st.cqs[self.id].as_mut().expect("open CQ has state").open_sink(out, src.as_deref_mut()) {
             self.dom.progress(&mut st);
+            return st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src);
         }
-        st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src)
+        // The guard closes the sink however progress ends (a panic must not
+        // leave it pointing at this call's arrays), before the lock goes.
+        let mut g = SinkOpen { st, id: self.id };
+        self.dom.progress(&mut g.st);
+        let n = g.close();
+        if n > 0 {
+            return Ok(n);
+        }
+        g.st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src)
     }
 
     /// fi_cq_sread: as `read`, but waits (without spinning, with the
