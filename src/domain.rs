@@ -182,7 +182,7 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl DomainInner {
-    #[inline]
+    #[inline(always)]
     pub fn lock(&self) -> Result<DomainGuard<'_, DomainState>> {
         self.st.lock().map_err(|e| match e {
             LockError::OtherThread => Error::with(
@@ -231,7 +231,7 @@ impl DomainInner {
     }
 
     /// One progress pass over every enabled endpoint.
-    #[inline]
+    #[inline(always)]
     pub fn progress(&self, st: &mut DomainState) {
         let counters = self.counters();
         let DomainState { eps, eps_end, cqs, avs, srqs, regions, .. } = st;
