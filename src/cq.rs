@@ -396,6 +396,21 @@ impl CqState {
         !self.overrun && self.entries.len() + self.errors.len() < self.size
     }
 
+    /// Whether the next successful entry needs its source address: it will
+    /// be queued (a `readfrom` may ask for it later), or the open sink has
+    /// a source array. A plain read that takes it directly does not.
+    #[inline(always)]
+    pub fn wants_src(&self) -> bool {
+        self.sink.len >= self.sink.cap || !self.sink.src.is_null()
+    }
+
+    /// Whether a completion's signal matters: a completion channel is
+    /// attached.
+    #[inline(always)]
+    pub fn notifies(&self) -> bool {
+        self.notify.is_some()
+    }
+
     #[inline(always)]
     pub fn push(&mut self, e: CqTaggedEntry, src: FiAddr) {
         self.push_ext(e, src, crate::notify::Signal::Normal)

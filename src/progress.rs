@@ -1126,8 +1126,9 @@ fn complete_rx_ok(
     let Some(cq) = cq else {
         return;
     };
-    let src = ep.src_addr(avs, p);
-    let sig = rx_signal(ep, ok.hflags);
+    // Each only if it will be used.
+    let src = if cq.wants_src() { ep.src_addr(avs, p) } else { FI_ADDR_NOTAVAIL };
+    let sig = if cq.notifies() { rx_signal(ep, ok.hflags) } else { Signal::Normal };
     let has_data = ok.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
     let e = CqTaggedEntry {
         op_context: ok.op_context,

@@ -164,13 +164,18 @@ fn read_keeps_completion_order_between_its_array_and_the_queue() {
             }
         }
     };
+    // The rest, by readfrom: queued entries keep their source address.
     let read_all = |want: usize| -> Vec<usize> {
         let mut got = Vec::new();
         let mut e = [CqTaggedEntry::default(); 8];
+        let mut src = [0u64; 8];
         let t0 = Instant::now();
         while got.len() < want {
-            match p.cq0.read(&mut e[..want - got.len()]) {
-                Ok(n) => got.extend(e[..n].iter().map(|x| x.op_context)),
+            match p.cq0.readfrom(&mut e[..want - got.len()], &mut src[..want - got.len()]) {
+                Ok(n) => {
+                    assert!(src[..n].iter().all(|&s| s == p.a1), "sources {:?}", &src[..n]);
+                    got.extend(e[..n].iter().map(|x| x.op_context))
+                }
                 Err(x) if x.kind() == ErrorKind::Again => assert!(t0.elapsed() < Duration::from_secs(10)),
                 Err(x) => panic!("{x}"),
             }
