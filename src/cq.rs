@@ -598,6 +598,26 @@ impl crate::Domain {
     }
 }
 
+/// A read that found nothing ends as a spin-wait iteration should, with a
+/// pause. Without it, a caller polling in a tight loop has loads of the
+/// ring's next cell from several polls in flight when the sender's write
+/// takes the line, and (most likely: no hardware counters here to confirm
+/// it) the core discards and replays them, the memory-ordering machine
+/// clear that PAUSE exists to avoid; that costs the message more than the
+/// pause costs the poll.
+/// Measured here: 8-byte half round trip 0.175-0.180 µs without it,
+/// 0.162-0.167 µs with it; an empty read 18.6 ns without, 29.3 ns with.
+/// (An lfence instead measured the same latency and 21.5 ns per empty
+/// read; the pause is the instruction made for spin-waits, on every CPU,
+/// and lets a hypervisor see a spinning vCPU.)
+#[inline(always)]
+fn idle_hint<T>(r: Result<T>) -> Result<T> {
+    if r.as_ref().is_err_and(|e| e.kind() == ErrorKind::Again) {
+        std::hint::spin_loop();
+    }
+    r
+}
+
 /// The domain lock, held while a CQ's sink is open; closes the sink when
 /// dropped (see [`CompletionQueue::read`]).
 struct SinkOpen<'a> {
@@ -652,7 +672,7 @@ impl CompletionQueue {
         let mut st = self.dom.lock()?;
         if !st.cqs[self.id].as_mut().expect("open CQ has state").open_sink(out, src.as_deref_mut()) {
             self.dom.progress(&mut st);
-            return st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src);
+            return idle_hint(st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src));
         }
         // The guard closes the sink however progress ends (a panic must not
         // leave it pointing at this call's arrays), before the lock goes.
@@ -662,7 +682,7 @@ impl CompletionQueue {
         if n > 0 {
             return Ok(n);
         }
-        g.st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src)
+        idle_hint(g.st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src))
     }
 
     /// fi_cq_sread: as `read`, but waits (without spinning, with the
