@@ -123,6 +123,9 @@ impl PollSet {
                 }
             }
         }
+        if n == 0 {
+            crate::sync::idle_pause();
+        }
         Ok(n)
     }
 

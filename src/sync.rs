@@ -8,6 +8,24 @@ use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::AtomicBool;
 
+/// The end of a poll that found nothing (a CQ read with `-FI_EAGAIN`, a
+/// poll set with no event): a pause, as a spin-wait iteration should have.
+/// Without it, a caller polling in a tight loop has loads of the ring's
+/// next cell from several polls in flight when the sender's write takes the
+/// line, and (most likely: no hardware counters here to confirm it) the
+/// core discards and replays them, the memory-ordering machine clear that
+/// PAUSE exists to avoid; that costs the message more than the pause costs
+/// the poll. Measured here: 8-byte half round trip 0.175-0.180 µs without
+/// it, 0.162-0.167 µs with it; an empty CQ read 18.6 ns without, 29.3 ns
+/// with. Two pauses or more measured worse. (An lfence instead measured
+/// the same latency and 21.5 ns per empty read; the pause is the
+/// instruction made for spin-waits, on every CPU, and lets a hypervisor see
+/// a spinning vCPU.)
+#[inline(always)]
+pub(crate) fn idle_pause() {
+    std::hint::spin_loop();
+}
+
 /// Threading model of a domain (libfabric's `fi_threading`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Threading {
