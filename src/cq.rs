@@ -612,18 +612,23 @@ fn idle_hint<T>(r: Result<T>) -> Result<T> {
 struct SinkOpen<'a> {
     st: crate::sync::DomainGuard<'a, crate::domain::DomainState>,
     id: usize,
+    /// Closed already (the drop has nothing left to do).
+    closed: bool,
 }
 
 impl SinkOpen<'_> {
     /// Closes the sink; returns how many entries it took.
     fn close(&mut self) -> usize {
+        self.closed = true;
         self.st.cqs[self.id].as_mut().map_or(0, |c| c.sink.close())
     }
 }
 
 impl Drop for SinkOpen<'_> {
     fn drop(&mut self) {
-        self.close();
+        if !self.closed {
+            self.close();
+        }
     }
 }
 
@@ -665,7 +670,7 @@ impl CompletionQueue {
         }
         // The guard closes the sink however progress ends (a panic must not
         // leave it pointing at this call's arrays), before the lock goes.
-        let mut g = SinkOpen { st, id: self.id };
+        let mut g = SinkOpen { st, id: self.id, closed: false };
         self.dom.progress(&mut g.st);
         let n = g.close();
         if n > 0 {
