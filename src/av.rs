@@ -105,20 +105,28 @@ impl AddressVector {
         Ok(self.insert(&[a])?[0])
     }
 
-    /// Removes handles; their numbers may be reused by later inserts.
+    /// Removes handles; their numbers may be reused by later inserts. The
+    /// fi_addr caches of the endpoints bound to this AV are cleared.
     pub fn remove(&self, fi_addrs: &[FiAddr]) -> Result<()> {
-        self.with(|av| {
-            if let Some(bad) = fi_addrs.iter().find(|f| av.lookup(**f).is_none()) {
-                return Err(Error::with(ErrorKind::NoEnt, format!("fi_addr {bad} is not in the address vector")));
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::with(ErrorKind::Inval, "address vector is closed"));
+        }
+        let mut st = self.dom.lock()?;
+        let crate::domain::DomainState { avs, eps, .. } = &mut *st;
+        let av = avs[self.id].as_mut().expect("open AV has state");
+        if let Some(bad) = fi_addrs.iter().find(|f| av.lookup(**f).is_none()) {
+            return Err(Error::with(ErrorKind::NoEnt, format!("fi_addr {bad} is not in the address vector")));
+        }
+        for f in fi_addrs {
+            if let Some(a) = av.entries[*f as usize].take() {
+                av.by_addr.remove(&a);
             }
-            for f in fi_addrs {
-                if let Some(a) = av.entries[*f as usize].take() {
-                    av.by_addr.remove(&a);
-                }
-            }
-            av.generation += 1;
-            Ok(())
-        })
+        }
+        av.generation += 1;
+        for ep in eps.iter_mut().flatten().filter(|e| e.av == Some(self.id)) {
+            ep.peer_by_fi.clear();
+        }
+        Ok(())
     }
 
     /// The address behind a handle.

@@ -486,9 +486,10 @@ pub(crate) struct EpState {
     pub claimed_seen: u64,
     pub peers: Vec<Peer>,
     pub peer_by_addr: HashMap<Address, usize>,
-    /// fi_addr -> peer index (u32::MAX: unknown), valid for `fi_gen`.
+    /// fi_addr -> peer index (u32::MAX: unknown). An fi_addr's address
+    /// changes only by removal (inserts add handles or return existing
+    /// ones), and the AV clears this on every removal.
     pub peer_by_fi: Vec<u32>,
-    pub fi_gen: u64,
     /// Peers with queued transmits or control messages.
     pub busy: Vec<usize>,
     /// Posted receives: [untagged, tagged].
@@ -565,17 +566,14 @@ impl EpState {
         i
     }
 
-    /// The peer behind `fi_addr` (through a cache indexed by fi_addr, valid
-    /// for the AV's generation), not necessarily connected.
+    /// The peer behind `fi_addr` (through a cache indexed by fi_addr, which
+    /// the bound AV clears when it removes an address), not necessarily
+    /// connected.
     #[inline(always)]
     pub fn peer_of(&mut self, ctx: &Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
-        if let Some(av) = self.av.and_then(|a| ctx.avs[a].as_ref()) {
-            if self.fi_gen == av.generation {
-                let cached = self.peer_by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
-                if cached != u32::MAX {
-                    return Ok(cached as usize);
-                }
-            }
+        let cached = self.peer_by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
+        if cached != u32::MAX {
+            return Ok(cached as usize);
         }
         self.peer_of_slow(ctx, fi_addr)
     }
@@ -586,10 +584,6 @@ impl EpState {
     fn peer_of_slow(&mut self, ctx: &Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
         let av_id = self.av.ok_or_else(|| Error::with(ErrorKind::Inval, "no address vector bound to the endpoint"))?;
         let av: &AvState = ctx.avs[av_id].as_ref().expect("bound AV exists");
-        if self.fi_gen != av.generation {
-            self.peer_by_fi.clear();
-            self.fi_gen = av.generation;
-        }
         let a = av.lookup(fi_addr).ok_or_else(|| {
             Error::with(ErrorKind::AddrNotAvail, format!("fi_addr {fi_addr} is not in the address vector"))
         })?;
@@ -979,7 +973,6 @@ impl Domain {
             peers: Vec::new(),
             peer_by_addr: HashMap::new(),
             peer_by_fi: Vec::new(),
-            fi_gen: u64::MAX,
             busy: Vec::new(),
             posted: [VecDeque::new(), VecDeque::new()],
             unexp: [VecDeque::new(), VecDeque::new()],
@@ -1168,6 +1161,7 @@ impl Endpoint {
             }
             let _ = ctx;
             ep.av = Some(id);
+            ep.peer_by_fi.clear();
             Ok(())
         })?;
         let mut st = self.dom.lock()?;

@@ -220,6 +220,39 @@ fn read_keeps_completion_order_between_its_array_and_the_queue() {
     drop(p.dom);
 }
 
+/// A send goes to whatever the AV says now: a removed handle fails, and a
+/// handle reused by a later insert reaches the new address (the endpoint's
+/// fi_addr cache is cleared on removal).
+#[test]
+fn sends_follow_removed_and_reused_av_handles() {
+    job("avreuse");
+    let p = pair_with(CqFormat::Tagged, false);
+    let cq2 = p.dom.cq_open(&CqAttr::default()).unwrap();
+    let ep2 = p.dom.endpoint().unwrap();
+    ep2.bind_cq(&cq2, FI_TRANSMIT | FI_RECV).unwrap();
+    ep2.bind_av(&p.av).unwrap();
+    ep2.enable().unwrap();
+    let mut b1 = [0u8; 8];
+    let mut b2 = [0u8; 8];
+    // SAFETY: the buffers outlive the completions read below.
+    unsafe {
+        p.ep1.trecv(&mut b1, FI_ADDR_UNSPEC, 9, 0, 1).unwrap();
+        ep2.trecv(&mut b2, FI_ADDR_UNSPEC, 9, 0, 2).unwrap();
+    }
+    p.ep0.tinject(b"to-ep1.1", p.a1, 9).unwrap(); // cached now
+    assert_eq!(read_one::<CqTaggedEntry>(&p.cq1).unwrap().op_context, 1);
+    p.av.remove(&[p.a1]).unwrap();
+    let e = p.ep0.tinject(b"nowhere!", p.a1, 9).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AddrNotAvail, "{e}");
+    let a2 = p.av.insert(&[ep2.getname()]).unwrap()[0];
+    assert_eq!(a2, p.a1, "the freed handle is reused");
+    p.ep0.tinject(b"to-ep2.1", a2, 9).unwrap();
+    assert_eq!(read_one::<CqTaggedEntry>(&cq2).unwrap().op_context, 2);
+    assert_eq!(&b2, b"to-ep2.1");
+    assert_eq!(&b1, b"to-ep1.1");
+    drop((ep2, cq2));
+}
+
 #[test]
 fn counters_count_and_take_add_set() {
     job("counters");
