@@ -40,6 +40,7 @@ enum Flow {
 }
 
 /// Where a message's payload is.
+#[derive(Clone, Copy)]
 enum Src<'a> {
     Ring(RingView, usize),
     Buf(&'a [u8]),
@@ -368,7 +369,10 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
             break;
         }
         let src = Src::Ring(r.rx.view(), payload_capacity(ncells));
-        let flow = if h.op == op::EAGER { on_eager(ep, ctx, peer, &h, &src) } else { handle(ep, ctx, peer, &h, &src) };
+        // The call out of line gets copies, so that the header and place
+        // stay in registers on the inline path (see on_eager).
+        let flow =
+            if h.op == op::EAGER { on_eager(ep, ctx, peer, &h, &src) } else { handle(ep, ctx, peer, &{ h }, &{ src }) };
         if flow == Flow::Stall {
             ep.stats.stalls += 1;
             break;
@@ -472,7 +476,9 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
     if !rx_room(ep, ctx) {
         return Flow::Stall;
     }
-    eager_match_or_queue(ep, ctx, p, h, src, len, tagged)
+    // Copies for the call out of line, made on this path only: the
+    // originals, used by inlined code alone, stay in registers.
+    eager_match_or_queue(ep, ctx, p, &{ *h }, &{ *src }, len, tagged)
 }
 
 /// [`on_eager`] past the fast path: matching in general, or queueing as
