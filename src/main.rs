@@ -48,6 +48,7 @@ fn main() {
     std::process::exit(code);
 }
 
+#[derive(Clone)]
 struct Opts {
     sizes: Vec<usize>,
     json: Option<PathBuf>,
@@ -291,18 +292,7 @@ fn cmd_bench(o: &Opts) -> Result<(), String> {
         let osu = osu_binary(o);
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        let with = Opts {
-            osu,
-            sizes: o.sizes.clone(),
-            json: o.json.clone(),
-            dry_run: false,
-            compare: true,
-            what: None,
-            ranks: o.ranks.clone(),
-            depth: o.depth,
-            buf: o.buf,
-            rounds: o.rounds,
-        };
+        let with = Opts { osu, dry_run: false, compare: true, what: None, ..o.clone() };
         return cmd_compare(&with);
     }
     let what = o.what.as_deref().unwrap_or("all");
