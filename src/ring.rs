@@ -475,7 +475,9 @@ impl RingRx {
         unsafe {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             // The lines that just came into the window (the others were
-            // asked for by earlier calls).
+            // asked for by earlier calls). One cell, the common case: the
+            // loop's one line without its bound arithmetic (13 fewer
+            // instructions per half round trip by scripts/profile.sh).
             if ncells == 1 {
                 _mm_prefetch(self.cell(self.head + RX_PREFETCH) as *const i8, _MM_HINT_T0);
             } else {
