@@ -243,15 +243,7 @@ fn a_stale_sender_cannot_write_into_a_reopened_endpoint() {
     use shmfab::{CqAttr, CqTaggedEntry, FI_ADDR_UNSPEC, FI_TRANSMIT};
     common::run("a_stale_sender_cannot_write_into_a_reopened_endpoint", 3, &[], Duration::from_secs(60), |w| {
         let next = |cq: &shmfab::CompletionQueue| -> CqTaggedEntry {
-            let t0 = Instant::now();
-            loop {
-                let mut e = [CqTaggedEntry::default()];
-                if cq.read(&mut e).is_ok() {
-                    return e[0];
-                }
-                assert!(t0.elapsed() < Duration::from_secs(20), "no completion");
-                w.dom.wait(Duration::from_millis(1));
-            }
+            common::next_completion(&w.dom, cq, Duration::from_secs(20), "no completion").expect("a completion").0
         };
         match w.rank {
             0 => {
@@ -354,15 +346,8 @@ fn a_sender_dying_mid_push_does_not_block_the_overflow_queue() {
                         unsafe { r.recv(b, FI_ADDR_UNSPEC, i).unwrap() };
                     }
                     let next = || -> CqTaggedEntry {
-                        let t0 = Instant::now();
-                        loop {
-                            let mut e = [CqTaggedEntry::default()];
-                            if cq.read(&mut e).is_ok() {
-                                return e[0];
-                            }
-                            assert!(t0.elapsed() < Duration::from_secs(20), "the overflow queue stays blocked");
-                            w.dom.wait(Duration::from_millis(100));
-                        }
+                        let what = "the overflow queue stays blocked";
+                        common::next_completion(&w.dom, &cq, Duration::from_secs(20), what).expect("a completion").0
                     };
                     // Rank 1 takes the endpoint's only ring slot.
                     w.tell(1, &[r.getname()]);

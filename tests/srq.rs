@@ -42,23 +42,7 @@ impl SrqSide {
 
 /// One completion from `cq`, driving progress and sleeping between tries.
 fn next(dom: &Domain, cq: &CompletionQueue) -> std::result::Result<(CqTaggedEntry, FiAddr), CqErrEntry> {
-    let t0 = Instant::now();
-    let mut spins = 0u32;
-    loop {
-        let mut e = [CqTaggedEntry::default()];
-        let mut src = [0u64];
-        match cq.readfrom(&mut e, &mut src) {
-            Ok(_) => return Ok((e[0], src[0])),
-            Err(x) if x.kind() == ErrorKind::Avail => return Err(cq.readerr().unwrap()),
-            Err(x) if x.kind() == ErrorKind::Again => {}
-            Err(x) => panic!("cq read: {x}"),
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "no completion in 60 s");
-        spins += 1;
-        if spins > 200 {
-            dom.wait(Duration::from_millis(1));
-        }
-    }
+    common::next_completion(dom, cq, Duration::from_secs(60), "no completion")
 }
 
 /// Whether `cq` stays empty over `ms` of progress.

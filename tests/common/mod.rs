@@ -17,6 +17,34 @@ const RANK: &str = "SHMFAB_TEST_RANK";
 const SIZE: &str = "SHMFAB_TEST_SIZE";
 const DIR: &str = "SHMFAB_TEST_DIR";
 
+/// One completion from `cq` (Err: an error completion) with its source,
+/// driving progress and, after a few tries, sleeping on `dom`'s doorbell
+/// between them; panics with `what` after `timeout`.
+pub fn next_completion(
+    dom: &Domain,
+    cq: &CompletionQueue,
+    timeout: Duration,
+    what: &str,
+) -> Result<(CqTaggedEntry, FiAddr), CqErrEntry> {
+    let t0 = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        let mut e = [CqTaggedEntry::default()];
+        let mut src = [0u64];
+        match cq.readfrom(&mut e, &mut src) {
+            Ok(_) => return Ok((e[0], src[0])),
+            Err(x) if x.kind() == ErrorKind::Avail => return Err(cq.readerr().unwrap()),
+            Err(x) if x.kind() == ErrorKind::Again => {}
+            Err(x) => panic!("cq read: {x}"),
+        }
+        assert!(t0.elapsed() < timeout, "{what} in {timeout:?}");
+        spins += 1;
+        if spins > 200 {
+            dom.wait(Duration::from_millis(1));
+        }
+    }
+}
+
 /// Runs `body` in `n` processes (ranks 0..n) of this test binary, with
 /// `env` set for them; fails if any rank fails or the job outlives `timeout`.
 /// In a rank, runs `body` and returns.
@@ -210,23 +238,7 @@ impl World {
     }
 
     fn read_one(&self) -> Result<(CqTaggedEntry, FiAddr), CqErrEntry> {
-        let t0 = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            let mut e = [CqTaggedEntry::default()];
-            let mut src = [0u64];
-            match self.cq.readfrom(&mut e, &mut src) {
-                Ok(_) => return Ok((e[0], src[0])),
-                Err(x) if x.kind() == ErrorKind::Avail => return Err(self.cq.readerr().unwrap()),
-                Err(x) if x.kind() == ErrorKind::Again => {}
-                Err(x) => panic!("cq read: {x}"),
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "rank {}: no completion in 60 s", self.rank);
-            spins += 1;
-            if spins > 200 {
-                self.dom.wait(Duration::from_millis(1));
-            }
-        }
+        next_completion(&self.dom, &self.cq, Duration::from_secs(60), &format!("rank {}: no completion", self.rank))
     }
 
     /// The completion (or error completion) of the operation with `ctx`;
