@@ -204,13 +204,20 @@ impl Ovf {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_dead_claim_is_named_and_skipped() {
-        let cap = 8usize;
+    /// A zeroed queue of `cap` cells in leaked memory (its control words
+    /// and cells, for the tests to look at or to share between threads).
+    fn leaked(cap: usize) -> (&'static OvfCtl, &'static mut [OvfCell]) {
         // SAFETY: zeroed OvfCtl/OvfCell are valid.
         let ctl: &'static OvfCtl = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
         let cells: &'static mut [OvfCell] =
             Box::leak((0..cap).map(|_| unsafe { std::mem::zeroed() }).collect::<Vec<OvfCell>>().into_boxed_slice());
+        (ctl, cells)
+    }
+
+    #[test]
+    fn a_dead_claim_is_named_and_skipped() {
+        let cap = 8usize;
+        let (ctl, cells) = leaked(cap);
         // SAFETY: leaked memory lives forever.
         let q = unsafe { Ovf::new(ctl, cells.as_mut_ptr(), cap) };
         // SAFETY: nobody else uses it yet.
@@ -238,10 +245,7 @@ mod tests {
     #[test]
     fn many_producers_one_consumer_lose_nothing() {
         let cap = 16usize;
-        // SAFETY: zeroed OvfCtl/OvfCell are valid.
-        let ctl: &'static OvfCtl = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
-        let cells: &'static mut [OvfCell] =
-            Box::leak((0..cap).map(|_| unsafe { std::mem::zeroed() }).collect::<Vec<OvfCell>>().into_boxed_slice());
+        let (ctl, cells) = leaked(cap);
         let (c, p) = (ctl as *const OvfCtl as usize, cells.as_mut_ptr() as usize);
         // SAFETY: leaked memory lives forever.
         let q = unsafe { Ovf::new(c as *const _, p as *mut _, cap) };
