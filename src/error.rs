@@ -118,12 +118,59 @@ impl ErrorKind {
     }
 }
 
-/// An error: a fabric errno kind and, when useful, what happened.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Error {
+/// Every kind, in declaration order: `KINDS[k as usize] == k`.
+const KINDS: [ErrorKind; 27] = [
+    ErrorKind::Perm,
+    ErrorKind::NoEnt,
+    ErrorKind::Intr,
+    ErrorKind::Io,
+    ErrorKind::Again,
+    ErrorKind::NoMem,
+    ErrorKind::Busy,
+    ErrorKind::Inval,
+    ErrorKind::NoSpc,
+    ErrorKind::NoSys,
+    ErrorKind::NoData,
+    ErrorKind::MsgSize,
+    ErrorKind::OpNotSupp,
+    ErrorKind::AddrNotAvail,
+    ErrorKind::ConnReset,
+    ErrorKind::TimedOut,
+    ErrorKind::HostUnreach,
+    ErrorKind::Already,
+    ErrorKind::Canceled,
+    ErrorKind::Other,
+    ErrorKind::TooSmall,
+    ErrorKind::Avail,
+    ErrorKind::BadFlags,
+    ErrorKind::NoCq,
+    ErrorKind::Trunc,
+    ErrorKind::NoKey,
+    ErrorKind::Overrun,
+];
+
+/// An error with its detail (behind [`Error`]'s pointer).
+struct Detailed {
     kind: ErrorKind,
-    detail: Option<Box<str>>,
+    detail: Box<str>,
 }
+
+/// An error: a fabric errno kind and, when useful, what happened.
+///
+/// One machine word, so that `Result<()>` and `Result<usize>` come back
+/// from calls in registers (a three-word error made every result go
+/// through memory, on the path of every message). The word is odd for a
+/// kind alone (`kind << 1 | 1`, no allocation), or else a pointer from
+/// `Box::into_raw` to the kind and its detail.
+pub struct Error {
+    repr: std::ptr::NonNull<Detailed>,
+}
+
+// SAFETY: an Error owns at most one Box<Detailed>, never shared and never
+// mutated after creation; Detailed is Send and Sync.
+unsafe impl Send for Error {}
+// SAFETY: as above: shared references only read the immutable Detailed.
+unsafe impl Sync for Error {}
 
 /// Result with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
@@ -131,22 +178,43 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// An error of `kind` with no detail (cheap: no allocation).
     pub const fn new(kind: ErrorKind) -> Self {
-        Error { kind, detail: None }
+        let bits = match std::num::NonZeroUsize::new((kind as usize) << 1 | 1) {
+            Some(b) => b,
+            None => unreachable!(),
+        };
+        // An odd address: never dereferenced (see `detailed`).
+        Error { repr: std::ptr::NonNull::without_provenance(bits) }
     }
 
     /// An error of `kind` saying what happened.
     pub fn with(kind: ErrorKind, detail: impl Into<String>) -> Self {
-        Error { kind, detail: Some(detail.into().into_boxed_str()) }
+        let b = Box::new(Detailed { kind, detail: detail.into().into_boxed_str() });
+        Error { repr: std::ptr::NonNull::from(Box::leak(b)) }
+    }
+
+    /// The kind and detail, if this error has a detail.
+    #[inline]
+    fn detailed(&self) -> Option<&Detailed> {
+        if self.repr.addr().get() & 1 == 1 {
+            return None;
+        }
+        // SAFETY: an even repr is the pointer `with` took from a Box, which
+        // this Error owns until drop.
+        Some(unsafe { self.repr.as_ref() })
     }
 
     /// The kind.
+    #[inline]
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        match self.detailed() {
+            None => KINDS[self.repr.addr().get() >> 1],
+            Some(d) => d.kind,
+        }
     }
 
     /// Positive fabric errno.
     pub fn errno(&self) -> i32 {
-        self.kind.errno()
+        self.kind().errno()
     }
 
     /// The error of a positive or negative fabric errno.
@@ -156,18 +224,45 @@ impl Error {
 
     /// The detail, if any.
     pub fn detail(&self) -> Option<&str> {
-        self.detail.as_deref()
+        self.detailed().map(|d| &*d.detail)
     }
 
     /// `-FI_EAGAIN`.
     pub const AGAIN: Error = Error::new(ErrorKind::Again);
 }
 
+impl Drop for Error {
+    fn drop(&mut self) {
+        if self.repr.addr().get() & 1 == 0 {
+            // SAFETY: an even repr came from Box::leak in `with` and is
+            // owned by this Error alone; it is dropped once, here.
+            drop(unsafe { Box::from_raw(self.repr.as_ptr()) });
+        }
+    }
+}
+
+impl Clone for Error {
+    fn clone(&self) -> Self {
+        match self.detailed() {
+            None => Error { repr: self.repr },
+            Some(d) => Error::with(d.kind, &*d.detail),
+        }
+    }
+}
+
+impl PartialEq for Error {
+    fn eq(&self, o: &Self) -> bool {
+        self.kind() == o.kind() && self.detail() == o.detail()
+    }
+}
+
+impl Eq for Error {}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.detail {
-            Some(d) => write!(f, "{} (-{}): {}", self.kind.message(), self.errno(), d),
-            None => write!(f, "{} (-{})", self.kind.message(), self.errno()),
+        match self.detail() {
+            Some(d) => write!(f, "{} (-{}): {}", self.kind().message(), self.errno(), d),
+            None => write!(f, "{} (-{})", self.kind().message(), self.errno()),
         }
     }
 }
@@ -210,6 +305,24 @@ mod tests {
         assert_eq!(ErrorKind::Overrun.errno(), 268);
         assert_eq!(ErrorKind::Again.errno(), 11);
         assert_eq!(ErrorKind::Busy.errno(), 16);
+    }
+
+    #[test]
+    fn one_word_errors_keep_kind_and_detail() {
+        assert_eq!(std::mem::size_of::<Error>(), 8);
+        assert_eq!(std::mem::size_of::<Result<usize>>(), 16);
+        assert_eq!(KINDS.len(), TABLE.len());
+        for (i, k) in KINDS.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+            let (a, b) = (Error::new(*k), Error::with(*k, format!("detail {i}")));
+            assert_eq!((a.kind(), a.detail()), (*k, None));
+            assert_eq!((b.kind(), b.detail()), (*k, Some(format!("detail {i}").as_str())));
+            let (a2, b2) = (a.clone(), b.clone());
+            assert!(a2 == a && b2 == b && a != b);
+            drop(b);
+            assert_eq!(b2.detail(), Some(format!("detail {i}").as_str()));
+        }
+        assert_eq!(Error::AGAIN.kind(), ErrorKind::Again);
     }
 
     #[test]
