@@ -618,13 +618,22 @@ struct SinkOpen<'a> {
 
 impl SinkOpen<'_> {
     /// Closes the sink; returns how many entries it took.
+    #[inline(always)]
     fn close(&mut self) -> usize {
         self.closed = true;
         self.st.cqs[self.id].as_mut().map_or(0, |c| c.sink.close())
     }
+
+    /// Whether the CQ itself holds anything: entries that did not fit the
+    /// sink or came after an error, error entries, the overrun state.
+    #[inline(always)]
+    fn held(&self) -> bool {
+        self.st.cqs[self.id].as_ref().is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun)
+    }
 }
 
 impl Drop for SinkOpen<'_> {
+    #[inline]
     fn drop(&mut self) {
         if !self.closed {
             self.close();
@@ -675,6 +684,12 @@ impl CompletionQueue {
         let n = g.close();
         if n > 0 {
             return Ok(n);
+        }
+        if !g.held() {
+            // Nothing came and nothing waits: the common empty poll, which
+            // skips the CQ's own read.
+            crate::sync::idle_pause();
+            return Err(Error::AGAIN);
         }
         idle_hint(g.st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src))
     }

@@ -217,6 +217,14 @@ fn read_keeps_completion_order_between_its_array_and_the_queue() {
     assert_eq!(p.cq0.read(&mut e4).unwrap_err().kind(), ErrorKind::Avail);
     assert_eq!(p.cq0.readerr().unwrap().op_context, 12);
     assert_eq!(read_all(1), vec![13]);
+    // An error that a read's own pass finds is that read's answer (an
+    // empty sink is not an empty CQ).
+    let mut b = [0u8; 4];
+    // SAFETY: b outlives the error completion read below.
+    unsafe { p.ep0.trecv(&mut b, FI_ADDR_UNSPEC, 7, 0, 21).unwrap() };
+    p.ep1.tinject(&[9; 8], p.a0, 7).unwrap();
+    assert_eq!(p.cq0.read(&mut e4).unwrap_err().kind(), ErrorKind::Avail);
+    assert_eq!((p.cq0.readerr().unwrap().op_context, b), (21, [9; 4]));
     drop(p.dom);
 }
 
