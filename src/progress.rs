@@ -357,7 +357,7 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
     if ep.peers[peer].broken {
         return;
     }
-    for _ in 0..BATCH {
+    for i in 0..BATCH {
         let Some((h, ncells)) = r.rx.peek() else {
             break;
         };
@@ -378,7 +378,8 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
             break;
         }
         ep.stats.rx_ring += 1;
-        r.rx.consume(ncells);
+        // From the second message in a row on, a stream: fetch ahead.
+        r.rx.consume(ncells, i > 0);
     }
     r.rx.release_credit();
 }
