@@ -73,6 +73,60 @@ fn close_while_bound_is_busy() {
     assert_eq!(c.read().unwrap_err().kind(), ErrorKind::Inval, "closed counter");
 }
 
+/// A closed endpoint's handle refuses every call: also once a new endpoint
+/// took its slot, and also when another thread closes it between two of
+/// its calls (the handle reaches its state by a pointer that close frees).
+#[test]
+fn closed_endpoint_refuses_calls() {
+    job("closedep");
+    let dom = Fabric::open().unwrap().domain_with(shmfab::Threading::Safe).unwrap();
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let open = || {
+        let ep = dom.endpoint().unwrap();
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+        ep
+    };
+    let (ep0, sink) = (open(), open());
+    let to = av.insert(&[sink.getname()]).unwrap()[0];
+    ep0.close().unwrap();
+    let ep2 = open(); // may reuse ep0's slot
+    let mut b = [0u8; 8];
+    assert_eq!(ep0.tinject(b"12345678", to, 1).unwrap_err().kind(), ErrorKind::Inval);
+    // SAFETY: refused, so b is never written.
+    assert_eq!(unsafe { ep0.trecv(&mut b, to, 1, 0, 0) }.unwrap_err().kind(), ErrorKind::Inval);
+    assert_eq!(ep0.stats().unwrap_err().kind(), ErrorKind::Inval);
+    ep2.tinject(b"12345678", to, 1).unwrap();
+    // Closed by another thread while this one sends.
+    let ep3 = std::sync::Arc::new(open());
+    let closer = {
+        let ep3 = ep3.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            ep3.close().unwrap();
+        })
+    };
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    let err = loop {
+        match ep3.tinject(b"12345678", to, 2) {
+            Ok(()) => sent += 1,
+            Err(e) if e.kind() == ErrorKind::Again => {
+                let _ = sink.stats();
+                let mut e = [CqTaggedEntry::default(); 16];
+                let _ = cq.read(&mut e);
+            }
+            Err(e) => break e,
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the close never took effect");
+    };
+    closer.join().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Inval, "{err}");
+    assert!(sent > 0);
+}
+
 #[test]
 fn dropping_a_bound_cq_keeps_the_endpoint_working() {
     job("orphan");
