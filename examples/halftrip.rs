@@ -4,12 +4,19 @@
 //! receives per side, then makes 64 round trips (tinject, then the CQ
 //! read that finds it, one way and back).
 //!
-//! Usage: `halftrip [rounds]` (default 2000); prints the half trips made.
+//! With `--empty`, it instead makes that many CQ reads that find nothing
+//! (after one message, so that the reading endpoint has a ring to look
+//! at): the iteration of a poll loop.
+//!
+//! Usage: `halftrip [rounds]` (default 2000), `halftrip --empty [reads]`
+//! (default 1000000); prints what it made.
 
-use shmfab::{CqAttr, CqTaggedEntry, Fabric, FI_RECV, FI_TRANSMIT};
+use shmfab::{CqAttr, CqTaggedEntry, Fabric, FI_ADDR_UNSPEC, FI_RECV, FI_TRANSMIT};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let rounds: usize = std::env::args().nth(1).map_or(Ok(2000), |a| a.parse())?;
+    let mut args = std::env::args().skip(1).peekable();
+    let empty = args.next_if(|a| a == "--empty").is_some();
+    let n: usize = args.next().map_or(Ok(if empty { 1_000_000 } else { 2000 }), |a| a.parse())?;
     std::env::set_var("SHMFAB_JOB_ID", format!("halftrip-{}", std::process::id()));
     let fab = Fabric::open()?;
     let (d0, d1) = (fab.domain()?, fab.domain()?);
@@ -23,10 +30,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let a1 = av0.insert(&[ep1.getname()])?[0];
     let a0 = av1.insert(&[ep0.getname()])?[0];
+    let mut e = [CqTaggedEntry::default(); 16];
+    if empty {
+        let mut b = [0u8; 8];
+        // SAFETY: b outlives the completion read just below.
+        unsafe { ep1.trecv(&mut b, FI_ADDR_UNSPEC, 5, 0, 1)? };
+        ep0.tinject(b"12345678", a1, 5)?;
+        while !matches!(cq1.read(&mut e), Ok(1)) {}
+        let found = (0..n).filter(|_| cq1.read(&mut e).is_ok()).count();
+        assert_eq!(found, 0);
+        println!("empty reads: {n}");
+        return Ok(());
+    }
     let mut there = [[0u8; 8]; 64];
     let mut back = [[0u8; 8]; 64];
-    let mut e = [CqTaggedEntry::default(); 16];
-    for _ in 0..rounds {
+    for _ in 0..n {
         for (x, y) in there.iter_mut().zip(back.iter_mut()) {
             // SAFETY: both arrays outlive the completions read below.
             unsafe {
@@ -42,6 +60,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     assert_eq!((&there[63], &back[63]), (b"12345678", b"87654321"));
-    println!("half trips: {}", rounds * 128);
+    println!("half trips: {}", n * 128);
     Ok(())
 }

@@ -2,7 +2,7 @@
 # Instructions per 8-byte half round trip, by function, counted by
 # callgrind on examples/halftrip.rs (two endpoints in one process: the
 # software of a ping-pong without the cache-line transfers), and per empty
-# CQ read (examples/emptyread.rs: the poll loop's iteration, whose length
+# CQ read (halftrip --empty: the poll loop's iteration, whose length
 # delays the finding of a message that lands during it). Counts are exact
 # and repeatable, unlike times on a shared VM: compare them before and
 # after a change to the hot path.
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh profile
 rounds=${1:-2000}
-cargo build --release --quiet --example halftrip --example emptyread
+cargo build --release --quiet --example halftrip
 out=$(mktemp /tmp/shmfab-callgrind.XXXXXX)
 trap 'rm -f "$out"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$out" target/release/examples/halftrip "$rounds" 2>/dev/null
@@ -21,6 +21,6 @@ callgrind_annotate --threshold=99 --show-percs=no "$out" 2>/dev/null | awk -v n=
   /^ *[0-9,]+ .*:/ && seen { c = $1; gsub(",", "", c); if (c / n >= 1) { $1 = ""; sub(/ \[[^]]*\]$/, ""); printf "%8.1f %s\n", c / n, $0 } }
   /file:function/ { seen = 1 }'
 reads=$((rounds * 500))
-valgrind --tool=callgrind --callgrind-out-file="$out" target/release/examples/emptyread "$reads" >/dev/null 2>&1
+valgrind --tool=callgrind --callgrind-out-file="$out" target/release/examples/halftrip --empty "$reads" >/dev/null 2>&1
 callgrind_annotate --threshold=99 --show-percs=no "$out" 2>/dev/null | awk -v n="$reads" '
   /PROGRAM TOTALS/ { gsub(",", "", $1); printf "\n%.0f instructions per empty CQ read (%d reads, setup included)\n", $1 / n, n }'
