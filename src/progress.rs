@@ -76,7 +76,11 @@ impl Src<'_> {
 /// One progress pass over an endpoint. The rings are drained last but for
 /// the transmit queues (which the messages handled may have fed): a
 /// message found there completes the caller's read, and whatever the pass
-/// does after it adds to that message's latency.
+/// does after it adds to that message's latency. Inlined into the domain's
+/// pass (so into the CQ read): no call between the read and the message
+/// (8 B half round trip 1.5-4 ns faster in two paired runs of 30 rounds;
+/// 2 KiB more code).
+#[inline(always)]
 pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     // SYNC: pairs with the release fetch_or in EpState::connect; makes the
     // slot's address visible.
