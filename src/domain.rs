@@ -289,6 +289,9 @@ impl DomainInner {
             if !ep.enabled {
                 continue;
             }
+            // Made per endpoint: one context made before the loop (and a
+            // helper shared with `with_ep` and `with_ep!`) measured 5-6 ns
+            // slower per 8 B half round trip, with fewer instructions.
             let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters };
             crate::progress::progress_ep(ep, &mut ctx);
         }
