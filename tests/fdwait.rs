@@ -4,9 +4,20 @@
 //! the receiver really blocks (counted).
 
 mod common;
-use common::run;
-use shmfab::{CqAttr, CqTaggedEntry, ErrorKind, WaitObj, FI_RECV, FI_TRANSMIT};
+use common::{run, World};
+use shmfab::{CompletionQueue, CqAttr, CqTaggedEntry, Endpoint, ErrorKind, WaitObj, FI_RECV, FI_TRANSMIT};
 use std::time::Duration;
+
+/// A second endpoint of the rank, with its own CQ of `wait_obj`, bound to
+/// the rank's AV and enabled (`size` 0: the default).
+fn endpoint_with(w: &World, wait_obj: WaitObj, size: usize) -> (CompletionQueue, Endpoint) {
+    let cq = w.dom.cq_open(&CqAttr { wait_obj, size, ..Default::default() }).unwrap();
+    let ep = w.dom.endpoint().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&w.av).unwrap();
+    ep.enable().unwrap();
+    (cq, ep)
+}
 
 const N: usize = 100_000;
 
@@ -14,11 +25,7 @@ const N: usize = 100_000;
 fn trywait_epoll_loop_never_misses_an_event() {
     run("trywait_epoll_loop_never_misses_an_event", 2, &[], Duration::from_secs(240), |w| {
         if w.rank == 1 {
-            let cq = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::Fd, size: 4096, ..Default::default() }).unwrap();
-            let ep = w.dom.endpoint().unwrap();
-            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-            ep.bind_av(&w.av).unwrap();
-            ep.enable().unwrap();
+            let (cq, ep) = endpoint_with(&w, WaitObj::Fd, 4096);
             let fd = cq.wait_fd().unwrap();
             // SAFETY: plain epoll system calls on our own fds.
             let ep_fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -100,15 +107,8 @@ fn trywait_epoll_loop_never_misses_an_event() {
 fn mutex_cond_and_pollfd_wait_objects_wake_on_another_process() {
     run("mutex_cond_and_pollfd_wait_objects_wake_on_another_process", 2, &[], Duration::from_secs(60), |w| {
         if w.rank == 1 {
-            let cq_m = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::MutexCond, ..Default::default() }).unwrap();
-            let cq_p = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::PollFd, ..Default::default() }).unwrap();
-            let (em, ep) = (w.dom.endpoint().unwrap(), w.dom.endpoint().unwrap());
-            em.bind_cq(&cq_m, FI_TRANSMIT | FI_RECV).unwrap();
-            ep.bind_cq(&cq_p, FI_TRANSMIT | FI_RECV).unwrap();
-            for e in [&em, &ep] {
-                e.bind_av(&w.av).unwrap();
-                e.enable().unwrap();
-            }
+            let (cq_m, em) = endpoint_with(&w, WaitObj::MutexCond, 0);
+            let (cq_p, ep) = endpoint_with(&w, WaitObj::PollFd, 0);
             // POLLFD retrieval: too small first, as fi_poll(3) describes.
             let mut nfds = 0;
             assert_eq!(cq_p.wait_pollfd(&mut [], &mut nfds).unwrap_err().kind(), ErrorKind::TooSmall);
@@ -190,11 +190,7 @@ fn progress_thread_completions_make_the_fd_readable() {
         const N: usize = 300;
         let dir = std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap());
         if w.rank == 0 {
-            let cq = w.dom.cq_open(&CqAttr { wait_obj: WaitObj::Fd, size: 4096, ..Default::default() }).unwrap();
-            let ep = w.dom.endpoint().unwrap();
-            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-            ep.bind_av(&w.av).unwrap();
-            ep.enable().unwrap();
+            let (cq, ep) = endpoint_with(&w, WaitObj::Fd, 4096);
             w.dom.start_progress_thread().unwrap();
             let dest = w.learn(1, 1)[0];
             // Rank 1 does not read yet: its ring fills and the rest of the
