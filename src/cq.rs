@@ -337,7 +337,7 @@ pub(crate) struct CqState {
     pub size: usize,
     /// Most entries held before the CQ overruns: four times `size`, and at
     /// least 64 more than it.
-    pub hard_cap: usize,
+    hard_cap: usize,
     /// Successful completions with their source fi_addr.
     pub entries: EntryQueue,
     /// Error completions with their detail text.
