@@ -70,6 +70,8 @@ pub enum ErrorKind {
     Overrun,
 }
 
+/// One row per kind, in declaration order (`TABLE[k as usize].0 == k`: a
+/// kind-only [`Error`] holds its kind's index).
 const TABLE: &[(ErrorKind, i32, &str)] = &[
     (ErrorKind::Perm, libc::EPERM, "Operation not permitted"),
     (ErrorKind::NoEnt, libc::ENOENT, "No such file or directory"),
@@ -117,37 +119,6 @@ impl ErrorKind {
         TABLE.iter().find(|t| t.1 == errno).map(|t| t.0).unwrap_or(ErrorKind::Other)
     }
 }
-
-/// Every kind, in declaration order: `KINDS[k as usize] == k`.
-const KINDS: [ErrorKind; 27] = [
-    ErrorKind::Perm,
-    ErrorKind::NoEnt,
-    ErrorKind::Intr,
-    ErrorKind::Io,
-    ErrorKind::Again,
-    ErrorKind::NoMem,
-    ErrorKind::Busy,
-    ErrorKind::Inval,
-    ErrorKind::NoSpc,
-    ErrorKind::NoSys,
-    ErrorKind::NoData,
-    ErrorKind::MsgSize,
-    ErrorKind::OpNotSupp,
-    ErrorKind::AddrNotAvail,
-    ErrorKind::ConnReset,
-    ErrorKind::TimedOut,
-    ErrorKind::HostUnreach,
-    ErrorKind::Already,
-    ErrorKind::Canceled,
-    ErrorKind::Other,
-    ErrorKind::TooSmall,
-    ErrorKind::Avail,
-    ErrorKind::BadFlags,
-    ErrorKind::NoCq,
-    ErrorKind::Trunc,
-    ErrorKind::NoKey,
-    ErrorKind::Overrun,
-];
 
 /// An error with its detail (behind [`Error`]'s pointer).
 struct Detailed {
@@ -207,7 +178,7 @@ impl Error {
     #[inline]
     pub fn kind(&self) -> ErrorKind {
         match self.detailed() {
-            None => KINDS[self.repr.addr().get() >> 1],
+            None => TABLE[self.repr.addr().get() >> 1].0,
             Some(d) => d.kind,
         }
     }
@@ -311,8 +282,8 @@ mod tests {
     fn one_word_errors_keep_kind_and_detail() {
         assert_eq!(std::mem::size_of::<Error>(), 8);
         assert_eq!(std::mem::size_of::<Result<usize>>(), 16);
-        assert_eq!(KINDS.len(), TABLE.len());
-        for (i, k) in KINDS.iter().enumerate() {
+        assert_eq!(TABLE.len(), ErrorKind::Overrun as usize + 1, "a row per kind");
+        for (i, (k, _, _)) in TABLE.iter().enumerate() {
             assert_eq!(*k as usize, i);
             let (a, b) = (Error::new(*k), Error::with(*k, format!("detail {i}")));
             assert_eq!((a.kind(), a.detail()), (*k, None));
