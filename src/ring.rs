@@ -468,9 +468,10 @@ impl RingRx {
     /// (this message was not the first it found in a row), so the next
     /// cells are probably written already: start fetching them while this
     /// message is handled. Not for a message that came alone (a ping-pong):
-    /// the cells ahead are not written yet, and fetching them pulls lines
-    /// the producer is about to write (an 8 B half round trip measured
-    /// 4.5 ns faster without that prefetch; the message rate needs it).
+    /// the cells ahead are not written yet, and fetching them only pulls
+    /// lines the producer is about to write (the 8 B half round trip
+    /// measured the same either way in 40 paired rounds; the message rate
+    /// needs the prefetch: 28 Mmsg/s with it, 16.5 without).
     #[inline]
     pub fn consume(&mut self, ncells: usize, ahead: bool) {
         self.head += ncells as u64;
