@@ -123,8 +123,8 @@ impl AddressVector {
             }
         }
         av.generation += 1;
-        for ep in eps.iter_mut().flatten().filter(|e| e.av == Some(self.id)) {
-            ep.peer_by_fi.clear();
+        for ep in eps.iter_mut().flatten().filter(|e| e.peers.av() == Some(self.id)) {
+            ep.peers.clear_fi_cache();
         }
         Ok(())
     }

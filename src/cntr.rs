@@ -3,6 +3,7 @@
 //! `read` and `readerr` drive progress first.
 
 use crate::domain::{Domain, DomainInner};
+use crate::engine::complete::{count, set, Val};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::Ordering;
 use std::sync::Arc;
@@ -38,8 +39,8 @@ impl Domain {
         };
         st.cntrs[id] = Some(CntrState { bound: 0, checkpoint: (0, 0), orphaned: false });
         let c = &self.inner.counters()[id];
-        c.value.v.store(0, Ordering::Relaxed);
-        c.err.v.store(0, Ordering::Release);
+        set(c, Val::Success, 0);
+        set(c, Val::Error, 0);
         Ok(Counter { dom: self.inner.clone(), id, closed: false.into() })
     }
 }
@@ -61,37 +62,38 @@ impl Counter {
     /// Success value (after a progress pass).
     pub fn read(&self) -> Result<u64> {
         self.progress()?;
-        // SYNC: pairs with the release increments in progress.
+        // SYNC: pairs with the release writes in engine::complete::{count, set}.
         Ok(self.shm()?.value.v.load(Ordering::Acquire))
     }
 
     /// Error value (after a progress pass).
     pub fn readerr(&self) -> Result<u64> {
         self.progress()?;
+        // SYNC: pairs with the release writes in engine::complete::{count, set}.
         Ok(self.shm()?.err.v.load(Ordering::Acquire))
     }
 
     /// Adds to the success value.
     pub fn add(&self, v: u64) -> Result<()> {
-        self.shm()?.value.v.fetch_add(v, Ordering::Release);
+        count(self.shm()?, Val::Success, v);
         Ok(())
     }
 
     /// Sets the success value.
     pub fn set(&self, v: u64) -> Result<()> {
-        self.shm()?.value.v.store(v, Ordering::Release);
+        set(self.shm()?, Val::Success, v);
         Ok(())
     }
 
     /// Adds to the error value.
     pub fn adderr(&self, v: u64) -> Result<()> {
-        self.shm()?.err.v.fetch_add(v, Ordering::Release);
+        count(self.shm()?, Val::Error, v);
         Ok(())
     }
 
     /// Sets the error value.
     pub fn seterr(&self, v: u64) -> Result<()> {
-        self.shm()?.err.v.store(v, Ordering::Release);
+        set(self.shm()?, Val::Error, v);
         Ok(())
     }
 

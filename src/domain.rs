@@ -9,7 +9,7 @@
 use crate::av::AvState;
 use crate::cntr::CntrState;
 use crate::cq::CqState;
-use crate::ep::EpState;
+use crate::engine::EpState;
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::Config;
 use crate::region::{self, Region};
@@ -336,11 +336,7 @@ impl Domain {
     pub(crate) fn wait_for(&self, timeout: Option<Duration>, done: impl Fn() -> bool) {
         // Sends waiting for room, or an overflow queue blocked by a claim
         // that may be dead: nothing will ring for those, so look again soon.
-        let local = self
-            .inner
-            .lock()
-            .map(|st| st.eps.iter().flatten().any(|e| !e.busy.is_empty() || e.ovf_stuck.is_some()))
-            .unwrap_or(true);
+        let local = self.inner.lock().map(|st| st.eps.iter().flatten().any(|e| e.local_work())).unwrap_or(true);
         let cap = if local { Duration::from_millis(1) } else { Duration::from_secs(3600) };
         self.sleep(timeout.map_or(cap, |t| t.min(cap)), done);
     }
@@ -498,7 +494,7 @@ impl Domain {
                         Ok(mut s) => {
                             let before = cq_entries(&s);
                             inner.progress(&mut s);
-                            (s.eps.iter().flatten().any(|e| !e.busy.is_empty()), cq_entries(&s) > before)
+                            (s.eps.iter().flatten().any(|e| e.tx.any_busy()), cq_entries(&s) > before)
                         }
                         Err(_) => (false, false),
                     };

@@ -56,7 +56,7 @@ impl Footprint {
 /// map and fi_addr cache entries, and its AV entry.
 pub fn peer_bytes() -> usize {
     let addr = std::mem::size_of::<shm_layout::Address>();
-    std::mem::size_of::<crate::ep::Peer>()
+    std::mem::size_of::<crate::engine::peers::Peer>()
         + (addr + 2 * std::mem::size_of::<usize>()) // peer_by_addr entry
         + std::mem::size_of::<u32>() // peer_by_fi
         + 2 * (addr + std::mem::size_of::<u64>()) // AV entry and its reverse map

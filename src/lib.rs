@@ -39,6 +39,7 @@ pub mod cntr;
 pub mod cq;
 pub mod domain;
 pub mod doorbell;
+mod engine;
 pub mod ep;
 pub mod error;
 pub mod fdwait;

@@ -1,7 +1,8 @@
 //! The progress engine: one pass drains an endpoint's inbound rings and
 //! overflow queue (bounded batch per ring), matches messages against posted
 //! receives (or queues them as unexpected, within bounded memory), writes
-//! completions and counter updates, and moves queued transmits forward.
+//! completions and counter updates, and moves queued transmits forward. The
+//! state it works on is the endpoint's owned parts ([`crate::engine`]).
 //!
 //! Everything read from shared memory is checked before use: a length,
 //! index, offset or order that does not fit drops the message and fails the
@@ -13,17 +14,19 @@
 //! its transmit queue is full, when they return `-FI_EAGAIN`.
 
 use crate::cma::{self, CmaError};
-use crate::cq::{prov, CqErrEntry, CqTaggedEntry, NO_SRC};
+use crate::cq::prov;
 use crate::domain::Ctx;
-use crate::ep::{
-    ActiveRecv, Chan, Ctrl, Dest, EpState, Fail, InRing, Peer, PendingRx, RxCur, RxInfo, SplitRecv, TxOp, TxState,
-    Unexp, UnexpBody,
+use crate::engine::complete::{
+    complete_rx_ok, complete_send, emit_rx, finish_rx, ActiveRecv, Fail, PendingRx, RxCur, RxInfo, RxOk, SplitRecv,
 };
+use crate::engine::inbound::InRing;
+use crate::engine::matching::{Dest, Unexp, UnexpBody};
+use crate::engine::peers::Chan;
+use crate::engine::tx::{local_ranges, Ctrl, TxState};
+use crate::engine::EpState;
 use crate::error::ErrorKind;
-use crate::flags::*;
-use crate::notify::Signal;
-use crate::proto::{Proto, MAX_MSG_SIZE};
-use crate::ring::{payload_capacity, RingRx, RingView};
+use crate::proto::MAX_MSG_SIZE;
+use crate::ring::{payload_capacity, RingView};
 use crate::sync::Ordering;
 use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, MAX_IOV, OVF_PAYLOAD};
 
@@ -82,14 +85,11 @@ impl Src<'_> {
 /// 2 KiB more code).
 #[inline(always)]
 pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
-    // SYNC: pairs with the release fetch_or in EpState::connect; makes the
-    // slot's address visible.
-    let claimed = ep.sec.header().claimed.load(Ordering::Acquire);
-    if claimed != ep.claimed_seen {
-        accept_claims(ep, claimed);
+    if let Some(claimed) = ep.inbound.new_claims(&ep.sec) {
+        ep.inbound.accept_claims(&ep.sec, &mut ep.peers, ep.addr.uid, claimed);
     }
     // After the claims: a peer found dead may have left messages in a ring
-    // it just claimed (see left_in_queues).
+    // it just claimed (see Inbound::may_hold).
     ep.passes = ep.passes.wrapping_add(1);
     if ep.passes.is_multiple_of(256) || ep.check_now {
         housekeeping(ep, ctx);
@@ -99,13 +99,12 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     if ep.sec.header().ovf_used.load(Ordering::Relaxed) != 0 {
         drain_ovf(ep, ctx);
     }
-    let mut bits = ep.claimed_seen;
+    let mut bits = ep.inbound.ring_mask();
     if bits != 0 {
         // Out of the endpoint while it is drained (no handler touches
         // them): the ring being read is then a local the handlers cannot
         // alias, kept in registers instead of re-fetched per message.
-        let mut rings = std::mem::take(&mut ep.rings);
-        ep.rings_out = true;
+        let mut rings = ep.inbound.take_rings();
         while bits != 0 {
             let s = bits.trailing_zeros() as usize;
             bits &= bits - 1;
@@ -113,11 +112,10 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
                 drain_ring(ep, ctx, r);
             }
         }
-        ep.rings = rings;
-        ep.rings_out = false;
+        ep.inbound.put_rings(rings);
     }
-    if !ep.busy.is_empty() {
-        progress_tx(ep, ctx);
+    if ep.tx.any_busy() {
+        ep.progress_tx(ctx);
     }
 }
 
@@ -142,99 +140,50 @@ fn housekeeping(ep: &mut EpState, ctx: &mut Ctx<'_>) {
 /// stores to our own header line, now and then, not per message).
 fn publish_gauges(ep: &EpState, ctx: &Ctx<'_>) {
     let h = ep.sec.header();
-    let rx_active: usize =
-        ep.peers.iter().map(|p| p.rx_parts.iter().filter(|x| !matches!(x.1, RxCur::Unexp { .. })).count()).sum();
-    h.tx_queued.store(ep.tx_outstanding as u32, Ordering::Relaxed);
-    let srq = ep.srq.and_then(|s| ctx.srqs[s].as_ref()).map_or(0, |q| q.len());
-    h.rx_posted.store((ep.posted[0].len() + ep.posted[1].len() + srq) as u32, Ordering::Relaxed);
-    h.unexpected.store((ep.unexp[0].len() + ep.unexp[1].len()) as u32, Ordering::Relaxed);
+    let rx_active: usize = ep.peers.iter().map(|p| p.rx.active_count()).sum();
+    h.tx_queued.store(ep.tx.outstanding() as u32, Ordering::Relaxed);
+    let srq = ep.matching.srq.and_then(|s| ctx.srqs[s].as_ref()).map_or(0, |q| q.len());
+    h.rx_posted.store((ep.matching.posted_count() + srq) as u32, Ordering::Relaxed);
+    h.unexpected.store(ep.matching.unexp_count() as u32, Ordering::Relaxed);
     h.rx_active.store(rx_active as u32, Ordering::Relaxed);
     h.passes.store(ep.passes as u64, Ordering::Relaxed);
-}
-
-/// Whether we have anything pending with peer `p`.
-fn pending_with(ep: &EpState, p: usize) -> bool {
-    let peer = &ep.peers[p];
-    !peer.txq.is_empty()
-        || peer.inflight.iter().any(|op| op.state != TxState::Done)
-        || peer.rx_parts.iter().any(|x| !matches!(x.1, RxCur::Unexp { .. }))
-        || ep.posted.iter().flatten().any(|r| r.src == Some(p))
-}
-
-/// Whether peer `p` may still have messages in our inbound queues (its
-/// ring, or the shared overflow queue, where any entry counts, or a ring
-/// claimed since the last pass looked, which may be its). While the rings
-/// are out being drained (a handler asks), the answer is yes: the caller
-/// decides again at the next check.
-fn left_in_queues(ep: &EpState, p: usize) -> bool {
-    ep.rings_out
-        || ep.rings.iter().flatten().any(|r| r.peer == p && r.rx.ready())
-        || ep.ovf.ready()
-        || ep.sec.header().claimed.load(Ordering::Acquire) != ep.claimed_seen
 }
 
 /// Checks every peer we wait on; fails what is pending with dead ones.
 fn check_peers(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     for p in 0..ep.peers.len() {
-        if ep.peers[p].gone.is_some() || !pending_with(ep, p) {
+        if ep.peers[p].gone.is_some() || !ep.pending_with(p) {
             continue;
         }
-        if let Some(why) = peer_gone(ep, ctx, p) {
+        if let Some(why) = ep.peers.gone_reason(ep.addr, ctx.regions, p) {
             // What it sent before going is delivered first: fail its
             // pending operations only once nothing of it is left in our
             // inbound queues (the overflow queue is shared: any entry there
             // defers the decision to the next check).
-            if !left_in_queues(ep, p) {
+            if !ep.inbound.may_hold(&ep.sec, p) {
                 fail_peer(ep, ctx, p, why);
             }
         }
     }
 }
 
-/// Why peer `p` can no longer answer, if it cannot: its process died (pid
-/// and start time), its region is closing, or its endpoint closed.
-fn peer_gone(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> Option<String> {
-    let addr = ep.peers[p].addr;
-    let who = crate::av::AddressVector::straddr(&addr);
-    if ep.peers[p].region.is_none() {
-        // Never mapped (we only received from it): map it now to look.
-        if let Err(e) = ep.connect(ctx, p) {
-            // Its region or endpoint no longer exists: unlinked by its
-            // owner, or by the next start after its owner died.
-            if e.kind() == ErrorKind::AddrNotAvail {
-                return Some(format!("peer {who} is gone (its process died or closed its domain or endpoint): {e}"));
-            }
-            return Some(format!("peer {who} cannot be reached: {e}"));
+impl EpState {
+    /// Our channel to peer `p` was taken from us (its endpoint closed, its
+    /// section maybe reopened): fail everything pending with it, as for a
+    /// dead peer, once nothing it sent is left in our inbound queues (else
+    /// the next check does). Returns why, for the send that found it.
+    pub(crate) fn chan_lost(&mut self, ctx: &mut Ctx<'_>, p: usize) -> String {
+        if let Some(why) = &self.peers[p].gone {
+            return why.clone();
         }
+        let who = crate::av::AddressVector::straddr(&self.peers[p].addr);
+        let why =
+            format!("peer {who} (pid {}) closed its endpoint: its ring slot is no longer ours", self.peers[p].pid);
+        if !self.inbound.may_hold(&self.sec, p) {
+            fail_peer(self, ctx, p, why.clone());
+        }
+        why
     }
-    let region = ep.peers[p].region.as_ref()?;
-    let (pid, start) = region.owner();
-    if !crate::region::owner_alive(pid, start) {
-        return Some(format!("peer {who} (pid {pid}) died"));
-    }
-    if region.header().state.load(Ordering::Acquire) != shm_layout::state::READY {
-        return Some(format!("peer {who} (pid {pid}) closed its domain"));
-    }
-    match crate::domain::Section::of(region, addr.ep_index) {
-        Ok(sec) if sec.open_at(addr.generation) => None,
-        _ => Some(format!("peer {who} (pid {pid}) closed its endpoint")),
-    }
-}
-
-/// Our channel to peer `p` was taken from us (its endpoint closed, its
-/// section maybe reopened): fail everything pending with it, as for a dead
-/// peer, once nothing it sent is left in our inbound queues (else the next
-/// check does). Returns why, for the send that found it.
-pub(crate) fn chan_lost(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> String {
-    if let Some(why) = &ep.peers[p].gone {
-        return why.clone();
-    }
-    let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
-    let why = format!("peer {who} (pid {}) closed its endpoint: its ring slot is no longer ours", ep.peers[p].pid);
-    if !left_in_queues(ep, p) {
-        fail_peer(ep, ctx, p, why.clone());
-    }
-    why
 }
 
 /// The overflow queue is shared: a sender that died between claiming an
@@ -245,11 +194,11 @@ pub(crate) fn chan_lost(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> String
 /// in the middle of a push), the entry is freed. A claimant that wrote no
 /// source yet cannot be named, and is waited for.
 fn check_ovf_claim(ep: &mut EpState, ctx: &mut Ctx<'_>, now: std::time::Instant) {
-    let Some((pos, src)) = ep.ovf.blocked_head() else {
-        ep.ovf_stuck = None;
+    let Some((pos, src)) = ep.inbound.ovf.blocked_head() else {
+        ep.inbound.ovf_stuck = None;
         return;
     };
-    match ep.ovf_stuck {
+    match ep.inbound.ovf_stuck {
         Some((p, since)) if p == pos => {
             if now.duration_since(since) < ctx.cfg.peer_check
                 || src == shm_layout::Address::default()
@@ -257,14 +206,14 @@ fn check_ovf_claim(ep: &mut EpState, ctx: &mut Ctx<'_>, now: std::time::Instant)
             {
                 return;
             }
-            let peer = ep.peer_index(src);
-            if peer_gone(ep, ctx, peer).is_some() {
-                ep.ovf.skip();
+            let peer = ep.peers.index_of(src);
+            if ep.peers.gone_reason(ep.addr, ctx.regions, peer).is_some() {
+                ep.inbound.ovf.skip();
                 ep.stats.ovf_skipped += 1;
-                ep.ovf_stuck = None;
+                ep.inbound.ovf_stuck = None;
             }
         }
-        _ => ep.ovf_stuck = Some((pos, now)),
+        _ => ep.inbound.ovf_stuck = Some((pos, now)),
     }
 }
 
@@ -275,17 +224,13 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
     let fail = || (ErrorKind::Io, prov::PEER_GONE, why.clone());
     ep.peers[p].gone = Some(why.clone());
     // Our sends to it, queued or in flight, in order.
-    let mut ops: Vec<TxOp> = ep.peers[p].inflight.drain(..).collect();
-    ops.extend(ep.peers[p].txq.drain(..));
-    ep.peers[p].ctrlq.clear();
+    let ops = ep.tx.take_all(&mut ep.peers[p].tx);
     for op in ops {
-        ep.tx_outstanding -= 1;
         let err = if op.state == TxState::Done { op.err.clone() } else { Some(fail()) };
-        complete_tx(ep, ctx, &op, err);
+        complete_send(&ep.bind, ctx, op.done(), err);
     }
     // Receives whose data it was still sending.
-    let parts: Vec<(u64, RxCur)> = ep.peers[p].rx_parts.drain(..).collect();
-    for (msg_id, cur) in parts {
+    for (msg_id, cur) in ep.peers[p].rx.drain_parts() {
         match cur {
             RxCur::Active(a) => finish_active(ep, ctx, p, msg_id, a, Some(fail())),
             RxCur::Split(sp) => {
@@ -293,64 +238,17 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
                 info.delivered = 0;
                 finish_rx(ep, ctx, p, msg_id, PendingRx { dest: sp.dest, info, err: Some(fail()) });
             }
-            RxCur::Unexp { id, .. } => {
-                // Never complete: drop it.
-                for q in 0..2 {
-                    if let Some(i) = ep.unexp[q].iter().position(|u| u.id == id) {
-                        if let Some(Unexp { body: UnexpBody::Data { v, .. }, .. }) = ep.unexp[q].remove(i) {
-                            ep.unexp_bytes -= v.len();
-                        }
-                    }
-                }
-            }
+            // Never complete: drop it.
+            RxCur::Unexp { id, .. } => ep.matching.drop_unexp(id),
         }
     }
     // Unexpected rendezvous from it: the data is gone with it.
-    for q in 0..2 {
-        ep.unexp[q].retain(|u| !(u.peer == p && matches!(u.body, UnexpBody::Rts { .. })));
-    }
+    ep.matching.drop_rts_from(p);
     // Receives directed at it.
-    for q in 0..2 {
-        let mut i = 0;
-        while i < ep.posted[q].len() {
-            if ep.posted[q][i].src == Some(p) {
-                let r = ep.posted[q].remove(i).expect("index checked");
-                let at = r.iovs.v[0].ptr + r.moff;
-                let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
-                let d = Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe };
-                let info = RxInfo { tagged: q == 1, tag: 0, data: 0, hflags: 0, total: 0, delivered: 0 };
-                finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(fail()) });
-            } else {
-                i += 1;
-            }
-        }
+    for (tagged, d) in ep.matching.take_directed(p) {
+        let info = RxInfo { tagged, tag: 0, data: 0, hflags: 0, total: 0, delivered: 0 };
+        finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(fail()) });
     }
-}
-
-fn accept_claims(ep: &mut EpState, claimed: u64) {
-    let n_slots = ep.sec.g.n_slots as usize;
-    let mut new = claimed & !ep.claimed_seen;
-    while new != 0 {
-        let s = new.trailing_zeros() as usize;
-        new &= new - 1;
-        if s >= n_slots {
-            continue;
-        }
-        let slot = ep.sec.slot(s as u32);
-        // SAFETY: the claimant wrote addr before setting the claimed bit we
-        // acquired; a plain-data copy, validated below.
-        let addr = unsafe { std::ptr::addr_of!(slot.addr).read_volatile() };
-        if addr.uid != ep.addr.uid {
-            continue; // not one of ours: never read that ring
-        }
-        let p = ep.peer_index(addr);
-        // SAFETY: the ring lies in our own section; we are its only consumer.
-        let rx = unsafe {
-            RingRx::new(ep.sec.ringctl_at(s as u32), ep.sec.ring_cells(s as u32), ep.sec.g.ring_cells as usize)
-        };
-        ep.rings[s] = Some(InRing { rx, peer: p });
-    }
-    ep.claimed_seen = claimed;
 }
 
 /// Reads up to [`BATCH`] messages of ring `r` (taken out of the endpoint
@@ -390,24 +288,24 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
 
 fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     for _ in 0..BATCH {
-        let Some(m) = ep.ovf.peek() else {
-            if ep.ovf_stuck.is_none() {
-                if let Some((pos, _)) = ep.ovf.blocked_head() {
+        let Some(m) = ep.inbound.ovf.peek() else {
+            if ep.inbound.ovf_stuck.is_none() {
+                if let Some((pos, _)) = ep.inbound.ovf.blocked_head() {
                     // Claimed, not published: a sender mid-push, or one
                     // that died there (check_ovf_claim decides).
-                    ep.ovf_stuck = Some((pos, std::time::Instant::now()));
+                    ep.inbound.ovf_stuck = Some((pos, std::time::Instant::now()));
                 }
             }
             break;
         };
-        ep.ovf_stuck = None;
+        ep.inbound.ovf_stuck = None;
         if m.src.uid != ep.addr.uid {
-            ep.ovf.commit();
+            ep.inbound.ovf.commit();
             continue;
         }
-        let p = ep.peer_index(m.src);
+        let p = ep.peers.index_of(m.src);
         if ep.peers[p].broken {
-            ep.ovf.commit();
+            ep.inbound.ovf.commit();
             continue;
         }
         if handle(ep, ctx, p, &m.hdr, &Src::Buf(&m.payload[..OVF_PAYLOAD])) == Flow::Stall {
@@ -415,7 +313,7 @@ fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             break;
         }
         ep.stats.rx_ovf += 1;
-        ep.ovf.commit();
+        ep.inbound.ovf.commit();
     }
 }
 
@@ -436,17 +334,6 @@ fn handle(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
     }
 }
 
-#[inline]
-fn rx_room(ep: &EpState, ctx: &Ctx<'_>) -> bool {
-    ep.rx_cq.is_none_or(|c| ctx.cqs[c].as_ref().is_none_or(|q| q.has_room()))
-}
-
-fn new_unexp_id(ep: &mut EpState) -> u64 {
-    let id = ep.next_unexp_id;
-    ep.next_unexp_id += 1;
-    id
-}
-
 /// Whether holding `more` unexpected bytes from peer `p` is refused (the
 /// ring then stalls: back-pressure). Never refused while we wait on `p`
 /// itself (a matched receive whose data it is sending, or a send of ours
@@ -454,15 +341,7 @@ fn new_unexp_id(ep: &mut EpState) -> u64 {
 /// in the same ring, so refusing would deadlock. The overshoot is bounded
 /// by what fits in that ring and the pool ahead of it.
 fn unexp_full(ep: &EpState, ctx: &Ctx<'_>, p: usize, more: usize) -> bool {
-    let full =
-        ep.unexp_bytes + more > ctx.cfg.unexp_max || ep.unexp[0].len() + ep.unexp[1].len() >= ctx.cfg.rx_size * 4;
-    full && !waiting_on(ep, p)
-}
-
-fn waiting_on(ep: &EpState, p: usize) -> bool {
-    let peer = &ep.peers[p];
-    peer.rx_parts.iter().any(|x| matches!(x.1, RxCur::Active(_) | RxCur::Split(_)))
-        || peer.inflight.iter().any(|op| matches!(op.state, TxState::AwaitFin { .. }))
+    ep.matching.over_budget(ctx.cfg, more) && !ep.waiting_on(p)
 }
 
 /// An inline message: checked, then the common case ([`eager_to_front`])
@@ -478,7 +357,7 @@ fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
     if let Some(flow) = eager_to_front(ep, ctx, p, h, src, len, tagged) {
         return flow;
     }
-    if !rx_room(ep, ctx) {
+    if !ep.bind.rx_room(ctx.cqs) {
         return Flow::Stall;
     }
     // Copies for the call out of line, made on this path only: the
@@ -499,15 +378,14 @@ fn eager_match_or_queue(
     len: usize,
     tagged: bool,
 ) -> Flow {
-    let q = tagged as usize;
     // Matched by reference: moving the Dest out of the Option would copy
     // bytes just written by narrow stores (a store-forwarding stall).
-    let m = ep.take_match(ctx, tagged, p, h.tag, len);
+    let m = ep.matching.take_match(ctx.srqs, tagged, p, h.tag, len);
     match &m {
         Some(d) => {
             let n = d.iovs.scatter(0, len.min(d.cap), |o, dst| src.read(o, dst));
             let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total: len, delivered: n };
-            if ep.peers[p].rx_order.is_empty() {
+            if ep.peers[p].rx.in_order() {
                 // Nothing earlier from this peer pending: complete in place.
                 emit_rx(ep, ctx, p, d, &info, None);
             } else {
@@ -518,28 +396,14 @@ fn eager_match_or_queue(
             if unexp_full(ep, ctx, p, len) {
                 return Flow::Stall;
             }
-            let mut v = ep.spare_buf(len);
+            let mut v = ep.matching.spare_buf(len);
             src.read(0, &mut v);
-            ep.unexp_bytes += len;
-            let id = new_unexp_id(ep);
             let body = UnexpBody::Data { v, received: len, msg_id: 0 };
-            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len, body });
+            ep.matching
+                .queue_unexp(tagged, Unexp { id: 0, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len, body });
         }
     }
     Flow::Done
-}
-
-/// How a receive completion signals an armed channel: solicited messages
-/// always; others not at all on a solicited-wait endpoint.
-#[inline]
-fn rx_signal(ep: &EpState, hflags: u8) -> Signal {
-    if hflags & hdr_flags::SOLICITED != 0 {
-        Signal::Solicited
-    } else if ep.solicited_wait {
-        Signal::Quiet
-    } else {
-        Signal::Normal
-    }
 }
 
 /// The common case of an inline message, done without the general
@@ -559,23 +423,12 @@ fn eager_to_front(
     len: usize,
     tagged: bool,
 ) -> Option<Flow> {
-    if (!tagged && ep.srq.is_some()) || !ep.peers[p].rx_order.is_empty() {
+    if !ep.peers[p].rx.in_order() {
         return None;
     }
-    let q = tagged as usize;
-    let r = ep.posted[q].front()?;
-    let seg = r.iovs.v[0];
-    if r.multi
-        || r.iovs.n != 1
-        || len > seg.len
-        || r.src.is_some_and(|s| s != p)
-        || (tagged && (h.tag & !r.ignore) != (r.tag & !r.ignore))
-    {
-        return None;
-    }
-    let (op_context, cqe) = (r.ctx, r.cqe);
+    let (op_context, seg, cqe) = ep.matching.front_plain(tagged, p, h.tag, len)?;
     let mut cq = None;
-    if let Some(c) = ep.rx_cq {
+    if let Some(c) = ep.bind.rx_cq {
         if let Some(q) = ctx.cqs[c].as_mut() {
             if !q.has_room() {
                 return Some(Flow::Stall);
@@ -587,18 +440,16 @@ fn eager_to_front(
     // completion (the posting contract); len <= its length.
     let dst = unsafe { std::slice::from_raw_parts_mut(seg.ptr as *mut u8, len) };
     src.read(0, dst);
-    ep.posted[q].pop_front();
+    ep.matching.pop_front(tagged);
     let ok =
         RxOk { op_context, buf: seg.ptr, len, tagged, hflags: h.flags, data: h.data, tag: h.tag, multi_release: false };
-    complete_rx_ok(ep, ctx.counters, ctx.avs, cq, p, &ok, cqe);
+    complete_rx_ok(&ep.bind, &mut ep.peers, ctx.counters, ctx.avs, cq, p, &ok, cqe);
     Some(Flow::Done)
 }
 
 /// Starts a matched multi-part receive: its data arrives in chunks.
 fn start_active(ep: &mut EpState, p: usize, msg_id: u64, a: ActiveRecv) {
-    let peer = &mut ep.peers[p];
-    peer.rx_parts.push((msg_id, RxCur::Active(a)));
-    peer.rx_order.push_back((msg_id, None));
+    ep.peers[p].rx.start_matched(msg_id, RxCur::Active(a));
 }
 
 fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
@@ -607,13 +458,12 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
         return Flow::Done;
     }
     let (msg_id, total) = (src.u64_at(0), src.u64_at(8) as usize);
-    if msg_id == 0 || total == 0 || total > MAX_MSG_SIZE || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id) {
+    if msg_id == 0 || total == 0 || total > MAX_MSG_SIZE || ep.peers[p].rx.has(msg_id) {
         bad(ep, ctx, p, None, "bad bounce header");
         return Flow::Done;
     }
     let tagged = h.flags & hdr_flags::TAGGED != 0;
-    let q = tagged as usize;
-    match ep.take_match(ctx, tagged, p, h.tag, total) {
+    match ep.matching.take_match(ctx.srqs, tagged, p, h.tag, total) {
         Some(dest) => {
             start_active(
                 ep,
@@ -624,19 +474,14 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
         }
         None => {
             // The data will be copied out of the pool as it arrives
-            // (counted in unexp_bytes chunk by chunk).
-            let id = new_unexp_id(ep);
+            // (counted in the unexpected budget chunk by chunk).
             let body = UnexpBody::Data { v: Vec::new(), received: 0, msg_id };
-            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body });
-            ep.peers[p].rx_parts.push((msg_id, RxCur::Unexp { id, total }));
+            let u = Unexp { id: 0, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body };
+            let id = ep.matching.queue_unexp(tagged, u);
+            ep.peers[p].rx.start_unexp(msg_id, id, total);
         }
     }
     Flow::Done
-}
-
-fn find_unexp(ep: &mut EpState, id: u64) -> Option<&mut Unexp> {
-    let [a, b] = &mut ep.unexp;
-    a.iter_mut().chain(b.iter_mut()).find(|u| u.id == id)
 }
 
 fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
@@ -646,31 +491,32 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
     }
     let idx = src.u32_at(0);
     let (msg_id, off, len) = (h.tag, h.data as usize, h.len as usize);
-    let Some(chunk) = ep.pool.chunk(idx) else {
+    let pool = &ep.inbound.pool;
+    let Some(chunk) = pool.chunk(idx) else {
         bad(ep, ctx, p, Some(msg_id), "chunk index out of range");
         return Flow::Done;
     };
-    if len == 0 || len > ep.pool.chunk_size() {
-        ep.pool.free(idx);
+    if len == 0 || len > pool.chunk_size() {
+        pool.free(idx);
         bad(ep, ctx, p, Some(msg_id), "chunk length out of range");
         return Flow::Done;
     }
-    let Some(k) = ep.peers[p].rx_parts.iter().position(|x| x.0 == msg_id) else {
-        ep.pool.free(idx);
+    if !ep.peers[p].rx.has(msg_id) {
+        pool.free(idx);
         bad(ep, ctx, p, None, "chunk for no message in progress");
         return Flow::Done;
-    };
+    }
     // SAFETY: chunk is one of our pool's chunks (index checked) and
     // len <= chunk_size; the sender filled it before publishing the message.
     let bytes = unsafe { std::slice::from_raw_parts(chunk as *const u8, len) };
-    match &mut ep.peers[p].rx_parts[k].1 {
+    match ep.peers[p].rx.get_mut(msg_id).expect("checked above") {
         RxCur::Split(_) => {
-            ep.pool.free(idx);
+            pool.free(idx);
             bad(ep, ctx, p, None, "chunk for a message being copied directly");
         }
         RxCur::Active(a) => {
             if off != a.received || off + len > a.total {
-                ep.pool.free(idx);
+                pool.free(idx);
                 bad(ep, ctx, p, Some(msg_id), "chunk out of order");
                 return Flow::Done;
             }
@@ -678,11 +524,10 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
                 let n = (a.dest.cap - off).min(len);
                 a.dest.iovs.scatter(off, n, |o, dst| dst.copy_from_slice(&bytes[o..o + dst.len()]));
             }
-            ep.pool.free(idx);
+            pool.free(idx);
             a.received += len;
             if a.received == a.total {
-                let (_, cur) = ep.peers[p].rx_parts.swap_remove(k);
-                let RxCur::Active(a) = cur else { unreachable!("matched above") };
+                let Some(RxCur::Active(a)) = ep.peers[p].rx.take(msg_id) else { unreachable!("matched above") };
                 finish_active(ep, ctx, p, msg_id, a, None);
             }
         }
@@ -691,24 +536,13 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
             if unexp_full(ep, ctx, p, len) {
                 return Flow::Stall; // chunk stays in the pool and the message in the ring
             }
-            let ok = match find_unexp(ep, id) {
-                Some(Unexp { body: UnexpBody::Data { v, received, .. }, .. })
-                    if *received == off && off + len <= total =>
-                {
-                    v.extend_from_slice(bytes);
-                    *received += len;
-                    Some(*received == total)
-                }
-                _ => None,
-            };
-            ep.pool.free(idx);
+            let ok = ep.matching.append_unexp(id, off, bytes, total);
+            pool.free(idx);
             match ok {
-                Some(done) => {
-                    ep.unexp_bytes += len;
-                    if done {
-                        ep.peers[p].rx_parts.swap_remove(k);
-                    }
+                Some(true) => {
+                    ep.peers[p].rx.take(msg_id);
                 }
+                Some(false) => {}
                 None => bad(ep, ctx, p, Some(msg_id), "chunk out of order"),
             }
         }
@@ -736,18 +570,15 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
         return malformed(ep, ctx);
     }
     let iovs: Vec<(u64, u64)> = (0..niov).map(|i| (src.u64_at(24 + 16 * i), src.u64_at(32 + 16 * i))).collect();
-    if iovs.iter().try_fold(0u64, |a, v| a.checked_add(v.1)) != Some(total as u64)
-        || ep.peers[p].rx_parts.iter().any(|x| x.0 == msg_id)
-    {
+    if iovs.iter().try_fold(0u64, |a, v| a.checked_add(v.1)) != Some(total as u64) || ep.peers[p].rx.has(msg_id) {
         return malformed(ep, ctx);
     }
-    if !rx_room(ep, ctx) {
+    if !ep.bind.rx_room(ctx.cqs) {
         return Flow::Stall;
     }
     let rts = Rts { msg_id, iovs, cma: fl & rts_flags::CMA != 0 };
     let tagged = h.flags & hdr_flags::TAGGED != 0;
-    let q = tagged as usize;
-    match ep.take_match(ctx, tagged, p, h.tag, total) {
+    match ep.matching.take_match(ctx.srqs, tagged, p, h.tag, total) {
         Some(d) => {
             let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total, delivered: 0 };
             rendezvous(ep, ctx, p, d, info, rts);
@@ -756,9 +587,9 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
             if unexp_full(ep, ctx, p, 0) {
                 return Flow::Stall;
             }
-            let id = new_unexp_id(ep);
             let body = UnexpBody::Rts { msg_id, iovs: rts.iovs, cma: rts.cma };
-            ep.unexp[q].push_back(Unexp { id, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body });
+            let u = Unexp { id: 0, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body };
+            ep.matching.queue_unexp(tagged, u);
         }
     }
     Flow::Done
@@ -767,7 +598,7 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
 /// A matched rendezvous: read the data by single copy if the sender offered
 /// it and the kernel lets us; else ask for it through the pool.
 fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: RxInfo, rts: Rts) {
-    if let Err(e) = ensure_connected(ep, ctx, p) {
+    if let Err(e) = ep.ensure_connected(ctx, p) {
         let f = (ErrorKind::Io, prov::CMA_FAULT, format!("cannot reach the sender to fetch its message: {e}"));
         finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
         return;
@@ -790,34 +621,27 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
                 peer.cma_worked = true;
                 ep.stats.cma_reads += 1;
                 finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
-                queue_ctrl(ep, p, Ctrl::new(op::FIN, rts.msg_id, 0));
+                ep.queue_ctrl(p, Ctrl::new(op::FIN, rts.msg_id, 0));
                 return;
             }
             Err(CmaError::Refused(_)) => peer.cma_refused = true,
             Err(CmaError::Fault(e)) => {
                 let f = cma_fail(&peer.addr, peer.pid, e);
                 finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
-                queue_ctrl(ep, p, Ctrl::new(op::FIN, rts.msg_id, ErrorKind::Io.errno() as u32));
+                ep.queue_ctrl(p, Ctrl::new(op::FIN, rts.msg_id, ErrorKind::Io.errno() as u32));
                 return;
             }
         }
     }
     if info.total == 0 {
         finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
-        queue_ctrl(ep, p, Ctrl::new(op::FIN, rts.msg_id, 0));
+        ep.queue_ctrl(p, Ctrl::new(op::FIN, rts.msg_id, 0));
         return;
     }
     ep.stats.cma_fallbacks += 1;
     let a = ActiveRecv { dest: d, total: info.total, received: 0, tag: info.tag, data: info.data, hflags: info.hflags };
     start_active(ep, p, rts.msg_id, a);
-    queue_ctrl(ep, p, Ctrl::new(op::CTS_BOUNCE, rts.msg_id, 0));
-}
-
-/// Our receive buffer's bytes `[off, off + len)` as (pointer, length) ranges.
-fn local_ranges(d: &Dest, off: usize, len: usize) -> Vec<(*mut u8, usize)> {
-    let all: Vec<(u64, u64)> = d.iovs.segs().iter().map(|s| (s.ptr as u64, s.len as u64)).collect();
-    let len = len.min(d.cap.saturating_sub(off));
-    cma::sub_ranges(&all, off, len).into_iter().map(|(a, l)| (a as usize as *mut u8, l as usize)).collect()
+    ep.queue_ctrl(p, Ctrl::new(op::CTS_BOUNCE, rts.msg_id, 0));
 }
 
 fn cma_fail(peer_addr: &shm_layout::Address, pid: i32, e: i32) -> Fail {
@@ -850,8 +674,8 @@ fn split_copy(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, info: RxIn
     let mut c = Ctrl::new(op::CTS_WRITE, rts.msg_id, 0);
     c.data = split as u64;
     c.payload = pl;
-    queue_ctrl(ep, p, c);
-    progress_peer_tx(ep, ctx, p);
+    ep.queue_ctrl(p, c);
+    ep.progress_peer_tx(ctx, p);
     let mine = local_ranges(&d, 0, split);
     let peer = &mut ep.peers[p];
     let own_err = match cma::read(peer.pid, &mine, &cma::sub_ranges(&rts.iovs, 0, split), ctx.cfg.cma) {
@@ -861,8 +685,7 @@ fn split_copy(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, info: RxIn
     ep.stats.cma_reads += 1;
     ep.stats.split_copies += 1;
     let sr = SplitRecv { dest: d, info, split, want, remote: rts.iovs, own_err };
-    ep.peers[p].rx_parts.push((rts.msg_id, RxCur::Split(sr)));
-    ep.peers[p].rx_order.push_back((rts.msg_id, None));
+    ep.peers[p].rx.start_matched(rts.msg_id, RxCur::Split(sr));
     // No FIN yet: if the sender's write fails we still read its buffer, so
     // its send may complete only after WDONE (on_wdone sends the FIN).
 }
@@ -878,33 +701,25 @@ fn on_cts_write(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: 
     };
     let total: u64 = ranges.iter().map(|r| r.1).sum();
     let off = h.data as usize;
-    let peer = &mut ep.peers[p];
-    let op = peer.inflight.iter().find(|op| op.state == (TxState::AwaitFin { msg_id }));
-    let status = match op {
-        Some(op) if parsed.is_some() && off.checked_add(total as usize).is_some_and(|e| e <= op.len) => {
-            let all: Vec<(u64, u64)> = op.iovs.segs().iter().map(|s| (s.ptr as u64, s.len as u64)).collect();
-            let local: Vec<(*mut u8, usize)> = cma::sub_ranges(&all, off, total as usize)
-                .into_iter()
-                .map(|(a, l)| (a as usize as *mut u8, l as usize))
-                .collect();
-            match cma::write(peer.pid, &local, &ranges, ctx.cfg.cma) {
-                Ok(_) => 0,
-                Err(CmaError::Refused(e)) | Err(CmaError::Fault(e)) => e as u32,
-            }
-        }
-        _ => ErrorKind::Io.errno() as u32,
+    let local = parsed.and_then(|_| ep.send_ranges(p, msg_id, off, total as usize));
+    let status = match local {
+        Some(local) => match cma::write(ep.peers[p].pid, &local, &ranges, ctx.cfg.cma) {
+            Ok(_) => 0,
+            Err(CmaError::Refused(e)) | Err(CmaError::Fault(e)) => e as u32,
+        },
+        None => ErrorKind::Io.errno() as u32,
     };
-    queue_ctrl(ep, p, Ctrl::new(op::WDONE, msg_id, status));
+    ep.queue_ctrl(p, Ctrl::new(op::WDONE, msg_id, status));
     Flow::Done
 }
 
 /// Receiver side: the sender's half is in place (or failed: then read it
 /// ourselves); the split receive completes.
 fn on_wdone(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
-    let Some(k) = ep.peers[p].rx_parts.iter().position(|x| x.0 == h.tag && matches!(x.1, RxCur::Split(_))) else {
+    if !matches!(ep.peers[p].rx.get_mut(h.tag), Some(RxCur::Split(_))) {
         return Flow::Done;
-    };
-    let RxCur::Split(mut s) = ep.peers[p].rx_parts.swap_remove(k).1 else { unreachable!("matched above") };
+    }
+    let Some(RxCur::Split(mut s)) = ep.peers[p].rx.take(h.tag) else { unreachable!("matched above") };
     if h.len != 0 && s.own_err.is_none() {
         let rest = local_ranges(&s.dest, s.split, s.want - s.split);
         let peer = &ep.peers[p];
@@ -919,50 +734,30 @@ fn on_wdone(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
     let status = if s.own_err.is_some() { ErrorKind::Io.errno() as u32 } else { 0 };
     finish_rx(ep, ctx, p, h.tag, PendingRx { dest: s.dest, info, err: s.own_err });
     // Done with the sender's buffer: its send may complete.
-    queue_ctrl(ep, p, Ctrl::new(op::FIN, h.tag, status));
+    ep.queue_ctrl(p, Ctrl::new(op::FIN, h.tag, status));
     Flow::Done
 }
 
 fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
-    let peer = &mut ep.peers[p];
-    if let Some(op) = peer.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag })) {
-        op.state = TxState::Chunks { off: 0, msg_id: h.tag };
-        if op.owned.is_none() {
-            // We offered single copy and the receiver could not use it:
-            // stop offering it to this peer (and use the no-CMA thresholds).
-            peer.cma_refused = true;
-        }
-        ep.mark_busy(p);
+    if ep.tx.bounce_requested(&mut ep.peers[p], p, h.tag) {
+        // We offered single copy and the receiver could not use it: stop
+        // offering it to this peer (and use the no-CMA thresholds).
+        ep.peers[p].cma_refused = true;
     }
     Flow::Done
 }
 
 fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
-    let peer = &mut ep.peers[p];
-    if let Some(op) = peer.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id: h.tag })) {
+    if let Some(op) = ep.peers[p].tx.awaiting(h.tag) {
         op.state = TxState::Done;
         if h.len != 0 {
             let k = ErrorKind::from_errno(h.len as i32);
             op.err = Some((k, prov::REMOTE, format!("{who} failed to take the message: {}", k.message())));
         }
-        retire(ep, ctx, p);
+        ep.retire(ctx, p);
     }
     Flow::Done
-}
-
-impl ActiveRecv {
-    /// Facts for its completion, with `delivered` bytes in place.
-    fn info(&self, delivered: usize) -> RxInfo {
-        RxInfo {
-            tagged: self.hflags & hdr_flags::TAGGED != 0,
-            tag: self.tag,
-            data: self.data,
-            hflags: self.hflags,
-            total: self.total,
-            delivered,
-        }
-    }
 }
 
 fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: ActiveRecv, err: Option<Fail>) {
@@ -975,26 +770,18 @@ fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: 
 fn bad(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: Option<u64>, what: &str) {
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
     let Some(m) = msg_id else { return };
-    let Some(k) = ep.peers[p].rx_parts.iter().position(|x| x.0 == m) else {
+    let Some(cur) = ep.peers[p].rx.take(m) else {
         return;
     };
-    match ep.peers[p].rx_parts.swap_remove(k).1 {
+    match cur {
         RxCur::Active(a) => {
             let f = (ErrorKind::Io, prov::PROTOCOL, format!("{who}: {what}"));
             finish_active(ep, ctx, p, m, a, Some(f));
         }
-        RxCur::Unexp { id, .. } => {
-            for q in 0..2 {
-                if let Some(i) = ep.unexp[q].iter().position(|u| u.id == id) {
-                    if let Some(Unexp { body: UnexpBody::Data { v, .. }, .. }) = ep.unexp[q].remove(i) {
-                        ep.unexp_bytes -= v.len();
-                    }
-                }
-            }
-        }
+        RxCur::Unexp { id, .. } => ep.matching.drop_unexp(id),
         // The sender may still be writing into that buffer: only its WDONE
         // may complete the receive.
-        split @ RxCur::Split(_) => ep.peers[p].rx_parts.push((m, split)),
+        split @ RxCur::Split(_) => ep.peers[p].rx.put_back(m, split),
     }
 }
 
@@ -1008,19 +795,16 @@ const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// held for order as they are, the others as `FI_ECANCELED` (flushed). SRQ
 /// buffers the endpoint dequeued are thereby reported exactly once.
 pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
-    ep.closing = true;
+    ep.matching.closing = true;
     let t0 = std::time::Instant::now();
-    let splitting = |ep: &EpState| {
-        ep.peers.iter().any(|p| p.gone.is_none() && p.rx_parts.iter().any(|x| matches!(x.1, RxCur::Split(_))))
-    };
+    let splitting = |ep: &EpState| ep.peers.iter().any(|p| p.gone.is_none() && p.rx.splitting());
     while splitting(ep) && t0.elapsed() < CLOSE_DRAIN {
         progress_ep(ep, ctx);
         std::thread::yield_now();
     }
     let cancel = || (ErrorKind::Canceled, prov::FLUSHED, "endpoint closed before the receive completed".to_string());
     for p in 0..ep.peers.len() {
-        let order: Vec<(u64, Option<PendingRx>)> = ep.peers[p].rx_order.drain(..).collect();
-        let mut parts: Vec<(u64, RxCur)> = ep.peers[p].rx_parts.drain(..).collect();
+        let (order, mut parts) = ep.peers[p].rx.drain_all();
         for (key, pend) in order {
             let pr = match pend {
                 Some(pr) => pr,
@@ -1042,445 +826,16 @@ pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: De
     let info = RxInfo { tagged, tag: u.tag, data: u.data, hflags: u.hflags, total: u.len, delivered: 0 };
     match u.body {
         UnexpBody::Data { v, received, msg_id } => {
-            ep.unexp_bytes -= v.len();
             let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| dst.copy_from_slice(&v[o..o + dst.len()]));
-            ep.recycle_buf(v);
+            ep.matching.recycle_buf(v);
             if received == u.len {
                 finish_rx(ep, ctx, u.peer, 0, PendingRx { dest: d, info: RxInfo { delivered: n, ..info }, err: None });
             } else {
                 // Still arriving: the rest goes straight to the receive.
-                let peer = &mut ep.peers[u.peer];
-                if let Some(x) = peer.rx_parts.iter_mut().find(|x| x.0 == msg_id) {
-                    x.1 = RxCur::Active(ActiveRecv {
-                        dest: d,
-                        total: u.len,
-                        received,
-                        tag: u.tag,
-                        data: u.data,
-                        hflags: u.hflags,
-                    });
-                    peer.rx_order.push_back((msg_id, None));
-                }
+                let a = ActiveRecv { dest: d, total: u.len, received, tag: u.tag, data: u.data, hflags: u.hflags };
+                ep.peers[u.peer].rx.matched(msg_id, a);
             }
         }
         UnexpBody::Rts { msg_id, iovs, cma } => rendezvous(ep, ctx, u.peer, d, info, Rts { msg_id, iovs, cma }),
     }
-}
-
-/// A receive from `p` is complete: write it now, or after the receives
-/// matched before it from the same peer (`key` is its message id if it was
-/// started with `start_active`, else 0).
-fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: PendingRx) {
-    let order = &mut ep.peers[p].rx_order;
-    if key == 0 && order.is_empty() {
-        emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
-        return;
-    }
-    match order.iter_mut().find(|x| key != 0 && x.0 == key) {
-        Some(slot) => slot.1 = Some(pr),
-        None => order.push_back((0, Some(pr))),
-    }
-    while ep.peers[p].rx_order.front().is_some_and(|x| x.1.is_some()) {
-        let (_, pr) = ep.peers[p].rx_order.pop_front().expect("front checked");
-        let pr = pr.expect("checked");
-        emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
-    }
-}
-
-/// A receive that completed without error, for [`complete_rx_ok`].
-struct RxOk {
-    op_context: usize,
-    buf: usize,
-    len: usize,
-    tagged: bool,
-    hflags: u8,
-    data: u64,
-    tag: u64,
-    multi_release: bool,
-}
-
-/// Completion flags of a receive.
-#[inline]
-fn rx_flags(tagged: bool, hflags: u8, multi_release: bool) -> u64 {
-    let mut flags = FI_RECV | if tagged { FI_TAGGED } else { FI_MSG };
-    if hflags & hdr_flags::REMOTE_CQ_DATA != 0 {
-        flags |= FI_REMOTE_CQ_DATA;
-    }
-    if multi_release {
-        flags |= FI_MULTI_RECV;
-    }
-    flags
-}
-
-/// A successful receive: the receive counter, and the CQ entry when one is
-/// asked for (`entry`) in `cq` (the endpoint's receive CQ, looked up by
-/// the caller). Shared by the general path ([`emit_rx`]) and the inline
-/// fast path ([`eager_to_front`]); inlined, so `ok` is never a struct
-/// re-read from memory.
-#[inline(always)]
-fn complete_rx_ok(
-    ep: &mut EpState,
-    counters: &[shm_layout::Counter],
-    avs: &[Option<crate::av::AvState>],
-    cq: Option<&mut crate::cq::CqState>,
-    p: usize,
-    ok: &RxOk,
-    entry: bool,
-) {
-    if let Some(c) = ep.cntr_recv {
-        // SYNC: pairs with the acquire loads in Counter::read/readerr.
-        counters[c].value.v.fetch_add(1, Ordering::Release);
-    }
-    if !entry {
-        return;
-    }
-    let Some(cq) = cq else {
-        return;
-    };
-    // Each only if it will be used.
-    let src = if cq.wants_src() { ep.src_addr(avs, p) } else { FI_ADDR_NOTAVAIL };
-    let sig = if cq.notifies() { rx_signal(ep, ok.hflags) } else { Signal::Normal };
-    let has_data = ok.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
-    let e = CqTaggedEntry {
-        op_context: ok.op_context,
-        flags: rx_flags(ok.tagged, ok.hflags, ok.multi_release),
-        len: ok.len,
-        buf: ok.buf,
-        data: if has_data { ok.data } else { 0 },
-        tag: if ok.tagged { ok.tag } else { 0 },
-    };
-    cq.push_ext(e, src, sig);
-}
-
-/// Writes a finished receive's completion (success, truncation or error).
-#[inline]
-fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, err: Option<Fail>) {
-    if d.iovs.ext_slot().is_some() {
-        if let Some(q) = ep.srq.and_then(|s| ctx.srqs[s].as_mut()) {
-            q.release(&d.iovs);
-        }
-    }
-    let err = err.or_else(|| {
-        (i.total > d.cap).then(|| {
-            (
-                ErrorKind::Trunc,
-                prov::TRUNCATED,
-                format!(
-                    "message of {} bytes from {} truncated to the {}-byte receive buffer",
-                    i.total,
-                    crate::av::AddressVector::straddr(&ep.peers[p].addr),
-                    d.cap
-                ),
-            )
-        })
-    });
-    let Some((k, pe, detail)) = err else {
-        let ok = RxOk {
-            op_context: d.ctx,
-            buf: d.buf,
-            len: i.delivered,
-            tagged: i.tagged,
-            hflags: i.hflags,
-            data: i.data,
-            tag: i.tag,
-            multi_release: d.multi_release,
-        };
-        let cq = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut());
-        complete_rx_ok(ep, ctx.counters, ctx.avs, cq, p, &ok, d.cqe || d.multi_release);
-        return;
-    };
-    if let Some(c) = ep.cntr_recv {
-        // SYNC: pairs with the acquire loads in Counter::read/readerr.
-        ctx.counters[c].err.v.fetch_add(1, Ordering::Release);
-    }
-    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
-        return;
-    };
-    cq.push_err(
-        CqErrEntry {
-            op_context: d.ctx,
-            flags: rx_flags(i.tagged, i.hflags, d.multi_release),
-            len: i.delivered,
-            buf: d.buf,
-            data: if i.hflags & hdr_flags::REMOTE_CQ_DATA != 0 { i.data } else { 0 },
-            tag: if i.tagged { i.tag } else { 0 },
-            olen: i.total.saturating_sub(d.cap),
-            err: k.errno(),
-            prov_errno: pe,
-            ..Default::default()
-        },
-        detail,
-    );
-}
-
-#[inline]
-pub(crate) fn complete_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, op: &TxOp, err: Option<Fail>) {
-    complete_send(
-        ep,
-        ctx,
-        SendDone { ctx: op.ctx, tagged: op.tagged, tag: op.tag, cqe: op.cqe, inject: op.inject },
-        err,
-    )
-}
-
-/// What a send's completion needs to know of it.
-#[derive(Clone, Copy)]
-pub(crate) struct SendDone {
-    pub ctx: usize,
-    pub tagged: bool,
-    pub tag: u64,
-    pub cqe: bool,
-    pub inject: bool,
-}
-
-#[inline]
-pub(crate) fn complete_send(ep: &mut EpState, ctx: &mut Ctx<'_>, op: SendDone, err: Option<Fail>) {
-    let flags = FI_SEND | if op.tagged { FI_TAGGED } else { FI_MSG };
-    if let Some(c) = ep.cntr_send {
-        let c = &ctx.counters[c];
-        // SYNC: pairs with the acquire loads in Counter::read/readerr.
-        if err.is_some() { &c.err.v } else { &c.value.v }.fetch_add(1, Ordering::Release);
-    }
-    if err.is_none() && !op.cqe {
-        return; // an inject, or a send without FI_COMPLETION
-    }
-    let Some(cq) = ep.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
-        return;
-    };
-    match err {
-        Some((k, pe, detail)) if !op.inject => cq.push_err(
-            CqErrEntry { op_context: op.ctx, flags, tag: op.tag, err: k.errno(), prov_errno: pe, ..Default::default() },
-            detail,
-        ),
-        None if op.cqe => cq.push(CqTaggedEntry { op_context: op.ctx, flags, ..Default::default() }, NO_SRC),
-        _ => {}
-    }
-}
-
-/// Completes finished sends from the front of a peer's in-flight queue.
-fn retire(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
-    while ep.peers[p].inflight.front().is_some_and(|op| op.state == TxState::Done) {
-        let mut op = ep.peers[p].inflight.pop_front().expect("front checked");
-        ep.tx_outstanding -= 1;
-        let err = op.err.take();
-        complete_tx(ep, ctx, &op, err);
-    }
-}
-
-fn ensure_connected(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) -> crate::Result<()> {
-    if ep.peers[p].chan.is_none() {
-        ep.connect(ctx, p)?;
-    }
-    Ok(())
-}
-
-fn queue_ctrl(ep: &mut EpState, p: usize, c: Ctrl) {
-    ep.peers[p].ctrlq.push_back(c);
-    ep.mark_busy(p);
-}
-
-fn chan_push(chan: &mut Chan, me: &shm_layout::Address, h: &MsgHdr, parts: &[&[u8]]) -> bool {
-    match chan {
-        Chan::Ring(r) => r.try_push(h, parts),
-        Chan::Ovf(q) => {
-            let mut buf = [0u8; OVF_PAYLOAD];
-            let mut at = 0;
-            for p in parts {
-                if at + p.len() > OVF_PAYLOAD {
-                    return false;
-                }
-                buf[at..at + p.len()].copy_from_slice(p);
-                at += p.len();
-            }
-            let mut h = *h;
-            h.ncells = 1;
-            q.push(&h, me, &buf[..at])
-        }
-    }
-}
-
-fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
-    match chan {
-        Chan::Ring(r) => r.has_room_for(ncells),
-        Chan::Ovf(_) => true,
-    }
-}
-
-fn data_hdr(op: &TxOp, kind: u8, len: u32) -> MsgHdr {
-    MsgHdr { op: kind, flags: op.hflags, ncells: 0, len, tag: op.tag, data: op.data }
-}
-
-/// Sends an inline message at once if the channel has room.
-pub(crate) fn push_inline(peer: &mut Peer, me: &shm_layout::Address, op: &TxOp) -> bool {
-    match peer.chan.as_mut() {
-        Some(chan) => push_inline_chan(chan, me, op),
-        None => false,
-    }
-}
-
-fn push_inline_chan(chan: &mut Chan, me: &shm_layout::Address, op: &TxOp) -> bool {
-    // SAFETY: the op's buffers are valid until completion (its contract).
-    let slices = unsafe { op.iovs.slices() };
-    chan_push(chan, me, &data_hdr(op, op::EAGER, op.len as u32), &slices[..op.iovs.n])
-}
-
-/// Moves every busy peer's queues forward.
-pub(crate) fn progress_tx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
-    let mut i = 0;
-    while i < ep.busy.len() {
-        let p = ep.busy[i];
-        progress_peer_tx(ep, ctx, p);
-        let peer = &mut ep.peers[p];
-        let idle = peer.txq.is_empty()
-            && peer.ctrlq.is_empty()
-            && !peer.inflight.iter().any(|op| matches!(op.state, TxState::Chunks { .. }));
-        if idle {
-            peer.busy = false;
-            ep.busy.swap_remove(i);
-        } else {
-            i += 1;
-        }
-    }
-}
-
-/// Pushes the next chunk of `op`; false when the ring or pool is full.
-fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Pool, op: &mut TxOp) -> bool {
-    let TxState::Chunks { off, msg_id } = op.state else {
-        return false;
-    };
-    if !chan_room(chan, 1) {
-        return false;
-    }
-    let Some(idx) = pool.alloc() else {
-        return false;
-    };
-    let n = (op.len - off).min(pool.chunk_size());
-    let chunk = pool.chunk(idx).expect("allocated index is in range");
-    // SAFETY: we own chunk idx (popped from the free list) until the CHUNK
-    // message hands it to the receiver; n <= chunk_size.
-    op.iovs.gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
-    let h = MsgHdr { op: op::CHUNK, flags: 0, ncells: 0, len: n as u32, tag: msg_id, data: off as u64 };
-    if !chan_push(chan, me, &h, &[&idx.to_le_bytes()]) {
-        pool.free(idx);
-        return false;
-    }
-    op.state = if off + n >= op.len { TxState::Done } else { TxState::Chunks { off: off + n, msg_id } };
-    true
-}
-
-/// Moves one peer's control messages, in-flight data and queued sends
-/// forward as far as ring room and pool chunks allow.
-pub(crate) fn progress_peer_tx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize) {
-    if ep.peers[p].gone.is_some() || ensure_connected(ep, ctx, p).is_err() {
-        return;
-    }
-    if !ep.peers[p].chan_valid() {
-        chan_lost(ep, ctx, p);
-        return;
-    }
-    let me = ep.addr;
-    let mut pushed = false;
-    {
-        let stats = &mut ep.stats;
-        let peer = &mut ep.peers[p];
-        let chan = peer.chan.as_mut().expect("connected");
-        let pool = peer.pool.as_ref().expect("connected");
-        let cma_refused = peer.cma_refused;
-        // 1. Control messages first: they unblock the peer.
-        while let Some(c) = peer.ctrlq.front() {
-            let h = MsgHdr { op: c.op, flags: 0, ncells: 0, len: c.status, tag: c.msg_id, data: c.data };
-            if !chan_push(chan, &me, &h, &[&c.payload]) {
-                break;
-            }
-            peer.ctrlq.pop_front();
-            pushed = true;
-        }
-        // 2. Data of messages already started, oldest first.
-        let mut blocked = !peer.ctrlq.is_empty();
-        for op in peer.inflight.iter_mut() {
-            if blocked {
-                break;
-            }
-            while matches!(op.state, TxState::Chunks { .. }) {
-                if !push_chunk(chan, &me, pool, op) {
-                    blocked = true;
-                    break;
-                }
-                stats.tx_chunks += 1;
-                pushed = true;
-            }
-        }
-        // 3. Start queued sends: headers go out in order, even while older
-        //    data still waits for pool chunks.
-        while peer.ctrlq.is_empty() {
-            let Some(op) = peer.txq.front_mut() else {
-                break;
-            };
-            let ok = match op.proto {
-                Proto::Inline => {
-                    let ok = push_inline_chan(chan, &me, op);
-                    if ok {
-                        op.state = TxState::Done;
-                    }
-                    ok
-                }
-                Proto::Bounce => {
-                    let msg_id = peer.next_msg_id;
-                    let mut pl = [0u8; 16];
-                    pl[..8].copy_from_slice(&msg_id.to_le_bytes());
-                    pl[8..].copy_from_slice(&(op.len as u64).to_le_bytes());
-                    let ok = chan_push(chan, &me, &data_hdr(op, op::BOUNCE_HDR, 0), &[&pl]);
-                    if ok {
-                        peer.next_msg_id += 1;
-                        op.state = TxState::Chunks { off: 0, msg_id };
-                        while !blocked && matches!(op.state, TxState::Chunks { .. }) {
-                            if push_chunk(chan, &me, pool, op) {
-                                stats.tx_chunks += 1;
-                            } else {
-                                blocked = true;
-                            }
-                        }
-                    }
-                    ok
-                }
-                Proto::Rndv => {
-                    let msg_id = peer.next_msg_id;
-                    let mut pl = [0u8; 24 + 16 * MAX_IOV];
-                    let cma = crate::proto::offer_cma(ctx.cfg, cma_refused, op.owned.is_some());
-                    pl[..8].copy_from_slice(&msg_id.to_le_bytes());
-                    pl[8..16].copy_from_slice(&(op.len as u64).to_le_bytes());
-                    pl[16..20].copy_from_slice(&(op.iovs.n as u32).to_le_bytes());
-                    pl[20..24].copy_from_slice(&(if cma { rts_flags::CMA } else { 0 }).to_le_bytes());
-                    for (k, s) in op.iovs.segs().iter().enumerate() {
-                        pl[24 + 16 * k..32 + 16 * k].copy_from_slice(&(s.ptr as u64).to_le_bytes());
-                        pl[32 + 16 * k..40 + 16 * k].copy_from_slice(&(s.len as u64).to_le_bytes());
-                    }
-                    let n = 24 + 16 * op.iovs.n;
-                    let ok = chan_push(chan, &me, &data_hdr(op, op::RTS, 0), &[&pl[..n]]);
-                    if ok {
-                        peer.next_msg_id += 1;
-                        op.state = TxState::AwaitFin { msg_id };
-                    }
-                    ok
-                }
-            };
-            if !ok {
-                break;
-            }
-            pushed = true;
-            let op = peer.txq.pop_front().expect("front");
-            match op.proto {
-                Proto::Inline => stats.tx_inline += 1,
-                Proto::Bounce => stats.tx_bounce += 1,
-                Proto::Rndv => stats.tx_rndv += 1,
-            }
-            peer.inflight.push_back(op);
-        }
-        if pushed {
-            if let Some(db) = peer.doorbell() {
-                crate::doorbell::ring(db);
-            }
-        }
-    }
-    retire(ep, ctx, p);
 }

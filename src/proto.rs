@@ -37,6 +37,7 @@
 //! | `SHMFAB_TX_SIZE`, `SHMFAB_RX_SIZE` | outstanding sends / posted receives per endpoint | 4096 |
 //! | `SHMFAB_PEER_CHECK_MS` | how often a peer with pending operations is checked for life; a dead peer's operations fail within about this time | 100 |
 
+pub use crate::engine::request::OpKind;
 use crate::ring::payload_capacity;
 use shm_layout::{EpGeometry, OVF_PAYLOAD};
 
@@ -190,12 +191,18 @@ impl Config {
     }
 }
 
-/// What travels how: the one place that decides.
+/// What travels how: the one place that decides, by operation kind and
+/// size. Messages (untagged and tagged) take the protocols below; the
+/// other kinds are not carried yet (submission refuses them first) and
+/// would go by rendezvous.
 ///
 /// `on_ring`: the sender has an SPSC ring to this peer (else it uses the
 /// overflow queue, whose cells carry at most [`OVF_PAYLOAD`] bytes and an RTS
 /// with at most 3 iovs). `cma_ok`: single copy is usable ([`offer_cma`]).
-pub fn choose(cfg: &Config, len: usize, niov: usize, on_ring: bool, cma_ok: bool) -> Proto {
+pub fn choose(cfg: &Config, kind: OpKind, len: usize, niov: usize, on_ring: bool, cma_ok: bool) -> Proto {
+    if !matches!(kind, OpKind::Msg | OpKind::Tagged) {
+        return Proto::Rndv;
+    }
     let (inline_max, rndv_min) = match (on_ring, cma_ok) {
         (true, true) => (cfg.cma_min - 1, cfg.cma_min),
         (true, false) => (cfg.inline_max, cfg.rndv_min),
@@ -233,25 +240,25 @@ mod tests {
     fn thresholds_pick_each_protocol() {
         let c = Config::default();
         // Single copy usable.
-        assert_eq!(choose(&c, 0, 1, true, true), Proto::Inline);
-        assert_eq!(choose(&c, c.cma_min - 1, 1, true, true), Proto::Inline);
-        assert_eq!(choose(&c, c.cma_min, 1, true, true), Proto::Rndv);
+        assert_eq!(choose(&c, OpKind::Msg, 0, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&c, OpKind::Msg, c.cma_min - 1, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&c, OpKind::Msg, c.cma_min, 1, true, true), Proto::Rndv);
         // Not usable: ring, then eager pool, then rendezvous through the pool.
-        assert_eq!(choose(&c, c.inline_max, 1, true, false), Proto::Inline);
-        assert_eq!(choose(&c, c.inline_max + 1, 1, true, false), Proto::Bounce);
-        assert_eq!(choose(&c, c.rndv_min - 1, 1, true, false), Proto::Bounce);
-        assert_eq!(choose(&c, c.rndv_min, 1, true, false), Proto::Rndv);
+        assert_eq!(choose(&c, OpKind::Msg, c.inline_max, 1, true, false), Proto::Inline);
+        assert_eq!(choose(&c, OpKind::Msg, c.inline_max + 1, 1, true, false), Proto::Bounce);
+        assert_eq!(choose(&c, OpKind::Msg, c.rndv_min - 1, 1, true, false), Proto::Bounce);
+        assert_eq!(choose(&c, OpKind::Msg, c.rndv_min, 1, true, false), Proto::Rndv);
         // Overflow queue: one cell inline, RTS holds 3 iovs.
-        assert_eq!(choose(&c, OVF_PAYLOAD, 1, false, true), Proto::Inline);
-        assert_eq!(choose(&c, OVF_PAYLOAD + 1, 1, false, false), Proto::Bounce);
-        assert_eq!(choose(&c, c.cma_min.max(OVF_PAYLOAD + 1), 3, false, true), Proto::Rndv);
-        assert_eq!(choose(&c, c.rndv_min, 4, false, false), Proto::Bounce);
+        assert_eq!(choose(&c, OpKind::Msg, OVF_PAYLOAD, 1, false, true), Proto::Inline);
+        assert_eq!(choose(&c, OpKind::Msg, OVF_PAYLOAD + 1, 1, false, false), Proto::Bounce);
+        assert_eq!(choose(&c, OpKind::Msg, c.cma_min.max(OVF_PAYLOAD + 1), 3, false, true), Proto::Rndv);
+        assert_eq!(choose(&c, OpKind::Msg, c.rndv_min, 4, false, false), Proto::Bounce);
         assert!(offer_cma(&c, false, false));
         // The fast check agrees with choose() wherever it answers yes.
         for len in [0, 8, c.inline_max.min(c.cma_min - 1), c.inline_max, c.cma_min - 1, c.cma_min, c.inline_max + 1] {
             if inline_on_ring(&c, len) {
-                assert_eq!(choose(&c, len, 1, true, true), Proto::Inline, "len {len}");
-                assert_eq!(choose(&c, len, 1, true, false), Proto::Inline, "len {len}");
+                assert_eq!(choose(&c, OpKind::Msg, len, 1, true, true), Proto::Inline, "len {len}");
+                assert_eq!(choose(&c, OpKind::Msg, len, 1, true, false), Proto::Inline, "len {len}");
             }
         }
         assert!(inline_on_ring(&c, 8));

@@ -24,7 +24,8 @@
 //!   while endpoints are bound to it is `Busy`.
 
 use crate::domain::{Domain, DomainInner};
-use crate::ep::{Dest, Iov, Iovs};
+use crate::engine::matching::Dest;
+use crate::engine::request::{Iov, Iovs};
 use crate::error::{Error, ErrorKind, Result};
 use shm_layout::MAX_IOV;
 use std::collections::VecDeque;
@@ -270,11 +271,11 @@ impl SharedRecvQueue {
             let start = if n == 0 { 0 } else { q.next_ep % n };
             for k in 0..n {
                 let ei = q.eps[(start + k) % n];
-                if st.eps[ei].as_ref().is_some_and(|e| !e.unexp[0].is_empty()) {
+                if st.eps[ei].as_ref().is_some_and(|e| e.matching.has_untagged_unexp()) {
                     st.srqs[id].as_mut().expect("checked").next_ep = (start + k + 1) % n;
                     return dom.with_ep(st, ei, |ep, ctx| {
                         let dest = ctx.srqs[id].as_mut().expect("checked").take().expect("just posted");
-                        let u = ep.unexp[0].pop_front().expect("checked non-empty");
+                        let u = ep.matching.pop_untagged_unexp().expect("checked non-empty");
                         crate::progress::deliver_unexp(ep, ctx, u, dest, false);
                         Ok(())
                     });

@@ -1,0 +1,547 @@
+//! Completion: what an endpoint is bound to (CQs by direction, counters by
+//! kind), the one writer of counter values ([`count`], [`set`]), the
+//! writing of completion entries, and the receives in progress per peer
+//! with the order their completions must keep ([`PeerRx`]).
+
+use super::matching::Dest;
+use super::peers::Peers;
+use super::request::OpKind;
+use super::EpState;
+use crate::cq::{prov, CqErrEntry, CqState, CqTaggedEntry, NO_SRC};
+use crate::domain::Ctx;
+use crate::error::ErrorKind;
+use crate::flags::*;
+use crate::notify::Signal;
+use crate::sync::Ordering;
+use shm_layout::hdr_flags;
+use std::collections::VecDeque;
+
+/// An error to report: kind, provider errno, text.
+pub(crate) type Fail = (ErrorKind, i32, String);
+
+/// The counters an endpoint binds, by the events they count (fi_cntr(3)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CntrKind {
+    /// FI_SEND: completed sends.
+    Send = 0,
+    /// FI_RECV: completed receives.
+    Recv = 1,
+    /// FI_READ: completed reads (and fetching atomics).
+    Read = 2,
+    /// FI_WRITE: completed writes (and atomics).
+    Write = 3,
+    /// FI_REMOTE_READ: reads of our memory by peers.
+    RemoteRead = 4,
+    /// FI_REMOTE_WRITE: writes to our memory by peers.
+    RemoteWrite = 5,
+}
+
+impl CntrKind {
+    /// Every kind with its bind flag.
+    pub const ALL: [(CntrKind, u64); 6] = [
+        (CntrKind::Send, FI_SEND),
+        (CntrKind::Recv, FI_RECV),
+        (CntrKind::Read, FI_READ),
+        (CntrKind::Write, FI_WRITE),
+        (CntrKind::RemoteRead, FI_REMOTE_READ),
+        (CntrKind::RemoteWrite, FI_REMOTE_WRITE),
+    ];
+}
+
+/// Which value of a counter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Val {
+    Success,
+    Error,
+}
+
+/// Adds `n` to a counter's success or error value: with [`set`], the only
+/// writer of counter values, so triggered work can hook in here.
+#[inline(always)]
+pub(crate) fn count(c: &shm_layout::Counter, which: Val, n: u64) {
+    let v = if which == Val::Success { &c.value.v } else { &c.err.v };
+    // SYNC: pairs with the acquire loads in Counter::read/readerr/wait and
+    // Domain::trywait_with.
+    v.fetch_add(n, Ordering::Release);
+}
+
+/// Sets a counter's success or error value (see [`count`]).
+#[inline]
+pub(crate) fn set(c: &shm_layout::Counter, which: Val, n: u64) {
+    let v = if which == Val::Success { &c.value.v } else { &c.err.v };
+    // SYNC: pairs with the acquire loads in Counter::read/readerr/wait.
+    v.store(n, Ordering::Release);
+}
+
+/// What an endpoint reports to. Set while the endpoint is being bound
+/// (before enable); read by every completion.
+pub(crate) struct Bindings {
+    /// Transmit CQ, and whether it is selective (FI_SELECTIVE_COMPLETION).
+    pub tx_cq: Option<usize>,
+    pub tx_sel: bool,
+    /// Receive CQ, and whether it is selective.
+    pub rx_cq: Option<usize>,
+    pub rx_sel: bool,
+    /// Counters by [`CntrKind`].
+    cntr: [Option<usize>; 6],
+    /// Solicited wait: a receive completion signals a completion channel
+    /// only if the message was sent solicited (errors always do).
+    pub solicited_wait: bool,
+}
+
+impl Bindings {
+    pub fn new() -> Bindings {
+        Bindings { tx_cq: None, tx_sel: false, rx_cq: None, rx_sel: false, cntr: [None; 6], solicited_wait: false }
+    }
+
+    /// The counter bound for `k`.
+    #[inline(always)]
+    pub fn cntr(&self, k: CntrKind) -> Option<usize> {
+        self.cntr[k as usize]
+    }
+
+    /// Binds counter `id` for `k` (the caller checked it is free).
+    pub fn bind_cntr(&mut self, k: CntrKind, id: usize) {
+        self.cntr[k as usize] = Some(id);
+    }
+
+    /// Every counter bound (one per kind it counts).
+    pub fn counters(&self) -> impl Iterator<Item = usize> + '_ {
+        self.cntr.iter().flatten().copied()
+    }
+
+    /// Whether transmits can report anywhere (a CQ or the send counter).
+    #[inline(always)]
+    pub fn can_report_tx(&self) -> bool {
+        self.tx_cq.is_some() || self.cntr(CntrKind::Send).is_some()
+    }
+
+    /// Whether receives can report anywhere.
+    pub fn can_report_rx(&self) -> bool {
+        self.rx_cq.is_some() || self.cntr(CntrKind::Recv).is_some()
+    }
+
+    /// Whether the receive CQ has room for another entry (back-pressure).
+    #[inline]
+    pub fn rx_room(&self, cqs: &[Option<CqState>]) -> bool {
+        self.rx_cq.is_none_or(|c| cqs[c].as_ref().is_none_or(|q| q.has_room()))
+    }
+
+    /// Counts one completion of kind `k` on its counter, if bound.
+    #[inline(always)]
+    fn count(&self, counters: &[shm_layout::Counter], k: CntrKind, which: Val) {
+        if let Some(c) = self.cntr(k) {
+            count(&counters[c], which, 1);
+        }
+    }
+
+    /// How a receive completion signals an armed channel: solicited
+    /// messages always; others not at all on a solicited-wait endpoint.
+    #[inline]
+    fn rx_signal(&self, hflags: u8) -> Signal {
+        if hflags & hdr_flags::SOLICITED != 0 {
+            Signal::Solicited
+        } else if self.solicited_wait {
+            Signal::Quiet
+        } else {
+            Signal::Normal
+        }
+    }
+}
+
+/// What a transmit's completion needs to know of it.
+#[derive(Clone, Copy)]
+pub(crate) struct SendDone {
+    pub kind: OpKind,
+    pub ctx: usize,
+    pub tag: u64,
+    /// Writes a CQ entry on success.
+    pub cqe: bool,
+    /// Inject: no entry even on error (counters only).
+    pub inject: bool,
+}
+
+/// A transmit completed (or failed): its counter, and its CQ entry when
+/// one is due.
+#[inline]
+pub(crate) fn complete_send(b: &Bindings, ctx: &mut Ctx<'_>, op: SendDone, err: Option<Fail>) {
+    if let Some(k) = op.kind.counter() {
+        b.count(ctx.counters, k, if err.is_some() { Val::Error } else { Val::Success });
+    }
+    if err.is_none() && !op.cqe {
+        return; // an inject, or a send without FI_COMPLETION
+    }
+    let Some(cq) = b.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+        return;
+    };
+    let flags = op.kind.completion_flags();
+    match err {
+        Some((k, pe, detail)) if !op.inject => cq.push_err(
+            CqErrEntry { op_context: op.ctx, flags, tag: op.tag, err: k.errno(), prov_errno: pe, ..Default::default() },
+            detail,
+        ),
+        None if op.cqe => cq.push(CqTaggedEntry { op_context: op.ctx, flags, ..Default::default() }, NO_SRC),
+        _ => {}
+    }
+}
+
+/// Facts about a received message needed for its completion.
+#[derive(Clone, Copy)]
+pub(crate) struct RxInfo {
+    pub tagged: bool,
+    pub tag: u64,
+    pub data: u64,
+    pub hflags: u8,
+    pub total: usize,
+    pub delivered: usize,
+}
+
+/// A receive completion waiting for earlier ones from the same peer.
+pub(crate) struct PendingRx {
+    pub dest: Dest,
+    pub info: RxInfo,
+    pub err: Option<Fail>,
+}
+
+/// A matched receive whose data is still arriving in chunks.
+pub(crate) struct ActiveRecv {
+    pub dest: Dest,
+    pub total: usize,
+    pub received: usize,
+    pub tag: u64,
+    pub data: u64,
+    pub hflags: u8,
+}
+
+impl ActiveRecv {
+    /// Facts for its completion, with `delivered` bytes in place.
+    pub fn info(&self, delivered: usize) -> RxInfo {
+        RxInfo {
+            tagged: self.hflags & hdr_flags::TAGGED != 0,
+            tag: self.tag,
+            data: self.data,
+            hflags: self.hflags,
+            total: self.total,
+            delivered,
+        }
+    }
+}
+
+/// A receive whose data the sender is writing in part (split single copy).
+pub(crate) struct SplitRecv {
+    pub dest: Dest,
+    pub info: RxInfo,
+    pub split: usize,
+    pub want: usize,
+    /// The sender's ranges, to read the rest ourselves if its write fails.
+    pub remote: Vec<(u64, u64)>,
+    /// Our own half failed: report this when the sender is done too.
+    pub own_err: Option<Fail>,
+}
+
+/// A multi-part message arriving from a peer, by message id.
+pub(crate) enum RxCur {
+    Active(ActiveRecv),
+    /// Not matched yet: its bytes collect in the unexpected message `id`.
+    Unexp {
+        id: u64,
+        total: usize,
+    },
+    /// Split single copy: we read `[0, split)`, the sender writes
+    /// `[split, want)`; completes on the sender's WDONE.
+    Split(SplitRecv),
+}
+
+/// A place in a peer's receive order: message id (0: completed on
+/// arrival), and its completion once written there.
+pub(crate) type Ordered = (u64, Option<PendingRx>);
+
+/// The receives in progress from one peer and the order their completions
+/// keep. Invariant: every matched receive in progress (`Active`, `Split`)
+/// has its place `(msg_id, None)` in `order`, taken when it was matched;
+/// an unmatched one (`Unexp`) has none until it is matched; a completion
+/// is written only when everything before it in `order` is.
+pub(crate) struct PeerRx {
+    /// Multi-part messages arriving, by message id.
+    parts: Vec<(u64, RxCur)>,
+    /// Matched receives in match order; a completion waits here until
+    /// those before it are written (message id, or 0 for one that
+    /// completed on arrival).
+    order: VecDeque<Ordered>,
+}
+
+impl PeerRx {
+    pub fn new() -> PeerRx {
+        PeerRx { parts: Vec::new(), order: VecDeque::new() }
+    }
+
+    /// Whether no completion from this peer waits for an earlier one.
+    #[inline(always)]
+    pub fn in_order(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// Whether message `msg_id` is in progress.
+    pub fn has(&self, msg_id: u64) -> bool {
+        self.parts.iter().any(|x| x.0 == msg_id)
+    }
+
+    /// The message `msg_id` in progress.
+    pub fn get_mut(&mut self, msg_id: u64) -> Option<&mut RxCur> {
+        self.parts.iter_mut().find(|x| x.0 == msg_id).map(|x| &mut x.1)
+    }
+
+    /// Takes message `msg_id` out of progress (its place in the order, if
+    /// matched, stays until [`finish_rx`] fills it).
+    pub fn take(&mut self, msg_id: u64) -> Option<RxCur> {
+        let k = self.parts.iter().position(|x| x.0 == msg_id)?;
+        Some(self.parts.swap_remove(k).1)
+    }
+
+    /// Puts a message taken with [`PeerRx::take`] back in progress.
+    pub fn put_back(&mut self, msg_id: u64, cur: RxCur) {
+        self.parts.push((msg_id, cur));
+    }
+
+    /// A matched receive starts (its data arrives later): it takes its
+    /// place in the order.
+    pub fn start_matched(&mut self, msg_id: u64, cur: RxCur) {
+        debug_assert!(!matches!(cur, RxCur::Unexp { .. }));
+        self.parts.push((msg_id, cur));
+        self.order.push_back((msg_id, None));
+    }
+
+    /// An unmatched message starts arriving (into unexpected message `id`).
+    pub fn start_unexp(&mut self, msg_id: u64, id: u64, total: usize) {
+        self.parts.push((msg_id, RxCur::Unexp { id, total }));
+    }
+
+    /// The unmatched message `msg_id` is matched while still arriving: the
+    /// rest goes to `a`, and it takes its place in the order.
+    pub fn matched(&mut self, msg_id: u64, a: ActiveRecv) {
+        if let Some(x) = self.parts.iter_mut().find(|x| x.0 == msg_id) {
+            x.1 = RxCur::Active(a);
+            self.order.push_back((msg_id, None));
+        }
+    }
+
+    /// Whether a matched receive from this peer is still being fed.
+    pub fn feeding(&self) -> bool {
+        self.parts.iter().any(|x| !matches!(x.1, RxCur::Unexp { .. }))
+    }
+
+    /// Matched receives in progress (for `shmfab inspect`).
+    pub fn active_count(&self) -> usize {
+        self.parts.iter().filter(|x| !matches!(x.1, RxCur::Unexp { .. })).count()
+    }
+
+    /// Whether a split copy from this peer is in progress.
+    pub fn splitting(&self) -> bool {
+        self.parts.iter().any(|x| matches!(x.1, RxCur::Split(_)))
+    }
+
+    /// Takes every message in progress (the peer failed).
+    pub fn drain_parts(&mut self) -> Vec<(u64, RxCur)> {
+        self.parts.drain(..).collect()
+    }
+
+    /// Takes everything (the endpoint closes): the order, and the parts.
+    pub fn drain_all(&mut self) -> (Vec<Ordered>, Vec<(u64, RxCur)>) {
+        (self.order.drain(..).collect(), self.parts.drain(..).collect())
+    }
+}
+
+/// A receive from `p` is complete: write it now, or after the receives
+/// matched before it from the same peer (`key` is its message id if it was
+/// started with [`PeerRx::start_matched`] or [`PeerRx::matched`], else 0).
+pub(crate) fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: PendingRx) {
+    let order = &mut ep.peers[p].rx.order;
+    if key == 0 && order.is_empty() {
+        emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
+        return;
+    }
+    match order.iter_mut().find(|x| key != 0 && x.0 == key) {
+        Some(slot) => slot.1 = Some(pr),
+        None => order.push_back((0, Some(pr))),
+    }
+    while ep.peers[p].rx.order.front().is_some_and(|x| x.1.is_some()) {
+        let (_, pr) = ep.peers[p].rx.order.pop_front().expect("front checked");
+        let pr = pr.expect("checked");
+        emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
+    }
+}
+
+/// A receive that completed without error, for [`complete_rx_ok`].
+pub(crate) struct RxOk {
+    pub op_context: usize,
+    pub buf: usize,
+    pub len: usize,
+    pub tagged: bool,
+    pub hflags: u8,
+    pub data: u64,
+    pub tag: u64,
+    pub multi_release: bool,
+}
+
+/// Completion flags of a receive.
+#[inline]
+fn rx_flags(tagged: bool, hflags: u8, multi_release: bool) -> u64 {
+    let mut flags = FI_RECV | if tagged { FI_TAGGED } else { FI_MSG };
+    if hflags & hdr_flags::REMOTE_CQ_DATA != 0 {
+        flags |= FI_REMOTE_CQ_DATA;
+    }
+    if multi_release {
+        flags |= FI_MULTI_RECV;
+    }
+    flags
+}
+
+/// A successful receive: the receive counter, and the CQ entry when one is
+/// asked for (`entry`) in `cq` (the endpoint's receive CQ, looked up by
+/// the caller). Shared by the general path ([`emit_rx`]) and the inline
+/// fast path; inlined, so `ok` is never a struct re-read from memory.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn complete_rx_ok(
+    b: &Bindings,
+    peers: &mut Peers,
+    counters: &[shm_layout::Counter],
+    avs: &[Option<crate::av::AvState>],
+    cq: Option<&mut CqState>,
+    p: usize,
+    ok: &RxOk,
+    entry: bool,
+) {
+    b.count(counters, CntrKind::Recv, Val::Success);
+    if !entry {
+        return;
+    }
+    let Some(cq) = cq else {
+        return;
+    };
+    // Each only if it will be used.
+    let src = if cq.wants_src() { peers.src_addr(avs, p) } else { FI_ADDR_NOTAVAIL };
+    let sig = if cq.notifies() { b.rx_signal(ok.hflags) } else { Signal::Normal };
+    let has_data = ok.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
+    let e = CqTaggedEntry {
+        op_context: ok.op_context,
+        flags: rx_flags(ok.tagged, ok.hflags, ok.multi_release),
+        len: ok.len,
+        buf: ok.buf,
+        data: if has_data { ok.data } else { 0 },
+        tag: if ok.tagged { ok.tag } else { 0 },
+    };
+    cq.push_ext(e, src, sig);
+}
+
+/// Writes a finished receive's completion (success, truncation or error).
+#[inline]
+pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, err: Option<Fail>) {
+    if d.iovs.ext_slot().is_some() {
+        if let Some(q) = ep.matching.srq.and_then(|s| ctx.srqs[s].as_mut()) {
+            q.release(&d.iovs);
+        }
+    }
+    let err = err.or_else(|| {
+        (i.total > d.cap).then(|| {
+            (
+                ErrorKind::Trunc,
+                prov::TRUNCATED,
+                format!(
+                    "message of {} bytes from {} truncated to the {}-byte receive buffer",
+                    i.total,
+                    crate::av::AddressVector::straddr(&ep.peers[p].addr),
+                    d.cap
+                ),
+            )
+        })
+    });
+    let Some((k, pe, detail)) = err else {
+        let ok = RxOk {
+            op_context: d.ctx,
+            buf: d.buf,
+            len: i.delivered,
+            tagged: i.tagged,
+            hflags: i.hflags,
+            data: i.data,
+            tag: i.tag,
+            multi_release: d.multi_release,
+        };
+        let cq = ep.bind.rx_cq.and_then(|c| ctx.cqs[c].as_mut());
+        complete_rx_ok(&ep.bind, &mut ep.peers, ctx.counters, ctx.avs, cq, p, &ok, d.cqe || d.multi_release);
+        return;
+    };
+    ep.bind.count(ctx.counters, CntrKind::Recv, Val::Error);
+    let Some(cq) = ep.bind.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+        return;
+    };
+    cq.push_err(
+        CqErrEntry {
+            op_context: d.ctx,
+            flags: rx_flags(i.tagged, i.hflags, d.multi_release),
+            len: i.delivered,
+            buf: d.buf,
+            data: if i.hflags & hdr_flags::REMOTE_CQ_DATA != 0 { i.data } else { 0 },
+            tag: if i.tagged { i.tag } else { 0 },
+            olen: i.total.saturating_sub(d.cap),
+            err: k.errno(),
+            prov_errno: pe,
+            ..Default::default()
+        },
+        detail,
+    );
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_move_only_by_count_and_set() {
+        // SAFETY: Counter is two atomic words (with padding); all zeroes is
+        // a valid value of it.
+        let c: shm_layout::Counter = unsafe { std::mem::zeroed() };
+        count(&c, Val::Success, 2);
+        count(&c, Val::Error, 1);
+        assert_eq!((c.value.v.load(Ordering::Relaxed), c.err.v.load(Ordering::Relaxed)), (2, 1));
+        set(&c, Val::Success, 7);
+        set(&c, Val::Error, 0);
+        assert_eq!((c.value.v.load(Ordering::Relaxed), c.err.v.load(Ordering::Relaxed)), (7, 0));
+    }
+
+    #[test]
+    fn completion_flags_and_counters_come_from_the_kind() {
+        assert_eq!(OpKind::Msg.completion_flags(), FI_SEND | FI_MSG);
+        assert_eq!(OpKind::Tagged.completion_flags(), FI_SEND | FI_TAGGED);
+        assert_eq!(OpKind::Read.completion_flags(), FI_RMA | FI_READ);
+        assert_eq!(OpKind::Write.completion_flags(), FI_RMA | FI_WRITE);
+        assert_eq!(OpKind::FetchAtomic.completion_flags(), FI_ATOMIC | FI_READ);
+        assert_eq!(OpKind::Msg.counter(), Some(CntrKind::Send));
+        assert_eq!(OpKind::Write.counter(), Some(CntrKind::Write));
+        assert_eq!(OpKind::CompareAtomic.counter(), Some(CntrKind::Read));
+        assert_eq!(OpKind::CntrAdd.counter(), None);
+        let mut b = Bindings::new();
+        b.bind_cntr(CntrKind::RemoteWrite, 3);
+        assert_eq!(b.cntr(CntrKind::RemoteWrite), Some(3));
+        assert_eq!(b.counters().collect::<Vec<_>>(), vec![3]);
+        assert!(!b.can_report_tx());
+    }
+
+    #[test]
+    fn receive_order_is_kept_per_peer() {
+        let mut rx = PeerRx::new();
+        assert!(rx.in_order());
+        rx.start_unexp(5, 1, 100);
+        assert!(rx.in_order(), "an unmatched message has no place yet");
+        assert!(!rx.feeding());
+        let d = Dest { ctx: 0, iovs: Default::default(), cap: 0, buf: 0, multi_release: false, cqe: true };
+        rx.matched(5, ActiveRecv { dest: d, total: 100, received: 10, tag: 0, data: 0, hflags: 0 });
+        assert!(!rx.in_order());
+        assert!(rx.feeding());
+        assert_eq!(rx.active_count(), 1);
+        assert!(matches!(rx.take(5), Some(RxCur::Active(_))));
+        assert!(!rx.has(5));
+        let (order, parts) = rx.drain_all();
+        assert_eq!((order.len(), parts.len()), (1, 0), "its place stays until it completes");
+    }
+}

@@ -1,0 +1,131 @@
+//! Inbound: what peers write into this endpoint's section, as the
+//! receiver sees it: the SPSC rings senders claimed, the shared overflow
+//! queue, and our bounce-buffer pool.
+//!
+//! Invariants:
+//! - `rings[s]` is Some exactly for the slots whose claim this endpoint
+//!   has accepted (`claimed_seen`), with the claimant's peer index.
+//! - `rings_out` is true exactly while a progress pass holds the rings
+//!   (then `rings` is empty here, and [`Inbound::may_hold`] answers yes).
+//! - `ovf_stuck` names the overflow queue's head position found claimed
+//!   but unpublished, and since when; None when the head moved.
+
+use super::peers::Peers;
+use crate::domain::Section;
+use crate::ovf::Ovf;
+use crate::pool::Pool;
+use crate::ring::RingRx;
+use crate::sync::Ordering;
+
+/// An accepted inbound ring and the peer that writes it.
+pub(crate) struct InRing {
+    pub rx: RingRx,
+    pub peer: usize,
+}
+
+/// The endpoint's inbound queues (see the module docs).
+pub(crate) struct Inbound {
+    /// Inbound rings by slot.
+    rings: Vec<Option<InRing>>,
+    /// `rings` is out (a progress pass drains them).
+    rings_out: bool,
+    /// Claimed-slot mask already turned into `rings`.
+    claimed_seen: u64,
+    /// The shared overflow queue.
+    pub ovf: Ovf,
+    /// The overflow queue's head found claimed but unpublished: its
+    /// position and since when.
+    pub ovf_stuck: Option<(u64, std::time::Instant)>,
+    /// Our pool: its chunks carry the payload of bounce messages to us.
+    pub pool: Pool,
+}
+
+impl Inbound {
+    pub fn new(sec: &Section) -> Inbound {
+        Inbound {
+            rings: (0..sec.g.n_slots as usize).map(|_| None).collect(),
+            rings_out: false,
+            claimed_seen: 0,
+            ovf: sec.ovf(),
+            ovf_stuck: None,
+            pool: sec.pool(),
+        }
+    }
+
+    /// The claimed-slot mask of the section, if it changed since the last
+    /// [`Inbound::accept_claims`].
+    #[inline(always)]
+    pub fn new_claims(&self, sec: &Section) -> Option<u64> {
+        // SYNC: pairs with the release fetch_or in Peers::connect; makes
+        // the slot's address visible.
+        let claimed = sec.header().claimed.load(Ordering::Acquire);
+        (claimed != self.claimed_seen).then_some(claimed)
+    }
+
+    /// Turns newly claimed slots into rings (their claimants into peers).
+    pub fn accept_claims(&mut self, sec: &Section, peers: &mut Peers, me_uid: u32, claimed: u64) {
+        let n_slots = sec.g.n_slots as usize;
+        let mut new = claimed & !self.claimed_seen;
+        while new != 0 {
+            let s = new.trailing_zeros() as usize;
+            new &= new - 1;
+            if s >= n_slots {
+                continue;
+            }
+            let slot = sec.slot(s as u32);
+            // SAFETY: the claimant wrote addr before setting the claimed bit
+            // we acquired; a plain-data copy, validated below.
+            let addr = unsafe { std::ptr::addr_of!(slot.addr).read_volatile() };
+            if addr.uid != me_uid {
+                continue; // not one of ours: never read that ring
+            }
+            let p = peers.index_of(addr);
+            // SAFETY: the ring lies in our own section; we are its only consumer.
+            let rx =
+                unsafe { RingRx::new(sec.ringctl_at(s as u32), sec.ring_cells(s as u32), sec.g.ring_cells as usize) };
+            self.rings[s] = Some(InRing { rx, peer: p });
+        }
+        self.claimed_seen = claimed;
+    }
+
+    /// The slots with an accepted ring, as a mask.
+    #[inline(always)]
+    pub fn ring_mask(&self) -> u64 {
+        self.claimed_seen
+    }
+
+    /// Takes the rings out for a pass to drain ([`Inbound::put_rings`]
+    /// brings them back).
+    #[inline(always)]
+    pub fn take_rings(&mut self) -> Vec<Option<InRing>> {
+        self.rings_out = true;
+        std::mem::take(&mut self.rings)
+    }
+
+    #[inline(always)]
+    pub fn put_rings(&mut self, rings: Vec<Option<InRing>>) {
+        self.rings = rings;
+        self.rings_out = false;
+    }
+
+    /// Whether a message is waiting in any ring or the overflow queue, or a
+    /// new ring was claimed.
+    pub fn ready(&self, sec: &Section) -> bool {
+        if self.new_claims(sec).is_some() {
+            return true;
+        }
+        self.rings.iter().flatten().any(|r| r.rx.ready()) || self.ovf.ready()
+    }
+
+    /// Whether peer `p` may still have messages here: its ring, or the
+    /// shared overflow queue (any entry counts), or a ring claimed since
+    /// the last pass looked (it may be its). While the rings are out being
+    /// drained (a handler asks), the answer is yes: the caller decides
+    /// again at the next check.
+    pub fn may_hold(&self, sec: &Section, p: usize) -> bool {
+        self.rings_out
+            || self.rings.iter().flatten().any(|r| r.peer == p && r.rx.ready())
+            || self.ovf.ready()
+            || self.new_claims(sec).is_some()
+    }
+}

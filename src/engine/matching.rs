@@ -1,0 +1,535 @@
+//! Matching: the posted receives and the unexpected messages of one
+//! endpoint, the memory budget of the latter, multi-receive buffers, and
+//! the one tag predicate ([`PostedRecv::accepts`]) every match uses.
+//!
+//! Invariants, kept by this module's methods alone:
+//! - `unexp_bytes` is the sum of the payload bytes held by queued
+//!   unexpected messages (their `Data` bodies); it moves only when one is
+//!   queued, grows by a chunk, or leaves the queue.
+//! - A posted receive is in `posted[tagged]` until it is taken whole, or
+//!   (multi-receive) until less than `min_multi_recv` bytes of it remain.
+//! - An untagged receive of an endpoint bound to an SRQ comes from the SRQ,
+//!   never from `posted[0]` (the API refuses to post there).
+
+use super::request::{Iov, Iovs};
+use crate::error::{Error, Result};
+use crate::proto::Config;
+use crate::srq::SrqState;
+use std::collections::VecDeque;
+
+/// A posted receive.
+pub(crate) struct PostedRecv {
+    pub ctx: usize,
+    pub iovs: Iovs,
+    /// Directed receive: only from this peer (its index in the peer table,
+    /// which never changes: peers are only appended).
+    pub src: Option<usize>,
+    pub tag: u64,
+    pub ignore: u64,
+    pub multi: bool,
+    /// Bytes of a multi-receive buffer already used.
+    pub moff: usize,
+    pub cqe: bool,
+}
+
+impl PostedRecv {
+    /// Whether a message from peer `p` with `tag` may land in this receive:
+    /// the source, if directed, is `p`, and (tagged) the tags agree outside
+    /// the ignore bits. The one predicate of every match.
+    #[inline(always)]
+    pub fn accepts(&self, tagged: bool, p: usize, tag: u64) -> bool {
+        self.src.is_none_or(|s| s == p) && (!tagged || (tag & !self.ignore) == (self.tag & !self.ignore))
+    }
+}
+
+/// What a matched receive delivers into.
+#[derive(Clone, Copy)]
+pub(crate) struct Dest {
+    pub ctx: usize,
+    pub iovs: Iovs,
+    pub cap: usize,
+    pub buf: usize,
+    pub multi_release: bool,
+    pub cqe: bool,
+}
+
+/// A message that arrived before its receive.
+pub(crate) enum UnexpBody {
+    /// Whole payload (inline, or a bounce message copied out of the pool;
+    /// `received < len` while its chunks are still arriving).
+    Data { v: Vec<u8>, received: usize, msg_id: u64 },
+    /// A rendezvous: the data stays with the sender until matched.
+    Rts { msg_id: u64, iovs: Vec<(u64, u64)>, cma: bool },
+}
+
+pub(crate) struct Unexp {
+    pub id: u64,
+    pub peer: usize,
+    pub tag: u64,
+    pub data: u64,
+    pub hflags: u8,
+    pub len: usize,
+    pub body: UnexpBody,
+}
+
+impl Unexp {
+    /// Payload bytes it holds in endpoint memory.
+    fn held(&self) -> usize {
+        match &self.body {
+            UnexpBody::Data { v, .. } => v.len(),
+            UnexpBody::Rts { .. } => 0,
+        }
+    }
+}
+
+/// Most spare unexpected-message buffers an endpoint keeps.
+const SPARE_MAX: usize = 256;
+/// Largest buffer kept as a spare.
+const SPARE_BYTES: usize = 4096;
+
+/// The endpoint's matching state (see the module docs for its invariants).
+pub(crate) struct Matching {
+    /// Posted receives: [untagged, tagged], in posting order.
+    posted: [VecDeque<PostedRecv>; 2],
+    /// Unexpected messages: [untagged, tagged], in arrival order.
+    unexp: [VecDeque<Unexp>; 2],
+    /// Payload bytes held by `unexp` (invariant above).
+    unexp_bytes: usize,
+    /// Next unexpected message's id (never 0).
+    next_unexp_id: u64,
+    /// FI_OPT_MIN_MULTI_RECV.
+    pub min_multi_recv: usize,
+    /// Buffers of delivered unexpected messages, kept for the next ones
+    /// (small ones only, at most `SPARE_MAX`): no allocation per message.
+    spare: Vec<Vec<u8>>,
+    /// Shared receive queue the untagged receives come from.
+    pub srq: Option<usize>,
+    /// The endpoint is closing: takes no more SRQ buffers.
+    pub closing: bool,
+}
+
+impl Matching {
+    pub fn new() -> Matching {
+        Matching {
+            posted: [VecDeque::new(), VecDeque::new()],
+            unexp: [VecDeque::new(), VecDeque::new()],
+            unexp_bytes: 0,
+            next_unexp_id: 1,
+            min_multi_recv: 64,
+            spare: Vec::new(),
+            srq: None,
+            closing: false,
+        }
+    }
+
+    /// Receives posted (both queues).
+    pub fn posted_count(&self) -> usize {
+        self.posted[0].len() + self.posted[1].len()
+    }
+
+    /// Unexpected messages held (both queues).
+    pub fn unexp_count(&self) -> usize {
+        self.unexp[0].len() + self.unexp[1].len()
+    }
+
+    /// Payload bytes held by unexpected messages.
+    #[cfg(test)]
+    pub fn unexp_bytes(&self) -> usize {
+        self.unexp_bytes
+    }
+
+    /// Whether a receive directed at peer `p` is posted.
+    pub fn directed_at(&self, p: usize) -> bool {
+        self.posted.iter().flatten().any(|r| r.src == Some(p))
+    }
+
+    /// Appends a posted receive; `-FI_EAGAIN` when `rx_size` are posted.
+    pub fn post(&mut self, tagged: bool, r: PostedRecv, rx_size: usize) -> Result<()> {
+        let q = &mut self.posted[tagged as usize];
+        if q.len() >= rx_size {
+            return Err(Error::AGAIN);
+        }
+        q.push_back(r);
+        Ok(())
+    }
+
+    /// For the receive just posted (the last of its queue): the first
+    /// unexpected message it accepts, taken out of the queue, with the
+    /// place it delivers into. Called again while it returns something
+    /// and the receive is still posted (a multi-receive buffer takes
+    /// several).
+    pub fn take_unexp_for_last(&mut self, tagged: bool) -> Option<(Unexp, Dest)> {
+        let q = tagged as usize;
+        let ri = self.posted[q].len().checked_sub(1)?;
+        let r = &self.posted[q][ri];
+        let ui = self.unexp[q].iter().position(|u| r.accepts(tagged, u.peer, u.tag))?;
+        let u = self.unexp[q].remove(ui).expect("index from position");
+        self.unexp_bytes -= u.held();
+        let d = self.take_posted(q, ri, u.len);
+        Some((u, d))
+    }
+
+    /// Takes the receive a message of `len` bytes from `p` with `tag`
+    /// matches: the SRQ's oldest buffer for an untagged message on an SRQ
+    /// endpoint, else the first posted receive that accepts it.
+    #[inline(always)]
+    pub fn take_match(
+        &mut self,
+        srqs: &mut [Option<SrqState>],
+        tagged: bool,
+        p: usize,
+        tag: u64,
+        len: usize,
+    ) -> Option<Dest> {
+        if !tagged {
+            if let Some(s) = self.srq {
+                if self.closing {
+                    return None;
+                }
+                return srqs[s].as_mut().and_then(|q| q.take());
+            }
+        }
+        let q = tagged as usize;
+        let i = self.posted[q].iter().position(|r| r.accepts(tagged, p, tag))?;
+        Some(self.take_posted(q, i, len))
+    }
+
+    /// The inline fast path's match: the oldest posted receive, if it is a
+    /// plain one (one segment, not multi-receive, not from an SRQ) that
+    /// accepts the message and holds `len` bytes. Returns its context,
+    /// segment and whether it wants an entry; [`Matching::pop_front`] then
+    /// takes it.
+    #[inline(always)]
+    pub fn front_plain(&self, tagged: bool, p: usize, tag: u64, len: usize) -> Option<(usize, Iov, bool)> {
+        if !tagged && self.srq.is_some() {
+            return None;
+        }
+        let r = self.posted[tagged as usize].front()?;
+        let seg = r.iovs.v[0];
+        if r.multi || r.iovs.n != 1 || len > seg.len || !r.accepts(tagged, p, tag) {
+            return None;
+        }
+        Some((r.ctx, seg, r.cqe))
+    }
+
+    /// Removes the oldest posted receive of a queue (after
+    /// [`Matching::front_plain`]).
+    #[inline(always)]
+    pub fn pop_front(&mut self, tagged: bool) {
+        self.posted[tagged as usize].pop_front();
+    }
+
+    /// Takes the posted receive `i` of queue `q` for a message of `len`
+    /// bytes: removes it, or carves from a multi-receive buffer.
+    #[inline(always)]
+    fn take_posted(&mut self, q: usize, i: usize, len: usize) -> Dest {
+        let min = self.min_multi_recv;
+        let r = &mut self.posted[q][i];
+        if r.multi {
+            let base = r.iovs.v[0];
+            let avail = base.len - r.moff;
+            let at = base.ptr + r.moff;
+            let used = len.min(avail);
+            // Keep later messages 8-byte aligned inside the buffer.
+            r.moff = (r.moff + used).next_multiple_of(8).min(base.len);
+            let release = base.len - r.moff < min.max(1);
+            let d = Dest {
+                ctx: r.ctx,
+                iovs: Iovs::one(at, avail),
+                cap: avail,
+                buf: at,
+                multi_release: release,
+                cqe: r.cqe,
+            };
+            if release {
+                self.posted[q].remove(i);
+            }
+            d
+        } else {
+            // Built from a reference, then the entry dropped: moving the
+            // whole entry out first costs store-forwarding stalls.
+            let d = Dest {
+                ctx: r.ctx,
+                iovs: r.iovs,
+                cap: r.iovs.total(),
+                buf: r.iovs.v[0].ptr,
+                multi_release: false,
+                cqe: r.cqe,
+            };
+            if i == 0 {
+                self.posted[q].pop_front();
+            } else {
+                self.posted[q].remove(i);
+            }
+            d
+        }
+    }
+
+    /// Removes every receive directed at peer `p`, with its queue
+    /// (tagged or not) and the place it would have delivered into.
+    pub fn take_directed(&mut self, p: usize) -> Vec<(bool, Dest)> {
+        let mut out = Vec::new();
+        for q in 0..2 {
+            let mut i = 0;
+            while i < self.posted[q].len() {
+                if self.posted[q][i].src == Some(p) {
+                    let r = self.posted[q].remove(i).expect("index checked");
+                    let at = r.iovs.v[0].ptr + r.moff;
+                    let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
+                    out.push((
+                        q == 1,
+                        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe },
+                    ));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether holding `more` unexpected bytes is over the budget
+    /// (`unexp_max` bytes, or four times `rx_size` messages).
+    #[inline]
+    pub fn over_budget(&self, cfg: &Config, more: usize) -> bool {
+        self.unexp_bytes + more > cfg.unexp_max || self.unexp_count() >= cfg.rx_size * 4
+    }
+
+    /// Queues an unexpected message (its id is assigned here); returns the id.
+    pub fn queue_unexp(&mut self, tagged: bool, mut u: Unexp) -> u64 {
+        let id = self.next_unexp_id;
+        self.next_unexp_id += 1;
+        u.id = id;
+        self.unexp_bytes += u.held();
+        self.unexp[tagged as usize].push_back(u);
+        id
+    }
+
+    /// Appends a chunk at `off` to the still-arriving unexpected message
+    /// `id` (of `total` bytes). Some(complete) when it fitted; None when
+    /// the message is unknown or the chunk out of order.
+    pub fn append_unexp(&mut self, id: u64, off: usize, bytes: &[u8], total: usize) -> Option<bool> {
+        let [a, b] = &mut self.unexp;
+        let u = a.iter_mut().chain(b.iter_mut()).find(|u| u.id == id)?;
+        let UnexpBody::Data { v, received, .. } = &mut u.body else {
+            return None;
+        };
+        if *received != off || off + bytes.len() > total {
+            return None;
+        }
+        v.extend_from_slice(bytes);
+        *received += bytes.len();
+        self.unexp_bytes += bytes.len();
+        Some(*received == total)
+    }
+
+    /// Drops the unexpected message `id` (it can never complete).
+    pub fn drop_unexp(&mut self, id: u64) {
+        for q in 0..2 {
+            if let Some(i) = self.unexp[q].iter().position(|u| u.id == id) {
+                let u = self.unexp[q].remove(i).expect("index from position");
+                self.unexp_bytes -= u.held();
+            }
+        }
+    }
+
+    /// Drops the unexpected rendezvous requests of peer `p` (gone: its
+    /// data went with it).
+    pub fn drop_rts_from(&mut self, p: usize) {
+        for q in &mut self.unexp {
+            q.retain(|u| !(u.peer == p && matches!(u.body, UnexpBody::Rts { .. })));
+        }
+    }
+
+    /// Whether an untagged unexpected message waits (for an SRQ buffer).
+    pub fn has_untagged_unexp(&self) -> bool {
+        !self.unexp[0].is_empty()
+    }
+
+    /// Takes the oldest untagged unexpected message (an SRQ buffer was
+    /// posted for it).
+    pub fn pop_untagged_unexp(&mut self) -> Option<Unexp> {
+        let u = self.unexp[0].pop_front()?;
+        self.unexp_bytes -= u.held();
+        Some(u)
+    }
+
+    /// A buffer of `len` bytes for an unexpected message (a recycled one if
+    /// it fits).
+    #[inline]
+    pub fn spare_buf(&mut self, len: usize) -> Vec<u8> {
+        match self.spare.pop() {
+            Some(mut v) if v.capacity() >= len => {
+                v.resize(len, 0);
+                v
+            }
+            other => {
+                if let Some(v) = other {
+                    self.spare.push(v);
+                }
+                vec![0u8; len]
+            }
+        }
+    }
+
+    /// Keeps a delivered unexpected message's buffer for reuse.
+    #[inline]
+    pub fn recycle_buf(&mut self, mut v: Vec<u8>) {
+        if v.capacity() <= SPARE_BYTES && self.spare.len() < SPARE_MAX {
+            v.clear();
+            self.spare.push(v);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn recv(buf: &mut [u8], src: Option<usize>, tag: u64, ignore: u64, multi: bool) -> PostedRecv {
+        PostedRecv {
+            ctx: buf.as_ptr() as usize,
+            iovs: Iovs::one(buf.as_mut_ptr() as usize, buf.len()),
+            src,
+            tag,
+            ignore,
+            multi,
+            moff: 0,
+            cqe: true,
+        }
+    }
+
+    fn unexp(peer: usize, tag: u64, data: &[u8]) -> Unexp {
+        Unexp {
+            id: 0,
+            peer,
+            tag,
+            data: 0,
+            hflags: 0,
+            len: data.len(),
+            body: UnexpBody::Data { v: data.to_vec(), received: data.len(), msg_id: 0 },
+        }
+    }
+
+    #[test]
+    fn ignore_mask_and_directed_receive() {
+        let mut b = [0u8; 8];
+        let r = recv(&mut b, None, 0xab00, 0x00ff, false);
+        assert!(r.accepts(true, 3, 0xab42));
+        assert!(r.accepts(true, 3, 0xab00));
+        assert!(!r.accepts(true, 3, 0xac00));
+        // Untagged matching ignores tags.
+        assert!(r.accepts(false, 3, 0xffff));
+        let d = recv(&mut b, Some(2), 7, 0, false);
+        assert!(d.accepts(true, 2, 7));
+        assert!(!d.accepts(true, 1, 7));
+        assert!(!d.accepts(true, 2, 8));
+    }
+
+    #[test]
+    fn first_accepting_receive_is_taken_in_posting_order() {
+        let (mut a, mut b, mut c) = ([0u8; 8], [0u8; 8], [0u8; 8]);
+        let mut m = Matching::new();
+        m.post(true, recv(&mut a, Some(1), 5, 0, false), 16).unwrap();
+        m.post(true, recv(&mut b, None, 5, 0, false), 16).unwrap();
+        m.post(true, recv(&mut c, None, 5, 0, false), 16).unwrap();
+        let mut srqs: Vec<Option<SrqState>> = Vec::new();
+        // From peer 0: the directed one is skipped.
+        let d = m.take_match(&mut srqs, true, 0, 5, 4).unwrap();
+        assert_eq!(d.ctx, b.as_ptr() as usize);
+        let d = m.take_match(&mut srqs, true, 1, 5, 4).unwrap();
+        assert_eq!(d.ctx, a.as_ptr() as usize);
+        assert_eq!(m.posted_count(), 1);
+        assert!(m.take_match(&mut srqs, true, 0, 6, 4).is_none());
+        assert!(m.take_match(&mut srqs, false, 0, 5, 4).is_none(), "tagged receives never match untagged");
+    }
+
+    #[test]
+    fn posted_queue_is_bounded() {
+        let mut b = [0u8; 8];
+        let mut m = Matching::new();
+        m.post(false, recv(&mut b, None, 0, 0, false), 1).unwrap();
+        assert_eq!(m.post(false, recv(&mut b, None, 0, 0, false), 1).unwrap_err(), Error::AGAIN);
+    }
+
+    #[test]
+    fn multi_receive_carves_aligned_and_releases_below_minimum() {
+        let mut b = [0u8; 256];
+        let mut m = Matching::new();
+        m.min_multi_recv = 64;
+        m.post(false, recv(&mut b, None, 0, 0, true), 4).unwrap();
+        let mut srqs: Vec<Option<SrqState>> = Vec::new();
+        let base = b.as_ptr() as usize;
+        let d1 = m.take_match(&mut srqs, false, 0, 0, 10).unwrap();
+        assert_eq!((d1.buf, d1.cap, d1.multi_release), (base, 256, false));
+        let d2 = m.take_match(&mut srqs, false, 0, 0, 100).unwrap();
+        assert_eq!((d2.buf, d2.cap, d2.multi_release), (base + 16, 240, false), "next message 8-byte aligned");
+        // 256 - 120 = 136 left; taking 80 leaves 56 < 64: released.
+        let d3 = m.take_match(&mut srqs, false, 0, 0, 80).unwrap();
+        assert_eq!((d3.buf, d3.multi_release), (base + 120, true));
+        assert_eq!(m.posted_count(), 0);
+        assert!(m.take_match(&mut srqs, false, 0, 0, 1).is_none());
+    }
+
+    #[test]
+    fn unexpected_budget_counts_bytes_in_and_out() {
+        let mut m = Matching::new();
+        let cfg = Config { unexp_max: 10, rx_size: 100, ..Config::default() };
+        let id = m.queue_unexp(true, unexp(0, 9, &[1; 6]));
+        assert_eq!(m.unexp_bytes(), 6);
+        assert!(!m.over_budget(&cfg, 4));
+        assert!(m.over_budget(&cfg, 5));
+        // A receive posted later takes it, and the bytes leave the budget.
+        let mut b = [0u8; 8];
+        m.post(true, recv(&mut b, None, 9, 0, false), 4).unwrap();
+        let (u, d) = m.take_unexp_for_last(true).unwrap();
+        assert_eq!((u.id, d.cap), (id, 8));
+        assert_eq!(m.unexp_bytes(), 0);
+        assert_eq!(m.posted_count(), 0);
+        // A still-arriving message grows chunk by chunk, in order only.
+        let u = Unexp { body: UnexpBody::Data { v: Vec::new(), received: 0, msg_id: 3 }, len: 8, ..unexp(1, 0, &[]) };
+        let id = m.queue_unexp(false, u);
+        assert_eq!(m.append_unexp(id, 4, &[0; 4], 8), None, "out of order");
+        assert_eq!(m.append_unexp(id, 0, &[0; 4], 8), Some(false));
+        assert_eq!(m.append_unexp(id, 4, &[0; 4], 8), Some(true));
+        assert_eq!(m.unexp_bytes(), 8);
+        m.drop_unexp(id);
+        assert_eq!((m.unexp_bytes(), m.unexp_count()), (0, 0));
+        // The message count bounds it too.
+        let cfg = Config { unexp_max: 1 << 20, rx_size: 1, ..Config::default() };
+        for _ in 0..4 {
+            m.queue_unexp(false, unexp(0, 0, &[]));
+        }
+        assert!(m.over_budget(&cfg, 0));
+    }
+
+    #[test]
+    fn directed_receives_leave_with_their_peer() {
+        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+        let mut m = Matching::new();
+        m.post(true, recv(&mut a, Some(4), 0, 0, false), 4).unwrap();
+        m.post(false, recv(&mut b, None, 0, 0, false), 4).unwrap();
+        assert!(m.directed_at(4));
+        let gone = m.take_directed(4);
+        assert_eq!(gone.len(), 1);
+        assert!(gone[0].0);
+        assert_eq!(gone[0].1.ctx, a.as_ptr() as usize);
+        assert!(!m.directed_at(4));
+        assert_eq!(m.posted_count(), 1);
+    }
+
+    #[test]
+    fn front_plain_takes_only_the_simple_case() {
+        let (mut a, mut b) = ([0u8; 8], [0u8; 64]);
+        let mut m = Matching::new();
+        m.post(true, recv(&mut a, None, 1, 0, false), 4).unwrap();
+        assert!(m.front_plain(true, 0, 1, 8).is_some());
+        assert!(m.front_plain(true, 0, 1, 9).is_none(), "does not hold it whole");
+        assert!(m.front_plain(true, 0, 2, 8).is_none(), "tag differs");
+        m.pop_front(true);
+        m.post(false, recv(&mut b, None, 0, 0, true), 4).unwrap();
+        assert!(m.front_plain(false, 0, 0, 8).is_none(), "multi-receive");
+        m.srq = Some(0);
+        assert!(m.front_plain(false, 0, 0, 8).is_none(), "SRQ endpoint");
+    }
+}

@@ -1,0 +1,97 @@
+//! The engine of an endpoint, in owned parts. Each part keeps its state
+//! private and its invariants on its own fields; the endpoint
+//! ([`EpState`]) is their composition, and the operations that need
+//! several parts at once (a send: peers, transmit, completion; a receive:
+//! inbound, matching, completion) are methods of it, written in the
+//! module of the part they mostly drive.
+//!
+//! | part | module | owns |
+//! | --- | --- | --- |
+//! | peers | [`peers`] | the peer table, the fi_addr cache, first contact, liveness |
+//! | matching | [`matching`] | posted and unexpected queues, their budget, multi-receive, the tag predicate |
+//! | transmit | [`tx`] | per-peer send, in-flight and control queues, busy peers, the outstanding count |
+//! | completion | [`complete`] | CQ and counter bindings, the counter writer, receives in progress and their order |
+//! | inbound | [`inbound`] | claimed rings, the overflow queue, our pool |
+//! | requests | [`request`] | operations as values, one submit path |
+//!
+//! The progress pass that drives them is [`crate::progress`]; the
+//! endpoint API is [`crate::ep`].
+
+pub(crate) mod complete;
+pub(crate) mod inbound;
+pub(crate) mod matching;
+pub(crate) mod peers;
+pub(crate) mod request;
+pub(crate) mod tx;
+
+use crate::domain::Section;
+use crate::ep::EpStats;
+use shm_layout::Address;
+
+/// In-process state of an endpoint: its parts (see the module docs).
+pub(crate) struct EpState {
+    /// Our address (section index and generation included).
+    pub addr: Address,
+    /// Enabled: binds are over, operations are accepted.
+    pub enabled: bool,
+    /// Our section of the domain's region.
+    pub sec: Section,
+    pub peers: peers::Peers,
+    pub matching: matching::Matching,
+    pub tx: tx::TxEngine,
+    pub bind: complete::Bindings,
+    pub inbound: inbound::Inbound,
+    pub stats: EpStats,
+    /// Progress passes, to look at the clock only now and then.
+    pub passes: u32,
+    /// When peers with pending operations were last checked for life.
+    pub last_check: std::time::Instant,
+    /// Set after a doorbell sleep: check the clock on the next pass.
+    pub check_now: bool,
+}
+
+impl EpState {
+    /// A new, unbound endpoint on section `sec` (opened at `addr`).
+    pub fn new(addr: Address, sec: Section) -> EpState {
+        EpState {
+            addr,
+            enabled: false,
+            inbound: inbound::Inbound::new(&sec),
+            sec,
+            peers: peers::Peers::new(),
+            matching: matching::Matching::new(),
+            tx: tx::TxEngine::new(),
+            bind: complete::Bindings::new(),
+            stats: EpStats::default(),
+            passes: 0,
+            last_check: std::time::Instant::now(),
+            check_now: false,
+        }
+    }
+
+    /// Whether a message is waiting in any inbound ring or the overflow
+    /// queue.
+    pub fn inbound_ready(&self) -> bool {
+        self.inbound.ready(&self.sec)
+    }
+
+    /// Whether the endpoint has work that no doorbell will announce (sends
+    /// waiting for room, an overflow claim that may be dead).
+    pub fn local_work(&self) -> bool {
+        self.tx.any_busy() || self.inbound.ovf_stuck.is_some()
+    }
+
+    /// Whether we have anything pending with peer `p`.
+    pub fn pending_with(&self, p: usize) -> bool {
+        let peer = &self.peers[p];
+        peer.tx.pending() || peer.rx.feeding() || self.matching.directed_at(p)
+    }
+
+    /// Whether we wait on peer `p` itself (a matched receive whose data it
+    /// is sending, or a send of ours awaiting its FIN or CTS): then its
+    /// messages are always drained, since what we wait for may be behind.
+    pub fn waiting_on(&self, p: usize) -> bool {
+        let peer = &self.peers[p];
+        peer.rx.feeding() || peer.tx.awaiting_answer()
+    }
+}

@@ -1,0 +1,363 @@
+//! Peers: the table of every endpoint this endpoint talks to, the fi_addr
+//! cache in front of it, first contact (mapping the peer's region and
+//! claiming a ring), and liveness (why a peer can no longer answer).
+//!
+//! Invariants:
+//! - A peer's index never changes: peers are only appended, so an index
+//!   held anywhere (a posted directed receive, a ring, an unexpected
+//!   message) stays valid for the endpoint's life.
+//! - `by_addr` maps every peer's address to its index, and nothing else.
+//! - `by_fi[f]` is the peer of fi_addr `f` in the bound AV, or `u32::MAX`
+//!   when not cached; an fi_addr's address changes only by removal, and
+//!   the AV clears this cache on every removal ([`Peers::clear_fi_cache`]).
+//! - `chan`, `pool`, `doorbell`, `claim` and `region` are set together by
+//!   [`Peers::connect`]; the pointers point into `region`, which the peer
+//!   keeps mapped.
+
+use super::complete::PeerRx;
+use super::tx::PeerTx;
+use crate::av::AvState;
+use crate::domain::Section;
+use crate::error::{Error, ErrorKind, Result};
+use crate::flags::*;
+use crate::ovf::Ovf;
+use crate::pool::Pool;
+use crate::region::Region;
+use crate::ring::RingTx;
+use crate::sync::Ordering;
+use shm_layout::{ep_state, Address, Doorbell};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How we send to a peer.
+pub(crate) enum Chan {
+    Ring(RingTx),
+    Ovf(Ovf),
+}
+
+/// Where a sender checks, before each push, that the channel it writes is
+/// still its own: the ring slot's owner word (a line written only when a
+/// slot is claimed or released, so the check is an L1 hit), or for the
+/// overflow queue the section's generation and state. A closed endpoint's
+/// section is zeroed and may be reopened for someone else: a sender that
+/// kept writing would corrupt the new endpoint's rings.
+struct ChanClaim {
+    owner: *const crate::sync::AtomicU64,
+    token: u64,
+    hdr: *const shm_layout::EpHeader,
+    generation: u32,
+}
+
+impl ChanClaim {
+    const NONE: ChanClaim = ChanClaim { owner: std::ptr::null(), token: 0, hdr: std::ptr::null(), generation: 0 };
+}
+
+/// Everything an endpoint knows about one peer endpoint, both directions:
+/// the link (this module's), and the transmit and receive state the other
+/// parts own ([`PeerTx`], [`PeerRx`]), kept in one record so that a send
+/// or a receive finds all of it behind one index.
+pub(crate) struct Peer {
+    pub addr: Address,
+    /// The peer's region, mapped on first send to it.
+    region: Option<Arc<Region>>,
+    pub pid: i32,
+    pub chan: Option<Chan>,
+    /// The peer's pool (we fill its chunks).
+    pub pool: Option<Pool>,
+    doorbell: *const Doorbell,
+    /// The kernel refused CMA with this peer: do not offer it again.
+    pub cma_refused: bool,
+    /// A single copy from this peer has worked: the split copy may be used.
+    pub cma_worked: bool,
+    /// (AV generation, fi_addr) of this peer as a source.
+    src_cache: (u64, FiAddr),
+    /// Sent us something we could not parse: its ring is no longer read.
+    pub broken: bool,
+    /// Why the peer is gone (its process died or its endpoint closed):
+    /// everything pending with it has failed, new sends fail at once.
+    pub gone: Option<String>,
+    /// What says our channel to it is still ours (see [`Peer::chan_valid`]).
+    claim: ChanClaim,
+    /// Our transmits to it (the transmit engine's).
+    pub tx: PeerTx,
+    /// Our receives from it in progress (completion's).
+    pub rx: PeerRx,
+}
+
+// SAFETY: doorbell and the claim pointers point into `region`, which the
+// Peer keeps alive.
+unsafe impl Send for Peer {}
+
+impl Peer {
+    fn new(addr: Address) -> Peer {
+        Peer {
+            addr,
+            region: None,
+            pid: 0,
+            chan: None,
+            pool: None,
+            doorbell: std::ptr::null(),
+            cma_refused: false,
+            cma_worked: false,
+            src_cache: (u64::MAX, FI_ADDR_NOTAVAIL),
+            broken: false,
+            gone: None,
+            claim: ChanClaim::NONE,
+            tx: PeerTx::new(),
+            rx: PeerRx::new(),
+        }
+    }
+
+    #[inline(always)]
+    pub fn doorbell(&self) -> Option<&Doorbell> {
+        // SAFETY: set from our Arc<Region>, alive as long as self.
+        unsafe { self.doorbell.as_ref() }
+    }
+
+    /// Whether we mapped its region (sent to it, or looked at it).
+    pub fn connected(&self) -> bool {
+        self.chan.is_some()
+    }
+
+    /// Whether our channel to the peer is still ours: our ring slot still
+    /// holds our token, or (overflow queue) the section is still open at
+    /// the generation we connected to. True before the first connect.
+    #[inline]
+    pub fn chan_valid(&self) -> bool {
+        let c = &self.claim;
+        // SAFETY: the pointers are into the peer's region, which `region`
+        // keeps mapped; they are set together with it in connect().
+        unsafe {
+            if !c.owner.is_null() {
+                (*c.owner).load(Ordering::Relaxed) == c.token
+            } else if let Some(h) = c.hdr.as_ref() {
+                h.generation.load(Ordering::Relaxed) == c.generation
+                    && h.state.load(Ordering::Relaxed) == ep_state::OPEN
+            } else {
+                true
+            }
+        }
+    }
+}
+
+/// The peer table (see the module docs for its invariants).
+pub(crate) struct Peers {
+    list: Vec<Peer>,
+    by_addr: HashMap<Address, usize>,
+    /// fi_addr -> peer index (u32::MAX: unknown).
+    by_fi: Vec<u32>,
+    /// The bound address vector.
+    av: Option<usize>,
+}
+
+impl std::ops::Index<usize> for Peers {
+    type Output = Peer;
+    #[inline(always)]
+    fn index(&self, p: usize) -> &Peer {
+        &self.list[p]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Peers {
+    #[inline(always)]
+    fn index_mut(&mut self, p: usize) -> &mut Peer {
+        &mut self.list[p]
+    }
+}
+
+impl Peers {
+    pub fn new() -> Peers {
+        Peers { list: Vec::new(), by_addr: HashMap::new(), by_fi: Vec::new(), av: None }
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Peer> {
+        self.list.iter()
+    }
+
+    #[inline(always)]
+    pub fn get_mut(&mut self, p: usize) -> Option<&mut Peer> {
+        self.list.get_mut(p)
+    }
+
+    /// The bound address vector.
+    #[inline(always)]
+    pub fn av(&self) -> Option<usize> {
+        self.av
+    }
+
+    /// Binds the address vector (its fi_addrs start uncached).
+    pub fn bind_av(&mut self, av: usize) {
+        self.av = Some(av);
+        self.by_fi.clear();
+    }
+
+    /// Forgets every fi_addr (the AV removed one).
+    pub fn clear_fi_cache(&mut self) {
+        self.by_fi.clear();
+    }
+
+    /// The index of the peer at `addr`, appended if new.
+    pub fn index_of(&mut self, addr: Address) -> usize {
+        if let Some(&i) = self.by_addr.get(&addr) {
+            return i;
+        }
+        self.list.push(Peer::new(addr));
+        let i = self.list.len() - 1;
+        self.by_addr.insert(addr, i);
+        i
+    }
+
+    /// The peer behind `fi_addr` (through the cache), not necessarily
+    /// connected.
+    #[inline(always)]
+    pub fn of(&mut self, avs: &[Option<AvState>], fi_addr: FiAddr) -> Result<usize> {
+        let cached = self.by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
+        if cached != u32::MAX {
+            return Ok(cached as usize);
+        }
+        self.of_slow(avs, fi_addr)
+    }
+
+    /// [`Peers::of`] when the cache does not know `fi_addr`.
+    #[cold]
+    #[inline(never)]
+    fn of_slow(&mut self, avs: &[Option<AvState>], fi_addr: FiAddr) -> Result<usize> {
+        let av_id = self.av.ok_or_else(|| Error::with(ErrorKind::Inval, "no address vector bound to the endpoint"))?;
+        let av: &AvState = avs[av_id].as_ref().expect("bound AV exists");
+        let a = av.lookup(fi_addr).ok_or_else(|| {
+            Error::with(ErrorKind::AddrNotAvail, format!("fi_addr {fi_addr} is not in the address vector"))
+        })?;
+        let p = self.index_of(a);
+        let i = fi_addr as usize;
+        if i < (1 << 24) {
+            if self.by_fi.len() <= i {
+                self.by_fi.resize(i + 1, u32::MAX);
+            }
+            self.by_fi[i] = p as u32;
+        }
+        Ok(p)
+    }
+
+    /// Source fi_addr of a peer as the bound AV knows it (cached per peer
+    /// for the AV's generation; inlined: every receive completion asks).
+    #[inline(always)]
+    pub fn src_addr(&mut self, avs: &[Option<AvState>], p: usize) -> FiAddr {
+        let Some(av) = self.av.and_then(|a| avs[a].as_ref()) else {
+            return FI_ADDR_NOTAVAIL;
+        };
+        let peer = &mut self.list[p];
+        if peer.src_cache.0 != av.generation {
+            peer.src_cache = (av.generation, av.by_addr.get(&peer.addr).copied().unwrap_or(FI_ADDR_NOTAVAIL));
+        }
+        peer.src_cache.1
+    }
+
+    /// First contact: map the peer's region, check its endpoint, claim a
+    /// ring slot (or fall back to the overflow queue). `me` is our address.
+    pub fn connect(&mut self, me: Address, regions: &mut HashMap<String, Arc<Region>>, p: usize) -> Result<()> {
+        let addr = self.list[p].addr;
+        let name = crate::region::region_name(addr.uid, addr.job, addr.token);
+        let region = match regions.get(&name) {
+            Some(r) => r.clone(),
+            None => {
+                let r = Arc::new(Region::attach(&name)?);
+                regions.insert(name.clone(), r.clone());
+                r
+            }
+        };
+        let sec = Section::of(&region, addr.ep_index)?;
+        if !sec.open_at(addr.generation) {
+            return Err(Error::with(
+                ErrorKind::AddrNotAvail,
+                format!("endpoint {} is closed", crate::av::AddressVector::straddr(&addr)),
+            ));
+        }
+        let token = (me.token ^ ((me.ep_index as u64) << 48) ^ ((me.generation as u64) << 32)) | 1;
+        let mut chan = None;
+        let mut claim = ChanClaim { owner: std::ptr::null(), token, hdr: sec.header(), generation: addr.generation };
+        for s in 0..sec.g.n_slots {
+            let slot = sec.slot(s);
+            if slot.owner.compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                claim.owner = &slot.owner;
+                // SAFETY: we own the slot now; addr is plain data in it.
+                unsafe { std::ptr::addr_of!(slot.addr).cast_mut().write_volatile(me) };
+                // SYNC: publishes the slot's addr to the acquire load of
+                // `claimed` in progress_ep.
+                sec.header().claimed.fetch_or(1 << s, Ordering::Release);
+                // SAFETY: the ring belongs to the mapped section we hold
+                // (region kept in Peer); we are its only producer (CAS above).
+                chan = Some(Chan::Ring(unsafe {
+                    RingTx::new(sec.ringctl_at(s), sec.ring_cells(s), sec.g.ring_cells as usize)
+                }));
+                break;
+            }
+        }
+        let chan = match chan {
+            Some(c) => c,
+            None => {
+                sec.header().ovf_used.store(1, Ordering::Release);
+                Chan::Ovf(sec.ovf())
+            }
+        };
+        let peer = &mut self.list[p];
+        peer.pid = region.owner().0 as i32;
+        peer.pool = Some(sec.pool());
+        peer.doorbell = &region.header().doorbell as *const Doorbell;
+        peer.chan = Some(chan);
+        peer.claim = claim;
+        peer.region = Some(region);
+        Ok(())
+    }
+
+    /// The peer behind `fi_addr`, connected.
+    #[inline(always)]
+    pub fn connected_of(
+        &mut self,
+        me: Address,
+        avs: &[Option<AvState>],
+        regions: &mut HashMap<String, Arc<Region>>,
+        fi_addr: FiAddr,
+    ) -> Result<usize> {
+        let p = self.of(avs, fi_addr)?;
+        if self.list[p].chan.is_none() {
+            self.connect(me, regions, p)?;
+        }
+        Ok(p)
+    }
+
+    /// Why peer `p` can no longer answer, if it cannot: its process died
+    /// (pid and start time), its region is closing, or its endpoint closed.
+    pub fn gone_reason(&mut self, me: Address, regions: &mut HashMap<String, Arc<Region>>, p: usize) -> Option<String> {
+        let addr = self.list[p].addr;
+        let who = crate::av::AddressVector::straddr(&addr);
+        if self.list[p].region.is_none() {
+            // Never mapped (we only received from it): map it now to look.
+            if let Err(e) = self.connect(me, regions, p) {
+                // Its region or endpoint no longer exists: unlinked by its
+                // owner, or by the next start after its owner died.
+                if e.kind() == ErrorKind::AddrNotAvail {
+                    return Some(format!(
+                        "peer {who} is gone (its process died or closed its domain or endpoint): {e}"
+                    ));
+                }
+                return Some(format!("peer {who} cannot be reached: {e}"));
+            }
+        }
+        let region = self.list[p].region.as_ref()?;
+        let (pid, start) = region.owner();
+        if !crate::region::owner_alive(pid, start) {
+            return Some(format!("peer {who} (pid {pid}) died"));
+        }
+        if region.header().state.load(Ordering::Acquire) != shm_layout::state::READY {
+            return Some(format!("peer {who} (pid {pid}) closed its domain"));
+        }
+        match Section::of(region, addr.ep_index) {
+            Ok(sec) if sec.open_at(addr.generation) => None,
+            _ => Some(format!("peer {who} (pid {pid}) closed its endpoint")),
+        }
+    }
+}

@@ -1,0 +1,605 @@
+//! The transmit engine: per peer, the sends not started (`txq`), those
+//! started and not yet complete (`inflight`) and the control messages
+//! waiting to go (`ctrlq`); per endpoint, the peers with something to move
+//! (`busy`) and the count of transmits outstanding.
+//!
+//! Invariants, kept by this module alone:
+//! - `TxEngine::outstanding` is the number of transmit records in every
+//!   peer's `txq` and `inflight` together (bounded by `tx_size`).
+//! - `PeerTx::busy` is true exactly when the peer's index is in
+//!   `TxEngine::busy`, and a peer is there while it has queued sends,
+//!   control messages or pool chunks still to push.
+//! - Headers leave in `txq` order; completions are written from the front
+//!   of `inflight` only (send order per peer).
+
+use super::complete::{complete_send, Fail, SendDone};
+use super::matching::Dest;
+use super::peers::{Chan, Peer};
+use super::request::{Iovs, OpKind, Request};
+use super::EpState;
+use crate::domain::Ctx;
+use crate::error::{Error, ErrorKind, Result};
+use crate::proto::{self, Proto, INJECT_SIZE, MAX_MSG_SIZE};
+use shm_layout::{op, rts_flags, MsgHdr, MAX_IOV, OVF_PAYLOAD};
+use std::collections::VecDeque;
+
+/// Where a transmit stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TxState {
+    /// Nothing sent yet.
+    Start,
+    /// Header sent; streaming pool chunks, `off` bytes sent.
+    Chunks { off: usize, msg_id: u64 },
+    /// RTS sent; waiting for the receiver's FIN or CTS_BOUNCE.
+    AwaitFin { msg_id: u64 },
+    /// Finished; completes when every earlier send to the peer has.
+    Done,
+}
+
+/// A transmit record: a request that did not complete at once.
+pub(crate) struct TxOp {
+    pub kind: OpKind,
+    pub ctx: usize,
+    pub tag: u64,
+    pub data: u64,
+    pub hflags: u8,
+    pub len: usize,
+    pub iovs: Iovs,
+    /// Copy of the payload (inject queued behind other sends).
+    pub owned: Option<Vec<u8>>,
+    pub proto: Proto,
+    pub state: TxState,
+    /// Writes a CQ entry on success.
+    pub cqe: bool,
+    /// Inject: no entry even on error (counters only).
+    pub inject: bool,
+    /// Set when the receiver reported a failure.
+    pub err: Option<Fail>,
+}
+
+impl TxOp {
+    /// What its completion needs.
+    #[inline]
+    pub fn done(&self) -> SendDone {
+        SendDone { kind: self.kind, ctx: self.ctx, tag: self.tag, cqe: self.cqe, inject: self.inject }
+    }
+
+    fn hdr(&self, kind: u8, len: u32) -> MsgHdr {
+        MsgHdr { op: kind, flags: self.hflags, ncells: 0, len, tag: self.tag, data: self.data }
+    }
+}
+
+/// A control message waiting to go to a peer.
+#[derive(Clone, Debug)]
+pub(crate) struct Ctrl {
+    pub op: u8,
+    pub msg_id: u64,
+    pub status: u32,
+    /// Header `data` field.
+    pub data: u64,
+    /// Payload (CTS_WRITE's ranges), empty for most.
+    pub payload: Vec<u8>,
+}
+
+impl Ctrl {
+    /// A control message without payload.
+    pub fn new(op: u8, msg_id: u64, status: u32) -> Ctrl {
+        Ctrl { op, msg_id, status, data: 0, payload: Vec::new() }
+    }
+}
+
+/// Our transmits to one peer (see the module docs).
+pub(crate) struct PeerTx {
+    /// Sends not started yet, in order.
+    txq: VecDeque<TxOp>,
+    /// Sends started (header out), in order; completed from the front.
+    inflight: VecDeque<TxOp>,
+    ctrlq: VecDeque<Ctrl>,
+    /// Id of the next multi-part message (never 0).
+    next_msg_id: u64,
+    /// In `TxEngine::busy`.
+    busy: bool,
+}
+
+impl PeerTx {
+    pub fn new() -> PeerTx {
+        PeerTx { txq: VecDeque::new(), inflight: VecDeque::new(), ctrlq: VecDeque::new(), next_msg_id: 1, busy: false }
+    }
+
+    /// Nothing queued or in flight: a new send may complete at once.
+    #[inline(always)]
+    pub fn quiet(&self) -> bool {
+        self.txq.is_empty() && self.inflight.is_empty()
+    }
+
+    /// Whether sends to this peer are waiting for anything of it.
+    pub fn pending(&self) -> bool {
+        !self.txq.is_empty() || self.inflight.iter().any(|op| op.state != TxState::Done)
+    }
+
+    /// Whether a send of ours awaits the peer's answer (FIN or CTS).
+    pub fn awaiting_answer(&self) -> bool {
+        self.inflight.iter().any(|op| matches!(op.state, TxState::AwaitFin { .. }))
+    }
+
+    /// The rendezvous send `msg_id` awaiting the peer's answer.
+    pub fn awaiting(&mut self, msg_id: u64) -> Option<&mut TxOp> {
+        self.inflight.iter_mut().find(|op| op.state == (TxState::AwaitFin { msg_id }))
+    }
+
+    fn idle(&self) -> bool {
+        self.txq.is_empty()
+            && self.ctrlq.is_empty()
+            && !self.inflight.iter().any(|op| matches!(op.state, TxState::Chunks { .. }))
+    }
+}
+
+/// The endpoint's transmit engine (see the module docs).
+pub(crate) struct TxEngine {
+    /// Peers with queued transmits, control messages or chunks to push.
+    busy: Vec<usize>,
+    /// Transmit records queued or in flight, all peers.
+    outstanding: usize,
+}
+
+impl TxEngine {
+    pub fn new() -> TxEngine {
+        TxEngine { busy: Vec::new(), outstanding: 0 }
+    }
+
+    /// Whether any peer has something to move.
+    #[inline(always)]
+    pub fn any_busy(&self) -> bool {
+        !self.busy.is_empty()
+    }
+
+    /// Transmits queued or in flight.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Whether another transmit may be taken (`tx_size`).
+    #[inline(always)]
+    pub fn has_room(&self, tx_size: usize) -> bool {
+        self.outstanding < tx_size
+    }
+
+    fn mark_busy(&mut self, ptx: &mut PeerTx, p: usize) {
+        if !ptx.busy {
+            ptx.busy = true;
+            self.busy.push(p);
+        }
+    }
+
+    /// Queues a control message to peer `p`.
+    pub fn queue_ctrl(&mut self, peer: &mut Peer, p: usize, c: Ctrl) {
+        peer.tx.ctrlq.push_back(c);
+        self.mark_busy(&mut peer.tx, p);
+    }
+
+    /// The receiver of rendezvous send `msg_id` of peer `p` asked for the
+    /// data through the pool (CTS_BOUNCE): it goes on in chunks. True when
+    /// that send had offered single copy (the receiver could not use it).
+    pub fn bounce_requested(&mut self, peer: &mut Peer, p: usize, msg_id: u64) -> bool {
+        let Some(op) = peer.tx.awaiting(msg_id) else {
+            return false;
+        };
+        op.state = TxState::Chunks { off: 0, msg_id };
+        let owned = op.owned.is_some();
+        self.mark_busy(&mut peer.tx, p);
+        !owned
+    }
+
+    /// Takes every transmit of a peer that failed, in send order (control
+    /// messages are dropped).
+    pub fn take_all(&mut self, ptx: &mut PeerTx) -> Vec<TxOp> {
+        let mut ops: Vec<TxOp> = ptx.inflight.drain(..).collect();
+        ops.extend(ptx.txq.drain(..));
+        ptx.ctrlq.clear();
+        self.outstanding -= ops.len();
+        ops
+    }
+}
+
+/// Sends an inline message at once if the channel has room.
+fn push_inline(chan: &mut Chan, me: &shm_layout::Address, op: &TxOp) -> bool {
+    // SAFETY: the op's buffers are valid until completion (its contract).
+    let slices = unsafe { op.iovs.slices() };
+    chan_push(chan, me, &op.hdr(op::EAGER, op.len as u32), &slices[..op.iovs.n])
+}
+
+fn chan_push(chan: &mut Chan, me: &shm_layout::Address, h: &MsgHdr, parts: &[&[u8]]) -> bool {
+    match chan {
+        Chan::Ring(r) => r.try_push(h, parts),
+        Chan::Ovf(q) => {
+            let mut buf = [0u8; OVF_PAYLOAD];
+            let mut at = 0;
+            for p in parts {
+                if at + p.len() > OVF_PAYLOAD {
+                    return false;
+                }
+                buf[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            let mut h = *h;
+            h.ncells = 1;
+            q.push(&h, me, &buf[..at])
+        }
+    }
+}
+
+fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
+    match chan {
+        Chan::Ring(r) => r.has_room_for(ncells),
+        Chan::Ovf(_) => true,
+    }
+}
+
+/// Pushes the next chunk of `op`; false when the ring or pool is full.
+fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Pool, op: &mut TxOp) -> bool {
+    let TxState::Chunks { off, msg_id } = op.state else {
+        return false;
+    };
+    if !chan_room(chan, 1) {
+        return false;
+    }
+    let Some(idx) = pool.alloc() else {
+        return false;
+    };
+    let n = (op.len - off).min(pool.chunk_size());
+    let chunk = pool.chunk(idx).expect("allocated index is in range");
+    // SAFETY: we own chunk idx (popped from the free list) until the CHUNK
+    // message hands it to the receiver; n <= chunk_size.
+    op.iovs.gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
+    let h = MsgHdr { op: op::CHUNK, flags: 0, ncells: 0, len: n as u32, tag: msg_id, data: off as u64 };
+    if !chan_push(chan, me, &h, &[&idx.to_le_bytes()]) {
+        pool.free(idx);
+        return false;
+    }
+    op.state = if off + n >= op.len { TxState::Done } else { TxState::Chunks { off: off + n, msg_id } };
+    true
+}
+
+impl EpState {
+    /// Submits a transmit request: the one way in for every operation.
+    /// Checks it, then tries the fast path of a small send (one segment,
+    /// inline in the peer's ring, nothing queued or in flight to that
+    /// peer, so it completes at once without a transmit record), else the
+    /// general path.
+    #[inline(always)]
+    pub fn submit(&mut self, ctx: &mut Ctx<'_>, r: &Request<'_>) -> Result<()> {
+        let len = r.len();
+        if len > MAX_MSG_SIZE {
+            return Err(Error::with(ErrorKind::MsgSize, format!("{len} bytes is over the {MAX_MSG_SIZE}-byte limit")));
+        }
+        let inject = r.inject();
+        if inject && len > INJECT_SIZE {
+            return Err(Error::with(
+                ErrorKind::MsgSize,
+                format!("inject takes at most {INJECT_SIZE} bytes, got {len}"),
+            ));
+        }
+        if !r.kind.supported() {
+            return Err(Error::with(ErrorKind::NoSys, format!("{:?} operations are not supported yet", r.kind)));
+        }
+        let cqe = !inject && (!self.bind.tx_sel || r.flags & crate::flags::FI_COMPLETION != 0);
+        let done = SendDone { kind: r.kind, ctx: r.context, tag: r.tag, cqe, inject };
+        if r.iov.is_none_or(|v| v.n == 1) {
+            // SAFETY: the caller's buffer, valid for reads for the call
+            // (and until completion, which is now on this path).
+            let buf = unsafe { std::slice::from_raw_parts(r.one.ptr as *const u8, r.one.len) };
+            let hdr =
+                MsgHdr { op: op::EAGER, flags: r.hdr_flags(), ncells: 0, len: len as u32, tag: r.tag, data: r.data };
+            if let Some(res) = self.send_inline_now(ctx, r.dest, buf, &hdr, done) {
+                return res;
+            }
+        }
+        let op = TxOp {
+            kind: r.kind,
+            ctx: r.context,
+            tag: r.tag,
+            data: r.data,
+            hflags: r.hdr_flags(),
+            len,
+            iovs: r.iovs(),
+            owned: None,
+            proto: Proto::Inline,
+            state: TxState::Start,
+            cqe,
+            inject,
+            err: None,
+        };
+        self.post_tx(ctx, r.dest, op)
+    }
+
+    /// The fast path of a small send (see [`EpState::submit`]). `None` when
+    /// it does not apply (the caller then takes the general path, which
+    /// also reports every error but an unknown destination).
+    #[inline(always)]
+    fn send_inline_now(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        dest: crate::flags::FiAddr,
+        buf: &[u8],
+        hdr: &MsgHdr,
+        done: SendDone,
+    ) -> Option<Result<()>> {
+        if !self.enabled || !self.tx.has_room(ctx.cfg.tx_size) {
+            return None;
+        }
+        if done.cqe && !self.bind.can_report_tx() {
+            return None;
+        }
+        let p = match self.peers.of(ctx.avs, dest) {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        // A peer not connected yet (first contact) also takes the general
+        // path: its channel is None.
+        let peer = self.peers.get_mut(p)?;
+        if peer.gone.is_some() || !peer.tx.quiet() || !peer.chan_valid() {
+            return None;
+        }
+        if !proto::inline_on_ring(ctx.cfg, buf.len()) {
+            let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, done.inject);
+            if proto::choose(ctx.cfg, done.kind, buf.len(), 1, true, cma_ok) != Proto::Inline {
+                return None;
+            }
+        }
+        let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
+        if !ring.try_push(hdr, &[buf]) {
+            return None;
+        }
+        if let Some(db) = peer.doorbell() {
+            crate::doorbell::ring(db);
+        }
+        self.stats.tx_inline += 1;
+        complete_send(&self.bind, ctx, done, None);
+        Some(Ok(()))
+    }
+
+    /// Queues (or sends at once) a transmit: the general send path, kept
+    /// out of the inlined fast path so that the latter's frame stays small
+    /// (the transmit record is built for it only).
+    #[inline(never)]
+    fn post_tx(&mut self, ctx: &mut Ctx<'_>, dest: crate::flags::FiAddr, mut op: TxOp) -> Result<()> {
+        if !self.enabled {
+            return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
+        }
+        if !self.bind.can_report_tx() && op.cqe {
+            return Err(Error::with(ErrorKind::NoCq, "no transmit CQ or send counter bound"));
+        }
+        if !self.tx.has_room(ctx.cfg.tx_size) {
+            self.progress_tx(ctx);
+            if !self.tx.has_room(ctx.cfg.tx_size) {
+                self.stats.tx_again += 1;
+                return Err(Error::AGAIN);
+            }
+        }
+        let p = self.peers.connected_of(self.addr, ctx.avs, ctx.regions, dest)?;
+        if !self.peers[p].chan_valid() {
+            let why = self.chan_lost(ctx, p);
+            return Err(Error::with(ErrorKind::Io, why));
+        }
+        let inject = op.inject;
+        let peer = &mut self.peers[p];
+        if let Some(why) = &peer.gone {
+            return Err(Error::with(ErrorKind::Io, why.clone()));
+        }
+        let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
+        let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
+        op.proto = proto::choose(ctx.cfg, op.kind, op.len, op.iovs.n, on_ring, cma_ok);
+        if peer.tx.txq.is_empty()
+            && op.proto == Proto::Inline
+            && push_inline(peer.chan.as_mut().expect("connected"), &self.addr, &op)
+        {
+            if let Some(db) = peer.doorbell() {
+                crate::doorbell::ring(db);
+            }
+            self.stats.tx_inline += 1;
+            if peer.tx.inflight.is_empty() {
+                complete_send(&self.bind, ctx, op.done(), None);
+            } else {
+                // Completes after the earlier sends still in flight.
+                op.state = TxState::Done;
+                if inject && op.owned.is_none() {
+                    op.iovs = Iovs::default();
+                }
+                peer.tx.inflight.push_back(op);
+                self.tx.outstanding += 1;
+            }
+            return Ok(());
+        }
+        if inject && op.owned.is_none() {
+            let mut v = vec![0u8; op.len];
+            op.iovs.gather(0, &mut v);
+            op.iovs = Iovs::one(v.as_ptr() as usize, v.len());
+            op.owned = Some(v);
+        }
+        peer.tx.txq.push_back(op);
+        self.tx.outstanding += 1;
+        self.tx.mark_busy(&mut peer.tx, p);
+        self.progress_peer_tx(ctx, p);
+        Ok(())
+    }
+
+    /// Queues a control message to peer `p`.
+    pub fn queue_ctrl(&mut self, p: usize, c: Ctrl) {
+        self.tx.queue_ctrl(&mut self.peers[p], p, c);
+    }
+
+    /// Moves every busy peer's queues forward.
+    pub fn progress_tx(&mut self, ctx: &mut Ctx<'_>) {
+        let mut i = 0;
+        while i < self.tx.busy.len() {
+            let p = self.tx.busy[i];
+            self.progress_peer_tx(ctx, p);
+            let ptx = &mut self.peers[p].tx;
+            if ptx.idle() {
+                ptx.busy = false;
+                self.tx.busy.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Connects peer `p` if it is not yet.
+    pub fn ensure_connected(&mut self, ctx: &mut Ctx<'_>, p: usize) -> Result<()> {
+        if !self.peers[p].connected() {
+            self.peers.connect(self.addr, ctx.regions, p)?;
+        }
+        Ok(())
+    }
+
+    /// Moves one peer's control messages, in-flight data and queued sends
+    /// forward as far as ring room and pool chunks allow.
+    pub fn progress_peer_tx(&mut self, ctx: &mut Ctx<'_>, p: usize) {
+        if self.peers[p].gone.is_some() || self.ensure_connected(ctx, p).is_err() {
+            return;
+        }
+        if !self.peers[p].chan_valid() {
+            self.chan_lost(ctx, p);
+            return;
+        }
+        let me = self.addr;
+        let mut pushed = false;
+        {
+            let stats = &mut self.stats;
+            let peer = &mut self.peers[p];
+            let chan = peer.chan.as_mut().expect("connected");
+            let pool = peer.pool.as_ref().expect("connected");
+            let cma_refused = peer.cma_refused;
+            let tx = &mut peer.tx;
+            // 1. Control messages first: they unblock the peer.
+            while let Some(c) = tx.ctrlq.front() {
+                let h = MsgHdr { op: c.op, flags: 0, ncells: 0, len: c.status, tag: c.msg_id, data: c.data };
+                if !chan_push(chan, &me, &h, &[&c.payload]) {
+                    break;
+                }
+                tx.ctrlq.pop_front();
+                pushed = true;
+            }
+            // 2. Data of messages already started, oldest first.
+            let mut blocked = !tx.ctrlq.is_empty();
+            for op in tx.inflight.iter_mut() {
+                if blocked {
+                    break;
+                }
+                while matches!(op.state, TxState::Chunks { .. }) {
+                    if !push_chunk(chan, &me, pool, op) {
+                        blocked = true;
+                        break;
+                    }
+                    stats.tx_chunks += 1;
+                    pushed = true;
+                }
+            }
+            // 3. Start queued sends: headers go out in order, even while
+            //    older data still waits for pool chunks.
+            while tx.ctrlq.is_empty() {
+                let Some(op) = tx.txq.front_mut() else {
+                    break;
+                };
+                let ok = match op.proto {
+                    Proto::Inline => {
+                        let ok = push_inline(chan, &me, op);
+                        if ok {
+                            op.state = TxState::Done;
+                        }
+                        ok
+                    }
+                    Proto::Bounce => {
+                        let msg_id = tx.next_msg_id;
+                        let mut pl = [0u8; 16];
+                        pl[..8].copy_from_slice(&msg_id.to_le_bytes());
+                        pl[8..].copy_from_slice(&(op.len as u64).to_le_bytes());
+                        let ok = chan_push(chan, &me, &op.hdr(op::BOUNCE_HDR, 0), &[&pl]);
+                        if ok {
+                            tx.next_msg_id += 1;
+                            op.state = TxState::Chunks { off: 0, msg_id };
+                            while !blocked && matches!(op.state, TxState::Chunks { .. }) {
+                                if push_chunk(chan, &me, pool, op) {
+                                    stats.tx_chunks += 1;
+                                } else {
+                                    blocked = true;
+                                }
+                            }
+                        }
+                        ok
+                    }
+                    Proto::Rndv => {
+                        let msg_id = tx.next_msg_id;
+                        let mut pl = [0u8; 24 + 16 * MAX_IOV];
+                        let cma = proto::offer_cma(ctx.cfg, cma_refused, op.owned.is_some());
+                        pl[..8].copy_from_slice(&msg_id.to_le_bytes());
+                        pl[8..16].copy_from_slice(&(op.len as u64).to_le_bytes());
+                        pl[16..20].copy_from_slice(&(op.iovs.n as u32).to_le_bytes());
+                        pl[20..24].copy_from_slice(&(if cma { rts_flags::CMA } else { 0 }).to_le_bytes());
+                        for (k, s) in op.iovs.segs().iter().enumerate() {
+                            pl[24 + 16 * k..32 + 16 * k].copy_from_slice(&(s.ptr as u64).to_le_bytes());
+                            pl[32 + 16 * k..40 + 16 * k].copy_from_slice(&(s.len as u64).to_le_bytes());
+                        }
+                        let n = 24 + 16 * op.iovs.n;
+                        let ok = chan_push(chan, &me, &op.hdr(op::RTS, 0), &[&pl[..n]]);
+                        if ok {
+                            tx.next_msg_id += 1;
+                            op.state = TxState::AwaitFin { msg_id };
+                        }
+                        ok
+                    }
+                };
+                if !ok {
+                    break;
+                }
+                pushed = true;
+                let op = tx.txq.pop_front().expect("front");
+                match op.proto {
+                    Proto::Inline => stats.tx_inline += 1,
+                    Proto::Bounce => stats.tx_bounce += 1,
+                    Proto::Rndv => stats.tx_rndv += 1,
+                }
+                tx.inflight.push_back(op);
+            }
+            if pushed {
+                if let Some(db) = peer.doorbell() {
+                    crate::doorbell::ring(db);
+                }
+            }
+        }
+        self.retire(ctx, p);
+    }
+
+    /// Completes finished sends from the front of a peer's in-flight queue.
+    pub fn retire(&mut self, ctx: &mut Ctx<'_>, p: usize) {
+        while self.peers[p].tx.inflight.front().is_some_and(|op| op.state == TxState::Done) {
+            let mut op = self.peers[p].tx.inflight.pop_front().expect("front checked");
+            self.tx.outstanding -= 1;
+            let err = op.err.take();
+            complete_send(&self.bind, ctx, op.done(), err);
+        }
+    }
+
+    /// Sender side of a split copy: the ranges of our in-flight send
+    /// `msg_id` from `off` for `len` bytes, if it is that long.
+    pub fn send_ranges(&mut self, p: usize, msg_id: u64, off: usize, len: usize) -> Option<Vec<(*mut u8, usize)>> {
+        let op = self.peers[p].tx.awaiting(msg_id)?;
+        if off.checked_add(len).is_none_or(|e| e > op.len) {
+            return None;
+        }
+        let all: Vec<(u64, u64)> = op.iovs.segs().iter().map(|s| (s.ptr as u64, s.len as u64)).collect();
+        Some(
+            crate::cma::sub_ranges(&all, off, len)
+                .into_iter()
+                .map(|(a, l)| (a as usize as *mut u8, l as usize))
+                .collect(),
+        )
+    }
+}
+
+/// Our receive buffer's bytes `[off, off + len)` as (pointer, length) ranges.
+pub(crate) fn local_ranges(d: &Dest, off: usize, len: usize) -> Vec<(*mut u8, usize)> {
+    let all: Vec<(u64, u64)> = d.iovs.segs().iter().map(|s| (s.ptr as u64, s.len as u64)).collect();
+    let len = len.min(d.cap.saturating_sub(off));
+    crate::cma::sub_ranges(&all, off, len).into_iter().map(|(a, l)| (a as usize as *mut u8, l as usize)).collect()
+}
