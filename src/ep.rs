@@ -583,7 +583,7 @@ impl EpState {
     #[inline(never)]
     fn peer_of_slow(&mut self, ctx: &Ctx<'_>, fi_addr: FiAddr) -> Result<usize> {
         let av_id = self.av.ok_or_else(|| Error::with(ErrorKind::Inval, "no address vector bound to the endpoint"))?;
-        let av: &AvState = ctx.avs[av_id].as_ref().expect("bound AV exists");
+        let av: &AvState = ctx.avs.get(av_id).expect("bound AV exists");
         let a = av.lookup(fi_addr).ok_or_else(|| {
             Error::with(ErrorKind::AddrNotAvail, format!("fi_addr {fi_addr} is not in the address vector"))
         })?;
@@ -669,8 +669,8 @@ impl EpState {
     /// Source fi_addr of a peer as the bound AV knows it (cached per peer
     /// for the AV's generation; inlined: every receive completion asks).
     #[inline(always)]
-    pub fn src_addr(&mut self, avs: &[Option<AvState>], p: usize) -> FiAddr {
-        let Some(av) = self.av.and_then(|a| avs[a].as_ref()) else {
+    pub fn src_addr(&mut self, avs: &crate::table::Slots<AvState>, p: usize) -> FiAddr {
+        let Some(av) = self.av.and_then(|a| avs.get(a)) else {
             return FI_ADDR_NOTAVAIL;
         };
         let peer = &mut self.peers[p];
@@ -846,7 +846,7 @@ impl EpState {
                 if self.closing {
                     return None;
                 }
-                return ctx.srqs[s].as_mut().and_then(|q| q.take());
+                return ctx.srqs.get_mut(s).and_then(|q| q.take());
             }
         }
         let i = self.match_posted(tagged, p, tag)?;
@@ -1130,7 +1130,7 @@ impl Endpoint {
             if ep.enabled {
                 return Err(Error::with(ErrorKind::Inval, "bind before enable"));
             }
-            if ctx.cqs.get(cq_id).and_then(|c| c.as_ref()).is_none() {
+            if ctx.cqs.get(cq_id).is_none() {
                 return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
             }
             let sel = flags & FI_SELECTIVE_COMPLETION != 0;
@@ -1143,7 +1143,7 @@ impl Endpoint {
                     }
                     *slot = Some(cq_id);
                     *selslot = sel;
-                    ctx.cqs[cq_id].as_mut().expect("checked").bound += 1;
+                    ctx.cqs.bind(cq_id)?;
                 }
             }
             Ok(())
@@ -1179,7 +1179,7 @@ impl Endpoint {
             ep.cntr_recv = Some(id);
             n += 1;
         }
-        st.cntrs[id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?.bound += n;
+        st.cntrs.bind_n(id, n)?;
         Ok(())
     }
 
@@ -1199,7 +1199,7 @@ impl Endpoint {
             Ok(())
         })?;
         let mut st = self.dom.lock()?;
-        st.avs[id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "AV is closed"))?.bound += 1;
+        st.avs.bind(id)?;
         Ok(())
     }
 
@@ -1218,12 +1218,7 @@ impl Endpoint {
             if ep.srq.is_some() {
                 return Err(Error::with(ErrorKind::Inval, "an SRQ is already bound"));
             }
-            let q = ctx
-                .srqs
-                .get_mut(id)
-                .and_then(|q| q.as_mut())
-                .ok_or_else(|| Error::with(ErrorKind::Inval, "SRQ is closed"))?;
-            q.eps.push(idx);
+            ctx.srqs.bind(id)?.eps.push(idx);
             ep.srq = Some(id);
             Ok(())
         })
@@ -1566,40 +1561,9 @@ impl Endpoint {
         let Some(ep) = st.set_ep(self.idx, None) else {
             return Ok(());
         };
-        if let Some(s) = ep.srq {
-            if let Some(q) = st.srqs[s].as_mut() {
-                q.eps.retain(|&e| e != self.idx);
-                if q.eps.is_empty() && q.orphaned {
-                    st.srqs[s] = None;
-                }
-            }
-        }
+        st.unbind_ep(self.idx, &ep);
         ep.sec.header().state.store(ep_state::CLOSED, Ordering::Release);
         ep.sec.header().claimed.store(0, Ordering::Relaxed);
-        for cq in [ep.tx_cq, ep.rx_cq].into_iter().flatten() {
-            if let Some(c) = st.cqs[cq].as_mut() {
-                c.bound -= 1;
-                if c.bound == 0 && c.orphaned {
-                    st.cqs[cq] = None;
-                }
-            }
-        }
-        for c in [ep.cntr_send, ep.cntr_recv].into_iter().flatten() {
-            if let Some(s) = st.cntrs[c].as_mut() {
-                s.bound -= 1;
-                if s.bound == 0 && s.orphaned {
-                    st.cntrs[c] = None;
-                }
-            }
-        }
-        if let Some(a) = ep.av {
-            if let Some(s) = st.avs[a].as_mut() {
-                s.bound -= 1;
-                if s.bound == 0 && s.orphaned {
-                    st.avs[a] = None;
-                }
-            }
-        }
         // Give the section's pages back; a reopen starts from zeroed memory.
         let _ = rustix::fs::fallocate(
             self.dom.region_fd(),

@@ -57,6 +57,7 @@ pub mod ring;
 pub mod run;
 pub mod srq;
 pub mod sync;
+mod table;
 pub mod topo;
 
 pub use av::AddressVector;

@@ -145,7 +145,7 @@ fn publish_gauges(ep: &EpState, ctx: &Ctx<'_>) {
     let rx_active: usize =
         ep.peers.iter().map(|p| p.rx_parts.iter().filter(|x| !matches!(x.1, RxCur::Unexp { .. })).count()).sum();
     h.tx_queued.store(ep.tx_outstanding as u32, Ordering::Relaxed);
-    let srq = ep.srq.and_then(|s| ctx.srqs[s].as_ref()).map_or(0, |q| q.len());
+    let srq = ep.srq.and_then(|s| ctx.srqs.get(s)).map_or(0, |q| q.len());
     h.rx_posted.store((ep.posted[0].len() + ep.posted[1].len() + srq) as u32, Ordering::Relaxed);
     h.unexpected.store((ep.unexp[0].len() + ep.unexp[1].len()) as u32, Ordering::Relaxed);
     h.rx_active.store(rx_active as u32, Ordering::Relaxed);
@@ -438,7 +438,7 @@ fn handle(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
 
 #[inline]
 fn rx_room(ep: &EpState, ctx: &Ctx<'_>) -> bool {
-    ep.rx_cq.is_none_or(|c| ctx.cqs[c].as_ref().is_none_or(|q| q.has_room()))
+    ep.rx_cq.is_none_or(|c| ctx.cqs.get(c).is_none_or(|q| q.has_room()))
 }
 
 fn new_unexp_id(ep: &mut EpState) -> u64 {
@@ -576,7 +576,7 @@ fn eager_to_front(
     let (op_context, cqe) = (r.ctx, r.cqe);
     let mut cq = None;
     if let Some(c) = ep.rx_cq {
-        if let Some(q) = ctx.cqs[c].as_mut() {
+        if let Some(q) = ctx.cqs.get_mut(c) {
             if !q.has_room() {
                 return Some(Flow::Stall);
             }
@@ -1121,7 +1121,7 @@ fn rx_flags(tagged: bool, hflags: u8, multi_release: bool) -> u64 {
 fn complete_rx_ok(
     ep: &mut EpState,
     counters: &[shm_layout::Counter],
-    avs: &[Option<crate::av::AvState>],
+    avs: &crate::table::Slots<crate::av::AvState>,
     cq: Option<&mut crate::cq::CqState>,
     p: usize,
     ok: &RxOk,
@@ -1156,7 +1156,7 @@ fn complete_rx_ok(
 #[inline]
 fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, err: Option<Fail>) {
     if d.iovs.ext_slot().is_some() {
-        if let Some(q) = ep.srq.and_then(|s| ctx.srqs[s].as_mut()) {
+        if let Some(q) = ep.srq.and_then(|s| ctx.srqs.get_mut(s)) {
             q.release(&d.iovs);
         }
     }
@@ -1185,7 +1185,7 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, 
             tag: i.tag,
             multi_release: d.multi_release,
         };
-        let cq = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut());
+        let cq = ep.rx_cq.and_then(|c| ctx.cqs.get_mut(c));
         complete_rx_ok(ep, ctx.counters, ctx.avs, cq, p, &ok, d.cqe || d.multi_release);
         return;
     };
@@ -1193,7 +1193,7 @@ fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, 
         // SYNC: pairs with the acquire loads in Counter::read/readerr.
         ctx.counters[c].err.v.fetch_add(1, Ordering::Release);
     }
-    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+    let Some(cq) = ep.rx_cq.and_then(|c| ctx.cqs.get_mut(c)) else {
         return;
     };
     cq.push_err(
@@ -1244,7 +1244,7 @@ pub(crate) fn complete_send(ep: &mut EpState, ctx: &mut Ctx<'_>, op: SendDone, e
     if err.is_none() && !op.cqe {
         return; // an inject, or a send without FI_COMPLETION
     }
-    let Some(cq) = ep.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+    let Some(cq) = ep.tx_cq.and_then(|c| ctx.cqs.get_mut(c)) else {
         return;
     };
     match err {
