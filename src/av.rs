@@ -15,10 +15,11 @@ pub(crate) struct AvState {
     pub by_addr: HashMap<Address, FiAddr>,
     /// Bumped at every change (endpoints cache lookups against it).
     pub generation: u64,
-    /// Endpoints bound.
-    pub bound: usize,
-    /// Handle dropped while bound.
-    pub orphaned: bool,
+}
+
+impl crate::table::Object for AvState {
+    const NAME: &'static str = "address vector";
+    const BOUND_BY: &'static str = "endpoints";
 }
 
 impl AvState {
@@ -38,17 +39,7 @@ impl Domain {
     /// Opens an address vector.
     pub fn av_open(&self) -> Result<AddressVector> {
         let mut st = self.inner.lock()?;
-        let s = AvState { entries: Vec::new(), by_addr: HashMap::new(), generation: 0, bound: 0, orphaned: false };
-        let id = match st.avs.iter().position(|a| a.is_none()) {
-            Some(i) => {
-                st.avs[i] = Some(s);
-                i
-            }
-            None => {
-                st.avs.push(Some(s));
-                st.avs.len() - 1
-            }
-        };
+        let id = st.avs.insert(AvState { entries: Vec::new(), by_addr: HashMap::new(), generation: 0 });
         Ok(AddressVector { dom: self.inner.clone(), id, closed: false.into() })
     }
 }
@@ -59,7 +50,7 @@ impl AddressVector {
             return Err(Error::with(ErrorKind::Inval, "address vector is closed"));
         }
         let mut st = self.dom.lock()?;
-        let av = st.avs[self.id].as_mut().expect("open AV has state");
+        let av = st.avs.get_mut(self.id).expect("open AV has state");
         f(av)
     }
 
@@ -113,7 +104,7 @@ impl AddressVector {
         }
         let mut st = self.dom.lock()?;
         let crate::domain::DomainState { avs, eps, .. } = &mut *st;
-        let av = avs[self.id].as_mut().expect("open AV has state");
+        let av = avs.get_mut(self.id).expect("open AV has state");
         if let Some(bad) = fi_addrs.iter().find(|f| av.lookup(**f).is_none()) {
             return Err(Error::with(ErrorKind::NoEnt, format!("fi_addr {bad} is not in the address vector")));
         }
@@ -148,11 +139,7 @@ impl AddressVector {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        let av = st.avs[self.id].as_mut().expect("open AV has state");
-        if av.bound > 0 {
-            return Err(Error::with(ErrorKind::Busy, format!("address vector is bound to {} endpoint(s)", av.bound)));
-        }
-        st.avs[self.id] = None;
+        st.avs.close(self.id)?;
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
@@ -162,9 +149,7 @@ impl Drop for AddressVector {
     fn drop(&mut self) {
         if self.close().is_err() {
             let Ok(mut st) = self.dom.lock() else { return };
-            if let Some(av) = st.avs[self.id].as_mut() {
-                av.orphaned = true;
-            }
+            st.avs.orphan(self.id);
         }
     }
 }

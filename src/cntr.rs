@@ -9,12 +9,13 @@ use crate::sync::Ordering;
 use std::sync::Arc;
 
 pub(crate) struct CntrState {
-    /// Endpoints bound.
-    pub bound: usize,
     /// (value, error) when trywait last looked.
     pub checkpoint: (u64, u64),
-    /// Handle dropped while bound.
-    pub orphaned: bool,
+}
+
+impl crate::table::Object for CntrState {
+    const NAME: &'static str = "counter";
+    const BOUND_BY: &'static str = "endpoints, once per direction, or poll or wait sets";
 }
 
 /// A counter.
@@ -29,15 +30,11 @@ impl Domain {
     pub fn cntr_open(&self) -> Result<Counter> {
         let mut st = self.inner.lock()?;
         let n = self.inner.counters().len();
-        let id = match st.cntrs.iter().position(|c| c.is_none()) {
-            Some(i) => i,
-            None if st.cntrs.len() < n => {
-                st.cntrs.push(None);
-                st.cntrs.len() - 1
-            }
-            None => return Err(Error::with(ErrorKind::NoSpc, format!("all {n} counters of the domain are open"))),
-        };
-        st.cntrs[id] = Some(CntrState { bound: 0, checkpoint: (0, 0), orphaned: false });
+        // The id indexes the region's counter table.
+        if st.cntrs.next_id() >= n {
+            return Err(Error::with(ErrorKind::NoSpc, format!("all {n} counters of the domain are open")));
+        }
+        let id = st.cntrs.insert(CntrState { checkpoint: (0, 0) });
         let c = &self.inner.counters()[id];
         set(c, Val::Success, 0);
         set(c, Val::Error, 0);
@@ -136,11 +133,7 @@ impl Counter {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        let c = st.cntrs[self.id].as_mut().expect("state");
-        if c.bound > 0 {
-            return Err(Error::with(ErrorKind::Busy, format!("counter is bound to {} endpoint(s)", c.bound)));
-        }
-        st.cntrs[self.id] = None;
+        st.cntrs.close(self.id)?;
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
@@ -150,9 +143,7 @@ impl Drop for Counter {
     fn drop(&mut self) {
         if self.close().is_err() {
             let Ok(mut st) = self.dom.lock() else { return };
-            if let Some(c) = st.cntrs[self.id].as_mut() {
-                c.orphaned = true;
-            }
+            st.cntrs.orphan(self.id);
         }
     }
 }

@@ -344,10 +344,6 @@ pub(crate) struct CqState {
     pub errors: VecDeque<(CqErrEntry, String)>,
     /// Set once an entry was lost; fatal.
     pub overrun: bool,
-    /// Endpoints bound to this CQ.
-    pub bound: usize,
-    /// The handle was dropped while bound: free on last unbind.
-    pub orphaned: bool,
     /// Keeps the last error's text alive for `err_data`.
     pub last_err: CString,
     pub wait_obj: WaitObj,
@@ -362,6 +358,11 @@ pub(crate) struct CqState {
     sink: Sink,
 }
 
+impl crate::table::Object for CqState {
+    const NAME: &'static str = "CQ";
+    const BOUND_BY: &'static str = "endpoints, poll or wait sets";
+}
+
 impl CqState {
     pub fn new(attr: &CqAttr) -> CqState {
         let size = if attr.size == 0 { 1024 } else { attr.size };
@@ -372,8 +373,6 @@ impl CqState {
             entries: EntryQueue::default(),
             errors: VecDeque::new(),
             overrun: false,
-            bound: 0,
-            orphaned: false,
             last_err: CString::default(),
             wait_obj: attr.wait_obj,
             wait_cond: attr.wait_cond,
@@ -584,16 +583,7 @@ impl crate::Domain {
             }
         }
         let fd = s.fd.clone();
-        let id = match st.cqs.iter().position(|c| c.is_none()) {
-            Some(i) => {
-                st.cqs[i] = Some(s);
-                i
-            }
-            None => {
-                st.cqs.push(Some(s));
-                st.cqs.len() - 1
-            }
-        };
+        let id = st.cqs.insert(s);
         Ok(CompletionQueue { dom: self.inner.clone(), id, closed: false.into(), signaled: false.into(), fd })
     }
 }
@@ -621,14 +611,14 @@ impl SinkOpen<'_> {
     #[inline(always)]
     fn close(&mut self) -> usize {
         self.closed = true;
-        self.st.cqs[self.id].as_mut().map_or(0, |c| c.sink.close())
+        self.st.cqs.get_mut(self.id).map_or(0, |c| c.sink.close())
     }
 
     /// Whether the CQ itself holds anything: entries that did not fit the
     /// sink or came after an error, error entries, the overrun state.
     #[inline(always)]
     fn held(&self) -> bool {
-        self.st.cqs[self.id].as_ref().is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun)
+        self.st.cqs.get(self.id).is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun)
     }
 }
 
@@ -650,7 +640,7 @@ impl CompletionQueue {
         if progress {
             self.dom.progress(&mut st);
         }
-        f(st.cqs[self.id].as_mut().expect("open CQ has state"))
+        f(st.cqs.get_mut(self.id).expect("open CQ has state"))
     }
 
     /// fi_cq_read: drives progress, then returns up to `out.len()` entries;
@@ -673,9 +663,9 @@ impl CompletionQueue {
             return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
         }
         let mut st = self.dom.lock()?;
-        if !st.cqs[self.id].as_mut().expect("open CQ has state").open_sink(out, src.as_deref_mut()) {
+        if !st.cqs.get_mut(self.id).expect("open CQ has state").open_sink(out, src.as_deref_mut()) {
             self.dom.progress(&mut st);
-            return idle_hint(st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src));
+            return idle_hint(st.cqs.get_mut(self.id).expect("open CQ has state").read(out, src));
         }
         // The guard closes the sink however progress ends (a panic must not
         // leave it pointing at this call's arrays), before the lock goes.
@@ -691,7 +681,7 @@ impl CompletionQueue {
             crate::sync::idle_pause();
             return Err(Error::AGAIN);
         }
-        idle_hint(g.st.cqs[self.id].as_mut().expect("open CQ has state").read(out, src))
+        idle_hint(g.st.cqs.get_mut(self.id).expect("open CQ has state").read(out, src))
     }
 
     /// fi_cq_sread: as `read`, but waits (without spinning, with the
@@ -860,15 +850,11 @@ impl CompletionQueue {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        let c = st.cqs[self.id].as_mut().expect("state");
-        if c.bound > 0 {
-            return Err(Error::with(ErrorKind::Busy, format!("CQ is bound to {} endpoint(s)", c.bound)));
-        }
-        if let Some(n) = c.notify.take() {
+        let c = st.cqs.close(self.id)?;
+        if let Some(n) = c.notify {
             n.chan_detached();
         }
-        let cond = c.cond.clone();
-        st.cqs[self.id] = None;
+        let cond = c.cond;
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(b) = self.dom.bridge.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             if let Some(fd) = &self.fd {
@@ -886,9 +872,7 @@ impl Drop for CompletionQueue {
     fn drop(&mut self) {
         if self.close().is_err() {
             let Ok(mut st) = self.dom.lock() else { return };
-            if let Some(c) = st.cqs[self.id].as_mut() {
-                c.orphaned = true;
-            }
+            st.cqs.orphan(self.id);
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::proto::Config;
 use crate::region::{self, Region};
 use crate::srq::SrqState;
 use crate::sync::{DomainGuard, DomainLock, LockError, Threading};
+use crate::table::{Slots, Table};
 use shm_layout::{ep_state, eps_offset, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl, SlotEntry};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -73,10 +74,10 @@ impl Fabric {
             eps: (0..n).map(|_| None).collect(),
             eps_end: 0,
             ep_gen: vec![0; n],
-            cqs: Vec::new(),
-            cntrs: Vec::new(),
-            avs: Vec::new(),
-            srqs: Vec::new(),
+            cqs: Table::new(),
+            cntrs: Table::new(),
+            avs: Table::new(),
+            srqs: Table::new(),
             regions: HashMap::new(),
         };
         Ok(Domain {
@@ -98,7 +99,7 @@ impl Fabric {
 
 /// Entries (and errors) held by the domain's CQs.
 fn cq_entries(st: &DomainState) -> usize {
-    st.cqs.iter().flatten().map(|c| c.entries.len() + c.errors.len()).sum()
+    st.cqs.iter().map(|(_, c)| c.entries.len() + c.errors.len()).sum()
 }
 
 /// A domain (see the module docs).
@@ -153,10 +154,12 @@ pub(crate) struct DomainState {
     pub eps_end: usize,
     /// Generation of each section (bumped at each open).
     pub ep_gen: Vec<u32>,
-    pub cqs: Vec<Option<CqState>>,
-    pub cntrs: Vec<Option<CntrState>>,
-    pub avs: Vec<Option<AvState>>,
-    pub srqs: Vec<Option<SrqState>>,
+    /// The domain's objects by id, each with its bindings (see
+    /// [`crate::table`]): endpoints and poll/wait sets bind them.
+    pub cqs: Table<CqState>,
+    pub cntrs: Table<CntrState>,
+    pub avs: Table<AvState>,
+    pub srqs: Table<SrqState>,
     /// Peer regions mapped so far, by name (first contact maps them).
     pub regions: HashMap<String, Arc<Region>>,
 }
@@ -168,6 +171,27 @@ impl DomainState {
         let old = std::mem::replace(&mut self.eps[idx], ep);
         self.eps_end = self.eps.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
         old
+    }
+
+    /// Releases every binding the closing endpoint `idx` (its state `ep`,
+    /// already out of its slot) held: its SRQ, CQs, counters and AV. Those
+    /// orphaned by a dropped handle go with their last binding.
+    pub fn unbind_ep(&mut self, idx: usize, ep: &EpState) {
+        if let Some(s) = ep.matching.srq {
+            if let Some(q) = self.srqs.get_mut(s) {
+                q.eps.retain(|&e| e != idx);
+            }
+            self.srqs.unbind(s);
+        }
+        for c in [ep.bind.tx_cq, ep.bind.rx_cq].into_iter().flatten() {
+            self.cqs.unbind(c);
+        }
+        for c in ep.bind.counters() {
+            self.cntrs.unbind(c);
+        }
+        if let Some(a) = ep.peers.av() {
+            self.avs.unbind(a);
+        }
     }
 }
 
@@ -224,9 +248,9 @@ unsafe impl Send for EpBox {}
 /// What a progress pass needs besides the endpoint it works on.
 pub(crate) struct Ctx<'a> {
     pub cfg: &'a Config,
-    pub cqs: &'a mut [Option<CqState>],
-    pub avs: &'a [Option<AvState>],
-    pub srqs: &'a mut [Option<SrqState>],
+    pub cqs: &'a mut Slots<CqState>,
+    pub avs: &'a Slots<AvState>,
+    pub srqs: &'a mut Slots<SrqState>,
     pub regions: &'a mut HashMap<String, Arc<Region>>,
     pub counters: &'a [shm_layout::Counter],
 }
@@ -400,7 +424,7 @@ impl Domain {
                 let shm = &self.inner.counters()[c.id];
                 use std::sync::atomic::Ordering::Acquire;
                 let now = (shm.value.v.load(Acquire), shm.err.v.load(Acquire));
-                let cs = st.cntrs[c.id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?;
+                let cs = st.cntrs.get_mut(c.id).ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?;
                 if cs.checkpoint != now {
                     cs.checkpoint = now;
                     moved = true;
@@ -415,7 +439,7 @@ impl Domain {
             if !Arc::ptr_eq(&cq.dom, &self.inner) {
                 return Err(Error::with(ErrorKind::Inval, "CQ of another domain"));
             }
-            let c = st.cqs[cq.id].as_ref().ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+            let c = st.cqs.get(cq.id).ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
             if !matches!(c.wait_obj, crate::WaitObj::Fd | crate::WaitObj::PollFd | crate::WaitObj::MutexCond) {
                 return Err(Error::with(
                     ErrorKind::Inval,
@@ -428,9 +452,8 @@ impl Domain {
         }
         self.inner.progress(&mut st);
         let ready = |st: &DomainState| {
-            cqs.iter().any(|cq| {
-                st.cqs[cq.id].as_ref().is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun)
-            })
+            cqs.iter()
+                .any(|cq| st.cqs.get(cq.id).is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun))
         };
         if ready(&st) {
             return Err(Error::AGAIN);

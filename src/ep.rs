@@ -258,7 +258,7 @@ impl Endpoint {
             if ep.enabled {
                 return Err(Error::with(ErrorKind::Inval, "bind before enable"));
             }
-            if ctx.cqs.get(cq_id).and_then(|c| c.as_ref()).is_none() {
+            if ctx.cqs.get(cq_id).is_none() {
                 return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
             }
             let sel = flags & FI_SELECTIVE_COMPLETION != 0;
@@ -272,7 +272,7 @@ impl Endpoint {
                     }
                     *slot = Some(cq_id);
                     *selslot = sel;
-                    ctx.cqs[cq_id].as_mut().expect("checked").bound += 1;
+                    ctx.cqs.bind(cq_id)?;
                 }
             }
             Ok(())
@@ -305,12 +305,15 @@ impl Endpoint {
         if let Some((k, _)) = kinds.clone().find(|k| ep.bind.cntr(k.0).is_some()) {
             return Err(Error::with(ErrorKind::Inval, format!("a {k:?} counter is already bound")));
         }
-        let mut n = 0;
-        for (k, _) in kinds {
-            ep.bind.bind_cntr(*k, id);
-            n += 1;
+        // Bound in the table first: a closed counter is refused before the
+        // endpoint records it.
+        let kinds: Vec<CntrKind> = kinds.map(|k| k.0).collect();
+        let crate::domain::DomainState { eps, cntrs, .. } = &mut *st;
+        cntrs.bind_n(id, kinds.len())?;
+        let ep = eps[self.idx].as_deref_mut().expect("checked open above");
+        for k in kinds {
+            ep.bind.bind_cntr(k, id);
         }
-        st.cntrs[id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?.bound += n;
         Ok(())
     }
 
@@ -320,16 +323,16 @@ impl Endpoint {
             return Err(Error::with(ErrorKind::Inval, "AV belongs to another domain"));
         }
         let id = av.id;
-        with_ep!(self, |ep, ctx| {
-            if ep.peers.av().is_some() {
-                return Err(Error::with(ErrorKind::Inval, "an AV is already bound"));
-            }
-            let _ = ctx;
-            ep.peers.bind_av(id);
-            Ok(())
-        })?;
         let mut st = self.dom.lock()?;
-        st.avs[id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "AV is closed"))?.bound += 1;
+        let crate::domain::DomainState { eps, avs, .. } = &mut *st;
+        let ep = eps[self.idx].as_deref_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
+        if ep.peers.av().is_some() {
+            return Err(Error::with(ErrorKind::Inval, "an AV is already bound"));
+        }
+        // Bound in the table first: a closed AV is refused before the
+        // endpoint records it.
+        avs.bind(id)?;
+        ep.peers.bind_av(id);
         Ok(())
     }
 
@@ -348,12 +351,7 @@ impl Endpoint {
             if ep.matching.srq.is_some() {
                 return Err(Error::with(ErrorKind::Inval, "an SRQ is already bound"));
             }
-            let q = ctx
-                .srqs
-                .get_mut(id)
-                .and_then(|q| q.as_mut())
-                .ok_or_else(|| Error::with(ErrorKind::Inval, "SRQ is closed"))?;
-            q.eps.push(idx);
+            ctx.srqs.bind(id)?.eps.push(idx);
             ep.matching.srq = Some(id);
             Ok(())
         })
@@ -658,40 +656,9 @@ impl Endpoint {
         let Some(ep) = st.set_ep(self.idx, None) else {
             return Ok(());
         };
-        if let Some(s) = ep.matching.srq {
-            if let Some(q) = st.srqs[s].as_mut() {
-                q.eps.retain(|&e| e != self.idx);
-                if q.eps.is_empty() && q.orphaned {
-                    st.srqs[s] = None;
-                }
-            }
-        }
+        st.unbind_ep(self.idx, &ep);
         ep.sec.header().state.store(ep_state::CLOSED, Ordering::Release);
         ep.sec.header().claimed.store(0, Ordering::Relaxed);
-        for cq in [ep.bind.tx_cq, ep.bind.rx_cq].into_iter().flatten() {
-            if let Some(c) = st.cqs[cq].as_mut() {
-                c.bound -= 1;
-                if c.bound == 0 && c.orphaned {
-                    st.cqs[cq] = None;
-                }
-            }
-        }
-        for c in ep.bind.counters() {
-            if let Some(s) = st.cntrs[c].as_mut() {
-                s.bound -= 1;
-                if s.bound == 0 && s.orphaned {
-                    st.cntrs[c] = None;
-                }
-            }
-        }
-        if let Some(a) = ep.peers.av() {
-            if let Some(s) = st.avs[a].as_mut() {
-                s.bound -= 1;
-                if s.bound == 0 && s.orphaned {
-                    st.avs[a] = None;
-                }
-            }
-        }
         // Give the section's pages back; a reopen starts from zeroed memory.
         let _ = rustix::fs::fallocate(
             self.dom.region_fd(),

@@ -58,6 +58,7 @@ pub mod ring;
 pub mod run;
 pub mod srq;
 pub mod sync;
+mod table;
 pub mod topo;
 
 pub use av::AddressVector;

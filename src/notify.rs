@@ -205,7 +205,7 @@ impl CompletionQueue {
             return Err(Error::with(ErrorKind::Inval, "channel of another domain"));
         }
         let mut st = self.dom.lock()?;
-        let c = st.cqs[self.id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+        let c = st.cqs.get_mut(self.id).ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
         if c.notify.is_some() {
             return Err(Error::with(ErrorKind::Already, "CQ is already attached to a channel"));
         }
@@ -217,7 +217,7 @@ impl CompletionQueue {
     /// Detaches the CQ from its channel.
     pub fn detach_channel(&self) -> Result<()> {
         let mut st = self.dom.lock()?;
-        let c = st.cqs[self.id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+        let c = st.cqs.get_mut(self.id).ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
         let n = c.notify.take().ok_or_else(|| Error::with(ErrorKind::NoEnt, "CQ is not attached to a channel"))?;
         n.chan.attached.fetch_sub(1, Ordering::Relaxed);
         Ok(())
@@ -229,7 +229,7 @@ impl CompletionQueue {
     /// over a pending "solicited" arming; repeating an arming has no effect.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let mut st = self.dom.lock()?;
-        let c = st.cqs[self.id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+        let c = st.cqs.get_mut(self.id).ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
         let n = c
             .notify
             .as_mut()

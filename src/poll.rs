@@ -4,7 +4,7 @@
 //! CQ or counter in a poll set cannot be closed (`Busy`), nor can a poll
 //! set that still has members.
 
-use crate::domain::{Domain, DomainInner};
+use crate::domain::{Domain, DomainInner, DomainState};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::Ordering;
 use crate::{CompletionQueue, Counter};
@@ -13,6 +13,17 @@ use std::sync::{Arc, Mutex};
 enum Member {
     Cq { id: usize, ctx: usize },
     Cntr { id: usize, ctx: usize, last: (u64, u64) },
+}
+
+impl Member {
+    /// Releases the member's binding (freeing an orphaned CQ or counter
+    /// with its last one).
+    fn unbind(&self, st: &mut DomainState) {
+        match *self {
+            Member::Cq { id, .. } => st.cqs.unbind(id),
+            Member::Cntr { id, .. } => st.cntrs.unbind(id),
+        }
+    }
 }
 
 /// A poll set.
@@ -43,7 +54,7 @@ impl PollSet {
             return Err(Error::with(ErrorKind::Already, "CQ is already in the poll set"));
         }
         let mut st = self.dom.lock()?;
-        st.cqs[cq.id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?.bound += 1;
+        st.cqs.bind(cq.id)?;
         m.push(Member::Cq { id: cq.id, ctx: context });
         Ok(())
     }
@@ -58,7 +69,7 @@ impl PollSet {
             return Err(Error::with(ErrorKind::Already, "counter is already in the poll set"));
         }
         let mut st = self.dom.lock()?;
-        st.cntrs[c.id].as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?.bound += 1;
+        st.cntrs.bind(c.id)?;
         let shm = &self.dom.counters()[c.id];
         let last = (shm.value.v.load(Ordering::Acquire), shm.err.v.load(Ordering::Acquire));
         m.push(Member::Cntr { id: c.id, ctx: context, last });
@@ -72,10 +83,7 @@ impl PollSet {
             .iter()
             .position(|x| matches!(x, Member::Cq { id, .. } if *id == cq.id))
             .ok_or_else(|| Error::with(ErrorKind::NoEnt, "CQ is not in the poll set"))?;
-        m.remove(i);
-        if let Some(c) = self.dom.lock()?.cqs[cq.id].as_mut() {
-            c.bound -= 1;
-        }
+        m.remove(i).unbind(&mut *self.dom.lock()?);
         Ok(())
     }
 
@@ -86,10 +94,7 @@ impl PollSet {
             .iter()
             .position(|x| matches!(x, Member::Cntr { id, .. } if *id == c.id))
             .ok_or_else(|| Error::with(ErrorKind::NoEnt, "counter is not in the poll set"))?;
-        m.remove(i);
-        if let Some(s) = self.dom.lock()?.cntrs[c.id].as_mut() {
-            s.bound -= 1;
-        }
+        m.remove(i).unbind(&mut *self.dom.lock()?);
         Ok(())
     }
 
@@ -106,8 +111,7 @@ impl PollSet {
             }
             match x {
                 Member::Cq { id, ctx } => {
-                    if st.cqs[*id].as_ref().is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun)
-                    {
+                    if st.cqs.get(*id).is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun) {
                         out[n] = *ctx;
                         n += 1;
                     }
@@ -145,24 +149,7 @@ impl Drop for PollSet {
         let m = std::mem::take(&mut *self.members());
         if let Ok(mut st) = self.dom.lock() {
             for x in m {
-                match x {
-                    Member::Cq { id, .. } => {
-                        if let Some(c) = st.cqs[id].as_mut() {
-                            c.bound -= 1;
-                            if c.bound == 0 && c.orphaned {
-                                st.cqs[id] = None;
-                            }
-                        }
-                    }
-                    Member::Cntr { id, .. } => {
-                        if let Some(c) = st.cntrs[id].as_mut() {
-                            c.bound -= 1;
-                            if c.bound == 0 && c.orphaned {
-                                st.cntrs[id] = None;
-                            }
-                        }
-                    }
-                }
+                x.unbind(&mut st);
             }
         }
     }
@@ -188,7 +175,7 @@ impl WaitSet {
     pub fn add_cq(&self, cq: &CompletionQueue) -> Result<()> {
         self.set.add_cq(cq, cq.id)?;
         let mut st = self.set.dom.lock()?;
-        if let Some(c) = st.cqs[cq.id].as_mut() {
+        if let Some(c) = st.cqs.get_mut(cq.id) {
             c.wait_obj = crate::cq::WaitObj::Set;
         }
         Ok(())

@@ -142,7 +142,7 @@ fn publish_gauges(ep: &EpState, ctx: &Ctx<'_>) {
     let h = ep.sec.header();
     let rx_active: usize = ep.peers.iter().map(|p| p.rx.active_count()).sum();
     h.tx_queued.store(ep.tx.outstanding() as u32, Ordering::Relaxed);
-    let srq = ep.matching.srq.and_then(|s| ctx.srqs[s].as_ref()).map_or(0, |q| q.len());
+    let srq = ep.matching.srq.and_then(|s| ctx.srqs.get(s)).map_or(0, |q| q.len());
     h.rx_posted.store((ep.matching.posted_count() + srq) as u32, Ordering::Relaxed);
     h.unexpected.store(ep.matching.unexp_count() as u32, Ordering::Relaxed);
     h.rx_active.store(rx_active as u32, Ordering::Relaxed);
@@ -429,7 +429,7 @@ fn eager_to_front(
     let (op_context, seg, cqe) = ep.matching.front_plain(tagged, p, h.tag, len)?;
     let mut cq = None;
     if let Some(c) = ep.bind.rx_cq {
-        if let Some(q) = ctx.cqs[c].as_mut() {
+        if let Some(q) = ctx.cqs.get_mut(c) {
             if !q.has_room() {
                 return Some(Flow::Stall);
             }

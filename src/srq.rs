@@ -97,19 +97,23 @@ pub(crate) struct SrqState {
     posted: VecDeque<SrqBuf>,
     events: VecDeque<SrqEvent>,
     /// Section indices of the endpoints bound (they hold their unexpected
-    /// messages, which a new buffer serves first).
+    /// messages, which a new buffer serves first). As long as the SRQ's
+    /// binding count in its table: each endpoint binds it once.
     pub eps: Vec<usize>,
     /// Where the last search for an unexpected message started (fairness
     /// between the endpoints).
     pub next_ep: usize,
-    /// Handle dropped while endpoints were bound: freed when the last unbinds.
-    pub orphaned: bool,
     /// Segment lists of dequeued buffers with more than [`MAX_IOV`]
     /// segments, referenced by their `Dest` until completion (boxes: their
     /// address does not move when the list grows, which a Dest relies on).
     #[allow(clippy::vec_box)]
     ext: Vec<Box<[Iov; SRQ_MAX_IOV]>>,
     ext_free: Vec<u32>,
+}
+
+impl crate::table::Object for SrqState {
+    const NAME: &'static str = "SRQ";
+    const BOUND_BY: &'static str = "endpoints";
 }
 
 impl SrqState {
@@ -122,7 +126,6 @@ impl SrqState {
             events: VecDeque::new(),
             eps: Vec::new(),
             next_ep: 0,
-            orphaned: false,
             ext: Vec::new(),
             ext_free: Vec::new(),
         }
@@ -193,17 +196,7 @@ impl Domain {
         check_depth(attr.max_recv)?;
         check_lw(attr.low_watermark, attr.max_recv)?;
         let mut st = self.inner.lock()?;
-        let s = SrqState::new(attr);
-        let id = match st.srqs.iter().position(|c| c.is_none()) {
-            Some(i) => {
-                st.srqs[i] = Some(s);
-                i
-            }
-            None => {
-                st.srqs.push(Some(s));
-                st.srqs.len() - 1
-            }
-        };
+        let id = st.srqs.insert(SrqState::new(attr));
         Ok(SharedRecvQueue { dom: self.inner.clone(), id, closed: false.into() })
     }
 }
@@ -233,7 +226,7 @@ impl SharedRecvQueue {
             return Err(Self::closed_err());
         }
         let mut st = self.dom.lock()?;
-        if st.srqs.get(self.id).and_then(|s| s.as_ref()).is_none() {
+        if st.srqs.get(self.id).is_none() {
             return Err(Self::closed_err());
         }
         f(&mut st)
@@ -260,7 +253,7 @@ impl SharedRecvQueue {
         }
         let (dom, id) = (&self.dom, self.id);
         self.with(|st| {
-            let q = st.srqs[id].as_mut().expect("checked");
+            let q = st.srqs.get_mut(id).expect("checked");
             if q.posted.len() >= q.max {
                 return Err(Error::with(ErrorKind::Again, format!("all {} SRQ buffers are posted", q.max)));
             }
@@ -272,9 +265,9 @@ impl SharedRecvQueue {
             for k in 0..n {
                 let ei = q.eps[(start + k) % n];
                 if st.eps[ei].as_ref().is_some_and(|e| e.matching.has_untagged_unexp()) {
-                    st.srqs[id].as_mut().expect("checked").next_ep = (start + k + 1) % n;
+                    st.srqs.get_mut(id).expect("checked").next_ep = (start + k + 1) % n;
                     return dom.with_ep(st, ei, |ep, ctx| {
-                        let dest = ctx.srqs[id].as_mut().expect("checked").take().expect("just posted");
+                        let dest = ctx.srqs.get_mut(id).expect("checked").take().expect("just posted");
                         let u = ep.matching.pop_untagged_unexp().expect("checked non-empty");
                         crate::progress::deliver_unexp(ep, ctx, u, dest, false);
                         Ok(())
@@ -300,7 +293,7 @@ impl SharedRecvQueue {
         let dom = &self.dom;
         self.with(|st| {
             dom.progress(st);
-            let q = st.srqs[self.id].as_ref().expect("checked");
+            let q = st.srqs.get(self.id).expect("checked");
             Ok(SrqInfo {
                 posted: q.posted.len(),
                 max_recv: q.max,
@@ -317,7 +310,7 @@ impl SharedRecvQueue {
     pub fn resize(&self, max_recv: usize) -> Result<()> {
         check_depth(max_recv)?;
         self.with(|st| {
-            let q = st.srqs[self.id].as_mut().expect("checked");
+            let q = st.srqs.get_mut(self.id).expect("checked");
             if max_recv < q.posted.len() {
                 return Err(Error::with(
                     ErrorKind::Busy,
@@ -340,7 +333,7 @@ impl SharedRecvQueue {
     /// comes with the next dequeue.
     pub fn set_low_watermark(&self, lw: usize) -> Result<()> {
         self.with(|st| {
-            let q = st.srqs[self.id].as_mut().expect("checked");
+            let q = st.srqs.get_mut(self.id).expect("checked");
             check_lw(lw, q.max)?;
             q.lw = lw;
             q.armed = lw > 0;
@@ -352,10 +345,10 @@ impl SharedRecvQueue {
     pub fn read_event(&self) -> Result<SrqEvent> {
         let dom = &self.dom;
         self.with(|st| {
-            if st.srqs[self.id].as_ref().expect("checked").events.is_empty() {
+            if st.srqs.get(self.id).expect("checked").events.is_empty() {
                 dom.progress(st);
             }
-            st.srqs[self.id].as_mut().expect("checked").events.pop_front().ok_or(Error::AGAIN)
+            st.srqs.get_mut(self.id).expect("checked").events.pop_front().ok_or(Error::AGAIN)
         })
     }
 
@@ -387,11 +380,7 @@ impl SharedRecvQueue {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        let q = st.srqs[self.id].as_ref().expect("state");
-        if !q.eps.is_empty() {
-            return Err(Error::with(ErrorKind::Busy, format!("SRQ is used by {} endpoint(s)", q.eps.len())));
-        }
-        st.srqs[self.id] = None;
+        st.srqs.close(self.id)?;
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
@@ -401,9 +390,7 @@ impl Drop for SharedRecvQueue {
     fn drop(&mut self) {
         if self.close().is_err() {
             let Ok(mut st) = self.dom.lock() else { return };
-            if let Some(q) = st.srqs[self.id].as_mut() {
-                q.orphaned = true;
-            }
+            st.srqs.orphan(self.id);
         }
     }
 }

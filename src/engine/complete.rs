@@ -123,8 +123,8 @@ impl Bindings {
 
     /// Whether the receive CQ has room for another entry (back-pressure).
     #[inline]
-    pub fn rx_room(&self, cqs: &[Option<CqState>]) -> bool {
-        self.rx_cq.is_none_or(|c| cqs[c].as_ref().is_none_or(|q| q.has_room()))
+    pub fn rx_room(&self, cqs: &crate::table::Slots<CqState>) -> bool {
+        self.rx_cq.is_none_or(|c| cqs.get(c).is_none_or(|q| q.has_room()))
     }
 
     /// Counts one completion of kind `k` on its counter, if bound.
@@ -171,7 +171,7 @@ pub(crate) fn complete_send(b: &Bindings, ctx: &mut Ctx<'_>, op: SendDone, err: 
     if err.is_none() && !op.cqe {
         return; // an inject, or a send without FI_COMPLETION
     }
-    let Some(cq) = b.tx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+    let Some(cq) = b.tx_cq.and_then(|c| ctx.cqs.get_mut(c)) else {
         return;
     };
     let flags = op.kind.completion_flags();
@@ -406,7 +406,7 @@ pub(crate) fn complete_rx_ok(
     b: &Bindings,
     peers: &mut Peers,
     counters: &[shm_layout::Counter],
-    avs: &[Option<crate::av::AvState>],
+    avs: &crate::table::Slots<crate::av::AvState>,
     cq: Option<&mut CqState>,
     p: usize,
     ok: &RxOk,
@@ -438,7 +438,7 @@ pub(crate) fn complete_rx_ok(
 #[inline]
 pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, err: Option<Fail>) {
     if d.iovs.ext_slot().is_some() {
-        if let Some(q) = ep.matching.srq.and_then(|s| ctx.srqs[s].as_mut()) {
+        if let Some(q) = ep.matching.srq.and_then(|s| ctx.srqs.get_mut(s)) {
             q.release(&d.iovs);
         }
     }
@@ -467,12 +467,12 @@ pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i
             tag: i.tag,
             multi_release: d.multi_release,
         };
-        let cq = ep.bind.rx_cq.and_then(|c| ctx.cqs[c].as_mut());
+        let cq = ep.bind.rx_cq.and_then(|c| ctx.cqs.get_mut(c));
         complete_rx_ok(&ep.bind, &mut ep.peers, ctx.counters, ctx.avs, cq, p, &ok, d.cqe || d.multi_release);
         return;
     };
     ep.bind.count(ctx.counters, CntrKind::Recv, Val::Error);
-    let Some(cq) = ep.bind.rx_cq.and_then(|c| ctx.cqs[c].as_mut()) else {
+    let Some(cq) = ep.bind.rx_cq.and_then(|c| ctx.cqs.get_mut(c)) else {
         return;
     };
     cq.push_err(

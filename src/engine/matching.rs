@@ -175,7 +175,7 @@ impl Matching {
     #[inline(always)]
     pub fn take_match(
         &mut self,
-        srqs: &mut [Option<SrqState>],
+        srqs: &mut crate::table::Slots<SrqState>,
         tagged: bool,
         p: usize,
         tag: u64,
@@ -186,7 +186,7 @@ impl Matching {
                 if self.closing {
                     return None;
                 }
-                return srqs[s].as_mut().and_then(|q| q.take());
+                return srqs.get_mut(s).and_then(|q| q.take());
             }
         }
         let q = tagged as usize;
@@ -433,7 +433,7 @@ mod tests {
         m.post(true, recv(&mut a, Some(1), 5, 0, false), 16).unwrap();
         m.post(true, recv(&mut b, None, 5, 0, false), 16).unwrap();
         m.post(true, recv(&mut c, None, 5, 0, false), 16).unwrap();
-        let mut srqs: Vec<Option<SrqState>> = Vec::new();
+        let mut srqs = crate::table::Table::<SrqState>::new();
         // From peer 0: the directed one is skipped.
         let d = m.take_match(&mut srqs, true, 0, 5, 4).unwrap();
         assert_eq!(d.ctx, b.as_ptr() as usize);
@@ -458,7 +458,7 @@ mod tests {
         let mut m = Matching::new();
         m.min_multi_recv = 64;
         m.post(false, recv(&mut b, None, 0, 0, true), 4).unwrap();
-        let mut srqs: Vec<Option<SrqState>> = Vec::new();
+        let mut srqs = crate::table::Table::<SrqState>::new();
         let base = b.as_ptr() as usize;
         let d1 = m.take_match(&mut srqs, false, 0, 0, 10).unwrap();
         assert_eq!((d1.buf, d1.cap, d1.multi_release), (base, 256, false));

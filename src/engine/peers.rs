@@ -214,7 +214,7 @@ impl Peers {
     /// The peer behind `fi_addr` (through the cache), not necessarily
     /// connected.
     #[inline(always)]
-    pub fn of(&mut self, avs: &[Option<AvState>], fi_addr: FiAddr) -> Result<usize> {
+    pub fn of(&mut self, avs: &crate::table::Slots<AvState>, fi_addr: FiAddr) -> Result<usize> {
         let cached = self.by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
         if cached != u32::MAX {
             return Ok(cached as usize);
@@ -225,9 +225,9 @@ impl Peers {
     /// [`Peers::of`] when the cache does not know `fi_addr`.
     #[cold]
     #[inline(never)]
-    fn of_slow(&mut self, avs: &[Option<AvState>], fi_addr: FiAddr) -> Result<usize> {
+    fn of_slow(&mut self, avs: &crate::table::Slots<AvState>, fi_addr: FiAddr) -> Result<usize> {
         let av_id = self.av.ok_or_else(|| Error::with(ErrorKind::Inval, "no address vector bound to the endpoint"))?;
-        let av: &AvState = avs[av_id].as_ref().expect("bound AV exists");
+        let av: &AvState = avs.get(av_id).expect("bound AV exists");
         let a = av.lookup(fi_addr).ok_or_else(|| {
             Error::with(ErrorKind::AddrNotAvail, format!("fi_addr {fi_addr} is not in the address vector"))
         })?;
@@ -245,8 +245,8 @@ impl Peers {
     /// Source fi_addr of a peer as the bound AV knows it (cached per peer
     /// for the AV's generation; inlined: every receive completion asks).
     #[inline(always)]
-    pub fn src_addr(&mut self, avs: &[Option<AvState>], p: usize) -> FiAddr {
-        let Some(av) = self.av.and_then(|a| avs[a].as_ref()) else {
+    pub fn src_addr(&mut self, avs: &crate::table::Slots<AvState>, p: usize) -> FiAddr {
+        let Some(av) = self.av.and_then(|a| avs.get(a)) else {
             return FI_ADDR_NOTAVAIL;
         };
         let peer = &mut self.list[p];
@@ -318,7 +318,7 @@ impl Peers {
     pub fn connected_of(
         &mut self,
         me: Address,
-        avs: &[Option<AvState>],
+        avs: &crate::table::Slots<AvState>,
         regions: &mut HashMap<String, Arc<Region>>,
         fi_addr: FiAddr,
     ) -> Result<usize> {
