@@ -608,3 +608,5 @@ pub(crate) const HASH_PARTS: [u64; 13] = [
     (offset_of!(MsgHdr, tag) | offset_of!(MsgHdr, data) << 8 | offset_of!(MsgHdr, len) << 16) as u64,
 ];
 
+#[cfg(test)]
+mod tests;
