@@ -27,6 +27,9 @@
 #![cfg_attr(not(loom), no_std)]
 
 pub mod sync;
+pub mod wire;
+
+pub use wire::{BounceHdr, Chunk, Control, CtrlKind, CtsWrite, IovRange, Rts, WireError};
 
 use sync::{AtomicU32, AtomicU64};
 
@@ -356,33 +359,29 @@ impl MsgHdr {
     }
 }
 
-/// Message kinds.
+/// Message kinds. Every kind but `EAGER` is a format of [`wire`], whose
+/// type says what travels in the header and what in the payload.
 pub mod op {
-    /// Whole payload inline in the cells.
+    /// Whole payload inline in the cells (the user's header and bytes).
     pub const EAGER: u8 = 1;
-    /// Start of a message sent through pool chunks; payload: msg id (u64),
-    /// total length (u64).
+    /// Start of a message sent through pool chunks ([`BounceHdr`](crate::wire::BounceHdr)).
     pub const BOUNCE_HDR: u8 = 2;
-    /// One pool chunk of the current message: `tag` = msg id, `data` = offset,
-    /// `len` = bytes; payload: chunk index (u32).
+    /// One pool chunk of a bounce message ([`Chunk`](crate::wire::Chunk)).
     pub const CHUNK: u8 = 3;
-    /// Request to send (rendezvous); payload: msg id (u64), total (u64),
-    /// iov count (u32), bits of [`rts_flags`] (u32), then (addr u64, len
-    /// u64) pairs naming the sender's buffer.
+    /// Request to send, rendezvous ([`Rts`](crate::wire::Rts)).
     pub const RTS: u8 = 4;
-    /// Receiver to sender: single copy refused, send through the pool;
-    /// `tag` = msg id.
+    /// Receiver to sender: single copy refused, send through the pool
+    /// ([`Control`](crate::wire::Control)).
     pub const CTS_BOUNCE: u8 = 5;
-    /// Receiver to sender: done with the message; `tag` = msg id, `len` = 0
-    /// or a positive fabric errno.
+    /// Receiver to sender: done with the message, with a status
+    /// ([`Control`](crate::wire::Control)).
     pub const FIN: u8 = 6;
-    /// Receiver to sender, split single copy: "write bytes from `data`
+    /// Receiver to sender, split single copy: "write bytes from an offset
     /// onwards of the message into these ranges of mine while I read the
-    /// part before": `tag` = msg id, `data` = offset; payload: iov count
-    /// (u32), pad, then (addr u64, len u64) pairs.
+    /// part before" ([`CtsWrite`](crate::wire::CtsWrite)).
     pub const CTS_WRITE: u8 = 7;
-    /// Sender to receiver: the write asked by CTS_WRITE is done; `tag` = msg
-    /// id, `len` = 0 or a positive errno.
+    /// Sender to receiver: the write asked by CTS_WRITE is done, with a
+    /// status ([`Control`](crate::wire::Control)).
     pub const WDONE: u8 = 8;
 }
 
@@ -543,7 +542,8 @@ const fn fnv(mut h: u64, x: u64) -> u64 {
     h
 }
 
-/// Hash of the sizes, alignments and key offsets of every shared type: two
+/// Hash of the sizes, alignments and key offsets of every shared type and
+/// of the wire formats ([`wire`]: payload offsets, kind numbers): two
 /// builds agree on it only if they agree on the layout.
 pub const LAYOUT_HASH: u64 = {
     use core::mem::{align_of, offset_of, size_of};
@@ -580,6 +580,12 @@ pub const LAYOUT_HASH: u64 = {
     let mut i = 0;
     while i < parts.len() {
         h = fnv(h, parts[i]);
+        i += 1;
+    }
+    // The control and payload formats ([`wire`]).
+    let mut i = 0;
+    while i < wire::HASH_PARTS.len() {
+        h = fnv(h, wire::HASH_PARTS[i]);
         i += 1;
     }
     h
