@@ -28,6 +28,7 @@ use crate::error::ErrorKind;
 use crate::proto::MAX_MSG_SIZE;
 use crate::ring::{payload_capacity, RingView};
 use crate::sync::Ordering;
+use shm_layout::wire::{self, CtrlKind, WireError};
 use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, MAX_IOV, OVF_PAYLOAD};
 
 /// Messages taken from one ring per pass.
@@ -64,15 +65,12 @@ impl Src<'_> {
             Src::Buf(b) => dst.copy_from_slice(&b[off..off + dst.len()]),
         }
     }
-    fn u64_at(&self, off: usize) -> u64 {
-        let mut b = [0u8; 8];
-        self.read(off, &mut b);
-        u64::from_le_bytes(b)
-    }
-    fn u32_at(&self, off: usize) -> u32 {
-        let mut b = [0u8; 4];
-        self.read(off, &mut b);
-        u32::from_le_bytes(b)
+    /// The payload's first bytes, as many as `buf` holds and the message
+    /// has, for a decoder of [`wire`].
+    fn head<'b>(&self, buf: &'b mut [u8]) -> &'b [u8] {
+        let n = buf.len().min(self.cap());
+        self.read(0, &mut buf[..n]);
+        &buf[..n]
     }
 }
 
@@ -453,12 +451,16 @@ fn start_active(ep: &mut EpState, p: usize, msg_id: u64, a: ActiveRecv) {
 }
 
 fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
-    if src.cap() < 16 {
-        bad(ep, ctx, p, None, "short bounce header");
-        return Flow::Done;
-    }
-    let (msg_id, total) = (src.u64_at(0), src.u64_at(8) as usize);
-    if msg_id == 0 || total == 0 || total > MAX_MSG_SIZE || ep.peers[p].rx.has(msg_id) {
+    let mut b = [0u8; wire::BounceHdr::WIRE];
+    let bh = match wire::BounceHdr::decode(src.head(&mut b), MAX_MSG_SIZE as u64) {
+        Ok(bh) => bh,
+        Err(e) => {
+            bad(ep, ctx, p, None, e.what());
+            return Flow::Done;
+        }
+    };
+    let (msg_id, total) = (bh.msg_id, bh.total as usize);
+    if ep.peers[p].rx.has(msg_id) {
         bad(ep, ctx, p, None, "bad bounce header");
         return Flow::Done;
     }
@@ -485,22 +487,21 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
 }
 
 fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
-    if src.cap() < 4 {
-        bad(ep, ctx, p, None, "short chunk message");
-        return Flow::Done;
-    }
-    let idx = src.u32_at(0);
-    let (msg_id, off, len) = (h.tag, h.data as usize, h.len as usize);
     let pool = &ep.inbound.pool;
-    let Some(chunk) = pool.chunk(idx) else {
-        bad(ep, ctx, p, Some(msg_id), "chunk index out of range");
-        return Flow::Done;
+    let mut b = [0u8; wire::Chunk::WIRE];
+    let c = match wire::Chunk::decode(h, src.head(&mut b), pool.len(), pool.chunk_size()) {
+        Ok(c) => c,
+        Err(e) => {
+            if let WireError::ChunkLen { index, .. } = e {
+                pool.free(index);
+            }
+            // The message fails once its chunk could be read.
+            bad(ep, ctx, p, (!matches!(e, WireError::Short { .. })).then_some(h.tag), e.what());
+            return Flow::Done;
+        }
     };
-    if len == 0 || len > pool.chunk_size() {
-        pool.free(idx);
-        bad(ep, ctx, p, Some(msg_id), "chunk length out of range");
-        return Flow::Done;
-    }
+    let (idx, msg_id, off, len) = (c.index, c.msg_id, c.offset as usize, c.len as usize);
+    let chunk = pool.chunk(idx).expect("index checked by Chunk::decode");
     if !ep.peers[p].rx.has(msg_id) {
         pool.free(idx);
         bad(ep, ctx, p, None, "chunk for no message in progress");
@@ -562,15 +563,13 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
         bad(ep, ctx, p, None, "malformed request to send");
         Flow::Done
     };
-    if src.cap() < 24 {
+    let mut b = [0u8; wire::Rts::MAX_WIRE];
+    let Ok(r) = wire::Rts::decode(src.head(&mut b), MAX_MSG_SIZE as u64) else {
         return malformed(ep, ctx);
-    }
-    let (msg_id, total, niov, fl) = (src.u64_at(0), src.u64_at(8) as usize, src.u32_at(16) as usize, src.u32_at(20));
-    if msg_id == 0 || niov == 0 || niov > MAX_IOV || 24 + 16 * niov > src.cap() || total > MAX_MSG_SIZE {
-        return malformed(ep, ctx);
-    }
-    let iovs: Vec<(u64, u64)> = (0..niov).map(|i| (src.u64_at(24 + 16 * i), src.u64_at(32 + 16 * i))).collect();
-    if iovs.iter().try_fold(0u64, |a, v| a.checked_add(v.1)) != Some(total as u64) || ep.peers[p].rx.has(msg_id) {
+    };
+    let (msg_id, total, fl) = (r.msg_id, r.total as usize, r.flags);
+    let iovs: Vec<(u64, u64)> = r.iovs().iter().map(|v| (v.addr, v.len)).collect();
+    if ep.peers[p].rx.has(msg_id) {
         return malformed(ep, ctx);
     }
     if !ep.bind.rx_room(ctx.cqs) {
@@ -621,27 +620,27 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
                 peer.cma_worked = true;
                 ep.stats.cma_reads += 1;
                 finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
-                ep.queue_ctrl(p, Ctrl::new(op::FIN, rts.msg_id, 0));
+                ep.queue_ctrl(p, Ctrl::new(CtrlKind::Fin, rts.msg_id, 0));
                 return;
             }
             Err(CmaError::Refused(_)) => peer.cma_refused = true,
             Err(CmaError::Fault(e)) => {
                 let f = cma_fail(&peer.addr, peer.pid, e);
                 finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(f) });
-                ep.queue_ctrl(p, Ctrl::new(op::FIN, rts.msg_id, ErrorKind::Io.errno() as u32));
+                ep.queue_ctrl(p, Ctrl::new(CtrlKind::Fin, rts.msg_id, ErrorKind::Io.errno() as u32));
                 return;
             }
         }
     }
     if info.total == 0 {
         finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
-        ep.queue_ctrl(p, Ctrl::new(op::FIN, rts.msg_id, 0));
+        ep.queue_ctrl(p, Ctrl::new(CtrlKind::Fin, rts.msg_id, 0));
         return;
     }
     ep.stats.cma_fallbacks += 1;
     let a = ActiveRecv { dest: d, total: info.total, received: 0, tag: info.tag, data: info.data, hflags: info.hflags };
     start_active(ep, p, rts.msg_id, a);
-    ep.queue_ctrl(p, Ctrl::new(op::CTS_BOUNCE, rts.msg_id, 0));
+    ep.queue_ctrl(p, Ctrl::new(CtrlKind::CtsBounce, rts.msg_id, 0));
 }
 
 fn cma_fail(peer_addr: &shm_layout::Address, pid: i32, e: i32) -> Fail {
@@ -664,17 +663,11 @@ fn cma_fail(peer_addr: &shm_layout::Address, pid: i32, e: i32) -> Fail {
 fn split_copy(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, info: RxInfo, rts: Rts, want: usize) {
     let split = (want / 2) & !4095;
     let theirs = local_ranges(&d, split, want - split);
-    let mut pl = Vec::with_capacity(8 + 16 * theirs.len());
-    pl.extend_from_slice(&(theirs.len() as u32).to_le_bytes());
-    pl.extend_from_slice(&0u32.to_le_bytes());
-    for (a, l) in &theirs {
-        pl.extend_from_slice(&(*a as u64).to_le_bytes());
-        pl.extend_from_slice(&(*l as u64).to_le_bytes());
-    }
-    let mut c = Ctrl::new(op::CTS_WRITE, rts.msg_id, 0);
-    c.data = split as u64;
-    c.payload = pl;
-    ep.queue_ctrl(p, c);
+    let ranges = theirs.iter().map(|&(a, l)| wire::IovRange { addr: a as u64, len: l as u64 });
+    let cw = wire::CtsWrite::new(rts.msg_id, split as u64, ranges).expect("at most MAX_IOV: checked by rendezvous");
+    let mut pl = [0u8; wire::CtsWrite::MAX_WIRE];
+    let (hdr, n) = cw.encode(&mut pl).expect("buffer sized for any CTS_WRITE");
+    ep.queue_ctrl(p, Ctrl { hdr, payload: pl[..n].to_vec() });
     ep.progress_peer_tx(ctx, p);
     let mine = local_ranges(&d, 0, split);
     let peer = &mut ep.peers[p];
@@ -694,14 +687,10 @@ fn split_copy(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, info: RxIn
 /// the receiver's buffer, then say so.
 fn on_cts_write(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
     let msg_id = h.tag;
-    let parsed = (src.cap() >= 8).then(|| src.u32_at(0) as usize).filter(|&n| n <= MAX_IOV && 8 + 16 * n <= src.cap());
-    let ranges: Vec<(u64, u64)> = match parsed {
-        Some(n) => (0..n).map(|i| (src.u64_at(8 + 16 * i), src.u64_at(16 + 16 * i))).collect(),
-        None => Vec::new(),
-    };
-    let total: u64 = ranges.iter().map(|r| r.1).sum();
-    let off = h.data as usize;
-    let local = parsed.and_then(|_| ep.send_ranges(p, msg_id, off, total as usize));
+    let mut b = [0u8; wire::CtsWrite::MAX_WIRE];
+    let parsed = wire::CtsWrite::decode(h, src.head(&mut b)).ok();
+    let ranges: Vec<(u64, u64)> = parsed.iter().flat_map(|c| c.ranges()).map(|r| (r.addr, r.len)).collect();
+    let local = parsed.and_then(|c| ep.send_ranges(p, msg_id, c.offset as usize, c.total() as usize));
     let status = match local {
         Some(local) => match cma::write(ep.peers[p].pid, &local, &ranges, ctx.cfg.cma) {
             Ok(_) => 0,
@@ -709,18 +698,21 @@ fn on_cts_write(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: 
         },
         None => ErrorKind::Io.errno() as u32,
     };
-    ep.queue_ctrl(p, Ctrl::new(op::WDONE, msg_id, status));
+    ep.queue_ctrl(p, Ctrl::new(CtrlKind::Wdone, msg_id, status));
     Flow::Done
 }
 
 /// Receiver side: the sender's half is in place (or failed: then read it
 /// ourselves); the split receive completes.
 fn on_wdone(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
-    if !matches!(ep.peers[p].rx.get_mut(h.tag), Some(RxCur::Split(_))) {
+    let Ok(c) = wire::Control::decode(h) else {
+        return Flow::Done;
+    };
+    if !matches!(ep.peers[p].rx.get_mut(c.msg_id), Some(RxCur::Split(_))) {
         return Flow::Done;
     }
-    let Some(RxCur::Split(mut s)) = ep.peers[p].rx.take(h.tag) else { unreachable!("matched above") };
-    if h.len != 0 && s.own_err.is_none() {
+    let Some(RxCur::Split(mut s)) = ep.peers[p].rx.take(c.msg_id) else { unreachable!("matched above") };
+    if c.status != 0 && s.own_err.is_none() {
         let rest = local_ranges(&s.dest, s.split, s.want - s.split);
         let peer = &ep.peers[p];
         if let Err(CmaError::Refused(e)) | Err(CmaError::Fault(e)) =
@@ -732,14 +724,17 @@ fn on_wdone(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
     let mut info = s.info;
     info.delivered = if s.own_err.is_some() { 0 } else { s.want };
     let status = if s.own_err.is_some() { ErrorKind::Io.errno() as u32 } else { 0 };
-    finish_rx(ep, ctx, p, h.tag, PendingRx { dest: s.dest, info, err: s.own_err });
+    finish_rx(ep, ctx, p, c.msg_id, PendingRx { dest: s.dest, info, err: s.own_err });
     // Done with the sender's buffer: its send may complete.
-    ep.queue_ctrl(p, Ctrl::new(op::FIN, h.tag, status));
+    ep.queue_ctrl(p, Ctrl::new(CtrlKind::Fin, c.msg_id, status));
     Flow::Done
 }
 
 fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
-    if ep.tx.bounce_requested(&mut ep.peers[p], p, h.tag) {
+    let Ok(c) = wire::Control::decode(h) else {
+        return Flow::Done;
+    };
+    if ep.tx.bounce_requested(&mut ep.peers[p], p, c.msg_id) {
         // We offered single copy and the receiver could not use it: stop
         // offering it to this peer (and use the no-CMA thresholds).
         ep.peers[p].cma_refused = true;
@@ -748,11 +743,14 @@ fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
 }
 
 fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
+    let Ok(c) = wire::Control::decode(h) else {
+        return Flow::Done;
+    };
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
-    if let Some(op) = ep.peers[p].tx.awaiting(h.tag) {
+    if let Some(op) = ep.peers[p].tx.awaiting(c.msg_id) {
         op.state = TxState::Done;
-        if h.len != 0 {
-            let k = ErrorKind::from_errno(h.len as i32);
+        if c.status != 0 {
+            let k = ErrorKind::from_errno(c.status as i32);
             op.err = Some((k, prov::REMOTE, format!("{who} failed to take the message: {}", k.message())));
         }
         ep.retire(ctx, p);

@@ -20,7 +20,7 @@ use super::EpState;
 use crate::domain::Ctx;
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::{self, Proto, INJECT_SIZE, MAX_MSG_SIZE};
-use shm_layout::{op, rts_flags, MsgHdr, MAX_IOV, OVF_PAYLOAD};
+use shm_layout::{op, rts_flags, wire, MsgHdr, OVF_PAYLOAD};
 use std::collections::VecDeque;
 
 /// Where a transmit stands.
@@ -72,19 +72,16 @@ impl TxOp {
 /// A control message waiting to go to a peer.
 #[derive(Clone, Debug)]
 pub(crate) struct Ctrl {
-    pub op: u8,
-    pub msg_id: u64,
-    pub status: u32,
-    /// Header `data` field.
-    pub data: u64,
+    /// Header, from a `shm_layout::wire` encoder.
+    pub hdr: MsgHdr,
     /// Payload (CTS_WRITE's ranges), empty for most.
     pub payload: Vec<u8>,
 }
 
 impl Ctrl {
     /// A control message without payload.
-    pub fn new(op: u8, msg_id: u64, status: u32) -> Ctrl {
-        Ctrl { op, msg_id, status, data: 0, payload: Vec::new() }
+    pub fn new(kind: wire::CtrlKind, msg_id: u64, status: u32) -> Ctrl {
+        Ctrl { hdr: wire::Control { kind, status, msg_id }.encode(), payload: Vec::new() }
     }
 }
 
@@ -251,8 +248,10 @@ fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Poo
     // SAFETY: we own chunk idx (popped from the free list) until the CHUNK
     // message hands it to the receiver; n <= chunk_size.
     op.iovs.gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
-    let h = MsgHdr { op: op::CHUNK, flags: 0, ncells: 0, len: n as u32, tag: msg_id, data: off as u64 };
-    if !chan_push(chan, me, &h, &[&idx.to_le_bytes()]) {
+    let mut pl = [0u8; wire::Chunk::WIRE];
+    let c = wire::Chunk { msg_id, offset: off as u64, len: n as u32, index: idx };
+    let (h, _) = c.encode(&mut pl).expect("buffer sized for a chunk");
+    if !chan_push(chan, me, &h, &[&pl]) {
         pool.free(idx);
         return false;
     }
@@ -473,8 +472,7 @@ impl EpState {
             let tx = &mut peer.tx;
             // 1. Control messages first: they unblock the peer.
             while let Some(c) = tx.ctrlq.front() {
-                let h = MsgHdr { op: c.op, flags: 0, ncells: 0, len: c.status, tag: c.msg_id, data: c.data };
-                if !chan_push(chan, &me, &h, &[&c.payload]) {
+                if !chan_push(chan, &me, &c.hdr, &[&c.payload]) {
                     break;
                 }
                 tx.ctrlq.pop_front();
@@ -511,9 +509,9 @@ impl EpState {
                     }
                     Proto::Bounce => {
                         let msg_id = tx.next_msg_id;
-                        let mut pl = [0u8; 16];
-                        pl[..8].copy_from_slice(&msg_id.to_le_bytes());
-                        pl[8..].copy_from_slice(&(op.len as u64).to_le_bytes());
+                        let mut pl = [0u8; wire::BounceHdr::WIRE];
+                        let bh = wire::BounceHdr { msg_id, total: op.len as u64 };
+                        bh.encode(&mut pl).expect("buffer sized for a bounce header");
                         let ok = chan_push(chan, &me, &op.hdr(op::BOUNCE_HDR, 0), &[&pl]);
                         if ok {
                             tx.next_msg_id += 1;
@@ -530,17 +528,14 @@ impl EpState {
                     }
                     Proto::Rndv => {
                         let msg_id = tx.next_msg_id;
-                        let mut pl = [0u8; 24 + 16 * MAX_IOV];
+                        let mut pl = [0u8; wire::Rts::MAX_WIRE];
                         let cma = proto::offer_cma(ctx.cfg, cma_refused, op.owned.is_some());
-                        pl[..8].copy_from_slice(&msg_id.to_le_bytes());
-                        pl[8..16].copy_from_slice(&(op.len as u64).to_le_bytes());
-                        pl[16..20].copy_from_slice(&(op.iovs.n as u32).to_le_bytes());
-                        pl[20..24].copy_from_slice(&(if cma { rts_flags::CMA } else { 0 }).to_le_bytes());
-                        for (k, s) in op.iovs.segs().iter().enumerate() {
-                            pl[24 + 16 * k..32 + 16 * k].copy_from_slice(&(s.ptr as u64).to_le_bytes());
-                            pl[32 + 16 * k..40 + 16 * k].copy_from_slice(&(s.len as u64).to_le_bytes());
-                        }
-                        let n = 24 + 16 * op.iovs.n;
+                        let segs =
+                            op.iovs.segs().iter().map(|s| wire::IovRange { addr: s.ptr as u64, len: s.len as u64 });
+                        let fl = if cma { rts_flags::CMA } else { 0 };
+                        let rts = wire::Rts::new(msg_id, op.len as u64, fl, segs)
+                            .expect("sends have at most MAX_IOV segments");
+                        let n = rts.encode(&mut pl).expect("buffer sized for any RTS");
                         let ok = chan_push(chan, &me, &op.hdr(op::RTS, 0), &[&pl[..n]]);
                         if ok {
                             tx.next_msg_id += 1;
