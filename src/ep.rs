@@ -158,6 +158,9 @@ fn post_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool, r: PostedRecv) -> 
         return Err(Error::with(ErrorKind::NoCq, "no receive CQ or receive counter bound"));
     }
     ep.matching.post(tagged, r, ctx.cfg.rx_size)?;
+    if !ep.matching.has_unexp(tagged) {
+        return Ok(());
+    }
     let before = ep.matching.posted_count() - 1;
     // Unexpected messages that this receive (or a multi-receive buffer,
     // several of them) matches.

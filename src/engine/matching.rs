@@ -138,6 +138,12 @@ impl Matching {
         self.unexp_bytes
     }
 
+    /// Whether an unexpected message waits in `tagged`'s queue.
+    #[inline(always)]
+    pub fn has_unexp(&self, tagged: bool) -> bool {
+        !self.unexp[tagged as usize].is_empty()
+    }
+
     /// Whether a receive directed at peer `p` is posted.
     pub fn directed_at(&self, p: usize) -> bool {
         self.posted.iter().flatten().any(|r| r.src == Some(p))
