@@ -361,3 +361,60 @@ impl Peers {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::table::Table;
+
+    fn addr(token: u64) -> Address {
+        Address { uid: 1, job: 2, token, ep_index: 0, generation: 1 }
+    }
+
+    fn av_of(addrs: &[Address]) -> (Table<AvState>, usize) {
+        let mut t = Table::new();
+        let av = AvState {
+            entries: addrs.iter().map(|a| Some(*a)).collect(),
+            by_addr: addrs.iter().enumerate().map(|(i, a)| (*a, i as FiAddr)).collect(),
+            generation: 0,
+        };
+        let id = t.insert(av);
+        (t, id)
+    }
+
+    #[test]
+    fn indices_are_stable_and_addresses_unique() {
+        let mut p = Peers::new();
+        let a = p.index_of(addr(10));
+        let b = p.index_of(addr(11));
+        assert_eq!((a, b), (0, 1));
+        assert_eq!(p.index_of(addr(10)), a, "a known address keeps its index");
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[b].addr, addr(11));
+        assert!(!p[a].connected());
+        assert!(p[a].chan_valid(), "no claim to lose before the first connect");
+    }
+
+    #[test]
+    fn fi_addr_cache_follows_the_av_and_is_cleared_on_removal() {
+        let (mut avs, id) = av_of(&[addr(10), addr(11)]);
+        let mut p = Peers::new();
+        assert_eq!(p.of(&avs, 0).unwrap_err().kind(), ErrorKind::Inval, "no AV bound");
+        p.bind_av(id);
+        assert_eq!(p.of(&avs, 1).unwrap(), 0, "first peer met gets index 0");
+        assert_eq!(p.of(&avs, 0).unwrap(), 1);
+        assert_eq!(p.of(&avs, 7).unwrap_err().kind(), ErrorKind::AddrNotAvail);
+        // The AV moves fi_addr 1 to another address: after the removal
+        // clears the cache, the new address is found.
+        let av = avs.get_mut(id).unwrap();
+        av.entries[1] = Some(addr(12));
+        av.by_addr.insert(addr(12), 1);
+        av.generation += 1;
+        assert_eq!(p.of(&avs, 1).unwrap(), 0, "stale until cleared, as the AV clears it on every removal");
+        p.clear_fi_cache();
+        assert_eq!(p.of(&avs, 1).unwrap(), 2);
+        // Source addresses come from the AV, cached per generation.
+        assert_eq!(p.src_addr(&avs, 2), 1);
+        assert_eq!(p.src_addr(&avs, 1), 0);
+    }
+}

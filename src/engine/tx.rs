@@ -607,3 +607,54 @@ pub(crate) fn local_ranges(d: &Dest, off: usize, len: usize) -> Vec<(*mut u8, us
     let len = len.min(d.cap.saturating_sub(off));
     crate::cma::sub_ranges(&all, off, len).into_iter().map(|(a, l)| (a as usize as *mut u8, l as usize)).collect()
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::engine::peers::Peers;
+
+    fn op(state: TxState) -> TxOp {
+        TxOp {
+            kind: OpKind::Msg,
+            ctx: 0,
+            tag: 0,
+            data: 0,
+            hflags: 0,
+            len: 0,
+            iovs: Iovs::default(),
+            owned: None,
+            proto: Proto::Rndv,
+            state,
+            cqe: true,
+            inject: false,
+            err: None,
+        }
+    }
+
+    #[test]
+    fn busy_list_and_outstanding_count_follow_the_queues() {
+        let mut peers = Peers::new();
+        let p = peers.index_of(shm_layout::Address { token: 5, ..Default::default() });
+        let mut tx = TxEngine::new();
+        assert!(!tx.any_busy() && peers[p].tx.quiet());
+        tx.queue_ctrl(&mut peers[p], p, Ctrl::new(wire::CtrlKind::Fin, 1, 0));
+        tx.queue_ctrl(&mut peers[p], p, Ctrl::new(wire::CtrlKind::Fin, 2, 0));
+        assert!(tx.any_busy());
+        assert_eq!(tx.busy, vec![p], "a peer is listed once however much it has queued");
+        assert!(peers[p].tx.busy);
+        // A rendezvous awaiting its answer.
+        peers[p].tx.inflight.push_back(op(TxState::AwaitFin { msg_id: 9 }));
+        peers[p].tx.txq.push_back(op(TxState::Start));
+        tx.outstanding += 2;
+        assert!(peers[p].tx.pending() && peers[p].tx.awaiting_answer() && !peers[p].tx.quiet());
+        assert!(peers[p].tx.awaiting(8).is_none());
+        assert!(tx.bounce_requested(&mut peers[p], p, 9), "offered single copy: the receiver could not use it");
+        assert!(matches!(peers[p].tx.inflight[0].state, TxState::Chunks { off: 0, msg_id: 9 }));
+        // A failed peer gives back every record, in send order.
+        let ops = tx.take_all(&mut peers[p].tx);
+        assert_eq!(ops.len(), 2);
+        assert!(matches!(ops[0].state, TxState::Chunks { .. }) && ops[1].state == TxState::Start);
+        assert_eq!(tx.outstanding(), 0);
+        assert!(peers[p].tx.quiet() && peers[p].tx.idle());
+    }
+}
