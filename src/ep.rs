@@ -9,7 +9,7 @@
 use crate::domain::{Ctx, Domain, DomainInner, Section};
 use crate::engine::complete::CntrKind;
 use crate::engine::matching::PostedRecv;
-pub(crate) use crate::engine::request::{Iov, Iovs};
+use crate::engine::request::{Iov, Iovs};
 use crate::engine::request::{OpKind, Request, SEND_FLAGS};
 use crate::engine::EpState;
 use crate::error::{Error, ErrorKind, Result};
