@@ -202,8 +202,8 @@ fn exe() -> Result<PathBuf, String> {
 /// The two ranks of a launcher (mpirun, shmfab run -n 2), if this process
 /// is one of them: rank 0 measures, rank 1 serves it (and exits here).
 fn launched_pair() -> Result<Option<shmfab::World>, String> {
-    let l = shmfab::launch::Launch::detect().map_err(|e| e.to_string())?;
-    if l.launcher == shmfab::launch::Launcher::Single {
+    let l = shmfab::job::Launch::detect().map_err(|e| e.to_string())?;
+    if l.launcher == shmfab::job::Launcher::Single {
         return Ok(None);
     }
     if l.size != 2 {
