@@ -6,11 +6,8 @@
 //! and a job's boot region while it starts. This is what a user runs when
 //! a job hangs.
 
-use crate::domain::Section;
 use crate::error::Result;
 use crate::region::{scan, Region, RegionInfo};
-use crate::sync::Ordering;
-use shm_layout::{ep_state, BootHeader, MAGIC};
 use std::fmt::Write;
 
 /// The job hash a JOB argument names: 8 hex digits as printed in region
@@ -65,85 +62,40 @@ pub fn inspect(job: Option<u32>) -> Result<String> {
 }
 
 fn region(out: &mut String, reg: &Region, all: &[RegionInfo]) {
-    let (g, n_eps, _) = reg.geometry();
-    for i in 0..n_eps {
-        let Ok(sec) = Section::of(reg, i) else { continue };
-        let h = sec.header();
-        if h.state.load(Ordering::Acquire) != ep_state::OPEN {
-            continue;
-        }
+    let snap = crate::snapshot::region(reg);
+    for e in &snap.endpoints {
         let _ = writeln!(
             out,
-            "    endpoint {i} (generation {}): {} sends queued or in flight, {} receives posted, {} unexpected, {} receives in progress; {} progress passes",
-            h.generation.load(Ordering::Relaxed),
-            h.tx_queued.load(Ordering::Relaxed),
-            h.rx_posted.load(Ordering::Relaxed),
-            h.unexpected.load(Ordering::Relaxed),
-            h.rx_active.load(Ordering::Relaxed),
-            h.passes.load(Ordering::Relaxed),
+            "    endpoint {} (generation {}): {} sends queued or in flight, {} receives posted, {} unexpected, {} receives in progress; {} progress passes",
+            e.index, e.generation, e.tx_queued, e.rx_posted, e.unexpected, e.rx_active, e.passes,
         );
-        let claimed = h.claimed.load(Ordering::Acquire);
-        for s in 0..g.n_slots {
-            if claimed & (1 << s) == 0 {
-                continue;
-            }
-            let slot = sec.slot(s);
-            // SAFETY: plain data in a mapped slot entry, written before its
-            // claimed bit (acquired above).
-            let a = unsafe { std::ptr::addr_of!(slot.addr).read_volatile() };
-            // SAFETY: ringctl_at(s) is inside the section (s < n_slots).
-            let ctl = unsafe { &*sec.ringctl_at(s) };
-            let (tail, head) = (ctl.tail.v.load(Ordering::Relaxed), ctl.head.v.load(Ordering::Relaxed));
+        for r in &e.rings {
             let _ = writeln!(
                 out,
-                "      ring {s} from {}: {} of {} cells in flight",
-                who(all, &a),
-                tail.saturating_sub(head),
-                g.ring_cells
+                "      ring {} from {}: {} of {} cells in flight",
+                r.slot,
+                who(all, &r.from),
+                r.in_flight,
+                e.ring_cells
             );
         }
-        // SAFETY: the overflow control block is inside the section.
-        let ovf = unsafe { &*sec.ovfctl };
-        let queued = ovf.enqueue.v.load(Ordering::Relaxed).saturating_sub(ovf.dequeue.v.load(Ordering::Relaxed));
-        if h.ovf_used.load(Ordering::Relaxed) != 0 || queued != 0 {
-            let _ = writeln!(out, "      overflow queue: {queued} of {} entries", g.ovf_cells);
+        if e.ovf_used != 0 || e.ovf_queued != 0 {
+            let _ = writeln!(out, "      overflow queue: {} of {} entries", e.ovf_queued, e.ovf_cells);
         }
-        let pool = sec.pool();
-        let _ = writeln!(out, "      pool: {} of {} chunks in use", pool.in_use(), pool.len());
+        let _ = writeln!(out, "      pool: {} of {} chunks in use", e.pool_in_use, e.pool_chunks);
     }
-    let (_, _, n_counters) = reg.geometry();
-    for c in 0..n_counters as usize {
-        let Ok(p) =
-            reg.at::<shm_layout::Counter>(shm_layout::COUNTERS_OFFSET + c * std::mem::size_of::<shm_layout::Counter>())
-        else {
-            break;
-        };
-        // SAFETY: in bounds (checked by at()); atomics only.
-        let cn = unsafe { &*p };
-        let (v, e) = (cn.value.v.load(Ordering::Relaxed), cn.err.v.load(Ordering::Relaxed));
-        if v != 0 || e != 0 {
-            let _ = writeln!(out, "    counter {c}: {v} (errors {e})");
-        }
+    for c in snap.counters.iter().filter(|c| c.value != 0 || c.err != 0) {
+        let _ = writeln!(out, "    counter {}: {} (errors {})", c.index, c.value, c.err);
     }
 }
 
 fn boot(out: &mut String, r: &RegionInfo) {
-    let path = format!("{}/{}", crate::region::SHM_DIR, r.name);
-    let read = std::fs::File::open(&path).ok().and_then(|f| {
-        // SAFETY: a read-only private mapping of a file we just opened; we
-        // only read atomics and integers from it.
-        let m = unsafe { memmap2::MmapOptions::new().len(std::mem::size_of::<BootHeader>()).map(&f) }.ok()?;
-        // SAFETY: the mapping is one page, page aligned.
-        let h = unsafe { &*(m.as_ptr() as *const BootHeader) };
-        (h.magic.load(Ordering::Acquire) == MAGIC)
-            .then(|| (h.arrived.load(Ordering::Relaxed), h.size, h.departed.load(Ordering::Relaxed)))
-    });
-    match read {
-        Some((arrived, size, departed)) => {
+    match crate::snapshot::boot(&r.name) {
+        Some(b) => {
             let _ = writeln!(
                 out,
-                "  boot region {}: {arrived} of {size} ranks arrived, {departed} done (the job is starting or a rank never came)",
-                r.name
+                "  boot region {}: {} of {} ranks arrived, {} done (the job is starting or a rank never came)",
+                r.name, b.arrived, b.size, b.departed
             );
         }
         None => {

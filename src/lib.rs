@@ -56,6 +56,7 @@ pub mod proto;
 pub mod region;
 pub mod ring;
 pub mod run;
+pub mod snapshot;
 pub mod srq;
 pub mod sync;
 pub mod topo;
