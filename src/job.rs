@@ -16,7 +16,7 @@
 //! `World` of a job) both use it without depending on each other.
 //!
 //! ```
-//! use shmfab::job::{Launch, Launcher};
+//! use shmfab::internal::job::{Launch, Launcher};
 //! let vars = [("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "4"),
 //!             ("OMPI_COMM_WORLD_LOCAL_RANK", "2"), ("PMIX_NAMESPACE", "prterun-x-1@1")];
 //! let l = Launch::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string())).unwrap();

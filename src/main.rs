@@ -141,7 +141,7 @@ fn run(args: &[String]) -> Result<(), String> {
         "bench" => cmd_bench(&o),
         "compare" => cmd_compare(&o),
         "clean" => {
-            let dead = shmfab::region::clean_dead(o.dry_run);
+            let dead = shmfab::internal::region::clean_dead(o.dry_run);
             for r in &dead {
                 let verb = if o.dry_run { "would remove" } else { "removed" };
                 println!("{verb} {} (owner pid {} dead, {} bytes)", r.name, r.pid, r.size);
@@ -202,8 +202,8 @@ fn exe() -> Result<PathBuf, String> {
 /// The two ranks of a launcher (mpirun, shmfab run -n 2), if this process
 /// is one of them: rank 0 measures, rank 1 serves it (and exits here).
 fn launched_pair() -> Result<Option<shmfab::World>, String> {
-    let l = shmfab::job::Launch::detect().map_err(|e| e.to_string())?;
-    if l.launcher == shmfab::job::Launcher::Single {
+    let l = shmfab::internal::job::Launch::detect().map_err(|e| e.to_string())?;
+    if l.launcher == shmfab::internal::job::Launcher::Single {
         return Ok(None);
     }
     if l.size != 2 {
@@ -529,7 +529,7 @@ fn cmd_info(o: &Opts) {
         g.chunk_size,
         g.section_size() / 1024
     );
-    let cma = if shmfab::cma::available() { "available" } else { "refused" };
+    let cma = if shmfab::internal::cma::available() { "available" } else { "refused" };
     println!("CMA (process_vm_readv): {cma} (policy {:?})", cfg.cma);
     match rustix::fs::statvfs("/dev/shm") {
         Ok(s) => println!(
@@ -557,20 +557,20 @@ fn cmd_info(o: &Opts) {
         }
         Err(e) => println!("topology: {e}"),
     }
-    let regions = shmfab::region::scan(None);
+    let regions = shmfab::internal::region::scan(None);
     let dead = regions.iter().filter(|r| !r.alive).count();
     println!("regions of this user: {} ({dead} with dead owners)", regions.len());
     print_footprint(&cfg, o);
 }
 
-/// Memory per rank for each N, by receive model (see shmfab::footprint).
+/// Memory per rank for each N, by receive model (see shmfab::internal::footprint).
 fn print_footprint(cfg: &shmfab::proto::Config, o: &Opts) {
-    use shmfab::footprint::{per_rank, RecvModel};
+    use shmfab::internal::footprint::{per_rank, RecvModel};
     let (d, b) = (o.depth, o.buf);
     let per_peer = (d / 2).max(1);
     println!(
         "memory per rank for N ranks (KiB; buffers of {b} B; in-process state {} B per peer):",
-        shmfab::footprint::peer_bytes()
+        shmfab::internal::footprint::peer_bytes()
     );
     println!("  a: one endpoint, shared receive queue of {d} buffers (shmfab's way: flat in N)");
     println!("  b: one endpoint per peer, each with its own queue of {per_peer} buffers (N squared per node)");

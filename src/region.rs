@@ -8,7 +8,7 @@
 //! [`clean_dead`], which the next domain creation calls.
 //!
 //! ```
-//! use shmfab::region::{job_hash, region_name};
+//! use shmfab::internal::region::{job_hash, region_name};
 //! let n = region_name(1000, job_hash("job-7"), 0xabc);
 //! assert!(n.starts_with("shmfab.1000."));
 //! ```

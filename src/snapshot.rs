@@ -6,7 +6,7 @@
 //! only loads: it never disturbs the job.
 //!
 //! ```
-//! use shmfab::{region::{job_hash, Region}, snapshot};
+//! use shmfab::internal::{region::{job_hash, Region}, snapshot};
 //! let job = job_hash(&format!("snapshot-doc-{}", std::process::id()));
 //! let r = Region::create(job, &shm_layout::EpGeometry::DEFAULT, 1, 2).unwrap();
 //! let s = snapshot::region(&r);

@@ -221,14 +221,15 @@ fn killing_the_launcher_ends_its_ranks_and_leaves_nothing() {
     // the next start.
     let t1 = Instant::now();
     loop {
-        let live = shmfab::region::scan(None).into_iter().filter(|r| names.contains(&r.name) && r.alive).count();
+        let live =
+            shmfab::internal::region::scan(None).into_iter().filter(|r| names.contains(&r.name) && r.alive).count();
         if live == 0 {
             break;
         }
         assert!(t1.elapsed() < Duration::from_secs(10), "{live} ranks outlived their launcher");
         std::thread::sleep(Duration::from_millis(10));
     }
-    shmfab::region::clean_dead(false);
+    shmfab::internal::region::clean_dead(false);
     for n in &names {
         assert!(!std::path::Path::new(&format!("/dev/shm/{n}")).exists(), "{n} left behind");
     }
@@ -374,7 +375,7 @@ fn a_sender_dying_mid_push_does_not_block_the_overflow_queue() {
                 2 => {
                     let r = w.learn(0, 1)[0];
                     put_file("pid2", &std::process::id().to_string());
-                    shmfab::ovf::set_fault_die_after_claim(true);
+                    shmfab::internal::ovf::set_fault_die_after_claim(true);
                     let _ = w.ep.inject(b"dies", r);
                     unreachable!("the fault kills us mid-push");
                 }

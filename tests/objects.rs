@@ -482,7 +482,7 @@ fn a_peer_of_another_layout_version_is_refused_naming_both() {
     let p = pair_with(CqFormat::Tagged, false);
     let t = p.av.insert(&[target.getname()]).unwrap()[0];
     // Make the target's region look as if another build made it.
-    let r = shmfab::region::Region::attach(other.region_name()).unwrap();
+    let r = shmfab::internal::region::Region::attach(other.region_name()).unwrap();
     let hdr = r.base() as *mut shm_layout::RegionHeader;
     // SAFETY: a mapped header; only this test touches the field.
     unsafe { std::ptr::addr_of_mut!((*hdr).layout_version).write(shm_layout::LAYOUT_VERSION + 1) };
@@ -534,7 +534,7 @@ fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
     child.wait().unwrap();
     let _ = std::fs::remove_file(&note);
     assert!(std::path::Path::new(&path).exists(), "SIGKILL leaves the region behind");
-    let dead = shmfab::region::clean_dead(true);
+    let dead = shmfab::internal::region::clean_dead(true);
     assert!(dead.iter().any(|r| r.name == name), "dry run lists it");
     assert!(std::path::Path::new(&path).exists(), "dry run removes nothing");
     let _next = Fabric::open().unwrap().domain().unwrap();
@@ -545,7 +545,7 @@ fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
 #[test]
 fn inspect_shows_what_a_stuck_job_holds() {
     job("inspect");
-    let jh = shmfab::region::job_hash(&std::env::var("SHMFAB_JOB_ID").unwrap());
+    let jh = shmfab::internal::region::job_hash(&std::env::var("SHMFAB_JOB_ID").unwrap());
     let p = pair_with(CqFormat::Tagged, false);
     // ep1 posts two receives that nothing matches and does not progress;
     // ep0 sends three 100-byte messages it never takes.
