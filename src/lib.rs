@@ -33,7 +33,6 @@
 #![deny(missing_docs)]
 
 pub mod av;
-pub mod bench;
 mod cma;
 pub mod cntr;
 pub mod cq;
@@ -44,7 +43,6 @@ pub mod error;
 mod fdwait;
 pub mod flags;
 mod footprint;
-pub mod inspect;
 mod job;
 mod launch;
 pub mod notify;
@@ -55,11 +53,9 @@ mod progress;
 pub mod proto;
 mod region;
 mod ring;
-pub mod run;
 mod snapshot;
 pub mod srq;
 mod sync;
-pub mod topo;
 
 pub use av::AddressVector;
 pub use cntr::Counter;

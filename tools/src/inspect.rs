@@ -6,8 +6,8 @@
 //! and a job's boot region while it starts. This is what a user runs when
 //! a job hangs.
 
-use crate::error::Result;
-use crate::region::{scan, Region, RegionInfo};
+use shmfab::internal::region::{scan, Region, RegionInfo};
+use shmfab::Result;
 use std::fmt::Write;
 
 /// The job hash a JOB argument names: 8 hex digits as printed in region
@@ -18,16 +18,16 @@ pub fn job_arg(s: &str) -> u32 {
             return h;
         }
     }
-    crate::region::job_hash(s)
+    shmfab::internal::region::job_hash(s)
 }
 
 fn who(all: &[RegionInfo], a: &shm_layout::Address) -> String {
-    let name = crate::region::region_name(a.uid, a.job, a.token);
+    let name = shmfab::internal::region::region_name(a.uid, a.job, a.token);
     let pid = all.iter().find(|r| r.name == name).map(|r| {
         let state = if r.alive { "alive" } else { "dead" };
         format!("pid {} {state}", r.pid)
     });
-    format!("{} ({})", crate::av::AddressVector::straddr(a), pid.unwrap_or_else(|| "region gone".into()))
+    format!("{} ({})", shmfab::av::AddressVector::straddr(a), pid.unwrap_or_else(|| "region gone".into()))
 }
 
 /// A report on the regions of one job (or all of this user's).
@@ -62,7 +62,7 @@ pub fn inspect(job: Option<u32>) -> Result<String> {
 }
 
 fn region(out: &mut String, reg: &Region, all: &[RegionInfo]) {
-    let snap = crate::snapshot::region(reg);
+    let snap = shmfab::internal::snapshot::region(reg);
     for e in &snap.endpoints {
         let _ = writeln!(
             out,
@@ -90,7 +90,7 @@ fn region(out: &mut String, reg: &Region, all: &[RegionInfo]) {
 }
 
 fn boot(out: &mut String, r: &RegionInfo) {
-    match crate::snapshot::boot(&r.name) {
+    match shmfab::internal::snapshot::boot(&r.name) {
         Some(b) => {
             let _ = writeln!(
                 out,

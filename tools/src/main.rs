@@ -2,7 +2,7 @@
 //! the side-by-side comparison with the installed peers, region cleanup and
 //! facts about the node.
 
-use shmfab::bench::{self, Figure, Link};
+use shmfab_tools::bench::{self, Figure, Link};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -156,8 +156,8 @@ fn run(args: &[String]) -> Result<(), String> {
             Ok(())
         }
         "inspect" => {
-            let job = o.what.as_deref().map(shmfab::inspect::job_arg);
-            print!("{}", shmfab::inspect::inspect(job).map_err(|e| e.to_string())?);
+            let job = o.what.as_deref().map(shmfab_tools::inspect::job_arg);
+            print!("{}", shmfab_tools::inspect::inspect(job).map_err(|e| e.to_string())?);
             Ok(())
         }
         "-h" | "--help" | "help" => {
@@ -175,7 +175,7 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
         .ok_or_else(|| format!("shmfab run needs -- before the program\n{USAGE}"))?;
     let (opts, prog) = (&args[..split], &args[split + 1..]);
     let mut n = None;
-    let mut bind = shmfab::run::Bind::None;
+    let mut bind = shmfab_tools::run::Bind::None;
     let mut it = opts.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -191,7 +191,7 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
         }
     }
     let n = n.ok_or("shmfab run needs -n N")?;
-    let code = shmfab::run::run(n, bind, prog).map_err(|e| e.to_string())?;
+    let code = shmfab_tools::run::run(n, bind, prog).map_err(|e| e.to_string())?;
     std::process::exit(code);
 }
 
@@ -268,7 +268,7 @@ fn fmt(v: Option<f64>, prec: usize) -> String {
 }
 
 /// The osu-style MPI program, built here with mpicc when none was given.
-const OSU_SOURCE: &str = include_str!("../mpi_tests/osu_style.c");
+const OSU_SOURCE: &str = include_str!("../../mpi_tests/osu_style.c");
 
 fn osu_binary(o: &Opts) -> Option<PathBuf> {
     if o.osu.is_some() {
@@ -539,7 +539,7 @@ fn cmd_info(o: &Opts) {
         ),
         Err(e) => println!("/dev/shm: cannot stat: {e}"),
     }
-    match shmfab::topo::discover() {
+    match shmfab_tools::topo::discover() {
         Ok(t) => {
             println!(
                 "topology (hwloc): {} package(s), {} NUMA node(s), {} core(s), {} hardware thread(s)",
