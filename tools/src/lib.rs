@@ -13,4 +13,5 @@
 pub mod bench;
 pub mod inspect;
 pub mod run;
+pub mod status;
 pub mod topo;

@@ -1,34 +1,193 @@
 //! The `shmfab` command: benchmarks between two processes it starts itself,
-//! the side-by-side comparison with the installed peers, region cleanup and
-//! facts about the node.
+//! the side-by-side comparison with the installed peers, the embedded
+//! launcher, a live job's state, region cleanup and facts about the node.
+//! Arguments are parsed by clap (usage errors exit with status 2, other
+//! failures with 1); figures are written as JSON by serde.
 
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
 use shmfab_tools::bench::{self, Figure, Link};
-use std::io::Write;
+use shmfab_tools::status::Status;
 use std::path::{Path, PathBuf};
-
-const USAGE: &str = "usage:
-  shmfab run -n N [--bind core|numa|none] -- PROGRAM [ARGS]
-      start N ranks of PROGRAM (shmfab's own launcher; ranks join with shmfab::World)
-  shmfab bench [pingpong|bw|msgrate|all|wakeup] [--sizes 8,64,...] [--json FILE] [--compare [--rounds N]]
-      two processes (this one and a peer it starts) over shmfab; --compare adds
-      the installed peers side by side (as shmfab compare)
-  shmfab compare [--sizes 8,64,...] [--json FILE] [--osu PATH] [--rounds N]
-      shmfab, the raw shared-page floor, Open MPI (osu-style program at PATH)
-      and libfabric shm (fi_pingpong) side by side, with shmfab's ratios;
-      the systems take turns for N rounds (default 3), each figure the median
-  shmfab inspect [JOB]
-      what a live job's regions hold (JOB: a job id or its 8-hex hash; default: all)
-  shmfab clean [--dry-run]
-      remove this user's regions whose owners are dead
-  shmfab info [--ranks N,...] [--depth D] [--buf BYTES]
-      version, layout, thresholds in force, CMA, /dev/shm, and memory per
-      rank for N ranks (default 2,8,64,256; SRQ depth D default 128, per-peer
-      queue depth D/2, buffers default 4K)";
 
 /// Window of the message-rate test: osu_mbw_mr's default.
 const RATE_WINDOW: usize = 64;
 
 const DEFAULT_SIZES: [usize; 7] = [8, 64, 1024, 4096, 65536, 1 << 20, 4 << 20];
+
+/// shmfab: shared-memory communication between processes of one node.
+#[derive(Debug, Parser)]
+#[command(name = "shmfab", version, arg_required_else_help = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Start N ranks of PROGRAM (shmfab's own launcher; ranks join with shmfab::World)
+    Run(RunArgs),
+    /// Two processes (this one and a peer it starts, or a launcher's two
+    /// ranks) over shmfab: half round trip, bandwidth, message rate
+    Bench(BenchArgs),
+    /// shmfab, the raw shared-page floor, Open MPI (osu-style program at
+    /// --osu) and libfabric shm (fi_pingpong) side by side, with shmfab's
+    /// ratios; the systems take turns for --rounds rounds, each figure the median
+    Compare(CompareArgs),
+    /// What a live job's regions hold (run it when a job hangs)
+    Inspect {
+        /// A job id or its 8-hex hash (default: all of this user's jobs)
+        job: Option<String>,
+    },
+    /// Remove this user's regions whose owners are dead
+    Clean {
+        /// Only list them
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Version, layout, thresholds in force, CMA, /dev/shm, topology, and
+    /// memory per rank for N ranks
+    Info(InfoArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Ranks to start (1 to 4096)
+    #[arg(short = 'n', long = "np", value_name = "N", value_parser = in_range(1, 4096))]
+    n: usize,
+    /// How ranks are pinned
+    #[arg(long, value_enum, default_value_t = shmfab_tools::run::Bind::None)]
+    bind: shmfab_tools::run::Bind,
+    /// The program and its arguments, after --
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    program: Vec<String>,
+}
+
+/// What `shmfab bench` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum What {
+    /// Half round trip by size
+    Pingpong,
+    /// Streaming bandwidth by size
+    Bw,
+    /// Message rate (sizes up to 64 B; 8 B unless --sizes says)
+    Msgrate,
+    /// All three
+    All,
+    /// Wake-up latency of a receiver asleep in sread, and a blocked rank's CPU
+    Wakeup,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// What to measure
+    #[arg(value_enum, default_value_t = What::All)]
+    what: What,
+    #[command(flatten)]
+    sizes: SizesArg,
+    /// Write the figures to FILE as JSON
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Add the installed peers side by side (as shmfab compare)
+    #[arg(long)]
+    compare: bool,
+    /// With --compare: rounds the systems take turns for (1 to 50)
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = in_range(1, 50), requires = "compare")]
+    rounds: usize,
+    /// With --compare: the osu-style MPI program (default: built here with mpicc)
+    #[arg(long, value_name = "PATH", requires = "compare")]
+    osu: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Args)]
+struct CompareArgs {
+    #[command(flatten)]
+    sizes: SizesArg,
+    /// Write the figures of every system to FILE as JSON
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// The osu-style MPI program (without it, Open MPI is left out)
+    #[arg(long, value_name = "PATH")]
+    osu: Option<PathBuf>,
+    /// Rounds the systems take turns for (1 to 50)
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = in_range(1, 50))]
+    rounds: usize,
+}
+
+#[derive(Clone, Debug, Args)]
+struct SizesArg {
+    /// Message sizes in bytes, with k or m for KiB or MiB [default: 8,64,1k,4k,64k,1m,4m]
+    #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = bench_size)]
+    sizes: Option<Vec<usize>>,
+}
+
+impl SizesArg {
+    fn get(&self) -> Vec<usize> {
+        self.sizes.clone().unwrap_or_else(|| DEFAULT_SIZES.to_vec())
+    }
+}
+
+#[derive(Debug, Args)]
+struct InfoArgs {
+    /// Rank counts to show memory per rank for (1 to 65536 each)
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_values_t = [2, 8, 64, 256], value_parser = in_range(1, 1 << 16))]
+    ranks: Vec<usize>,
+    /// Depth of the shared receive queue (per-peer queues get half)
+    #[arg(long, value_name = "D", default_value_t = 128, value_parser = in_range(2, 1 << 30))]
+    depth: usize,
+    /// Receive buffer size, with k or m for KiB or MiB
+    #[arg(long, value_name = "BYTES", default_value = "4k", value_parser = buf_size)]
+    buf: usize,
+}
+
+/// A byte count: decimal digits with an optional `k`/`K` (KiB) or `m`/`M`
+/// (MiB) suffix. A count that does not fit in a usize is an error, never a
+/// wrapped value.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.as_bytes().last() {
+        Some(b'k' | b'K') => (&t[..t.len() - 1], 1usize << 10),
+        Some(b'm' | b'M') => (&t[..t.len() - 1], 1 << 20),
+        _ => (t, 1),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{s:?} is not a size: digits, optionally followed by k or m (8, 64k, 1m)"));
+    }
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| format!("{s:?} is too large: sizes go up to {} bytes", usize::MAX))
+}
+
+/// A message size for the benchmarks: at most [`bench::MAX_SIZE`].
+fn bench_size(s: &str) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    if n > bench::MAX_SIZE {
+        return Err(format!("size {n} is above the {} limit", bench::MAX_SIZE));
+    }
+    Ok(n)
+}
+
+/// A buffer size: at least one byte.
+fn buf_size(s: &str) -> Result<usize, String> {
+    match parse_size(s)? {
+        0 => Err("a buffer holds at least 1 byte".into()),
+        n => Ok(n),
+    }
+}
+
+/// A parser of whole numbers in `lo..=hi`.
+fn in_range(lo: usize, hi: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |s: &str| match s.trim().parse::<usize>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        Ok(n) => Err(format!("{n} is not in {lo}..={hi}")),
+        Err(_) if !s.trim().is_empty() && s.trim().bytes().all(|b| b.is_ascii_digit()) => {
+            Err(format!("{s:?} is too large: {lo}..={hi}"))
+        }
+        Err(_) => Err(format!("{s:?} is not a number ({lo}..={hi})")),
+    }
+}
 
 fn main() {
     if std::env::var_os(bench::PEER_ENV).is_some() {
@@ -37,162 +196,47 @@ fn main() {
     if std::env::var_os("SHMFAB_RAW_PEER").is_some() {
         std::process::exit(bench::raw_peer_main());
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let code = match run(&args) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("shmfab: {e}");
-            1
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Run(a) => cmd_run(&a),
+        Cmd::Bench(a) => cmd_bench(&a),
+        Cmd::Compare(a) => cmd_compare(&a),
+        Cmd::Inspect { job } => cmd_inspect(job.as_deref()),
+        Cmd::Clean { dry_run } => {
+            cmd_clean(dry_run);
+            Ok(())
+        }
+        Cmd::Info(a) => {
+            cmd_info(&a);
+            Ok(())
         }
     };
+    if let Err(e) = r {
+        eprintln!("shmfab: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn cmd_run(a: &RunArgs) -> Result<(), String> {
+    let code = shmfab_tools::run::run(a.n, a.bind, &a.program).map_err(|e| e.to_string())?;
     std::process::exit(code);
 }
 
-#[derive(Clone)]
-struct Opts {
-    sizes: Vec<usize>,
-    json: Option<PathBuf>,
-    osu: Option<PathBuf>,
-    dry_run: bool,
-    compare: bool,
-    what: Option<String>,
-    ranks: Vec<usize>,
-    depth: usize,
-    buf: usize,
-    rounds: usize,
+fn cmd_inspect(job: Option<&str>) -> Result<(), String> {
+    let job = job.map(shmfab_tools::inspect::job_arg);
+    print!("{}", shmfab_tools::inspect::inspect(job).map_err(|e| e.to_string())?);
+    Ok(())
 }
 
-fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts {
-        sizes: DEFAULT_SIZES.to_vec(),
-        json: None,
-        osu: None,
-        dry_run: false,
-        compare: false,
-        what: None,
-        ranks: vec![2, 8, 64, 256],
-        depth: 128,
-        buf: 4096,
-        rounds: 3,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--sizes" => {
-                let v = it.next().ok_or("--sizes needs a list")?;
-                o.sizes =
-                    v.split(',').map(|s| parse_size(s).ok_or(format!("bad size {s:?}"))).collect::<Result<_, _>>()?;
-                if let Some(s) = o.sizes.iter().find(|&&s| s > bench::MAX_SIZE) {
-                    return Err(format!("size {s} is above the {} limit", bench::MAX_SIZE));
-                }
-            }
-            "--json" => o.json = Some(it.next().ok_or("--json needs a file")?.into()),
-            "--osu" => o.osu = Some(it.next().ok_or("--osu needs a path")?.into()),
-            "--ranks" => {
-                let v = it.next().ok_or("--ranks needs a list")?;
-                o.ranks = v
-                    .split(',')
-                    .map(|s| s.trim().parse::<usize>().ok().filter(|&n| (1..=1 << 16).contains(&n)))
-                    .collect::<Option<_>>()
-                    .ok_or(format!("bad --ranks {v:?}: numbers 1..=65536"))?;
-            }
-            "--depth" => {
-                let v = it.next().ok_or("--depth needs a number")?;
-                o.depth = v.parse().ok().filter(|&d| d >= 2).ok_or(format!("bad --depth {v:?}"))?;
-            }
-            "--buf" => {
-                let v = it.next().ok_or("--buf needs a size")?;
-                o.buf = parse_size(v).filter(|&b| b > 0).ok_or(format!("bad --buf {v:?}"))?;
-            }
-            "--rounds" => {
-                let v = it.next().ok_or("--rounds needs a number")?;
-                o.rounds =
-                    v.parse().ok().filter(|r| (1..=50).contains(r)).ok_or(format!("bad --rounds {v:?}: 1..=50"))?;
-            }
-            "--dry-run" => o.dry_run = true,
-            "--compare" => o.compare = true,
-            "-h" | "--help" => return Err(USAGE.into()),
-            w if !w.starts_with('-') && o.what.is_none() => o.what = Some(w.to_string()),
-            w => return Err(format!("unknown argument {w:?}\n{USAGE}")),
-        }
+fn cmd_clean(dry_run: bool) {
+    let dead = shmfab::internal::region::clean_dead(dry_run);
+    for r in &dead {
+        let verb = if dry_run { "would remove" } else { "removed" };
+        println!("{verb} {} (owner pid {} dead, {} bytes)", r.name, r.pid, r.size);
     }
-    Ok(o)
-}
-
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (n, m) = match s.chars().last()? {
-        'k' | 'K' => (&s[..s.len() - 1], 1024),
-        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    n.parse::<usize>().ok().map(|n| n * m)
-}
-
-fn run(args: &[String]) -> Result<(), String> {
-    let Some(cmd) = args.first() else {
-        return Err(USAGE.into());
-    };
-    if cmd == "run" {
-        return cmd_run(&args[1..]);
+    if dead.is_empty() {
+        println!("no regions of dead owners");
     }
-    let o = parse(&args[1..])?;
-    match cmd.as_str() {
-        "bench" => cmd_bench(&o),
-        "compare" => cmd_compare(&o),
-        "clean" => {
-            let dead = shmfab::internal::region::clean_dead(o.dry_run);
-            for r in &dead {
-                let verb = if o.dry_run { "would remove" } else { "removed" };
-                println!("{verb} {} (owner pid {} dead, {} bytes)", r.name, r.pid, r.size);
-            }
-            if dead.is_empty() {
-                println!("no regions of dead owners");
-            }
-            Ok(())
-        }
-        "info" => {
-            cmd_info(&o);
-            Ok(())
-        }
-        "inspect" => {
-            let job = o.what.as_deref().map(shmfab_tools::inspect::job_arg);
-            print!("{}", shmfab_tools::inspect::inspect(job).map_err(|e| e.to_string())?);
-            Ok(())
-        }
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        c => Err(format!("unknown command {c:?}\n{USAGE}")),
-    }
-}
-
-fn cmd_run(args: &[String]) -> Result<(), String> {
-    let split = args
-        .iter()
-        .position(|a| a == "--")
-        .ok_or_else(|| format!("shmfab run needs -- before the program\n{USAGE}"))?;
-    let (opts, prog) = (&args[..split], &args[split + 1..]);
-    let mut n = None;
-    let mut bind = shmfab_tools::run::Bind::None;
-    let mut it = opts.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-n" | "--np" => n = Some(it.next().and_then(|v| v.parse::<usize>().ok()).ok_or("-n takes a number")?),
-            "--bind" => {
-                bind = it
-                    .next()
-                    .ok_or("--bind takes core, numa or none")?
-                    .parse()
-                    .map_err(|e: shmfab::Error| e.to_string())?
-            }
-            w => return Err(format!("unknown run option {w:?}\n{USAGE}")),
-        }
-    }
-    let n = n.ok_or("shmfab run needs -n N")?;
-    let code = shmfab_tools::run::run(n, bind, prog).map_err(|e| e.to_string())?;
-    std::process::exit(code);
 }
 
 fn exe() -> Result<PathBuf, String> {
@@ -203,7 +247,7 @@ fn exe() -> Result<PathBuf, String> {
 /// is one of them: rank 0 measures, rank 1 serves it (and exits here).
 fn launched_pair() -> Result<Option<shmfab::World>, String> {
     let l = shmfab::internal::job::Launch::detect().map_err(|e| e.to_string())?;
-    if l.launcher == shmfab::internal::job::Launcher::Single {
+    if l.launcher == shmfab::Launcher::Single {
         return Ok(None);
     }
     if l.size != 2 {
@@ -223,44 +267,50 @@ fn launched_pair() -> Result<Option<shmfab::World>, String> {
     Ok(Some(w))
 }
 
-/// shmfab's own figures for `sizes`: any of latency, bandwidth, rate.
-fn measure(sizes: &[usize], lat: bool, bw: bool, rate: bool) -> Result<Vec<Figure>, String> {
+/// Which of shmfab's figures to take.
+#[derive(Clone, Copy, Debug)]
+struct Measures {
+    lat: bool,
+    bw: bool,
+    rate: bool,
+}
+
+/// shmfab's own figures for `sizes`, one progress step per size.
+fn measure(sizes: &[usize], m: Measures, status: &mut Status) -> Result<Vec<Figure>, String> {
     let world = launched_pair()?;
     let mut link = match &world {
         Some(w) => Link::with_world(w),
         None => Link::spawn(&exe()?, &[]),
     }
     .map_err(|e| e.to_string())?;
-    let tty = atty_stderr();
     let mut out = Vec::new();
     for &size in sizes {
         let mut f = Figure { size, ..Default::default() };
-        if tty {
-            eprint!("\r  measuring {size} B ...        ");
-        }
-        if lat {
+        status.step(&format!("shmfab, {}", bytes(size)));
+        if m.lat {
             f.half_rtt_us = Some(link.pingpong(size, bench::iters_for(size)).map_err(|e| e.to_string())?);
         }
-        if bw {
+        if m.bw {
             let w = Link::window_for(size);
             let it = (bench::iters_for(size) / w).max(10);
             f.bw_gbs = Some(link.stream(size, w, it).map_err(|e| e.to_string())?.0);
         }
-        if rate && size <= 64 {
+        if m.rate && size <= 64 {
             f.mmsgs = Some(link.stream(size, RATE_WINDOW, 2000).map_err(|e| e.to_string())?.1);
         }
         out.push(f);
-    }
-    if tty {
-        eprint!("\r                                  \r");
     }
     link.quit().map_err(|e| e.to_string())?;
     Ok(out)
 }
 
-fn atty_stderr() -> bool {
-    // SAFETY: isatty only inspects the descriptor.
-    unsafe { libc::isatty(2) == 1 }
+/// A size for people: `8 B`, `64 KiB`, `4 MiB`.
+fn bytes(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
 }
 
 fn fmt(v: Option<f64>, prec: usize) -> String {
@@ -270,9 +320,9 @@ fn fmt(v: Option<f64>, prec: usize) -> String {
 /// The osu-style MPI program, built here with mpicc when none was given.
 const OSU_SOURCE: &str = include_str!("../../mpi_tests/osu_style.c");
 
-fn osu_binary(o: &Opts) -> Option<PathBuf> {
-    if o.osu.is_some() {
-        return o.osu.clone();
+fn osu_binary(given: Option<&Path>) -> Option<PathBuf> {
+    if let Some(p) = given {
+        return Some(p.to_path_buf());
     }
     let dir = std::env::temp_dir().join(format!("shmfab-osu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).ok()?;
@@ -287,41 +337,50 @@ fn osu_binary(o: &Opts) -> Option<PathBuf> {
     Some(bin)
 }
 
-fn cmd_bench(o: &Opts) -> Result<(), String> {
-    if o.compare {
-        let osu = osu_binary(o);
+fn cmd_bench(a: &BenchArgs) -> Result<(), String> {
+    if a.compare {
+        let osu = osu_binary(a.osu.as_deref());
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        let with = Opts { osu, dry_run: false, compare: true, what: None, ..o.clone() };
-        return cmd_compare(&with);
+        let c = CompareArgs { sizes: a.sizes.clone(), json: a.json.clone(), osu, rounds: a.rounds };
+        return cmd_compare(&c);
     }
-    let what = o.what.as_deref().unwrap_or("all");
-    if what == "wakeup" {
-        return cmd_wakeup(o);
-    }
-    let (lat, bw, rate) = match what {
-        "pingpong" => (true, false, false),
-        "bw" => (false, true, false),
-        "msgrate" => (false, false, true),
-        "all" => (true, true, true),
-        w => return Err(format!("unknown benchmark {w:?}\n{USAGE}")),
+    let m = match a.what {
+        What::Wakeup => return cmd_wakeup(a),
+        What::Pingpong => Measures { lat: true, bw: false, rate: false },
+        What::Bw => Measures { lat: false, bw: true, rate: false },
+        What::Msgrate => Measures { lat: false, bw: false, rate: true },
+        What::All => Measures { lat: true, bw: true, rate: true },
     };
-    let sizes: Vec<usize> = if what == "msgrate" && o.sizes == DEFAULT_SIZES { vec![8] } else { o.sizes.clone() };
+    let sizes = match (&a.sizes.sizes, a.what) {
+        (None, What::Msgrate) => vec![8],
+        _ => a.sizes.get(),
+    };
     println!("shmfab {} between two processes ({} CPUs)", env!("CARGO_PKG_VERSION"), bench::ncpus());
-    let figs = measure(&sizes, lat, bw, rate)?;
+    let mut status = Status::new(sizes.len());
+    let figs = measure(&sizes, m, &mut status)?;
+    status.finish();
     println!("{:>10} {:>14} {:>12} {:>12}", "size (B)", "half RTT (us)", "bw (GB/s)", "Mmsg/s");
     for f in &figs {
         println!("{:>10} {:>14} {:>12} {:>12}", f.size, fmt(f.half_rtt_us, 3), fmt(f.bw_gbs, 2), fmt(f.mmsgs, 2));
     }
-    if let Some(p) = &o.json {
-        write_json(p, &figs.iter().map(|f| ("shmfab", *f)).collect::<Vec<_>>())?;
+    if let Some(p) = &a.json {
+        write_json(p, &rows(&[("shmfab", &figs)]))?;
     }
     Ok(())
 }
 
+/// What `shmfab bench wakeup --json` writes.
+#[derive(Debug, Serialize)]
+struct WakeupJson {
+    shmfab_wake_us: f64,
+    raw_futex_wake_us: f64,
+    idle_cpu_percent: f64,
+}
+
 /// Wake-up latency of a receiver asleep in sread against a raw futex wake
 /// between two processes, and the CPU an idle blocked rank uses.
-fn cmd_wakeup(o: &Opts) -> Result<(), String> {
+fn cmd_wakeup(a: &BenchArgs) -> Result<(), String> {
     let tries = 200;
     let gap = std::time::Duration::from_millis(2);
     let mut link = Link::spawn(&exe()?, &[]).map_err(|e| e.to_string())?;
@@ -337,31 +396,55 @@ fn cmd_wakeup(o: &Opts) -> Result<(), String> {
         ours / raw
     );
     println!("CPU of a rank blocked in sread on an idle CQ for {secs} s: {idle:.3} % of a core");
-    if let Some(p) = &o.json {
-        let body =
-            format!("{{\"shmfab_wake_us\":{ours:.3},\"raw_futex_wake_us\":{raw:.3},\"idle_cpu_percent\":{idle:.4}}}\n");
-        std::fs::write(p, body).map_err(|e| format!("{}: {e}", p.display()))?;
+    if let Some(p) = &a.json {
+        let w = WakeupJson {
+            shmfab_wake_us: round_to(ours, 3),
+            raw_futex_wake_us: round_to(raw, 3),
+            idle_cpu_percent: round_to(idle, 4),
+        };
+        write_json(p, &w)?;
     }
     Ok(())
 }
 
-fn write_json(path: &PathBuf, rows: &[(&str, Figure)]) -> Result<(), String> {
-    let num = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.6}"));
-    let body: Vec<String> = rows
+/// One row of the figures JSON: a system's figures for one size (absent
+/// figures are null).
+#[derive(Debug, PartialEq, Serialize)]
+struct Row<'a> {
+    size: usize,
+    system: &'a str,
+    half_rtt_us: Option<f64>,
+    bw_gbs: Option<f64>,
+    mmsgs: Option<f64>,
+}
+
+/// `x` with `places` decimals (what the figures are good for).
+fn round_to(x: f64, places: i32) -> f64 {
+    let k = 10f64.powi(places);
+    (x * k).round() / k
+}
+
+/// The JSON rows of each system's figures, in order.
+fn rows<'a>(systems: &[(&'a str, &[Figure])]) -> Vec<Row<'a>> {
+    let r6 = |v: Option<f64>| v.map(|x| round_to(x, 6));
+    systems
         .iter()
-        .map(|(sys, f)| {
-            format!(
-                "{{\"size\":{},\"system\":\"{}\",\"half_rtt_us\":{},\"bw_gbs\":{},\"mmsgs\":{}}}",
-                f.size,
-                sys,
-                num(f.half_rtt_us),
-                num(f.bw_gbs),
-                num(f.mmsgs)
-            )
+        .flat_map(|&(system, figs)| {
+            figs.iter().map(move |f| Row {
+                size: f.size,
+                system,
+                half_rtt_us: r6(f.half_rtt_us),
+                bw_gbs: r6(f.bw_gbs),
+                mmsgs: r6(f.mmsgs),
+            })
         })
-        .collect();
-    let mut file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    writeln!(file, "[{}]", body.join(",\n ")).map_err(|e| e.to_string())
+        .collect()
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
+    let mut body = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    body.push('\n');
+    std::fs::write(path, body).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {
@@ -375,34 +458,45 @@ fn none_for(sizes: &[usize]) -> Vec<Figure> {
     sizes.iter().map(|&size| Figure { size, ..Default::default() }).collect()
 }
 
+/// Largest message the raw floor moves (one page less its flags).
+const RAW_MAX: usize = 3968;
+
+/// Progress steps of one round of `compare`.
+fn round_steps(sizes: &[usize], osu: bool) -> usize {
+    2 * sizes.len() + sizes.iter().filter(|&&s| s <= RAW_MAX).count() + usize::from(osu)
+}
+
 /// One round of `compare`: shmfab, the raw floor, Open MPI, libfabric shm.
-fn compare_round(o: &Opts, exe: &Path) -> Result<[Vec<Figure>; 4], String> {
-    println!("measuring shmfab ...");
-    let ours = measure(&o.sizes, true, true, true)?;
-    println!("measuring the raw shared-page floor ...");
-    let mut raw = none_for(&o.sizes);
-    for f in raw.iter_mut().filter(|f| f.size <= 3968) {
+fn compare_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> Result<[Vec<Figure>; 4], String> {
+    st.say("measuring shmfab ...");
+    let ours = measure(sizes, Measures { lat: true, bw: true, rate: true }, st)?;
+    st.say("measuring the raw shared-page floor ...");
+    let mut raw = none_for(sizes);
+    for f in raw.iter_mut().filter(|f| f.size <= RAW_MAX) {
+        st.step(&format!("raw floor, {}", bytes(f.size)));
         match bench::raw_pingpong(exe, &[], f.size, bench::iters_for(f.size)) {
             Ok(v) => f.half_rtt_us = Some(v),
-            Err(e) => eprintln!("raw floor, {} B: {e}", f.size),
+            Err(e) => st.warn(&format!("raw floor, {} B: {e}", f.size)),
         }
     }
     let ompi = match &o.osu {
         Some(p) => {
-            println!("measuring Open MPI (vader BTL) ...");
-            bench::openmpi(p, &o.sizes).unwrap_or_else(|e| {
-                eprintln!("Open MPI: {e}");
-                none_for(&o.sizes)
+            st.say("measuring Open MPI (vader BTL) ...");
+            st.step("Open MPI, all sizes");
+            bench::openmpi(p, sizes).unwrap_or_else(|e| {
+                st.warn(&format!("Open MPI: {e}"));
+                none_for(sizes)
             })
         }
-        None => none_for(&o.sizes),
+        None => none_for(sizes),
     };
-    println!("measuring libfabric shm (fi_pingpong) ...");
-    let mut fi = none_for(&o.sizes);
+    st.say("measuring libfabric shm (fi_pingpong) ...");
+    let mut fi = none_for(sizes);
     for f in fi.iter_mut() {
+        st.step(&format!("fi_pingpong, {}", bytes(f.size)));
         match bench::fi_pingpong(f.size, bench::iters_for(f.size).min(20000)) {
             Ok(v) => f.half_rtt_us = Some(v),
-            Err(e) => eprintln!("fi_pingpong, {} B: {e}", f.size),
+            Err(e) => st.warn(&format!("fi_pingpong, {} B: {e}", f.size)),
         }
     }
     Ok([ours, raw, ompi, fi])
@@ -431,17 +525,20 @@ fn median_figures(rounds: &[Vec<Figure>]) -> Vec<Figure> {
         .collect()
 }
 
-fn cmd_compare(o: &Opts) -> Result<(), String> {
+fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     let exe = exe()?;
+    let sizes = o.sizes.get();
     // The systems take turns, round after round, so that a slow spell of
     // the machine touches each of them; each figure is the median.
     let mut per_sys: [Vec<Vec<Figure>>; 4] = Default::default();
+    let mut st = Status::new(o.rounds * round_steps(&sizes, o.osu.is_some()));
     for r in 0..o.rounds {
-        println!("round {} of {}", r + 1, o.rounds);
-        for (all, one) in per_sys.iter_mut().zip(compare_round(o, &exe)?) {
+        st.say(&format!("round {} of {}", r + 1, o.rounds));
+        for (all, one) in per_sys.iter_mut().zip(compare_round(o, &sizes, &exe, &mut st)?) {
             all.push(one);
         }
     }
+    st.finish();
     let [ours, raw, ompi, fi] = per_sys.map(|r| median_figures(&r));
     println!();
     println!(
@@ -462,7 +559,7 @@ fn cmd_compare(o: &Opts) -> Result<(), String> {
         "/ompi"
     );
     println!("{:>8} | {:^49} | {:^22} | {:^20}", "(bytes)", "half round-trip (us)", "bandwidth (GB/s)", "Mmsg/s");
-    for i in 0..o.sizes.len() {
+    for i in 0..sizes.len() {
         let (s, r, m, f) = (&ours[i], &raw[i], &ompi[i], &fi[i]);
         println!(
             "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} | {:>7} {:>7} {:>6} | {:>6} {:>6} {:>6}",
@@ -487,16 +584,13 @@ fn cmd_compare(o: &Opts) -> Result<(), String> {
         o.rounds
     );
     if let Some(p) = &o.json {
-        let mut rows = Vec::new();
-        for (sys, figs) in [("shmfab", &ours), ("raw", &raw), ("openmpi", &ompi), ("libfabric-shm", &fi)] {
-            rows.extend(figs.iter().map(|f| (sys, *f)));
-        }
-        write_json(p, &rows)?;
+        let systems = [("shmfab", &ours[..]), ("raw", &raw[..]), ("openmpi", &ompi[..]), ("libfabric-shm", &fi[..])];
+        write_json(p, &rows(&systems))?;
     }
     Ok(())
 }
 
-fn cmd_info(o: &Opts) {
+fn cmd_info(o: &InfoArgs) {
     let cfg = shmfab::proto::Config::from_env();
     println!("shmfab {}", env!("CARGO_PKG_VERSION"));
     println!("layout version {} (hash {:#018x})", shm_layout::LAYOUT_VERSION, shm_layout::LAYOUT_HASH);
@@ -564,7 +658,7 @@ fn cmd_info(o: &Opts) {
 }
 
 /// Memory per rank for each N, by receive model (see shmfab::internal::footprint).
-fn print_footprint(cfg: &shmfab::proto::Config, o: &Opts) {
+fn print_footprint(cfg: &shmfab::Config, o: &InfoArgs) {
     use shmfab::internal::footprint::{per_rank, RecvModel};
     let (d, b) = (o.depth, o.buf);
     let per_peer = (d / 2).max(1);
@@ -599,6 +693,87 @@ fn print_footprint(cfg: &shmfab::proto::Config, o: &Opts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes_take_suffixes_and_never_wrap() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("4M"), Ok(4 << 20));
+        assert_eq!(parse_size(&usize::MAX.to_string()), Ok(usize::MAX));
+        for bad in ["", "k", "-1", "+8", "1.5k", "8g", "0x10"] {
+            assert!(parse_size(bad).unwrap_err().contains("is not a size"), "{bad:?}");
+        }
+        // A count that fits but overflows with its unit, and one that does
+        // not fit at all: errors, not wrapped values.
+        let e = parse_size(&format!("{}k", usize::MAX / 1024 + 1)).unwrap_err();
+        assert!(e.contains("too large"), "{e}");
+        assert!(parse_size("99999999999999999999999").unwrap_err().contains("too large"));
+        assert_eq!(bench_size("8m"), Ok(8 << 20));
+        assert!(bench_size("9m").unwrap_err().contains("above the 8388608 limit"));
+        assert!(buf_size("0").is_err());
+        let r = in_range(1, 50);
+        assert_eq!(r("50"), Ok(50));
+        assert!(r("0").unwrap_err().contains("1..=50"));
+        assert!(r("99999999999999999999999").unwrap_err().contains("too large"));
+        assert!(r("x").unwrap_err().contains("not a number"));
+    }
+
+    #[test]
+    fn commands_parse_with_their_defaults() {
+        let parse = |v: &[&str]| Cli::try_parse_from(std::iter::once("shmfab").chain(v.iter().copied()));
+        let Cmd::Bench(b) = parse(&["bench"]).unwrap().cmd else { panic!("bench") };
+        assert_eq!((b.what, b.sizes.get(), b.compare, b.rounds), (What::All, DEFAULT_SIZES.to_vec(), false, 3));
+        let Cmd::Bench(b) = parse(&["bench", "bw", "--sizes", "8,4k,1m", "--json", "f"]).unwrap().cmd else {
+            panic!("bench")
+        };
+        assert_eq!((b.what, b.sizes.get(), b.json), (What::Bw, vec![8, 4096, 1 << 20], Some("f".into())));
+        let Cmd::Run(r) = parse(&["run", "-n", "3", "--bind", "core", "--", "sh", "-c", "exit 0"]).unwrap().cmd else {
+            panic!("run")
+        };
+        assert_eq!((r.n, r.bind, r.program.len()), (3, shmfab_tools::run::Bind::Core, 3));
+        let Cmd::Info(i) = parse(&["info"]).unwrap().cmd else { panic!("info") };
+        assert_eq!((i.ranks, i.depth, i.buf), (vec![2, 8, 64, 256], 128, 4096));
+        let Cmd::Compare(c) = parse(&["compare", "--rounds", "5"]).unwrap().cmd else { panic!("compare") };
+        assert_eq!((c.rounds, c.osu), (5, None));
+        assert!(matches!(parse(&["clean", "--dry-run"]).unwrap().cmd, Cmd::Clean { dry_run: true }));
+        assert!(matches!(parse(&["inspect", "abcd0123"]).unwrap().cmd, Cmd::Inspect { job: Some(_) }));
+        // Usage errors: status 2, as clap gives them.
+        for bad in [
+            &["bench", "nosuch"][..],
+            &["bench", "--sizes", "9m"],
+            &["bench", "--rounds", "3"],
+            &["run", "-n", "2", "true"],
+            &["run", "-n", "0", "--", "true"],
+            &["info", "--ranks", "0"],
+            &["info", "--depth", "1"],
+            &["frobnicate"],
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn json_rows_keep_their_field_names_and_six_decimals() {
+        let figs = [Figure { size: 8, half_rtt_us: Some(0.123_456_789), bw_gbs: None, mmsgs: Some(6.5) }];
+        let raw = [Figure { size: 8, half_rtt_us: Some(0.05), ..Default::default() }];
+        let v = serde_json::to_value(rows(&[("shmfab", &figs), ("raw", &raw)])).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!([
+                {"size": 8, "system": "shmfab", "half_rtt_us": 0.123457, "bw_gbs": null, "mmsgs": 6.5},
+                {"size": 8, "system": "raw", "half_rtt_us": 0.05, "bw_gbs": null, "mmsgs": null},
+            ])
+        );
+        let text = serde_json::to_string(&rows(&[("shmfab", &figs)])).unwrap();
+        assert!(text.starts_with(r#"[{"size":8,"system":"shmfab","half_rtt_us":"#), "{text}");
+    }
 
     #[test]
     fn median_of_odd_even_and_missing() {

@@ -15,8 +15,8 @@ use std::process::{Child, Command};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-/// How ranks are pinned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How ranks are pinned (`--bind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Bind {
     /// Rank r on the hardware threads of core r mod ncores (hwloc).
     Core,
@@ -24,18 +24,6 @@ pub enum Bind {
     Numa,
     /// Not pinned.
     None,
-}
-
-impl std::str::FromStr for Bind {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Bind> {
-        match s {
-            "core" => Ok(Bind::Core),
-            "numa" => Ok(Bind::Numa),
-            "none" => Ok(Bind::None),
-            _ => Err(Error::with(ErrorKind::Inval, format!("--bind takes core, numa or none, not {s:?}"))),
-        }
-    }
 }
 
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
