@@ -1,9 +1,10 @@
 //! The parts of the `shmfab` command (`tools/src/main.rs`) that its tests
 //! and benchmarks share: the two-process benchmarks and the raw floor
-//! ([`bench`]), `shmfab inspect` ([`inspect`]), the embedded launcher
-//! `shmfab run` ([`run`]) and the node's topology from hwloc ([`topo`]).
-//! The provider itself is the `shmfab` library; this crate reaches its
-//! low-level parts through `shmfab::internal`.
+//! ([`bench`](mod@bench)), `shmfab inspect` ([`inspect`]), the embedded
+//! launcher `shmfab run` ([`run`]), the node's topology from hwloc
+//! ([`topo`]) and the progress line of long runs ([`status`]). The provider
+//! itself is the `shmfab` library; this crate reaches its low-level parts
+//! through `shmfab::internal`.
 //!
 //! ```
 //! assert_eq!(shmfab_tools::run::parse_cpulist("0-2,5"), vec![0, 1, 2, 5]);
