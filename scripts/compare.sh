@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh peers
-cargo build --release --quiet --bin shmfab
+cargo build --release --quiet -p shmfab-tools --bin shmfab
 mkdir -p mpi_tests/bin
 mpicc -O2 -o mpi_tests/bin/osu_style mpi_tests/osu_style.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

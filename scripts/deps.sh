@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what shmfab's scripts need, with apt-get, only when missing:
-# always the build's C libraries (hwloc); with "peers" also Open MPI and
-# libfabric's tools, for the multi-rank tests and the comparison; with
-# "profile" valgrind, for scripts/profile.sh.
+# always the build's C libraries (hwloc, for the shmfab command in tools/);
+# with "peers" also Open MPI and libfabric's tools, for the multi-rank tests
+# and the comparison; with "profile" valgrind, for scripts/profile.sh.
 # Usage: scripts/deps.sh [peers|profile]
 set -euo pipefail
 need=()
@@ -10,7 +10,8 @@ have() { command -v "$1" >/dev/null 2>&1; }
 pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 have cc || need+=(gcc)
 have pkg-config || need+=(pkg-config)
-# hwloc 2.x for the topology (hwlocality links it through pkg-config).
+# hwloc 2.x for the shmfab command's topology (tools/: hwlocality links it
+# through pkg-config).
 pkg_installed libhwloc-dev || need+=(libhwloc-dev)
 pkg_installed libudev-dev || need+=(libudev-dev)
 if [ "${1:-}" = peers ]; then

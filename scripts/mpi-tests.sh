@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh peers
-cargo build --release --quiet -p shmfab-mpi-tests -p shmfab --bins
+cargo build --release --quiet -p shmfab-mpi-tests -p shmfab-tools --bins
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Open MPI may not find a network interface in a sandbox; shmfab needs none.
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1

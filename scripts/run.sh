@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-cargo build --release --quiet --bin shmfab
+cargo build --release --quiet -p shmfab-tools --bin shmfab
 exec target/release/shmfab bench all "$@"

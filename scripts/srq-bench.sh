@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-cargo build --release --quiet -p shmfab-mpi-tests -p shmfab --bins
+cargo build --release --quiet -p shmfab-mpi-tests -p shmfab-tools --bins
 run() { SHMFAB_MAX_EPS=$(( $1 + 4 )) timeout 300 target/release/shmfab run -n "$1" -- target/release/srq_alltoall "$2" "$3"; }
 echo "== rate, N=8, 20000 messages per peer =="
 for i in 1 2 3; do for m in a b c; do run 8 "$m" 20000; done; done

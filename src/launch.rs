@@ -1,14 +1,5 @@
-//! Launch: who am I in which job, and the [`World`] that ranks build from it.
-//!
-//! [`Launch::detect`] reads rank, size, local rank and a job id from the
-//! launcher's environment: shmfab's own `shmfab run` (`SHMFAB_RANK`,
-//! `SHMFAB_SIZE`, `SHMFAB_LOCAL_RANK`, `SHMFAB_JOB_ID`), Open MPI
-//! (`OMPI_COMM_WORLD_*`, `PMIX_NAMESPACE`), MPICH Hydra (`PMI_RANK`,
-//! `PMI_SIZE`, `MPI_LOCALRANKID`; Hydra gives no job id, so the node-local
-//! job is named after the `hydra_pmi_proxy` that is every local rank's
-//! parent) and Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`,
-//! `SLURM_JOB_ID`, `SLURM_STEP_ID`). `SHMFAB_JOB_ID` always names the job if
-//! set. Without a launcher a process is rank 0 of 1.
+//! Launch: the [`World`] that the ranks of a job build, from what
+//! [`crate::job`] reads of the launcher's environment.
 //!
 //! Ranks meet in a boot region `shmfab.<uid>.<jobhash>.boot`: the first to
 //! come creates it (O_EXCL), each writes its pid and endpoint addresses,
@@ -16,19 +7,11 @@
 //! `SHMFAB_BOOT_TIMEOUT` seconds, default 120), reads every entry, and the
 //! last to read unlinks it. Two jobs on one node have different job ids and
 //! never see each other. No MPI library is needed.
-//!
-//! ```
-//! use shmfab::launch::{Launch, Launcher};
-//! let vars = [("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "4"),
-//!             ("OMPI_COMM_WORLD_LOCAL_RANK", "2"), ("PMIX_NAMESPACE", "prterun-x-1@1")];
-//! let l = Launch::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string())).unwrap();
-//! assert_eq!((l.rank, l.size, l.local_rank, l.launcher), (2, 4, 2, Launcher::OpenMpi));
-//! assert_eq!(l.job, "prterun-x-1@1");
-//! ```
 
 use crate::cq::{CqErrEntry, CqTaggedEntry};
 use crate::error::{Error, ErrorKind, Result};
-use crate::region::{owner_alive, proc_start_time, uid};
+use crate::job::{owner_alive, proc_start_time, Launch, Launcher};
+use crate::region::uid;
 use crate::sync::Ordering;
 use crate::{AddressVector, CompletionQueue, CqAttr, Domain, Endpoint, Fabric, FiAddr, FI_RECV, FI_TRANSMIT};
 use memmap2::{MmapOptions, MmapRaw};
@@ -36,100 +19,6 @@ use shm_layout::{Address, BootEntry, BootHeader, LAYOUT_HASH, LAYOUT_VERSION, MA
 use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::time::{Duration, Instant};
-
-/// Which launcher started this process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Launcher {
-    /// `shmfab run`.
-    Shmfab,
-    /// Open MPI's mpirun / prterun.
-    OpenMpi,
-    /// MPICH's Hydra (mpiexec.hydra), also Intel MPI's.
-    Hydra,
-    /// Slurm's srun.
-    Slurm,
-    /// No launcher: a job of one.
-    Single,
-}
-
-/// This process's place in its job.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Launch {
-    /// Rank, `0 .. size`.
-    pub rank: usize,
-    /// Ranks in the job.
-    pub size: usize,
-    /// Rank among the job's ranks on this node.
-    pub local_rank: usize,
-    /// The job id (ranks of one job agree on it; other jobs differ).
-    pub job: String,
-    /// Who launched us.
-    pub launcher: Launcher,
-}
-
-fn num(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>> {
-    match get(var) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<usize>()
-            .map(Some)
-            .map_err(|_| Error::with(ErrorKind::Inval, format!("{var}={v:?} is not a number"))),
-    }
-}
-
-impl Launch {
-    /// From this process's environment.
-    pub fn detect() -> Result<Launch> {
-        Self::from_vars(|k| std::env::var(k).ok())
-    }
-
-    /// From any variable source (`get(name)`), for tests and tools.
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Launch> {
-        let schemes: [(Launcher, &str, &str, &str); 4] = [
-            (Launcher::Shmfab, "SHMFAB_RANK", "SHMFAB_SIZE", "SHMFAB_LOCAL_RANK"),
-            (Launcher::OpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-            (Launcher::Hydra, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-            (Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-        ];
-        let mut found = None;
-        for (l, rv, sv, lv) in schemes {
-            if let Some(rank) = num(&get, rv)? {
-                let size = num(&get, sv)?
-                    .ok_or_else(|| Error::with(ErrorKind::Inval, format!("{rv} is set but {sv} is not")))?;
-                if size == 0 || rank >= size {
-                    return Err(Error::with(ErrorKind::Inval, format!("{rv}={rank} is not below {sv}={size}")));
-                }
-                let local = num(&get, lv)?.unwrap_or(rank);
-                found = Some((l, rank, size, local));
-                break;
-            }
-        }
-        let (launcher, rank, size, local_rank) = found.unwrap_or((Launcher::Single, 0, 1, 0));
-        let job = match get("SHMFAB_JOB_ID") {
-            Some(j) if !j.is_empty() => j,
-            _ => match launcher {
-                Launcher::OpenMpi => get("PMIX_NAMESPACE")
-                    .or_else(|| get("OMPI_MCA_orte_ess_jobid"))
-                    .ok_or_else(|| Error::with(ErrorKind::Inval, "Open MPI launch without PMIX_NAMESPACE"))?,
-                Launcher::Slurm => format!(
-                    "slurm.{}.{}",
-                    get("SLURM_JOB_ID").unwrap_or_default(),
-                    get("SLURM_STEP_ID").unwrap_or_default()
-                ),
-                Launcher::Hydra => {
-                    let ppid = rustix::process::getppid().map(|p| p.as_raw_nonzero().get() as u32).unwrap_or(0);
-                    format!("hydra.{ppid}.{}", proc_start_time(ppid).unwrap_or(0))
-                }
-                Launcher::Shmfab => {
-                    return Err(Error::with(ErrorKind::Inval, "SHMFAB_RANK is set but SHMFAB_JOB_ID is not"))
-                }
-                Launcher::Single => format!("solo.{}", std::process::id()),
-            },
-        };
-        Ok(Launch { rank, size, local_rank, job, launcher })
-    }
-}
 
 /// Name of a job's boot region.
 pub fn boot_name(job: &str) -> String {
@@ -381,7 +270,7 @@ impl World {
     /// Joins the job the launcher started: opens the domain and endpoints,
     /// exchanges addresses with every rank, then a barrier.
     pub fn init() -> Result<World> {
-        let l = Launch::detect()?;
+        let l = Launch::detect().map_err(|e| Error::with(ErrorKind::Inval, e.0))?;
         let timeout =
             Duration::from_secs(std::env::var("SHMFAB_BOOT_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(120));
         let fabric = Fabric::open()?;
@@ -515,46 +404,6 @@ fn wait_one(dom: &Domain, cq: &CompletionQueue, pending: &RefCell<Vec<Entry>>, c
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars<'a>(v: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| v.iter().find(|x| x.0 == k).map(|x| x.1.to_string())
-    }
-
-    #[test]
-    fn detects_each_launcher() {
-        let l = Launch::from_vars(vars(&[("SHMFAB_RANK", "1"), ("SHMFAB_SIZE", "3"), ("SHMFAB_JOB_ID", "j")])).unwrap();
-        assert_eq!((l.rank, l.size, l.local_rank, l.launcher, l.job.as_str()), (1, 3, 1, Launcher::Shmfab, "j"));
-        let l = Launch::from_vars(vars(&[("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("MPI_LOCALRANKID", "0")])).unwrap();
-        assert_eq!((l.rank, l.size, l.launcher), (0, 2, Launcher::Hydra));
-        assert!(l.job.starts_with("hydra."), "{}", l.job);
-        let l = Launch::from_vars(vars(&[
-            ("SLURM_PROCID", "5"),
-            ("SLURM_NTASKS", "8"),
-            ("SLURM_LOCALID", "1"),
-            ("SLURM_JOB_ID", "77"),
-            ("SLURM_STEP_ID", "0"),
-        ]))
-        .unwrap();
-        assert_eq!(
-            (l.rank, l.size, l.local_rank, l.launcher, l.job.as_str()),
-            (5, 8, 1, Launcher::Slurm, "slurm.77.0")
-        );
-        let l = Launch::from_vars(vars(&[])).unwrap();
-        assert_eq!((l.rank, l.size, l.launcher), (0, 1, Launcher::Single));
-        // SHMFAB_JOB_ID names the job whatever the launcher.
-        let l = Launch::from_vars(vars(&[("PMI_RANK", "0"), ("PMI_SIZE", "1"), ("SHMFAB_JOB_ID", "x")])).unwrap();
-        assert_eq!(l.job, "x");
-    }
-
-    #[test]
-    fn bad_launch_variables_are_named() {
-        let e = Launch::from_vars(vars(&[("OMPI_COMM_WORLD_RANK", "4"), ("OMPI_COMM_WORLD_SIZE", "4")])).unwrap_err();
-        assert!(e.to_string().contains("OMPI_COMM_WORLD_RANK=4"), "{e}");
-        let e = Launch::from_vars(vars(&[("PMI_RANK", "x")])).unwrap_err();
-        assert!(e.to_string().contains("PMI_RANK"), "{e}");
-        let e = Launch::from_vars(vars(&[("SLURM_PROCID", "0")])).unwrap_err();
-        assert!(e.to_string().contains("SLURM_NTASKS"), "{e}");
-    }
 
     #[test]
     fn a_rank_that_never_arrives_is_named() {

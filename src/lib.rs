@@ -33,33 +33,31 @@
 #![deny(missing_docs)]
 
 pub mod av;
-pub mod bench;
-pub mod cma;
+mod cma;
 pub mod cntr;
 pub mod cq;
 pub mod domain;
-pub mod doorbell;
+mod doorbell;
 mod engine;
 pub mod ep;
 pub mod error;
-pub mod fdwait;
+mod fdwait;
 pub mod flags;
-pub mod footprint;
-pub mod inspect;
-pub mod launch;
+mod footprint;
+mod job;
+mod launch;
 pub mod notify;
-pub mod ovf;
+mod ovf;
 pub mod poll;
-pub mod pool;
+mod pool;
 mod progress;
 pub mod proto;
-pub mod region;
-pub mod ring;
-pub mod run;
+mod region;
+mod ring;
+mod snapshot;
 pub mod srq;
-pub mod sync;
+mod sync;
 mod table;
-pub mod topo;
 
 pub use av::AddressVector;
 pub use cntr::Counter;
@@ -69,10 +67,65 @@ pub use cq::{
 pub use domain::{Domain, Fabric};
 pub use ep::{Endpoint, EpStats, RecvMsg, SendMsg};
 pub use error::{Error, ErrorKind, Result};
+pub use fdwait::MutexCond;
 pub use flags::*;
+pub use job::Launcher;
 pub use launch::World;
 pub use notify::CompletionChannel;
 pub use poll::{PollSet, WaitSet};
+pub use proto::Config;
 pub use shm_layout::Address;
 pub use srq::{SharedRecvQueue, SrqAttr, SrqEvent, SrqInfo};
 pub use sync::Threading;
+
+/// The crate's low-level parts, for the `shmfab` command (`tools/`), the
+/// tests and the benchmarks: not part of the API, and free to change with
+/// any commit. Each module here re-exports the public items of the crate
+/// module of the same name.
+#[doc(hidden)]
+pub mod internal {
+    /// Single copy between processes (process_vm_readv/writev).
+    pub mod cma {
+        pub use crate::cma::*;
+    }
+    /// The futex doorbell of a domain.
+    pub mod doorbell {
+        pub use crate::doorbell::*;
+    }
+    /// Memory per rank for N ranks, by receive model (`shmfab info`).
+    pub mod footprint {
+        pub use crate::footprint::*;
+    }
+    /// Launcher environment, job id, process identity.
+    pub mod job {
+        pub use crate::job::*;
+    }
+    /// The boot region where a job's ranks meet.
+    pub mod launch {
+        pub use crate::launch::*;
+    }
+    /// The MPSC overflow queue.
+    pub mod ovf {
+        pub use crate::ovf::*;
+    }
+    /// The bounce-buffer pool.
+    pub mod pool {
+        pub use crate::pool::*;
+    }
+    /// Regions under /dev/shm: create, attach, scan, clean.
+    pub mod region {
+        pub use crate::region::*;
+    }
+    /// The SPSC ring.
+    pub mod ring {
+        pub use crate::ring::*;
+    }
+    /// Read-only snapshots of regions (`shmfab inspect`).
+    pub mod snapshot {
+        pub use crate::snapshot::*;
+    }
+    /// Atomics (std's, or loom's) and the domain lock.
+    pub mod sync {
+        pub use crate::sync::*;
+    }
+}

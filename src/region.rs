@@ -8,7 +8,7 @@
 //! [`clean_dead`], which the next domain creation calls.
 //!
 //! ```
-//! use shmfab::region::{job_hash, region_name};
+//! use shmfab::internal::region::{job_hash, region_name};
 //! let n = region_name(1000, job_hash("job-7"), 0xabc);
 //! assert!(n.starts_with("shmfab.1000."));
 //! ```
@@ -19,6 +19,11 @@ use shm_layout::{region_size, state, EpGeometry, RegionHeader, LAYOUT_HASH, LAYO
 use std::fs::File;
 use std::sync::atomic::Ordering;
 
+// The job and process identity (a leaf module) are re-exported here for
+// the domain, which names its region after the job, and for the liveness
+// checks of peers' regions.
+pub use crate::job::{job_id, owner_alive, proc_start_time};
+
 /// Where POSIX shared memory lives on Linux.
 pub const SHM_DIR: &str = "/dev/shm";
 /// Prefix of every region name.
@@ -27,13 +32,6 @@ pub const PREFIX: &str = "shmfab.";
 /// This process's real user id.
 pub fn uid() -> u32 {
     rustix::process::getuid().as_raw()
-}
-
-/// The job id from the launcher's environment (see [`crate::launch`]):
-/// `SHMFAB_JOB_ID`, Open MPI's `PMIX_NAMESPACE`, Slurm's job and step, the
-/// Hydra proxy, else this process alone.
-pub fn job_id() -> String {
-    crate::launch::Launch::detect().map(|l| l.job).unwrap_or_else(|_| format!("solo.{}", std::process::id()))
 }
 
 /// FNV-1a hash of a job id, as kept in names and headers.
@@ -49,20 +47,6 @@ pub fn job_hash(job: &str) -> u32 {
 /// The name of a region.
 pub fn region_name(uid: u32, job: u32, token: u64) -> String {
     format!("{PREFIX}{uid}.{job:08x}.{token:016x}")
-}
-
-/// Start time of `pid` in clock ticks since boot, from /proc/PID/stat.
-pub fn proc_start_time(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields follow the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
-    // rest starts at field 3 (state); starttime is field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Whether the process that owned a region still lives.
-pub fn owner_alive(pid: u32, start_time: u64) -> bool {
-    pid != 0 && proc_start_time(pid) == Some(start_time)
 }
 
 /// A mapped region: ours (unlinked on drop) or a peer's.
@@ -468,15 +452,6 @@ pub fn remove_job(job: u32) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn start_time_of_self_is_known_and_reused_pid_is_not_alive() {
-        let pid = std::process::id();
-        let st = proc_start_time(pid).expect("own start time");
-        assert!(owner_alive(pid, st));
-        assert!(!owner_alive(pid, st + 1), "same pid, other start time: not the owner");
-        assert!(!owner_alive(0, 0));
-    }
 
     #[test]
     fn create_attach_and_unlink() {

@@ -23,7 +23,7 @@
 //! quarter ring).
 //!
 //! ```
-//! use shmfab::ring::{cells_for, RingRx, RingTx};
+//! use shmfab::internal::ring::{cells_for, RingRx, RingTx};
 //! use shm_layout::{Cell, MsgHdr, RingCtl};
 //! // A ring on the heap (in shmfab it lives in the receiver's region).
 //! // SAFETY: (doc example) all-zero bytes are a valid RingCtl.

@@ -182,59 +182,6 @@ fn a_rank_killed_in_large_transfers() {
     });
 }
 
-#[test]
-fn killing_the_launcher_ends_its_ranks_and_leaves_nothing() {
-    if std::env::var_os("SHMFAB_RANK").is_some() {
-        // A rank under `shmfab run`: join the job, say so, then wait for a
-        // message that never comes.
-        let w = shmfab::World::init().unwrap();
-        let dir = std::env::var("KILL_TEST_DIR").unwrap();
-        std::fs::write(format!("{dir}/{}", w.rank), w.dom.region_name()).unwrap();
-        let mut b = [0u8; 1];
-        // SAFETY: b lives as long as this process.
-        unsafe { w.ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 1).unwrap() };
-        let _ = w.wait(1);
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("kill-launcher-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut launcher = std::process::Command::new(env!("CARGO_BIN_EXE_shmfab"))
-        .args(["run", "-n", "3", "--"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["killing_the_launcher_ends_its_ranks_and_leaves_nothing", "--exact", "-q"])
-        .env("KILL_TEST_DIR", &dir)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let names: Vec<String> = loop {
-        let v: Vec<String> = (0..3).filter_map(|r| std::fs::read_to_string(dir.join(r.to_string())).ok()).collect();
-        if v.len() == 3 && v.iter().all(|n| !n.is_empty()) {
-            break v;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "ranks never started");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    launcher.kill().unwrap();
-    launcher.wait().unwrap();
-    // The ranks die with their launcher; their regions, owners dead, go at
-    // the next start.
-    let t1 = Instant::now();
-    loop {
-        let live = shmfab::region::scan(None).into_iter().filter(|r| names.contains(&r.name) && r.alive).count();
-        if live == 0 {
-            break;
-        }
-        assert!(t1.elapsed() < Duration::from_secs(10), "{live} ranks outlived their launcher");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    shmfab::region::clean_dead(false);
-    for n in &names {
-        assert!(!std::path::Path::new(&format!("/dev/shm/{n}")).exists(), "{n} left behind");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 /// An endpoint closed and its section reopened for another endpoint: a
 /// sender that kept the old address must get an error, never write into
 /// the new endpoint's rings (where another sender now owns its old slot).
@@ -374,7 +321,7 @@ fn a_sender_dying_mid_push_does_not_block_the_overflow_queue() {
                 2 => {
                     let r = w.learn(0, 1)[0];
                     put_file("pid2", &std::process::id().to_string());
-                    shmfab::ovf::set_fault_die_after_claim(true);
+                    shmfab::internal::ovf::set_fault_die_after_claim(true);
                     let _ = w.ep.inject(b"dies", r);
                     unreachable!("the fault kills us mid-push");
                 }

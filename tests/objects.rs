@@ -482,7 +482,7 @@ fn a_peer_of_another_layout_version_is_refused_naming_both() {
     let p = pair_with(CqFormat::Tagged, false);
     let t = p.av.insert(&[target.getname()]).unwrap()[0];
     // Make the target's region look as if another build made it.
-    let r = shmfab::region::Region::attach(other.region_name()).unwrap();
+    let r = shmfab::internal::region::Region::attach(other.region_name()).unwrap();
     let hdr = r.base() as *mut shm_layout::RegionHeader;
     // SAFETY: a mapped header; only this test touches the field.
     unsafe { std::ptr::addr_of_mut!((*hdr).layout_version).write(shm_layout::LAYOUT_VERSION + 1) };
@@ -534,43 +534,10 @@ fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
     child.wait().unwrap();
     let _ = std::fs::remove_file(&note);
     assert!(std::path::Path::new(&path).exists(), "SIGKILL leaves the region behind");
-    let dead = shmfab::region::clean_dead(true);
+    let dead = shmfab::internal::region::clean_dead(true);
     assert!(dead.iter().any(|r| r.name == name), "dry run lists it");
     assert!(std::path::Path::new(&path).exists(), "dry run removes nothing");
     let _next = Fabric::open().unwrap().domain().unwrap();
     assert!(!std::path::Path::new(&path).exists(), "the next start removed the dead owner's region");
     assert!(std::path::Path::new(&format!("/dev/shm/{}", keep.region_name())).exists());
-}
-
-#[test]
-fn inspect_shows_what_a_stuck_job_holds() {
-    job("inspect");
-    let jh = shmfab::region::job_hash(&std::env::var("SHMFAB_JOB_ID").unwrap());
-    let p = pair_with(CqFormat::Tagged, false);
-    // ep1 posts two receives that nothing matches and does not progress;
-    // ep0 sends three 100-byte messages it never takes.
-    let mut b = [0u8; 8];
-    // SAFETY: mapped header of our own test region; only this test writes it.
-    unsafe {
-        p.ep1.trecv(&mut b, FI_ADDR_UNSPEC, 77, 0, 1).unwrap();
-        p.ep1.trecv(&mut b, FI_ADDR_UNSPEC, 78, 0, 2).unwrap();
-    }
-    for _ in 0..300 {
-        p.dom.progress().unwrap(); // publishes the gauges now and then
-    }
-    // Sent after the last progress pass: they stay in the ring.
-    for _ in 0..3 {
-        p.ep0.inject(&[9u8; 100], p.a1).unwrap();
-    }
-    let c = p.dom.cntr_open().unwrap();
-    c.add(42).unwrap();
-    let report = shmfab::inspect::inspect(Some(jh)).unwrap();
-    assert!(report.contains(&format!("job {jh:08x}")), "{report}");
-    assert!(report.contains(&format!("pid {} alive", std::process::id())), "{report}");
-    assert!(report.contains("2 receives posted"), "{report}");
-    // 3 messages of 100 bytes: 3 cells each.
-    assert!(report.contains("9 of 1024 cells in flight"), "{report}");
-    assert!(report.contains("counter 0: 42"), "{report}");
-    assert_eq!(shmfab::inspect::job_arg(&format!("{jh:08x}")), jh);
-    drop(c);
 }

@@ -89,7 +89,7 @@ fn pingpong_every_size() {
     run("pingpong_every_size", 2, &[], Duration::from_secs(240), |w| {
         pingpong_body(&w);
         let s = w.ep.stats().unwrap();
-        if shmfab::cma::available() {
+        if shmfab::internal::cma::available() {
             assert!(s.cma_reads > 0 && s.cma_fallbacks == 0 && s.split_copies > 0, "{s:?}");
         }
     });
@@ -102,7 +102,7 @@ fn pingpong_every_size_split_write_refused() {
     run("pingpong_every_size_split_write_refused", 2, &[("SHMFAB_CMA", "nowrite")], Duration::from_secs(240), |w| {
         pingpong_body(&w);
         let s = w.ep.stats().unwrap();
-        if shmfab::cma::available() {
+        if shmfab::internal::cma::available() {
             assert!(s.split_copies > 0, "{s:?}");
         }
     });

@@ -142,16 +142,16 @@ pub fn run_killing(
             assert!(dir.join(format!("{r}.done")).exists(), "{test}: rank {r} exited without running the test body");
         }
     }
-    let jh = shmfab::region::job_hash(&job);
-    let left = shmfab::region::scan(Some(jh));
+    let jh = shmfab::internal::region::job_hash(&job);
+    let left = shmfab::internal::region::scan(Some(jh));
     if killed.is_empty() {
         assert!(left.is_empty(), "{test}: ranks left regions behind: {left:?}");
     } else {
         // Only the killed ranks' regions may be left, with dead owners; the
         // next start (clean_dead) removes them.
         assert!(left.iter().all(|r| !r.alive), "{test}: live regions left: {left:?}");
-        shmfab::region::clean_dead(false);
-        let left = shmfab::region::scan(Some(jh));
+        shmfab::internal::region::clean_dead(false);
+        let left = shmfab::internal::region::scan(Some(jh));
         assert!(left.is_empty(), "{test}: dead owners' regions not cleaned: {left:?}");
     }
 }
@@ -168,7 +168,7 @@ pub struct JobGuard {
 
 impl Drop for JobGuard {
     fn drop(&mut self) {
-        shmfab::region::remove_job(shmfab::region::job_hash(&self.job));
+        shmfab::internal::region::remove_job(shmfab::internal::region::job_hash(&self.job));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -15,7 +15,7 @@
 //! averaged over ranks, with the computed figure beside it) and its RSS.
 //! Needs SHMFAB_MAX_EPS >= N + 2 for b and c.
 
-use shmfab::footprint::{per_rank, RecvModel};
+use shmfab::internal::footprint::{per_rank, RecvModel};
 use shmfab::*;
 use shmfab_mpi_tests::*;
 use std::time::Instant;
@@ -91,9 +91,9 @@ fn main() {
     w.barrier().unwrap_or_else(|e| fail(&w, e));
     // Every rank is set up: measure the job's shared memory now.
     let shm = if r == 0 {
-        let job = shmfab::region::job_hash(&w.job);
+        let job = shmfab::internal::region::job_hash(&w.job);
         use std::os::unix::fs::MetadataExt;
-        shmfab::region::scan(Some(job))
+        shmfab::internal::region::scan(Some(job))
             .iter()
             .filter_map(|x| std::fs::metadata(format!("/dev/shm/{}", x.name)).ok())
             .map(|md| md.blocks() * 512)

@@ -1,5 +1,6 @@
-//! `shmfab run` as a user runs it: signals reach the ranks, and two jobs
-//! running at once on one node never see each other.
+//! `shmfab run` as a user runs it: signals reach the ranks, two jobs
+//! running at once on one node never see each other, and killing the
+//! launcher ends its ranks and leaves nothing in /dev/shm.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -82,4 +83,58 @@ fn job_member() {
         assert_eq!(&bufs[r][..e.len], me.as_bytes(), "heard from another job");
     }
     w.barrier().unwrap();
+}
+
+#[test]
+fn killing_the_launcher_ends_its_ranks_and_leaves_nothing() {
+    if std::env::var_os("SHMFAB_RANK").is_some() {
+        // A rank under `shmfab run`: join the job, say so, then wait for a
+        // message that never comes.
+        let w = shmfab::World::init().unwrap();
+        let dir = std::env::var("KILL_TEST_DIR").unwrap();
+        std::fs::write(format!("{dir}/{}", w.rank), w.dom.region_name()).unwrap();
+        let mut b = [0u8; 1];
+        // SAFETY: b lives as long as this process.
+        unsafe { w.ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 1).unwrap() };
+        let _ = w.wait(1);
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kill-launcher-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut launcher = shmfab()
+        .args(["run", "-n", "3", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["killing_the_launcher_ends_its_ranks_and_leaves_nothing", "--exact", "-q"])
+        .env("KILL_TEST_DIR", &dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let names: Vec<String> = loop {
+        let v: Vec<String> = (0..3).filter_map(|r| std::fs::read_to_string(dir.join(r.to_string())).ok()).collect();
+        if v.len() == 3 && v.iter().all(|n| !n.is_empty()) {
+            break v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "ranks never started");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    // The ranks die with their launcher; their regions, owners dead, go at
+    // the next start.
+    let t1 = Instant::now();
+    loop {
+        let live =
+            shmfab::internal::region::scan(None).into_iter().filter(|r| names.contains(&r.name) && r.alive).count();
+        if live == 0 {
+            break;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(10), "{live} ranks outlived their launcher");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    shmfab::internal::region::clean_dead(false);
+    for n in &names {
+        assert!(!std::path::Path::new(&format!("/dev/shm/{n}")).exists(), "{n} left behind");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,14 +9,14 @@
 //! exits with the worst status of its ranks (a signal counts as 128 +
 //! signal) and removes the job's regions from /dev/shm.
 
-use crate::error::{Error, ErrorKind, Result};
+use shmfab::{Error, ErrorKind, Result};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-/// How ranks are pinned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How ranks are pinned (`--bind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Bind {
     /// Rank r on the hardware threads of core r mod ncores (hwloc).
     Core,
@@ -24,18 +24,6 @@ pub enum Bind {
     Numa,
     /// Not pinned.
     None,
-}
-
-impl std::str::FromStr for Bind {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Bind> {
-        match s {
-            "core" => Ok(Bind::Core),
-            "numa" => Ok(Bind::Numa),
-            "none" => Ok(Bind::None),
-            _ => Err(Error::with(ErrorKind::Inval, format!("--bind takes core, numa or none, not {s:?}"))),
-        }
-    }
 }
 
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
@@ -96,7 +84,7 @@ pub fn run(n: usize, bind: Bind, argv: &[String]) -> Result<i32> {
         return Err(Error::with(ErrorKind::Inval, "nothing to run: shmfab run -n N -- PROGRAM [ARGS]"));
     };
     let me = std::process::id();
-    let job = format!("run.{me}.{}", crate::region::proc_start_time(me).unwrap_or(0));
+    let job = format!("run.{me}.{}", shmfab::internal::region::proc_start_time(me).unwrap_or(0));
     let launcher = me as libc::pid_t;
     // CPU sets from hwloc; sysfs if hwloc cannot say.
     let topo = crate::topo::discover().ok();
@@ -212,8 +200,8 @@ pub fn run(n: usize, bind: Bind, argv: &[String]) -> Result<i32> {
 }
 
 fn cleanup(job: &str) {
-    crate::region::remove_job(crate::region::job_hash(job));
-    let _ = rustix::shm::unlink(crate::launch::boot_name(job).as_str());
+    shmfab::internal::region::remove_job(shmfab::internal::region::job_hash(job));
+    let _ = rustix::shm::unlink(shmfab::internal::launch::boot_name(job).as_str());
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! process (this same executable, which calls [`peer_main`] when
 //! `SHMFAB_BENCH_PEER` is set) and learns its address from a hello message.
 
-use crate::{
+use shmfab::{
     AddressVector, CompletionQueue, CqAttr, CqTaggedEntry, Domain, Endpoint, Error, ErrorKind, Fabric, FiAddr, Result,
     FI_ADDR_UNSPEC, FI_RECV, FI_TRANSMIT,
 };
@@ -179,7 +179,7 @@ impl Ends {
     /// Sends, retrying on back-pressure; small messages go by inject.
     fn send(&self, buf: &[u8], to: FiAddr, tag: u64) -> Result<()> {
         loop {
-            let r = if buf.len() <= crate::proto::INJECT_SIZE {
+            let r = if buf.len() <= shmfab::proto::INJECT_SIZE {
                 self.ep.tinject(buf, to, tag)
             } else {
                 // SAFETY: callers keep buf alive until a receive completion
@@ -377,7 +377,7 @@ impl Link {
     /// Rank 0 of a two-rank job a launcher started (mpirun, shmfab run):
     /// the peer is rank 1, which calls [`serve_world`]; binding is the
     /// launcher's.
-    pub fn with_world(w: &crate::World) -> Result<Link> {
+    pub fn with_world(w: &shmfab::World) -> Result<Link> {
         if w.size != 2 || w.rank != 0 {
             return Err(Error::with(ErrorKind::Inval, "benchmarks under a launcher need exactly 2 ranks"));
         }
@@ -395,7 +395,7 @@ impl Link {
 
 /// Rank 1 of a two-rank job: serves rank 0's [`Link::with_world`] until
 /// told to quit.
-pub fn serve_world(w: &crate::World) -> Result<()> {
+pub fn serve_world(w: &shmfab::World) -> Result<()> {
     let mut addr = [0u8; shm_layout::Address::SIZE];
     // SAFETY: addr lives until the completion below.
     unsafe { w.ep.recv(&mut addr, w.addr(0), 77)? };
@@ -556,7 +556,8 @@ pub fn raw_pingpong(exe: &std::path::Path, args: &[&str], size: usize, iters: us
     if bind {
         bind_cpu(0);
     }
-    let name = format!("{}{}.raw.{}", crate::region::PREFIX, crate::region::uid(), std::process::id());
+    let name =
+        format!("{}{}.raw.{}", shmfab::internal::region::PREFIX, shmfab::internal::region::uid(), std::process::id());
     let page = RawPage::create(&name)?;
     let mut cmd = Command::new(exe);
     cmd.args(args).env("SHMFAB_RAW_PEER", &name).env("SHMFAB_RAW_SIZE", size.to_string());
@@ -593,7 +594,12 @@ pub fn raw_pingpong(exe: &std::path::Path, args: &[&str], size: usize, iters: us
 /// the peer sleeps in FUTEX_WAIT on a shared word; we store and FUTEX_WAKE;
 /// it writes the time it woke. Microseconds, one per try.
 pub fn raw_futex_wakeups(exe: &std::path::Path, args: &[&str], tries: usize, gap: Duration) -> Result<Vec<f64>> {
-    let name = format!("{}{}.rawfutex.{}", crate::region::PREFIX, crate::region::uid(), std::process::id());
+    let name = format!(
+        "{}{}.rawfutex.{}",
+        shmfab::internal::region::PREFIX,
+        shmfab::internal::region::uid(),
+        std::process::id()
+    );
     let page = RawPage::create(&name)?;
     let mut cmd = Command::new(exe);
     cmd.args(args).env("SHMFAB_RAW_PEER", &name).env("SHMFAB_RAW_SIZE", "0").env("SHMFAB_RAW_MODE", "futex");

@@ -4,11 +4,11 @@
 //! and exec, before the rank touches its region: the pages land on its NUMA
 //! node).
 
-use crate::error::{Error, ErrorKind, Result};
 use hwlocality::object::attributes::ObjectAttributes;
 use hwlocality::object::types::ObjectType;
 use hwlocality::object::TopologyObject;
 use hwlocality::Topology;
+use shmfab::{Error, ErrorKind, Result};
 
 /// What hwloc says about this node.
 #[derive(Clone, Debug, Default)]

@@ -4,7 +4,7 @@
 //! 16 from 1 MiB) and the 8-byte message rate (windows of 64, as osu_mbw_mr).
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
-use shmfab::bench::{self, Link};
+use shmfab_tools::bench::{self, Link};
 use std::cell::RefCell;
 use std::time::Duration;
 

@@ -1,0 +1,77 @@
+//! The `shmfab` command as a script or a user runs it: help, usage errors
+//! (status 2), `info`, and `bench` with its JSON (no progress line when
+//! stderr is not a terminal).
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs `shmfab args`, killing it after `limit`.
+fn shmfab(args: &[&str], limit: Duration) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shmfab"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            panic!("shmfab {args:?} ran longer than {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    c.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn help_lists_every_command_and_usage_errors_exit_2() {
+    let o = shmfab(&["--help"], Duration::from_secs(10));
+    assert!(o.status.success());
+    let help = text(&o.stdout);
+    for c in ["run", "bench", "compare", "inspect", "clean", "info"] {
+        assert!(help.contains(&format!("\n  {c} ")), "{c} missing from:\n{help}");
+    }
+    let o = shmfab(&["bench", "--sizes", "64k,18014398509481984k"], Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("too large"), "{}", text(&o.stderr));
+    let o = shmfab(&[], Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2), "no command: usage");
+}
+
+#[test]
+fn info_shows_layout_topology_and_memory() {
+    let o = shmfab(&["info", "--ranks", "2,8", "--buf", "8k"], Duration::from_secs(30));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    for want in ["layout version", "topology (hwloc)", "buffers of 8192 B"] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+}
+
+#[test]
+fn bench_writes_its_figures_as_json_and_no_progress_to_a_pipe() {
+    let json = std::env::temp_dir().join(format!("shmfab-cli-{}.json", std::process::id()));
+    let o =
+        shmfab(&["bench", "pingpong", "--sizes", "8,1k", "--json", json.to_str().unwrap()], Duration::from_secs(120));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(o.stderr.is_empty(), "stderr is not a terminal: {}", text(&o.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(rows.len(), 2);
+    for (r, size) in rows.iter().zip([8, 1024]) {
+        assert_eq!(r["size"], size);
+        assert_eq!(r["system"], "shmfab");
+        assert!(r["half_rtt_us"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+        assert!(r["bw_gbs"].is_null() && r["mmsgs"].is_null(), "{r}");
+    }
+    // The table on stdout: one row per size, half round trip in column 2.
+    let out = text(&o.stdout);
+    let last = out.lines().last().unwrap();
+    assert_eq!(last.split_whitespace().next(), Some("1024"), "{out}");
+}
