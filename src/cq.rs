@@ -6,7 +6,8 @@
 //! domain's progress. Progress stops taking inbound messages while a receive
 //! CQ holds `size` entries (back-pressure); entries that must be written
 //! anyway (completions of work already done) may go past `size`, up to
-//! [`CqState::hard_cap`]; one more puts the CQ in the overrun state, which is
+//! a hard cap (four times `size`, at least `size + 64`); one more puts the CQ
+//! in the overrun state, which is
 //! fatal as the man page says: after the valid entries, reads return
 //! `-FI_EOVERRUN`.
 

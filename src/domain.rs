@@ -390,7 +390,7 @@ impl Domain {
     }
 
     /// fi_trywait over CQs: `Ok` when nothing is there to read and the
-    /// CQs' wait fds ([`CompletionQueue::wait_fd`]) will become readable
+    /// CQs' wait fds ([`crate::CompletionQueue::wait_fd`]) will become readable
     /// when something arrives, so the caller may block in poll, select or
     /// epoll; `-FI_EAGAIN` when it should read the CQs first. Only CQs with
     /// [`WaitObj::Fd`](crate::WaitObj::Fd) may be given.

@@ -363,7 +363,7 @@ impl Endpoint {
     /// Solicited wait (DAT_COMPLETION_SOLICITED_WAIT_FLAG): when on, a
     /// receive completion of this endpoint signals an armed completion
     /// channel only if its message was sent with
-    /// [`SHMFAB_SOLICITED`](crate::flags::SHMFAB_SOLICITED) (errors always
+    /// [`SHMFAB_SOLICITED`] (errors always
     /// signal); when off (the default) every completion signals as
     /// [`CompletionQueue::req_notify`](crate::CompletionQueue::req_notify)
     /// says. The completions themselves are written either way.
