@@ -115,7 +115,9 @@ impl ErrorKind {
 
     /// The kind of a positive fabric errno (FI_EOTHER when unknown).
     pub fn from_errno(errno: i32) -> ErrorKind {
-        let errno = errno.abs();
+        // A peer's status word may be any value: i32::MIN has no absolute
+        // value, and is no errno.
+        let errno = errno.checked_abs().unwrap_or(0);
         TABLE.iter().find(|t| t.1 == errno).map(|t| t.0).unwrap_or(ErrorKind::Other)
     }
 }
@@ -262,6 +264,14 @@ impl From<rustix::io::Errno> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_status_word_maps_to_a_kind() {
+        // A FIN's status comes from a peer: no value may panic.
+        assert_eq!(ErrorKind::from_errno(i32::MIN), ErrorKind::Other);
+        assert_eq!(ErrorKind::from_errno(i32::MAX), ErrorKind::Other);
+        assert_eq!(ErrorKind::from_errno(-ErrorKind::Io.errno()), ErrorKind::Io);
+    }
 
     #[test]
     fn every_kind_round_trips_through_its_errno() {
