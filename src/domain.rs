@@ -15,7 +15,7 @@ use crate::proto::Config;
 use crate::region::{self, Region};
 use crate::srq::SrqState;
 use crate::sync::{DomainGuard, DomainLock, LockError, Threading};
-use shm_layout::{ep_state, eps_offset, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl, SlotEntry};
+use shm_layout::{ep_state, eps_offset, Address, EpGeometry, EpHeader, OvfCell, OvfCtl, PoolCtl, RingCtl, SlotEntry};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -552,6 +552,16 @@ pub(crate) struct Section {
     pub offset: usize,
 }
 
+/// How a sender's ring slot claim went ([`Section::claim_ring`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// Slot `s` is ours: its address written and its `claimed` bit set; we
+    /// are its ring's only producer.
+    Ring(u32),
+    /// Every slot is taken: use the overflow queue ([`Section::use_overflow`]).
+    Full,
+}
+
 // SAFETY: the pointers are into a region mapping that the holder of the
 // Section keeps alive (the domain's own Region, or a peer's Arc<Region> in
 // the Peer); every shared word behind them is an atomic or is copied with
@@ -627,6 +637,91 @@ impl Section {
     pub fn open_at(&self, generation: u32) -> bool {
         use crate::sync::Ordering;
         let h = self.header();
+        // SYNC: the acquire of `state` pairs with the release store of OPEN
+        // in Section::open (generation, pool and queue are then visible) and
+        // of CLOSED in Section::close. The generation's acquire pairs with
+        // nothing (its store is relaxed, published by the OPEN store): a
+        // state read from a later open makes this read return at least that
+        // open's generation, so a reopened section never passes for the
+        // generation before.
         h.state.load(Ordering::Acquire) == ep_state::OPEN && h.generation.load(Ordering::Acquire) == generation
+    }
+
+    /// Opens the section to peers at `generation` (the owner): initialises
+    /// its pool and overflow queue, then publishes them with the state.
+    ///
+    /// # Safety
+    /// The section must be closed, with zeroed memory (fresh or punched
+    /// pages): no peer uses its pool or queue.
+    pub unsafe fn open(&self, generation: u32) {
+        use crate::sync::Ordering;
+        // SAFETY: closed and zeroed per the contract.
+        unsafe {
+            self.pool().init();
+            self.ovf().init();
+        }
+        let h = self.header();
+        // Relaxed: published by the OPEN store below.
+        h.generation.store(generation, Ordering::Relaxed);
+        // SYNC: publishes the generation, pool and queue to the acquire
+        // load of `state` in Section::open_at (a sender connecting).
+        h.state.store(ep_state::OPEN, Ordering::Release);
+    }
+
+    /// The token a sender at `me` claims a ring slot with. Never 0 (a free
+    /// slot).
+    pub fn claim_token(me: Address) -> u64 {
+        (me.token ^ ((me.ep_index as u64) << 48) ^ ((me.generation as u64) << 32)) | 1
+    }
+
+    /// A sender's claim of a free ring slot for `me`, with the `token` of
+    /// [`Section::claim_token`]: a CAS on a slot's owner word; then `me`
+    /// written in the slot and its `claimed` bit set, for the owner's
+    /// progress pass to take the ring.
+    pub fn claim_ring(&self, token: u64, me: Address) -> Claim {
+        use crate::sync::Ordering;
+        for s in 0..self.g.n_slots {
+            let slot = self.slot(s);
+            // SYNC: pairs with no release store (the owner word is only
+            // zeroed by the punch of a closed section's pages); the release
+            // half publishes nothing (the address is published by the
+            // fetch_or below).
+            if slot.owner.compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                continue;
+            }
+            // SAFETY: we own the slot now; addr is plain data in it.
+            unsafe { std::ptr::addr_of!(slot.addr).cast_mut().write_volatile(me) };
+            // SYNC: publishes the slot's addr to the acquire load of
+            // `claimed` in progress_ep (then accept_claims reads it).
+            self.header().claimed.fetch_or(1 << s, Ordering::Release);
+            return Claim::Ring(s);
+        }
+        Claim::Full
+    }
+
+    /// A sender found every slot taken and uses the overflow queue: tells
+    /// the owner's progress pass to look at it.
+    pub fn use_overflow(&self) {
+        use crate::sync::Ordering;
+        // SYNC: the owner reads the flag relaxed (progress_ep): this release
+        // pairs with nothing and is more than needed. The queue's entries
+        // are published by their own sequence words (Ovf::push).
+        self.header().ovf_used.store(1, Ordering::Release);
+    }
+
+    /// Closes the section to peers (the owner; its pages are punched after,
+    /// which zeroes every slot's owner word: each sender's check before a
+    /// push then fails).
+    pub fn close(&self) {
+        use crate::sync::Ordering;
+        let h = self.header();
+        // SYNC: pairs with the acquire of `state` in Section::open_at (a
+        // peer's connect or life check); nothing written before it needs
+        // publishing (a peer that reads CLOSED only stops), so the release
+        // is more than needed. The senders' checks before each push
+        // (Peer::chan_valid) read the owner word or state relaxed.
+        h.state.store(ep_state::CLOSED, Ordering::Release);
+        // Relaxed: only the owner reads `claimed`; a reopen starts from none.
+        h.claimed.store(0, Ordering::Relaxed);
     }
 }

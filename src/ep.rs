@@ -7,7 +7,7 @@
 //! completion is reported, as in libfabric. `inject` copies and is safe.
 
 use crate::av::AvState;
-use crate::domain::{Ctx, Domain, DomainInner, Section};
+use crate::domain::{Claim, Ctx, Domain, DomainInner, Section};
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::*;
 use crate::ovf::Ovf;
@@ -629,30 +629,17 @@ impl EpState {
             ));
         }
         let me = self.addr;
-        let token = (me.token ^ ((me.ep_index as u64) << 48) ^ ((me.generation as u64) << 32)) | 1;
-        let mut chan = None;
+        let token = Section::claim_token(me);
         let mut claim = ChanClaim { owner: std::ptr::null(), token, hdr: sec.header(), generation: addr.generation };
-        for s in 0..sec.g.n_slots {
-            let slot = sec.slot(s);
-            if slot.owner.compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                claim.owner = &slot.owner;
-                // SAFETY: we own the slot now; addr is plain data in it.
-                unsafe { std::ptr::addr_of!(slot.addr).cast_mut().write_volatile(me) };
-                // SYNC: publishes the slot's addr to the acquire load of
-                // `claimed` in progress_ep.
-                sec.header().claimed.fetch_or(1 << s, Ordering::Release);
+        let chan = match sec.claim_ring(token, me) {
+            Claim::Ring(s) => {
+                claim.owner = &sec.slot(s).owner;
                 // SAFETY: the ring belongs to the mapped section we hold
-                // (region kept in Peer); we are its only producer (CAS above).
-                chan = Some(Chan::Ring(unsafe {
-                    RingTx::new(sec.ringctl_at(s), sec.ring_cells(s), sec.g.ring_cells as usize)
-                }));
-                break;
+                // (region kept in Peer); we are its only producer (claimed).
+                Chan::Ring(unsafe { RingTx::new(sec.ringctl_at(s), sec.ring_cells(s), sec.g.ring_cells as usize) })
             }
-        }
-        let chan = match chan {
-            Some(c) => c,
-            None => {
-                sec.header().ovf_used.store(1, Ordering::Release);
+            Claim::Full => {
+                sec.use_overflow();
                 Chan::Ovf(sec.ovf())
             }
         };
@@ -940,18 +927,10 @@ impl Domain {
         inner.region.reserve(sec.offset, sec.g.section_size())?;
         st.ep_gen[idx] = st.ep_gen[idx].wrapping_add(1);
         let generation = st.ep_gen[idx];
-        let pool = sec.pool();
-        let ovf = sec.ovf();
         // SAFETY: the section is closed (state CLOSED, freshly zeroed pages),
         // so no peer uses its pool or queue yet.
-        unsafe {
-            pool.init();
-            ovf.init();
-        }
-        let h = sec.header();
-        h.generation.store(generation, Ordering::Relaxed);
-        // SYNC: opens the section; pairs with the acquire in Section::open_at.
-        h.state.store(ep_state::OPEN, Ordering::Release);
+        unsafe { sec.open(generation) };
+        let (pool, ovf) = (sec.pool(), sec.ovf());
         let addr = Address { uid: inner.uid, job: inner.job, token: inner.token, ep_index: idx as u32, generation };
         let n_slots = sec.g.n_slots as usize;
         let ep = crate::domain::EpBox::new(EpState {
@@ -1574,8 +1553,7 @@ impl Endpoint {
                 }
             }
         }
-        ep.sec.header().state.store(ep_state::CLOSED, Ordering::Release);
-        ep.sec.header().claimed.store(0, Ordering::Relaxed);
+        ep.sec.close();
         for cq in [ep.tx_cq, ep.rx_cq].into_iter().flatten() {
             if let Some(c) = st.cqs[cq].as_mut() {
                 c.bound -= 1;

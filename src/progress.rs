@@ -82,8 +82,8 @@ impl Src<'_> {
 /// 2 KiB more code).
 #[inline(always)]
 pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
-    // SYNC: pairs with the release fetch_or in EpState::connect; makes the
-    // slot's address visible.
+    // SYNC: pairs with the release fetch_or in Section::claim_ring; makes
+    // the slot's address visible.
     let claimed = ep.sec.header().claimed.load(Ordering::Acquire);
     if claimed != ep.claimed_seen {
         accept_claims(ep, claimed);
@@ -338,7 +338,9 @@ fn accept_claims(ep: &mut EpState, claimed: u64) {
         }
         let slot = ep.sec.slot(s as u32);
         // SAFETY: the claimant wrote addr before setting the claimed bit we
-        // acquired; a plain-data copy, validated below.
+        // acquired (SYNC: the release fetch_or in Section::claim_ring, the
+        // acquire load of `claimed` in progress_ep); a plain-data copy,
+        // validated below.
         let addr = unsafe { std::ptr::addr_of!(slot.addr).read_volatile() };
         if addr.uid != ep.addr.uid {
             continue; // not one of ours: never read that ring
