@@ -629,9 +629,9 @@ impl EpState {
             ));
         }
         let me = self.addr;
-        let token = Section::claim_token(me);
+        let token = Section::claim_token(me, addr.generation);
         let mut claim = ChanClaim { owner: std::ptr::null(), token, hdr: sec.header(), generation: addr.generation };
-        let chan = match sec.claim_ring(token, me) {
+        let chan = match sec.claim_ring(addr.generation, token, me) {
             Claim::Ring(s) => {
                 claim.owner = &sec.slot(s).owner;
                 // SAFETY: the ring belongs to the mapped section we hold
@@ -641,6 +641,12 @@ impl EpState {
             Claim::Full => {
                 sec.use_overflow();
                 Chan::Ovf(sec.ovf())
+            }
+            Claim::Closed => {
+                return Err(Error::with(
+                    ErrorKind::AddrNotAvail,
+                    format!("endpoint {} is closed", crate::av::AddressVector::straddr(&addr)),
+                ))
             }
         };
         let peer = &mut self.peers[p];
