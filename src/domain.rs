@@ -1009,6 +1009,7 @@ mod loom_tests {
             let mut ring: Option<(u32, RingRx)> = None;
             let mut got = false;
             for _ in 0..2 {
+                // SYNC: as progress_ep: pairs with claim_ring's fetch_or.
                 let claimed = sec.header().claimed.load(Ordering::Acquire);
                 if ring.is_none() && claimed != 0 {
                     let s = claimed.trailing_zeros();
@@ -1057,6 +1058,7 @@ mod loom_tests {
             let sender = loom::thread::spawn(move || {
                 let token = Section::claim_token(ME, 1);
                 let claim = if sec.open_at(1) { Some(sec.claim_ring(1, token, ME)) } else { None };
+                // SYNC: pairs with the owner's release store of the flag.
                 while !r2.load(Ordering::Acquire) {
                     loom::thread::yield_now();
                 }
@@ -1074,6 +1076,7 @@ mod loom_tests {
             punch(&sec);
             // SAFETY: closed and punched.
             unsafe { sec.open(2) };
+            // SYNC: publishes the reopen to the sender's acquire (time passing).
             reopened.store(true, Ordering::Release);
             sender.join().unwrap();
             drop(hs);
