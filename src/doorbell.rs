@@ -63,6 +63,10 @@ pub fn ring(db: &shm_layout::Doorbell) {
         fence(Ordering::SeqCst);
     }
     if db.sleepers.load(Ordering::Relaxed) != 0 {
+        // SYNC: pairs with the acquire loads of the word in wait() and
+        // announce() (and the bridge's in fdwait): a waiter that reads the
+        // bump sees what was published before it. The wake-up's safety
+        // rests on the fences, not on this.
         db.futex.fetch_add(1, Ordering::Release);
         futex_wake(&db.futex);
     }
@@ -72,6 +76,7 @@ pub fn ring(db: &shm_layout::Doorbell) {
 /// passes. Returns true if work was there (no sleep), false after sleeping
 /// (the caller re-checks).
 pub fn wait(db: &shm_layout::Doorbell, mut has_work: impl FnMut() -> bool, timeout: Option<Duration>) -> bool {
+    // SYNC: pairs with the release bump in ring() and wake_all().
     let seen = db.futex.load(Ordering::Acquire);
     db.sleepers.fetch_add(1, Ordering::Relaxed);
     // SYNC: pairs with the fence in ring(): either the signaller sees our
@@ -102,6 +107,7 @@ pub(crate) fn futex_wait_shared(word: &crate::sync::AtomicU32, val: u32) {
 /// returns the futex value seen before announcing. The caller re-checks
 /// for work, then sleeps from that value or withdraws (`sleepers -= 1`).
 pub(crate) fn announce(db: &shm_layout::Doorbell) -> u32 {
+    // SYNC: pairs with the release bump in ring() and wake_all().
     let seen = db.futex.load(Ordering::Acquire);
     db.sleepers.fetch_add(1, Ordering::Relaxed);
     // SYNC: as in wait(): pairs with the fence (or membarrier) in ring().
@@ -115,6 +121,8 @@ pub(crate) fn announce(db: &shm_layout::Doorbell) -> u32 {
 
 /// Bumps the word and wakes every sleeper unconditionally (signal/close).
 pub fn wake_all(db: &shm_layout::Doorbell) {
+    // SYNC: pairs with the acquire loads of the word in wait() and
+    // announce() (and the bridge's in fdwait), as in ring().
     db.futex.fetch_add(1, Ordering::Release);
     futex_wake(&db.futex);
 }
@@ -145,6 +153,8 @@ fn futex_wake(word: &crate::sync::AtomicU32) {
 // wake-up then shows as a waiter that never finishes.
 #[cfg(loom)]
 fn futex_wait(word: &crate::sync::AtomicU32, val: u32, _timeout: Option<Duration>) {
+    // SYNC: pairs with the release bump in ring() and wake_all(), as the
+    // kernel's futex does.
     while word.load(Ordering::Acquire) == val {
         loom::thread::yield_now();
     }

@@ -15,8 +15,7 @@ use crate::engine::EpState;
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::*;
 use crate::proto::INJECT_SIZE;
-use crate::sync::Ordering;
-use shm_layout::{ep_state, Address, MAX_IOV};
+use shm_layout::{Address, MAX_IOV};
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::Arc;
 
@@ -84,18 +83,9 @@ impl Domain {
         inner.region.reserve(sec.offset, sec.g.section_size())?;
         st.ep_gen[idx] = st.ep_gen[idx].wrapping_add(1);
         let generation = st.ep_gen[idx];
-        let pool = sec.pool();
-        let ovf = sec.ovf();
         // SAFETY: the section is closed (state CLOSED, freshly zeroed pages),
         // so no peer uses its pool or queue yet.
-        unsafe {
-            pool.init();
-            ovf.init();
-        }
-        let h = sec.header();
-        h.generation.store(generation, Ordering::Relaxed);
-        // SYNC: opens the section; pairs with the acquire in Section::open_at.
-        h.state.store(ep_state::OPEN, Ordering::Release);
+        unsafe { sec.open(generation) };
         let addr = Address { uid: inner.uid, job: inner.job, token: inner.token, ep_index: idx as u32, generation };
         let ep = crate::domain::EpBox::new(EpState::new(addr, sec));
         let state = ep.ptr();
@@ -660,8 +650,7 @@ impl Endpoint {
             return Ok(());
         };
         st.unbind_ep(self.idx, &ep);
-        ep.sec.header().state.store(ep_state::CLOSED, Ordering::Release);
-        ep.sec.header().claimed.store(0, Ordering::Relaxed);
+        ep.sec.close();
         // Give the section's pages back; a reopen starts from zeroed memory.
         let _ = rustix::fs::fallocate(
             self.dom.region_fd(),

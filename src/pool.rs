@@ -57,6 +57,9 @@ impl Pool {
         // SAFETY: ctl mapped.
         unsafe {
             (*self.ctl).in_use.store(0, Ordering::Relaxed);
+            // SYNC: publishes the links to the acquire loads of `head` in
+            // alloc() (senders also get them through the section's OPEN
+            // store, for the acquire in Section::open_at).
             (*self.ctl).head.store(1, Ordering::Release);
         }
     }
@@ -81,6 +84,8 @@ impl Pool {
     pub fn alloc(&self) -> Option<u32> {
         // SAFETY: ctl mapped.
         let head = unsafe { &(*self.ctl).head };
+        // SYNC: pairs with the release CAS in free() (or the release store
+        // in init()): the link of the head chunk read below is visible.
         let mut h = head.load(Ordering::Acquire);
         loop {
             let idx1 = (h & LOW) as u32;
@@ -93,8 +98,12 @@ impl Pool {
                 return None;
             }
             let new = ((h >> 32).wrapping_add(1) << 32) | next as u64;
-            // SYNC: acquire pairs with the release in free(): the chunk's
-            // previous reader is done with it before we write it.
+            // SYNC: acquire pairs with the release CAS in free(): the
+            // chunk's previous reader is done with it before we write it
+            // (and, on failure, the new head's link is visible). The release
+            // half pairs with nothing: a later alloc() reaches free()'s
+            // release through the release sequence of the CASes on `head`,
+            // so Acquire alone would do.
             match head.compare_exchange_weak(h, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     // SAFETY: ctl mapped.
@@ -118,7 +127,9 @@ impl Pool {
             // SAFETY: idx < n.
             unsafe { (*self.next.add(idx as usize)).store((h & LOW) as u32, Ordering::Relaxed) };
             let new = ((h >> 32).wrapping_add(1) << 32) | (idx as u64 + 1);
-            // SYNC: release pairs with the acquire in alloc().
+            // SYNC: release pairs with the acquire loads and CAS in alloc():
+            // the link written above and our reads of the chunk happen
+            // before the next taker's writes.
             match head.compare_exchange_weak(h, new, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => {
                     // SAFETY: ctl mapped.

@@ -146,6 +146,7 @@ impl Region {
             std::ptr::addr_of_mut!((*h).n_counters).write(n_counters);
             std::ptr::addr_of_mut!((*h).geometry).write(*g);
         }
+        // Relaxed: published by the release store of magic below.
         r.header().state.store(state::READY, Ordering::Relaxed);
         // SYNC: publishes the header to the acquire load of magic in attach().
         r.header().magic.store(MAGIC, Ordering::Release);
@@ -340,6 +341,10 @@ impl std::fmt::Debug for Region {
 impl Drop for Region {
     fn drop(&mut self) {
         if self.owned {
+            // SYNC: pairs with the acquire load of the state in the peers'
+            // life check (progress::peer_gone); nothing written before it
+            // needs publishing (a peer that reads CLOSING only fails what it
+            // has pending with us), so the release is more than needed.
             self.header().state.store(state::CLOSING, Ordering::Release);
             let _ = rustix::shm::unlink(self.name.as_str());
         }

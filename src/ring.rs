@@ -169,6 +169,9 @@ impl RingTx {
         debug_assert!(cap.is_power_of_two() && cap >= 2);
         // SAFETY: ctl is valid per the contract. A fresh claimant starts at
         // the consumer's head: the ring is empty when a slot is claimed.
+        // SYNC: pairs with the release store in RingRx::release_credit; a
+        // claimed ring's head is the zero of a fresh or punched page, so
+        // there is nothing to pair with in practice (more than needed).
         let head = unsafe { (*ctl).head.v.load(Ordering::Acquire) };
         RingTx {
             ctl,
@@ -196,7 +199,9 @@ impl RingTx {
         if self.tail + need - self.cached_head <= self.cap {
             return true;
         }
-        // SYNC: pairs with the release store in RingRx::release_credit.
+        // SYNC: pairs with the release store in RingRx::release_credit: the
+        // consumer's reads of the cells it gave back happen before our
+        // writes to them.
         // SAFETY: ctl mapped per the contract of new().
         self.cached_head = unsafe { (*self.ctl).head.v.load(Ordering::Acquire) };
         self.tail + need - self.cached_head <= self.cap
@@ -320,11 +325,13 @@ impl RingTx {
             hp.add(1).write_volatile(w[1]);
             hp.add(2).write_volatile(w[2]);
             if guard {
+                // Relaxed: published by the release store below.
                 (*self.cell(pos + n)).seq.store(0, Ordering::Relaxed);
             }
             // SYNC: publishes payload, header and guard to the acquire load
-            // in RingRx::peek.
+            // in RingRx::peek (RingRx::ready's acquire only looks).
             (*c).seq.store(pos + 1, Ordering::Release);
+            // Relaxed: read only by observers (`shmfab inspect`).
             (*self.ctl).tail.v.store(pos + n, Ordering::Relaxed);
         }
         self.tail = pos + n;
@@ -434,7 +441,8 @@ impl RingRx {
     #[inline]
     pub fn peek(&self) -> Option<(MsgHdr, usize)> {
         let c = self.cell(self.head);
-        // SYNC: pairs with the release store in RingTx::try_push.
+        // SYNC: pairs with the release store in RingTx::publish: payload,
+        // header and guard are visible.
         // SAFETY: c is inside the ring.
         let seq = unsafe { (*c).seq.load(Ordering::Acquire) };
         if seq != self.head + 1 {
@@ -505,7 +513,9 @@ impl RingRx {
     #[inline]
     pub fn release_credit(&mut self) {
         if self.head != self.published {
-            // SYNC: pairs with the acquire load in RingTx::has_room.
+            // SYNC: pairs with the acquire load in RingTx::has_room: our
+            // reads of the consumed cells happen before the producer
+            // rewrites them.
             // SAFETY: ctl is in our region.
             unsafe { (*self.ctl).head.v.store(self.head, Ordering::Release) };
             self.published = self.head;
@@ -515,6 +525,10 @@ impl RingRx {
     /// Whether a message is waiting.
     #[inline]
     pub fn ready(&self) -> bool {
+        // SYNC: pairs with the release store in RingTx::publish, but only
+        // peek()'s acquire hands the message over: this one only looks (for
+        // `inbound_ready` and `left_in_queues`), so relaxed would do; on
+        // x86 both are a plain load.
         // SAFETY: inside the ring.
         unsafe { (*self.cell(self.head)).seq.load(Ordering::Acquire) == self.head + 1 }
     }

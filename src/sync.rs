@@ -8,6 +8,42 @@ use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::AtomicBool;
 
+/// Plain (non-atomic) data in shared memory, as a loom model sees it: a
+/// handle built for a model carries one of these per piece of plain data
+/// it hands over (a queue cell's payload, a slot's address) and reports
+/// each read and write of that data to it, so that loom fails the model
+/// when an access is not ordered after the last conflicting one (the
+/// orderings that hand the data over are then checked, not only the
+/// atomics' values). Handles made outside the models carry none.
+#[cfg(loom)]
+pub(crate) struct Tracked(loom::cell::UnsafeCell<()>);
+
+#[cfg(loom)]
+impl Tracked {
+    /// A fresh stand-in (inside a model only).
+    #[cfg(test)]
+    pub(crate) fn new() -> Tracked {
+        Tracked(loom::cell::UnsafeCell::new(()))
+    }
+
+    /// Reports a read of the data.
+    pub(crate) fn read(&self) {
+        self.0.with(|_| ());
+    }
+
+    /// Reports a write of the data.
+    pub(crate) fn write(&self) {
+        self.0.with_mut(|_| ());
+    }
+
+    /// `n` fresh stand-ins, leaked (a model builds its shared state per
+    /// run and leaks it, as the ring model does).
+    #[cfg(test)]
+    pub(crate) fn leaked(n: usize) -> &'static [Tracked] {
+        Box::leak((0..n).map(|_| Tracked::new()).collect::<Vec<_>>().into_boxed_slice())
+    }
+}
+
 /// The end of a poll that found nothing (a CQ read with `-FI_EAGAIN`, a
 /// poll set with no event): a pause, as a spin-wait iteration should have.
 /// Without it, a caller polling in a tight loop has loads of the ring's

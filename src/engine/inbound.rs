@@ -56,8 +56,8 @@ impl Inbound {
     /// [`Inbound::accept_claims`].
     #[inline(always)]
     pub fn new_claims(&self, sec: &Section) -> Option<u64> {
-        // SYNC: pairs with the release fetch_or in Peers::connect; makes
-        // the slot's address visible.
+        // SYNC: pairs with the release fetch_or in Section::claim_ring;
+        // makes the slot's address visible.
         let claimed = sec.header().claimed.load(Ordering::Acquire);
         (claimed != self.claimed_seen).then_some(claimed)
     }
@@ -74,7 +74,9 @@ impl Inbound {
             }
             let slot = sec.slot(s as u32);
             // SAFETY: the claimant wrote addr before setting the claimed bit
-            // we acquired; a plain-data copy, validated below.
+            // we acquired (SYNC: the release fetch_or in Section::claim_ring,
+            // the acquire load of `claimed` in new_claims); a plain-data
+            // copy, validated below.
             let addr = unsafe { std::ptr::addr_of!(slot.addr).read_volatile() };
             if addr.uid != me_uid {
                 continue; // not one of ours: never read that ring

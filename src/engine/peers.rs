@@ -17,7 +17,7 @@
 use super::complete::PeerRx;
 use super::tx::PeerTx;
 use crate::av::AvState;
-use crate::domain::Section;
+use crate::domain::{Claim, Section};
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::*;
 use crate::ovf::Ovf;
@@ -276,31 +276,24 @@ impl Peers {
                 format!("endpoint {} is closed", crate::av::AddressVector::straddr(&addr)),
             ));
         }
-        let token = (me.token ^ ((me.ep_index as u64) << 48) ^ ((me.generation as u64) << 32)) | 1;
-        let mut chan = None;
+        let token = Section::claim_token(me, addr.generation);
         let mut claim = ChanClaim { owner: std::ptr::null(), token, hdr: sec.header(), generation: addr.generation };
-        for s in 0..sec.g.n_slots {
-            let slot = sec.slot(s);
-            if slot.owner.compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                claim.owner = &slot.owner;
-                // SAFETY: we own the slot now; addr is plain data in it.
-                unsafe { std::ptr::addr_of!(slot.addr).cast_mut().write_volatile(me) };
-                // SYNC: publishes the slot's addr to the acquire load of
-                // `claimed` in progress_ep.
-                sec.header().claimed.fetch_or(1 << s, Ordering::Release);
+        let chan = match sec.claim_ring(addr.generation, token, me) {
+            Claim::Ring(s) => {
+                claim.owner = &sec.slot(s).owner;
                 // SAFETY: the ring belongs to the mapped section we hold
-                // (region kept in Peer); we are its only producer (CAS above).
-                chan = Some(Chan::Ring(unsafe {
-                    RingTx::new(sec.ringctl_at(s), sec.ring_cells(s), sec.g.ring_cells as usize)
-                }));
-                break;
+                // (region kept in Peer); we are its only producer (claimed).
+                Chan::Ring(unsafe { RingTx::new(sec.ringctl_at(s), sec.ring_cells(s), sec.g.ring_cells as usize) })
             }
-        }
-        let chan = match chan {
-            Some(c) => c,
-            None => {
-                sec.header().ovf_used.store(1, Ordering::Release);
+            Claim::Full => {
+                sec.use_overflow();
                 Chan::Ovf(sec.ovf())
+            }
+            Claim::Closed => {
+                return Err(Error::with(
+                    ErrorKind::AddrNotAvail,
+                    format!("endpoint {} is closed", crate::av::AddressVector::straddr(&addr)),
+                ))
             }
         };
         let peer = &mut self.list[p];
