@@ -14,7 +14,6 @@ use crate::engine::request::{OpKind, Request, SEND_FLAGS};
 use crate::engine::EpState;
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::*;
-use crate::proto::INJECT_SIZE;
 use shm_layout::{Address, MAX_IOV};
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::Arc;
@@ -391,12 +390,11 @@ impl Endpoint {
     }
 
     #[inline(always)]
-    fn tx(&self, m: &SendMsg<'_>, flags: u64, kind: OpKind, inject: bool) -> Result<()> {
+    fn tx(&self, m: &SendMsg<'_>, flags: u64, kind: OpKind) -> Result<()> {
         if flags & !SEND_FLAGS != 0 {
             return Err(Error::with(ErrorKind::BadFlags, format!("unsupported send flags {:#x}", flags & !SEND_FLAGS)));
         }
         let iovs = iovs_from(m.iov)?;
-        let flags = if inject { flags | FI_INJECT } else { flags & !FI_INJECT };
         self.submit(Request {
             kind,
             one: iovs.v[0],
@@ -406,6 +404,7 @@ impl Endpoint {
             tag: m.tag,
             data: m.data,
             flags,
+            silent: false,
         })
     }
 
@@ -433,7 +432,9 @@ impl Endpoint {
         tag: u64,
         flags: u64,
     ) -> Result<()> {
-        self.submit(Request { kind, one: Iov::of(buf), iov: None, dest, context, tag, data, flags })
+        // The one-buffer calls with FI_INJECT are the inject calls.
+        let silent = flags & FI_INJECT != 0;
+        self.submit(Request { kind, one: Iov::of(buf), iov: None, dest, context, tag, data, flags, silent })
     }
 
     #[inline(always)]
@@ -484,25 +485,24 @@ impl Endpoint {
         })
     }
 
-    /// fi_sendmsg.
+    /// fi_sendmsg. Flags: FI_COMPLETION, FI_REMOTE_CQ_DATA, FI_INJECT (the
+    /// buffers may be reused on return; at most [`INJECT_SIZE`](crate::proto::INJECT_SIZE) bytes, else
+    /// `-FI_EMSGSIZE`; the completion is written as for any send, unlike
+    /// [`Endpoint::inject`]'s), and [`SHMFAB_SOLICITED`].
     ///
     /// # Safety
-    /// The iov buffers must stay valid and unchanged until the send completes.
+    /// The iov buffers must stay valid and unchanged until the send completes
+    /// (with FI_INJECT: until the call returns).
     pub unsafe fn sendmsg(&self, m: &SendMsg<'_>, flags: OpFlags) -> Result<()> {
-        self.tx(
-            m,
-            flags,
-            OpKind::Msg,
-            flags & FI_INJECT != 0 && m.iov.iter().map(|s| s.len()).sum::<usize>() <= INJECT_SIZE,
-        )
+        self.tx(m, flags, OpKind::Msg)
     }
 
-    /// fi_tsendmsg.
+    /// fi_tsendmsg, with the flags of [`Endpoint::sendmsg`].
     ///
     /// # Safety
     /// As [`Endpoint::sendmsg`].
     pub unsafe fn tsendmsg(&self, m: &SendMsg<'_>, flags: OpFlags) -> Result<()> {
-        self.tx(m, flags, OpKind::Tagged, false)
+        self.tx(m, flags, OpKind::Tagged)
     }
 
     /// fi_recvmsg (FI_MULTI_RECV for multi-receive buffers).
@@ -535,7 +535,7 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`], for every segment.
     pub unsafe fn sendv(&self, iov: &[IoSlice<'_>], dest: FiAddr, context: usize) -> Result<()> {
-        self.tx(&SendMsg { iov, dest, context, data: 0, tag: 0 }, 0, OpKind::Msg, false)
+        self.tx(&SendMsg { iov, dest, context, data: 0, tag: 0 }, 0, OpKind::Msg)
     }
 
     /// fi_senddata: a send carrying remote CQ data.
@@ -585,7 +585,7 @@ impl Endpoint {
     /// # Safety
     /// As [`Endpoint::send`].
     pub unsafe fn tsendv(&self, iov: &[IoSlice<'_>], dest: FiAddr, tag: u64, context: usize) -> Result<()> {
-        self.tx(&SendMsg { iov, dest, context, data: 0, tag }, 0, OpKind::Tagged, false)
+        self.tx(&SendMsg { iov, dest, context, data: 0, tag }, 0, OpKind::Tagged)
     }
 
     /// fi_tsenddata.

@@ -541,3 +541,98 @@ fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
     assert!(!std::path::Path::new(&path).exists(), "the next start removed the dead owner's region");
     assert!(std::path::Path::new(&format!("/dev/shm/{}", keep.region_name())).exists());
 }
+
+/// FI_INJECT on the msg calls (fi_msg(3)): the buffer may be reused as soon
+/// as the call returns, also when the send has to queue behind an earlier
+/// one (tagged and untagged); above the inject size it is refused; and the
+/// send completes as any send does (an entry on a non-selective CQ, and on
+/// a selective one with FI_COMPLETION), unlike the inject calls.
+#[test]
+fn sendmsg_with_fi_inject() {
+    job("msg-inject");
+    let p = pair_with(CqFormat::Tagged, false);
+    let big = vec![7u8; 1 << 20];
+    let mut rbig = vec![0u8; 1 << 20];
+    let (mut r0, mut r1) = ([0u8; 8], [0u8; 8]);
+    // SAFETY: every buffer outlives the completions read below.
+    unsafe {
+        // A rendezvous first: the injects below queue behind it.
+        p.ep0.tsend(&big, p.a1, 1, 10).unwrap();
+        let mut b = *b"original";
+        let iov = [std::io::IoSlice::new(&b)];
+        p.ep0.tsendmsg(&SendMsg { iov: &iov, dest: p.a1, context: 11, data: 0, tag: 2 }, FI_INJECT).unwrap();
+        b.copy_from_slice(b"XXXXXXXX");
+        let iov = [std::io::IoSlice::new(&b)];
+        p.ep0.sendmsg(&SendMsg { iov: &iov, dest: p.a1, context: 12, data: 0, tag: 0 }, FI_INJECT).unwrap();
+        b.copy_from_slice(b"YYYYYYYY");
+        let _ = &b;
+        // Too large for FI_INJECT.
+        let too_big = vec![0u8; shmfab::proto::INJECT_SIZE + 1];
+        let iov = [std::io::IoSlice::new(&too_big)];
+        let e = p.ep0.sendmsg(&SendMsg { iov: &iov, dest: p.a1, context: 13, data: 0, tag: 0 }, FI_INJECT);
+        assert_eq!(e.unwrap_err().kind(), ErrorKind::MsgSize);
+        let e = p.ep0.tsendmsg(&SendMsg { iov: &iov, dest: p.a1, context: 13, data: 0, tag: 0 }, FI_INJECT);
+        assert_eq!(e.unwrap_err().kind(), ErrorKind::MsgSize);
+        p.ep1.trecv(&mut rbig, p.a0, 1, 0, 20).unwrap();
+        p.ep1.trecv(&mut r0, p.a0, 2, 0, 21).unwrap();
+        p.ep1.recv(&mut r1, p.a0, 22).unwrap();
+    }
+    let mut rx = Vec::new();
+    let mut tx = Vec::new();
+    let t0 = Instant::now();
+    while (rx.len() < 3 || tx.len() < 3) && t0.elapsed() < Duration::from_secs(10) {
+        let mut e = [CqTaggedEntry::default()];
+        if p.cq0.read(&mut e).is_ok() {
+            tx.push(e[0].op_context);
+        }
+        if p.cq1.read(&mut e).is_ok() {
+            rx.push(e[0].op_context);
+        }
+    }
+    rx.sort();
+    tx.sort();
+    assert_eq!(rx, vec![20, 21, 22]);
+    assert_eq!(tx, vec![10, 11, 12], "a send with FI_INJECT still completes (non-selective CQ)");
+    assert_eq!(&r0, b"original", "tsendmsg with FI_INJECT: the bytes at the call, not the reused buffer's");
+    assert_eq!(&r1, b"XXXXXXXX", "sendmsg with FI_INJECT: the bytes at the call");
+    assert!(rbig.iter().all(|&x| x == 7));
+
+    // Selective CQ: FI_INJECT | FI_COMPLETION writes its entry; FI_INJECT
+    // alone does not; the inject call never does.
+    job("msg-inject-sel");
+    let p = pair_with(CqFormat::Tagged, true);
+    let mut r = [[0u8; 4]; 3];
+    // SAFETY: the buffers outlive the completions read below.
+    unsafe {
+        for (i, b) in r.iter_mut().enumerate() {
+            p.ep1.recv(b, p.a0, 30 + i).unwrap();
+        }
+        let iov = [std::io::IoSlice::new(b"abcd")];
+        p.ep0
+            .sendmsg(&SendMsg { iov: &iov, dest: p.a1, context: 40, data: 0, tag: 0 }, FI_INJECT | FI_COMPLETION)
+            .unwrap();
+        p.ep0.sendmsg(&SendMsg { iov: &iov, dest: p.a1, context: 41, data: 0, tag: 0 }, FI_INJECT).unwrap();
+    }
+    p.ep0.inject(b"efgh", p.a1).unwrap();
+    let mut tx = Vec::new();
+    let mut rx = 0;
+    let t0 = Instant::now();
+    while (rx < 3 || tx.is_empty()) && t0.elapsed() < Duration::from_secs(10) {
+        let mut e = [CqTaggedEntry::default()];
+        if p.cq0.read(&mut e).is_ok() {
+            tx.push(e[0].op_context);
+        }
+        if p.cq1.read(&mut e).is_ok() {
+            rx += 1;
+        }
+    }
+    // A little longer, to see that no other entry comes.
+    for _ in 0..1000 {
+        let mut e = [CqTaggedEntry::default()];
+        if p.cq0.read(&mut e).is_ok() {
+            tx.push(e[0].op_context);
+        }
+    }
+    assert_eq!(tx, vec![40], "only the FI_INJECT send that asked for its completion");
+    assert_eq!(rx, 3);
+}

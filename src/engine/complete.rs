@@ -157,8 +157,8 @@ pub(crate) struct SendDone {
     pub tag: u64,
     /// Writes a CQ entry on success.
     pub cqe: bool,
-    /// Inject: no entry even on error (counters only).
-    pub inject: bool,
+    /// An inject call: no entry even on error (counters only).
+    pub silent: bool,
 }
 
 /// A transmit completed (or failed): its counter, and its CQ entry when
@@ -169,14 +169,14 @@ pub(crate) fn complete_send(b: &Bindings, ctx: &mut Ctx<'_>, op: SendDone, err: 
         b.count(ctx.counters, k, if err.is_some() { Val::Error } else { Val::Success });
     }
     if err.is_none() && !op.cqe {
-        return; // an inject, or a send without FI_COMPLETION
+        return; // an inject call, or a send without FI_COMPLETION
     }
     let Some(cq) = b.tx_cq.and_then(|c| ctx.cqs.get_mut(c)) else {
         return;
     };
     let flags = op.kind.completion_flags();
     match err {
-        Some((k, pe, detail)) if !op.inject => cq.push_err(
+        Some((k, pe, detail)) if !op.silent => cq.push_err(
             CqErrEntry { op_context: op.ctx, flags, tag: op.tag, err: k.errno(), prov_errno: pe, ..Default::default() },
             detail,
         ),

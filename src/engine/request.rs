@@ -92,8 +92,14 @@ pub(crate) struct Request<'a> {
     pub context: usize,
     pub tag: u64,
     pub data: u64,
-    /// A subset of [`SEND_FLAGS`] (checked at the API).
+    /// A subset of [`SEND_FLAGS`] (checked at the API). FI_INJECT: the
+    /// buffer may be reused on return (the payload is copied if it cannot
+    /// leave at once).
     pub flags: u64,
+    /// An inject call (fi_inject and friends): no CQ entry, not even for
+    /// an error (counters still count). A send with FI_INJECT alone
+    /// completes as any send.
+    pub silent: bool,
 }
 
 impl Request<'_> {

@@ -51,8 +51,12 @@ pub(crate) struct TxOp {
     pub state: TxState,
     /// Writes a CQ entry on success.
     pub cqe: bool,
-    /// Inject: no entry even on error (counters only).
+    /// FI_INJECT: the caller may reuse its buffer; the payload is copied
+    /// (`owned`) if it does not leave at once, and single copy is not
+    /// offered.
     pub inject: bool,
+    /// An inject call: no entry even on error (counters only).
+    pub silent: bool,
     /// Set when the receiver reported a failure.
     pub err: Option<Fail>,
 }
@@ -61,7 +65,7 @@ impl TxOp {
     /// What its completion needs.
     #[inline]
     pub fn done(&self) -> SendDone {
-        SendDone { kind: self.kind, ctx: self.ctx, tag: self.tag, cqe: self.cqe, inject: self.inject }
+        SendDone { kind: self.kind, ctx: self.ctx, tag: self.tag, cqe: self.cqe, silent: self.silent }
     }
 
     fn hdr(&self, kind: u8, len: u32) -> MsgHdr {
@@ -290,15 +294,15 @@ impl EpState {
         if !r.kind.supported() {
             return Err(unsupported(r.kind));
         }
-        let cqe = !inject && (!self.bind.tx_sel || r.flags & crate::flags::FI_COMPLETION != 0);
-        let done = SendDone { kind: r.kind, ctx: r.context, tag: r.tag, cqe, inject };
+        let cqe = !r.silent && (!self.bind.tx_sel || r.flags & crate::flags::FI_COMPLETION != 0);
+        let done = SendDone { kind: r.kind, ctx: r.context, tag: r.tag, cqe, silent: r.silent };
         if r.iov.is_none_or(|v| v.n == 1) {
             // SAFETY: the caller's buffer, valid for reads for the call
             // (and until completion, which is now on this path).
             let buf = unsafe { std::slice::from_raw_parts(r.one.ptr as *const u8, r.one.len) };
             let hdr =
                 MsgHdr { op: op::EAGER, flags: r.hdr_flags(), ncells: 0, len: len as u32, tag: r.tag, data: r.data };
-            if let Some(res) = self.send_inline_now(ctx, r.dest, buf, &hdr, done) {
+            if let Some(res) = self.send_inline_now(ctx, r.dest, buf, &hdr, done, inject) {
                 return res;
             }
         }
@@ -315,6 +319,7 @@ impl EpState {
             state: TxState::Start,
             cqe,
             inject,
+            silent: r.silent,
             err: None,
         };
         self.post_tx(ctx, r.dest, op)
@@ -331,6 +336,7 @@ impl EpState {
         buf: &[u8],
         hdr: &MsgHdr,
         done: SendDone,
+        inject: bool,
     ) -> Option<Result<()>> {
         if !self.enabled || !self.tx.has_room(ctx.cfg.tx_size) {
             return None;
@@ -349,7 +355,7 @@ impl EpState {
             return None;
         }
         if !proto::inline_on_ring(ctx.cfg, buf.len()) {
-            let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, done.inject);
+            let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
             if proto::choose(ctx.cfg, done.kind, buf.len(), 1, true, cma_ok) != Proto::Inline {
                 return None;
             }
@@ -627,6 +633,7 @@ mod tests {
             state,
             cqe: true,
             inject: false,
+            silent: false,
             err: None,
         }
     }
