@@ -129,6 +129,8 @@ pub mod prov {
     pub const PEER_GONE: i32 = 5;
     /// The endpoint was closed before the receive completed (flushed).
     pub const FLUSHED: i32 = 6;
+    /// The application cancelled the receive (fi_cancel).
+    pub const CANCELED: i32 = 7;
 }
 
 /// Text of a provider errno, as fi_cq_strerror gives it.
@@ -140,6 +142,7 @@ pub fn strerror(prov_errno: i32) -> &'static str {
         prov::REMOTE => "peer reported an error for this message",
         prov::PEER_GONE => "peer process died or closed its endpoint",
         prov::FLUSHED => "endpoint closed before the receive completed: flushed",
+        prov::CANCELED => "receive cancelled by the application",
         _ => "no provider error",
     }
 }

@@ -629,10 +629,27 @@ impl Endpoint {
         self.rx(&mut RecvMsg { iov, src, context, tag, ignore }, 0, true)
     }
 
+    /// fi_cancel for receives: the first posted receive whose context is
+    /// `context` and that no message has matched yet completes as an
+    /// `FI_ECANCELED` error entry (its buffer is then free). Returns whether
+    /// one was found: a receive already matched completes as usual (as
+    /// fi_endpoint(3) says, the cancel of an operation that completed has
+    /// no effect). Sends are not cancelled.
+    pub fn cancel(&self, context: usize) -> Result<bool> {
+        with_ep!(self, |ep, ctx| {
+            let Some((tagged, d)) = ep.matching.cancel(context) else {
+                return Ok(false);
+            };
+            let why = (ErrorKind::Canceled, crate::cq::prov::CANCELED, "receive cancelled".to_string());
+            crate::engine::complete::unused_rx(&ep.bind, ctx, &d, tagged, why);
+            Ok(true)
+        })
+    }
+
     /// Closes the endpoint: unbinds it, and closes its section to peers.
     /// Receives already matched (SRQ buffers it dequeued among them) that
-    /// have not completed are flushed to its CQ as `FI_ECANCELED` error
-    /// entries; queued sends and unmatched posted receives are dropped
+    /// have not completed, then the receives still posted, are flushed to
+    /// its CQ as `FI_ECANCELED` error entries; queued sends are dropped
     /// without completions.
     pub fn close(&self) -> Result<()> {
         if self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {

@@ -17,7 +17,8 @@ use crate::cma::{self, CmaError};
 use crate::cq::prov;
 use crate::domain::Ctx;
 use crate::engine::complete::{
-    complete_rx_ok, complete_send, emit_rx, finish_rx, ActiveRecv, Fail, PendingRx, RxCur, RxInfo, RxOk, SplitRecv,
+    complete_rx_ok, complete_send, emit_rx, finish_rx, unused_rx, ActiveRecv, Fail, PendingRx, RxCur, RxInfo, RxOk,
+    SplitRecv,
 };
 use crate::engine::inbound::InRing;
 use crate::engine::matching::{Dest, Unexp, UnexpBody};
@@ -791,7 +792,9 @@ const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// live peers) for split copies the senders are writing into our buffers,
 /// then writes every matched receive in per-peer order: those complete but
 /// held for order as they are, the others as `FI_ECANCELED` (flushed). SRQ
-/// buffers the endpoint dequeued are thereby reported exactly once.
+/// buffers the endpoint dequeued are thereby reported exactly once. Last,
+/// every receive still posted completes as `FI_ECANCELED` too, so the
+/// application knows which buffers are free again.
 pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     ep.matching.closing = true;
     let t0 = std::time::Instant::now();
@@ -816,6 +819,10 @@ pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             };
             emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
         }
+    }
+    // Then the receives still posted, unmatched: their buffers are free.
+    for (tagged, d) in ep.matching.take_all_posted() {
+        unused_rx(&ep.bind, ctx, &d, tagged, cancel());
     }
 }
 

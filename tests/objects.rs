@@ -636,3 +636,72 @@ fn sendmsg_with_fi_inject() {
     assert_eq!(tx, vec![40], "only the FI_INJECT send that asked for its completion");
     assert_eq!(rx, 3);
 }
+
+/// fi_cancel of posted receives: the receive completes as an FI_ECANCELED
+/// error entry (once), the others still take messages; and closing an
+/// endpoint flushes its posted receives the same way, so every buffer is
+/// reported free.
+#[test]
+fn posted_receives_are_cancelled_and_flushed() {
+    job("cancel");
+    let p = pair_with(CqFormat::Tagged, false);
+    let recv_errs = p.dom.cntr_open().unwrap();
+    let (mut b1, mut b2, mut b3, mut t1) = ([0u8; 8], [0u8; 8], [0u8; 8], [0u8; 8]);
+    // SAFETY: the buffers outlive the completions read below.
+    unsafe {
+        p.ep1.recv(&mut b1, FI_ADDR_UNSPEC, 1).unwrap();
+        p.ep1.recv(&mut b2, FI_ADDR_UNSPEC, 2).unwrap();
+        p.ep1.recv(&mut b3, FI_ADDR_UNSPEC, 3).unwrap();
+        p.ep1.trecv(&mut t1, FI_ADDR_UNSPEC, 9, 0, 4).unwrap();
+    }
+    assert!(p.ep1.cancel(2).unwrap());
+    assert!(!p.ep1.cancel(2).unwrap(), "cancelled once");
+    assert!(!p.ep1.cancel(99).unwrap(), "no such receive");
+    assert!(p.ep1.cancel(4).unwrap(), "tagged receives too");
+    // Two error entries, in cancel order.
+    assert_eq!(read_one::<CqTaggedEntry>(&p.cq1).unwrap_err().kind(), ErrorKind::Avail);
+    let e = p.cq1.readerr().unwrap();
+    assert_eq!((e.op_context, e.err, e.flags), (2, ErrorKind::Canceled.errno(), FI_RECV | FI_MSG));
+    assert_eq!(e.buf, b2.as_ptr() as usize);
+    let e = p.cq1.readerr().unwrap();
+    assert_eq!((e.op_context, e.err, e.flags), (4, ErrorKind::Canceled.errno(), FI_RECV | FI_TAGGED));
+    // The others take the messages.
+    p.ep0.inject(b"first", p.a1).unwrap();
+    p.ep0.inject(b"second", p.a1).unwrap();
+    let a = read_one::<CqTaggedEntry>(&p.cq1).unwrap();
+    let b = read_one::<CqTaggedEntry>(&p.cq1).unwrap();
+    assert_eq!((a.op_context, b.op_context), (1, 3));
+    assert_eq!((&b1[..5], &b3[..6]), (&b"first"[..], &b"second"[..]));
+    assert!(!p.ep1.cancel(1).unwrap(), "a completed receive is not cancelled");
+
+    // Close flushes what is still posted: FI_ECANCELED, in posting order,
+    // counted on the receive counter's error value.
+    let ep = p.dom.endpoint().unwrap();
+    ep.bind_cq(&p.cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&p.av).unwrap();
+    ep.bind_cntr(&recv_errs, FI_RECV).unwrap();
+    ep.enable().unwrap();
+    let (mut c1, mut c2) = ([0u8; 8], [0u8; 64]);
+    // SAFETY: the buffers outlive the flush below (the close).
+    unsafe {
+        ep.recv(&mut c1, FI_ADDR_UNSPEC, 11).unwrap();
+        ep.trecvmsg(
+            &mut RecvMsg {
+                iov: &mut [std::io::IoSliceMut::new(&mut c2)],
+                src: FI_ADDR_UNSPEC,
+                context: 12,
+                tag: 5,
+                ignore: 0,
+            },
+            0,
+        )
+        .unwrap();
+    }
+    ep.close().unwrap();
+    let e = p.cq1.readerr().unwrap();
+    assert_eq!((e.op_context, e.err), (11, ErrorKind::Canceled.errno()));
+    let e = p.cq1.readerr().unwrap();
+    assert_eq!((e.op_context, e.err, e.flags & FI_TAGGED), (12, ErrorKind::Canceled.errno(), FI_TAGGED));
+    assert_eq!(p.cq1.readerr().unwrap_err().kind(), ErrorKind::Again, "each flushed once");
+    assert_eq!(recv_errs.readerr().unwrap(), 2);
+}

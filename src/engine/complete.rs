@@ -471,8 +471,21 @@ pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i
         complete_rx_ok(&ep.bind, &mut ep.peers, ctx.counters, ctx.avs, cq, p, &ok, d.cqe || d.multi_release);
         return;
     };
-    ep.bind.count(ctx.counters, CntrKind::Recv, Val::Error);
-    let Some(cq) = ep.bind.rx_cq.and_then(|c| ctx.cqs.get_mut(c)) else {
+    rx_error(&ep.bind, ctx, d, i, (k, pe, detail));
+}
+
+/// A receive that never took a message ends (cancelled, or flushed when
+/// its endpoint closes): its error entry, `err` saying why.
+pub(crate) fn unused_rx(b: &Bindings, ctx: &mut Ctx<'_>, d: &Dest, tagged: bool, err: Fail) {
+    let info = RxInfo { tagged, tag: 0, data: 0, hflags: 0, total: 0, delivered: 0 };
+    rx_error(b, ctx, d, &info, err);
+}
+
+/// A receive's error: the receive counter's error value, and the error
+/// entry in the receive CQ.
+fn rx_error(b: &Bindings, ctx: &mut Ctx<'_>, d: &Dest, i: &RxInfo, (k, pe, detail): Fail) {
+    b.count(ctx.counters, CntrKind::Recv, Val::Error);
+    let Some(cq) = b.rx_cq.and_then(|c| ctx.cqs.get_mut(c)) else {
         return;
     };
     cq.push_err(

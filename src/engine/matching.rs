@@ -280,18 +280,42 @@ impl Matching {
             while i < self.posted[q].len() {
                 if self.posted[q][i].src == Some(p) {
                     let r = self.posted[q].remove(i).expect("index checked");
-                    let at = r.iovs.v[0].ptr + r.moff;
-                    let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
-                    out.push((
-                        q == 1,
-                        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe },
-                    ));
+                    out.push((q == 1, Self::unused(r)));
                 } else {
                     i += 1;
                 }
             }
         }
         out
+    }
+
+    /// Removes the first posted receive (untagged queue first) whose
+    /// context is `ctx` (fi_cancel), with its queue and the place it would
+    /// have delivered into.
+    pub fn cancel(&mut self, ctx: usize) -> Option<(bool, Dest)> {
+        (0..2).find_map(|q| {
+            let i = self.posted[q].iter().position(|r| r.ctx == ctx)?;
+            let r = self.posted[q].remove(i).expect("index from position");
+            Some((q == 1, Self::unused(r)))
+        })
+    }
+
+    /// Takes every posted receive (the endpoint closes), untagged first,
+    /// each queue in posting order.
+    pub fn take_all_posted(&mut self) -> Vec<(bool, Dest)> {
+        let mut out = Vec::new();
+        for q in 0..2 {
+            out.extend(self.posted[q].drain(..).map(|r| (q == 1, Self::unused(r))));
+        }
+        out
+    }
+
+    /// Where a posted receive taken out unmatched would have delivered (a
+    /// multi-receive buffer: what is left of it, released).
+    fn unused(r: PostedRecv) -> Dest {
+        let at = r.iovs.v[0].ptr + r.moff;
+        let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
+        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe }
     }
 
     /// Whether holding `more` unexpected bytes is over the budget
