@@ -310,7 +310,7 @@ impl DomainInner {
         let counters = self.counters();
         let DomainState { eps, eps_end, cqs, avs, srqs, regions, .. } = st;
         for ep in eps[..*eps_end].iter_mut().flatten() {
-            if !ep.enabled {
+            if !ep.polled() {
                 continue;
             }
             // Made per endpoint: one context made before the loop (and a
@@ -323,7 +323,7 @@ impl DomainInner {
 
     /// Whether any enabled endpoint has inbound work waiting.
     fn has_inbound(&self, st: &DomainState) -> bool {
-        st.eps.iter().flatten().any(|ep| ep.enabled && ep.inbound_ready())
+        st.eps.iter().flatten().any(|ep| ep.polled() && ep.inbound_ready())
     }
 }
 

@@ -380,6 +380,18 @@ impl Endpoint {
         })
     }
 
+    /// Makes the endpoint passive (or active again): see
+    /// [`EpState::passive`]. The World's barrier endpoint is passive
+    /// outside barriers, so data messages do not pay for its rings. An
+    /// endpoint with transmits still to move stays active (nothing would
+    /// move them): it goes passive at a later call.
+    pub(crate) fn set_passive(&self, passive: bool) -> Result<()> {
+        with_ep!(self, |ep, _ctx| {
+            ep.passive = passive && !ep.tx.any_busy();
+            Ok(())
+        })
+    }
+
     /// FI_OPT_MIN_MULTI_RECV: a multi-receive buffer is released when less
     /// than this many bytes remain (default 64).
     pub fn set_min_multi_recv(&self, n: usize) -> Result<()> {
@@ -682,5 +694,48 @@ impl Endpoint {
 impl Drop for Endpoint {
     fn drop(&mut self) {
         let _ = self.close();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{CompletionQueue, CqAttr, CqTaggedEntry, Fabric};
+
+    fn open(dom: &Domain, cq: &CompletionQueue, av: &crate::AddressVector) -> Endpoint {
+        let ep = dom.endpoint().unwrap();
+        ep.bind_cq(cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(av).unwrap();
+        ep.enable().unwrap();
+        ep
+    }
+
+    /// A passive endpoint (the World's barrier endpoint outside barriers)
+    /// is left alone by the domain's passes: a message to it waits in its
+    /// ring while data flows on another endpoint, and is taken once it is
+    /// active again.
+    #[test]
+    fn passive_endpoint_is_not_polled() {
+        std::env::set_var("SHMFAB_JOB_ID", format!("ep-passive-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let (cq, ctl_cq) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
+        let av = dom.av_open().unwrap();
+        let (data, ctl) = (open(&dom, &cq, &av), open(&dom, &ctl_cq, &av));
+        let a = av.insert(&[data.getname(), ctl.getname()]).unwrap();
+        ctl.set_passive(true).unwrap();
+        let mut b = [0u8; 4];
+        // SAFETY: b outlives the receive, completed below.
+        unsafe { ctl.trecv(&mut b, FI_ADDR_UNSPEC, 7, 0, 1).unwrap() };
+        data.tinject(b"ping", a[1], 7).unwrap();
+        let mut e = [CqTaggedEntry::default()];
+        for _ in 0..100 {
+            dom.progress().unwrap();
+            assert_eq!(cq.read(&mut e).unwrap_err(), Error::AGAIN);
+        }
+        assert_eq!(ctl.stats().unwrap().rx_ring, 0, "the passive endpoint's ring was not read");
+        ctl.set_passive(false).unwrap();
+        dom.progress().unwrap();
+        assert_eq!(ctl_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, &b), (1, b"ping"));
     }
 }

@@ -288,6 +288,8 @@ impl World {
         let all = exchange(&l, ep.getname(), ctl_ep.getname(), timeout)?;
         let addrs = av.insert(&all.iter().map(|a| a.0).collect::<Vec<_>>())?;
         let ctl_addrs = av.insert(&all.iter().map(|a| a.1).collect::<Vec<_>>())?;
+        // The barrier endpoint is driven only inside barriers.
+        ctl_ep.set_passive(true)?;
         let w = World {
             rank: l.rank,
             size: l.size,
@@ -329,6 +331,17 @@ impl World {
         }
         let epoch = self.epoch.get();
         self.epoch.set(epoch + 1);
+        self.ctl_ep.set_passive(false)?;
+        let r = self.barrier_rounds(epoch);
+        // Passive again whatever happened: its messages of later barriers
+        // wait in its rings.
+        self.ctl_ep.set_passive(true)?;
+        r
+    }
+
+    /// The rounds of barrier `epoch` (the control endpoint active).
+    fn barrier_rounds(&self, epoch: u64) -> Result<()> {
+        let n = self.size;
         let mut d = 1;
         let mut round = 0u64;
         let mut b = [0u8; 1];

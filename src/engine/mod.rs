@@ -34,6 +34,11 @@ pub(crate) struct EpState {
     pub addr: Address,
     /// Enabled: binds are over, operations are accepted.
     pub enabled: bool,
+    /// Passive: the domain's progress passes and doorbell sleeps leave
+    /// this endpoint alone (its messages wait in its rings) until it is
+    /// made active again; for the World's barrier endpoint, which costs
+    /// nothing outside a barrier so.
+    pub passive: bool,
     /// Our section of the domain's region.
     pub sec: Section,
     pub peers: peers::Peers,
@@ -56,6 +61,7 @@ impl EpState {
         EpState {
             addr,
             enabled: false,
+            passive: false,
             inbound: inbound::Inbound::new(&sec),
             sec,
             peers: peers::Peers::new(),
@@ -67,6 +73,12 @@ impl EpState {
             last_check: std::time::Instant::now(),
             check_now: false,
         }
+    }
+
+    /// Whether the domain's progress passes drive this endpoint.
+    #[inline(always)]
+    pub fn polled(&self) -> bool {
+        self.enabled && !self.passive
     }
 
     /// Whether a message is waiting in any inbound ring or the overflow
