@@ -83,7 +83,10 @@ pub struct Config {
     pub split_min: usize,
     /// Geometry of each endpoint section.
     pub geometry: EpGeometry,
-    /// Endpoint sections per domain region.
+    /// Endpoint sections per domain region (`SHMFAB_MAX_EPS`, 1 to 256,
+    /// default 64: enough for an endpoint per peer up to 63 peers). A
+    /// section's memory is reserved only when an endpoint opens on it, so
+    /// unused sections cost address space, not memory.
     pub max_eps: u32,
     /// Counters per domain region.
     pub max_counters: u32,
@@ -134,7 +137,7 @@ impl Default for Config {
                 chunk_size: 64 * 1024,
                 reserved: 0,
             },
-            max_eps: 4,
+            max_eps: 64,
             max_counters: 64,
             unexp_max: 8 << 20,
             tx_size: 4096,

@@ -705,3 +705,21 @@ fn posted_receives_are_cancelled_and_flushed() {
     assert_eq!(p.cq1.readerr().unwrap_err().kind(), ErrorKind::Again, "each flushed once");
     assert_eq!(recv_errs.readerr().unwrap(), 2);
 }
+
+/// A domain opens an endpoint per peer for a few dozen peers with the
+/// default settings (the default was 4 endpoints); past the limit the error
+/// names SHMFAB_MAX_EPS.
+#[test]
+fn many_endpoints_per_domain_by_default() {
+    job("many-eps");
+    let f = Fabric::open().unwrap();
+    let dom = f.domain().unwrap();
+    let n = f.config().max_eps as usize;
+    assert!(n >= 64, "default {n}");
+    let eps: Vec<Endpoint> = (0..n).map(|_| dom.endpoint().unwrap()).collect();
+    let Err(e) = dom.endpoint() else { panic!("endpoint {} opened past the limit", n + 1) };
+    assert_eq!(e.kind(), ErrorKind::NoSpc);
+    assert!(e.to_string().contains("SHMFAB_MAX_EPS"), "{e}");
+    drop(eps);
+    dom.endpoint().unwrap();
+}
