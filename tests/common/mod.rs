@@ -342,3 +342,9 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A file in the job's directory, shared by its ranks (a mark one rank
+/// leaves for another).
+pub fn marker(_w: &World, name: &str) -> PathBuf {
+    PathBuf::from(std::env::var(DIR).unwrap()).join(name)
+}
