@@ -591,7 +591,10 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
 }
 
 fn cmd_info(o: &InfoArgs) {
-    let cfg = shmfab::proto::Config::from_env();
+    let cfg = shmfab::proto::Config::from_env().unwrap_or_else(|e| {
+        eprintln!("shmfab: {}", e.detail().unwrap_or_default());
+        std::process::exit(2)
+    });
     println!("shmfab {}", env!("CARGO_PKG_VERSION"));
     println!("layout version {} (hash {:#018x})", shm_layout::LAYOUT_VERSION, shm_layout::LAYOUT_HASH);
     println!(
