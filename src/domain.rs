@@ -28,9 +28,10 @@ pub struct Fabric {
 
 impl Fabric {
     /// Opens the fabric with the configuration from the environment
-    /// (`SHMFAB_*`, see [`crate::proto`]).
+    /// (`SHMFAB_*`, see [`crate::proto`]). A variable set to an invalid
+    /// value is `Inval`, with one line naming it and its valid range.
     pub fn open() -> Result<Fabric> {
-        Ok(Fabric { cfg: Config::from_env() })
+        Ok(Fabric { cfg: Config::from_env()? })
     }
 
     /// Opens the fabric with an explicit configuration.

@@ -48,6 +48,7 @@ impl Boot {
     /// Creates or opens the boot region of `job` for `size` ranks.
     fn open(job: &str, size: usize, deadline: Instant) -> Result<Boot> {
         let name = boot_name(job);
+        check_size(size, "ranks")?;
         let bytes = PAGE + size * std::mem::size_of::<BootEntry>();
         let mut tries = 0;
         loop {
@@ -60,7 +61,12 @@ impl Boot {
             ) {
                 Ok(fd) => {
                     let f = File::from(fd);
-                    f.set_len(bytes as u64)?;
+                    // Reserve every page before writing any: a full /dev/shm
+                    // is ENOSPC here, never a SIGBUS on a later store.
+                    if let Err(e) = reserve(&f, bytes, &name) {
+                        let _ = rustix::shm::unlink(name.as_str());
+                        return Err(e);
+                    }
                     let map = MmapOptions::new().len(bytes).map_raw(&f)?;
                     let b = Boot { map, name, size };
                     let h = b.map.as_mut_ptr() as *mut BootHeader;
@@ -161,6 +167,62 @@ impl Boot {
     }
 }
 
+/// Most ranks a job may have on one node: its boot region then takes
+/// 4 MiB, and every size computed from it fits easily.
+pub const MAX_RANKS: usize = 1 << 16;
+
+/// Ranks an error line names before it says how many more there are.
+const LISTED_RANKS: usize = 16;
+
+/// `[1, 2, 5]`, or for a long list its first ranks and how many more:
+/// `[0, 1, ..., 15] and 99984 more`, so an error stays one short line.
+pub fn rank_list(ranks: &[usize]) -> String {
+    let shown: Vec<String> = ranks.iter().take(LISTED_RANKS).map(|r| r.to_string()).collect();
+    match ranks.len().checked_sub(LISTED_RANKS) {
+        Some(more) if more > 0 => format!("[{}] and {more} more", shown.join(", ")),
+        _ => format!("[{}]", shown.join(", ")),
+    }
+}
+
+/// Refuses a job of more than [`MAX_RANKS`] ranks; `var` names where the
+/// size came from.
+fn check_size(size: usize, var: &str) -> Result<()> {
+    if (1..=MAX_RANKS).contains(&size) {
+        return Ok(());
+    }
+    Err(Error::with(ErrorKind::Inval, format!("{var}={size}: must be an integer from 1 to {MAX_RANKS}")))
+}
+
+/// The variable the launcher gave the job's size in.
+fn size_var(l: Launcher) -> &'static str {
+    match l {
+        Launcher::Shmfab | Launcher::Single => "SHMFAB_SIZE",
+        Launcher::OpenMpi => "OMPI_COMM_WORLD_SIZE",
+        Launcher::Hydra => "PMI_SIZE",
+        Launcher::Slurm => "SLURM_NTASKS",
+    }
+}
+
+/// Allocates `bytes` of the fresh boot region `f` (which also sizes it).
+/// A file system without fallocate (EOPNOTSUPP) is sized with ftruncate;
+/// no space is [`ErrorKind::NoSpc`] naming the region.
+fn reserve(f: &File, bytes: usize, name: &str) -> Result<()> {
+    match rustix::fs::fallocate(f, rustix::fs::FallocateFlags::empty(), 0, bytes as u64) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP) => Ok(f.set_len(bytes as u64)?),
+        Err(e) => Err(reserve_error(e, bytes, name)),
+    }
+}
+
+/// The error of a failed reservation of the boot region.
+fn reserve_error(e: rustix::io::Errno, bytes: usize, name: &str) -> Error {
+    let hint = if e == rustix::io::Errno::NOSPC { ": /dev/shm is full" } else { "" };
+    Error::with(
+        ErrorKind::from_errno(e.raw_os_error()),
+        format!("cannot reserve {bytes} bytes for the job's boot region /dev/shm/{name}: {e}{hint}"),
+    )
+}
+
 /// Publishes this rank's addresses and returns every rank's (in rank order).
 fn exchange(l: &Launch, addr: Address, ctl: Address, timeout: Duration) -> Result<Vec<(Address, Address)>> {
     let deadline = Instant::now() + timeout;
@@ -199,15 +261,18 @@ fn exchange(l: &Launch, addr: Address, ctl: Address, timeout: Duration) -> Resul
         if !dead.is_empty() {
             return Err(Error::with(
                 ErrorKind::Io,
-                format!("job {}: rank(s) {dead:?} died while the job started", l.job),
+                format!("job {}: rank(s) {} died while the job started", l.job, rank_list(&dead)),
             ));
         }
         if Instant::now() > deadline {
             return Err(Error::with(
                 ErrorKind::TimedOut,
                 format!(
-                    "job {}: rank(s) {missing:?} of {} did not arrive within {:?} (SHMFAB_BOOT_TIMEOUT)",
-                    l.job, l.size, timeout
+                    "job {}: rank(s) {} of {} did not arrive within {:?} (SHMFAB_BOOT_TIMEOUT)",
+                    l.job,
+                    rank_list(&missing),
+                    l.size,
+                    timeout
                 ),
             ));
         }
@@ -271,9 +336,9 @@ impl World {
     /// exchanges addresses with every rank, then a barrier.
     pub fn init() -> Result<World> {
         let l = Launch::detect().map_err(|e| Error::with(ErrorKind::Inval, e.0))?;
-        let timeout =
-            Duration::from_secs(std::env::var("SHMFAB_BOOT_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(120));
+        check_size(l.size, size_var(l.launcher))?;
         let fabric = Fabric::open()?;
+        let timeout = fabric.config().boot_timeout;
         let dom = fabric.domain()?;
         let cq = dom.cq_open(&CqAttr { size: 16384, ..Default::default() })?;
         let ctl_cq = dom.cq_open(&CqAttr { size: 1024, ..Default::default() })?;
@@ -438,5 +503,66 @@ mod tests {
         let out = exchange(&l, a, a, Duration::from_secs(5)).unwrap();
         assert_eq!(out, vec![(a, a)]);
         assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists());
+    }
+
+    #[test]
+    fn rank_lists_in_errors_are_bounded() {
+        assert_eq!(rank_list(&[]), "[]");
+        assert_eq!(rank_list(&[1, 2]), "[1, 2]");
+        assert_eq!(rank_list(&(0..16).collect::<Vec<_>>()), format!("{:?}", (0..16).collect::<Vec<_>>()));
+        let all: Vec<usize> = (0..100_000).collect();
+        let s = rank_list(&all);
+        assert_eq!(s, "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] and 99984 more");
+    }
+
+    #[test]
+    fn many_ranks_that_never_arrive_make_one_short_line() {
+        // Was: every missing rank listed (689,018 characters for 100,000).
+        let job = format!("unit-boot-many-{}", std::process::id());
+        let l = Launch { rank: 0, size: 5000, local_rank: 0, job: job.clone(), launcher: Launcher::Shmfab };
+        let a = Address::default();
+        let e = exchange(&l, a, a, Duration::from_millis(200)).unwrap_err();
+        let _ = rustix::shm::unlink(boot_name(&job).as_str());
+        let s = e.to_string();
+        assert_eq!(e.kind(), ErrorKind::TimedOut);
+        assert!(s.contains("[1, 2, 3,") && s.contains("and 4983 more of 5000 did not arrive"), "{s}");
+        assert!(s.len() < 300 && !s.contains('\n'), "{} characters: {s}", s.len());
+    }
+
+    #[test]
+    fn a_job_too_large_for_one_node_is_refused_before_any_memory_is_touched() {
+        // Was: PAGE + size * 64 wrapped, the mapping was too small: SIGSEGV.
+        let e = check_size(288230376151711745, "SHMFAB_SIZE").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Inval);
+        assert_eq!(e.detail(), Some("SHMFAB_SIZE=288230376151711745: must be an integer from 1 to 65536"));
+        assert!(check_size(0, "PMI_SIZE").is_err());
+        assert!(check_size(MAX_RANKS, "PMI_SIZE").is_ok());
+        let job = format!("unit-boot-huge-{}", std::process::id());
+        let e = Boot::open(&job, usize::MAX / 32, Instant::now()).err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::Inval);
+        assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists());
+        assert_eq!(size_var(Launcher::OpenMpi), "OMPI_COMM_WORLD_SIZE");
+    }
+
+    #[test]
+    fn the_boot_region_is_reserved_before_it_is_written() {
+        // Was: ftruncate only (a sparse file): a full /dev/shm was a SIGBUS
+        // at the first store into a page the kernel could not supply.
+        let job = format!("unit-boot-reserve-{}", std::process::id());
+        let size = 1000;
+        let b = Boot::open(&job, size, Instant::now() + Duration::from_secs(5)).unwrap();
+        let path = format!("/dev/shm/{}", boot_name(&job));
+        let st = rustix::fs::stat(path.as_str()).unwrap();
+        let _ = rustix::shm::unlink(boot_name(&job).as_str());
+        drop(b);
+        let bytes = PAGE + size * std::mem::size_of::<BootEntry>();
+        assert_eq!(st.st_size as usize, bytes);
+        assert!(st.st_blocks as usize * 512 >= bytes, "{} of {bytes} bytes allocated", st.st_blocks * 512);
+        // No space is ENOSPC, naming the region and why.
+        let e = reserve_error(rustix::io::Errno::NOSPC, bytes, "shmfab.0.x.boot");
+        assert_eq!(e.kind(), ErrorKind::NoSpc);
+        let d = e.detail().unwrap();
+        assert!(d.contains("/dev/shm/shmfab.0.x.boot") && d.contains("/dev/shm is full"), "{d}");
+        assert_eq!(reserve_error(rustix::io::Errno::IO, 1, "b").kind(), ErrorKind::Io);
     }
 }

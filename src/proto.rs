@@ -20,14 +20,16 @@
 //! message is copied out of the pool (counted against `SHMFAB_UNEXP_MAX`),
 //! so pool chunks are always given back promptly.
 //!
-//! Environment variables (all optional):
+//! Environment variables (all optional; each is checked against its range
+//! by [`parse_env`], and a bad value makes [`Config::from_env`] fail with one
+//! line naming it: the README's "Settings" table gives every range):
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
 //! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring when single copy is not usable | 16384 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 6144 |
 //! | `SHMFAB_RNDV_MIN` | smallest message sent by rendezvous when single copy is not usable (data through the pool on demand) | 131072 |
-//! | `SHMFAB_CMA` | `auto`, `off` (never offer CMA), `fail` (act as if the kernel refused it: tests the fallback), `nowrite` (refuse only the sender's writes of a split copy: tests that fallback) | `auto` |
+//! | `SHMFAB_CMA` | `auto` (or `on`, `1`), `off` (or `0`: never offer CMA), `fail` (act as if the kernel refused it: tests the fallback), `nowrite` (refuse only the sender's writes of a split copy: tests that fallback) | `auto` |
 //! | `SHMFAB_SPLIT_MIN` | smallest single-copy message whose copy both sides share (receiver reads the first half, sender writes the second with process_vm_writev), once single copy has worked with that peer | 524288 |
 //! | `SHMFAB_RING_SLOTS` | SPSC rings per endpoint (more senders use the overflow queue) | 16 |
 //! | `SHMFAB_RING_CELLS` | 64-byte cells per ring | 1024 |
@@ -36,8 +38,12 @@
 //! | `SHMFAB_UNEXP_MAX` | bytes of unexpected inline messages an endpoint holds before it stops draining (back-pressure) | 8 MiB |
 //! | `SHMFAB_TX_SIZE`, `SHMFAB_RX_SIZE` | outstanding sends / posted receives per endpoint | 4096 |
 //! | `SHMFAB_PEER_CHECK_MS` | how often a peer with pending operations is checked for life; a dead peer's operations fail within about this time | 100 |
+//! | `SHMFAB_MAX_EPS` | endpoint sections per domain | 4 |
+//! | `SHMFAB_BOOT_TIMEOUT` | seconds [`crate::World::init`] waits for every rank | 120 |
+//! | `SHMFAB_THREADING` | `domain` or `safe`: the threading model of `Fabric::domain` | `domain` |
 
 pub use crate::engine::request::OpKind;
+use crate::error::{Error, ErrorKind, Result};
 use crate::ring::payload_capacity;
 use shm_layout::{EpGeometry, OVF_PAYLOAD};
 
@@ -98,6 +104,8 @@ pub struct Config {
     pub rx_size: usize,
     /// How often a peer with pending operations is checked for life.
     pub peer_check: std::time::Duration,
+    /// How long [`crate::World::init`] waits for every rank to arrive.
+    pub boot_timeout: std::time::Duration,
 }
 
 /// Largest payload an inject accepts (buffer reusable on return).
@@ -105,20 +113,110 @@ pub const INJECT_SIZE: usize = 4096;
 /// Largest message.
 pub const MAX_MSG_SIZE: usize = 1 << 40;
 
-fn env_num(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| {
-            let v = v.trim();
-            let (num, mul) = match v.as_bytes().last() {
-                Some(b'k' | b'K') => (&v[..v.len() - 1], 1024),
-                Some(b'm' | b'M') => (&v[..v.len() - 1], 1024 * 1024),
-                Some(b'g' | b'G') => (&v[..v.len() - 1], 1024 * 1024 * 1024),
-                _ => (v, 1),
-            };
-            num.parse::<usize>().ok().map(|n| n * mul)
-        })
-        .unwrap_or(default)
+/// Largest value of a byte threshold (`SHMFAB_INLINE_MAX`, `SHMFAB_CMA_MIN`,
+/// `SHMFAB_RNDV_MIN`, `SHMFAB_SPLIT_MIN`, `SHMFAB_UNEXP_MAX`): 1 TiB.
+pub const MAX_THRESHOLD: u64 = 1 << 40;
+/// Largest `SHMFAB_TX_SIZE` and `SHMFAB_RX_SIZE`.
+pub const MAX_QUEUE: u64 = 1 << 20;
+/// Largest `SHMFAB_BOOT_TIMEOUT`, in seconds: one day.
+pub const MAX_BOOT_TIMEOUT: u64 = 86_400;
+
+/// What a number must be besides lying in its range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// Any integer in the range.
+    Any,
+    /// A power of two.
+    PowerOfTwo,
+    /// A multiple of this.
+    MultipleOf(u64),
+}
+
+/// A raw value as it appears in an error line: escaped (one line whatever
+/// it holds) and cut after 64 characters.
+fn shown(raw: &str) -> String {
+    let mut s: String = raw.chars().take(64).collect::<String>().escape_debug().collect();
+    if raw.chars().count() > 64 {
+        s.push_str("...");
+    }
+    s
+}
+
+/// Parses `raw`, the value of variable `name`: decimal digits, optionally
+/// followed by `k`, `m` or `g` (KiB, MiB, GiB), surrounding blanks ignored;
+/// the result must lie in `lo..=hi` and follow `rule`. Anything else
+/// (empty, a sign, garbage, a value that overflows or lies outside) is one
+/// line naming the variable and what it must be:
+/// `SHMFAB_RX_SIZE=0: must be an integer from 1 to 1048576`.
+pub fn parse_value(name: &str, raw: &str, lo: u64, hi: u64, rule: Rule) -> std::result::Result<u64, String> {
+    let what = match rule {
+        Rule::Any => format!("an integer from {lo} to {hi}"),
+        Rule::PowerOfTwo => format!("a power of two from {lo} to {hi}"),
+        Rule::MultipleOf(m) => format!("a multiple of {m} from {lo} to {hi}"),
+    };
+    let err = || format!("{name}={}: must be {what}", shown(raw));
+    let t = raw.trim();
+    let (digits, unit) = match t.as_bytes().last() {
+        Some(b'k' | b'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some(b'm' | b'M') => (&t[..t.len() - 1], 1 << 20),
+        Some(b'g' | b'G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(err());
+    }
+    let v = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(unit)).ok_or_else(err)?;
+    let ok = (lo..=hi).contains(&v)
+        && match rule {
+            Rule::Any => true,
+            Rule::PowerOfTwo => v.is_power_of_two(),
+            Rule::MultipleOf(m) => v.is_multiple_of(m),
+        };
+    if ok {
+        Ok(v)
+    } else {
+        Err(err())
+    }
+}
+
+/// Reads variable `name` through `get` (None when unset) and checks it with
+/// [`parse_value`]: `Ok(None)` when unset, `Err(ErrorKind::Inval)` with the
+/// one-line message when it is set to anything but a valid value. Every
+/// numeric `SHMFAB_*` variable goes through here.
+pub fn parse_env<T: TryFrom<u64>>(
+    get: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    lo: u64,
+    hi: u64,
+    rule: Rule,
+) -> Result<Option<T>> {
+    let Some(raw) = get(name) else { return Ok(None) };
+    let v = parse_value(name, &raw, lo, hi, rule).map_err(|m| Error::with(ErrorKind::Inval, m))?;
+    let t = T::try_from(v)
+        .map_err(|_| Error::with(ErrorKind::Inval, format!("{name}={}: does not fit this machine", shown(&raw))))?;
+    Ok(Some(t))
+}
+
+/// Reads variable `name` through `get`, which must be one of `choices`
+/// (`Ok(None)` when unset).
+pub fn parse_choice<'a>(
+    get: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    choices: &[&'a str],
+) -> Result<Option<&'a str>> {
+    let Some(raw) = get(name) else { return Ok(None) };
+    match choices.iter().find(|c| **c == raw.trim()) {
+        Some(c) => Ok(Some(c)),
+        None => {
+            Err(Error::with(ErrorKind::Inval, format!("{name}={}: must be one of {}", shown(&raw), choices.join(", "))))
+        }
+    }
+}
+
+/// The process environment as [`Config::from_env_with`] reads it (a value
+/// that is not UTF-8 comes through lossily, and so is refused).
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 impl Default for Config {
@@ -143,45 +241,72 @@ impl Default for Config {
             tx_size: 4096,
             rx_size: 4096,
             peer_check: std::time::Duration::from_millis(100),
+            boot_timeout: std::time::Duration::from_secs(120),
         }
     }
 }
 
 impl Config {
     /// Defaults overridden by the `SHMFAB_*` environment variables, then
-    /// clamped to what the geometry allows.
-    pub fn from_env() -> Config {
+    /// clamped to what the geometry allows. A variable set to anything but
+    /// a valid value is an error (`Inval`, one line naming the variable and
+    /// its valid range); nothing is silently replaced by its default.
+    pub fn from_env() -> Result<Config> {
+        Self::from_env_with(process_env)
+    }
+
+    /// As [`Config::from_env`], reading each variable through `get` (None
+    /// when unset): tests and tools pass their own.
+    pub fn from_env_with(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let get: &dyn Fn(&str) -> Option<String> = &get;
         let d = Config::default();
+        let dg = d.geometry;
         let g = EpGeometry {
-            n_slots: env_num("SHMFAB_RING_SLOTS", d.geometry.n_slots as usize) as u32,
-            ring_cells: env_num("SHMFAB_RING_CELLS", d.geometry.ring_cells as usize) as u32,
-            ovf_cells: env_num("SHMFAB_OVF_CELLS", d.geometry.ovf_cells as usize) as u32,
-            pool_chunks: env_num("SHMFAB_POOL_CHUNKS", d.geometry.pool_chunks as usize) as u32,
-            chunk_size: env_num("SHMFAB_CHUNK_SIZE", d.geometry.chunk_size as usize) as u32,
+            n_slots: parse_env(get, "SHMFAB_RING_SLOTS", 1, shm_layout::MAX_SLOTS as u64, Rule::Any)?
+                .unwrap_or(dg.n_slots),
+            ring_cells: parse_env(get, "SHMFAB_RING_CELLS", 128, 1 << 20, Rule::PowerOfTwo)?.unwrap_or(dg.ring_cells),
+            ovf_cells: parse_env(get, "SHMFAB_OVF_CELLS", 2, 1 << 16, Rule::PowerOfTwo)?.unwrap_or(dg.ovf_cells),
+            pool_chunks: parse_env(get, "SHMFAB_POOL_CHUNKS", 1, 1 << 16, Rule::Any)?.unwrap_or(dg.pool_chunks),
+            chunk_size: parse_env(get, "SHMFAB_CHUNK_SIZE", 4096, 1 << 24, Rule::MultipleOf(4096))?
+                .unwrap_or(dg.chunk_size),
             reserved: 0,
         };
-        let cma = match std::env::var("SHMFAB_CMA").as_deref() {
-            Ok("off") | Ok("0") => CmaMode::Off,
-            Ok("fail") => CmaMode::Fail,
-            Ok("nowrite") => CmaMode::NoWrite,
+        // Each variable's rule above is the geometry's own; this cannot fail.
+        g.validate().map_err(|m| Error::with(ErrorKind::Inval, format!("bad geometry: {m}")))?;
+        let cma = match parse_choice(get, "SHMFAB_CMA", &["auto", "on", "1", "off", "0", "fail", "nowrite"])? {
+            Some("off" | "0") => CmaMode::Off,
+            Some("fail") => CmaMode::Fail,
+            Some("nowrite") => CmaMode::NoWrite,
             _ => CmaMode::Auto,
         };
+        // Read by `Fabric::domain`; checked here so that a typo is an error.
+        parse_choice(get, "SHMFAB_THREADING", &["domain", "safe"])?;
+        let bytes = |name: &str, lo: u64, default: usize| -> Result<usize> {
+            Ok(parse_env(get, name, lo, MAX_THRESHOLD, Rule::Any)?.unwrap_or(default))
+        };
+        let queue = |name: &str, default: usize| -> Result<usize> {
+            Ok(parse_env(get, name, 1, MAX_QUEUE, Rule::Any)?.unwrap_or(default))
+        };
+        let ms: u64 = parse_env(get, "SHMFAB_PEER_CHECK_MS", 1, 60_000, Rule::Any)?.unwrap_or(100);
+        let boot: u64 =
+            parse_env(get, "SHMFAB_BOOT_TIMEOUT", 1, MAX_BOOT_TIMEOUT, Rule::Any)?.unwrap_or(d.boot_timeout.as_secs());
         let mut c = Config {
-            inline_max: env_num("SHMFAB_INLINE_MAX", d.inline_max),
-            cma_min: env_num("SHMFAB_CMA_MIN", d.cma_min),
-            rndv_min: env_num("SHMFAB_RNDV_MIN", d.rndv_min),
+            inline_max: bytes("SHMFAB_INLINE_MAX", 0, d.inline_max)?,
+            cma_min: bytes("SHMFAB_CMA_MIN", 1, d.cma_min)?,
+            rndv_min: bytes("SHMFAB_RNDV_MIN", 1, d.rndv_min)?,
             cma,
-            split_min: env_num("SHMFAB_SPLIT_MIN", d.split_min),
-            geometry: if g.validate().is_ok() { g } else { d.geometry },
-            max_eps: env_num("SHMFAB_MAX_EPS", d.max_eps as usize).clamp(1, 256) as u32,
+            split_min: bytes("SHMFAB_SPLIT_MIN", 1, d.split_min)?,
+            geometry: g,
+            max_eps: parse_env(get, "SHMFAB_MAX_EPS", 1, 256, Rule::Any)?.unwrap_or(d.max_eps),
             max_counters: d.max_counters,
-            unexp_max: env_num("SHMFAB_UNEXP_MAX", d.unexp_max),
-            tx_size: env_num("SHMFAB_TX_SIZE", d.tx_size).max(1),
-            rx_size: env_num("SHMFAB_RX_SIZE", d.rx_size).max(1),
-            peer_check: std::time::Duration::from_millis(env_num("SHMFAB_PEER_CHECK_MS", 100).clamp(1, 60_000) as u64),
+            unexp_max: bytes("SHMFAB_UNEXP_MAX", 0, d.unexp_max)?,
+            tx_size: queue("SHMFAB_TX_SIZE", d.tx_size)?,
+            rx_size: queue("SHMFAB_RX_SIZE", d.rx_size)?,
+            peer_check: std::time::Duration::from_millis(ms),
+            boot_timeout: std::time::Duration::from_secs(boot),
         };
         c.clamp();
-        c
+        Ok(c)
     }
 
     /// Keeps the thresholds inside what the geometry can carry: an inline
@@ -278,5 +403,130 @@ mod tests {
         assert!(crate::ring::cells_for(c.inline_max) <= c.geometry.ring_cells as usize / 4);
         assert!(crate::ring::cells_for(c.cma_min - 1) <= c.geometry.ring_cells as usize / 4);
         assert!(c.rndv_min > c.inline_max);
+    }
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string())
+    }
+
+    fn refused(vars: &[(&str, &str)]) -> String {
+        let e = Config::from_env_with(env(vars)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Inval, "{e}");
+        e.detail().unwrap().to_string()
+    }
+
+    #[test]
+    fn the_parser_takes_digits_and_suffixes_in_range() {
+        let p = |raw: &str| parse_value("SHMFAB_X", raw, 1, 1 << 20, Rule::Any);
+        assert_eq!(p("8"), Ok(8));
+        assert_eq!(p(" 64k "), Ok(64 << 10));
+        assert_eq!(p("1M"), Ok(1 << 20));
+        assert_eq!(parse_value("SHMFAB_X", "2g", 0, 1 << 40, Rule::Any), Ok(2 << 30));
+        assert_eq!(parse_value("SHMFAB_X", "0", 0, 5, Rule::Any), Ok(0));
+        assert_eq!(parse_value("SHMFAB_X", "256", 128, 1024, Rule::PowerOfTwo), Ok(256));
+        assert_eq!(parse_value("SHMFAB_X", "8k", 4096, 1 << 24, Rule::MultipleOf(4096)), Ok(8192));
+    }
+
+    #[test]
+    fn the_parser_refuses_garbage_empty_negative_overflow_and_out_of_range() {
+        let msg = "SHMFAB_RX_SIZE=0: must be an integer from 1 to 65536";
+        assert_eq!(parse_value("SHMFAB_RX_SIZE", "0", 1, 65536, Rule::Any).unwrap_err(), msg);
+        for bad in ["", " ", "abc", "-1", "+8", "1.5", "0x10", "8kk", "k", "1 2", "65537", "1m"] {
+            let e = parse_value("SHMFAB_RX_SIZE", bad, 1, 65536, Rule::Any).unwrap_err();
+            assert!(e.ends_with(": must be an integer from 1 to 65536"), "{bad:?}: {e}");
+            assert!(e.starts_with("SHMFAB_RX_SIZE="), "{bad:?}: {e}");
+        }
+        // Overflow: of u64 itself, and through the suffix.
+        for bad in ["18446744073709551616", "99999999999999999999999", "18014398509481984k", "17179869184g"] {
+            let e = parse_value("SHMFAB_X", bad, 0, u64::MAX, Rule::Any).unwrap_err();
+            assert_eq!(e, format!("SHMFAB_X={bad}: must be an integer from 0 to {}", u64::MAX));
+        }
+        assert_eq!(
+            parse_value("SHMFAB_RING_CELLS", "1000", 128, 1 << 20, Rule::PowerOfTwo).unwrap_err(),
+            "SHMFAB_RING_CELLS=1000: must be a power of two from 128 to 1048576"
+        );
+        assert_eq!(
+            parse_value("SHMFAB_CHUNK_SIZE", "5000", 4096, 1 << 24, Rule::MultipleOf(4096)).unwrap_err(),
+            "SHMFAB_CHUNK_SIZE=5000: must be a multiple of 4096 from 4096 to 16777216"
+        );
+        // One line, bounded, whatever the value holds.
+        let e = parse_value("SHMFAB_X", &format!("a\nb{}", "9".repeat(10_000)), 0, 9, Rule::Any).unwrap_err();
+        assert!(!e.contains('\n') && e.len() < 200, "{e}");
+    }
+
+    #[test]
+    fn no_variable_gives_the_defaults() {
+        let c = Config::from_env_with(|_| None).unwrap();
+        let mut d = Config::default();
+        d.clamp();
+        assert_eq!(format!("{c:?}"), format!("{d:?}"));
+        assert_eq!((c.rx_size, c.tx_size, c.max_eps, c.boot_timeout.as_secs()), (4096, 4096, 4, 120));
+    }
+
+    #[test]
+    fn every_variable_is_read_and_checked() {
+        let vars = [
+            ("SHMFAB_RING_SLOTS", "2"),
+            ("SHMFAB_RING_CELLS", "256"),
+            ("SHMFAB_OVF_CELLS", "64"),
+            ("SHMFAB_POOL_CHUNKS", "8"),
+            ("SHMFAB_CHUNK_SIZE", "8k"),
+            ("SHMFAB_INLINE_MAX", "1024"),
+            ("SHMFAB_CMA_MIN", "2048"),
+            ("SHMFAB_RNDV_MIN", "64k"),
+            ("SHMFAB_SPLIT_MIN", "1m"),
+            ("SHMFAB_CMA", "nowrite"),
+            ("SHMFAB_MAX_EPS", "8"),
+            ("SHMFAB_UNEXP_MAX", "64k"),
+            ("SHMFAB_TX_SIZE", "512"),
+            ("SHMFAB_RX_SIZE", "256"),
+            ("SHMFAB_PEER_CHECK_MS", "50"),
+            ("SHMFAB_BOOT_TIMEOUT", "30"),
+            ("SHMFAB_THREADING", "safe"),
+        ];
+        let c = Config::from_env_with(env(&vars)).unwrap();
+        let g = c.geometry;
+        assert_eq!((g.n_slots, g.ring_cells, g.ovf_cells, g.pool_chunks, g.chunk_size), (2, 256, 64, 8, 8192));
+        assert_eq!((c.inline_max, c.cma_min, c.rndv_min, c.split_min), (1024, 2048, 64 << 10, 1 << 20));
+        assert_eq!((c.cma, c.max_eps, c.unexp_max, c.tx_size, c.rx_size), (CmaMode::NoWrite, 8, 64 << 10, 512, 256));
+        assert_eq!((c.peer_check.as_millis(), c.boot_timeout.as_secs()), (50, 30));
+        // Each of them, set to garbage, is an error naming it.
+        for (name, _) in vars {
+            let m = refused(&[(name, "x")]);
+            assert!(m.starts_with(&format!("{name}=x: must be ")), "{m}");
+        }
+    }
+
+    #[test]
+    fn the_reported_values_are_refused() {
+        // Was: clamped to 1, an all-to-all hung silently.
+        assert_eq!(refused(&[("SHMFAB_RX_SIZE", "0")]), "SHMFAB_RX_SIZE=0: must be an integer from 1 to 1048576");
+        // Was: a panic (Instant + Duration overflowed) in World::init.
+        assert_eq!(
+            refused(&[("SHMFAB_BOOT_TIMEOUT", "18446744073709551615")]),
+            "SHMFAB_BOOT_TIMEOUT=18446744073709551615: must be an integer from 1 to 86400"
+        );
+        assert!(refused(&[("SHMFAB_MAX_EPS", "0")]).contains("from 1 to 256"));
+        assert!(refused(&[("SHMFAB_MAX_EPS", "100000")]).contains("from 1 to 256"));
+        assert!(refused(&[("SHMFAB_PEER_CHECK_MS", "0")]).contains("from 1 to 60000"));
+        assert!(refused(&[("SHMFAB_CMA", "of")]).contains("must be one of auto, on, 1, off, 0, fail, nowrite"));
+        let on = Config::from_env_with(env(&[("SHMFAB_CMA", "on")])).unwrap();
+        assert_eq!(on.cma, CmaMode::Auto, "on and 1 are auto, as tests/srq.rs sets it");
+        assert!(refused(&[("SHMFAB_THREADING", "")]).contains("must be one of domain, safe"));
+        assert!(refused(&[("SHMFAB_UNEXP_MAX", "2000g")]).contains("from 0 to 1099511627776"));
+    }
+
+    #[test]
+    fn one_bad_geometry_variable_does_not_reset_the_others() {
+        // Was: the whole geometry silently fell back to the defaults, so
+        // SHMFAB_RING_SLOTS=1 was dropped because of SHMFAB_RING_CELLS.
+        let m = refused(&[("SHMFAB_RING_SLOTS", "1"), ("SHMFAB_RING_CELLS", "100")]);
+        assert_eq!(m, "SHMFAB_RING_CELLS=100: must be a power of two from 128 to 1048576");
+        assert!(refused(&[("SHMFAB_RING_SLOTS", "65")]).contains("from 1 to 64"));
+        assert!(refused(&[("SHMFAB_OVF_CELLS", "3")]).contains("power of two from 2 to 65536"));
+        assert!(refused(&[("SHMFAB_POOL_CHUNKS", "0")]).contains("from 1 to 65536"));
+        assert!(refused(&[("SHMFAB_CHUNK_SIZE", "32m")]).contains("multiple of 4096 from 4096 to 16777216"));
+        let c = Config::from_env_with(env(&[("SHMFAB_RING_SLOTS", "1")])).unwrap();
+        assert_eq!((c.geometry.n_slots, c.geometry.ring_cells), (1, 1024));
     }
 }

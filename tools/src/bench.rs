@@ -74,8 +74,32 @@ pub struct Figure {
     pub mmsgs: Option<f64>,
 }
 
-/// Binds the calling thread to one CPU (best effort).
+/// Largest CPU number [`bind_cpu`] takes (a `cpu_set_t` holds 1024).
+pub const MAX_CPU: usize = libc::CPU_SETSIZE as usize - 1;
+
+/// `SHMFAB_BENCH_CPU`, the CPU a benchmark peer binds to: unset, or 0 to
+/// [`MAX_CPU`]; anything else is one line naming the variable and its range.
+pub fn cpu_from_env() -> Result<Option<usize>> {
+    shmfab::proto::parse_env(&shmfab::proto::process_env, CPU_ENV, 0, MAX_CPU as u64, shmfab::proto::Rule::Any)
+}
+
+/// Binds a peer to the CPU of `SHMFAB_BENCH_CPU`, if set. Err: the line to
+/// print (the peer then exits with status 2).
+fn bind_from_env() -> std::result::Result<(), String> {
+    match cpu_from_env() {
+        Ok(Some(cpu)) => bind_cpu(cpu),
+        Ok(None) => {}
+        Err(e) => return Err(e.detail().map_or_else(|| e.to_string(), str::to_string)),
+    }
+    Ok(())
+}
+
+/// Binds the calling thread to one CPU (best effort; a CPU above
+/// [`MAX_CPU`] is ignored).
 pub fn bind_cpu(cpu: usize) {
+    if cpu > MAX_CPU {
+        return;
+    }
     // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it;
     // sched_setaffinity reads it.
     unsafe {
@@ -424,6 +448,10 @@ pub fn payload(size: usize) -> Vec<u8> {
 /// The peer's side: serves commands from the parent until told to quit.
 /// Returns the process exit code.
 pub fn peer_main() -> i32 {
+    if let Err(e) = bind_from_env() {
+        eprintln!("shmfab bench peer: {e}");
+        return 2;
+    }
     match peer_loop() {
         Ok(()) => 0,
         Err(e) => {
@@ -434,9 +462,6 @@ pub fn peer_main() -> i32 {
 }
 
 fn peer_loop() -> Result<()> {
-    if let Some(cpu) = std::env::var(CPU_ENV).ok().and_then(|c| c.parse().ok()) {
-        bind_cpu(cpu);
-    }
     let addr = std::env::var(PEER_ENV)
         .ok()
         .and_then(|h| unhex(&h))
@@ -635,8 +660,9 @@ pub fn raw_futex_wakeups(exe: &std::path::Path, args: &[&str], tries: usize, gap
 
 /// The raw floor's peer side. Returns the exit code.
 pub fn raw_peer_main() -> i32 {
-    if let Some(cpu) = std::env::var(CPU_ENV).ok().and_then(|c| c.parse().ok()) {
-        bind_cpu(cpu);
+    if let Err(e) = bind_from_env() {
+        eprintln!("shmfab raw peer: {e}");
+        return 2;
     }
     let get = |k: &str| std::env::var(k).ok();
     let (Some(name), Some(size), Some(iters)) =

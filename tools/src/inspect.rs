@@ -7,7 +7,7 @@
 //! a job hangs.
 
 use shmfab::internal::region::{scan, Region, RegionInfo};
-use shmfab::Result;
+use shmfab::{Error, ErrorKind, Result};
 use std::fmt::Write;
 
 /// The job hash a JOB argument names: 8 hex digits as printed in region
@@ -30,13 +30,18 @@ fn who(all: &[RegionInfo], a: &shm_layout::Address) -> String {
     format!("{} ({})", shmfab::av::AddressVector::straddr(a), pid.unwrap_or_else(|| "region gone".into()))
 }
 
-/// A report on the regions of one job (or all of this user's).
+/// A report on the regions of one job (or all of this user's). A job
+/// named that has no region is `NoEnt` (the command exits non-zero); with
+/// no job named, no region at all is an empty report, not an error.
 pub fn inspect(job: Option<u32>) -> Result<String> {
     let all = scan(None);
     let mine: Vec<&RegionInfo> = all.iter().filter(|r| job.is_none_or(|j| r.job == j)).collect();
     let mut out = String::new();
     if mine.is_empty() {
-        let _ = writeln!(out, "no regions{}", job.map_or(String::new(), |j| format!(" for job {j:08x}")));
+        if let Some(j) = job {
+            return Err(Error::with(ErrorKind::NoEnt, format!("no regions for job {j:08x}: no such job is running")));
+        }
+        let _ = writeln!(out, "no regions");
         return Ok(out);
     }
     let mut jobs: Vec<u32> = mine.iter().map(|r| r.job).collect();

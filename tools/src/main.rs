@@ -169,12 +169,53 @@ fn bench_size(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
-/// A buffer size: at least one byte.
+/// Largest receive buffer `info --buf` takes: 1 GiB.
+const MAX_BUF: usize = 1 << 30;
+
+/// A buffer size: 1 byte to [`MAX_BUF`].
 fn buf_size(s: &str) -> Result<usize, String> {
     match parse_size(s)? {
-        0 => Err("a buffer holds at least 1 byte".into()),
-        n => Ok(n),
+        n if (1..=MAX_BUF).contains(&n) => Ok(n),
+        n => Err(format!("a buffer holds 1 to {MAX_BUF} bytes, not {n}")),
     }
+}
+
+/// Whether every figure `info` prints for these ranks, depth and buffer
+/// size fits in a usize (computed wide, so nothing wraps on the way).
+fn footprint_fits(cfg: &shmfab::Config, o: &InfoArgs) -> Result<(), String> {
+    let w = |v: usize| v as u128;
+    let section = w(cfg.geometry.section_size());
+    let base = w(shm_layout::eps_offset(cfg.max_counters));
+    let peer = w(shmfab::internal::footprint::peer_bytes());
+    for &n in &o.ranks {
+        let peers = w(n.saturating_sub(1)).max(1);
+        let bufs = peers * w(o.depth).max(w(o.depth / 2).max(1)) * w(o.buf);
+        let per_rank = base + peers * section + peers * peers * peer + bufs;
+        if w(n) * per_rank > w(usize::MAX) {
+            return Err(format!(
+                "--ranks {n} --depth {} --buf {}: memory per rank would not fit in 64 bits",
+                o.depth, o.buf
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks, before anything runs, that the figures can be written to
+/// `path`: it is opened for writing (and created, then removed again, when
+/// it did not exist).
+fn check_json_path(path: &Path) -> Result<(), String> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| format!("--json {}: cannot write it: {e}", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }
 
 /// A parser of whole numbers in `lo..=hi`.
@@ -197,6 +238,18 @@ fn main() {
         std::process::exit(bench::raw_peer_main());
     }
     let cli = Cli::parse();
+    // Settings first: a bad SHMFAB_* variable is a usage error (status 2),
+    // one line naming it, before anything runs.
+    let cfg = match &cli.cmd {
+        Cmd::Inspect { .. } | Cmd::Clean { .. } => None,
+        _ => match settings() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("shmfab: {e}");
+                std::process::exit(2);
+            }
+        },
+    };
     let r = match cli.cmd {
         Cmd::Run(a) => cmd_run(&a),
         Cmd::Bench(a) => cmd_bench(&a),
@@ -207,14 +260,39 @@ fn main() {
             Ok(())
         }
         Cmd::Info(a) => {
-            cmd_info(&a);
-            Ok(())
+            let cfg = cfg.unwrap_or_default();
+            if let Err(e) = footprint_fits(&cfg, &a) {
+                eprintln!("shmfab: {e}");
+                std::process::exit(2);
+            }
+            cmd_info(&a, cfg)
         }
     };
     if let Err(e) = r {
         eprintln!("shmfab: {e}");
         std::process::exit(1);
     }
+}
+
+/// Most seconds `SHMFAB_IDLE_SECS` (the idle period of `bench wakeup`) takes.
+const MAX_IDLE_SECS: u64 = 3600;
+
+/// The settings in force: every `SHMFAB_*` variable the library reads, and
+/// the command's own (`SHMFAB_IDLE_SECS`, `SHMFAB_BENCH_CPU`), checked. The
+/// error is the one line naming the bad variable and its range.
+fn settings() -> Result<shmfab::Config, String> {
+    let line = |e: shmfab::Error| e.detail().map_or_else(|| e.to_string(), str::to_string);
+    let cfg = shmfab::proto::Config::from_env().map_err(line)?;
+    idle_secs().map_err(line)?;
+    bench::cpu_from_env().map_err(line)?;
+    Ok(cfg)
+}
+
+/// `SHMFAB_IDLE_SECS`: 1 to [`MAX_IDLE_SECS`], default 10.
+fn idle_secs() -> shmfab::Result<u64> {
+    let get = shmfab::proto::process_env;
+    let v = shmfab::proto::parse_env(&get, "SHMFAB_IDLE_SECS", 1, MAX_IDLE_SECS, shmfab::proto::Rule::Any)?;
+    Ok(v.unwrap_or(10))
 }
 
 fn cmd_run(a: &RunArgs) -> Result<(), String> {
@@ -338,6 +416,9 @@ fn osu_binary(given: Option<&Path>) -> Option<PathBuf> {
 }
 
 fn cmd_bench(a: &BenchArgs) -> Result<(), String> {
+    if let Some(p) = &a.json {
+        check_json_path(p)?;
+    }
     if a.compare {
         let osu = osu_binary(a.osu.as_deref());
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");
@@ -385,7 +466,7 @@ fn cmd_wakeup(a: &BenchArgs) -> Result<(), String> {
     let gap = std::time::Duration::from_millis(2);
     let mut link = Link::spawn(&exe()?, &[]).map_err(|e| e.to_string())?;
     let ours = bench::median(link.wakeups(tries, gap).map_err(|e| e.to_string())?);
-    let secs: u64 = std::env::var("SHMFAB_IDLE_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let secs = idle_secs().map_err(|e| e.to_string())?;
     eprintln!("  idle rank for {secs} s ...");
     let idle = link.idle_cpu(std::time::Duration::from_secs(secs)).map_err(|e| e.to_string())?;
     link.quit().map_err(|e| e.to_string())?;
@@ -526,6 +607,9 @@ fn median_figures(rounds: &[Vec<Figure>]) -> Vec<Figure> {
 }
 
 fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
+    if let Some(p) = &o.json {
+        check_json_path(p)?;
+    }
     let exe = exe()?;
     let sizes = o.sizes.get();
     // The systems take turns, round after round, so that a slow spell of
@@ -590,8 +674,7 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_info(o: &InfoArgs) {
-    let cfg = shmfab::proto::Config::from_env();
+fn cmd_info(o: &InfoArgs, cfg: shmfab::Config) -> Result<(), String> {
     println!("shmfab {}", env!("CARGO_PKG_VERSION"));
     println!("layout version {} (hash {:#018x})", shm_layout::LAYOUT_VERSION, shm_layout::LAYOUT_HASH);
     println!(
@@ -655,6 +738,7 @@ fn cmd_info(o: &InfoArgs) {
     let dead = regions.iter().filter(|r| !r.alive).count();
     println!("regions of this user: {} ({dead} with dead owners)", regions.len());
     print_footprint(&cfg, o);
+    Ok(())
 }
 
 /// Memory per rank for each N, by receive model (see shmfab::internal::footprint).

@@ -7,8 +7,14 @@ use std::time::{Duration, Instant};
 
 /// Runs `shmfab args`, killing it after `limit`.
 fn shmfab(args: &[&str], limit: Duration) -> Output {
+    shmfab_env(args, &[], limit)
+}
+
+/// Runs `shmfab args` with the variables `env` set, killing it after `limit`.
+fn shmfab_env(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_shmfab"))
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -74,4 +80,68 @@ fn bench_writes_its_figures_as_json_and_no_progress_to_a_pipe() {
     let out = text(&o.stdout);
     let last = out.lines().last().unwrap();
     assert_eq!(last.split_whitespace().next(), Some("1024"), "{out}");
+}
+
+#[test]
+fn inspect_of_a_job_that_does_not_exist_fails() {
+    // Was: "no regions for job ..." and status 0.
+    let job = format!("no-such-job-{}", std::process::id());
+    let o = shmfab(&["inspect", &job], Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    assert!(text(&o.stderr).contains("no such job is running"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn numbers_that_wrap_are_refused() {
+    // Was: accepted, and memory per rank computed with wrapped products.
+    let o = shmfab(&["info", "--buf", "18446744073709551615"], Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stdout));
+    assert!(text(&o.stderr).contains("a buffer holds 1 to 1073741824 bytes"), "{}", text(&o.stderr));
+    let o = shmfab(&["info", "--ranks", "65536", "--depth", "1073741824", "--buf", "1m"], Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stdout));
+    assert!(text(&o.stderr).contains("would not fit in 64 bits"), "{}", text(&o.stderr));
+    let o = shmfab(&["bench", "--sizes", "18014398509481984k"], Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn bench_checks_its_json_path_before_running() {
+    // Was: the benchmark ran, then its figures were lost to the bad path.
+    let bad = format!("/nonexistent-{}/figures.json", std::process::id());
+    let o = shmfab(&["bench", "pingpong", "--sizes", "8", "--json", &bad], Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains(&format!("--json {bad}: cannot write it")), "{}", text(&o.stderr));
+    assert!(!text(&o.stdout).contains("half RTT"), "it ran first:\n{}", text(&o.stdout));
+    let o = shmfab(&["compare", "--sizes", "8", "--json", "/"], Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("--json /: cannot write it"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn bad_settings_are_one_line_and_status_2() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let o = shmfab_env(args, env, Duration::from_secs(60));
+        assert_eq!(o.status.code(), Some(2), "{args:?} {env:?}: {}{}", text(&o.stdout), text(&o.stderr));
+        text(&o.stderr)
+    };
+    // Was: clamped to 1 without a word.
+    assert_eq!(
+        run(&["info"], &[("SHMFAB_RX_SIZE", "0")]),
+        "shmfab: SHMFAB_RX_SIZE=0: must be an integer from 1 to 1048576\n"
+    );
+    // Was: ignored where the peer gets its CPU from us (2 CPUs or more),
+    // a panic in CPU_SET where it inherits the variable.
+    assert_eq!(
+        run(&["bench", "pingpong", "--sizes", "8"], &[("SHMFAB_BENCH_CPU", "100000")]),
+        "shmfab: SHMFAB_BENCH_CPU=100000: must be an integer from 0 to 1023\n"
+    );
+    // The peer side itself (as `bench` starts it).
+    let env = [("SHMFAB_BENCH_PEER", "00"), ("SHMFAB_BENCH_CPU", "100000")];
+    let e = run(&[], &env);
+    assert_eq!(e, "shmfab bench peer: SHMFAB_BENCH_CPU=100000: must be an integer from 0 to 1023\n");
+    // Was: ignored (10 s).
+    assert_eq!(
+        run(&["bench", "wakeup"], &[("SHMFAB_IDLE_SECS", "ten")]),
+        "shmfab: SHMFAB_IDLE_SECS=ten: must be an integer from 1 to 3600\n"
+    );
 }

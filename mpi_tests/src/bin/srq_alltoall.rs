@@ -165,7 +165,7 @@ fn main() {
     w.barrier().unwrap_or_else(|e| fail(&w, e));
     let secs = t0.elapsed().as_secs_f64();
     if r == 0 {
-        let cfg = shmfab::proto::Config::from_env();
+        let cfg = shmfab::proto::Config::from_env().unwrap_or_else(|e| fail(&w, e));
         let model = match mode.as_str() {
             "a" => RecvModel::SharedQueue { depth },
             "b" => RecvModel::PerPeerQueues { depth: per_ep },
