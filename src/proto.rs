@@ -460,7 +460,7 @@ mod tests {
         let mut d = Config::default();
         d.clamp();
         assert_eq!(format!("{c:?}"), format!("{d:?}"));
-        assert_eq!((c.rx_size, c.tx_size, c.max_eps, c.boot_timeout.as_secs()), (4096, 4096, 4, 120));
+        assert_eq!((c.rx_size, c.tx_size, c.max_eps, c.boot_timeout.as_secs()), (4096, 4096, 64, 120));
     }
 
     #[test]
