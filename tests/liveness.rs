@@ -1,0 +1,123 @@
+//! Liveness of peers as the kernel sees it: a child that exited but is not
+//! reaped yet (a zombie) is dead to its parent, which may be the very
+//! process waiting for it; a region's owner is alive while it lives,
+//! whatever pid its header says (PID namespaces); and regions can live in
+//! another directory than /dev/shm (`SHMFAB_SHM_DIR`).
+
+mod common;
+use shmfab::{AddressVector, CqAttr, ErrorKind, Fabric, FI_RECV, FI_TRANSMIT};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// In a child: the folder where it publishes its address.
+const CHILD: &str = "SHMFAB_LIVENESS_CHILD";
+
+/// Whether `pid` is a zombie (state Z in /proc/PID/stat).
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s[s.rfind(')')? + 1..].split_whitespace().next().map(|st| st == "Z"))
+        .unwrap_or(false)
+}
+
+/// Re-executes this test binary as a child running `test` with `env`.
+fn spawn_child(test: &str, dir: &Path, job: &str, env: &[(&str, &str)]) -> Child {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([test, "--exact", "--nocapture", "--test-threads=1", "-q"]).env(CHILD, dir).env("SHMFAB_JOB_ID", job);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn().expect("spawn child")
+}
+
+/// In a child: opens a domain and an endpoint, publishes the address, and
+/// exits at once without closing anything (as a crash would: its region
+/// stays, marked ready).
+fn child_publishes_and_exits(dir: &Path) -> ! {
+    let fabric = Fabric::open().unwrap();
+    let dom = fabric.domain().unwrap();
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let ep = dom.endpoint().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    std::fs::write(dir.join("addr.tmp"), ep.getname().to_bytes()).unwrap();
+    std::fs::rename(dir.join("addr.tmp"), dir.join("addr")).unwrap();
+    // No destructor runs: the region is neither marked closing nor unlinked.
+    std::process::exit(0)
+}
+
+/// Waits up to 30 s for the child's address.
+fn child_address(dir: &Path, child: &mut Child) -> shmfab::Address {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(b) = std::fs::read(dir.join("addr")) {
+            return shmfab::Address::from_bytes(&b).unwrap();
+        }
+        assert!(child.try_wait().unwrap().is_none() || dir.join("addr").exists(), "the child failed");
+        assert!(t0.elapsed() < Duration::from_secs(30), "the child never published its address");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Removes the test's folder and the child's job's regions, even on panic.
+struct Cleanup {
+    dir: PathBuf,
+    job: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        shmfab::internal::region::remove_job(shmfab::internal::region::job_hash(&self.job));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn unique(test: &str) -> (PathBuf, String) {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let job = format!("t-{test}-{}-{nanos}", std::process::id());
+    let dir = std::env::temp_dir().join(&job);
+    std::fs::create_dir_all(&dir).unwrap();
+    (dir, job)
+}
+
+#[test]
+fn a_receive_from_an_unreaped_child_fails() {
+    if let Ok(dir) = std::env::var(CHILD) {
+        child_publishes_and_exits(Path::new(&dir));
+    }
+    let (dir, job) = unique("zombie");
+    let _clean = Cleanup { dir: dir.clone(), job: job.clone() };
+    let fabric = Fabric::open().unwrap();
+    let dom = fabric.domain().unwrap();
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let av: AddressVector = dom.av_open().unwrap();
+    let ep = dom.endpoint().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let mut child = spawn_child("a_receive_from_an_unreaped_child_fails", &dir, &job, &[]);
+    let peer = av.insert(&[child_address(&dir, &mut child)]).unwrap()[0];
+    // The child exits; we do not reap it (yet): it is a zombie.
+    let t0 = Instant::now();
+    while !is_zombie(child.id()) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the child never exited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut b = [0u8; 8];
+    // SAFETY: b lives until the completion below.
+    unsafe { ep.recv(&mut b, peer, 5).unwrap() };
+    let t1 = Instant::now();
+    let e = common::next_completion(&dom, &cq, Duration::from_secs(10), "a receive from a zombie never failed")
+        .expect_err("a receive from a dead child must fail");
+    // Within a few peer-check periods (100 ms by default).
+    assert!(t1.elapsed() < Duration::from_secs(2), "failed only after {:?}", t1.elapsed());
+    assert_eq!(e.err, ErrorKind::Io.errno());
+    assert_eq!(e.op_context, 5);
+    assert!(cq.last_error_text().unwrap().contains("died"), "{:?}", cq.last_error_text());
+    // Still not reaped when the receive failed.
+    assert!(is_zombie(child.id()));
+    assert!(child.wait().unwrap().success());
+}
