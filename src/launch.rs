@@ -29,6 +29,10 @@ struct Boot {
     map: MmapRaw,
     name: String,
     size: usize,
+    /// Holds a shared lock on the region while this rank is in the
+    /// exchange: a boot region nobody holds a lock on is a leftover
+    /// (`region::locked`), whatever pids it names.
+    lock: File,
 }
 
 impl Boot {
@@ -60,9 +64,11 @@ impl Boot {
             ) {
                 Ok(fd) => {
                     let f = File::from(fd);
+                    // Locked before magic is published (see region::locked).
+                    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared)?;
                     f.set_len(bytes as u64)?;
                     let map = MmapOptions::new().len(bytes).map_raw(&f)?;
-                    let b = Boot { map, name, size };
+                    let b = Boot { map, name, size, lock: f };
                     let h = b.map.as_mut_ptr() as *mut BootHeader;
                     let pid = std::process::id();
                     // SAFETY: fresh mapping (O_EXCL), magic still zero: nobody reads it yet.
@@ -116,16 +122,14 @@ impl Boot {
                 std::thread::sleep(Duration::from_millis(1));
             };
             let (map, len) = mapped;
-            let b = Boot { map, name: name.clone(), size };
+            let b = Boot { map, name: name.clone(), size, lock: f };
             let h = b.header();
             // SAFETY: published header fields (magic acquired).
-            let (ver, hash, n, opid, ostart) = unsafe {
+            let (ver, hash, n) = unsafe {
                 (
                     std::ptr::addr_of!(h.layout_version).read_volatile(),
                     std::ptr::addr_of!(h.layout_hash).read_volatile(),
                     std::ptr::addr_of!(h.size).read_volatile() as usize,
-                    std::ptr::addr_of!(h.owner_pid).read_volatile(),
-                    std::ptr::addr_of!(h.owner_start_time).read_volatile(),
                 )
             };
             if ver != LAYOUT_VERSION || hash != LAYOUT_HASH {
@@ -137,7 +141,7 @@ impl Boot {
             if n != size || len < PAGE + n * std::mem::size_of::<BootEntry>() {
                 // A leftover of an earlier job with the same id, or a
                 // mismatched launch.
-                if !owner_alive(opid, ostart) && tries < 3 {
+                if !crate::region::locked(&b.lock) && tries < 3 {
                     let _ = rustix::shm::unlink(name.as_str());
                     continue;
                 }
@@ -152,10 +156,11 @@ impl Boot {
                 let e = b.entry(r);
                 e.state.load(Ordering::Acquire) == 1 && !owner_alive(e.pid, e.start_time)
             });
-            if stale && !owner_alive(opid, ostart) && tries < 3 {
+            if stale && !crate::region::locked(&b.lock) && tries < 3 {
                 let _ = rustix::shm::unlink(name.as_str());
                 continue;
             }
+            rustix::fs::flock(&b.lock, rustix::fs::FlockOperation::LockShared)?;
             return Ok(b);
         }
     }
@@ -425,5 +430,27 @@ mod tests {
         let out = exchange(&l, a, a, Duration::from_secs(5)).unwrap();
         assert_eq!(out, vec![(a, a)]);
         assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists());
+    }
+
+    #[test]
+    fn a_boot_region_is_alive_while_a_rank_is_in_it_whatever_pid_it_names() {
+        // Its creator in another PID namespace: the pid means nothing here.
+        let job = format!("unit-boot-lock-{}", std::process::id());
+        let b = Boot::open(&job, 2, Instant::now() + Duration::from_secs(5)).unwrap();
+        let h = b.map.as_mut_ptr() as *mut BootHeader;
+        // SAFETY: our own boot region; only this test touches it.
+        unsafe { std::ptr::addr_of_mut!((*h).owner_pid).write(0x3fff_fff0) };
+        let jh = crate::region::job_hash(&job);
+        let alive = |name: &str| crate::region::scan(Some(jh)).iter().find(|r| r.name == name).map(|r| r.alive);
+        assert_eq!(alive(&b.name), Some(true));
+        assert!(crate::region::clean_dead(true).iter().all(|r| r.name != b.name));
+        // A second rank opening it finds it in use and joins it.
+        let b2 = Boot::open(&job, 2, Instant::now() + Duration::from_secs(5)).unwrap();
+        let name = b.name.clone();
+        drop(b);
+        assert_eq!(alive(&name), Some(true), "the second rank is still in it");
+        drop(b2);
+        assert_eq!(alive(&name), Some(false), "nobody in it: a leftover");
+        let _ = rustix::shm::unlink(name.as_str());
     }
 }

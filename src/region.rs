@@ -3,8 +3,18 @@
 //! A region is created `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, named
 //! `shmfab.<uid>.<jobhash>.<token>`; it is unlinked when its owner closes it.
 //! Peers attach on first contact, after checking magic, layout version and
-//! hash, owner uid and sizes. Regions of dead owners (pid plus start time, so
-//! a reused pid is not mistaken for the owner) are removed by
+//! hash, owner uid and sizes.
+//!
+//! **Liveness**: the owner holds an exclusive `flock` on its region file
+//! from before it publishes the header until it dies or closes the region;
+//! the kernel drops it when the process exits, whatever killed it. A
+//! region is alive while someone holds a lock on it ([`locked`]: a
+//! non-blocking exclusive lock taken on a fresh descriptor fails). This
+//! holds across PID namespaces, where the pid and start time in the header
+//! mean nothing, and a zombie owner holds no lock. The header's pid and
+//! start time only name the owner in messages, and keep alive the region
+//! of a build that took no lock while its owner lives (a pid can only make
+//! a region alive, never dead). Regions of dead owners are removed by
 //! [`clean_dead`], which the next domain creation calls.
 //!
 //! ```
@@ -120,6 +130,16 @@ impl Region {
             let _ = rustix::shm::unlink(name.as_str());
             space_hint(&e)
         };
+        // The owner's lock, held until the file is closed (on drop, or by
+        // the kernel when we die); taken before the header is published,
+        // so a region with magic set and no lock has a dead owner. Blocking:
+        // a scan may hold it for an instant (`locked`).
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
+            cleanup(Error::with(
+                ErrorKind::from_errno(e.raw_os_error()),
+                format!("cannot lock {}: {e}", shm_path(&name)),
+            ))
+        })?;
         file.set_len(size as u64).map_err(|e| cleanup(Error::from(e)))?;
         // Reserve the header and counter pages now, so a full /dev/shm is an
         // error here rather than a SIGBUS later; endpoint sections are
@@ -317,6 +337,17 @@ impl Region {
         }
     }
 
+    /// Whether the region's owner still lives: it holds its lock (see the
+    /// module's doc), or, for a region of a build that took none, its pid
+    /// and start time still name a live process. Always true of our own.
+    pub fn alive(&self) -> bool {
+        if self.owned {
+            return true;
+        }
+        let (pid, start) = self.owner();
+        locked(&self.file) || owner_alive(pid, start)
+    }
+
     /// Pointer to `T` at `off`, bounds- and alignment-checked.
     pub fn at<T>(&self, off: usize) -> Result<*mut T> {
         let end = off.checked_add(std::mem::size_of::<T>());
@@ -363,6 +394,23 @@ fn fallocate(file: &File, off: usize, len: usize) -> Result<()> {
     })
 }
 
+/// Whether some process holds a lock on `file`'s region (its owner, or
+/// the ranks of a starting job on a boot region): a non-blocking exclusive
+/// lock on this descriptor fails. `file` must be an open of its own (not
+/// the owner's descriptor, whose lock this would take over). When the lock
+/// is free it is taken for an instant and released; an error other than
+/// "held" counts as held (never call a region dead on a doubt).
+pub fn locked(file: &File) -> bool {
+    use rustix::fs::{flock, FlockOperation};
+    match flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {
+            let _ = flock(file, FlockOperation::Unlock);
+            false
+        }
+        Err(_) => true,
+    }
+}
+
 /// What [`scan`] found about one region file.
 #[derive(Debug, Clone)]
 pub struct RegionInfo {
@@ -370,7 +418,7 @@ pub struct RegionInfo {
     pub name: String,
     /// Owner pid (0 if the header was unreadable).
     pub pid: u32,
-    /// Whether its owner lives.
+    /// Whether its owner lives (it holds its lock; see the module's doc).
     pub alive: bool,
     /// Layout version written in it.
     pub layout_version: u32,
@@ -404,23 +452,28 @@ pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
             continue;
         }
         let mut hdr = [0u8; 32];
-        let read = File::open(&path)
-            .and_then(|f| {
-                use std::os::unix::fs::FileExt;
-                f.read_exact_at(&mut hdr, 0)
-            })
-            .is_ok();
+        let Ok(f) = File::open(&path) else {
+            continue;
+        };
+        let read = {
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut hdr, 0).is_ok()
+        };
         let u32_at = |i: usize| u32::from_le_bytes(hdr[i..i + 4].try_into().unwrap());
         let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());
         let pid = u32_at(16);
         let start = u64::from_le_bytes(hdr[24..32].try_into().unwrap());
-        let alive = if read && magic == MAGIC {
-            owner_alive(pid, start)
-        } else {
-            // Not initialised: alive while young (its creator may be between
-            // open and the magic store), dead after 30 s.
-            meta.modified().ok().and_then(|m| m.elapsed().ok()).is_none_or(|age| age.as_secs() < 30)
-        };
+        // The lock is looked at after the header was read: its creator
+        // locks before it publishes magic, so magic seen and then no lock
+        // means the owner is gone.
+        let alive = locked(&f)
+            || if read && magic == MAGIC {
+                owner_alive(pid, start)
+            } else {
+                // Not initialised: alive while young (its creator may be
+                // between open and the magic store), dead after 30 s.
+                meta.modified().ok().and_then(|m| m.elapsed().ok()).is_none_or(|age| age.as_secs() < 30)
+            };
         out.push(RegionInfo {
             name,
             pid: if magic == MAGIC { pid } else { 0 },
@@ -502,6 +555,31 @@ mod tests {
         let e = r.reserve(sec_off, huge.section_size()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NoSpc, "{e}");
         assert!(e.to_string().contains("/dev/shm is too small or full"), "{e}");
+    }
+
+    #[test]
+    fn a_region_is_alive_while_locked_whatever_pid_its_header_says() {
+        // A live owner in another PID namespace writes a pid and start time
+        // that mean nothing here: its region stays alive, and is not cleaned.
+        let job = job_hash(&format!("unit-lock-{}", std::process::id()));
+        let r = Region::create(job, &EpGeometry::DEFAULT, 1, 1).unwrap();
+        // SAFETY: our own fresh region; only this test touches it.
+        unsafe {
+            let h = r.base() as *mut RegionHeader;
+            std::ptr::addr_of_mut!((*h).owner_pid).write(0x3fff_fff0);
+            std::ptr::addr_of_mut!((*h).owner_start_time).write(1);
+        }
+        assert!(!owner_alive(0x3fff_fff0, 1), "the recorded owner is no live process here");
+        let p = Region::attach(r.name()).unwrap();
+        assert!(p.alive(), "the owner holds its lock");
+        let found = scan(Some(job));
+        assert_eq!(found.len(), 1);
+        assert!(found[0].alive, "{found:?}");
+        assert!(clean_dead(true).iter().all(|d| d.name != r.name()), "a live region would be cleaned");
+        // The lock is what keeps it alive: released, the region is dead.
+        rustix::fs::flock(r.file(), rustix::fs::FlockOperation::Unlock).unwrap();
+        assert!(!p.alive());
+        assert!(!scan(Some(job))[0].alive);
     }
 
     #[test]

@@ -121,3 +121,67 @@ fn a_receive_from_an_unreaped_child_fails() {
     assert!(is_zombie(child.id()));
     assert!(child.wait().unwrap().success());
 }
+
+/// In a child: creates a region whose header names an owner that does not
+/// exist here (as an owner in another PID namespace would), publishes its
+/// name, and exits without removing it once told to.
+fn child_foreign_owner(dir: &Path) -> ! {
+    use shmfab::internal::region::{job_hash, Region};
+    let r =
+        Region::create(job_hash(&shmfab::internal::region::job_id()), &shm_layout::EpGeometry::DEFAULT, 1, 1).unwrap();
+    // SAFETY: our own fresh region; the parent only reads it.
+    unsafe {
+        let h = r.base() as *mut shm_layout::RegionHeader;
+        std::ptr::addr_of_mut!((*h).owner_pid).write(0x3fff_fff0);
+        std::ptr::addr_of_mut!((*h).owner_start_time).write(1);
+    }
+    std::fs::write(dir.join("name.tmp"), r.name()).unwrap();
+    std::fs::rename(dir.join("name.tmp"), dir.join("name")).unwrap();
+    let t0 = Instant::now();
+    while !dir.join("go").exists() {
+        if !dir.exists() {
+            // The parent failed and cleaned up.
+            std::process::exit(1);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "never told to go");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Dies without closing: the region stays, its lock goes.
+    std::process::exit(0)
+}
+
+#[test]
+fn a_live_owner_with_a_foreign_pid_is_alive_and_a_dead_one_is_cleaned() {
+    use shmfab::internal::region::{clean_dead, job_hash, scan, Region};
+    if let Ok(dir) = std::env::var(CHILD) {
+        child_foreign_owner(Path::new(&dir));
+    }
+    let (dir, job) = unique("foreign");
+    let _clean = Cleanup { dir: dir.clone(), job: job.clone() };
+    let mut child = spawn_child("a_live_owner_with_a_foreign_pid_is_alive_and_a_dead_one_is_cleaned", &dir, &job, &[]);
+    let t0 = Instant::now();
+    let name = loop {
+        if let Ok(n) = std::fs::read_to_string(dir.join("name")) {
+            break n;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the child failed");
+        assert!(t0.elapsed() < Duration::from_secs(30), "the child never published its region");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let path = Path::new(shmfab::internal::region::SHM_DIR).join(&name);
+    let jh = job_hash(&job);
+    // Alive: scanned as alive, left alone by a clean, alive to a peer.
+    let found = scan(Some(jh));
+    assert!(found.len() == 1 && found[0].alive && found[0].pid == 0x3fff_fff0, "{found:?}");
+    assert!(clean_dead(false).iter().all(|d| d.name != name));
+    assert!(path.exists(), "a clean removed a live region");
+    let peer = Region::attach(&name).unwrap();
+    assert!(peer.alive());
+    // Dead once its owner is gone (and reaped or not).
+    std::fs::write(dir.join("go"), b"").unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(!peer.alive());
+    assert!(!scan(Some(jh))[0].alive);
+    assert!(clean_dead(false).iter().any(|d| d.name == name));
+    assert!(!path.exists(), "a dead owner's region stays");
+}
