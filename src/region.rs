@@ -1,4 +1,11 @@
-//! Shared-memory regions under /dev/shm: one per domain.
+//! Shared-memory regions under /dev/shm (or `SHMFAB_SHM_DIR`): one per
+//! domain.
+//!
+//! **Where**: by default regions are POSIX shared memory (`shm_open`,
+//! /dev/shm). `SHMFAB_SHM_DIR` names another directory (a tmpfs of its own,
+//! a hugetlbfs mount): regions are then created there with plain `open`
+//! (same flags and mode). Every rank of a job, and `shmfab clean`,
+//! `inspect` and `info`, must see the same setting.
 //!
 //! A region is created `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, named
 //! `shmfab.<uid>.<jobhash>.<token>`; it is unlinked when its owner closes it.
@@ -34,8 +41,78 @@ use std::sync::atomic::Ordering;
 // checks of peers' regions.
 pub use crate::job::{job_id, owner_alive, proc_start_time};
 
-/// Where POSIX shared memory lives on Linux.
+/// Where POSIX shared memory lives on Linux: the default directory.
 pub const SHM_DIR: &str = "/dev/shm";
+/// The variable that names another directory for regions.
+pub const SHM_DIR_VAR: &str = "SHMFAB_SHM_DIR";
+
+/// The directory `value` of [`SHM_DIR_VAR`] names, checked: an absolute
+/// path to an existing, writable directory.
+pub fn check_dir(value: &str) -> Result<std::path::PathBuf> {
+    let bad = |why: String| Error::with(ErrorKind::Inval, format!("{SHM_DIR_VAR}={value:?}: {why}"));
+    let p = std::path::PathBuf::from(value);
+    if !p.is_absolute() {
+        return Err(bad("not an absolute path (every rank must name the same directory)".into()));
+    }
+    match std::fs::metadata(&p) {
+        Err(e) => return Err(bad(format!("cannot use it: {e}"))),
+        Ok(m) if !m.is_dir() => return Err(bad("not a directory".into())),
+        Ok(_) => {}
+    }
+    rustix::fs::access(&p, rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK)
+        .map_err(|e| bad(format!("not writable: {e}")))?;
+    Ok(p)
+}
+
+/// The directory set by [`SHM_DIR_VAR`], unchecked (None: /dev/shm
+/// through `shm_open`).
+fn dir_setting() -> Option<std::path::PathBuf> {
+    std::env::var_os(SHM_DIR_VAR).filter(|v| !v.is_empty()).map(std::path::PathBuf::from)
+}
+
+/// The directory regions live in: [`SHM_DIR_VAR`] if set (checked, an
+/// error naming the variable otherwise), else [`SHM_DIR`].
+pub fn shm_dir() -> Result<std::path::PathBuf> {
+    match std::env::var(SHM_DIR_VAR) {
+        Ok(v) if !v.is_empty() => check_dir(&v),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(Error::with(ErrorKind::Inval, format!("{SHM_DIR_VAR}={v:?}: not a valid path")))
+        }
+        _ => Ok(std::path::PathBuf::from(SHM_DIR)),
+    }
+}
+
+/// Opens the region file `name` read-write, creating it (exclusively, mode
+/// 0600) if `create`; never follows a symlink. `shm_open` by default, plain
+/// `open` in the [`SHM_DIR_VAR`] directory if set.
+pub fn open_shm(name: &str, create: bool) -> rustix::io::Result<rustix::fd::OwnedFd> {
+    let mode = rustix::fs::Mode::from_raw_mode(0o600);
+    match dir_setting() {
+        None => {
+            let mut fl = rustix::shm::OFlags::RDWR | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32);
+            if create {
+                fl |= rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL;
+            }
+            rustix::shm::open(name, fl, mode)
+        }
+        Some(dir) => {
+            use rustix::fs::OFlags;
+            let mut fl = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            if create {
+                fl |= OFlags::CREATE | OFlags::EXCL;
+            }
+            rustix::fs::open(dir.join(name), fl, mode)
+        }
+    }
+}
+
+/// Removes the region file `name` (from where [`open_shm`] opens it).
+pub fn unlink_shm(name: &str) -> rustix::io::Result<()> {
+    match dir_setting() {
+        None => rustix::shm::unlink(name),
+        Some(dir) => rustix::fs::unlink(dir.join(name)),
+    }
+}
 /// Prefix of every region name.
 pub const PREFIX: &str = "shmfab.";
 
@@ -74,21 +151,24 @@ unsafe impl Send for Region {}
 // SAFETY: as above; `Region` hands out raw pointers only.
 unsafe impl Sync for Region {}
 
-fn shm_path(name: &str) -> String {
-    format!("{SHM_DIR}/{name}")
+/// Where the region file `name` is (for messages and the tools).
+pub fn shm_path(name: &str) -> String {
+    format!("{}/{name}", dir_setting().as_deref().unwrap_or(std::path::Path::new(SHM_DIR)).display())
 }
 
 fn space_hint(e: &Error) -> Error {
+    let dir = dir_setting().unwrap_or_else(|| SHM_DIR.into());
+    let dir = dir.display();
     match e.kind() {
         ErrorKind::NoSpc | ErrorKind::NoMem => Error::with(
             e.kind(),
             format!(
-                "{e}: /dev/shm is too small or full; free space with `shmfab clean`, \
-                 or enlarge it (mount -o remount,size=... /dev/shm)"
+                "{e}: {dir} is too small or full; free space with `shmfab clean`, \
+                 or enlarge it (mount -o remount,size=... {dir})"
             ),
         ),
         ErrorKind::Perm => {
-            Error::with(e.kind(), format!("{e}: /dev/shm refused access; check its mount options and permissions"))
+            Error::with(e.kind(), format!("{e}: {dir} refused access; check its mount options and permissions"))
         }
         _ => e.clone(),
     }
@@ -101,20 +181,14 @@ impl Region {
         if n_eps == 0 || n_eps > 256 || n_counters > 4096 {
             return Err(Error::with(ErrorKind::Inval, "n_eps must be 1..=256 and n_counters at most 4096"));
         }
+        shm_dir()?;
         let uid = uid();
         let size = region_size(g, n_eps, n_counters);
         let mut tries = 0;
         let (name, fd) = loop {
             let token: u64 = rand::random::<u64>() | 1;
             let name = region_name(uid, job, token);
-            match rustix::shm::open(
-                name.as_str(),
-                rustix::shm::OFlags::CREATE
-                    | rustix::shm::OFlags::EXCL
-                    | rustix::shm::OFlags::RDWR
-                    | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32),
-                rustix::fs::Mode::from_raw_mode(0o600),
-            ) {
+            match open_shm(name.as_str(), true) {
                 Ok(fd) => break (name, fd),
                 Err(rustix::io::Errno::EXIST) if tries < 8 => tries += 1,
                 Err(e) => {
@@ -127,7 +201,7 @@ impl Region {
         };
         let file = File::from(fd);
         let cleanup = |e: Error| {
-            let _ = rustix::shm::unlink(name.as_str());
+            let _ = unlink_shm(name.as_str());
             space_hint(&e)
         };
         // The owner's lock, held until the file is closed (on drop, or by
@@ -178,12 +252,8 @@ impl Region {
         if !name.starts_with(PREFIX) || name.contains('/') || name.len() > 200 {
             return Err(Error::with(ErrorKind::Inval, format!("not a shmfab region name: {name:?}")));
         }
-        let fd = rustix::shm::open(
-            name,
-            rustix::shm::OFlags::RDWR | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32),
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| {
+        shm_dir()?;
+        let fd = open_shm(name, false).map_err(|e| {
             let kind = match e {
                 rustix::io::Errno::NOENT => ErrorKind::AddrNotAvail,
                 _ => ErrorKind::from_errno(e.raw_os_error()),
@@ -286,7 +356,7 @@ impl Region {
         &self.file
     }
 
-    /// The region's name (its address in /dev/shm).
+    /// The region's name (its file in /dev/shm or `SHMFAB_SHM_DIR`).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -377,7 +447,7 @@ impl Drop for Region {
             // needs publishing (a peer that reads CLOSING only fails what it
             // has pending with us), so the release is more than needed.
             self.header().state.store(state::CLOSING, Ordering::Release);
-            let _ = rustix::shm::unlink(self.name.as_str());
+            let _ = unlink_shm(self.name.as_str());
         }
     }
 }
@@ -414,7 +484,7 @@ pub fn locked(file: &File) -> bool {
 /// What [`scan`] found about one region file.
 #[derive(Debug, Clone)]
 pub struct RegionInfo {
-    /// File name under /dev/shm.
+    /// File name in /dev/shm (or `SHMFAB_SHM_DIR`).
     pub name: String,
     /// Owner pid (0 if the header was unreadable).
     pub pid: u32,
@@ -428,11 +498,13 @@ pub struct RegionInfo {
     pub size: u64,
 }
 
-/// Lists this user's regions (optionally of one job) with their owners' state.
+/// Lists this user's regions (optionally of one job) with their owners'
+/// state, in [`shm_dir`] (none if it is not usable: the tools check it
+/// first with [`shm_dir`] to say why).
 pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
     let prefix = format!("{PREFIX}{}.", uid());
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
+    let Ok(dir) = shm_dir().and_then(|d| std::fs::read_dir(d).map_err(Error::from)) else {
         return out;
     };
     for ent in dir.flatten() {
@@ -492,7 +564,7 @@ pub fn clean_dead(dry_run: bool) -> Vec<RegionInfo> {
     let dead: Vec<_> = scan(None).into_iter().filter(|r| !r.alive).collect();
     if !dry_run {
         for r in &dead {
-            let _ = rustix::shm::unlink(r.name.as_str());
+            let _ = unlink_shm(r.name.as_str());
         }
     }
     dead
@@ -502,7 +574,7 @@ pub fn clean_dead(dry_run: bool) -> Vec<RegionInfo> {
 pub fn remove_job(job: u32) -> usize {
     let all = scan(Some(job));
     for r in &all {
-        let _ = rustix::shm::unlink(r.name.as_str());
+        let _ = unlink_shm(r.name.as_str());
     }
     all.len()
 }
@@ -579,7 +651,17 @@ mod tests {
         // The lock is what keeps it alive: released, the region is dead.
         rustix::fs::flock(r.file(), rustix::fs::FlockOperation::Unlock).unwrap();
         assert!(!p.alive());
-        assert!(!scan(Some(job))[0].alive);
+        // Dead, or already removed by a clean of another test's domain.
+        assert!(scan(Some(job)).iter().all(|r| !r.alive));
+    }
+
+    #[test]
+    fn the_shm_dir_setting_is_checked() {
+        let err = |v: &str| check_dir(v).unwrap_err().to_string();
+        assert!(err("relative/dir").contains("SHMFAB_SHM_DIR=\"relative/dir\": not an absolute path"));
+        assert!(err("/nonexistent/shmfab").contains("SHMFAB_SHM_DIR=\"/nonexistent/shmfab\": cannot use it"));
+        assert!(err("/proc/self/stat").contains("not a directory"));
+        assert_eq!(check_dir("/dev/shm").unwrap(), std::path::PathBuf::from("/dev/shm"));
     }
 
     #[test]

@@ -181,7 +181,112 @@ fn a_live_owner_with_a_foreign_pid_is_alive_and_a_dead_one_is_cleaned() {
     std::fs::write(dir.join("go"), b"").unwrap();
     assert!(child.wait().unwrap().success());
     assert!(!peer.alive());
-    assert!(!scan(Some(jh))[0].alive);
-    assert!(clean_dead(false).iter().any(|d| d.name == name));
+    // Dead, or already removed by a clean of any process starting a domain.
+    assert!(scan(Some(jh)).iter().all(|r| !r.alive));
+    clean_dead(false);
     assert!(!path.exists(), "a dead owner's region stays");
+}
+
+/// A fresh directory under /dev/shm for `SHMFAB_SHM_DIR`, removed on drop.
+struct ShmDir(PathBuf);
+
+impl ShmDir {
+    fn new(test: &str) -> ShmDir {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let d = PathBuf::from(format!("/dev/shm/shmfab-test-{test}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir(&d).unwrap();
+        ShmDir(d)
+    }
+
+    fn files(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for ShmDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn regions_live_in_the_shm_dir_setting_and_are_cleaned_there() {
+    // The directory is the parent's (ranks re-run this function).
+    let dir = std::env::var_os("SHMFAB_TEST_RANK").is_none().then(|| ShmDir::new("dir"));
+    let d = dir.as_ref().map(|d| d.0.to_str().unwrap().to_string()).unwrap_or_default();
+    let env = [("SHMFAB_SHM_DIR", d.as_str()), ("SHMFAB_PEER_CHECK_MS", "20")];
+    common::run_killing(
+        "regions_live_in_the_shm_dir_setting_and_are_cleaned_there",
+        2,
+        &env,
+        Duration::from_secs(60),
+        &[1],
+        |w| {
+            let dir = PathBuf::from(std::env::var("SHMFAB_SHM_DIR").unwrap());
+            let mine = w.dom.region_name();
+            assert!(dir.join(mine).exists(), "{mine} is not in {dir:?}");
+            assert!(!Path::new("/dev/shm").join(mine).exists(), "{mine} is in /dev/shm");
+            // A message each way through the regions there.
+            let peer = w.addrs[1 - w.rank];
+            let mut b = [0u8; 5];
+            // SAFETY: b lives until the completion below.
+            unsafe { w.ep.trecv(&mut b, peer, 7, 0, 7).unwrap() };
+            w.retry(|| w.ep.tinject(b"hello", peer, 7));
+            assert_eq!((w.ok(7).len, &b), (5, b"hello"));
+            w.barrier();
+            if w.rank == 1 {
+                // SAFETY: kill on our own pid.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                unreachable!("SIGKILL");
+            }
+            // Rank 1 died: a receive from it fails, its region is dead, and a
+            // clean removes it from the directory (and only it).
+            let mut b = [0u8; 1];
+            // SAFETY: b lives until the completion below.
+            unsafe { w.ep.recv(&mut b, peer, 9).unwrap() };
+            w.wait_ctx(9).expect_err("a receive from a dead rank must fail");
+            let all = shmfab::internal::region::scan(None);
+            assert_eq!(all.len(), 2, "{all:?}");
+            assert!(all.iter().all(|r| r.alive == (r.name == mine)), "{all:?}");
+            let dead = shmfab::internal::region::clean_dead(false);
+            assert_eq!(dead.len(), 1, "{dead:?}");
+            let left: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            assert_eq!(left, vec![mine]);
+        },
+    );
+    if let Some(dir) = dir {
+        assert_eq!(dir.files(), Vec::<String>::new(), "regions left in {d}");
+    }
+}
+
+#[test]
+fn an_unusable_shm_dir_setting_is_an_error_naming_it() {
+    if std::env::var_os(CHILD).is_some() {
+        let e = Fabric::open().and_then(|f| f.domain().map(|_| ())).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Inval, "{e}");
+        assert!(e.to_string().contains("SHMFAB_SHM_DIR"), "{e}");
+        std::process::exit(0);
+    }
+    let (dir, job) = unique("baddir");
+    let _clean = Cleanup { dir: dir.clone(), job: job.clone() };
+    let missing = dir.join("missing");
+    let env = [("SHMFAB_SHM_DIR", missing.to_str().unwrap())];
+    let mut child = spawn_child("an_unusable_shm_dir_setting_is_an_error_naming_it", &dir, &job, &env);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the child hung");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(status.success(), "{status:?}");
 }

@@ -32,6 +32,8 @@ fn who(all: &[RegionInfo], a: &shm_layout::Address) -> String {
 
 /// A report on the regions of one job (or all of this user's).
 pub fn inspect(job: Option<u32>) -> Result<String> {
+    // Where the regions are: an unusable SHMFAB_SHM_DIR is an error.
+    shmfab::internal::region::shm_dir()?;
     let all = scan(None);
     let mine: Vec<&RegionInfo> = all.iter().filter(|r| job.is_none_or(|j| r.job == j)).collect();
     let mut out = String::new();
