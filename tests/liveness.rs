@@ -125,15 +125,17 @@ fn a_receive_from_an_unreaped_child_fails() {
 /// In a child: creates a region whose header names an owner that does not
 /// exist here (as an owner in another PID namespace would), publishes its
 /// name, and exits without removing it once told to.
-fn child_foreign_owner(dir: &Path) -> ! {
+fn child_foreign_owner(dir: &Path, bogus: bool) -> ! {
     use shmfab::internal::region::{job_hash, Region};
     let r =
         Region::create(job_hash(&shmfab::internal::region::job_id()), &shm_layout::EpGeometry::DEFAULT, 1, 1).unwrap();
-    // SAFETY: our own fresh region; the parent only reads it.
-    unsafe {
-        let h = r.base() as *mut shm_layout::RegionHeader;
-        std::ptr::addr_of_mut!((*h).owner_pid).write(0x3fff_fff0);
-        std::ptr::addr_of_mut!((*h).owner_start_time).write(1);
+    if bogus {
+        // SAFETY: our own fresh region; the parent only reads it.
+        unsafe {
+            let h = r.base() as *mut shm_layout::RegionHeader;
+            std::ptr::addr_of_mut!((*h).owner_pid).write(0x3fff_fff0);
+            std::ptr::addr_of_mut!((*h).owner_start_time).write(1);
+        }
     }
     std::fs::write(dir.join("name.tmp"), r.name()).unwrap();
     std::fs::rename(dir.join("name.tmp"), dir.join("name")).unwrap();
@@ -152,13 +154,49 @@ fn child_foreign_owner(dir: &Path) -> ! {
 
 #[test]
 fn a_live_owner_with_a_foreign_pid_is_alive_and_a_dead_one_is_cleaned() {
-    use shmfab::internal::region::{clean_dead, job_hash, scan, Region};
     if let Ok(dir) = std::env::var(CHILD) {
-        child_foreign_owner(Path::new(&dir));
+        child_foreign_owner(Path::new(&dir), true);
     }
     let (dir, job) = unique("foreign");
     let _clean = Cleanup { dir: dir.clone(), job: job.clone() };
-    let mut child = spawn_child("a_live_owner_with_a_foreign_pid_is_alive_and_a_dead_one_is_cleaned", &dir, &job, &[]);
+    let child = spawn_child("a_live_owner_with_a_foreign_pid_is_alive_and_a_dead_one_is_cleaned", &dir, &job, &[]);
+    foreign_owner_is_alive_until_it_dies(&dir, &job, child);
+}
+
+#[test]
+fn a_live_owner_in_another_pid_namespace_is_alive() {
+    if let Ok(dir) = std::env::var(CHILD) {
+        child_foreign_owner(Path::new(&dir), false);
+    }
+    // A real PID namespace (needs root, or user namespaces, and unshare(1)).
+    let usable = Command::new("unshare")
+        .args(["-p", "-f", "-m", "--mount-proc", "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !usable {
+        eprintln!("skipped: `unshare -p -f -m --mount-proc` is not permitted here");
+        return;
+    }
+    let (dir, job) = unique("pidns");
+    let _clean = Cleanup { dir: dir.clone(), job: job.clone() };
+    let child = Command::new("unshare")
+        .args(["-p", "-f", "-m", "--mount-proc", "--kill-child"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["a_live_owner_in_another_pid_namespace_is_alive", "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(CHILD, &dir)
+        .env("SHMFAB_JOB_ID", &job)
+        .spawn()
+        .expect("spawn unshare");
+    foreign_owner_is_alive_until_it_dies(&dir, &job, child);
+}
+
+/// The parent's side of the two tests above: the child's region is alive
+/// (to a scan, a clean and a peer) while the child lives, though its
+/// header names no live process here; dead and cleaned once it exits.
+fn foreign_owner_is_alive_until_it_dies(dir: &Path, job: &str, mut child: Child) {
+    use shmfab::internal::region::{clean_dead, job_hash, owner_alive, scan, Region};
     let t0 = Instant::now();
     let name = loop {
         if let Ok(n) = std::fs::read_to_string(dir.join("name")) {
@@ -169,13 +207,15 @@ fn a_live_owner_with_a_foreign_pid_is_alive_and_a_dead_one_is_cleaned() {
         std::thread::sleep(Duration::from_millis(2));
     };
     let path = Path::new(shmfab::internal::region::SHM_DIR).join(&name);
-    let jh = job_hash(&job);
+    let jh = job_hash(job);
     // Alive: scanned as alive, left alone by a clean, alive to a peer.
     let found = scan(Some(jh));
-    assert!(found.len() == 1 && found[0].alive && found[0].pid == 0x3fff_fff0, "{found:?}");
+    assert!(found.len() == 1 && found[0].alive, "{found:?}");
     assert!(clean_dead(false).iter().all(|d| d.name != name));
     assert!(path.exists(), "a clean removed a live region");
     let peer = Region::attach(&name).unwrap();
+    let (pid, start) = peer.owner();
+    assert!(!owner_alive(pid, start), "pid {pid} is alive here: not a foreign owner");
     assert!(peer.alive());
     // Dead once its owner is gone (and reaped or not).
     std::fs::write(dir.join("go"), b"").unwrap();
