@@ -524,13 +524,13 @@ pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
             continue;
         }
         let mut hdr = [0u8; 32];
-        let Ok(f) = File::open(&path) else {
-            continue;
-        };
-        let read = {
+        // Not opened (not readable): judged by its age below, as a region
+        // never initialised.
+        let f = File::open(&path).ok();
+        let read = f.as_ref().is_some_and(|f| {
             use std::os::unix::fs::FileExt;
             f.read_exact_at(&mut hdr, 0).is_ok()
-        };
+        });
         let u32_at = |i: usize| u32::from_le_bytes(hdr[i..i + 4].try_into().unwrap());
         let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());
         let pid = u32_at(16);
@@ -538,7 +538,7 @@ pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
         // The lock is looked at after the header was read: its creator
         // locks before it publishes magic, so magic seen and then no lock
         // means the owner is gone.
-        let alive = locked(&f)
+        let alive = f.as_ref().is_some_and(locked)
             || if read && magic == MAGIC {
                 owner_alive(pid, start)
             } else {
