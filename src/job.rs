@@ -132,18 +132,33 @@ pub fn job_id() -> String {
     Launch::detect().map(|l| l.job).unwrap_or_else(|_| format!("solo.{}", std::process::id()))
 }
 
-/// Start time of `pid` in clock ticks since boot, from /proc/PID/stat.
-pub fn proc_start_time(pid: u32) -> Option<u64> {
+/// State letter and start time (clock ticks since boot) of `pid`, from
+/// /proc/PID/stat.
+fn proc_stat(pid: u32) -> Option<(u8, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields follow the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
+    let mut rest = s[s.rfind(')')? + 1..].split_whitespace();
     // rest starts at field 3 (state); starttime is field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let state = *rest.next()?.as_bytes().first()?;
+    Some((state, rest.nth(18)?.parse().ok()?))
 }
 
-/// Whether the process `pid` that started at `start_time` still lives.
+/// Start time of `pid` in clock ticks since boot, from /proc/PID/stat.
+pub fn proc_start_time(pid: u32) -> Option<u64> {
+    proc_stat(pid).map(|s| s.1)
+}
+
+/// Whether the process `pid` that started at `start_time` still lives. A
+/// zombie (state Z, or X while it is reaped) is dead: it keeps its pid and
+/// start time until its parent reaps it, but it will never answer again
+/// (and its parent may be the very process waiting for it).
+///
+/// Pids mean nothing across PID namespaces: decisions that destroy
+/// something (removing a region) use the region's lock instead
+/// (`region::Region::alive`, `region::scan`); this check serves messages
+/// and the ranks of one job, which share a namespace.
 pub fn owner_alive(pid: u32, start_time: u64) -> bool {
-    pid != 0 && proc_start_time(pid) == Some(start_time)
+    pid != 0 && proc_stat(pid).is_some_and(|(state, st)| st == start_time && state != b'Z' && state != b'X')
 }
 
 #[cfg(test)]
@@ -197,5 +212,23 @@ mod tests {
         assert!(owner_alive(pid, st));
         assert!(!owner_alive(pid, st + 1), "same pid, other start time: not the owner");
         assert!(!owner_alive(0, 0));
+    }
+
+    #[test]
+    fn a_zombie_is_dead() {
+        // A child that exits and is not reaped yet stays a zombie with its
+        // pid and start time: it must count as dead.
+        let mut child = std::process::Command::new("sleep").arg("0.2").spawn().expect("spawn sleep");
+        let pid = child.id();
+        let st = proc_start_time(pid).expect("child's start time");
+        assert!(owner_alive(pid, st), "a running child is alive");
+        let t0 = std::time::Instant::now();
+        while proc_stat(pid).map(|s| s.0) != Some(b'Z') {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the child never became a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(proc_start_time(pid), Some(st), "a zombie keeps its start time");
+        assert!(!owner_alive(pid, st), "a zombie is dead");
+        child.wait().unwrap();
     }
 }

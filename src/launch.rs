@@ -29,6 +29,10 @@ struct Boot {
     map: MmapRaw,
     name: String,
     size: usize,
+    /// Holds a shared lock on the region while this rank is in the
+    /// exchange: a boot region nobody holds a lock on is a leftover
+    /// (`region::locked`), whatever pids it names.
+    lock: File,
 }
 
 impl Boot {
@@ -53,22 +57,19 @@ impl Boot {
         let mut tries = 0;
         loop {
             tries += 1;
-            let fl = rustix::shm::OFlags::RDWR | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32);
-            match rustix::shm::open(
-                name.as_str(),
-                fl | rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL,
-                0o600.into(),
-            ) {
+            match crate::region::open_shm(name.as_str(), true) {
                 Ok(fd) => {
                     let f = File::from(fd);
+                    // Locked before magic is published (see region::locked).
+                    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared)?;
                     // Reserve every page before writing any: a full /dev/shm
                     // is ENOSPC here, never a SIGBUS on a later store.
                     if let Err(e) = reserve(&f, bytes, &name) {
-                        let _ = rustix::shm::unlink(name.as_str());
+                        let _ = crate::region::unlink_shm(name.as_str());
                         return Err(e);
                     }
                     let map = MmapOptions::new().len(bytes).map_raw(&f)?;
-                    let b = Boot { map, name, size };
+                    let b = Boot { map, name, size, lock: f };
                     let h = b.map.as_mut_ptr() as *mut BootHeader;
                     let pid = std::process::id();
                     // SAFETY: fresh mapping (O_EXCL), magic still zero: nobody reads it yet.
@@ -88,21 +89,27 @@ impl Boot {
                 Err(e) => {
                     return Err(Error::with(
                         ErrorKind::from_errno(e.raw_os_error()),
-                        format!("cannot create the job's boot region /dev/shm/{name}: {e}"),
+                        format!("cannot create the job's boot region {}: {e}", crate::region::shm_path(&name)),
                     ))
                 }
             }
-            let fd = match rustix::shm::open(name.as_str(), fl, 0o600.into()) {
+            let fd = match crate::region::open_shm(name.as_str(), false) {
                 Ok(fd) => fd,
                 Err(rustix::io::Errno::NOENT) if tries < 100 => continue, // unlinked meanwhile
                 Err(e) => {
-                    return Err(Error::with(ErrorKind::from_errno(e.raw_os_error()), format!("/dev/shm/{name}: {e}")))
+                    return Err(Error::with(
+                        ErrorKind::from_errno(e.raw_os_error()),
+                        format!("{}: {e}", crate::region::shm_path(&name)),
+                    ))
                 }
             };
             let f = File::from(fd);
             let st = rustix::fs::fstat(&f)?;
             if st.st_uid != uid() || st.st_mode & 0o077 != 0 {
-                return Err(Error::with(ErrorKind::Perm, format!("/dev/shm/{name} is not this user's 0600 region")));
+                return Err(Error::with(
+                    ErrorKind::Perm,
+                    format!("{} is not this user's 0600 region", crate::region::shm_path(&name)),
+                ));
             }
             // Wait for its creator to size and initialise it.
             let mapped = loop {
@@ -117,21 +124,22 @@ impl Boot {
                     }
                 }
                 if Instant::now() > deadline {
-                    return Err(Error::with(ErrorKind::TimedOut, format!("/dev/shm/{name} was never initialised")));
+                    return Err(Error::with(
+                        ErrorKind::TimedOut,
+                        format!("{} was never initialised", crate::region::shm_path(&name)),
+                    ));
                 }
                 std::thread::sleep(Duration::from_millis(1));
             };
             let (map, len) = mapped;
-            let b = Boot { map, name: name.clone(), size };
+            let b = Boot { map, name: name.clone(), size, lock: f };
             let h = b.header();
             // SAFETY: published header fields (magic acquired).
-            let (ver, hash, n, opid, ostart) = unsafe {
+            let (ver, hash, n) = unsafe {
                 (
                     std::ptr::addr_of!(h.layout_version).read_volatile(),
                     std::ptr::addr_of!(h.layout_hash).read_volatile(),
                     std::ptr::addr_of!(h.size).read_volatile() as usize,
-                    std::ptr::addr_of!(h.owner_pid).read_volatile(),
-                    std::ptr::addr_of!(h.owner_start_time).read_volatile(),
                 )
             };
             if ver != LAYOUT_VERSION || hash != LAYOUT_HASH {
@@ -143,8 +151,8 @@ impl Boot {
             if n != size || len < PAGE + n * std::mem::size_of::<BootEntry>() {
                 // A leftover of an earlier job with the same id, or a
                 // mismatched launch.
-                if !owner_alive(opid, ostart) && tries < 3 {
-                    let _ = rustix::shm::unlink(name.as_str());
+                if !crate::region::locked(&b.lock) && tries < 3 {
+                    let _ = crate::region::unlink_shm(name.as_str());
                     continue;
                 }
                 return Err(Error::with(
@@ -158,10 +166,11 @@ impl Boot {
                 let e = b.entry(r);
                 e.state.load(Ordering::Acquire) == 1 && !owner_alive(e.pid, e.start_time)
             });
-            if stale && !owner_alive(opid, ostart) && tries < 3 {
-                let _ = rustix::shm::unlink(name.as_str());
+            if stale && !crate::region::locked(&b.lock) && tries < 3 {
+                let _ = crate::region::unlink_shm(name.as_str());
                 continue;
             }
+            rustix::fs::flock(&b.lock, rustix::fs::FlockOperation::LockShared)?;
             return Ok(b);
         }
     }
@@ -291,7 +300,7 @@ fn exchange(l: &Launch, addr: Address, ctl: Address, timeout: Duration) -> Resul
         })
         .collect();
     if b.header().departed.fetch_add(1, Ordering::AcqRel) + 1 == l.size as u32 {
-        let _ = rustix::shm::unlink(b.name.as_str());
+        let _ = crate::region::unlink_shm(b.name.as_str());
     }
     Ok(out)
 }
@@ -564,5 +573,28 @@ mod tests {
         let d = e.detail().unwrap();
         assert!(d.contains("/dev/shm/shmfab.0.x.boot") && d.contains("/dev/shm is full"), "{d}");
         assert_eq!(reserve_error(rustix::io::Errno::IO, 1, "b").kind(), ErrorKind::Io);
+    }
+
+    #[test]
+    fn a_boot_region_is_alive_while_a_rank_is_in_it_whatever_pid_it_names() {
+        // Its creator in another PID namespace: the pid means nothing here.
+        let job = format!("unit-boot-lock-{}", std::process::id());
+        let b = Boot::open(&job, 2, Instant::now() + Duration::from_secs(5)).unwrap();
+        let h = b.map.as_mut_ptr() as *mut BootHeader;
+        // SAFETY: our own boot region; only this test touches it.
+        unsafe { std::ptr::addr_of_mut!((*h).owner_pid).write(0x3fff_fff0) };
+        let jh = crate::region::job_hash(&job);
+        let alive = |name: &str| crate::region::scan(Some(jh)).iter().find(|r| r.name == name).map(|r| r.alive);
+        assert_eq!(alive(&b.name), Some(true));
+        assert!(crate::region::clean_dead(true).iter().all(|r| r.name != b.name));
+        // A second rank opening it finds it in use and joins it.
+        let b2 = Boot::open(&job, 2, Instant::now() + Duration::from_secs(5)).unwrap();
+        let name = b.name.clone();
+        drop(b);
+        assert_eq!(alive(&name), Some(true), "the second rank is still in it");
+        drop(b2);
+        // Dead, or already removed by a clean of another test's domain.
+        assert_ne!(alive(&name), Some(true), "nobody in it: a leftover");
+        let _ = crate::region::unlink_shm(name.as_str());
     }
 }

@@ -1,10 +1,27 @@
-//! Shared-memory regions under /dev/shm: one per domain.
+//! Shared-memory regions under /dev/shm (or `SHMFAB_SHM_DIR`): one per
+//! domain.
+//!
+//! **Where**: by default regions are POSIX shared memory (`shm_open`,
+//! /dev/shm). `SHMFAB_SHM_DIR` names another directory (a tmpfs of its own,
+//! a hugetlbfs mount): regions are then created there with plain `open`
+//! (same flags and mode). Every rank of a job, and `shmfab clean`,
+//! `inspect` and `info`, must see the same setting.
 //!
 //! A region is created `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, named
 //! `shmfab.<uid>.<jobhash>.<token>`; it is unlinked when its owner closes it.
 //! Peers attach on first contact, after checking magic, layout version and
-//! hash, owner uid and sizes. Regions of dead owners (pid plus start time, so
-//! a reused pid is not mistaken for the owner) are removed by
+//! hash, owner uid and sizes.
+//!
+//! **Liveness**: the owner holds an exclusive `flock` on its region file
+//! from before it publishes the header until it dies or closes the region;
+//! the kernel drops it when the process exits, whatever killed it. A
+//! region is alive while someone holds a lock on it ([`locked`]: a
+//! non-blocking exclusive lock taken on a fresh descriptor fails). This
+//! holds across PID namespaces, where the pid and start time in the header
+//! mean nothing, and a zombie owner holds no lock. The header's pid and
+//! start time only name the owner in messages, and keep alive the region
+//! of a build that took no lock while its owner lives (a pid can only make
+//! a region alive, never dead). Regions of dead owners are removed by
 //! [`clean_dead`], which the next domain creation calls.
 //!
 //! ```
@@ -24,8 +41,78 @@ use std::sync::atomic::Ordering;
 // checks of peers' regions.
 pub use crate::job::{job_id, owner_alive, proc_start_time};
 
-/// Where POSIX shared memory lives on Linux.
+/// Where POSIX shared memory lives on Linux: the default directory.
 pub const SHM_DIR: &str = "/dev/shm";
+/// The variable that names another directory for regions.
+pub const SHM_DIR_VAR: &str = "SHMFAB_SHM_DIR";
+
+/// The directory `value` of [`SHM_DIR_VAR`] names, checked: an absolute
+/// path to an existing, writable directory.
+pub fn check_dir(value: &str) -> Result<std::path::PathBuf> {
+    let bad = |why: String| Error::with(ErrorKind::Inval, format!("{SHM_DIR_VAR}={value:?}: {why}"));
+    let p = std::path::PathBuf::from(value);
+    if !p.is_absolute() {
+        return Err(bad("not an absolute path (every rank must name the same directory)".into()));
+    }
+    match std::fs::metadata(&p) {
+        Err(e) => return Err(bad(format!("cannot use it: {e}"))),
+        Ok(m) if !m.is_dir() => return Err(bad("not a directory".into())),
+        Ok(_) => {}
+    }
+    rustix::fs::access(&p, rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK)
+        .map_err(|e| bad(format!("not writable: {e}")))?;
+    Ok(p)
+}
+
+/// The directory set by [`SHM_DIR_VAR`], unchecked (None: /dev/shm
+/// through `shm_open`).
+fn dir_setting() -> Option<std::path::PathBuf> {
+    std::env::var_os(SHM_DIR_VAR).filter(|v| !v.is_empty()).map(std::path::PathBuf::from)
+}
+
+/// The directory regions live in: [`SHM_DIR_VAR`] if set (checked, an
+/// error naming the variable otherwise), else [`SHM_DIR`].
+pub fn shm_dir() -> Result<std::path::PathBuf> {
+    match std::env::var(SHM_DIR_VAR) {
+        Ok(v) if !v.is_empty() => check_dir(&v),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(Error::with(ErrorKind::Inval, format!("{SHM_DIR_VAR}={v:?}: not a valid path")))
+        }
+        _ => Ok(std::path::PathBuf::from(SHM_DIR)),
+    }
+}
+
+/// Opens the region file `name` read-write, creating it (exclusively, mode
+/// 0600) if `create`; never follows a symlink. `shm_open` by default, plain
+/// `open` in the [`SHM_DIR_VAR`] directory if set.
+pub fn open_shm(name: &str, create: bool) -> rustix::io::Result<rustix::fd::OwnedFd> {
+    let mode = rustix::fs::Mode::from_raw_mode(0o600);
+    match dir_setting() {
+        None => {
+            let mut fl = rustix::shm::OFlags::RDWR | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32);
+            if create {
+                fl |= rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL;
+            }
+            rustix::shm::open(name, fl, mode)
+        }
+        Some(dir) => {
+            use rustix::fs::OFlags;
+            let mut fl = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            if create {
+                fl |= OFlags::CREATE | OFlags::EXCL;
+            }
+            rustix::fs::open(dir.join(name), fl, mode)
+        }
+    }
+}
+
+/// Removes the region file `name` (from where [`open_shm`] opens it).
+pub fn unlink_shm(name: &str) -> rustix::io::Result<()> {
+    match dir_setting() {
+        None => rustix::shm::unlink(name),
+        Some(dir) => rustix::fs::unlink(dir.join(name)),
+    }
+}
 /// Prefix of every region name.
 pub const PREFIX: &str = "shmfab.";
 
@@ -64,21 +151,24 @@ unsafe impl Send for Region {}
 // SAFETY: as above; `Region` hands out raw pointers only.
 unsafe impl Sync for Region {}
 
-fn shm_path(name: &str) -> String {
-    format!("{SHM_DIR}/{name}")
+/// Where the region file `name` is (for messages and the tools).
+pub fn shm_path(name: &str) -> String {
+    format!("{}/{name}", dir_setting().as_deref().unwrap_or(std::path::Path::new(SHM_DIR)).display())
 }
 
 fn space_hint(e: &Error) -> Error {
+    let dir = dir_setting().unwrap_or_else(|| SHM_DIR.into());
+    let dir = dir.display();
     match e.kind() {
         ErrorKind::NoSpc | ErrorKind::NoMem => Error::with(
             e.kind(),
             format!(
-                "{e}: /dev/shm is too small or full; free space with `shmfab clean`, \
-                 or enlarge it (mount -o remount,size=... /dev/shm)"
+                "{e}: {dir} is too small or full; free space with `shmfab clean`, \
+                 or enlarge it (mount -o remount,size=... {dir})"
             ),
         ),
         ErrorKind::Perm => {
-            Error::with(e.kind(), format!("{e}: /dev/shm refused access; check its mount options and permissions"))
+            Error::with(e.kind(), format!("{e}: {dir} refused access; check its mount options and permissions"))
         }
         _ => e.clone(),
     }
@@ -91,20 +181,14 @@ impl Region {
         if n_eps == 0 || n_eps > 256 || n_counters > 4096 {
             return Err(Error::with(ErrorKind::Inval, "n_eps must be 1..=256 and n_counters at most 4096"));
         }
+        shm_dir()?;
         let uid = uid();
         let size = region_size(g, n_eps, n_counters);
         let mut tries = 0;
         let (name, fd) = loop {
             let token: u64 = rand::random::<u64>() | 1;
             let name = region_name(uid, job, token);
-            match rustix::shm::open(
-                name.as_str(),
-                rustix::shm::OFlags::CREATE
-                    | rustix::shm::OFlags::EXCL
-                    | rustix::shm::OFlags::RDWR
-                    | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32),
-                rustix::fs::Mode::from_raw_mode(0o600),
-            ) {
+            match open_shm(name.as_str(), true) {
                 Ok(fd) => break (name, fd),
                 Err(rustix::io::Errno::EXIST) if tries < 8 => tries += 1,
                 Err(e) => {
@@ -117,9 +201,19 @@ impl Region {
         };
         let file = File::from(fd);
         let cleanup = |e: Error| {
-            let _ = rustix::shm::unlink(name.as_str());
+            let _ = unlink_shm(name.as_str());
             space_hint(&e)
         };
+        // The owner's lock, held until the file is closed (on drop, or by
+        // the kernel when we die); taken before the header is published,
+        // so a region with magic set and no lock has a dead owner. Blocking:
+        // a scan may hold it for an instant (`locked`).
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
+            cleanup(Error::with(
+                ErrorKind::from_errno(e.raw_os_error()),
+                format!("cannot lock {}: {e}", shm_path(&name)),
+            ))
+        })?;
         file.set_len(size as u64).map_err(|e| cleanup(Error::from(e)))?;
         // Reserve the header and counter pages now, so a full /dev/shm is an
         // error here rather than a SIGBUS later; endpoint sections are
@@ -158,12 +252,8 @@ impl Region {
         if !name.starts_with(PREFIX) || name.contains('/') || name.len() > 200 {
             return Err(Error::with(ErrorKind::Inval, format!("not a shmfab region name: {name:?}")));
         }
-        let fd = rustix::shm::open(
-            name,
-            rustix::shm::OFlags::RDWR | rustix::shm::OFlags::from_bits_retain(libc::O_NOFOLLOW as u32),
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| {
+        shm_dir()?;
+        let fd = open_shm(name, false).map_err(|e| {
             let kind = match e {
                 rustix::io::Errno::NOENT => ErrorKind::AddrNotAvail,
                 _ => ErrorKind::from_errno(e.raw_os_error()),
@@ -266,7 +356,7 @@ impl Region {
         &self.file
     }
 
-    /// The region's name (its address in /dev/shm).
+    /// The region's name (its file in /dev/shm or `SHMFAB_SHM_DIR`).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -317,6 +407,17 @@ impl Region {
         }
     }
 
+    /// Whether the region's owner still lives: it holds its lock (see the
+    /// module's doc), or, for a region of a build that took none, its pid
+    /// and start time still name a live process. Always true of our own.
+    pub fn alive(&self) -> bool {
+        if self.owned {
+            return true;
+        }
+        let (pid, start) = self.owner();
+        locked(&self.file) || owner_alive(pid, start)
+    }
+
     /// Pointer to `T` at `off`, bounds- and alignment-checked.
     pub fn at<T>(&self, off: usize) -> Result<*mut T> {
         let end = off.checked_add(std::mem::size_of::<T>());
@@ -346,7 +447,7 @@ impl Drop for Region {
             // needs publishing (a peer that reads CLOSING only fails what it
             // has pending with us), so the release is more than needed.
             self.header().state.store(state::CLOSING, Ordering::Release);
-            let _ = rustix::shm::unlink(self.name.as_str());
+            let _ = unlink_shm(self.name.as_str());
         }
     }
 }
@@ -363,14 +464,31 @@ fn fallocate(file: &File, off: usize, len: usize) -> Result<()> {
     })
 }
 
+/// Whether some process holds a lock on `file`'s region (its owner, or
+/// the ranks of a starting job on a boot region): a non-blocking exclusive
+/// lock on this descriptor fails. `file` must be an open of its own (not
+/// the owner's descriptor, whose lock this would take over). When the lock
+/// is free it is taken for an instant and released; an error other than
+/// "held" counts as held (never call a region dead on a doubt).
+pub fn locked(file: &File) -> bool {
+    use rustix::fs::{flock, FlockOperation};
+    match flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {
+            let _ = flock(file, FlockOperation::Unlock);
+            false
+        }
+        Err(_) => true,
+    }
+}
+
 /// What [`scan`] found about one region file.
 #[derive(Debug, Clone)]
 pub struct RegionInfo {
-    /// File name under /dev/shm.
+    /// File name in /dev/shm (or `SHMFAB_SHM_DIR`).
     pub name: String,
     /// Owner pid (0 if the header was unreadable).
     pub pid: u32,
-    /// Whether its owner lives.
+    /// Whether its owner lives (it holds its lock; see the module's doc).
     pub alive: bool,
     /// Layout version written in it.
     pub layout_version: u32,
@@ -380,11 +498,13 @@ pub struct RegionInfo {
     pub size: u64,
 }
 
-/// Lists this user's regions (optionally of one job) with their owners' state.
+/// Lists this user's regions (optionally of one job) with their owners'
+/// state, in [`shm_dir`] (none if it is not usable: the tools check it
+/// first with [`shm_dir`] to say why).
 pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
     let prefix = format!("{PREFIX}{}.", uid());
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
+    let Ok(dir) = shm_dir().and_then(|d| std::fs::read_dir(d).map_err(Error::from)) else {
         return out;
     };
     for ent in dir.flatten() {
@@ -404,23 +524,28 @@ pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
             continue;
         }
         let mut hdr = [0u8; 32];
-        let read = File::open(&path)
-            .and_then(|f| {
-                use std::os::unix::fs::FileExt;
-                f.read_exact_at(&mut hdr, 0)
-            })
-            .is_ok();
+        // Not opened (not readable): judged by its age below, as a region
+        // never initialised.
+        let f = File::open(&path).ok();
+        let read = f.as_ref().is_some_and(|f| {
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut hdr, 0).is_ok()
+        });
         let u32_at = |i: usize| u32::from_le_bytes(hdr[i..i + 4].try_into().unwrap());
         let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());
         let pid = u32_at(16);
         let start = u64::from_le_bytes(hdr[24..32].try_into().unwrap());
-        let alive = if read && magic == MAGIC {
-            owner_alive(pid, start)
-        } else {
-            // Not initialised: alive while young (its creator may be between
-            // open and the magic store), dead after 30 s.
-            meta.modified().ok().and_then(|m| m.elapsed().ok()).is_none_or(|age| age.as_secs() < 30)
-        };
+        // The lock is looked at after the header was read: its creator
+        // locks before it publishes magic, so magic seen and then no lock
+        // means the owner is gone.
+        let alive = f.as_ref().is_some_and(locked)
+            || if read && magic == MAGIC {
+                owner_alive(pid, start)
+            } else {
+                // Not initialised: alive while young (its creator may be
+                // between open and the magic store), dead after 30 s.
+                meta.modified().ok().and_then(|m| m.elapsed().ok()).is_none_or(|age| age.as_secs() < 30)
+            };
         out.push(RegionInfo {
             name,
             pid: if magic == MAGIC { pid } else { 0 },
@@ -439,7 +564,7 @@ pub fn clean_dead(dry_run: bool) -> Vec<RegionInfo> {
     let dead: Vec<_> = scan(None).into_iter().filter(|r| !r.alive).collect();
     if !dry_run {
         for r in &dead {
-            let _ = rustix::shm::unlink(r.name.as_str());
+            let _ = unlink_shm(r.name.as_str());
         }
     }
     dead
@@ -449,7 +574,7 @@ pub fn clean_dead(dry_run: bool) -> Vec<RegionInfo> {
 pub fn remove_job(job: u32) -> usize {
     let all = scan(Some(job));
     for r in &all {
-        let _ = rustix::shm::unlink(r.name.as_str());
+        let _ = unlink_shm(r.name.as_str());
     }
     all.len()
 }
@@ -502,6 +627,41 @@ mod tests {
         let e = r.reserve(sec_off, huge.section_size()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NoSpc, "{e}");
         assert!(e.to_string().contains("/dev/shm is too small or full"), "{e}");
+    }
+
+    #[test]
+    fn a_region_is_alive_while_locked_whatever_pid_its_header_says() {
+        // A live owner in another PID namespace writes a pid and start time
+        // that mean nothing here: its region stays alive, and is not cleaned.
+        let job = job_hash(&format!("unit-lock-{}", std::process::id()));
+        let r = Region::create(job, &EpGeometry::DEFAULT, 1, 1).unwrap();
+        // SAFETY: our own fresh region; only this test touches it.
+        unsafe {
+            let h = r.base() as *mut RegionHeader;
+            std::ptr::addr_of_mut!((*h).owner_pid).write(0x3fff_fff0);
+            std::ptr::addr_of_mut!((*h).owner_start_time).write(1);
+        }
+        assert!(!owner_alive(0x3fff_fff0, 1), "the recorded owner is no live process here");
+        let p = Region::attach(r.name()).unwrap();
+        assert!(p.alive(), "the owner holds its lock");
+        let found = scan(Some(job));
+        assert_eq!(found.len(), 1);
+        assert!(found[0].alive, "{found:?}");
+        assert!(clean_dead(true).iter().all(|d| d.name != r.name()), "a live region would be cleaned");
+        // The lock is what keeps it alive: released, the region is dead.
+        rustix::fs::flock(r.file(), rustix::fs::FlockOperation::Unlock).unwrap();
+        assert!(!p.alive());
+        // Dead, or already removed by a clean of another test's domain.
+        assert!(scan(Some(job)).iter().all(|r| !r.alive));
+    }
+
+    #[test]
+    fn the_shm_dir_setting_is_checked() {
+        let err = |v: &str| check_dir(v).unwrap_err().to_string();
+        assert!(err("relative/dir").contains("SHMFAB_SHM_DIR=\"relative/dir\": not an absolute path"));
+        assert!(err("/nonexistent/shmfab").contains("SHMFAB_SHM_DIR=\"/nonexistent/shmfab\": cannot use it"));
+        assert!(err("/proc/self/stat").contains("not a directory"));
+        assert_eq!(check_dir("/dev/shm").unwrap(), std::path::PathBuf::from("/dev/shm"));
     }
 
     #[test]

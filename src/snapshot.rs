@@ -155,10 +155,10 @@ pub struct BootSnapshot {
     pub departed: u32,
 }
 
-/// The boot region `name` (under /dev/shm), if it is readable and
-/// initialised.
+/// The boot region `name` (in /dev/shm or `SHMFAB_SHM_DIR`), if it is
+/// readable and initialised.
 pub fn boot(name: &str) -> Option<BootSnapshot> {
-    let path = format!("{}/{name}", crate::region::SHM_DIR);
+    let path = crate::region::shm_path(name);
     let f = std::fs::File::open(path).ok()?;
     // SAFETY: a read-only private mapping of a file we just opened; we only
     // read atomics and integers from it.

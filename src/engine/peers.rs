@@ -323,7 +323,7 @@ impl Peers {
     }
 
     /// Why peer `p` can no longer answer, if it cannot: its process died
-    /// (pid and start time), its region is closing, or its endpoint closed.
+    /// (it no longer holds its region's lock), its region is closing, or its endpoint closed.
     pub fn gone_reason(&mut self, me: Address, regions: &mut HashMap<String, Arc<Region>>, p: usize) -> Option<String> {
         let addr = self.list[p].addr;
         let who = crate::av::AddressVector::straddr(&addr);
@@ -341,8 +341,8 @@ impl Peers {
             }
         }
         let region = self.list[p].region.as_ref()?;
-        let (pid, start) = region.owner();
-        if !crate::region::owner_alive(pid, start) {
+        let pid = region.owner().0;
+        if !region.alive() {
             return Some(format!("peer {who} (pid {pid}) died"));
         }
         if region.header().state.load(Ordering::Acquire) != shm_layout::state::READY {

@@ -34,6 +34,8 @@ fn who(all: &[RegionInfo], a: &shm_layout::Address) -> String {
 /// named that has no region is `NoEnt` (the command exits non-zero); with
 /// no job named, no region at all is an empty report, not an error.
 pub fn inspect(job: Option<u32>) -> Result<String> {
+    // Where the regions are: an unusable SHMFAB_SHM_DIR is an error.
+    shmfab::internal::region::shm_dir()?;
     let all = scan(None);
     let mine: Vec<&RegionInfo> = all.iter().filter(|r| job.is_none_or(|j| r.job == j)).collect();
     let mut out = String::new();

@@ -45,7 +45,7 @@ enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Version, layout, thresholds in force, CMA, /dev/shm, topology, and
+    /// Version, layout, thresholds in force, CMA, /dev/shm (or SHMFAB_SHM_DIR), topology, and
     /// memory per rank for N ranks
     Info(InfoArgs),
 }
@@ -255,10 +255,7 @@ fn main() {
         Cmd::Bench(a) => cmd_bench(&a),
         Cmd::Compare(a) => cmd_compare(&a),
         Cmd::Inspect { job } => cmd_inspect(job.as_deref()),
-        Cmd::Clean { dry_run } => {
-            cmd_clean(dry_run);
-            Ok(())
-        }
+        Cmd::Clean { dry_run } => cmd_clean(dry_run),
         Cmd::Info(a) => {
             let cfg = cfg.unwrap_or_default();
             if let Err(e) = footprint_fits(&cfg, &a) {
@@ -306,7 +303,10 @@ fn cmd_inspect(job: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_clean(dry_run: bool) {
+fn cmd_clean(dry_run: bool) -> Result<(), String> {
+    // Where the regions are (SHMFAB_SHM_DIR or /dev/shm); an unusable
+    // setting is an error, not "nothing to clean".
+    shmfab::internal::region::shm_dir().map_err(|e| e.to_string())?;
     let dead = shmfab::internal::region::clean_dead(dry_run);
     for r in &dead {
         let verb = if dry_run { "would remove" } else { "removed" };
@@ -315,6 +315,7 @@ fn cmd_clean(dry_run: bool) {
     if dead.is_empty() {
         println!("no regions of dead owners");
     }
+    Ok(())
 }
 
 fn exe() -> Result<PathBuf, String> {
@@ -708,13 +709,17 @@ fn cmd_info(o: &InfoArgs, cfg: shmfab::Config) -> Result<(), String> {
     );
     let cma = if shmfab::internal::cma::available() { "available" } else { "refused" };
     println!("CMA (process_vm_readv): {cma} (policy {:?})", cfg.cma);
-    match rustix::fs::statvfs("/dev/shm") {
-        Ok(s) => println!(
-            "/dev/shm: {} MiB, {} MiB free",
-            s.f_blocks * s.f_frsize / (1 << 20),
-            s.f_bavail * s.f_frsize / (1 << 20)
-        ),
-        Err(e) => println!("/dev/shm: cannot stat: {e}"),
+    match shmfab::internal::region::shm_dir() {
+        Ok(dir) => match rustix::fs::statvfs(&dir) {
+            Ok(s) => println!(
+                "{}: {} MiB, {} MiB free",
+                dir.display(),
+                s.f_blocks * s.f_frsize / (1 << 20),
+                s.f_bavail * s.f_frsize / (1 << 20)
+            ),
+            Err(e) => println!("{}: cannot stat: {e}", dir.display()),
+        },
+        Err(e) => println!("shared memory directory: {e}"),
     }
     match shmfab_tools::topo::discover() {
         Ok(t) => {
