@@ -749,7 +749,16 @@ impl CompletionQueue {
                 WaitObj::Yield => std::thread::yield_now(),
                 _ => {
                     let dom = crate::Domain { inner: self.dom.clone() };
-                    dom.wait_for(left, || self.signaled.load(Acquire));
+                    // The re-check before sleeping also looks at the CQ:
+                    // entries made by another thread (the progress
+                    // thread) must not be slept through.
+                    let ready = || {
+                        self.signaled.load(Acquire)
+                            || self
+                                .with(false, |c| Ok(!c.errors.is_empty() || c.overrun || c.entries.len() >= want))
+                                .unwrap_or(true)
+                    };
+                    dom.wait_for(left, ready);
                 }
             }
         }

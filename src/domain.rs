@@ -102,6 +102,16 @@ fn cq_entries(st: &DomainState) -> usize {
     st.cqs.iter().map(|(_, c)| c.entries.len() + c.errors.len()).sum()
 }
 
+/// A digest of the open counters' values and errors: it changes when a
+/// pass counts something.
+fn counters_digest(st: &DomainState, counters: &[shm_layout::Counter]) -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    st.cntrs.iter().fold(0u64, |h, (id, _)| {
+        let c = &counters[id];
+        (h.rotate_left(7) ^ c.value.v.load(Relaxed)).rotate_left(13) ^ c.err.v.load(Relaxed)
+    })
+}
+
 /// A domain (see the module docs).
 #[derive(Clone)]
 pub struct Domain {
@@ -515,18 +525,21 @@ impl Domain {
                     let Some(inner) = weak.upgrade() else { return };
                     let (busy, made) = match inner.lock() {
                         Ok(mut s) => {
-                            let before = cq_entries(&s);
+                            let before = (cq_entries(&s), counters_digest(&s, inner.counters()));
                             inner.progress(&mut s);
-                            (s.eps.iter().flatten().any(|e| e.tx.any_busy()), cq_entries(&s) > before)
+                            let after = (cq_entries(&s), counters_digest(&s, inner.counters()));
+                            (s.eps.iter().flatten().any(|e| e.tx.any_busy()), after.0 > before.0 || after.1 != before.1)
                         }
                         Err(_) => (false, false),
                     };
-                    if made && inner.region.header().doorbell.sleepers.load(Acquire) != 0 {
-                        // Completions made here, with no doorbell rung by
-                        // anyone (sends that waited for ring room, ...):
-                        // ring our own, so an armed bridge makes the FD and
-                        // condvar wait objects ready and sread wakes up.
-                        crate::doorbell::wake_all(&inner.region.header().doorbell);
+                    if made {
+                        // Completions made or counted here, with no
+                        // doorbell rung by anyone (sends that waited for
+                        // ring room, ...): ring our own (only if someone
+                        // sleeps), so an armed bridge makes the FD and
+                        // condvar wait objects ready and sread, a counter's
+                        // wait or a wait set's wakes up.
+                        crate::doorbell::ring(&inner.region.header().doorbell);
                     }
                     let db = &inner.region.header().doorbell as *const shm_layout::Doorbell as usize;
                     // Sleep without keeping the domain alive.
