@@ -1,6 +1,9 @@
 //! Counters as in fi_cntr(3): a success value and an error value, both in
 //! the domain's shared region (so remote events can update them later);
-//! `read` and `readerr` drive progress first.
+//! `read` and `readerr` drive progress first. The application's `add`,
+//! `set` and their error twins ring the domain's doorbell when someone
+//! sleeps on it, so a waiter ([`Counter::wait`], a wait set holding the
+//! counter, an armed fd bridge) wakes at once.
 
 use crate::domain::{Domain, DomainInner};
 use crate::engine::complete::{count, set, Val};
@@ -70,27 +73,39 @@ impl Counter {
         Ok(self.shm()?.err.v.load(Ordering::Acquire))
     }
 
-    /// Adds to the success value.
+    /// After a change made by the application: wakes whoever sleeps on the
+    /// domain's doorbell (nothing to do, no system call, when nobody does).
+    /// Completions counted by a progress pass need no ring: that thread is
+    /// awake, and the progress thread rings for what it counts.
+    fn changed(&self) {
+        crate::doorbell::ring(&self.dom.region.header().doorbell);
+    }
+
+    /// Adds to the success value (waking its waiters).
     pub fn add(&self, v: u64) -> Result<()> {
         count(self.shm()?, Val::Success, v);
+        self.changed();
         Ok(())
     }
 
-    /// Sets the success value.
+    /// Sets the success value (waking its waiters).
     pub fn set(&self, v: u64) -> Result<()> {
         set(self.shm()?, Val::Success, v);
+        self.changed();
         Ok(())
     }
 
-    /// Adds to the error value.
+    /// Adds to the error value (waking its waiters).
     pub fn adderr(&self, v: u64) -> Result<()> {
         count(self.shm()?, Val::Error, v);
+        self.changed();
         Ok(())
     }
 
-    /// Sets the error value.
+    /// Sets the error value (waking its waiters).
     pub fn seterr(&self, v: u64) -> Result<()> {
         set(self.shm()?, Val::Error, v);
+        self.changed();
         Ok(())
     }
 
@@ -118,7 +133,11 @@ impl Counter {
                     format!("counter below {threshold} after {timeout_ms} ms"),
                 ));
             }
-            dom.wait_for(left, || c.value.v.load(Ordering::Acquire) >= threshold);
+            // SYNC: pairs with the release writes in engine::complete; the
+            // doorbell's fences order these loads against an add's ring.
+            dom.wait_for(left, || {
+                c.value.v.load(Ordering::Acquire) >= threshold || c.err.v.load(Ordering::Acquire) != err0
+            });
         }
     }
 

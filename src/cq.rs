@@ -690,8 +690,10 @@ impl CompletionQueue {
 
     /// fi_cq_sread: as `read`, but waits (without spinning, with the
     /// Unspec wait object) until a completion is there, or, with
-    /// FI_CQ_COND_THRESHOLD, until `cond` entries are; `timeout_ms` < 0
-    /// waits forever. `-FI_EAGAIN` on timeout or when `signal` interrupts.
+    /// FI_CQ_COND_THRESHOLD, until `cond` entries are (at most `out.len()`;
+    /// `-FI_EINVAL` above the CQ's size, which it never holds); `timeout_ms`
+    /// < 0 waits forever. `-FI_EAGAIN` on timeout or when `signal`
+    /// interrupts.
     pub fn sread<T: CqFormatEntry>(&self, out: &mut [T], cond: Option<usize>, timeout_ms: i32) -> Result<usize> {
         self.sread_impl(out, None, cond, timeout_ms)
     }
@@ -715,7 +717,7 @@ impl CompletionQueue {
         timeout_ms: i32,
     ) -> Result<usize> {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        let (wait_obj, wait_cond) = self.with(false, |c| Ok((c.wait_obj, c.wait_cond)))?;
+        let (wait_obj, wait_cond, size) = self.with(false, |c| Ok((c.wait_obj, c.wait_cond, c.size)))?;
         if wait_obj == WaitObj::None || wait_obj == WaitObj::Set {
             return Err(Error::with(
                 ErrorKind::Inval,
@@ -726,6 +728,15 @@ impl CompletionQueue {
             WaitCond::Threshold => cond.unwrap_or(1).clamp(1, out.len().max(1)),
             WaitCond::None => 1,
         };
+        if want > size {
+            // Back-pressure keeps the CQ at `size` entries: a threshold
+            // above it would be waited for forever (spinning, as the
+            // messages held back keep the doorbell's re-check busy).
+            return Err(Error::with(
+                ErrorKind::Inval,
+                format!("sread threshold {want} is above the CQ's size {size}: it can never be reached"),
+            ));
+        }
         let deadline =
             (timeout_ms >= 0).then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64));
         loop {
@@ -752,7 +763,16 @@ impl CompletionQueue {
                 WaitObj::Yield => std::thread::yield_now(),
                 _ => {
                     let dom = crate::Domain { inner: self.dom.clone() };
-                    dom.wait_for(left, || self.signaled.load(Acquire));
+                    // The re-check before sleeping also looks at the CQ:
+                    // entries made by another thread (the progress
+                    // thread) must not be slept through.
+                    let ready = || {
+                        self.signaled.load(Acquire)
+                            || self
+                                .with(false, |c| Ok(!c.errors.is_empty() || c.overrun || c.entries.len() >= want))
+                                .unwrap_or(true)
+                    };
+                    dom.wait_for(left, ready);
                 }
             }
         }

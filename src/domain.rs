@@ -103,6 +103,16 @@ fn cq_entries(st: &DomainState) -> usize {
     st.cqs.iter().map(|(_, c)| c.entries.len() + c.errors.len()).sum()
 }
 
+/// A digest of the open counters' values and errors: it changes when a
+/// pass counts something.
+fn counters_digest(st: &DomainState, counters: &[shm_layout::Counter]) -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    st.cntrs.iter().fold(0u64, |h, (id, _)| {
+        let c = &counters[id];
+        (h.rotate_left(7) ^ c.value.v.load(Relaxed)).rotate_left(13) ^ c.err.v.load(Relaxed)
+    })
+}
+
 /// A domain (see the module docs).
 #[derive(Clone)]
 pub struct Domain {
@@ -326,6 +336,40 @@ impl DomainInner {
     fn has_inbound(&self, st: &DomainState) -> bool {
         st.eps.iter().flatten().any(|ep| ep.polled() && ep.inbound_ready())
     }
+
+    /// Whether any enabled endpoint has something pending with a peer not
+    /// yet known to be gone: a sleeper must then wake every peer-check
+    /// period, so that a peer that dies meanwhile is noticed (nothing else
+    /// would ring for it).
+    fn waits_on_peers(&self, st: &DomainState) -> bool {
+        st.eps
+            .iter()
+            .flatten()
+            .any(|ep| ep.enabled && (0..ep.peers.len()).any(|p| ep.peers[p].gone.is_none() && ep.pending_with(p)))
+    }
+
+    /// How long a sleep on the doorbell may last: 1 ms while sends wait
+    /// for ring room or pool chunks, or an overflow queue is blocked by a
+    /// claim that may be dead (nothing will ring for those); the
+    /// peer-check period while something is pending with a live peer;
+    /// else long.
+    fn sleep_cap(&self, st: &DomainState) -> Duration {
+        if st.eps.iter().flatten().any(|e| e.local_work()) {
+            Duration::from_millis(1)
+        } else if self.waits_on_peers(st) {
+            self.cfg.peer_check
+        } else {
+            Duration::from_secs(3600)
+        }
+    }
+
+    /// The next progress pass of every endpoint looks at the clock (and
+    /// checks peers for life when a period has passed): after a sleep.
+    fn check_soon(st: &mut DomainState) {
+        for ep in st.eps.iter_mut().flatten() {
+            ep.check_now = true;
+        }
+    }
 }
 
 impl Domain {
@@ -356,13 +400,14 @@ impl Domain {
     }
 
     /// Sleeps as [`Domain::wait`] until `done()` or `timeout` (None:
-    /// forever). While sends wait for ring room or pool chunks (which do not
-    /// ring the doorbell) it sleeps in 1 ms slices.
+    /// forever), at most one slice: 1 ms while sends wait for ring room or
+    /// pool chunks (which do not ring the doorbell), the peer-check period
+    /// while something is pending with a peer (whose death rings nothing).
+    /// After a sleep the next progress pass checks peers for life, so a
+    /// caller that loops (progress, re-check, `wait_for`) notices a dead
+    /// peer within about two periods however long its own timeout.
     pub(crate) fn wait_for(&self, timeout: Option<Duration>, done: impl Fn() -> bool) {
-        // Sends waiting for room, or an overflow queue blocked by a claim
-        // that may be dead: nothing will ring for those, so look again soon.
-        let local = self.inner.lock().map(|st| st.eps.iter().flatten().any(|e| e.local_work())).unwrap_or(true);
-        let cap = if local { Duration::from_millis(1) } else { Duration::from_secs(3600) };
+        let cap = self.inner.lock().map(|st| self.inner.sleep_cap(&st)).unwrap_or(Duration::from_millis(1));
         self.sleep(timeout.map_or(cap, |t| t.min(cap)), done);
     }
 
@@ -383,9 +428,7 @@ impl Domain {
             self.inner.sleeps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // Time passed: let the next progress pass check peers' lives.
             if let Ok(mut st) = self.inner.lock() {
-                for ep in st.eps.iter_mut().flatten() {
-                    ep.check_now = true;
-                }
+                DomainInner::check_soon(&mut st);
             }
         }
     }
@@ -394,7 +437,11 @@ impl Domain {
     /// CQs' wait fds ([`crate::CompletionQueue::wait_fd`]) will become readable
     /// when something arrives, so the caller may block in poll, select or
     /// epoll; `-FI_EAGAIN` when it should read the CQs first. Only CQs with
-    /// [`WaitObj::Fd`](crate::WaitObj::Fd) may be given.
+    /// [`WaitObj::Fd`](crate::WaitObj::Fd) may be given. While something
+    /// is pending with a peer, the fds also become readable after each
+    /// peer-check period (`SHMFAB_PEER_CHECK_MS`), so that the next
+    /// trywait checks peers' lives: an operation pending with a peer that
+    /// died fails while the application blocks on the fds.
     pub fn trywait(&self, cqs: &[&crate::CompletionQueue]) -> Result<()> {
         self.trywait_with(cqs, &[], &[])
     }
@@ -417,6 +464,9 @@ impl Domain {
         let mut moved = false;
         {
             let mut st = self.inner.lock()?;
+            // The caller is about to block, or has just woken (maybe by the
+            // bridge's peer-check timeout): check peers' lives now.
+            DomainInner::check_soon(&mut st);
             self.inner.progress(&mut st);
             for c in cntrs {
                 if !Arc::ptr_eq(&c.dom, &self.inner) {
@@ -465,6 +515,7 @@ impl Domain {
     /// The fd half of trywait for completion channels: no CQs to look at.
     pub(crate) fn trywait_fds(&self) -> Result<()> {
         let mut st = self.inner.lock()?;
+        DomainInner::check_soon(&mut st);
         self.inner.progress(&mut st);
         self.arm_bridge(&st)
     }
@@ -474,15 +525,28 @@ impl Domain {
         let bridge = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
         let bridge =
             bridge.as_ref().ok_or_else(|| Error::with(ErrorKind::Inval, "no FD wait object in this domain"))?;
-        if bridge.is_armed() {
-            return Ok(()); // an earlier trywait's announcement still stands
+        // While something is pending with a peer, the bridge fires after a
+        // peer-check period even if nothing rang (a peer's death rings
+        // nothing): the application wakes, and its next trywait checks
+        // peers' lives.
+        let period = self.inner.waits_on_peers(st).then_some(self.inner.cfg.peer_check);
+        match bridge.armed() {
+            // An earlier trywait's announcement still stands.
+            Some(timed) if timed || period.is_none() => return Ok(()),
+            // It sleeps without a period, and one is needed now: make it
+            // fire (the fds become readable; the next trywait arms anew).
+            Some(_) => {
+                crate::doorbell::wake_all(db);
+                return Ok(());
+            }
+            None => {}
         }
         let seen = crate::doorbell::announce(db);
         if self.inner.has_inbound(st) {
             db.sleepers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             return Err(Error::AGAIN);
         }
-        bridge.arm(seen);
+        bridge.arm(seen, period);
         Ok(())
     }
 
@@ -509,6 +573,7 @@ impl Domain {
             .name("shmfab-progress".into())
             .spawn(move || {
                 use std::sync::atomic::Ordering::Acquire;
+                let mut slept = false;
                 loop {
                     if st.load(Acquire) {
                         return;
@@ -516,18 +581,25 @@ impl Domain {
                     let Some(inner) = weak.upgrade() else { return };
                     let (busy, made) = match inner.lock() {
                         Ok(mut s) => {
-                            let before = cq_entries(&s);
+                            if slept {
+                                // Time passed: check peers' lives when due.
+                                DomainInner::check_soon(&mut s);
+                            }
+                            let before = (cq_entries(&s), counters_digest(&s, inner.counters()));
                             inner.progress(&mut s);
-                            (s.eps.iter().flatten().any(|e| e.tx.any_busy()), cq_entries(&s) > before)
+                            let after = (cq_entries(&s), counters_digest(&s, inner.counters()));
+                            (s.eps.iter().flatten().any(|e| e.tx.any_busy()), after.0 > before.0 || after.1 != before.1)
                         }
                         Err(_) => (false, false),
                     };
-                    if made && inner.region.header().doorbell.sleepers.load(Acquire) != 0 {
-                        // Completions made here, with no doorbell rung by
-                        // anyone (sends that waited for ring room, ...):
-                        // ring our own, so an armed bridge makes the FD and
-                        // condvar wait objects ready and sread wakes up.
-                        crate::doorbell::wake_all(&inner.region.header().doorbell);
+                    if made {
+                        // Completions made or counted here, with no
+                        // doorbell rung by anyone (sends that waited for
+                        // ring room, ...): ring our own (only if someone
+                        // sleeps), so an armed bridge makes the FD and
+                        // condvar wait objects ready and sread, a counter's
+                        // wait or a wait set's wakes up.
+                        crate::doorbell::ring(&inner.region.header().doorbell);
                     }
                     let db = &inner.region.header().doorbell as *const shm_layout::Doorbell as usize;
                     // Sleep without keeping the domain alive.
@@ -541,7 +613,7 @@ impl Domain {
                     // `st` was set and we returned above.
                     let db = unsafe { &*(db as *const shm_layout::Doorbell) };
                     let slice = if busy { Duration::from_millis(1) } else { Duration::from_millis(50) };
-                    crate::doorbell::wait(db, || st.load(Acquire), Some(slice));
+                    slept = !crate::doorbell::wait(db, || st.load(Acquire), Some(slice));
                 }
             })
             .map_err(|e| Error::with(ErrorKind::NoMem, format!("cannot start the progress thread: {e}")))?;

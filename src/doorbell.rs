@@ -97,10 +97,10 @@ pub fn wait(db: &shm_layout::Doorbell, mut has_work: impl FnMut() -> bool, timeo
     false
 }
 
-/// Sleeps on `word` while it holds `val` (no timeout; spurious returns
-/// possible).
-pub(crate) fn futex_wait_shared(word: &crate::sync::AtomicU32, val: u32) {
-    futex_wait(word, val, None)
+/// Sleeps on `word` while it holds `val`, at most `timeout` (None: no
+/// limit); spurious returns possible.
+pub(crate) fn futex_wait_shared(word: &crate::sync::AtomicU32, val: u32, timeout: Option<Duration>) {
+    futex_wait(word, val, timeout)
 }
 
 /// Announces a sleeper and makes the barrier that pairs with `ring`:

@@ -8,13 +8,17 @@
 //! of the domain. That thread sleeps on the futex; a sender that rings the
 //! doorbell wakes it, and it makes every FD CQ of the domain readable, then
 //! withdraws its announcement. Senders pay for a wake-up only while an
-//! application is really blocked on an fd.
+//! application is really blocked on an fd. While something is pending with
+//! a peer, trywait arms the bridge with the peer-check period: it then
+//! fires when that passes even if nothing rang (a peer's death rings
+//! nothing), and the application's next trywait checks peers' lives.
 //!
 //! [`WaitObj::Fd`]: crate::cq::WaitObj::Fd
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// The bridge of one domain.
 pub(crate) struct Bridge {
@@ -23,8 +27,9 @@ pub(crate) struct Bridge {
 }
 
 struct Shared {
-    /// Some(futex value seen) while armed and not yet fired.
-    armed: Mutex<Option<u32>>,
+    /// While armed and not yet fired: the futex value seen, and when to
+    /// fire even if nothing rang.
+    armed: Mutex<Option<(u32, Option<Instant>)>>,
     cv: Condvar,
     stop: AtomicBool,
     /// The eventfds to make readable.
@@ -107,15 +112,18 @@ impl Bridge {
         self.shared.fds.lock().unwrap_or_else(|p| p.into_inner()).retain(|f| f.as_raw_fd() != raw);
     }
 
-    /// Whether an earlier trywait's arming has not fired yet.
-    pub(crate) fn is_armed(&self) -> bool {
-        self.shared.armed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    /// Whether an earlier trywait's arming has not fired yet: None if not,
+    /// else whether it fires after a period even if nothing rings.
+    pub(crate) fn armed(&self) -> Option<bool> {
+        self.shared.armed.lock().unwrap_or_else(|p| p.into_inner()).map(|(_, d)| d.is_some())
     }
 
     /// Hands over an announced sleeper: the bridge waits on the futex from
-    /// value `seen` and withdraws the announcement when it fires.
-    pub(crate) fn arm(&self, seen: u32) {
-        *self.shared.armed.lock().unwrap_or_else(|p| p.into_inner()) = Some(seen);
+    /// value `seen` (at most `period`, if given: then it fires anyway) and
+    /// withdraws the announcement when it fires.
+    pub(crate) fn arm(&self, seen: u32, period: Option<Duration>) {
+        let deadline = period.map(|p| Instant::now() + p);
+        *self.shared.armed.lock().unwrap_or_else(|p| p.into_inner()) = Some((seen, deadline));
         self.shared.cv.notify_one();
     }
 }
@@ -124,7 +132,7 @@ fn run(s: &Shared) {
     // SAFETY: see Shared::doorbell: the doorbell outlives this thread.
     let db = unsafe { &*(s.doorbell as *const shm_layout::Doorbell) };
     loop {
-        let seen = {
+        let (seen, deadline) = {
             let mut a = s.armed.lock().unwrap_or_else(|p| p.into_inner());
             loop {
                 if s.stop.load(Ordering::Acquire) {
@@ -136,13 +144,19 @@ fn run(s: &Shared) {
                 a = s.cv.wait(a).unwrap_or_else(|p| p.into_inner());
             }
         };
-        // Sleep until a sender rings (or the value already moved on).
-        crate::doorbell::futex_wait_shared(&db.futex, seen);
+        // Sleep until a sender rings (or the value already moved on), or
+        // the period passes.
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if !left.is_some_and(|l| l.is_zero()) {
+            crate::doorbell::futex_wait_shared(&db.futex, seen, left);
+        }
         if s.stop.load(Ordering::Acquire) {
             db.sleepers.fetch_sub(1, Ordering::Relaxed);
             return;
         }
-        if db.futex.load(Ordering::Acquire) == seen {
+        // SYNC: pairs with the release bump in ring() and wake_all().
+        let rang = db.futex.load(Ordering::Acquire) != seen;
+        if !rang && deadline.is_none_or(|d| Instant::now() < d) {
             continue; // spurious: still armed, sleep again
         }
         db.sleepers.fetch_sub(1, Ordering::Relaxed);

@@ -137,9 +137,10 @@ impl CompletionChannel {
     }
 
     /// ibv_get_cq_event: waits (asleep on the doorbell, driving progress)
-    /// for an event; `timeout_ms` < 0 waits forever; `-FI_EAGAIN` on timeout.
-    pub fn get_event(&self, timeout_ms: i32) -> Result<usize> {
-        let deadline = (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    /// up to `timeout` (None: forever, as ibv_get_cq_event does) for an
+    /// event; `-FI_EAGAIN` on timeout.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
         let dom = Domain { inner: self.dom.clone() };
         loop {
             match self.try_get_event() {

@@ -133,6 +133,25 @@ impl PollSet {
         Ok(n)
     }
 
+    /// Whether a member has an event now, without a progress pass and
+    /// without taking it (a sleeper's re-check: a CQ filled or a counter
+    /// changed by another thread since the last poll). True when the
+    /// domain cannot be locked here (the caller then does not sleep).
+    fn event_waiting(&self) -> bool {
+        let m = self.members();
+        let Ok(st) = self.dom.lock() else { return true };
+        m.iter().any(|x| match *x {
+            Member::Cq { id, .. } => {
+                st.cqs.get(id).is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun)
+            }
+            Member::Cntr { id, last, .. } => {
+                let shm = &self.dom.counters()[id];
+                // SYNC: pairs with the release writes in engine::complete.
+                (shm.value.v.load(Ordering::Acquire), shm.err.v.load(Ordering::Acquire)) != last
+            }
+        })
+    }
+
     /// Closes the poll set; `Busy` while it has members.
     pub fn close(&self) -> Result<()> {
         let m = self.members();
@@ -204,7 +223,10 @@ impl WaitSet {
                     format!("no event in the wait set within {timeout_ms} ms"),
                 ));
             }
-            dom.wait_for(left, || false);
+            // The re-check before sleeping: a counter changed by another
+            // thread (its add rings the doorbell only if we announced
+            // ourselves already) must not be slept through.
+            dom.wait_for(left, || self.set.event_waiting());
         }
     }
 

@@ -125,7 +125,7 @@ fn events_from_another_process_blocking_and_by_fd() {
             w.retry(|| w.ep.inject(b"go", w.addrs[0]));
             // Blocking read of the event.
             let t0 = Instant::now();
-            assert_eq!(ch.get_event(10_000).unwrap(), 5);
+            assert_eq!(ch.get_event(Some(Duration::from_secs(10))).unwrap(), 5);
             assert!(t0.elapsed() >= Duration::from_millis(50), "not before the solicited send");
             assert_eq!(w.wait_ctx(100).unwrap().0.len, 8);
             // Through the fd: trywait, then poll(2) on it.

@@ -703,7 +703,7 @@ fn solicited_wait_decides_the_signal() {
                 w.barrier();
                 let (e, _) = next(&w.dom, &side.cq).unwrap();
                 assert_eq!(parse(&bufs[e.op_context]).2, k);
-                match ch.get_event(if fires { 5000 } else { 100 }) {
+                match ch.get_event(Some(Duration::from_millis(if fires { 5000 } else { 100 }))) {
                     Ok(c) => {
                         assert!(fires, "step {k}: unsolicited completion on a solicited-wait endpoint signalled");
                         assert_eq!(c, 0x5A);

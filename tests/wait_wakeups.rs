@@ -1,0 +1,101 @@
+//! Waiting that cannot hang (issue 13): a counter changed by another thread
+//! wakes whoever waits on it, directly or through a wait set; an sread
+//! whose threshold the CQ can never hold is refused instead of spinning.
+
+use shmfab::{CqAttr, CqTaggedEntry, Domain, ErrorKind, Fabric, Threading, WaitCond, FI_RECV, FI_TRANSMIT};
+use std::time::{Duration, Instant};
+
+fn domain(name: &str) -> Domain {
+    std::env::set_var("SHMFAB_JOB_ID", format!("wait-wakeups-{name}-{}", std::process::id()));
+    Fabric::open().unwrap().domain_with(Threading::Safe).unwrap()
+}
+
+/// Runs `wait` in this thread while another thread calls `change` after
+/// 100 ms; returns what `wait` returned and how long it took.
+fn woken_by<R: Send>(wait: impl FnOnce() -> R, change: impl FnOnce() + Send) -> (R, Duration) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            change();
+        });
+        let t0 = Instant::now();
+        let r = wait();
+        (r, t0.elapsed())
+    })
+}
+
+#[test]
+fn counter_changes_from_another_thread_wake_its_waiter() {
+    let dom = domain("cntr");
+    let c = dom.cntr_open().unwrap();
+    // add
+    let (r, el) = woken_by(|| c.wait(1, 3000), || c.add(1).unwrap());
+    r.unwrap();
+    assert!(el >= Duration::from_millis(90) && el < Duration::from_millis(1500), "add: {el:?}");
+    // set
+    let (r, el) = woken_by(|| c.wait(5, 3000), || c.set(5).unwrap());
+    r.unwrap();
+    assert!(el < Duration::from_millis(1500), "set: {el:?}");
+    // adderr and seterr: the wait returns -FI_EAVAIL.
+    let (r, el) = woken_by(|| c.wait(6, 3000), || c.adderr(1).unwrap());
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Avail);
+    assert!(el < Duration::from_millis(1500), "adderr: {el:?}");
+    let (r, el) = woken_by(|| c.wait(6, 3000), || c.seterr(7).unwrap());
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Avail);
+    assert!(el < Duration::from_millis(1500), "seterr: {el:?}");
+    assert_eq!((c.read().unwrap(), c.readerr().unwrap()), (5, 7));
+}
+
+#[test]
+fn counter_changes_from_another_thread_wake_a_wait_set() {
+    let dom = domain("wset");
+    let c = dom.cntr_open().unwrap();
+    let ws = dom.wait_open().unwrap();
+    ws.add_cntr(&c).unwrap();
+    let (r, el) = woken_by(|| ws.wait(3000), || c.add(1).unwrap());
+    r.unwrap();
+    assert!(el >= Duration::from_millis(90) && el < Duration::from_millis(1500), "add: {el:?}");
+    let (r, el) = woken_by(|| ws.wait(3000), || c.seterr(2).unwrap());
+    r.unwrap();
+    assert!(el < Duration::from_millis(1500), "seterr: {el:?}");
+    // Nothing changed since: the set times out.
+    assert_eq!(ws.wait(50).unwrap_err().kind(), ErrorKind::TimedOut);
+    drop(ws);
+}
+
+#[test]
+fn sread_threshold_above_the_cq_size_is_refused_not_spun_on() {
+    let dom = domain("threshold");
+    // The receiver's CQ holds 4 entries; 8 messages come to it.
+    let cq0 = dom.cq_open(&CqAttr { size: 4, wait_cond: WaitCond::Threshold, ..Default::default() }).unwrap();
+    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&ep0, &ep1] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    let mut bufs = [[0u8; 4]; 8];
+    for (i, b) in bufs.iter_mut().enumerate() {
+        // SAFETY: bufs live until the completions are read below.
+        unsafe { ep0.recv(b, shmfab::FI_ADDR_UNSPEC, i).unwrap() };
+    }
+    for _ in 0..8 {
+        ep1.inject(b"full", a0).unwrap();
+    }
+    let mut e = [CqTaggedEntry::default(); 16];
+    // Above the size: refused at once (it spun at 100% until the timeout,
+    // for ever with none: the CQ stops at 4, the rest is held back).
+    let t0 = Instant::now();
+    let r = cq0.sread(&mut e, Some(8), 1000);
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Inval);
+    assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
+    // Up to the size: the CQ fills to it and sread returns them all.
+    assert_eq!(cq0.sread(&mut e, Some(4), 5000).unwrap(), 4);
+    assert_eq!(cq0.sread(&mut e, Some(4), 5000).unwrap(), 4);
+    assert!(bufs.iter().all(|b| b == b"full"));
+    drop((ep0, ep1));
+}
