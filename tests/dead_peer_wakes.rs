@@ -5,21 +5,9 @@
 //! and a completion channel's get_event.
 
 mod common;
-use common::run_killing;
+use common::{put_file, run_killing, test_dir};
 use shmfab::{CqAttr, CqTaggedEntry, ErrorKind, WaitObj, FI_RECV, FI_TRANSMIT};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-/// The harness's per-test folder (shared by the ranks of one test).
-fn test_dir() -> std::path::PathBuf {
-    std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap())
-}
-
-fn put_file(name: &str, text: &str) {
-    let dir = test_dir();
-    let tmp = dir.join(format!("{name}.tmp"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join(name)).unwrap();
-}
 
 fn now_ns() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()

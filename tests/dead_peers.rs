@@ -4,7 +4,7 @@
 //! is clean afterwards.
 
 mod common;
-use common::{run_killing, World};
+use common::{put_file, run_killing, test_dir, World};
 use shmfab::{ErrorKind, FI_RECV};
 use std::time::{Duration, Instant};
 
@@ -12,20 +12,6 @@ fn die() -> ! {
     // SAFETY: kill on our own pid.
     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     unreachable!("SIGKILL")
-}
-
-/// The harness's per-test folder (shared by the ranks of one test).
-fn test_dir() -> std::path::PathBuf {
-    std::path::PathBuf::from(std::env::var("SHMFAB_TEST_DIR").unwrap())
-}
-
-/// Writes `name` in the test folder whole or not at all (a rank polling
-/// for it never reads it half written).
-fn put_file(name: &str, text: &str) {
-    let dir = test_dir();
-    let tmp = dir.join(format!("{name}.tmp"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join(name)).unwrap();
 }
 
 /// Waits (up to 30 s) until another rank has written `name`; its text.

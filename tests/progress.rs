@@ -5,7 +5,7 @@
 
 mod common;
 use common::{pattern, run};
-use shmfab::{CqAttr, CqTaggedEntry, ErrorKind, Fabric, FI_RECV, FI_TRANSMIT};
+use shmfab::{CqTaggedEntry, ErrorKind, Fabric};
 use std::time::{Duration, Instant};
 
 const LEN: usize = 1 << 20;
@@ -18,12 +18,7 @@ fn a_large_receive_waits_for_a_sleeping_sender_unless_it_runs_auto_progress() {
         // thread in the second round.
         let (dom, cq, ep, peer) = if w.rank == 1 {
             let dom = Fabric::open().unwrap().domain_with(shmfab::Threading::Safe).unwrap();
-            let cq = dom.cq_open(&CqAttr::default()).unwrap();
-            let av = dom.av_open().unwrap();
-            let ep = dom.endpoint().unwrap();
-            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-            ep.bind_av(&av).unwrap();
-            ep.enable().unwrap();
+            let (cq, av, ep) = common::open_endpoint(&dom);
             let peer = av.insert(&[w.av.lookup(w.addrs[0]).unwrap()]).unwrap()[0];
             w.tell(0, &[ep.getname()]);
             (Some(dom), Some(cq), Some(ep), peer)
@@ -65,7 +60,7 @@ fn a_large_receive_waits_for_a_sleeping_sender_unless_it_runs_auto_progress() {
                 unsafe { ep.send(&data, peer, 20).unwrap() };
                 // Compute without calling into shmfab.
                 std::thread::sleep(Duration::from_millis(1500));
-                std::fs::write(common::marker(&w, "woke"), b"").unwrap();
+                std::fs::write(common::test_dir().join("woke"), b"").unwrap();
                 wait_send(20);
             } else {
                 // SAFETY: buf lives until the completion below.
@@ -83,7 +78,7 @@ fn a_large_receive_waits_for_a_sleeping_sender_unless_it_runs_auto_progress() {
                     }
                     assert!(t0.elapsed() < Duration::from_secs(30), "receive never completed");
                 };
-                let woke = common::marker(&w, "woke").exists();
+                let woke = common::test_dir().join("woke").exists();
                 if auto {
                     assert!(done && !woke, "with auto progress the receive completes while the sender sleeps");
                 } else if cma {
@@ -99,7 +94,7 @@ fn a_large_receive_waits_for_a_sleeping_sender_unless_it_runs_auto_progress() {
                 assert_eq!(buf, data);
                 if !auto {
                     // The sender woke (it wrote the mark before its call in).
-                    std::fs::remove_file(common::marker(&w, "woke")).unwrap();
+                    std::fs::remove_file(common::test_dir().join("woke")).unwrap();
                 }
             }
             w.barrier();

@@ -77,12 +77,7 @@ fn cq_signal_interrupts_a_blocked_sread() {
     std::env::set_var("SHMFAB_JOB_ID", format!("waits-signal-{}", std::process::id()));
     for threading in [shmfab::Threading::Domain, shmfab::Threading::Safe] {
         let dom = Fabric::open().unwrap().domain_with(threading).unwrap();
-        let cq = dom.cq_open(&CqAttr::default()).unwrap();
-        let av = dom.av_open().unwrap();
-        let ep = dom.endpoint().unwrap();
-        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-        ep.bind_av(&av).unwrap();
-        ep.enable().unwrap();
+        let (cq, _av, ep) = common::open_endpoint(&dom);
         std::thread::scope(|s| {
             // The owner thread blocks; another thread signals (allowed in
             // FI_THREAD_DOMAIN mode too: signal takes no domain lock).
@@ -144,12 +139,7 @@ fn auto_progress_moves_a_transfer_while_the_application_computes() {
         const LEN: usize = 1 << 20;
         if w.rank == 1 {
             let dom = Fabric::open().unwrap().domain_with(shmfab::Threading::Safe).unwrap();
-            let cq = dom.cq_open(&CqAttr::default()).unwrap();
-            let av = dom.av_open().unwrap();
-            let ep = dom.endpoint().unwrap();
-            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-            ep.bind_av(&av).unwrap();
-            ep.enable().unwrap();
+            let (cq, av, ep) = common::open_endpoint(&dom);
             let src = av.insert(&[w.av.lookup(w.addrs[0]).unwrap()]).unwrap()[0];
             let mut buf = vec![0u8; LEN];
             // SAFETY: buf lives until the completion read below.

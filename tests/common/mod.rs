@@ -343,8 +343,28 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// A file in the job's directory, shared by its ranks (a mark one rank
+/// The job's folder (shared by the ranks of one test: marks one rank
 /// leaves for another).
-pub fn marker(_w: &World, name: &str) -> PathBuf {
-    PathBuf::from(std::env::var(DIR).unwrap()).join(name)
+pub fn test_dir() -> PathBuf {
+    PathBuf::from(std::env::var(DIR).unwrap())
+}
+
+/// Writes `name` in the test folder whole or not at all (a rank polling
+/// for it never reads it half written).
+pub fn put_file(name: &str, text: &str) {
+    let dir = test_dir();
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+/// An endpoint on `dom` bound to a new CQ and AV, enabled.
+pub fn open_endpoint(dom: &Domain) -> (CompletionQueue, AddressVector, Endpoint) {
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let ep = dom.endpoint().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    (cq, av, ep)
 }
