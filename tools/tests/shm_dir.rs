@@ -2,32 +2,14 @@
 //! that directory, and an unusable setting is an error naming it.
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+use common::{shmfab_env, text};
+use std::process::Output;
+use std::time::Duration;
 
 /// Runs `shmfab args` with `SHMFAB_SHM_DIR=dir`, killing it after 30 s.
 fn shmfab(dir: &str, args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_shmfab"))
-        .args(args)
-        .env("SHMFAB_SHM_DIR", dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while c.try_wait().unwrap().is_none() {
-        if t0.elapsed() > Duration::from_secs(30) {
-            let _ = c.kill();
-            panic!("shmfab {args:?} ran longer than 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    c.wait_with_output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+    shmfab_env(args, &[("SHMFAB_SHM_DIR", dir)], Duration::from_secs(30))
 }
 
 /// A fresh directory under /dev/shm, removed on drop.
