@@ -520,6 +520,20 @@ impl Domain {
         self.arm_bridge(&st)
     }
 
+    /// The verbs pattern, without trywait: arms the bridge so that `fd` (a
+    /// completion channel's) becomes readable when a sender rings, or
+    /// makes it readable now if work already waits.
+    pub(crate) fn watch_fd(&self, fd: &std::os::fd::OwnedFd) -> Result<()> {
+        let st = self.inner.lock()?;
+        match self.arm_bridge(&st) {
+            Err(e) if e.kind() == ErrorKind::Again => {
+                crate::fdwait::poke(fd);
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
     fn arm_bridge(&self, st: &DomainState) -> Result<()> {
         let db = &self.inner.region.header().doorbell;
         let bridge = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());

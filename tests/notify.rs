@@ -167,3 +167,64 @@ fn events_from_another_process_blocking_and_by_fd() {
         w.barrier();
     });
 }
+
+/// The verbs pattern as is, across processes: arm, block in poll(2) on the
+/// channel's fd, get the event, ack, drain the CQ, re-arm; with neither
+/// trywait nor a progress thread (the arming starts what watches the
+/// doorbell for the fd).
+#[test]
+fn the_verbs_pattern_needs_neither_trywait_nor_a_progress_thread() {
+    run("the_verbs_pattern_needs_neither_trywait_nor_a_progress_thread", 2, &[], Duration::from_secs(60), |w| {
+        const ROUNDS: usize = 3;
+        let mut bufs = [[0u8; 8]; ROUNDS];
+        let ch = if w.rank == 1 {
+            let ch = w.dom.channel_open().unwrap();
+            w.cq.attach_channel(&ch, 0x5a).unwrap();
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive the completions drained below.
+                unsafe { w.ep.recv(b, w.addrs[0], 100 + i).unwrap() };
+            }
+            Some(ch)
+        } else {
+            None
+        };
+        w.barrier();
+        for round in 0..ROUNDS {
+            if w.rank == 0 {
+                let mut go = [0u8; 1];
+                // SAFETY: go lives until the completion below.
+                unsafe { w.ep.trecv(&mut go, w.addrs[1], 1 << 40, 0, 200 + round).unwrap() };
+                // Rank 1 is asleep in poll(2) by now (most of the time).
+                std::thread::sleep(Duration::from_millis(100));
+                w.retry(|| w.ep.inject(&[round as u8; 8], w.addrs[1]));
+                // Rank 1 took it: then the next round.
+                w.ok(200 + round);
+            } else {
+                let ch = ch.as_ref().unwrap();
+                w.cq.req_notify(false).unwrap();
+                let mut p = libc::pollfd { fd: ch.fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd for the call.
+                let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+                assert_eq!(n, 1, "round {round}: the channel's fd became readable");
+                assert_eq!(ch.get_event(Some(Duration::from_secs(5))).unwrap(), 0x5a);
+                ch.ack(1).unwrap();
+                let mut e = [CqTaggedEntry::default()];
+                assert_eq!(w.cq.read(&mut e).unwrap(), 1);
+                assert_eq!((e[0].op_context, bufs[round]), (100 + round, [round as u8; 8]));
+                // The fd is not readable while no event is left.
+                p.revents = 0;
+                // SAFETY: as above.
+                assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 0, "round {round}: no event left");
+                // Tell rank 0 (an inject: no completion in this CQ). The
+                // next message may come before the re-arm: the arming then
+                // finds it waiting and makes the fd readable at once.
+                w.retry(|| w.ep.tinject(&[1], w.addrs[0], 1 << 40));
+            }
+        }
+        if w.rank == 1 {
+            drain(&w.cq);
+            w.cq.detach_channel().unwrap();
+        }
+        w.barrier();
+    });
+}
