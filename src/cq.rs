@@ -198,8 +198,11 @@ pub enum WaitObj {
     /// FI_WAIT_POLLFD: as `Fd`, retrieved as a set of pollfds with a change
     /// index ([`CompletionQueue::wait_pollfd`]).
     PollFd,
-    /// FI_WAIT_SET: waits go through the wait set the CQ was added to
+    /// FI_WAIT_SET: waits go through the wait set the CQ belongs to
     /// ([`WaitSet`](crate::poll::WaitSet)); the CQ's own `sread` is refused.
+    /// The set is named at open ([`WaitSet::cq_open`](crate::poll::WaitSet::cq_open):
+    /// `cq_open` refuses `Set` with no set) or later by `add_cq`; a CQ the
+    /// set lets go, or whose set is dropped, waits on its own again (`Unspec`).
     Set,
     /// FI_WAIT_FD: a file descriptor ([`CompletionQueue::wait_fd`]) that
     /// poll, select and epoll report readable when a completion may be
@@ -570,6 +573,12 @@ impl crate::Domain {
     pub fn cq_open(&self, attr: &CqAttr) -> Result<CompletionQueue> {
         if attr.size > 1 << 24 {
             return Err(Error::with(ErrorKind::Inval, "CQ size above 16M entries"));
+        }
+        if attr.wait_obj == WaitObj::Set {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                "FI_WAIT_SET names its wait set: open the CQ with WaitSet::cq_open (or add it with WaitSet::add_cq)",
+            ));
         }
         let mut st = self.inner.lock()?;
         let mut s = CqState::new(attr);

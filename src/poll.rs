@@ -174,6 +174,33 @@ impl Drop for PollSet {
     }
 }
 
+/// A CQ that waited through a wait set waits on its own again (the set
+/// closed, or let it go).
+fn recover(dom: &Arc<DomainInner>, cq: usize) {
+    if let Ok(mut st) = dom.lock() {
+        if let Some(c) = st.cqs.get_mut(cq) {
+            if c.wait_obj == crate::cq::WaitObj::Set {
+                c.wait_obj = crate::cq::WaitObj::Unspec;
+            }
+        }
+    }
+}
+
+impl Drop for WaitSet {
+    fn drop(&mut self) {
+        // Its CQs recover (the PollSet's own drop releases the bindings).
+        let cqs: Vec<usize> = self
+            .set
+            .members()
+            .iter()
+            .filter_map(|x| if let Member::Cq { id, .. } = x { Some(*id) } else { None })
+            .collect();
+        for id in cqs {
+            recover(&self.set.dom, id);
+        }
+    }
+}
+
 /// A wait set (fi_wait_open, fi_wait): block until any member CQ is not
 /// empty or any member counter changed. A CQ in a wait set waits through it:
 /// its own `sread` is refused, as fi_cq(3) says for FI_WAIT_SET. Members
@@ -203,6 +230,31 @@ impl WaitSet {
     /// Adds a counter.
     pub fn add_cntr(&self, c: &Counter) -> Result<()> {
         self.set.add_cntr(c, usize::MAX - c.id)
+    }
+
+    /// Opens a CQ that waits through this set (FI_WAIT_SET names its set
+    /// at open): `attr.wait_obj` is taken as [`WaitObj::Set`]. A CQ may
+    /// also join later with [`WaitSet::add_cq`].
+    ///
+    /// [`WaitObj::Set`]: crate::WaitObj::Set
+    pub fn cq_open(&self, attr: &crate::CqAttr) -> Result<CompletionQueue> {
+        let dom = Domain { inner: self.set.dom.clone() };
+        let cq = dom.cq_open(&crate::CqAttr { wait_obj: crate::cq::WaitObj::Unspec, ..*attr })?;
+        self.add_cq(&cq)?;
+        Ok(cq)
+    }
+
+    /// Removes a CQ: it waits on its own again (`Unspec`: its `sread`
+    /// works).
+    pub fn del_cq(&self, cq: &CompletionQueue) -> Result<()> {
+        self.set.del_cq(cq)?;
+        recover(&self.set.dom, cq.id);
+        Ok(())
+    }
+
+    /// Removes a counter.
+    pub fn del_cntr(&self, c: &Counter) -> Result<()> {
+        self.set.del_cntr(c)
     }
 
     /// fi_wait: returns when a member has an event (possibly already

@@ -723,3 +723,40 @@ fn many_endpoints_per_domain_by_default() {
     drop(eps);
     dom.endpoint().unwrap();
 }
+
+/// FI_WAIT_SET names its set: a CQ opened with WaitObj::Set and no set is
+/// refused; one opened through a wait set waits through it (its own sread
+/// refused); members can be removed from a wait set, and a CQ the set lets
+/// go, or whose set is dropped, waits on its own again.
+#[test]
+fn wait_set_members_are_named_removed_and_recover() {
+    job("waitset-members");
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let Err(e) = dom.cq_open(&CqAttr { wait_obj: WaitObj::Set, ..Default::default() }) else {
+        panic!("a CQ with WaitObj::Set and no set was opened");
+    };
+    assert_eq!(e.kind(), ErrorKind::Inval, "{e}");
+    let ws = dom.wait_open().unwrap();
+    let cq = ws.cq_open(&CqAttr { wait_obj: WaitObj::Set, ..Default::default() }).unwrap();
+    let c = dom.cntr_open().unwrap();
+    ws.add_cntr(&c).unwrap();
+    assert_eq!(cq.wait_obj().unwrap(), WaitObj::Set);
+    let mut e = [CqTaggedEntry::default()];
+    assert_eq!(cq.sread(&mut e, None, 0).unwrap_err().kind(), ErrorKind::Inval, "waits through the set");
+    assert_eq!(cq.close().unwrap_err().kind(), ErrorKind::Busy, "a member is bound");
+    // Removed: it waits on its own (sread times out instead of being refused).
+    ws.del_cq(&cq).unwrap();
+    assert_eq!(ws.del_cq(&cq).unwrap_err().kind(), ErrorKind::NoEnt);
+    assert_eq!(cq.wait_obj().unwrap(), WaitObj::Unspec);
+    assert_eq!(cq.sread(&mut e, None, 0).unwrap_err().kind(), ErrorKind::Again);
+    ws.del_cntr(&c).unwrap();
+    ws.close().unwrap();
+    // A set dropped with a member: the member recovers and can close.
+    let ws = dom.wait_open().unwrap();
+    ws.add_cq(&cq).unwrap();
+    assert_eq!(cq.wait_obj().unwrap(), WaitObj::Set);
+    drop(ws);
+    assert_eq!(cq.wait_obj().unwrap(), WaitObj::Unspec);
+    cq.close().unwrap();
+    c.close().unwrap();
+}
