@@ -5,6 +5,7 @@
 //! sleeps on it, so a waiter ([`Counter::wait`], a wait set holding the
 //! counter, an armed fd bridge) wakes at once.
 
+use crate::cq::WaitObj;
 use crate::domain::{Domain, DomainInner};
 use crate::engine::complete::{count, set, Val};
 use crate::error::{Error, ErrorKind, Result};
@@ -14,6 +15,22 @@ use std::sync::Arc;
 pub(crate) struct CntrState {
     /// (value, error) when trywait last looked.
     pub checkpoint: (u64, u64),
+    /// How `wait` waits.
+    pub wait_obj: WaitObj,
+    /// FI_WAIT_FD: the eventfd the domain's bridge makes readable (armed
+    /// by trywait) when a change may have come.
+    pub fd: Option<Arc<std::os::fd::OwnedFd>>,
+}
+
+/// Attributes of a counter (fi_cntr_attr).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CntrAttr {
+    /// Wait object (FI_GETWAIT gives it out): `Unspec` (the default: the
+    /// doorbell), `None` (no `wait`), `Yield` (as `Unspec` here), or `Fd`
+    /// ([`Counter::wait_fd`], readable after [`Domain::trywait_with`] when
+    /// the counter may have changed). `MutexCond`, `PollFd` and `Set` are
+    /// not offered for counters (`-FI_ENOSYS`).
+    pub wait_obj: WaitObj,
 }
 
 impl crate::table::Object for CntrState {
@@ -29,15 +46,35 @@ pub struct Counter {
 }
 
 impl Domain {
-    /// Opens a counter (value and error start at 0).
+    /// Opens a counter (value and error start at 0) with the default
+    /// attributes.
     pub fn cntr_open(&self) -> Result<Counter> {
+        self.cntr_open_with(&CntrAttr::default())
+    }
+
+    /// Opens a counter with `attr` (its wait object).
+    pub fn cntr_open_with(&self, attr: &CntrAttr) -> Result<Counter> {
+        if matches!(attr.wait_obj, WaitObj::MutexCond | WaitObj::PollFd | WaitObj::Set) {
+            return Err(Error::with(
+                ErrorKind::NoSys,
+                format!("counters take Unspec, None, Yield or Fd as wait object, not {:?}", attr.wait_obj),
+            ));
+        }
+        let fd = if attr.wait_obj == WaitObj::Fd {
+            let fd = crate::fdwait::eventfd()?;
+            let mut b = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
+            b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.inner.region.header().doorbell)).add(fd.clone());
+            Some(fd)
+        } else {
+            None
+        };
         let mut st = self.inner.lock()?;
         let n = self.inner.counters().len();
         // The id indexes the region's counter table.
         if st.cntrs.next_id() >= n {
             return Err(Error::with(ErrorKind::NoSpc, format!("all {n} counters of the domain are open")));
         }
-        let id = st.cntrs.insert(CntrState { checkpoint: (0, 0) });
+        let id = st.cntrs.insert(CntrState { checkpoint: (0, 0), wait_obj: attr.wait_obj, fd });
         let c = &self.inner.counters()[id];
         set(c, Val::Success, 0);
         set(c, Val::Error, 0);
@@ -113,6 +150,9 @@ impl Counter {
     /// reaches `threshold`; `-FI_ETIMEDOUT` after `timeout_ms` (< 0:
     /// forever), `-FI_EAVAIL` if the error value changes meanwhile.
     pub fn wait(&self, threshold: u64, timeout_ms: i32) -> Result<()> {
+        if self.wait_obj()? == WaitObj::None {
+            return Err(Error::with(ErrorKind::Inval, "the counter's wait object is None: no wait"));
+        }
         let deadline =
             (timeout_ms >= 0).then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64));
         let err0 = self.shm()?.err.v.load(Ordering::Acquire);
@@ -141,6 +181,23 @@ impl Counter {
         }
     }
 
+    /// The counter's wait object.
+    pub fn wait_obj(&self) -> Result<WaitObj> {
+        let st = self.dom.lock()?;
+        st.cntrs.get(self.id).map(|c| c.wait_obj).ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))
+    }
+
+    /// FI_GETWAIT for an `Fd` counter: the fd to poll (call
+    /// [`Domain::trywait_with`] with the counter before blocking on it).
+    pub fn wait_fd(&self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let st = self.dom.lock()?;
+        let c = st.cntrs.get(self.id).ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?;
+        c.fd.as_ref().map(|f| f.as_raw_fd()).ok_or_else(|| {
+            Error::with(ErrorKind::NoSys, format!("counter wait object is {:?}, not Fd: no fd to retrieve", c.wait_obj))
+        })
+    }
+
     /// Index of the counter in the domain region's counter table.
     pub fn index(&self) -> usize {
         self.id
@@ -152,8 +209,12 @@ impl Counter {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        st.cntrs.close(self.id)?;
+        let s = st.cntrs.close(self.id)?;
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(st);
+        if let (Some(fd), Some(b)) = (s.fd, self.dom.bridge.lock().unwrap_or_else(|p| p.into_inner()).as_ref()) {
+            b.remove(&fd);
+        }
         Ok(())
     }
 }

@@ -472,10 +472,15 @@ impl Domain {
                 if !Arc::ptr_eq(&c.dom, &self.inner) {
                     return Err(Error::with(ErrorKind::Inval, "counter of another domain"));
                 }
+                let cs = st.cntrs.get_mut(c.id).ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?;
+                // An Fd counter's fd is emptied before the values are read:
+                // a change after the read makes it readable again.
+                if let Some(fd) = &cs.fd {
+                    crate::fdwait::drain(fd);
+                }
                 let shm = &self.inner.counters()[c.id];
                 use std::sync::atomic::Ordering::Acquire;
                 let now = (shm.value.v.load(Acquire), shm.err.v.load(Acquire));
-                let cs = st.cntrs.get_mut(c.id).ok_or_else(|| Error::with(ErrorKind::Inval, "counter is closed"))?;
                 if cs.checkpoint != now {
                     cs.checkpoint = now;
                     moved = true;
@@ -509,7 +514,19 @@ impl Domain {
         if ready(&st) {
             return Err(Error::AGAIN);
         }
-        self.arm_bridge(&st)
+        self.arm_bridge(&st)?;
+        // A counter that moved since its checkpoint (in the pass above, or
+        // by another thread before the bridge announced itself, when its
+        // add rang nothing): read it first (the bridge stays armed).
+        for c in cntrs {
+            let shm = &self.inner.counters()[c.id];
+            use std::sync::atomic::Ordering::Acquire;
+            let now = (shm.value.v.load(Acquire), shm.err.v.load(Acquire));
+            if st.cntrs.get(c.id).is_some_and(|cs| cs.checkpoint != now) {
+                return Err(Error::AGAIN);
+            }
+        }
+        Ok(())
     }
 
     /// The fd half of trywait for completion channels: no CQs to look at.

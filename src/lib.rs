@@ -60,7 +60,7 @@ mod sync;
 mod table;
 
 pub use av::AddressVector;
-pub use cntr::Counter;
+pub use cntr::{CntrAttr, Counter};
 pub use cq::{
     CompletionQueue, CqAttr, CqDataEntry, CqEntry, CqErrEntry, CqFormat, CqMsgEntry, CqTaggedEntry, WaitCond, WaitObj,
 };

@@ -760,3 +760,45 @@ fn wait_set_members_are_named_removed_and_recover() {
     cq.close().unwrap();
     c.close().unwrap();
 }
+
+/// Counters take a wait object (fi_cntr_attr's wait_obj, FI_GETWAIT):
+/// an Fd counter's fd, after trywait, becomes readable when another thread
+/// adds to it; None refuses `wait`; the CQ-only objects are refused.
+#[test]
+fn counter_wait_objects() {
+    job("cntr-wait-obj");
+    let dom = Fabric::open().unwrap().domain_with(shmfab::Threading::Safe).unwrap();
+    for w in [WaitObj::MutexCond, WaitObj::PollFd, WaitObj::Set] {
+        let Err(e) = dom.cntr_open_with(&CntrAttr { wait_obj: w }) else { panic!("{w:?} accepted") };
+        assert_eq!(e.kind(), ErrorKind::NoSys);
+    }
+    let none = dom.cntr_open_with(&CntrAttr { wait_obj: WaitObj::None }).unwrap();
+    assert_eq!(none.wait(1, 0).unwrap_err().kind(), ErrorKind::Inval);
+    assert_eq!(none.wait_fd().unwrap_err().kind(), ErrorKind::NoSys);
+    let c = dom.cntr_open_with(&CntrAttr { wait_obj: WaitObj::Fd }).unwrap();
+    assert_eq!(c.wait_obj().unwrap(), WaitObj::Fd);
+    let fd = c.wait_fd().unwrap();
+    let poll = |ms: i32| {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the call.
+        unsafe { libc::poll(&mut p, 1, ms) }
+    };
+    for round in 0..3u64 {
+        // Nothing moved since the last trywait: Ok, the fd not readable.
+        let mut tries = 0;
+        while dom.trywait_with(&[], &[&c], &[]).is_err() {
+            tries += 1;
+            assert!(tries < 10, "round {round}: trywait keeps finding a change");
+        }
+        assert_eq!(poll(0), 0, "round {round}: nothing yet");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                c.add(1).unwrap();
+            });
+            assert_eq!(poll(5000), 1, "round {round}: the add made the fd readable");
+        });
+        assert_eq!(c.read().unwrap(), round + 1);
+    }
+    c.close().unwrap();
+}
