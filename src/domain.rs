@@ -457,6 +457,9 @@ impl Domain {
         sets: &[&crate::WaitSet],
     ) -> Result<()> {
         for set in sets {
+            // An Fd set's fd is emptied before its members are looked at:
+            // an event after the look makes it readable again.
+            set.drain_fd();
             if set.has_event()? {
                 return Err(Error::AGAIN);
             }
@@ -525,6 +528,11 @@ impl Domain {
             if st.cntrs.get(c.id).is_some_and(|cs| cs.checkpoint != now) {
                 return Err(Error::AGAIN);
             }
+        }
+        drop(st);
+        // Likewise a wait set's member (a counter another thread changed).
+        if sets.iter().any(|s| s.event_waiting()) {
+            return Err(Error::AGAIN);
         }
         Ok(())
     }

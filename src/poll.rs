@@ -198,6 +198,10 @@ impl Drop for WaitSet {
         for id in cqs {
             recover(&self.set.dom, id);
         }
+        if let (Some(fd), Some(b)) = (&self.fd, self.set.dom.bridge.lock().unwrap_or_else(|p| p.into_inner()).as_ref())
+        {
+            b.remove(fd);
+        }
     }
 }
 
@@ -207,12 +211,43 @@ impl Drop for WaitSet {
 /// are bindings: neither side closes while bound.
 pub struct WaitSet {
     set: PollSet,
+    /// What `wait` and the application block on (FI_GETWAIT).
+    wait_obj: crate::cq::WaitObj,
+    /// `Fd`: the eventfd the domain's bridge makes readable (armed by
+    /// [`Domain::trywait_with`] with the set) when an event may be there.
+    fd: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Domain {
-    /// fi_wait_open (on the domain: waiting drives its progress).
+    /// fi_wait_open (on the domain: waiting drives its progress), with the
+    /// default wait object (the doorbell).
     pub fn wait_open(&self) -> Result<WaitSet> {
-        Ok(WaitSet { set: self.poll_open()? })
+        self.wait_open_with(crate::cq::WaitObj::Unspec)
+    }
+
+    /// fi_wait_open with a wait object (fi_wait_attr's wait_obj):
+    /// `Unspec` or `Yield` (the doorbell), or `Fd` ([`WaitSet::wait_fd`], for
+    /// poll, select or epoll after [`Domain::trywait_with`] with the set).
+    /// `None`, `Set`, `MutexCond` and `PollFd` are not offered for wait sets.
+    pub fn wait_open_with(&self, wait_obj: crate::cq::WaitObj) -> Result<WaitSet> {
+        use crate::cq::WaitObj;
+        let fd = match wait_obj {
+            WaitObj::Unspec | WaitObj::Yield => None,
+            WaitObj::Fd => {
+                let fd = crate::fdwait::eventfd()?;
+                let mut b = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
+                b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.inner.region.header().doorbell))
+                    .add(fd.clone());
+                Some(fd)
+            }
+            w => {
+                return Err(Error::with(
+                    ErrorKind::NoSys,
+                    format!("wait sets take Unspec, Yield or Fd as wait object, not {w:?}"),
+                ))
+            }
+        };
+        Ok(WaitSet { set: self.poll_open()?, wait_obj, fd })
     }
 }
 
@@ -291,5 +326,32 @@ impl WaitSet {
     /// Closes the wait set; `Busy` while it has members.
     pub fn close(&self) -> Result<()> {
         self.set.close().map_err(|_| Error::with(ErrorKind::Busy, "wait set still has members"))
+    }
+
+    /// The set's wait object.
+    pub fn wait_obj(&self) -> crate::cq::WaitObj {
+        self.wait_obj
+    }
+
+    /// FI_GETWAIT for an `Fd` wait set: the fd to poll (call
+    /// [`Domain::trywait_with`] with the set before blocking on it).
+    pub fn wait_fd(&self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.fd.as_ref().map(|f| f.as_raw_fd()).ok_or_else(|| {
+            Error::with(ErrorKind::NoSys, format!("wait set's wait object is {:?}, not Fd", self.wait_obj))
+        })
+    }
+
+    /// Empties the set's fd (trywait, before it looks for events).
+    pub(crate) fn drain_fd(&self) {
+        if let Some(fd) = &self.fd {
+            crate::fdwait::drain(fd);
+        }
+    }
+
+    /// Whether a member has an event, without a progress pass (trywait's
+    /// re-check once the bridge is armed).
+    pub(crate) fn event_waiting(&self) -> bool {
+        self.set.event_waiting()
     }
 }

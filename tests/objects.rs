@@ -802,3 +802,66 @@ fn counter_wait_objects() {
     }
     c.close().unwrap();
 }
+
+/// A wait set chooses its wait object and gives it out (FI_GETWAIT): an Fd
+/// set's fd goes into epoll, and becomes readable (after trywait) when a
+/// member counter changes in another thread or a member CQ gets an entry.
+#[test]
+fn fd_wait_set_goes_into_epoll() {
+    job("waitset-fd");
+    let p = pair_with(CqFormat::Tagged, false);
+    for w in [WaitObj::None, WaitObj::Set, WaitObj::MutexCond, WaitObj::PollFd] {
+        assert_eq!(p.dom.wait_open_with(w).err().map(|e| e.kind()), Some(ErrorKind::NoSys), "{w:?}");
+    }
+    assert_eq!(p.dom.wait_open().unwrap().wait_fd().unwrap_err().kind(), ErrorKind::NoSys);
+    let ws = p.dom.wait_open_with(WaitObj::Fd).unwrap();
+    assert_eq!(ws.wait_obj(), WaitObj::Fd);
+    let c = p.dom.cntr_open().unwrap();
+    ws.add_cntr(&c).unwrap();
+    ws.add_cq(&p.cq1).unwrap();
+    // SAFETY: epoll_create1 has no memory arguments.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(ep >= 0);
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 7 };
+    // SAFETY: ev is valid for the call; the fd is the set's, open.
+    assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, ws.wait_fd().unwrap(), &mut ev) }, 0);
+    let wait = |ms: i32| {
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }];
+        // SAFETY: out is valid for one event.
+        unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 1, ms) }
+    };
+    let ready = |ws: &WaitSet| {
+        let mut tries = 0;
+        while p.dom.trywait_with(&[], &[], &[ws]).is_err() {
+            // Take what is there, then try again.
+            let _ = ws.wait(0);
+            let mut e = [CqTaggedEntry::default()];
+            while p.cq1.read(&mut e).is_ok() {}
+            tries += 1;
+            assert!(tries < 100, "trywait keeps finding an event");
+        }
+    };
+    // A counter changed by another thread.
+    ready(&ws);
+    assert_eq!(wait(0), 0, "nothing yet");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            c.add(1).unwrap();
+        });
+        assert_eq!(wait(5000), 1, "the counter's change made the set's fd readable");
+    });
+    // A message for a member CQ.
+    ready(&ws);
+    assert_eq!(wait(0), 0, "nothing yet");
+    let mut b = [0u8; 8];
+    // SAFETY: b outlives the completion read below.
+    unsafe { p.ep1.recv(&mut b, FI_ADDR_UNSPEC, 9).unwrap() };
+    p.ep0.inject(b"wake", p.a1).unwrap();
+    assert_eq!(wait(5000), 1, "the message made the set's fd readable");
+    assert_eq!(read_one::<CqTaggedEntry>(&p.cq1).unwrap().op_context, 9);
+    // SAFETY: ep is our epoll fd.
+    unsafe { libc::close(ep) };
+    ws.del_cq(&p.cq1).unwrap();
+    ws.del_cntr(&c).unwrap();
+}
