@@ -28,8 +28,9 @@ pub struct CntrAttr {
     /// Wait object (FI_GETWAIT gives it out): `Unspec` (the default: the
     /// doorbell), `None` (no `wait`), `Yield` (as `Unspec` here), or `Fd`
     /// ([`Counter::wait_fd`], readable after [`Domain::trywait_with`] when
-    /// the counter may have changed). `MutexCond`, `PollFd` and `Set` are
-    /// not offered for counters (`-FI_ENOSYS`).
+    /// the counter may have changed). `Set` names its set at open
+    /// ([`crate::WaitSet::cntr_open`]; here `-FI_EINVAL`). `MutexCond` and
+    /// `PollFd` are not offered for counters (`-FI_ENOSYS`).
     pub wait_obj: WaitObj,
 }
 
@@ -54,7 +55,13 @@ impl Domain {
 
     /// Opens a counter with `attr` (its wait object).
     pub fn cntr_open_with(&self, attr: &CntrAttr) -> Result<Counter> {
-        if matches!(attr.wait_obj, WaitObj::MutexCond | WaitObj::PollFd | WaitObj::Set) {
+        if attr.wait_obj == WaitObj::Set {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                "FI_WAIT_SET names its wait set: open the counter with WaitSet::cntr_open (or add it with WaitSet::add_cntr)",
+            ));
+        }
+        if matches!(attr.wait_obj, WaitObj::MutexCond | WaitObj::PollFd) {
             return Err(Error::with(
                 ErrorKind::NoSys,
                 format!("counters take Unspec, None, Yield or Fd as wait object, not {:?}", attr.wait_obj),

@@ -279,6 +279,14 @@ impl WaitSet {
         Ok(cq)
     }
 
+    /// Opens a counter that waits through this set (FI_WAIT_SET names its
+    /// set at open).
+    pub fn cntr_open(&self) -> Result<Counter> {
+        let c = Domain { inner: self.set.dom.clone() }.cntr_open()?;
+        self.add_cntr(&c)?;
+        Ok(c)
+    }
+
     /// Removes a CQ: it waits on its own again (`Unspec`: its `sread`
     /// works).
     pub fn del_cq(&self, cq: &CompletionQueue) -> Result<()> {

@@ -768,10 +768,18 @@ fn wait_set_members_are_named_removed_and_recover() {
 fn counter_wait_objects() {
     job("cntr-wait-obj");
     let dom = Fabric::open().unwrap().domain_with(shmfab::Threading::Safe).unwrap();
-    for w in [WaitObj::MutexCond, WaitObj::PollFd, WaitObj::Set] {
+    for w in [WaitObj::MutexCond, WaitObj::PollFd] {
         let Err(e) = dom.cntr_open_with(&CntrAttr { wait_obj: w }) else { panic!("{w:?} accepted") };
         assert_eq!(e.kind(), ErrorKind::NoSys);
     }
+    // FI_WAIT_SET names its set at open.
+    let Err(e) = dom.cntr_open_with(&CntrAttr { wait_obj: WaitObj::Set }) else { panic!("Set with no set") };
+    assert_eq!(e.kind(), ErrorKind::Inval);
+    let ws = dom.wait_open().unwrap();
+    let member = ws.cntr_open().unwrap();
+    assert_eq!(member.close().unwrap_err().kind(), ErrorKind::Busy, "bound to its set");
+    ws.del_cntr(&member).unwrap();
+    member.close().unwrap();
     let none = dom.cntr_open_with(&CntrAttr { wait_obj: WaitObj::None }).unwrap();
     assert_eq!(none.wait(1, 0).unwrap_err().kind(), ErrorKind::Inval);
     assert_eq!(none.wait_fd().unwrap_err().kind(), ErrorKind::NoSys);
