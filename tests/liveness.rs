@@ -5,7 +5,7 @@
 //! another directory than /dev/shm (`SHMFAB_SHM_DIR`).
 
 mod common;
-use shmfab::{AddressVector, CqAttr, ErrorKind, Fabric, FI_RECV, FI_TRANSMIT};
+use shmfab::{ErrorKind, Fabric};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -37,12 +37,7 @@ fn spawn_child(test: &str, dir: &Path, job: &str, env: &[(&str, &str)]) -> Child
 fn child_publishes_and_exits(dir: &Path) -> ! {
     let fabric = Fabric::open().unwrap();
     let dom = fabric.domain().unwrap();
-    let cq = dom.cq_open(&CqAttr::default()).unwrap();
-    let av = dom.av_open().unwrap();
-    let ep = dom.endpoint().unwrap();
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-    ep.bind_av(&av).unwrap();
-    ep.enable().unwrap();
+    let (_cq, _av, ep) = common::open_endpoint(&dom);
     std::fs::write(dir.join("addr.tmp"), ep.getname().to_bytes()).unwrap();
     std::fs::rename(dir.join("addr.tmp"), dir.join("addr")).unwrap();
     // No destructor runs: the region is neither marked closing nor unlinked.
@@ -92,12 +87,7 @@ fn a_receive_from_an_unreaped_child_fails() {
     let _clean = Cleanup { dir: dir.clone(), job: job.clone() };
     let fabric = Fabric::open().unwrap();
     let dom = fabric.domain().unwrap();
-    let cq = dom.cq_open(&CqAttr::default()).unwrap();
-    let av: AddressVector = dom.av_open().unwrap();
-    let ep = dom.endpoint().unwrap();
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-    ep.bind_av(&av).unwrap();
-    ep.enable().unwrap();
+    let (cq, av, ep) = common::open_endpoint(&dom);
     let mut child = spawn_child("a_receive_from_an_unreaped_child_fails", &dir, &job, &[]);
     let peer = av.insert(&[child_address(&dir, &mut child)]).unwrap()[0];
     // The child exits; we do not reap it (yet): it is a zombie.
