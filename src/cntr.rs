@@ -67,14 +67,7 @@ impl Domain {
                 format!("counters take Unspec, None, Yield or Fd as wait object, not {:?}", attr.wait_obj),
             ));
         }
-        let fd = if attr.wait_obj == WaitObj::Fd {
-            let fd = crate::fdwait::eventfd()?;
-            let mut b = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
-            b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.inner.region.header().doorbell)).add(fd.clone());
-            Some(fd)
-        } else {
-            None
-        };
+        let fd = if attr.wait_obj == WaitObj::Fd { Some(self.inner.bridged_eventfd()?) } else { None };
         let mut st = self.inner.lock()?;
         let n = self.inner.counters().len();
         // The id indexes the region's counter table.

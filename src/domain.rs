@@ -279,6 +279,16 @@ impl DomainInner {
         })
     }
 
+    /// A new eventfd that the domain's bridge (started if need be) makes
+    /// readable when it fires: the fd of an Fd wait object or of a
+    /// completion channel.
+    pub fn bridged_eventfd(&self) -> Result<Arc<std::os::fd::OwnedFd>> {
+        let fd = crate::fdwait::eventfd()?;
+        let mut b = self.bridge.lock().unwrap_or_else(|p| p.into_inner());
+        b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.region.header().doorbell)).add(fd.clone());
+        Ok(fd)
+    }
+
     pub fn region_fd(&self) -> &std::fs::File {
         self.region.file()
     }

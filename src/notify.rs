@@ -103,7 +103,7 @@ pub struct CompletionChannel {
 impl Domain {
     /// Opens a completion channel.
     pub fn channel_open(&self) -> Result<CompletionChannel> {
-        let fd = crate::fdwait::eventfd()?;
+        let fd = self.inner.bridged_eventfd()?;
         let inner = Arc::new(ChannelInner {
             events: Mutex::new(VecDeque::new()),
             fd: fd.clone(),
@@ -111,8 +111,6 @@ impl Domain {
             acked: AtomicU64::new(0),
             attached: AtomicUsize::new(0),
         });
-        let mut b = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
-        b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.inner.region.header().doorbell)).add(fd);
         Ok(CompletionChannel { dom: self.inner.clone(), inner })
     }
 }

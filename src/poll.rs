@@ -233,13 +233,7 @@ impl Domain {
         use crate::cq::WaitObj;
         let fd = match wait_obj {
             WaitObj::Unspec | WaitObj::Yield => None,
-            WaitObj::Fd => {
-                let fd = crate::fdwait::eventfd()?;
-                let mut b = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
-                b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.inner.region.header().doorbell))
-                    .add(fd.clone());
-                Some(fd)
-            }
+            WaitObj::Fd => Some(self.inner.bridged_eventfd()?),
             w => {
                 return Err(Error::with(
                     ErrorKind::NoSys,
