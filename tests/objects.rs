@@ -533,10 +533,15 @@ fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
     child.kill().unwrap();
     child.wait().unwrap();
     let _ = std::fs::remove_file(&note);
-    assert!(std::path::Path::new(&path).exists(), "SIGKILL leaves the region behind");
+    // From here another test of this binary opening a domain (in parallel)
+    // may clean the dead region first: the dry run checks hold while it
+    // is still there.
     let dead = shmfab::internal::region::clean_dead(true);
-    assert!(dead.iter().any(|r| r.name == name), "dry run lists it");
-    assert!(std::path::Path::new(&path).exists(), "dry run removes nothing");
+    let listed = dead.iter().any(|r| r.name == name);
+    assert!(listed || !std::path::Path::new(&path).exists(), "dry run lists it");
+    if listed {
+        assert!(std::path::Path::new(&path).exists(), "dry run removes nothing");
+    }
     let _next = Fabric::open().unwrap().domain().unwrap();
     assert!(!std::path::Path::new(&path).exists(), "the next start removed the dead owner's region");
     assert!(std::path::Path::new(&format!("/dev/shm/{}", keep.region_name())).exists());
