@@ -57,11 +57,10 @@ impl AddressVector {
     /// Inserts addresses; returns their handles in order. An address already
     /// present gets its existing handle.
     pub fn insert(&self, addrs: &[Address]) -> Result<Vec<FiAddr>> {
-        let uid = crate::region::uid();
-        if let Some(a) = addrs.iter().find(|a| a.uid != uid) {
+        if let Some(a) = addrs.iter().find(|a| !a.is_plausible()) {
             return Err(Error::with(
                 ErrorKind::Inval,
-                format!("address of uid {} cannot be reached from uid {uid}", a.uid),
+                format!("{} is not an endpoint address (no owner pid or token)", Self::straddr(a)),
             ));
         }
         self.with(|av| {
@@ -130,7 +129,8 @@ impl AddressVector {
 
     /// Printable form of an address.
     pub fn straddr(a: &Address) -> String {
-        format!("shmfab://{}.{:08x}.{:016x}/{}#{}", a.uid, a.job, a.token, a.ep_index, a.generation)
+        let at = if a.fd == Address::NAMED { "named".to_string() } else { format!("fd{}", a.fd) };
+        format!("shmfab://{}:{at}.{:08x}.{:08x}/{}#{}", a.pid, a.job, a.token, a.ep_index, a.generation)
     }
 
     /// Closes the AV; `Busy` while endpoints are bound to it.

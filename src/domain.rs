@@ -63,13 +63,7 @@ impl Fabric {
         region::clean_dead(false);
         let job = region::job_hash(&region::job_id());
         let cfg = self.cfg.clone();
-        let region = Region::create(job, &cfg.geometry, cfg.max_eps, cfg.max_counters)?;
-        let token = region
-            .name()
-            .rsplit('.')
-            .next()
-            .and_then(|t| u64::from_str_radix(t, 16).ok())
-            .ok_or_else(|| Error::with(ErrorKind::Other, "region name without token"))?;
+        let region = Region::create(job, &cfg.geometry, cfg.max_eps, cfg.max_counters, cfg.regions)?;
         let n = cfg.max_eps as usize;
         let st = DomainState {
             eps: (0..n).map(|_| None).collect(),
@@ -85,9 +79,6 @@ impl Fabric {
             inner: Arc::new(DomainInner {
                 cfg,
                 region,
-                job,
-                token,
-                uid: region::uid(),
                 st: DomainLock::new(st, threading),
                 sleeps: Default::default(),
                 bridge: std::sync::Mutex::new(None),
@@ -122,9 +113,6 @@ pub struct Domain {
 pub(crate) struct DomainInner {
     pub cfg: Config,
     pub region: Region,
-    pub job: u32,
-    pub token: u64,
-    pub uid: u32,
     pub st: DomainLock<DomainState>,
     /// Times a `wait` really slept on the doorbell.
     pub sleeps: std::sync::atomic::AtomicU64,
@@ -172,7 +160,7 @@ pub(crate) struct DomainState {
     pub avs: Table<AvState>,
     pub srqs: Table<SrqState>,
     /// Peer regions mapped so far, by name (first contact maps them).
-    pub regions: HashMap<String, Arc<Region>>,
+    pub regions: region::RegionMap,
 }
 
 impl DomainState {
@@ -262,7 +250,7 @@ pub(crate) struct Ctx<'a> {
     pub cqs: &'a mut Slots<CqState>,
     pub avs: &'a Slots<AvState>,
     pub srqs: &'a mut Slots<SrqState>,
-    pub regions: &'a mut HashMap<String, Arc<Region>>,
+    pub regions: &'a mut region::RegionMap,
     pub counters: &'a [shm_layout::Counter],
 }
 
@@ -388,7 +376,9 @@ impl Domain {
         &self.inner.cfg
     }
 
-    /// Name of the domain's region under /dev/shm.
+    /// Name of the domain's region (its file name under /dev/shm when
+    /// `SHMFAB_REGIONS=named`; anonymous regions have none, and are called
+    /// this in messages and by `shmfab inspect`).
     pub fn region_name(&self) -> &str {
         self.inner.region.name()
     }
@@ -826,7 +816,8 @@ impl Section {
     /// before each push (`Peer::chan_valid`) fails for good once the
     /// section is closed. Never 0 (a free slot).
     pub fn claim_token(me: Address, generation: u32) -> u64 {
-        (me.token ^ ((me.ep_index as u64) << 48) ^ ((me.generation as u64) << 32) ^ ((generation as u64) << 1)) | 1
+        (me.region_bits() ^ ((me.ep_index as u64) << 48) ^ ((me.generation as u64) << 32) ^ ((generation as u64) << 1))
+            | 1
     }
 
     /// A sender's claim of a free ring slot for `me`, with the `token` of
@@ -1031,8 +1022,8 @@ mod tests {
     use super::*;
     use crate::sync::Ordering;
 
-    fn sender(token: u64) -> Address {
-        Address { uid: 1, job: 2, token, ep_index: 0, generation: 1 }
+    fn sender(token: u32) -> Address {
+        Address { pid: 1, job: 2, token, fd: 3, ep_index: 0, generation: 1 }
     }
 
     #[test]
@@ -1075,7 +1066,7 @@ mod loom_tests {
     const G: EpGeometry = HeapSection::SMALL;
 
     /// The sender's own address (generation 1 of its endpoint).
-    const ME: Address = Address { uid: 1, job: 2, token: 0x77, ep_index: 3, generation: 1 };
+    const ME: Address = Address { pid: 1, job: 2, token: 0x77, fd: 3, ep_index: 3, generation: 1 };
 
     /// What the punch of a closed section's pages does (Endpoint::close):
     /// every word after the header reads zero. The kernel replaces the

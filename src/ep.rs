@@ -85,7 +85,8 @@ impl Domain {
         // SAFETY: the section is closed (state CLOSED, freshly zeroed pages),
         // so no peer uses its pool or queue yet.
         unsafe { sec.open(generation) };
-        let addr = Address { uid: inner.uid, job: inner.job, token: inner.token, ep_index: idx as u32, generation };
+        let id = inner.region.id();
+        let addr = Address { pid: id.pid, job: id.job, token: id.token, fd: id.fd, ep_index: idx as u32, generation };
         let ep = crate::domain::EpBox::new(EpState::new(addr, sec));
         let state = ep.ptr();
         st.set_ep(idx, Some(ep));

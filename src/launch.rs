@@ -4,8 +4,9 @@
 //! Ranks meet in a boot region `shmfab.<uid>.<jobhash>.boot`: the first to
 //! come creates it (O_EXCL), each writes its pid and endpoint addresses,
 //! waits for all (a rank that never arrives is named after
-//! `SHMFAB_BOOT_TIMEOUT` seconds, default 120), reads every entry, and the
-//! last to read unlinks it. Two jobs on one node have different job ids and
+//! `SHMFAB_BOOT_TIMEOUT` seconds, default 120), and reads every entry. The
+//! last to arrive unlinks it (all ranks have it mapped by then); if the
+//! exchange fails, the last rank to leave it does. Two jobs on one node have different job ids and
 //! never see each other. No MPI library is needed.
 
 use crate::cq::{CqErrEntry, CqTaggedEntry};
@@ -47,6 +48,29 @@ impl Boot {
         // SAFETY: r < size, and the mapping holds size entries after the
         // header page (checked at open).
         unsafe { &*(self.map.as_ptr().add(PAGE + r * std::mem::size_of::<BootEntry>()) as *const BootEntry) }
+    }
+
+    /// Removes the region's name, if it still names this region (a later
+    /// job of the same id may have made a new one).
+    fn unlink(&self) {
+        let ours = rustix::fs::fstat(&self.lock).ok();
+        let named = rustix::fs::stat(crate::region::shm_path(&self.name)).ok();
+        if let (Some(a), Some(b)) = (ours, named) {
+            if a.st_dev == b.st_dev && a.st_ino == b.st_ino {
+                let _ = crate::region::unlink_shm(self.name.as_str());
+            }
+        }
+    }
+
+    /// The exchange failed for this rank: the last rank to leave it (no
+    /// other holds a lock) removes the region, so a job that never
+    /// started leaves nothing behind either.
+    fn abandon(&self) {
+        use rustix::fs::{flock, FlockOperation};
+        let _ = flock(&self.lock, FlockOperation::Unlock);
+        if flock(&self.lock, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            self.unlink();
+        }
     }
 
     /// Creates or opens the boot region of `job` for `size` ranks.
@@ -254,7 +278,20 @@ fn exchange(l: &Launch, addr: Address, ctl: Address, timeout: Duration) -> Resul
     }
     // SYNC: publishes the entry to the acquire loads below in other ranks.
     me.state.store(1, Ordering::Release);
-    b.header().arrived.fetch_add(1, Ordering::AcqRel);
+    // The last to arrive removes the name: every rank has the region open
+    // and mapped by now, and a crash from here on leaves nothing behind.
+    if b.header().arrived.fetch_add(1, Ordering::AcqRel) + 1 == l.size as u32 {
+        b.unlink();
+    }
+    let r = wait_for_all(&b, l, timeout, deadline);
+    if r.is_err() {
+        b.abandon();
+    }
+    r
+}
+
+/// Waits for every rank's entry in `b` and returns them.
+fn wait_for_all(b: &Boot, l: &Launch, timeout: Duration, deadline: Instant) -> Result<Vec<(Address, Address)>> {
     let mut naps = 0u32;
     loop {
         let missing: Vec<usize> = (0..l.size).filter(|&r| b.entry(r).state.load(Ordering::Acquire) != 1).collect();
@@ -299,9 +336,7 @@ fn exchange(l: &Launch, addr: Address, ctl: Address, timeout: Duration) -> Resul
             unsafe { (std::ptr::addr_of!(e.addr).read_volatile(), std::ptr::addr_of!(e.ctl).read_volatile()) }
         })
         .collect();
-    if b.header().departed.fetch_add(1, Ordering::AcqRel) + 1 == l.size as u32 {
-        let _ = crate::region::unlink_shm(b.name.as_str());
-    }
+    b.header().departed.fetch_add(1, Ordering::AcqRel);
     Ok(out)
 }
 

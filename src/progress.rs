@@ -85,7 +85,7 @@ impl Src<'_> {
 #[inline(always)]
 pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     if let Some(claimed) = ep.inbound.new_claims(&ep.sec) {
-        ep.inbound.accept_claims(&ep.sec, &mut ep.peers, ep.addr.uid, claimed);
+        ep.inbound.accept_claims(&ep.sec, &mut ep.peers, claimed);
     }
     // After the claims: a peer found dead may have left messages in a ring
     // it just claimed (see Inbound::may_hold).
@@ -199,10 +199,7 @@ fn check_ovf_claim(ep: &mut EpState, ctx: &mut Ctx<'_>, now: std::time::Instant)
     };
     match ep.inbound.ovf_stuck {
         Some((p, since)) if p == pos => {
-            if now.duration_since(since) < ctx.cfg.peer_check
-                || src == shm_layout::Address::default()
-                || src.uid != ep.addr.uid
-            {
+            if now.duration_since(since) < ctx.cfg.peer_check || !src.is_plausible() {
                 return;
             }
             let peer = ep.peers.index_of(src);
@@ -298,7 +295,7 @@ fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             break;
         };
         ep.inbound.ovf_stuck = None;
-        if m.src.uid != ep.addr.uid {
+        if !m.src.is_plausible() {
             ep.inbound.ovf.commit();
             continue;
         }

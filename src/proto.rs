@@ -38,7 +38,8 @@
 //! | `SHMFAB_UNEXP_MAX` | bytes of unexpected inline messages an endpoint holds before it stops draining (back-pressure) | 8 MiB |
 //! | `SHMFAB_TX_SIZE`, `SHMFAB_RX_SIZE` | outstanding sends / posted receives per endpoint | 4096 |
 //! | `SHMFAB_PEER_CHECK_MS` | how often a peer with pending operations is checked for life; a dead peer's operations fail within about this time | 100 |
-//! | `SHMFAB_MAX_EPS` | endpoint sections per domain | 4 |
+//! | `SHMFAB_MAX_EPS` | endpoint sections per domain | 64 |
+//! | `SHMFAB_REGIONS` | `anonymous` (regions have no name: nothing is left behind by a crash) or `named` (for ranks in different PID namespaces; a crash leaves them until the next start or `shmfab clean`) | `anonymous` |
 //! | `SHMFAB_BOOT_TIMEOUT` | seconds [`crate::World::init`] waits for every rank | 120 |
 //! | `SHMFAB_THREADING` | `domain` or `safe`: the threading model of `Fabric::domain` | `domain` |
 
@@ -104,6 +105,8 @@ pub struct Config {
     pub rx_size: usize,
     /// How often a peer with pending operations is checked for life.
     pub peer_check: std::time::Duration,
+    /// How domains keep their regions (`SHMFAB_REGIONS`).
+    pub regions: crate::region::Backing,
     /// How long [`crate::World::init`] waits for every rank to arrive.
     pub boot_timeout: std::time::Duration,
 }
@@ -241,6 +244,7 @@ impl Default for Config {
             tx_size: 4096,
             rx_size: 4096,
             peer_check: std::time::Duration::from_millis(100),
+            regions: crate::region::Backing::Anonymous,
             boot_timeout: std::time::Duration::from_secs(120),
         }
     }
@@ -279,6 +283,10 @@ impl Config {
             Some("nowrite") => CmaMode::NoWrite,
             _ => CmaMode::Auto,
         };
+        let regions = match parse_choice(get, "SHMFAB_REGIONS", &["anonymous", "named"])? {
+            Some("named") => crate::region::Backing::Named,
+            _ => crate::region::Backing::Anonymous,
+        };
         // Read by `Fabric::domain`; checked here so that a typo is an error.
         parse_choice(get, "SHMFAB_THREADING", &["domain", "safe"])?;
         let bytes = |name: &str, lo: u64, default: usize| -> Result<usize> {
@@ -303,6 +311,7 @@ impl Config {
             tx_size: queue("SHMFAB_TX_SIZE", d.tx_size)?,
             rx_size: queue("SHMFAB_RX_SIZE", d.rx_size)?,
             peer_check: std::time::Duration::from_millis(ms),
+            regions,
             boot_timeout: std::time::Duration::from_secs(boot),
         };
         c.clamp();

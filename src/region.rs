@@ -1,16 +1,24 @@
-//! Shared-memory regions under /dev/shm (or `SHMFAB_SHM_DIR`): one per
-//! domain.
+//! Shared-memory regions: one per domain.
 //!
-//! **Where**: by default regions are POSIX shared memory (`shm_open`,
-//! /dev/shm). `SHMFAB_SHM_DIR` names another directory (a tmpfs of its own,
-//! a hugetlbfs mount): regions are then created there with plain `open`
-//! (same flags and mode). Every rank of a job, and `shmfab clean`,
-//! `inspect` and `info`, must see the same setting.
+//! **Anonymous by default** (`SHMFAB_REGIONS=anonymous`): a region is a file
+//! with no name, made with `O_TMPFILE` in /dev/shm (or `SHMFAB_SHM_DIR`; where
+//! the file system has no `O_TMPFILE` it is created with a name and unlinked
+//! at once). Peers open it through its owner, as `/proc/<pid>/fd/<fd>` (the
+//! pid and descriptor are in every address), and check that the header
+//! carries the address's job and token. The kernel frees it when the last
+//! process holding it exits, whatever killed them: a job leaves nothing
+//! behind, with no cleaner. `shmfab inspect` finds these regions through
+//! the descriptors of live processes (`/proc/*/fd`).
 //!
-//! A region is created `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, named
-//! `shmfab.<uid>.<jobhash>.<token>`; it is unlinked when its owner closes it.
-//! Peers attach on first contact, after checking magic, layout version and
-//! hash, owner uid and sizes.
+//! **Named** (`SHMFAB_REGIONS=named`): for ranks in different PID
+//! namespaces, which cannot reach each other's `/proc/<pid>`. A region is
+//! created `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, named
+//! `shmfab.<uid>.<jobhash>.<token>` (`shm_open`, or plain `open` in
+//! `SHMFAB_SHM_DIR`); it is unlinked when its owner closes it, and after a
+//! crash by [`clean_dead`] (the next domain creation, or `shmfab clean`).
+//!
+//! Either way peers check magic, layout version and hash, owner uid, mode
+//! and sizes before using a region.
 //!
 //! **Liveness**: the owner holds an exclusive `flock` on its region file
 //! from before it publishes the header until it dies or closes the region;
@@ -21,8 +29,7 @@
 //! mean nothing, and a zombie owner holds no lock. The header's pid and
 //! start time only name the owner in messages, and keep alive the region
 //! of a build that took no lock while its owner lives (a pid can only make
-//! a region alive, never dead). Regions of dead owners are removed by
-//! [`clean_dead`], which the next domain creation calls.
+//! a region alive, never dead).
 //!
 //! ```
 //! use shmfab::internal::region::{job_hash, region_name};
@@ -32,7 +39,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use memmap2::{MmapOptions, MmapRaw};
-use shm_layout::{region_size, state, EpGeometry, RegionHeader, LAYOUT_HASH, LAYOUT_VERSION, MAGIC, PAGE};
+use shm_layout::{region_size, state, Address, EpGeometry, RegionHeader, LAYOUT_HASH, LAYOUT_VERSION, MAGIC, PAGE};
 use std::fs::File;
 use std::sync::atomic::Ordering;
 
@@ -131,17 +138,86 @@ pub fn job_hash(job: &str) -> u32 {
     h
 }
 
-/// The name of a region.
-pub fn region_name(uid: u32, job: u32, token: u64) -> String {
-    format!("{PREFIX}{uid}.{job:08x}.{token:016x}")
+/// The name of a region: its file name when named, and how messages and
+/// the tools call it either way.
+pub fn region_name(uid: u32, job: u32, token: u32) -> String {
+    format!("{PREFIX}{uid}.{job:08x}.{token:08x}")
 }
 
-/// A mapped region: ours (unlinked on drop) or a peer's.
+/// How a domain keeps its region (`SHMFAB_REGIONS`); see the module's doc.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backing {
+    /// No name: reached through the owner's `/proc/<pid>/fd/<fd>`, freed by
+    /// the kernel when the last process holding it exits (the default).
+    #[default]
+    Anonymous,
+    /// A name in the shared memory directory, for ranks in different PID
+    /// namespaces; a crashed owner's region stays until [`clean_dead`].
+    Named,
+}
+
+/// Which region an address is in, and how to reach it: the region part of
+/// an [`Address`]. Equal for every endpoint of one region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RegionId {
+    /// The owner's pid (for an anonymous region, a holder's pid).
+    pub pid: u32,
+    /// The holder's descriptor, or [`Address::NAMED`].
+    pub fd: u32,
+    /// Job hash.
+    pub job: u32,
+    /// Token.
+    pub token: u32,
+}
+
+impl RegionId {
+    /// The region part of `a`.
+    pub fn of(a: &Address) -> RegionId {
+        RegionId { pid: a.pid, fd: a.fd, job: a.job, token: a.token }
+    }
+
+    /// The id of the named region `name` (`shmfab.<uid>.<job>.<token>`).
+    pub fn from_name(name: &str) -> Option<RegionId> {
+        let rest = name.strip_prefix(PREFIX)?;
+        let mut parts = rest.split('.');
+        let _uid: u32 = parts.next()?.parse().ok()?;
+        let job = u32::from_str_radix(parts.next()?, 16).ok()?;
+        let token = u32::from_str_radix(parts.next()?, 16).ok()?;
+        parts.next().is_none().then_some(RegionId { pid: 0, fd: Address::NAMED, job, token })
+    }
+
+    /// Whether the region has a name in the shared memory directory.
+    pub fn named(&self) -> bool {
+        self.fd == Address::NAMED
+    }
+
+    /// The region's name (see [`region_name`]; regions are this user's).
+    pub fn name(&self) -> String {
+        region_name(uid(), self.job, self.token)
+    }
+
+    /// Where it is opened: `/proc/<pid>/fd/<fd>`, or its file.
+    pub fn path(&self) -> String {
+        if self.named() {
+            shm_path(&self.name())
+        } else {
+            format!("/proc/{}/fd/{}", self.pid, self.fd)
+        }
+    }
+}
+
+/// The peer regions a domain has mapped, by identity.
+pub type RegionMap = std::collections::HashMap<RegionId, std::sync::Arc<Region>>;
+
+/// A mapped region: ours (unlinked on drop when named) or a peer's.
 pub struct Region {
     map: MmapRaw,
     name: String,
     owned: bool,
-    /// Keeps the fd open for the life of the mapping (fallocate on open).
+    /// How a peer reaches it (our pid and descriptor, or its name).
+    id: RegionId,
+    /// Keeps the fd open for the life of the mapping (fallocate on open;
+    /// for our anonymous region, the descriptor peers open through /proc).
     file: File,
 }
 
@@ -176,20 +252,24 @@ fn space_hint(e: &Error) -> Error {
 
 impl Region {
     /// Creates and initialises a new region for this process.
-    pub fn create(job: u32, g: &EpGeometry, n_eps: u32, n_counters: u32) -> Result<Region> {
+    pub fn create(job: u32, g: &EpGeometry, n_eps: u32, n_counters: u32, backing: Backing) -> Result<Region> {
         g.validate().map_err(|m| Error::with(ErrorKind::Inval, format!("bad geometry: {m}")))?;
         if n_eps == 0 || n_eps > 256 || n_counters > 4096 {
             return Err(Error::with(ErrorKind::Inval, "n_eps must be 1..=256 and n_counters at most 4096"));
         }
-        shm_dir()?;
+        let dir = shm_dir()?;
         let uid = uid();
         let size = region_size(g, n_eps, n_counters);
         let mut tries = 0;
-        let (name, fd) = loop {
-            let token: u64 = rand::random::<u64>() | 1;
+        let (name, token, fd) = loop {
+            let token: u32 = rand::random::<u32>() | 1;
             let name = region_name(uid, job, token);
-            match open_shm(name.as_str(), true) {
-                Ok(fd) => break (name, fd),
+            let made = match backing {
+                Backing::Named => open_shm(name.as_str(), true),
+                Backing::Anonymous => create_anonymous(&dir, &name),
+            };
+            match made {
+                Ok(fd) => break (name, token, fd),
                 Err(rustix::io::Errno::EXIST) if tries < 8 => tries += 1,
                 Err(e) => {
                     return Err(space_hint(&Error::with(
@@ -200,8 +280,11 @@ impl Region {
             }
         };
         let file = File::from(fd);
+        let named = backing == Backing::Named;
         let cleanup = |e: Error| {
-            let _ = unlink_shm(name.as_str());
+            if named {
+                let _ = unlink_shm(name.as_str());
+            }
             space_hint(&e)
         };
         // The owner's lock, held until the file is closed (on drop, or by
@@ -221,12 +304,15 @@ impl Region {
         let eps_off = shm_layout::eps_offset(n_counters);
         fallocate(&file, 0, eps_off).map_err(cleanup)?;
         let map = MmapOptions::new().len(size).map_raw(&file).map_err(|e| cleanup(Error::from(e)))?;
-        let r = Region { map, name, owned: true, file };
         let pid = std::process::id();
+        let fd = if named { Address::NAMED } else { std::os::fd::AsRawFd::as_raw_fd(&file) as u32 };
+        let id = RegionId { pid, fd, job, token };
+        let r = Region { map, name, owned: true, id, file };
         let start = proc_start_time(pid).unwrap_or(0);
         // SAFETY: the mapping is at least one page, page aligned, and nobody
-        // else has it yet (the name is fresh, O_EXCL); magic is still zero so
-        // no peer will read the header before we store it below.
+        // else has it yet (a fresh file: no name, or a fresh one, O_EXCL);
+        // magic is still zero so no peer will read the header before we
+        // store it below.
         unsafe {
             let h = r.map.as_mut_ptr() as *mut RegionHeader;
             std::ptr::addr_of_mut!((*h).layout_version).write(LAYOUT_VERSION);
@@ -238,6 +324,7 @@ impl Region {
             std::ptr::addr_of_mut!((*h).job).write(job);
             std::ptr::addr_of_mut!((*h).n_eps).write(n_eps);
             std::ptr::addr_of_mut!((*h).n_counters).write(n_counters);
+            std::ptr::addr_of_mut!((*h).token).write(token);
             std::ptr::addr_of_mut!((*h).geometry).write(*g);
         }
         // Relaxed: published by the release store of magic below.
@@ -247,21 +334,51 @@ impl Region {
         Ok(r)
     }
 
-    /// Maps a peer's region by name and checks everything a peer controls.
-    pub fn attach(name: &str) -> Result<Region> {
-        if !name.starts_with(PREFIX) || name.contains('/') || name.len() > 200 {
-            return Err(Error::with(ErrorKind::Inval, format!("not a shmfab region name: {name:?}")));
+    /// Maps a peer's region (the region part of its address) and checks
+    /// everything a peer controls, including that its header carries the
+    /// address's job and token.
+    pub fn attach(id: &RegionId) -> Result<Region> {
+        let dir = shm_dir()?;
+        let name = id.name();
+        let file = if id.named() {
+            let fd = open_shm(name.as_str(), false).map_err(|e| {
+                let kind = match e {
+                    rustix::io::Errno::NOENT => ErrorKind::AddrNotAvail,
+                    _ => ErrorKind::from_errno(e.raw_os_error()),
+                };
+                Error::with(kind, format!("cannot open peer region {}: {e}", shm_path(&name)))
+            })?;
+            File::from(fd)
+        } else {
+            open_anonymous(id, &dir)?
+        };
+        let r = Region::check(file, name, id)?;
+        let h = r.header();
+        // SAFETY: header fields published before magic (checked in `check`).
+        let (job, token) =
+            unsafe { (std::ptr::addr_of!(h.job).read_volatile(), std::ptr::addr_of!(h.token).read_volatile()) };
+        if job != id.job || token != id.token {
+            return Err(Error::with(
+                ErrorKind::AddrNotAvail,
+                format!(
+                    "{} is region {} of another owner: region {} is gone (its owner exited and the \
+                     descriptor was reused)",
+                    id.path(),
+                    region_name(uid(), job, token),
+                    id.name()
+                ),
+            ));
         }
-        shm_dir()?;
-        let fd = open_shm(name, false).map_err(|e| {
-            let kind = match e {
-                rustix::io::Errno::NOENT => ErrorKind::AddrNotAvail,
-                _ => ErrorKind::from_errno(e.raw_os_error()),
-            };
-            Error::with(kind, format!("cannot open peer region {}: {e}", shm_path(name)))
-        })?;
-        let file = File::from(fd);
+        Ok(r)
+    }
+
+    /// The checks of a region file opened for reading: owner uid, mode,
+    /// size, magic, layout, geometry.
+    fn check(file: File, name: String, id: &RegionId) -> Result<Region> {
         let st = rustix::fs::fstat(&file)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error::with(ErrorKind::Inval, format!("{} is not a regular file", id.path())));
+        }
         let me = uid();
         if st.st_uid != me {
             return Err(Error::with(
@@ -284,7 +401,8 @@ impl Region {
             return Err(Error::with(ErrorKind::Io, format!("region {name} is too short ({fsize} bytes)")));
         }
         let map = MmapOptions::new().len(fsize).map_raw(&file)?;
-        let r = Region { map, name: name.to_string(), owned: false, file };
+        let r = Region { map, name, owned: false, id: *id, file };
+        let name = r.name.as_str();
         let h = r.header();
         // SYNC: pairs with the release store of magic in create().
         let magic = h.magic.load(Ordering::Acquire);
@@ -356,9 +474,15 @@ impl Region {
         &self.file
     }
 
-    /// The region's name (its file in /dev/shm or `SHMFAB_SHM_DIR`).
+    /// The region's name (its file in /dev/shm or `SHMFAB_SHM_DIR` when
+    /// named; how messages call it either way).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// How a peer reaches this region (what addresses into it carry).
+    pub fn id(&self) -> RegionId {
+        self.id
     }
 
     /// Bytes mapped.
@@ -447,9 +571,72 @@ impl Drop for Region {
             // needs publishing (a peer that reads CLOSING only fails what it
             // has pending with us), so the release is more than needed.
             self.header().state.store(state::CLOSING, Ordering::Release);
-            let _ = unlink_shm(self.name.as_str());
+            if self.id.named() {
+                let _ = unlink_shm(self.name.as_str());
+            }
         }
     }
+}
+
+/// A fresh region file with no name in `dir`: `O_TMPFILE` (never linked:
+/// `O_EXCL`), or where the file system has none, a file `name` made
+/// exclusively and unlinked at once.
+fn create_anonymous(dir: &std::path::Path, name: &str) -> rustix::io::Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let mode = Mode::from_raw_mode(0o600);
+    match rustix::fs::open(dir, OFlags::TMPFILE | OFlags::RDWR | OFlags::EXCL | OFlags::CLOEXEC, mode) {
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::ISDIR | rustix::io::Errno::INVAL) => {
+            let path = dir.join(name);
+            let fd = rustix::fs::open(
+                &path,
+                OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                mode,
+            )?;
+            rustix::fs::unlink(&path)?;
+            Ok(fd)
+        }
+        r => r,
+    }
+}
+
+/// Opens a peer's anonymous region through its holder's descriptor. The
+/// link must name a deleted file of the shared memory directory `dir`
+/// before it is opened, so a reused pid or descriptor never makes us open
+/// a device or a pipe.
+fn open_anonymous(id: &RegionId, dir: &std::path::Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = id.path();
+    let hint = "if the ranks run in different PID namespaces, set SHMFAB_REGIONS=named on every rank";
+    let target = std::fs::read_link(&path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => Error::with(
+            ErrorKind::AddrNotAvail,
+            format!("peer region {} is gone: {path} does not exist (its owner exited; {hint})", id.name()),
+        ),
+        _ => Error::with(
+            ErrorKind::from_errno(e.raw_os_error().unwrap_or(libc::EIO)),
+            format!("cannot open peer region {} through {path}: {e} ({hint})", id.name()),
+        ),
+    })?;
+    let t = target.to_string_lossy();
+    let inside = t.strip_prefix(&*dir.to_string_lossy()).is_some_and(|rest| rest.starts_with('/'));
+    if !inside || !t.ends_with(" (deleted)") {
+        return Err(Error::with(
+            ErrorKind::AddrNotAvail,
+            format!("peer region {} is gone: {path} is {t}, not a region ({hint})", id.name()),
+        ));
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| {
+            let kind = match e.raw_os_error() {
+                Some(libc::ENOENT) => ErrorKind::AddrNotAvail,
+                n => ErrorKind::from_errno(n.unwrap_or(libc::EIO)),
+            };
+            Error::with(kind, format!("cannot open peer region {} through {path}: {e}", id.name()))
+        })
 }
 
 fn fallocate(file: &File, off: usize, len: usize) -> Result<()> {
@@ -481,27 +668,72 @@ pub fn locked(file: &File) -> bool {
     }
 }
 
-/// What [`scan`] found about one region file.
+/// What [`scan`] found about one region.
 #[derive(Debug, Clone)]
 pub struct RegionInfo {
-    /// File name in /dev/shm (or `SHMFAB_SHM_DIR`).
+    /// Its name ([`region_name`]; its file name in /dev/shm or
+    /// `SHMFAB_SHM_DIR` when named, or a boot region's file name).
     pub name: String,
+    /// How to reach it ([`Region::attach`]); a boot region's has the name's
+    /// job and token 0.
+    pub id: RegionId,
+    /// Whether it has a name in the shared memory directory (only those
+    /// are left behind by a crash, and removed by [`clean_dead`]).
+    pub named: bool,
     /// Owner pid (0 if the header was unreadable).
     pub pid: u32,
     /// Whether its owner lives (it holds its lock; see the module's doc).
+    /// An anonymous region whose owner died is still there while a peer
+    /// holds it, until that peer exits.
     pub alive: bool,
     /// Layout version written in it.
     pub layout_version: u32,
-    /// Job hash from its name.
+    /// Job hash.
     pub job: u32,
     /// Bytes.
     pub size: u64,
 }
 
 /// Lists this user's regions (optionally of one job) with their owners'
-/// state, in [`shm_dir`] (none if it is not usable: the tools check it
-/// first with [`shm_dir`] to say why).
+/// state: the named ones in [`shm_dir`], and the anonymous ones held by
+/// the live processes this one may look into (`/proc/*/fd`). None if the
+/// directory is not usable (the tools check it first with [`shm_dir`] to
+/// say why).
 pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
+    let mut out = scan_named(job);
+    out.extend(scan_anonymous(job));
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The first bytes of a region header, as [`scan`] reads them.
+struct HeaderWords {
+    magic: u64,
+    version: u32,
+    pid: u32,
+    start: u64,
+    job: u32,
+    token: u32,
+}
+
+fn header_words(f: &File) -> Option<HeaderWords> {
+    use std::os::unix::fs::FileExt;
+    let mut hdr = [0u8; 64];
+    f.read_exact_at(&mut hdr, 0).ok()?;
+    let u32_at = |i: usize| u32::from_le_bytes(hdr[i..i + 4].try_into().unwrap());
+    let u64_at = |i: usize| u64::from_le_bytes(hdr[i..i + 8].try_into().unwrap());
+    Some(HeaderWords {
+        magic: u64_at(0),
+        version: u32_at(8),
+        pid: u32_at(16),
+        start: u64_at(24),
+        job: u32_at(std::mem::offset_of!(RegionHeader, job)),
+        token: u32_at(std::mem::offset_of!(RegionHeader, token)),
+    })
+}
+
+/// Named regions (and boot regions) in the shared memory directory.
+fn scan_named(job: Option<u32>) -> Vec<RegionInfo> {
     let prefix = format!("{PREFIX}{}.", uid());
     let mut out = Vec::new();
     let Ok(dir) = shm_dir().and_then(|d| std::fs::read_dir(d).map_err(Error::from)) else {
@@ -512,7 +744,9 @@ pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
         let Some(rest) = name.strip_prefix(&prefix) else {
             continue;
         };
-        let jh = rest.split('.').next().and_then(|s| u32::from_str_radix(s, 16).ok()).unwrap_or(0);
+        let mut parts = rest.split('.');
+        let jh = parts.next().and_then(|s| u32::from_str_radix(s, 16).ok()).unwrap_or(0);
+        let token = parts.next().and_then(|s| u32::from_str_radix(s, 16).ok()).unwrap_or(0);
         if job.is_some_and(|j| j != jh) {
             continue;
         }
@@ -523,45 +757,108 @@ pub fn scan(job: Option<u32>) -> Vec<RegionInfo> {
         if !meta.file_type().is_file() {
             continue;
         }
-        let mut hdr = [0u8; 32];
         // Not opened (not readable): judged by its age below, as a region
         // never initialised.
         let f = File::open(&path).ok();
-        let read = f.as_ref().is_some_and(|f| {
-            use std::os::unix::fs::FileExt;
-            f.read_exact_at(&mut hdr, 0).is_ok()
-        });
-        let u32_at = |i: usize| u32::from_le_bytes(hdr[i..i + 4].try_into().unwrap());
-        let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());
-        let pid = u32_at(16);
-        let start = u64::from_le_bytes(hdr[24..32].try_into().unwrap());
+        let hdr = f.as_ref().and_then(header_words);
+        let init = hdr.as_ref().filter(|h| h.magic == MAGIC);
         // The lock is looked at after the header was read: its creator
         // locks before it publishes magic, so magic seen and then no lock
         // means the owner is gone.
         let alive = f.as_ref().is_some_and(locked)
-            || if read && magic == MAGIC {
-                owner_alive(pid, start)
-            } else {
+            || match init {
+                Some(h) => owner_alive(h.pid, h.start),
                 // Not initialised: alive while young (its creator may be
                 // between open and the magic store), dead after 30 s.
-                meta.modified().ok().and_then(|m| m.elapsed().ok()).is_none_or(|age| age.as_secs() < 30)
+                None => meta.modified().ok().and_then(|m| m.elapsed().ok()).is_none_or(|age| age.as_secs() < 30),
             };
         out.push(RegionInfo {
             name,
-            pid: if magic == MAGIC { pid } else { 0 },
+            id: RegionId { pid: init.map_or(0, |h| h.pid), fd: Address::NAMED, job: jh, token },
+            named: true,
+            pid: init.map_or(0, |h| h.pid),
             alive,
-            layout_version: u32_at(8),
+            layout_version: hdr.as_ref().map_or(0, |h| h.version),
             job: jh,
             size: meta.len(),
         });
     }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
 
-/// Removes this user's regions whose owners are dead; returns their names.
+/// Anonymous regions: deleted files of the shared memory directory held
+/// open by live processes, each listed once (by inode) whoever holds it.
+fn scan_anonymous(job: Option<u32>) -> Vec<RegionInfo> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut out = Vec::new();
+    let Ok(dir) = shm_dir() else {
+        return out;
+    };
+    let inside = format!("{}/", dir.display());
+    let me = uid();
+    let mut seen = std::collections::HashSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        // Other users' processes (EACCES) and exited ones are skipped.
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for f in fds.flatten() {
+            let Some(fd) = f.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(target) = std::fs::read_link(f.path()) else {
+                continue;
+            };
+            let t = target.to_string_lossy();
+            if !t.starts_with(&inside) || !t.ends_with(" (deleted)") {
+                continue;
+            }
+            let Ok(file) = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(f.path())
+            else {
+                continue;
+            };
+            let Ok(meta) = file.metadata() else {
+                continue;
+            };
+            if !meta.file_type().is_file() || meta.uid() != me || !seen.insert((meta.dev(), meta.ino())) {
+                continue;
+            }
+            let Some(h) = header_words(&file).filter(|h| h.magic == MAGIC) else {
+                continue; // not a region, or one being made
+            };
+            if job.is_some_and(|j| j != h.job) {
+                continue;
+            }
+            out.push(RegionInfo {
+                name: region_name(me, h.job, h.token),
+                id: RegionId { pid, fd, job: h.job, token: h.token },
+                named: false,
+                pid: h.pid,
+                alive: locked(&file),
+                layout_version: h.version,
+                job: h.job,
+                size: meta.len(),
+            });
+        }
+    }
+    out
+}
+
+/// Removes this user's named regions whose owners are dead; returns them.
+/// (Anonymous regions need no cleaning: the kernel frees them with the
+/// last process that holds them.)
 pub fn clean_dead(dry_run: bool) -> Vec<RegionInfo> {
-    let dead: Vec<_> = scan(None).into_iter().filter(|r| !r.alive).collect();
+    let mut dead: Vec<_> = scan_named(None).into_iter().filter(|r| !r.alive).collect();
+    dead.sort_by(|a, b| a.name.cmp(&b.name));
     if !dry_run {
         for r in &dead {
             let _ = unlink_shm(r.name.as_str());
@@ -570,9 +867,10 @@ pub fn clean_dead(dry_run: bool) -> Vec<RegionInfo> {
     dead
 }
 
-/// Removes every region of a job whatever its owner's state (test cleanup).
+/// Removes every named region of a job whatever its owner's state (test
+/// and launcher cleanup).
 pub fn remove_job(job: u32) -> usize {
-    let all = scan(Some(job));
+    let all = scan_named(Some(job));
     for r in &all {
         let _ = unlink_shm(r.name.as_str());
     }
@@ -583,34 +881,69 @@ pub fn remove_job(job: u32) -> usize {
 mod tests {
     use super::*;
 
+    fn job(what: &str) -> u32 {
+        job_hash(&format!("unit-{what}-{}", std::process::id()))
+    }
+
     #[test]
-    fn create_attach_and_unlink() {
-        let job = job_hash(&format!("unit-region-{}", std::process::id()));
+    fn create_attach_and_unlink_named() {
         let g = EpGeometry::DEFAULT;
-        let r = Region::create(job, &g, 2, 4).unwrap();
+        let r = Region::create(job("named"), &g, 2, 4, Backing::Named).unwrap();
         let name = r.name().to_string();
-        let p = Region::attach(&name).unwrap();
+        assert!(r.id().named());
+        let p = Region::attach(&r.id()).unwrap();
         assert_eq!(p.geometry(), (g, 2, 4));
         assert_eq!(p.owner().0, std::process::id());
         let meta = std::fs::metadata(shm_path(&name)).unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         drop(p);
+        let id = r.id();
         drop(r);
         assert!(std::fs::metadata(shm_path(&name)).is_err(), "unlinked on close");
-        assert!(Region::attach(&name).is_err());
+        assert!(Region::attach(&id).is_err());
+    }
+
+    #[test]
+    fn an_anonymous_region_has_no_name_and_is_reached_through_its_owner() {
+        let g = EpGeometry::DEFAULT;
+        let j = job("anon");
+        let r = Region::create(j, &g, 2, 4, Backing::Anonymous).unwrap();
+        let id = r.id();
+        assert!(!id.named());
+        assert_eq!(id.pid, std::process::id());
+        assert!(std::fs::metadata(shm_path(r.name())).is_err(), "no file in the directory");
+        assert!(scan_named(Some(j)).is_empty());
+        let p = Region::attach(&id).unwrap();
+        assert_eq!(p.geometry(), (g, 2, 4));
+        assert!(p.alive());
+        // The scan finds it through our descriptors, once, alive.
+        let found = scan(Some(j));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].alive && !found[0].named && found[0].name == r.name(), "{found:?}");
+        assert!(clean_dead(true).iter().all(|d| d.job != j), "anonymous regions are never cleaned");
+        // Another token, or another job, at the same pid and descriptor is
+        // a region that is gone.
+        for bad in [RegionId { token: id.token ^ 2, ..id }, RegionId { job: id.job ^ 1, ..id }] {
+            let e = Region::attach(&bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::AddrNotAvail, "{e}");
+            assert!(e.to_string().contains("of another owner"), "{e}");
+        }
+        drop(r);
+        drop(p);
+        assert!(scan(Some(j)).is_empty(), "gone with its last holder");
+        assert_eq!(Region::attach(&id).unwrap_err().kind(), ErrorKind::AddrNotAvail);
     }
 
     #[test]
     fn attach_refuses_other_layout_version_naming_both() {
-        let job = job_hash(&format!("unit-version-{}", std::process::id()));
-        let r = Region::create(job, &EpGeometry::DEFAULT, 1, 1).unwrap();
+        let r = Region::create(job("version"), &EpGeometry::DEFAULT, 1, 1, Backing::Anonymous).unwrap();
         // SAFETY: our own fresh region; only this test touches it.
         unsafe {
             let h = r.base() as *mut RegionHeader;
             std::ptr::addr_of_mut!((*h).layout_version).write(LAYOUT_VERSION + 6);
         }
-        let e = Region::attach(r.name()).unwrap_err();
+        let e = Region::attach(&r.id()).unwrap_err();
         let s = e.to_string();
         assert!(s.contains(&format!("layout version {}", LAYOUT_VERSION + 6)), "{s}");
         assert!(s.contains(&format!("layout version {LAYOUT_VERSION}")), "{s}");
@@ -620,21 +953,22 @@ mod tests {
     fn a_full_dev_shm_is_an_error_that_says_what_to_do() {
         // A region larger than /dev/shm: the reservation fails with ENOSPC
         // at creation (not SIGBUS later), and says what to do.
-        let job = job_hash(&format!("unit-full-{}", std::process::id()));
         let huge = EpGeometry { pool_chunks: 65536, chunk_size: 1 << 24, ..EpGeometry::DEFAULT };
-        let r = Region::create(job, &huge, 1, 1).unwrap();
-        let sec_off = shm_layout::eps_offset(1);
-        let e = r.reserve(sec_off, huge.section_size()).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::NoSpc, "{e}");
-        assert!(e.to_string().contains("/dev/shm is too small or full"), "{e}");
+        for backing in [Backing::Anonymous, Backing::Named] {
+            let r = Region::create(job("full"), &huge, 1, 1, backing).unwrap();
+            let sec_off = shm_layout::eps_offset(1);
+            let e = r.reserve(sec_off, huge.section_size()).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::NoSpc, "{e}");
+            assert!(e.to_string().contains("/dev/shm is too small or full"), "{e}");
+        }
     }
 
     #[test]
     fn a_region_is_alive_while_locked_whatever_pid_its_header_says() {
         // A live owner in another PID namespace writes a pid and start time
         // that mean nothing here: its region stays alive, and is not cleaned.
-        let job = job_hash(&format!("unit-lock-{}", std::process::id()));
-        let r = Region::create(job, &EpGeometry::DEFAULT, 1, 1).unwrap();
+        let j = job("lock");
+        let r = Region::create(j, &EpGeometry::DEFAULT, 1, 1, Backing::Named).unwrap();
         // SAFETY: our own fresh region; only this test touches it.
         unsafe {
             let h = r.base() as *mut RegionHeader;
@@ -642,9 +976,9 @@ mod tests {
             std::ptr::addr_of_mut!((*h).owner_start_time).write(1);
         }
         assert!(!owner_alive(0x3fff_fff0, 1), "the recorded owner is no live process here");
-        let p = Region::attach(r.name()).unwrap();
+        let p = Region::attach(&r.id()).unwrap();
         assert!(p.alive(), "the owner holds its lock");
-        let found = scan(Some(job));
+        let found = scan(Some(j));
         assert_eq!(found.len(), 1);
         assert!(found[0].alive, "{found:?}");
         assert!(clean_dead(true).iter().all(|d| d.name != r.name()), "a live region would be cleaned");
@@ -652,7 +986,7 @@ mod tests {
         rustix::fs::flock(r.file(), rustix::fs::FlockOperation::Unlock).unwrap();
         assert!(!p.alive());
         // Dead, or already removed by a clean of another test's domain.
-        assert!(scan(Some(job)).iter().all(|r| !r.alive));
+        assert!(scan(Some(j)).iter().all(|r| !r.alive));
     }
 
     #[test]
@@ -665,8 +999,27 @@ mod tests {
     }
 
     #[test]
-    fn attach_refuses_names_that_are_not_regions() {
-        assert_eq!(Region::attach("../etc/passwd").unwrap_err().kind(), ErrorKind::Inval);
-        assert_eq!(Region::attach("shmfab.0.0.doesnotexist").unwrap_err().kind(), ErrorKind::AddrNotAvail);
+    fn attach_opens_only_regions() {
+        // A descriptor that is not a deleted file of the shm directory (a
+        // pid reused, an address made up) is never opened.
+        let me = std::process::id();
+        let devnull = File::open("/dev/null").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&devnull) as u32;
+        for id in [RegionId { pid: me, fd, job: 1, token: 1 }, RegionId { pid: me, fd: 0, job: 1, token: 1 }] {
+            let e = Region::attach(&id).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::AddrNotAvail, "{e}");
+            assert!(e.to_string().contains("not a region"), "{e}");
+        }
+        let gone = RegionId { pid: me, fd: 1 << 30, job: 1, token: 1 };
+        assert_eq!(Region::attach(&gone).unwrap_err().kind(), ErrorKind::AddrNotAvail);
+        let missing = RegionId { pid: me, fd: Address::NAMED, job: 0, token: 0xdead };
+        assert_eq!(Region::attach(&missing).unwrap_err().kind(), ErrorKind::AddrNotAvail);
+        // A deleted file of /dev/shm that is no region: refused by its checks.
+        let f = create_anonymous(&shm_dir().unwrap(), "shmfab.unit-not-a-region").unwrap();
+        let f = File::from(f);
+        f.set_len(PAGE as u64).unwrap();
+        let id = RegionId { pid: me, fd: std::os::fd::AsRawFd::as_raw_fd(&f) as u32, job: 1, token: 1 };
+        let e = Region::attach(&id).unwrap_err();
+        assert!(e.to_string().contains("not initialised"), "{e}");
     }
 }

@@ -116,9 +116,10 @@ fn a_receive_from_an_unreaped_child_fails() {
 /// exist here (as an owner in another PID namespace would), publishes its
 /// name, and exits without removing it once told to.
 fn child_foreign_owner(dir: &Path, bogus: bool) -> ! {
-    use shmfab::internal::region::{job_hash, Region};
-    let r =
-        Region::create(job_hash(&shmfab::internal::region::job_id()), &shm_layout::EpGeometry::DEFAULT, 1, 1).unwrap();
+    use shmfab::internal::region::{job_hash, Backing, Region};
+    // Named: the way ranks in different PID namespaces reach each other.
+    let job = job_hash(&shmfab::internal::region::job_id());
+    let r = Region::create(job, &shm_layout::EpGeometry::DEFAULT, 1, 1, Backing::Named).unwrap();
     if bogus {
         // SAFETY: our own fresh region; the parent only reads it.
         unsafe {
@@ -186,7 +187,7 @@ fn a_live_owner_in_another_pid_namespace_is_alive() {
 /// (to a scan, a clean and a peer) while the child lives, though its
 /// header names no live process here; dead and cleaned once it exits.
 fn foreign_owner_is_alive_until_it_dies(dir: &Path, job: &str, mut child: Child) {
-    use shmfab::internal::region::{clean_dead, job_hash, owner_alive, scan, Region};
+    use shmfab::internal::region::{clean_dead, job_hash, owner_alive, scan, Region, RegionId};
     let t0 = Instant::now();
     let name = loop {
         if let Ok(n) = std::fs::read_to_string(dir.join("name")) {
@@ -203,7 +204,7 @@ fn foreign_owner_is_alive_until_it_dies(dir: &Path, job: &str, mut child: Child)
     assert!(found.len() == 1 && found[0].alive, "{found:?}");
     assert!(clean_dead(false).iter().all(|d| d.name != name));
     assert!(path.exists(), "a clean removed a live region");
-    let peer = Region::attach(&name).unwrap();
+    let peer = Region::attach(&RegionId::from_name(&name).unwrap()).unwrap();
     let (pid, start) = peer.owner();
     assert!(!owner_alive(pid, start), "pid {pid} is alive here: not a foreign owner");
     assert!(peer.alive());
@@ -249,7 +250,7 @@ fn regions_live_in_the_shm_dir_setting_and_are_cleaned_there() {
     // The directory is the parent's (ranks re-run this function).
     let dir = std::env::var_os("SHMFAB_TEST_RANK").is_none().then(|| ShmDir::new("dir"));
     let d = dir.as_ref().map(|d| d.0.to_str().unwrap().to_string()).unwrap_or_default();
-    let env = [("SHMFAB_SHM_DIR", d.as_str()), ("SHMFAB_PEER_CHECK_MS", "20")];
+    let env = [("SHMFAB_SHM_DIR", d.as_str()), ("SHMFAB_PEER_CHECK_MS", "20"), ("SHMFAB_REGIONS", "named")];
     common::run_killing(
         "regions_live_in_the_shm_dir_setting_and_are_cleaned_there",
         2,
@@ -290,6 +291,58 @@ fn regions_live_in_the_shm_dir_setting_and_are_cleaned_there() {
                 .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
                 .collect();
             assert_eq!(left, vec![mine]);
+        },
+    );
+    if let Some(dir) = dir {
+        assert_eq!(dir.files(), Vec::<String>::new(), "regions left in {d}");
+    }
+}
+
+#[test]
+fn anonymous_regions_live_in_the_shm_dir_setting_and_leave_nothing_there() {
+    let dir = std::env::var_os("SHMFAB_TEST_RANK").is_none().then(|| ShmDir::new("anon"));
+    let d = dir.as_ref().map(|d| d.0.to_str().unwrap().to_string()).unwrap_or_default();
+    let env = [("SHMFAB_SHM_DIR", d.as_str()), ("SHMFAB_PEER_CHECK_MS", "20")];
+    common::run_killing(
+        "anonymous_regions_live_in_the_shm_dir_setting_and_leave_nothing_there",
+        2,
+        &env,
+        Duration::from_secs(60),
+        &[1],
+        |w| {
+            use std::os::unix::fs::MetadataExt;
+            let dir = PathBuf::from(std::env::var("SHMFAB_SHM_DIR").unwrap());
+            let files = || std::fs::read_dir(&dir).unwrap().count();
+            assert_eq!(files(), 0, "anonymous regions have no name");
+            // The region is on the directory's file system all the same.
+            let mine = w.ep.getname();
+            let link = std::fs::read_link(format!("/proc/self/fd/{}", mine.fd)).unwrap();
+            assert!(link.starts_with(&dir), "{link:?} is not in {dir:?}");
+            let dev = std::fs::metadata(format!("/proc/self/fd/{}", mine.fd)).unwrap().dev();
+            assert_eq!(dev, std::fs::metadata(&dir).unwrap().dev());
+            let peer = w.addrs[1 - w.rank];
+            let mut b = [0u8; 5];
+            // SAFETY: b lives until the completion below.
+            unsafe { w.ep.trecv(&mut b, peer, 7, 0, 7).unwrap() };
+            w.retry(|| w.ep.tinject(b"hello", peer, 7));
+            assert_eq!((w.ok(7).len, &b), (5, b"hello"));
+            w.barrier();
+            if w.rank == 1 {
+                // SAFETY: kill on our own pid.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                unreachable!("SIGKILL");
+            }
+            let mut b = [0u8; 1];
+            // SAFETY: b lives until the completion below.
+            unsafe { w.ep.recv(&mut b, peer, 9).unwrap() };
+            w.wait_ctx(9).expect_err("a receive from a dead rank must fail");
+            // Rank 1's region is still mapped here (dead), ours alive;
+            // there is nothing to clean, and nothing in the directory.
+            let all = shmfab::internal::region::scan(None);
+            assert_eq!(all.len(), 2, "{all:?}");
+            assert!(all.iter().all(|r| !r.named && r.alive == (r.name == w.dom.region_name())), "{all:?}");
+            assert!(shmfab::internal::region::clean_dead(false).is_empty());
+            assert_eq!(files(), 0);
         },
     );
     if let Some(dir) = dir {

@@ -482,7 +482,8 @@ fn a_peer_of_another_layout_version_is_refused_naming_both() {
     let p = pair_with(CqFormat::Tagged, false);
     let t = p.av.insert(&[target.getname()]).unwrap()[0];
     // Make the target's region look as if another build made it.
-    let r = shmfab::internal::region::Region::attach(other.region_name()).unwrap();
+    let id = shmfab::internal::region::RegionId::of(&target.getname());
+    let r = shmfab::internal::region::Region::attach(&id).unwrap();
     let hdr = r.base() as *mut shm_layout::RegionHeader;
     // SAFETY: a mapped header; only this test touches the field.
     unsafe { std::ptr::addr_of_mut!((*hdr).layout_version).write(shm_layout::LAYOUT_VERSION + 1) };
@@ -496,23 +497,18 @@ fn a_peer_of_another_layout_version_is_refused_naming_both() {
     drop(target);
 }
 
-#[test]
-fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
-    if let Ok(path) = std::env::var("SHMFAB_TEST_KILLME") {
-        // Child: make a region, say its name, wait to be killed.
-        let dom = Fabric::open().unwrap().domain().unwrap();
-        let _ep = dom.endpoint().unwrap();
-        std::fs::write(&path, dom.region_name()).unwrap();
-        std::thread::sleep(Duration::from_secs(60));
-        return;
-    }
-    let jobid = format!("objects-kill-{}", std::process::id());
-    std::env::set_var("SHMFAB_JOB_ID", &jobid);
+/// A child of this binary that makes a domain (regions kept as `mode`
+/// says), writes its region's name to a file, and waits to be killed; its
+/// job id and region name.
+fn spawn_region_owner(test: &str, mode: &str) -> (std::process::Child, String, String) {
+    let jobid = format!("objects-kill-{mode}-{}", std::process::id());
     let note = std::env::temp_dir().join(format!("{jobid}.name"));
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["region_of_a_sigkilled_owner_is_removed_by_the_next_start", "--exact", "-q"])
+    let _ = std::fs::remove_file(&note);
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "-q"])
         .env("SHMFAB_TEST_KILLME", &note)
         .env("SHMFAB_JOB_ID", &jobid)
+        .env("SHMFAB_REGIONS", mode)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -526,13 +522,34 @@ fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
         assert!(t0.elapsed() < Duration::from_secs(30), "child never made its region");
         std::thread::sleep(Duration::from_millis(5));
     };
+    let _ = std::fs::remove_file(&note);
+    (child, jobid, name)
+}
+
+/// In a child of `spawn_region_owner`: make the region, say its name, wait.
+fn region_owner_child() {
+    if let Ok(path) = std::env::var("SHMFAB_TEST_KILLME") {
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let _ep = dom.endpoint().unwrap();
+        std::fs::write(&path, dom.region_name()).unwrap();
+        std::thread::sleep(Duration::from_secs(60));
+        std::process::exit(0);
+    }
+}
+
+#[test]
+fn a_named_region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
+    region_owner_child();
+    let (mut child, jobid, name) =
+        spawn_region_owner("a_named_region_of_a_sigkilled_owner_is_removed_by_the_next_start", "named");
+    std::env::set_var("SHMFAB_JOB_ID", &jobid);
     let path = format!("/dev/shm/{name}");
     // A live owner's region is left alone.
-    let keep = Fabric::open().unwrap().domain().unwrap();
+    let named = shmfab::Config { regions: shmfab::internal::region::Backing::Named, ..shmfab::Config::default() };
+    let keep = Fabric::with_config(named).unwrap().domain().unwrap();
     assert!(std::path::Path::new(&path).exists(), "live owner's region must survive a start");
     child.kill().unwrap();
     child.wait().unwrap();
-    let _ = std::fs::remove_file(&note);
     // From here another test of this binary opening a domain (in parallel)
     // may clean the dead region first: the dry run checks hold while it
     // is still there.
@@ -545,6 +562,23 @@ fn region_of_a_sigkilled_owner_is_removed_by_the_next_start() {
     let _next = Fabric::open().unwrap().domain().unwrap();
     assert!(!std::path::Path::new(&path).exists(), "the next start removed the dead owner's region");
     assert!(std::path::Path::new(&format!("/dev/shm/{}", keep.region_name())).exists());
+}
+
+#[test]
+fn an_anonymous_region_of_a_sigkilled_owner_is_gone_with_it() {
+    region_owner_child();
+    let (mut child, jobid, name) =
+        spawn_region_owner("an_anonymous_region_of_a_sigkilled_owner_is_gone_with_it", "anonymous");
+    let jh = shmfab::internal::region::job_hash(&jobid);
+    // No file, but found (alive) through the owner's descriptors.
+    assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+    let found = shmfab::internal::region::scan(Some(jh));
+    assert!(found.len() == 1 && found[0].alive && !found[0].named && found[0].name == name, "{found:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Gone with its owner: no start, no clean.
+    assert!(shmfab::internal::region::scan(Some(jh)).is_empty());
+    assert!(shmfab::internal::region::clean_dead(true).iter().all(|r| r.job != jh));
 }
 
 /// FI_INJECT on the msg calls (fi_msg(3)): the buffer may be reused as soon

@@ -40,7 +40,7 @@ pub const PAGE: usize = 4096;
 /// `b"SHMFAB\0\x01"` read as a little-endian u64: the first word of a region.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMFAB\0\x01");
 /// Layout version: bump when any type in this crate changes meaning.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Most ring slots an endpoint can have (slot claims are a 64-bit mask).
 pub const MAX_SLOTS: u32 = 64;
 /// Most iov segments in one operation.
@@ -65,15 +65,24 @@ pub struct PaddedU64 {
 
 /// The identity of an endpoint: its domain region plus the endpoint's index.
 /// This is what `getname` returns and `av_insert` takes (24 bytes).
+///
+/// A region is reached through its owner: an anonymous region (the
+/// default: no name in the file system, so nothing is left behind when its
+/// processes die) is opened as `/proc/<pid>/fd/<fd>`; a named one
+/// (`fd == Address::NAMED`) as `shmfab.<uid>.<job>.<token>` in the shared
+/// memory directory. Either way the region's header must carry `job` and
+/// `token`, which tells a reused pid or fd from the owner.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Address {
-    /// User id of the owner.
-    pub uid: u32,
+    /// Pid of the region's owner (as its own PID namespace sees it).
+    pub pid: u32,
     /// Hash of the job id.
     pub job: u32,
-    /// Random part of the region name.
-    pub token: u64,
+    /// Random part of the region's identity (never 0 in a real address).
+    pub token: u32,
+    /// The owner's descriptor of an anonymous region, or [`Address::NAMED`].
+    pub fd: u32,
     /// Endpoint index inside the region.
     pub ep_index: u32,
     /// Generation of the endpoint section (a reopened section is a new
@@ -85,14 +94,17 @@ impl Address {
     /// Size of an address in bytes.
     pub const SIZE: usize = 24;
 
+    /// `fd` of an address whose region has a name in the shared memory
+    /// directory.
+    pub const NAMED: u32 = u32::MAX;
+
     /// Serialises to bytes (little endian).
     pub fn to_bytes(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
-        b[0..4].copy_from_slice(&self.uid.to_le_bytes());
-        b[4..8].copy_from_slice(&self.job.to_le_bytes());
-        b[8..16].copy_from_slice(&self.token.to_le_bytes());
-        b[16..20].copy_from_slice(&self.ep_index.to_le_bytes());
-        b[20..24].copy_from_slice(&self.generation.to_le_bytes());
+        let words = [self.pid, self.job, self.token, self.fd, self.ep_index, self.generation];
+        for (i, w) in words.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+        }
         b
     }
 
@@ -102,15 +114,31 @@ impl Address {
             return None;
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let mut t = [0u8; 8];
-        t.copy_from_slice(&b[8..16]);
         Some(Address {
-            uid: u32_at(0),
+            pid: u32_at(0),
             job: u32_at(4),
-            token: u64::from_le_bytes(t),
+            token: u32_at(8),
+            fd: u32_at(12),
             ep_index: u32_at(16),
             generation: u32_at(20),
         })
+    }
+
+    /// Whether this can be a real address: an owner pid and a token (an
+    /// all-zero or half-written announcement is not).
+    pub fn is_plausible(&self) -> bool {
+        self.pid != 0 && self.token != 0
+    }
+
+    /// The region part (pid, fd, job, token) as one key: equal for every
+    /// endpoint of one region.
+    pub fn region_key(&self) -> (u32, u32, u32, u32) {
+        (self.pid, self.fd, self.job, self.token)
+    }
+
+    /// 64 bits that differ between regions (owner pid and token).
+    pub fn region_bits(&self) -> u64 {
+        ((self.pid as u64) << 32) | self.token as u64
     }
 }
 
@@ -255,8 +283,9 @@ pub struct RegionHeader {
     pub n_eps: u32,
     /// Counters in the counter table.
     pub n_counters: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The region's token (as in its addresses and name): an opener that
+    /// found the region through a pid and descriptor checks it.
+    pub token: u32,
     /// Geometry of every endpoint section.
     pub geometry: EpGeometry,
     /// The domain's doorbell.
@@ -612,7 +641,7 @@ mod tests {
 
     #[test]
     fn address_round_trips() {
-        let a = Address { uid: 1000, job: 0xdead_beef, token: 0x0123_4567_89ab_cdef, ep_index: 3, generation: 2 };
+        let a = Address { pid: 1000, job: 0xdead_beef, token: 0x0123_4567, fd: 9, ep_index: 3, generation: 2 };
         assert_eq!(Address::from_bytes(&a.to_bytes()), Some(a));
         assert_eq!(Address::from_bytes(&[0u8; 5]), None);
     }

@@ -63,7 +63,7 @@ impl Inbound {
     }
 
     /// Turns newly claimed slots into rings (their claimants into peers).
-    pub fn accept_claims(&mut self, sec: &Section, peers: &mut Peers, me_uid: u32, claimed: u64) {
+    pub fn accept_claims(&mut self, sec: &Section, peers: &mut Peers, claimed: u64) {
         let n_slots = sec.g.n_slots as usize;
         let mut new = claimed & !self.claimed_seen;
         while new != 0 {
@@ -78,7 +78,7 @@ impl Inbound {
             // the acquire load of `claimed` in new_claims); a plain-data
             // copy, validated below.
             let addr = unsafe { std::ptr::addr_of!(slot.addr).read_volatile() };
-            if addr.uid != me_uid {
+            if !addr.is_plausible() {
                 continue; // not one of ours: never read that ring
             }
             let p = peers.index_of(addr);

@@ -258,14 +258,14 @@ impl Peers {
 
     /// First contact: map the peer's region, check its endpoint, claim a
     /// ring slot (or fall back to the overflow queue). `me` is our address.
-    pub fn connect(&mut self, me: Address, regions: &mut HashMap<String, Arc<Region>>, p: usize) -> Result<()> {
+    pub fn connect(&mut self, me: Address, regions: &mut crate::region::RegionMap, p: usize) -> Result<()> {
         let addr = self.list[p].addr;
-        let name = crate::region::region_name(addr.uid, addr.job, addr.token);
-        let region = match regions.get(&name) {
+        let id = crate::region::RegionId::of(&addr);
+        let region = match regions.get(&id) {
             Some(r) => r.clone(),
             None => {
-                let r = Arc::new(Region::attach(&name)?);
-                regions.insert(name.clone(), r.clone());
+                let r = Arc::new(Region::attach(&id)?);
+                regions.insert(id, r.clone());
                 r
             }
         };
@@ -312,7 +312,7 @@ impl Peers {
         &mut self,
         me: Address,
         avs: &crate::table::Slots<AvState>,
-        regions: &mut HashMap<String, Arc<Region>>,
+        regions: &mut crate::region::RegionMap,
         fi_addr: FiAddr,
     ) -> Result<usize> {
         let p = self.of(avs, fi_addr)?;
@@ -324,7 +324,7 @@ impl Peers {
 
     /// Why peer `p` can no longer answer, if it cannot: its process died
     /// (it no longer holds its region's lock), its region is closing, or its endpoint closed.
-    pub fn gone_reason(&mut self, me: Address, regions: &mut HashMap<String, Arc<Region>>, p: usize) -> Option<String> {
+    pub fn gone_reason(&mut self, me: Address, regions: &mut crate::region::RegionMap, p: usize) -> Option<String> {
         let addr = self.list[p].addr;
         let who = crate::av::AddressVector::straddr(&addr);
         if self.list[p].region.is_none() {
@@ -360,8 +360,8 @@ mod tests {
     use super::*;
     use crate::table::Table;
 
-    fn addr(token: u64) -> Address {
-        Address { uid: 1, job: 2, token, ep_index: 0, generation: 1 }
+    fn addr(token: u32) -> Address {
+        Address { pid: 1, job: 2, token, fd: 3, ep_index: 0, generation: 1 }
     }
 
     fn av_of(addrs: &[Address]) -> (Table<AvState>, usize) {

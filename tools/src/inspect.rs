@@ -22,8 +22,8 @@ pub fn job_arg(s: &str) -> u32 {
 }
 
 fn who(all: &[RegionInfo], a: &shm_layout::Address) -> String {
-    let name = shmfab::internal::region::region_name(a.uid, a.job, a.token);
-    let pid = all.iter().find(|r| r.name == name).map(|r| {
+    let id = shmfab::internal::region::RegionId::of(a);
+    let pid = all.iter().find(|r| r.job == id.job && r.id.token == id.token && r.pid == id.pid).map(|r| {
         let state = if r.alive { "alive" } else { "dead" };
         format!("pid {} {state}", r.pid)
     });
@@ -56,8 +56,9 @@ pub fn inspect(job: Option<u32>) -> Result<String> {
                 boot(&mut out, r);
                 continue;
             }
-            let _ = writeln!(out, "  region {} (pid {} {state}, {} KiB)", r.name, r.pid, r.size / 1024);
-            match Region::attach(&r.name) {
+            let how = if r.named { "named".to_string() } else { format!("anonymous, {}", r.id.path()) };
+            let _ = writeln!(out, "  region {} (pid {} {state}, {} KiB, {how})", r.name, r.pid, r.size / 1024);
+            match Region::attach(&r.id) {
                 Ok(reg) => region(&mut out, &reg, &all),
                 Err(e) => {
                     let _ = writeln!(out, "    cannot read it: {e}");

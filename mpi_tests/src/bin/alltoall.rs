@@ -1,5 +1,6 @@
 //! Every rank sends every other rank messages of every protocol's size;
-//! receivers check each byte and the order per source.
+//! receivers check each byte and the order per source. `alltoall [ITERS]`
+//! (default 3; `scripts/kill-trials.sh` runs it long and kills a rank).
 use shmfab_mpi_tests::*;
 
 const SIZES: [usize; 6] = [8, 1000, 5000, 20_000, 200_000, 1 << 20];
@@ -7,7 +8,12 @@ const SIZES: [usize; 6] = [8, 1000, 5000, 20_000, 200_000, 1 << 20];
 fn main() {
     let w = world();
     let (n, r) = (w.size, w.rank);
-    for iter in 0..3 {
+    let iters: usize = match std::env::args().nth(1).map(|a| a.parse()) {
+        None => 3,
+        Some(Ok(i)) if i > 0 => i,
+        Some(_) => fail(&w, "usage: alltoall [ITERS], ITERS a positive integer"),
+    };
+    for iter in 0..iters {
         let mut bufs: Vec<Vec<u8>> = Vec::new();
         let mut ctxs = Vec::new();
         for q in (0..n).filter(|&q| q != r) {
@@ -40,6 +46,6 @@ fn main() {
         w.barrier().unwrap_or_else(|e| fail(&w, e));
     }
     if r == 0 {
-        println!("alltoall: {n} ranks, {} messages each, all bytes checked", 3 * (n - 1) * SIZES.len());
+        println!("alltoall: {n} ranks, {} messages each, all bytes checked", iters * (n - 1) * SIZES.len());
     }
 }

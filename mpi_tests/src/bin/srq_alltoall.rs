@@ -11,7 +11,7 @@
 //! every other rank, interleaved, while it receives and reposts; each
 //! message is checked (sender, per-connection order). Rank 0 prints one
 //! line: the aggregate rate, and memory per rank: receive buffers posted,
-//! shared memory allocated (measured from the job's /dev/shm files,
+//! shared memory allocated (measured from the job's regions, by `scan`,
 //! averaged over ranks, with the computed figure beside it) and its RSS.
 //! Needs SHMFAB_MAX_EPS >= N + 2 for b and c.
 
@@ -95,7 +95,7 @@ fn main() {
         use std::os::unix::fs::MetadataExt;
         shmfab::internal::region::scan(Some(job))
             .iter()
-            .filter_map(|x| std::fs::metadata(format!("/dev/shm/{}", x.name)).ok())
+            .filter_map(|x| std::fs::metadata(x.id.path()).ok())
             .map(|md| md.blocks() * 512)
             .sum::<u64>()
     } else {

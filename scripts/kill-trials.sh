@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# kill -9 trials: a 2-rank all-to-all (every protocol's size) is started
+# under Open MPI's mpirun, and with no launcher (each rank started by hand
+# with SHMFAB_RANK/SHMFAB_SIZE/SHMFAB_JOB_ID); after a random delay (0 to
+# 400 ms: from boot to full traffic) one rank, chosen at random, gets
+# SIGKILL. The survivor must end by itself (no hang: 60 s limit), and once
+# every process of the job is gone nothing may be left: no file in
+# /dev/shm, no region held by any process.
+#   scripts/kill-trials.sh [TRIALS per launcher, default 100]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+trials="${1:-100}"
+scripts/deps.sh peers
+cargo build --release --quiet -p shmfab-mpi-tests -p shmfab-tools --bins
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+# A rank killed before it arrives is named after this many seconds.
+export SHMFAB_BOOT_TIMEOUT=5
+prog="$PWD/target/release/alltoall"
+files() { ls /dev/shm | grep -c "^shmfab\.$(id -u)\." || true; }
+held() { target/release/shmfab info 2>/dev/null | sed -n 's/^regions of this user: \([0-9]*\).*/\1/p'; }
+before_files=$(files); before_held=$(held)
+hangs=0; leaks=0; total=0
+trial() { # $1 = launcher, $2 = trial number
+  local pids=() job="kill-trial-$$-$2" victim=$((RANDOM % 2))
+  local delay; delay=$(printf '0.%03d' $((RANDOM % 400)))
+  if [ "$1" = mpirun ]; then
+    mpirun -np 2 --oversubscribe -x SHMFAB_BOOT_TIMEOUT "$prog" 1000000 >/dev/null 2>&1 &
+    local launcher=$! ranks="" t=0
+    # The delay counts from the ranks' start (mpirun takes a while).
+    while [ "$(echo "$ranks" | grep -c .)" -lt 2 ] && [ $t -lt 1000 ]; do
+      sleep 0.01; t=$((t + 1)); ranks=$(pgrep -f "^$prog 1000000" || true)
+    done
+    sleep "$delay"
+    local v; v=$(echo "$ranks" | sed -n "$((victim + 1))p")
+    [ -n "$v" ] && kill -9 "$v" 2>/dev/null || true
+    pids=("$launcher")
+  else
+    for r in 0 1; do
+      SHMFAB_RANK=$r SHMFAB_SIZE=2 SHMFAB_JOB_ID="$job" "$prog" 1000000 >/dev/null 2>&1 &
+      pids+=($!)
+    done
+    sleep "$delay"
+    kill -9 "${pids[$victim]}" 2>/dev/null || true
+  fi
+  local t0=$SECONDS
+  for p in "${pids[@]}"; do
+    while kill -0 "$p" 2>/dev/null; do
+      if [ $((SECONDS - t0)) -gt 60 ]; then
+        hangs=$((hangs + 1)); echo "HANG $1 trial $2"; pkill -9 -f "^$prog" || true; break
+      fi
+      sleep 0.02
+    done
+    wait "$p" 2>/dev/null || true
+  done
+  # Ranks mpirun started may outlive it for an instant.
+  while pgrep -f "^$prog" >/dev/null; do sleep 0.02; done
+  total=$((total + 1))
+  local f h; f=$(files); h=$(held)
+  if [ "$f" -gt "$before_files" ] || [ "${h:-0}" -gt "${before_held:-0}" ]; then
+    leaks=$((leaks + 1)); echo "LEAK $1 trial $2: $((f - before_files)) files, ${h:-?} regions held"
+    ls -l /dev/shm | grep "shmfab\.$(id -u)\." || true
+    target/release/shmfab clean >/dev/null
+  fi
+}
+for launcher in mpirun none; do
+  for i in $(seq "$trials"); do trial "$launcher" "$i"; done
+  echo "$launcher: $trials trials done"
+done
+echo "kill-trials: $total trials, $hangs hangs, $leaks left something behind"
+[ "$hangs" -eq 0 ] && [ "$leaks" -eq 0 ]
