@@ -401,11 +401,12 @@ impl Domain {
     }
 
     /// Sleeps on the domain's doorbell until inbound work may be there or
-    /// `timeout` passes; returns at once if work is already waiting. Wake-ups
-    /// may be spurious: callers re-check. Work that is not a new inbound
-    /// message (pool chunks freed, credit returned) does not ring the
-    /// doorbell, so callers waiting for that should pass a short timeout.
-    pub fn wait(&self, timeout: Duration) {
+    /// `timeout` passes (`None`: until the doorbell rings); returns at once
+    /// if work is already waiting. Wake-ups may be spurious: callers
+    /// re-check. Work that is not a new inbound message (pool chunks freed,
+    /// credit returned) does not ring the doorbell, nor does a peer's
+    /// death, so callers waiting for that should pass a short timeout.
+    pub fn wait(&self, timeout: Option<Duration>) {
         self.sleep(timeout, || false);
     }
 
@@ -418,10 +419,10 @@ impl Domain {
     /// peer within about two periods however long its own timeout.
     pub(crate) fn wait_for(&self, timeout: Option<Duration>, done: impl Fn() -> bool) {
         let cap = self.inner.lock().map(|st| self.inner.sleep_cap(&st)).unwrap_or(Duration::from_millis(1));
-        self.sleep(timeout.map_or(cap, |t| t.min(cap)), done);
+        self.sleep(Some(timeout.map_or(cap, |t| t.min(cap))), done);
     }
 
-    fn sleep(&self, timeout: Duration, done: impl Fn() -> bool) {
+    fn sleep(&self, timeout: Option<Duration>, done: impl Fn() -> bool) {
         let db = &self.inner.region.header().doorbell;
         let found = crate::doorbell::wait(
             db,
@@ -432,7 +433,7 @@ impl Domain {
                         Err(_) => true, // not ours to sleep on: return at once
                     }
             },
-            Some(timeout),
+            timeout,
         );
         if !found {
             self.inner.sleeps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -674,6 +675,14 @@ impl Domain {
     pub fn sleeps(&self) -> u64 {
         self.inner.sleeps.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// The deadline of a wait of at most `timeout` from now: `None` (no
+/// deadline, wait forever) for `None` and for a timeout so long that the
+/// clock cannot express its end (`Duration::MAX`, say): never reached
+/// either way.
+pub(crate) fn deadline(timeout: Option<Duration>) -> Option<std::time::Instant> {
+    timeout.and_then(|t| std::time::Instant::now().checked_add(t))
 }
 
 /// Pointers to the parts of one endpoint section of a region.

@@ -29,18 +29,18 @@ fn counter_changes_from_another_thread_wake_its_waiter() {
     let dom = domain("cntr");
     let c = dom.cntr_open().unwrap();
     // add
-    let (r, el) = woken_by(|| c.wait(1, 3000), || c.add(1).unwrap());
+    let (r, el) = woken_by(|| c.wait(1, Some(Duration::from_secs(3))), || c.add(1).unwrap());
     r.unwrap();
     assert!(el >= Duration::from_millis(90) && el < Duration::from_millis(1500), "add: {el:?}");
     // set
-    let (r, el) = woken_by(|| c.wait(5, 3000), || c.set(5).unwrap());
+    let (r, el) = woken_by(|| c.wait(5, Some(Duration::from_secs(3))), || c.set(5).unwrap());
     r.unwrap();
     assert!(el < Duration::from_millis(1500), "set: {el:?}");
     // adderr and seterr: the wait returns -FI_EAVAIL.
-    let (r, el) = woken_by(|| c.wait(6, 3000), || c.adderr(1).unwrap());
+    let (r, el) = woken_by(|| c.wait(6, Some(Duration::from_secs(3))), || c.adderr(1).unwrap());
     assert_eq!(r.unwrap_err().kind(), ErrorKind::Avail);
     assert!(el < Duration::from_millis(1500), "adderr: {el:?}");
-    let (r, el) = woken_by(|| c.wait(6, 3000), || c.seterr(7).unwrap());
+    let (r, el) = woken_by(|| c.wait(6, Some(Duration::from_secs(3))), || c.seterr(7).unwrap());
     assert_eq!(r.unwrap_err().kind(), ErrorKind::Avail);
     assert!(el < Duration::from_millis(1500), "seterr: {el:?}");
     assert_eq!((c.read().unwrap(), c.readerr().unwrap()), (5, 7));
@@ -52,14 +52,14 @@ fn counter_changes_from_another_thread_wake_a_wait_set() {
     let c = dom.cntr_open().unwrap();
     let ws = dom.wait_open().unwrap();
     ws.add_cntr(&c).unwrap();
-    let (r, el) = woken_by(|| ws.wait(3000), || c.add(1).unwrap());
+    let (r, el) = woken_by(|| ws.wait(Some(Duration::from_secs(3))), || c.add(1).unwrap());
     r.unwrap();
     assert!(el >= Duration::from_millis(90) && el < Duration::from_millis(1500), "add: {el:?}");
-    let (r, el) = woken_by(|| ws.wait(3000), || c.seterr(2).unwrap());
+    let (r, el) = woken_by(|| ws.wait(Some(Duration::from_secs(3))), || c.seterr(2).unwrap());
     r.unwrap();
     assert!(el < Duration::from_millis(1500), "seterr: {el:?}");
     // Nothing changed since: the set times out.
-    assert_eq!(ws.wait(50).unwrap_err().kind(), ErrorKind::TimedOut);
+    assert_eq!(ws.wait(Some(Duration::from_millis(50))).unwrap_err().kind(), ErrorKind::TimedOut);
     drop(ws);
 }
 
@@ -90,12 +90,89 @@ fn sread_threshold_above_the_cq_size_is_refused_not_spun_on() {
     // Above the size: refused at once (it spun at 100% until the timeout,
     // for ever with none: the CQ stops at 4, the rest is held back).
     let t0 = Instant::now();
-    let r = cq0.sread(&mut e, Some(8), 1000);
+    let r = cq0.sread(&mut e, Some(8), Some(Duration::from_secs(1)));
     assert_eq!(r.unwrap_err().kind(), ErrorKind::Inval);
     assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
     // Up to the size: the CQ fills to it and sread returns them all.
-    assert_eq!(cq0.sread(&mut e, Some(4), 5000).unwrap(), 4);
-    assert_eq!(cq0.sread(&mut e, Some(4), 5000).unwrap(), 4);
+    assert_eq!(cq0.sread(&mut e, Some(4), Some(Duration::from_secs(5))).unwrap(), 4);
+    assert_eq!(cq0.sread(&mut e, Some(4), Some(Duration::from_secs(5))).unwrap(), 4);
     assert!(bufs.iter().all(|b| b == b"full"));
+    drop((ep0, ep1));
+}
+
+/// Every blocking wait takes `Option<Duration>` (issue 13): `Some(short)`
+/// returns its timeout error after about that long, `Some(Duration::ZERO)`
+/// tries once, `None` and `Some(Duration::MAX)` (no panic computing its
+/// deadline) wait until another thread makes the event.
+#[test]
+fn every_blocking_wait_takes_an_optional_duration() {
+    let dom = domain("timeouts");
+    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
+    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&ep0, &ep1] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    // ep1 only injects (no completions): cq1 stays empty.
+    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    let c = dom.cntr_open().unwrap();
+    let wc = dom.cntr_open().unwrap();
+    let ws = dom.wait_open().unwrap();
+    ws.add_cntr(&wc).unwrap();
+    let mut e = [CqTaggedEntry::default()];
+    let mut src = [0u64];
+
+    // Timeouts: the error each call documents, after about the time asked.
+    let short = Duration::from_millis(60);
+    let timed = |what: &str, t: Duration, f: &mut dyn FnMut(Option<Duration>) -> ErrorKind, want: ErrorKind| {
+        let t0 = Instant::now();
+        assert_eq!(f(Some(t)), want, "{what} with Some({t:?})");
+        let el = t0.elapsed();
+        assert!(el >= t && el < t + Duration::from_secs(5), "{what} with Some({t:?}) returned after {el:?}");
+    };
+    for t in [Duration::ZERO, short] {
+        timed("sread", t, &mut |t| cq0.sread(&mut e, None, t).unwrap_err().kind(), ErrorKind::Again);
+        timed("sreadfrom", t, &mut |t| cq0.sreadfrom(&mut e, &mut src, None, t).unwrap_err().kind(), ErrorKind::Again);
+        timed("Counter::wait", t, &mut |t| c.wait(1, t).unwrap_err().kind(), ErrorKind::TimedOut);
+        timed("WaitSet::wait", t, &mut |t| ws.wait(t).unwrap_err().kind(), ErrorKind::TimedOut);
+    }
+    let t0 = Instant::now();
+    dom.wait(Some(short));
+    assert!(t0.elapsed() < Duration::from_secs(5), "Domain::wait(Some({short:?})): {:?}", t0.elapsed());
+
+    // None and Some(Duration::MAX): woken by another thread's event.
+    let mut buf = [0u8; 8];
+    for (i, t) in [None, Some(Duration::MAX)].into_iter().enumerate() {
+        // A message from another thread completes a receive on cq0.
+        for read_from in [false, true] {
+            // SAFETY: buf lives until the completion read just below.
+            unsafe { ep0.recv(&mut buf, shmfab::FI_ADDR_UNSPEC, 7).unwrap() };
+            let (r, el) = woken_by(
+                || if read_from { cq0.sreadfrom(&mut e, &mut src, None, t) } else { cq0.sread(&mut e, None, t) },
+                || ep1.inject(b"wake", a0).unwrap(),
+            );
+            assert_eq!(r.unwrap(), 1, "sread (from: {read_from}) with {t:?}");
+            assert!(el >= Duration::from_millis(90) && el < Duration::from_secs(5), "sread with {t:?}: {el:?}");
+            assert_eq!((e[0].op_context, &buf[..4]), (7, &b"wake"[..]));
+        }
+        let (r, el) = woken_by(|| c.wait(i as u64 + 1, t), || c.add(1).unwrap());
+        r.unwrap();
+        assert!(el >= Duration::from_millis(90) && el < Duration::from_secs(5), "Counter::wait with {t:?}: {el:?}");
+        let (r, el) = woken_by(|| ws.wait(t), || wc.add(1).unwrap());
+        r.unwrap();
+        assert!(el >= Duration::from_millis(90) && el < Duration::from_secs(5), "WaitSet::wait with {t:?}: {el:?}");
+        ws.has_event().unwrap(); // consumes the counter's change
+        let (_, el) = woken_by(|| dom.wait(t), || ep1.inject(b"wake", a0).unwrap());
+        assert!(el < Duration::from_secs(5), "Domain::wait with {t:?}: {el:?}");
+        // The message Domain::wait woke for: received now.
+        // SAFETY: buf lives until the completion read just below.
+        unsafe { ep0.recv(&mut buf, shmfab::FI_ADDR_UNSPEC, 8).unwrap() };
+        assert_eq!(cq0.sread(&mut e, None, Some(Duration::from_secs(5))).unwrap(), 1);
+        assert_eq!(e[0].op_context, 8);
+    }
     drop((ep0, ep1));
 }
