@@ -176,3 +176,40 @@ fn every_blocking_wait_takes_an_optional_duration() {
     }
     drop((ep0, ep1));
 }
+
+/// `get_event` and the SRQ's `wait_event` (which took `Option<Duration>`
+/// already): a timeout too long for the clock waits forever instead of
+/// panicking as `Instant + Duration` overflows.
+#[test]
+fn huge_timeouts_of_get_event_and_wait_event_do_not_panic() {
+    let dom = domain("huge");
+    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
+    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let srq = dom.srq_open(&shmfab::SrqAttr { max_recv: 4, low_watermark: 2 }).unwrap();
+    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep0.bind_srq(&srq).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&ep0, &ep1] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    let ch = dom.channel_open().unwrap();
+    cq0.attach_channel(&ch, 0x5).unwrap();
+    cq0.req_notify(false).unwrap();
+    let mut bufs = [[0u8; 8]; 2];
+    for (i, b) in bufs.iter_mut().enumerate() {
+        // SAFETY: bufs live until the completions read below.
+        unsafe { srq.post(b, i).unwrap() };
+    }
+    // Another thread's message takes one of the two posted buffers: below
+    // the watermark (an SRQ event) and a completion (a channel event).
+    let (r, _) = woken_by(|| ch.get_event(Some(Duration::MAX)), || ep1.inject(b"srq", a0).unwrap());
+    assert_eq!(r.unwrap(), 0x5);
+    assert!(matches!(srq.wait_event(Some(Duration::MAX)).unwrap(), shmfab::SrqEvent::LowWatermark { .. }));
+    let mut e = [CqTaggedEntry::default()];
+    assert_eq!(cq0.sread(&mut e, None, Some(Duration::from_secs(5))).unwrap(), 1);
+    drop((ep0, ep1));
+}
