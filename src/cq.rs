@@ -744,8 +744,7 @@ impl CompletionQueue {
         };
         if want > size {
             // Back-pressure keeps the CQ at `size` entries: a threshold
-            // above it would be waited for forever (spinning, as the
-            // messages held back keep the doorbell's re-check busy).
+            // above it would be waited for forever.
             return Err(Error::with(
                 ErrorKind::Inval,
                 format!("sread threshold {want} is above the CQ's size {size}: it can never be reached"),

@@ -359,8 +359,9 @@ impl DomainInner {
     }
 
     /// How long a sleep on the doorbell may last: 1 ms while sends wait
-    /// for ring room or pool chunks, or an overflow queue is blocked by a
-    /// claim that may be dead (nothing will ring for those); the
+    /// for ring room or pool chunks, an overflow queue is blocked by a
+    /// claim that may be dead, or messages are held back until the
+    /// application acts (nothing will ring for those); the
     /// peer-check period while something is pending with a live peer;
     /// else long.
     fn sleep_cap(&self, st: &DomainState) -> Duration {
@@ -578,8 +579,11 @@ impl Domain {
         // While something is pending with a peer, the bridge fires after a
         // peer-check period even if nothing rang (a peer's death rings
         // nothing): the application wakes, and its next trywait checks
-        // peers' lives.
-        let period = self.inner.waits_on_peers(st).then_some(self.inner.cfg.peer_check);
+        // peers' lives. Likewise while messages are held back (another
+        // thread's posted receive or CQ read, which lets them move, rings
+        // nothing either).
+        let held = st.eps.iter().flatten().any(|e| e.polled() && e.inbound.holds_back());
+        let period = (held || self.inner.waits_on_peers(st)).then_some(self.inner.cfg.peer_check);
         match bridge.armed() {
             // An earlier trywait's announcement still stands.
             Some(timed) if timed || period.is_none() => return Ok(()),

@@ -1,6 +1,8 @@
 //! Waiting that cannot hang (issue 13): a counter changed by another thread
 //! wakes whoever waits on it, directly or through a wait set; an sread
-//! whose threshold the CQ can never hold is refused instead of spinning.
+//! whose threshold the CQ can never hold is refused instead of spinning;
+//! every blocking call takes `Option<Duration>`; messages held back by the
+//! unexpected budget do not make the waits spin.
 
 use shmfab::{CqAttr, CqTaggedEntry, Domain, ErrorKind, Fabric, Threading, WaitCond, FI_RECV, FI_TRANSMIT};
 use std::time::{Duration, Instant};
@@ -211,5 +213,103 @@ fn huge_timeouts_of_get_event_and_wait_event_do_not_panic() {
     assert!(matches!(srq.wait_event(Some(Duration::MAX)).unwrap(), shmfab::SrqEvent::LowWatermark { .. }));
     let mut e = [CqTaggedEntry::default()];
     assert_eq!(cq0.sread(&mut e, None, Some(Duration::from_secs(5))).unwrap(), 1);
+    drop((ep0, ep1));
+}
+
+/// CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    // SAFETY: getrusage writes the struct we pass and nothing else.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_THREAD is this thread's own usage.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) }, 0);
+    let t = |v: libc::timeval| Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// Runs `wait` (which must time out after about `wall`) and returns the
+/// share of one core it used meanwhile.
+fn cpu_share(what: &str, wall: Duration, wait: impl FnOnce() -> ErrorKind, want: ErrorKind) -> f64 {
+    let (c0, t0) = (thread_cpu(), Instant::now());
+    assert_eq!(wait(), want, "{what}");
+    let (cpu, el) = (thread_cpu() - c0, t0.elapsed());
+    assert!(el >= wall, "{what} returned after {el:?}");
+    cpu.as_secs_f64() / el.as_secs_f64()
+}
+
+/// Messages held back (the unexpected-message budget is full: the receiver
+/// takes no more until the application posts receives) are no work for a
+/// sleeper: sread, Counter::wait and WaitSet::wait sleep instead of
+/// spinning at 100% (the doorbell's re-check saw them as inbound work for
+/// ever), trywait arms the bridge, and receives posted by another thread
+/// still get them.
+#[test]
+fn messages_held_back_by_the_unexpected_budget_do_not_make_waits_spin() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("wait-wakeups-held-{}", std::process::id()));
+    let mut cfg = shmfab::Config::from_env().unwrap();
+    cfg.unexp_max = 64;
+    let dom = Fabric::with_config(cfg).unwrap().domain_with(Threading::Safe).unwrap();
+    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
+    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let idle = dom.cq_open(&CqAttr::default()).unwrap();
+    let fdcq = dom.cq_open(&CqAttr { wait_obj: shmfab::WaitObj::Fd, ..Default::default() }).unwrap();
+    let av = dom.av_open().unwrap();
+    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&ep0, &ep1] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    let c = dom.cntr_open().unwrap();
+    let ws = dom.wait_open().unwrap();
+    ws.add_cntr(&c).unwrap();
+    // 20 messages of 16 bytes, no receive posted: 4 fill the budget of 64
+    // bytes, 16 are held back in ep0's ring.
+    const N: usize = 20;
+    for i in 0..N {
+        ep1.inject(&[i as u8; 16], a0).unwrap();
+    }
+    dom.progress().unwrap();
+    assert!(ep0.stats().unwrap().stalls > 0, "the budget holds messages back");
+
+    let wall = Duration::from_millis(700);
+    let mut e = [CqTaggedEntry::default(); N];
+    let shares = [
+        cpu_share("sread", wall, || idle.sread(&mut e, None, Some(wall)).unwrap_err().kind(), ErrorKind::Again),
+        cpu_share("Counter::wait", wall, || c.wait(1, Some(wall)).unwrap_err().kind(), ErrorKind::TimedOut),
+        cpu_share("WaitSet::wait", wall, || ws.wait(Some(wall)).unwrap_err().kind(), ErrorKind::TimedOut),
+    ];
+    eprintln!("CPU share while waiting (sread, Counter::wait, WaitSet::wait): {shares:?}");
+    for (what, s) in ["sread", "Counter::wait", "WaitSet::wait"].iter().zip(shares) {
+        assert!(s < 0.3, "{what} used {:.0}% of a core while nothing could be taken", s * 100.0);
+    }
+    // The fd bridge: trywait arms it (it said -FI_EAGAIN for ever).
+    assert!(dom.trywait(&[&fdcq]).is_ok(), "trywait with only held-back messages");
+
+    // Receives posted by another thread get every message, the held ones
+    // too, while this thread sleeps in sread on their CQ.
+    let mut bufs = [[0u8; 16]; N];
+    let mut got = 0;
+    std::thread::scope(|s| {
+        let ep0 = &ep0;
+        let bufs = &mut bufs;
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive the scope, and every completion is
+                // read inside it.
+                unsafe { ep0.recv(b, shmfab::FI_ADDR_UNSPEC, i).unwrap() };
+            }
+        });
+        let t0 = Instant::now();
+        while got < N {
+            got += cq0.sread(&mut e, None, Some(Duration::from_secs(10))).unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    });
+    for (i, b) in bufs.iter().enumerate() {
+        assert_eq!(b, &[i as u8; 16], "message {i}");
+    }
     drop((ep0, ep1));
 }
