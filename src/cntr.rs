@@ -147,14 +147,14 @@ impl Counter {
     }
 
     /// fi_cntr_wait: waits (sleeping on the doorbell) until the value
-    /// reaches `threshold`; `-FI_ETIMEDOUT` after `timeout_ms` (< 0:
-    /// forever), `-FI_EAVAIL` if the error value changes meanwhile.
-    pub fn wait(&self, threshold: u64, timeout_ms: i32) -> Result<()> {
+    /// reaches `threshold`; `-FI_ETIMEDOUT` after `timeout` (`None`:
+    /// forever; `Some(Duration::ZERO)`: one try), `-FI_EAVAIL` if the error
+    /// value changes meanwhile.
+    pub fn wait(&self, threshold: u64, timeout: Option<std::time::Duration>) -> Result<()> {
         if self.wait_obj()? == WaitObj::None {
             return Err(Error::with(ErrorKind::Inval, "the counter's wait object is None: no wait"));
         }
-        let deadline =
-            (timeout_ms >= 0).then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64));
+        let deadline = crate::domain::deadline(timeout);
         let err0 = self.shm()?.err.v.load(Ordering::Acquire);
         let dom = crate::Domain { inner: self.dom.clone() };
         loop {
@@ -170,7 +170,7 @@ impl Counter {
             if left.is_some_and(|l| l.is_zero()) {
                 return Err(Error::with(
                     ErrorKind::TimedOut,
-                    format!("counter below {threshold} after {timeout_ms} ms"),
+                    format!("counter below {threshold} after {:?}", timeout.unwrap_or_default()),
                 ));
             }
             // SYNC: pairs with the release writes in engine::complete; the

@@ -700,11 +700,16 @@ impl CompletionQueue {
     /// fi_cq_sread: as `read`, but waits (without spinning, with the
     /// Unspec wait object) until a completion is there, or, with
     /// FI_CQ_COND_THRESHOLD, until `cond` entries are (at most `out.len()`;
-    /// `-FI_EINVAL` above the CQ's size, which it never holds); `timeout_ms`
-    /// < 0 waits forever. `-FI_EAGAIN` on timeout or when `signal`
-    /// interrupts.
-    pub fn sread<T: CqFormatEntry>(&self, out: &mut [T], cond: Option<usize>, timeout_ms: i32) -> Result<usize> {
-        self.sread_impl(out, None, cond, timeout_ms)
+    /// `-FI_EINVAL` above the CQ's size, which it never holds). `timeout`:
+    /// `None` waits forever, `Some(d)` at most `d` (`Some(Duration::ZERO)`:
+    /// one try). `-FI_EAGAIN` on timeout or when `signal` interrupts.
+    pub fn sread<T: CqFormatEntry>(
+        &self,
+        out: &mut [T],
+        cond: Option<usize>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<usize> {
+        self.sread_impl(out, None, cond, timeout)
     }
 
     /// fi_cq_sreadfrom: `sread` with source addresses.
@@ -713,9 +718,9 @@ impl CompletionQueue {
         out: &mut [T],
         src: &mut [FiAddr],
         cond: Option<usize>,
-        timeout_ms: i32,
+        timeout: Option<std::time::Duration>,
     ) -> Result<usize> {
-        self.sread_impl(out, Some(src), cond, timeout_ms)
+        self.sread_impl(out, Some(src), cond, timeout)
     }
 
     fn sread_impl<T: CqFormatEntry>(
@@ -723,7 +728,7 @@ impl CompletionQueue {
         out: &mut [T],
         mut src: Option<&mut [FiAddr]>,
         cond: Option<usize>,
-        timeout_ms: i32,
+        timeout: Option<std::time::Duration>,
     ) -> Result<usize> {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         let (wait_obj, wait_cond, size) = self.with(false, |c| Ok((c.wait_obj, c.wait_cond, c.size)))?;
@@ -739,15 +744,13 @@ impl CompletionQueue {
         };
         if want > size {
             // Back-pressure keeps the CQ at `size` entries: a threshold
-            // above it would be waited for forever (spinning, as the
-            // messages held back keep the doorbell's re-check busy).
+            // above it would be waited for forever.
             return Err(Error::with(
                 ErrorKind::Inval,
                 format!("sread threshold {want} is above the CQ's size {size}: it can never be reached"),
             ));
         }
-        let deadline =
-            (timeout_ms >= 0).then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64));
+        let deadline = crate::domain::deadline(timeout);
         loop {
             if self.signaled.swap(false, AcqRel) {
                 return Err(Error::with(ErrorKind::Again, "interrupted by cq_signal"));

@@ -347,8 +347,9 @@ impl DomainInner {
     }
 
     /// How long a sleep on the doorbell may last: 1 ms while sends wait
-    /// for ring room or pool chunks, or an overflow queue is blocked by a
-    /// claim that may be dead (nothing will ring for those); the
+    /// for ring room or pool chunks, an overflow queue is blocked by a
+    /// claim that may be dead, or messages are held back until the
+    /// application acts (nothing will ring for those); the
     /// peer-check period while something is pending with a live peer;
     /// else long.
     fn sleep_cap(&self, st: &DomainState) -> Duration {
@@ -391,11 +392,12 @@ impl Domain {
     }
 
     /// Sleeps on the domain's doorbell until inbound work may be there or
-    /// `timeout` passes; returns at once if work is already waiting. Wake-ups
-    /// may be spurious: callers re-check. Work that is not a new inbound
-    /// message (pool chunks freed, credit returned) does not ring the
-    /// doorbell, so callers waiting for that should pass a short timeout.
-    pub fn wait(&self, timeout: Duration) {
+    /// `timeout` passes (`None`: until the doorbell rings); returns at once
+    /// if work is already waiting. Wake-ups may be spurious: callers
+    /// re-check. Work that is not a new inbound message (pool chunks freed,
+    /// credit returned) does not ring the doorbell, nor does a peer's
+    /// death, so callers waiting for that should pass a short timeout.
+    pub fn wait(&self, timeout: Option<Duration>) {
         self.sleep(timeout, || false);
     }
 
@@ -408,10 +410,10 @@ impl Domain {
     /// peer within about two periods however long its own timeout.
     pub(crate) fn wait_for(&self, timeout: Option<Duration>, done: impl Fn() -> bool) {
         let cap = self.inner.lock().map(|st| self.inner.sleep_cap(&st)).unwrap_or(Duration::from_millis(1));
-        self.sleep(timeout.map_or(cap, |t| t.min(cap)), done);
+        self.sleep(Some(timeout.map_or(cap, |t| t.min(cap))), done);
     }
 
-    fn sleep(&self, timeout: Duration, done: impl Fn() -> bool) {
+    fn sleep(&self, timeout: Option<Duration>, done: impl Fn() -> bool) {
         let db = &self.inner.region.header().doorbell;
         let found = crate::doorbell::wait(
             db,
@@ -422,7 +424,7 @@ impl Domain {
                         Err(_) => true, // not ours to sleep on: return at once
                     }
             },
-            Some(timeout),
+            timeout,
         );
         if !found {
             self.inner.sleeps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -567,8 +569,11 @@ impl Domain {
         // While something is pending with a peer, the bridge fires after a
         // peer-check period even if nothing rang (a peer's death rings
         // nothing): the application wakes, and its next trywait checks
-        // peers' lives.
-        let period = self.inner.waits_on_peers(st).then_some(self.inner.cfg.peer_check);
+        // peers' lives. Likewise while messages are held back (another
+        // thread's posted receive or CQ read, which lets them move, rings
+        // nothing either).
+        let held = st.eps.iter().flatten().any(|e| e.polled() && e.inbound.holds_back());
+        let period = (held || self.inner.waits_on_peers(st)).then_some(self.inner.cfg.peer_check);
         match bridge.armed() {
             // An earlier trywait's announcement still stands.
             Some(timed) if timed || period.is_none() => return Ok(()),
@@ -664,6 +669,14 @@ impl Domain {
     pub fn sleeps(&self) -> u64 {
         self.inner.sleeps.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// The deadline of a wait of at most `timeout` from now: `None` (no
+/// deadline, wait forever) for `None` and for a timeout so long that the
+/// clock cannot express its end (`Duration::MAX`, say): never reached
+/// either way.
+pub(crate) fn deadline(timeout: Option<Duration>) -> Option<std::time::Instant> {
+    timeout.and_then(|t| std::time::Instant::now().checked_add(t))
 }
 
 /// Pointers to the parts of one endpoint section of a region.

@@ -467,7 +467,7 @@ impl World {
                     Err(e) => return Err(e),
                 }
             }
-            if let Err(e) = wait_one(&self.dom, &self.ctl_cq, &RefCell::new(Vec::new()), 1)? {
+            if let Err(e) = wait_one(&self.dom, &self.ctl_cq, &RefCell::new(Vec::new()), 1, None)? {
                 let text = self.ctl_cq.last_error_text().unwrap_or_default();
                 return Err(Error::with(
                     ErrorKind::from_errno(e.err),
@@ -484,15 +484,28 @@ impl World {
     /// application CQ, driving progress and sleeping on the doorbell
     /// between tries (so oversubscribed ranks do not burn the cores).
     /// Completions of other operations read meanwhile are kept for later
-    /// calls. Err(entry) for an error completion.
-    pub fn wait(&self, ctx: usize) -> Result<std::result::Result<CqTaggedEntry, CqErrEntry>> {
-        wait_one(&self.dom, &self.cq, &self.pending, ctx)
+    /// calls. Err(entry) for an error completion. `timeout`: `None` waits
+    /// forever, `Some(d)` at most `d` (`Some(Duration::ZERO)`: one try);
+    /// on timeout `-FI_EAGAIN`, and the operation stays pending: a later
+    /// `wait` for `ctx` still gets its completion.
+    pub fn wait(
+        &self,
+        ctx: usize,
+        timeout: Option<Duration>,
+    ) -> Result<std::result::Result<CqTaggedEntry, CqErrEntry>> {
+        wait_one(&self.dom, &self.cq, &self.pending, ctx, timeout)
     }
 }
 
 type Entry = std::result::Result<CqTaggedEntry, CqErrEntry>;
 
-fn wait_one(dom: &Domain, cq: &CompletionQueue, pending: &RefCell<Vec<Entry>>, ctx: usize) -> Result<Entry> {
+fn wait_one(
+    dom: &Domain,
+    cq: &CompletionQueue,
+    pending: &RefCell<Vec<Entry>>,
+    ctx: usize,
+    timeout: Option<Duration>,
+) -> Result<Entry> {
     let ctx_of = |r: &Entry| match r {
         Ok(e) => e.op_context,
         Err(e) => e.op_context,
@@ -501,6 +514,7 @@ fn wait_one(dom: &Domain, cq: &CompletionQueue, pending: &RefCell<Vec<Entry>>, c
     if let Some(i) = found {
         return Ok(pending.borrow_mut().remove(i));
     }
+    let deadline = crate::domain::deadline(timeout);
     let mut spins = 0u32;
     loop {
         let mut e = [CqTaggedEntry::default()];
@@ -514,9 +528,16 @@ fn wait_one(dom: &Domain, cq: &CompletionQueue, pending: &RefCell<Vec<Entry>>, c
             Some(r) if ctx_of(&r) == ctx => return Ok(r),
             Some(r) => pending.borrow_mut().push(r),
             None => {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                if left.is_some_and(|l| l.is_zero()) {
+                    return Err(Error::with(
+                        ErrorKind::Again,
+                        format!("no completion for context {ctx:#x} within {:?}", timeout.unwrap_or_default()),
+                    ));
+                }
                 spins += 1;
                 if spins > 64 {
-                    dom.wait(Duration::from_millis(1));
+                    dom.wait(Some(left.map_or(Duration::from_millis(1), |l| l.min(Duration::from_millis(1)))));
                 }
             }
         }

@@ -168,7 +168,7 @@ impl CompletionChannel {
     /// up to `timeout` (None: forever, as ibv_get_cq_event does) for an
     /// event; `-FI_EAGAIN` on timeout.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<usize> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::domain::deadline(timeout);
         let dom = Domain { inner: self.dom.clone() };
         loop {
             match self.try_get_event() {

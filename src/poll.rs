@@ -295,10 +295,10 @@ impl WaitSet {
     }
 
     /// fi_wait: returns when a member has an event (possibly already
-    /// there); `-FI_ETIMEDOUT` after `timeout_ms` (< 0: forever).
-    pub fn wait(&self, timeout_ms: i32) -> Result<()> {
-        let deadline =
-            (timeout_ms >= 0).then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64));
+    /// there); `-FI_ETIMEDOUT` after `timeout` (`None`: forever;
+    /// `Some(Duration::ZERO)`: one try).
+    pub fn wait(&self, timeout: Option<std::time::Duration>) -> Result<()> {
+        let deadline = crate::domain::deadline(timeout);
         let dom = Domain { inner: self.set.dom.clone() };
         let mut out = [0usize; 1];
         loop {
@@ -309,7 +309,7 @@ impl WaitSet {
             if left.is_some_and(|l| l.is_zero()) {
                 return Err(Error::with(
                     ErrorKind::TimedOut,
-                    format!("no event in the wait set within {timeout_ms} ms"),
+                    format!("no event in the wait set within {:?}", timeout.unwrap_or_default()),
                 ));
             }
             // The re-check before sleeping: a counter changed by another

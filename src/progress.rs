@@ -253,8 +253,10 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
 fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
     let peer = r.peer;
     if ep.peers[peer].broken {
+        r.held = true; // never read again: no work for a sleeper
         return;
     }
+    let mut held = false;
     for i in 0..BATCH {
         let Some((h, ncells)) = r.rx.peek() else {
             break;
@@ -273,16 +275,19 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
             if h.op == op::EAGER { on_eager(ep, ctx, peer, &h, &src) } else { handle(ep, ctx, peer, &{ h }, &{ src }) };
         if flow == Flow::Stall {
             ep.stats.stalls += 1;
+            held = true;
             break;
         }
         ep.stats.rx_ring += 1;
         // From the second message in a row on, a stream: fetch ahead.
         r.rx.consume(ncells, i > 0);
     }
+    r.held = held;
     r.rx.release_credit();
 }
 
 fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
+    ep.inbound.ovf_held = false;
     for _ in 0..BATCH {
         let Some(m) = ep.inbound.ovf.peek() else {
             if ep.inbound.ovf_stuck.is_none() {
@@ -306,6 +311,7 @@ fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
         }
         if handle(ep, ctx, p, &m.hdr, &Src::Buf(&m.payload[..OVF_PAYLOAD])) == Flow::Stall {
             ep.stats.stalls += 1;
+            ep.inbound.ovf_held = true;
             break;
         }
         ep.stats.rx_ovf += 1;

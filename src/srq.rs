@@ -357,7 +357,7 @@ impl SharedRecvQueue {
     /// at most 10 ms, so an event raised by the domain's progress thread is
     /// seen too); `-FI_EAGAIN` on timeout.
     pub fn wait_event(&self, timeout: Option<Duration>) -> Result<SrqEvent> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::domain::deadline(timeout);
         let dom = Domain { inner: self.dom.clone() };
         loop {
             match self.read_event() {

@@ -55,7 +55,7 @@ fn blocked_waits_notice_a_peer_that_dies() {
                 unsafe { w.ep.recv(&mut b, dead, CTX).unwrap() };
                 ready();
                 let mut e = [CqTaggedEntry::default()];
-                assert_eq!(w.cq.sread(&mut e, None, -1).unwrap_err().kind(), ErrorKind::Avail);
+                assert_eq!(w.cq.sread(&mut e, None, None).unwrap_err().kind(), ErrorKind::Avail);
                 check_err(&w.cq);
             }
             1 => {
@@ -66,7 +66,7 @@ fn blocked_waits_notice_a_peer_that_dies() {
                 // SAFETY: b lives until the completion below.
                 unsafe { ep.recv(&mut b, dead, CTX).unwrap() };
                 ready();
-                assert_eq!(c.wait(1, -1).unwrap_err().kind(), ErrorKind::Avail);
+                assert_eq!(c.wait(1, None).unwrap_err().kind(), ErrorKind::Avail);
                 assert_eq!(c.readerr().unwrap(), 1);
                 let mut e = [CqTaggedEntry::default()];
                 assert_eq!(cq.read(&mut e).unwrap_err().kind(), ErrorKind::Avail);
@@ -82,7 +82,7 @@ fn blocked_waits_notice_a_peer_that_dies() {
                 // SAFETY: b lives until the completion below.
                 unsafe { ep.recv(&mut b, dead, CTX).unwrap() };
                 ready();
-                ws.wait(-1).unwrap();
+                ws.wait(None).unwrap();
                 let mut e = [CqTaggedEntry::default()];
                 assert_eq!(cq.read(&mut e).unwrap_err().kind(), ErrorKind::Avail);
                 check_err(&cq);

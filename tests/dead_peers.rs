@@ -67,7 +67,7 @@ fn a_rank_killed_mid_stream() {
                         Ok(()) => sent += 1,
                         Err(e) if e.kind() == ErrorKind::Again => {
                             w.dom.progress().unwrap();
-                            w.dom.wait(Duration::from_millis(1));
+                            w.dom.wait(Some(Duration::from_millis(1)));
                         }
                         Err(e) => break e,
                     }

@@ -781,13 +781,17 @@ fn wait_set_members_are_named_removed_and_recover() {
     ws.add_cntr(&c).unwrap();
     assert_eq!(cq.wait_obj().unwrap(), WaitObj::Set);
     let mut e = [CqTaggedEntry::default()];
-    assert_eq!(cq.sread(&mut e, None, 0).unwrap_err().kind(), ErrorKind::Inval, "waits through the set");
+    assert_eq!(
+        cq.sread(&mut e, None, Some(Duration::ZERO)).unwrap_err().kind(),
+        ErrorKind::Inval,
+        "waits through the set"
+    );
     assert_eq!(cq.close().unwrap_err().kind(), ErrorKind::Busy, "a member is bound");
     // Removed: it waits on its own (sread times out instead of being refused).
     ws.del_cq(&cq).unwrap();
     assert_eq!(ws.del_cq(&cq).unwrap_err().kind(), ErrorKind::NoEnt);
     assert_eq!(cq.wait_obj().unwrap(), WaitObj::Unspec);
-    assert_eq!(cq.sread(&mut e, None, 0).unwrap_err().kind(), ErrorKind::Again);
+    assert_eq!(cq.sread(&mut e, None, Some(Duration::ZERO)).unwrap_err().kind(), ErrorKind::Again);
     ws.del_cntr(&c).unwrap();
     ws.close().unwrap();
     // A set dropped with a member: the member recovers and can close.
@@ -820,7 +824,7 @@ fn counter_wait_objects() {
     ws.del_cntr(&member).unwrap();
     member.close().unwrap();
     let none = dom.cntr_open_with(&CntrAttr { wait_obj: WaitObj::None }).unwrap();
-    assert_eq!(none.wait(1, 0).unwrap_err().kind(), ErrorKind::Inval);
+    assert_eq!(none.wait(1, Some(Duration::ZERO)).unwrap_err().kind(), ErrorKind::Inval);
     assert_eq!(none.wait_fd().unwrap_err().kind(), ErrorKind::NoSys);
     let c = dom.cntr_open_with(&CntrAttr { wait_obj: WaitObj::Fd }).unwrap();
     assert_eq!(c.wait_obj().unwrap(), WaitObj::Fd);
@@ -881,7 +885,7 @@ fn fd_wait_set_goes_into_epoll() {
         let mut tries = 0;
         while p.dom.trywait_with(&[], &[], &[ws]).is_err() {
             // Take what is there, then try again.
-            let _ = ws.wait(0);
+            let _ = ws.wait(Some(Duration::ZERO));
             let mut e = [CqTaggedEntry::default()];
             while p.cq1.read(&mut e).is_ok() {}
             tries += 1;

@@ -364,7 +364,7 @@ fn flood(w: World) {
                         std::fs::write(&flag, b"1").unwrap();
                     }
                     again += 1;
-                    w.dom.wait(Duration::from_millis(1));
+                    w.dom.wait(Some(Duration::from_millis(1)));
                     w.dom.progress().unwrap();
                     assert!(t0.elapsed() < Duration::from_secs(60), "stuck on -FI_EAGAIN");
                 }

@@ -51,7 +51,7 @@ fn stays_empty(dom: &Domain, cq: &CompletionQueue, ms: u64) -> bool {
     while t0.elapsed() < Duration::from_millis(ms) {
         let mut e = [CqTaggedEntry::default()];
         match cq.read(&mut e) {
-            Err(x) if x.kind() == ErrorKind::Again => dom.wait(Duration::from_millis(1)),
+            Err(x) if x.kind() == ErrorKind::Again => dom.wait(Some(Duration::from_millis(1))),
             _ => return false,
         }
     }
@@ -606,7 +606,7 @@ fn empty_srq_gives_back_pressure_then_everything() {
                             }
                             refused += 1;
                             w.dom.progress().unwrap();
-                            w.dom.wait(Duration::from_millis(1));
+                            w.dom.wait(Some(Duration::from_millis(1)));
                         }
                         Err(e) => panic!("inject: {e}"),
                     }

@@ -23,7 +23,7 @@ fn sread_sleeps_until_another_process_completes_it() {
             let sleeps0 = w.dom.sleeps();
             let t0 = Instant::now();
             let mut e = [CqTaggedEntry::default()];
-            assert_eq!(w.cq.sread(&mut e, None, 10_000).unwrap(), 1);
+            assert_eq!(w.cq.sread(&mut e, None, Some(Duration::from_secs(10))).unwrap(), 1);
             let el = t0.elapsed();
             assert_eq!((e[0].op_context, &b), (1, b"wake up!"));
             assert!(el >= Duration::from_millis(150) && el < Duration::from_secs(5), "{el:?}");
@@ -40,7 +40,10 @@ fn sread_times_out_and_respects_the_threshold() {
             // An idle CQ: -FI_EAGAIN after the timeout, not before.
             let mut e = [CqTaggedEntry::default(); 8];
             let t0 = Instant::now();
-            assert_eq!(w.cq.sread(&mut e, None, 100).unwrap_err().kind(), ErrorKind::Again);
+            assert_eq!(
+                w.cq.sread(&mut e, None, Some(Duration::from_millis(100))).unwrap_err().kind(),
+                ErrorKind::Again
+            );
             let el = t0.elapsed();
             assert!(el >= Duration::from_millis(95) && el < Duration::from_secs(2), "{el:?}");
             // Threshold: a CQ with FI_CQ_COND_THRESHOLD waits for 5 entries.
@@ -57,7 +60,7 @@ fn sread_times_out_and_respects_the_threshold() {
             // Tell rank 0 where to send (our new endpoint's address).
             w.tell(0, &[ep.getname()]);
             let t0 = Instant::now();
-            let n = cq.sread(&mut e, Some(5), 10_000).unwrap();
+            let n = cq.sread(&mut e, Some(5), Some(Duration::from_secs(10))).unwrap();
             assert_eq!(n, 5, "all five at once");
             assert!(t0.elapsed() >= Duration::from_millis(60), "did not return before the fifth");
             drop(ep);
@@ -87,7 +90,7 @@ fn cq_signal_interrupts_a_blocked_sread() {
             });
             let t0 = Instant::now();
             let mut e = [CqTaggedEntry::default()];
-            let r = cq.sread(&mut e, None, -1);
+            let r = cq.sread(&mut e, None, None);
             let el = t0.elapsed();
             assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::Again), "{threading:?}");
             assert!(el >= Duration::from_millis(100) && el < Duration::from_secs(5), "{el:?}");
@@ -108,9 +111,13 @@ fn cntr_wait_and_wait_none() {
             ep.bind_av(&w.av).unwrap();
             ep.enable().unwrap();
             let mut e = [CqTaggedEntry::default()];
-            assert_eq!(cq.sread(&mut e, None, 10).unwrap_err().kind(), ErrorKind::Inval, "FI_WAIT_NONE");
+            assert_eq!(
+                cq.sread(&mut e, None, Some(Duration::from_millis(10))).unwrap_err().kind(),
+                ErrorKind::Inval,
+                "FI_WAIT_NONE"
+            );
             let t0 = Instant::now();
-            assert_eq!(c.wait(1, 100).unwrap_err().kind(), ErrorKind::TimedOut);
+            assert_eq!(c.wait(1, Some(Duration::from_millis(100))).unwrap_err().kind(), ErrorKind::TimedOut);
             assert!(t0.elapsed() >= Duration::from_millis(95));
             let mut bufs = [[0u8; 4]; 10];
             for (i, b) in bufs.iter_mut().enumerate() {
@@ -118,7 +125,7 @@ fn cntr_wait_and_wait_none() {
                 unsafe { ep.recv(b, shmfab::FI_ADDR_UNSPEC, i).unwrap() };
             }
             w.tell(0, &[ep.getname()]);
-            c.wait(10, 10_000).unwrap();
+            c.wait(10, Some(Duration::from_secs(10))).unwrap();
             assert_eq!(c.read().unwrap(), 10);
             assert!(bufs.iter().all(|b| b == b"tick"));
             drop(ep);
@@ -203,7 +210,7 @@ fn poll_set_reports_exactly_the_right_contexts() {
                     break n;
                 }
                 assert!(t0.elapsed() < Duration::from_secs(10));
-                w.dom.wait(Duration::from_millis(1));
+                w.dom.wait(Some(Duration::from_millis(1)));
             };
             let mut got: Vec<usize> = out[..n].to_vec();
             got.sort();
@@ -244,19 +251,19 @@ fn wait_set_wakes_on_a_member_and_binds() {
             assert_eq!(cq.wait_obj().unwrap(), WaitObj::Set);
             let mut e = [CqTaggedEntry::default()];
             assert_eq!(
-                cq.sread(&mut e, None, 10).unwrap_err().kind(),
+                cq.sread(&mut e, None, Some(Duration::from_millis(10))).unwrap_err().kind(),
                 ErrorKind::Inval,
                 "FI_WAIT_SET CQs wait through the set"
             );
             let t0 = Instant::now();
-            assert_eq!(ws.wait(100).unwrap_err().kind(), ErrorKind::TimedOut);
+            assert_eq!(ws.wait(Some(Duration::from_millis(100))).unwrap_err().kind(), ErrorKind::TimedOut);
             assert!(t0.elapsed() >= Duration::from_millis(95));
             let mut b = [0u8; 4];
             // SAFETY: b lives until the completion is read below.
             unsafe { ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 3).unwrap() };
             w.tell(0, &[ep.getname()]);
             let sleeps = w.dom.sleeps();
-            ws.wait(10_000).unwrap();
+            ws.wait(Some(Duration::from_secs(10))).unwrap();
             assert!(w.dom.sleeps() > sleeps, "waited asleep");
             assert_eq!(cq.read(&mut e).unwrap(), 1);
             assert_eq!(&b, b"wset");
@@ -288,7 +295,7 @@ fn yield_wait_object_and_sreadfrom_across_processes() {
             let mut e = [CqTaggedEntry::default()];
             let mut src = [0u64];
             let t0 = Instant::now();
-            assert_eq!(cq.sreadfrom(&mut e, &mut src, None, 10_000).unwrap(), 1);
+            assert_eq!(cq.sreadfrom(&mut e, &mut src, None, Some(Duration::from_secs(10))).unwrap(), 1);
             assert!(t0.elapsed() >= Duration::from_millis(50));
             assert_eq!((e[0].op_context, &b), (4, b"yield"));
             assert_eq!(src[0], w.addrs[0], "source of the completion");

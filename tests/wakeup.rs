@@ -21,7 +21,7 @@ fn sleepy_receiver(w: &World, n: usize) {
                 break;
             }
             // Sleep until the doorbell rings; no busy polling at all.
-            w.dom.wait(Duration::from_secs(10));
+            w.dom.wait(Some(Duration::from_secs(10)));
             assert!(t0.elapsed() < Duration::from_secs(5), "message {i}: wake-up lost (waited {:?})", t0.elapsed());
         }
         slowest = slowest.max(t0.elapsed());

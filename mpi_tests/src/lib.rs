@@ -18,7 +18,7 @@ pub fn world() -> World {
 
 /// The completion of `ctx`, or exit naming the rank and the error.
 pub fn done(w: &World, ctx: usize) -> CqTaggedEntry {
-    match w.wait(ctx) {
+    match w.wait(ctx, None) {
         Ok(Ok(e)) => e,
         Ok(Err(e)) => {
             let text = w.cq.last_error_text().unwrap_or_default();
@@ -39,7 +39,7 @@ pub fn post(w: &World, mut f: impl FnMut() -> shmfab::Result<()>) {
             Ok(()) => return,
             Err(e) if e.kind() == shmfab::ErrorKind::Again => {
                 let _ = w.dom.progress();
-                w.dom.wait(std::time::Duration::from_micros(200));
+                w.dom.wait(Some(std::time::Duration::from_micros(200)));
             }
             Err(e) => {
                 eprintln!("rank {}: post failed: {e}", w.rank);

@@ -9,6 +9,10 @@
 //!   (then `rings` is empty here, and [`Inbound::may_hold`] answers yes).
 //! - `ovf_stuck` names the overflow queue's head position found claimed
 //!   but unpublished, and since when; None when the head moved.
+//! - `InRing::held` (`ovf_held` for the overflow queue) is true exactly
+//!   when the last pass that read the queue stopped on a message it could
+//!   not take (receive CQ full, unexpected budget spent, broken peer):
+//!   such a message is no work for a sleeper until the application acts.
 
 use super::peers::Peers;
 use crate::domain::Section;
@@ -21,6 +25,8 @@ use crate::sync::Ordering;
 pub(crate) struct InRing {
     pub rx: RingRx,
     pub peer: usize,
+    /// The last pass stopped on a message it could not take.
+    pub held: bool,
 }
 
 /// The endpoint's inbound queues (see the module docs).
@@ -33,6 +39,8 @@ pub(crate) struct Inbound {
     claimed_seen: u64,
     /// The shared overflow queue.
     pub ovf: Ovf,
+    /// The last pass stopped on an overflow message it could not take.
+    pub ovf_held: bool,
     /// The overflow queue's head found claimed but unpublished: its
     /// position and since when.
     pub ovf_stuck: Option<(u64, std::time::Instant)>,
@@ -47,6 +55,7 @@ impl Inbound {
             rings_out: false,
             claimed_seen: 0,
             ovf: sec.ovf(),
+            ovf_held: false,
             ovf_stuck: None,
             pool: sec.pool(),
         }
@@ -85,7 +94,7 @@ impl Inbound {
             // SAFETY: the ring lies in our own section; we are its only consumer.
             let rx =
                 unsafe { RingRx::new(sec.ringctl_at(s as u32), sec.ring_cells(s as u32), sec.g.ring_cells as usize) };
-            self.rings[s] = Some(InRing { rx, peer: p });
+            self.rings[s] = Some(InRing { rx, peer: p, held: false });
         }
         self.claimed_seen = claimed;
     }
@@ -110,13 +119,21 @@ impl Inbound {
         self.rings_out = false;
     }
 
-    /// Whether a message is waiting in any ring or the overflow queue, or a
-    /// new ring was claimed.
+    /// Whether a message that a pass may take is waiting in any ring or
+    /// the overflow queue, or a new ring was claimed. Queues held back (the
+    /// last pass stopped on a message it could not take) do not count:
+    /// only the application can let them move, and a sleeper that counted
+    /// them would never sleep.
     pub fn ready(&self, sec: &Section) -> bool {
         if self.new_claims(sec).is_some() {
             return true;
         }
-        self.rings.iter().flatten().any(|r| r.rx.ready()) || self.ovf.ready()
+        self.rings.iter().flatten().any(|r| !r.held && r.rx.ready()) || !self.ovf_held && self.ovf.ready()
+    }
+
+    /// Whether a queue is held back (see [`Inbound::ready`]).
+    pub fn holds_back(&self) -> bool {
+        self.ovf_held || self.rings.iter().flatten().any(|r| r.held)
     }
 
     /// Whether peer `p` may still have messages here: its ring, or the

@@ -81,16 +81,19 @@ impl EpState {
         self.enabled && !self.passive
     }
 
-    /// Whether a message is waiting in any inbound ring or the overflow
-    /// queue.
+    /// Whether a message that a pass may take is waiting in any inbound
+    /// ring or the overflow queue (not those held back: see
+    /// [`inbound::Inbound::ready`]).
     pub fn inbound_ready(&self) -> bool {
         self.inbound.ready(&self.sec)
     }
 
     /// Whether the endpoint has work that no doorbell will announce (sends
-    /// waiting for room, an overflow claim that may be dead).
+    /// waiting for room, an overflow claim that may be dead, messages held
+    /// back until the application posts receives or reads its CQ, which
+    /// may happen in another thread and rings nothing).
     pub fn local_work(&self) -> bool {
-        self.tx.any_busy() || self.inbound.ovf_stuck.is_some()
+        self.tx.any_busy() || self.inbound.ovf_stuck.is_some() || self.polled() && self.inbound.holds_back()
     }
 
     /// Whether we have anything pending with peer `p`.

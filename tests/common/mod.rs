@@ -40,7 +40,7 @@ pub fn next_completion(
         assert!(t0.elapsed() < timeout, "{what} in {timeout:?}");
         spins += 1;
         if spins > 200 {
-            dom.wait(Duration::from_millis(1));
+            dom.wait(Some(Duration::from_millis(1)));
         }
     }
 }
@@ -277,7 +277,7 @@ impl World {
                     again += 1;
                     self.dom.progress().unwrap();
                     if again % 64 == 0 {
-                        self.dom.wait(Duration::from_millis(1));
+                        self.dom.wait(Some(Duration::from_millis(1)));
                     }
                     assert!(t0.elapsed() < Duration::from_secs(60), "stuck on -FI_EAGAIN");
                 }

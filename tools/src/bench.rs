@@ -352,7 +352,7 @@ impl Link {
         self.command(CMD_IDLE, 0, 0, period.as_millis() as usize)?;
         let t0 = Instant::now();
         loop {
-            match self.ends.cq.sread(&mut [CqTaggedEntry::default()], None, 1000) {
+            match self.ends.cq.sread(&mut [CqTaggedEntry::default()], None, Some(Duration::from_secs(1))) {
                 Ok(_) => break,
                 Err(e) if e.kind() == ErrorKind::Again && t0.elapsed() < period + Duration::from_secs(30) => {}
                 Err(e) => return Err(e),
@@ -423,7 +423,7 @@ pub fn serve_world(w: &shmfab::World) -> Result<()> {
     let mut addr = [0u8; shm_layout::Address::SIZE];
     // SAFETY: addr lives until the completion below.
     unsafe { w.ep.recv(&mut addr, w.addr(0), 77)? };
-    match w.wait(77)? {
+    match w.wait(77, None)? {
         Ok(_) => serve(&addr),
         Err(e) => Err(Error::with(ErrorKind::from_errno(e.err), "rank 0 did not send its address")),
     }
@@ -541,7 +541,7 @@ fn serve(addr: &[u8]) -> Result<()> {
                     unsafe { ends.ep.trecv(&mut b, parent, T_WAKE, 0, 13)? };
                     let mut e = [CqTaggedEntry::default()];
                     loop {
-                        match ends.cq.sread(&mut e, None, 30_000) {
+                        match ends.cq.sread(&mut e, None, Some(Duration::from_secs(30))) {
                             Ok(_) if e[0].flags & FI_RECV != 0 => break,
                             Ok(_) => continue,
                             Err(x) => return Err(x),
@@ -556,7 +556,7 @@ fn serve(addr: &[u8]) -> Result<()> {
                 // time that cost.
                 let c0 = cpu_ns();
                 let mut e = [CqTaggedEntry::default()];
-                let r = ends.cq.sread(&mut e, None, iters as i32);
+                let r = ends.cq.sread(&mut e, None, Some(Duration::from_millis(iters as u64)));
                 if !matches!(&r, Err(x) if x.kind() == ErrorKind::Again) {
                     return Err(Error::with(ErrorKind::Other, format!("idle sread returned {r:?}")));
                 }

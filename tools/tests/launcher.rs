@@ -79,9 +79,28 @@ fn job_member() {
         w.ep.inject(me.as_bytes(), w.addr(r)).unwrap();
     }
     for r in (0..w.size).filter(|&r| r != w.rank) {
-        let e = w.wait(r).unwrap().unwrap();
+        let e = w.wait(r, None).unwrap().unwrap();
         assert_eq!(&bufs[r][..e.len], me.as_bytes(), "heard from another job");
     }
+    w.barrier().unwrap();
+    // World::wait with a timeout: nothing comes before the next barrier
+    // (the previous rank sends only after it), so the wait times out with
+    // -FI_EAGAIN and the receive stays pending; a later wait, without a
+    // reachable deadline, still gets it.
+    let (prev, next) = ((w.rank + w.size - 1) % w.size, (w.rank + 1) % w.size);
+    let mut late = [0u8; 16];
+    // SAFETY: late lives until the completion below.
+    unsafe { w.ep.recv(&mut late, w.addr(prev), 999).unwrap() };
+    for t in [Duration::ZERO, Duration::from_millis(50)] {
+        let t0 = Instant::now();
+        let r = w.wait(999, Some(t));
+        assert_eq!(r.unwrap_err().kind(), shmfab::ErrorKind::Again, "World::wait({t:?}) before any send");
+        assert!(t0.elapsed() >= t && t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    }
+    w.barrier().unwrap();
+    w.ep.inject(b"late", w.addr(next)).unwrap();
+    let e = w.wait(999, Some(Duration::MAX)).unwrap().unwrap();
+    assert_eq!(&late[..e.len], b"late");
     w.barrier().unwrap();
 }
 
@@ -96,7 +115,7 @@ fn killing_the_launcher_ends_its_ranks_and_leaves_nothing() {
         let mut b = [0u8; 1];
         // SAFETY: b lives as long as this process.
         unsafe { w.ep.recv(&mut b, shmfab::FI_ADDR_UNSPEC, 1).unwrap() };
-        let _ = w.wait(1);
+        let _ = w.wait(1, None);
         return;
     }
     let dir = std::env::temp_dir().join(format!("kill-launcher-{}", std::process::id()));

@@ -158,7 +158,7 @@ fn main() {
         } else {
             idle += 1;
             if idle > 64 {
-                w.dom.wait(std::time::Duration::from_micros(200));
+                w.dom.wait(Some(std::time::Duration::from_micros(200)));
             }
         }
     }
