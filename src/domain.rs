@@ -703,8 +703,8 @@ pub(crate) struct Section {
 /// How a sender's ring slot claim went ([`Section::claim_ring`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Claim {
-    /// Slot `s` is ours: its address written and its `claimed` bit set; we
-    /// are its ring's only producer.
+    /// Slot `s` is ours: its address written, the claim announced and its
+    /// `claimed` bit set; we are its ring's only producer.
     Ring(u32),
     /// Every slot is taken: use the overflow queue ([`Section::use_overflow`]).
     Full,
@@ -821,27 +821,50 @@ impl Section {
         h.state.store(ep_state::OPEN, Ordering::Release);
     }
 
-    /// The token a sender at `me` claims a ring slot of this section's
-    /// endpoint with, when that endpoint is at `generation`. The target's
-    /// generation is in it: a claim made for one generation never passes
-    /// for a claim of the next (the same sender reconnecting to the
-    /// reopened section takes a slot with another token), so the check
-    /// before each push (`Peer::chan_valid`) fails for good once the
-    /// section is closed. Never 0 (a free slot).
+    /// The token a sender at `me` holds a ring slot of this section's
+    /// endpoint with, when that endpoint is at `generation`: the value of
+    /// the slot's owner word once the claim is announced (its
+    /// [`Section::ANNOUNCED`] bit set; while the claim is made the word
+    /// holds the token without that bit). The target's generation is in
+    /// it: a claim made for one generation never passes for a claim of the
+    /// next (the same sender reconnecting to the reopened section takes a
+    /// slot with another token), so the check before each push
+    /// (`Peer::chan_valid`) fails for good once the section is closed, and
+    /// the owner takes no claim whose token is not of its generation
+    /// ([`Section::take_claim`]). Odd: never 0 (a free slot).
     pub fn claim_token(me: Address, generation: u32) -> u64 {
-        (me.region_bits() ^ ((me.ep_index as u64) << 48) ^ ((me.generation as u64) << 32) ^ ((generation as u64) << 1))
+        // The top bit is the announcement's alone.
+        ((me.region_bits()
+            ^ ((me.ep_index as u64) << 48)
+            ^ ((me.generation as u64) << 32)
+            ^ ((generation as u64) << 1))
+            & !Self::ANNOUNCED)
             | 1
+            | Self::ANNOUNCED
     }
 
+    /// The bit of a slot's owner word that announces the claim: set by the
+    /// claimant once its address is in the slot, while the section is still
+    /// the one it claimed in (a CAS from its token without the bit). The
+    /// top bit, which the target's generation (shifted by one) never
+    /// reaches: the tokens of two generations still differ.
+    pub const ANNOUNCED: u64 = 1 << 63;
+
     /// A sender's claim of a free ring slot for `me`, with the `token` of
-    /// [`Section::claim_token`] for the endpoint at `generation`: a CAS on
-    /// a slot's owner word; then a check that the section is still open
+    /// [`Section::claim_token`] for the endpoint at `generation`, in four
+    /// steps: a CAS of a slot's owner word from 0 to the token without its
+    /// [`Section::ANNOUNCED`] bit; a check that the section is still open
     /// at `generation` (else the slot is given back: the claim may have
-    /// landed in the section reopened for another endpoint); then `me`
-    /// written in the slot and its `claimed` bit set, for the owner's
-    /// progress pass to take the ring.
+    /// landed in the section reopened for another endpoint); `me` written
+    /// in the slot; the announcement, a CAS of the owner word to the token,
+    /// which fails if the close's punch freed the slot since the first CAS
+    /// (then the claim died with its generation); last the slot's `claimed`
+    /// bit, which tells the owner's progress pass to look at the slot (a
+    /// hint: the pass takes the ring only for an announced token of its own
+    /// generation, [`Section::take_claim`]).
     pub fn claim_ring(&self, generation: u32, token: u64, me: Address) -> Claim {
         use crate::sync::Ordering;
+        let claiming = token & !Self::ANNOUNCED;
         for s in 0..self.g.n_slots {
             let slot = self.slot(s);
             // SYNC: the acquire pairs with the close: a zero left by the
@@ -849,26 +872,88 @@ impl Section {
             // Section::close) is read after the kernel replaced the page,
             // which orders it as a release store would; the check below
             // then sees the section closed or reopened. The release half
-            // publishes nothing (the address is published by the fetch_or).
-            if slot.owner.compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            // publishes nothing (the address is published by the
+            // announcement).
+            if slot.owner.compare_exchange(0, claiming, Ordering::AcqRel, Ordering::Relaxed).is_err() {
                 continue;
             }
             if !self.open_at(generation) {
                 // Relaxed: we wrote nothing in the slot. A CAS, not a
                 // store: if the punch zeroed our claim and another sender
                 // took the slot since, it is theirs.
-                let _ = slot.owner.compare_exchange(token, 0, Ordering::Relaxed, Ordering::Relaxed);
+                let _ = slot.owner.compare_exchange(claiming, 0, Ordering::Relaxed, Ordering::Relaxed);
                 return Claim::Closed;
             }
             self.track_addr(s, true);
             // SAFETY: we own the slot now; addr is plain data in it.
             unsafe { std::ptr::addr_of!(slot.addr).cast_mut().write_volatile(me) };
-            // SYNC: publishes the slot's addr to the acquire load of
-            // `claimed` in progress_ep (then accept_claims reads it).
+            // SYNC: the release publishes the slot's addr to the acquire
+            // load of the owner word in Section::take_claim. Succeeding, it
+            // comes before the punch in the word's order: the address went
+            // to the page the punch replaces, never to a reopened section.
+            // Failing, the punch freed the slot (and maybe another sender
+            // of the next generation took it): the claim is dead, and the
+            // owner of the next generation takes no slot for this address
+            // (its token is not of that generation).
+            if slot.owner.compare_exchange(claiming, token, Ordering::Release, Ordering::Relaxed).is_err() {
+                return Claim::Closed;
+            }
+            // SYNC: pairs with the acquire load of `claimed` in
+            // Inbound::new_claims (a hint to look at the slot) and with the
+            // acquire fetch_and in Section::take_claim: a pass that drops
+            // this bit then sees the announcement.
             self.header().claimed.fetch_or(1 << s, Ordering::Release);
             return Claim::Ring(s);
         }
         Claim::Full
+    }
+
+    /// The owner's look at slot `s`, whose `claimed` bit it found set and
+    /// has not taken yet, for its endpoint at `generation`: the claimant's
+    /// address when the slot holds an announced claim of that generation
+    /// for the address in the slot (then its ring is the claimant's), else
+    /// None and the bit is dropped. A bit can outlive its claim: a sender
+    /// that claimed for an older generation and was slow to set it sets
+    /// it in the reopened section, for a slot the punch freed. Dropping
+    /// the bit never hides a claim: one announced since the first look set
+    /// the bit before the drop (then the drop sees its announcement, looked
+    /// for once more) or sets it after (the next pass looks). An announced
+    /// word whose token does not match the slot's address (a stale sender's
+    /// address written over a new claimant's) is unannounced: its claimant's
+    /// check before a push fails, and the ring is never read.
+    pub fn take_claim(&self, s: u32, generation: u32) -> Option<Address> {
+        use crate::sync::Ordering;
+        if let Some(a) = self.announced(s, generation) {
+            return Some(a);
+        }
+        // SYNC: the acquire pairs with the release fetch_or of a claimant
+        // in Section::claim_ring (a drop after its bit sees its
+        // announcement below). Releases nothing.
+        self.header().claimed.fetch_and(!(1u64 << s), Ordering::Acquire);
+        self.announced(s, generation)
+    }
+
+    /// The address of slot `s` if it holds an announced claim for it at
+    /// `generation` (see [`Section::take_claim`]).
+    fn announced(&self, s: u32, generation: u32) -> Option<Address> {
+        use crate::sync::Ordering;
+        let slot = self.slot(s);
+        // SYNC: pairs with the release CAS that announces the claim in
+        // Section::claim_ring: the address is then visible.
+        let owner = slot.owner.load(Ordering::Acquire);
+        if owner & Self::ANNOUNCED == 0 {
+            return None; // free, or a claim not announced yet
+        }
+        self.track_addr(s, false);
+        // SAFETY: slot s < n_slots (callers check); a plain-data copy,
+        // untrusted (checked against the token below).
+        let a = unsafe { std::ptr::addr_of!(slot.addr).read_volatile() };
+        if Self::claim_token(a, generation) == owner {
+            return Some(a);
+        }
+        // Relaxed: publishes nothing; the claimant's check reads it relaxed.
+        let _ = slot.owner.compare_exchange(owner, owner & !Self::ANNOUNCED, Ordering::Relaxed, Ordering::Relaxed);
+        None
     }
 
     /// A sender found every slot taken and uses the overflow queue: tells
@@ -903,7 +988,9 @@ impl Section {
         // is more than needed. The senders' checks before each push
         // (Peer::chan_valid) read the owner word or state relaxed.
         h.state.store(ep_state::CLOSED, Ordering::Release);
-        // Relaxed: only the owner reads `claimed`; a reopen starts from none.
+        // Relaxed: only the owner reads `claimed`; a reopen starts from
+        // none (a bit that a slow sender sets later is dropped by the
+        // reopened endpoint's pass, Section::take_claim).
         h.claimed.store(0, Ordering::Relaxed);
     }
 
@@ -1067,6 +1154,65 @@ mod tests {
         let old = Section::claim_token(a, 1);
         assert_ne!(sec.slot(0).owner.load(Ordering::Relaxed), old, "the same sender's old claim stays dead");
     }
+
+    /// Writes `a` as slot `s`'s address, as a claimant (or a stale one) does.
+    fn write_addr(sec: &Section, s: u32, a: Address) {
+        // SAFETY: slot s lies in the section; no other thread touches it.
+        unsafe { std::ptr::addr_of!(sec.slot(s).addr).cast_mut().write_volatile(a) };
+    }
+
+    #[test]
+    fn the_owner_takes_only_announced_claims_of_its_generation() {
+        let hs = HeapSection::new(HeapSection::SMALL);
+        let sec = hs.sec;
+        let claimed = || sec.header().claimed.load(Ordering::Relaxed);
+        // SAFETY: fresh section, no peer.
+        unsafe { sec.open(1) };
+        let (a, b, c) = (sender(10), sender(11), sender(12));
+        let claim = |gen: u32, who: Address| sec.claim_ring(gen, Section::claim_token(who, gen), who);
+        assert_eq!(claim(1, a), Claim::Ring(0));
+        assert_eq!(sec.take_claim(0, 1), Some(a));
+        assert_eq!(sec.slot(0).owner.load(Ordering::Relaxed), Section::claim_token(a, 1), "announced");
+        sec.close();
+        for s in 0..2 {
+            sec.slot(s).owner.store(0, Ordering::Relaxed);
+            write_addr(&sec, s, Address::default());
+        }
+        // SAFETY: closed and zeroed.
+        unsafe { sec.open(2) };
+        // A sender that claimed slot 0 for generation 1 just before the
+        // close writes its address and sets the slot's bit only now, in the
+        // reopened section (its owner word was freed by the punch).
+        write_addr(&sec, 0, a);
+        sec.header().claimed.fetch_or(1, Ordering::Release);
+        assert_eq!(sec.take_claim(0, 2), None, "a claim of generation 1 taken at generation 2");
+        assert_eq!(claimed(), 0, "its bit is dropped");
+        // The slot is claimable again, and taken for its new claimant.
+        assert_eq!(claim(2, b), Claim::Ring(0));
+        assert_eq!(claimed(), 1);
+        assert_eq!(sec.take_claim(0, 2), Some(b));
+        // An announced claim of generation 1 left in the section (a model
+        // of what the announcement's CAS prevents) is not taken either.
+        sec.slot(1).owner.store(Section::claim_token(a, 1), Ordering::Relaxed);
+        write_addr(&sec, 1, a);
+        sec.header().claimed.fetch_or(2, Ordering::Release);
+        assert_eq!(sec.take_claim(1, 2), None, "a generation-1 token taken at generation 2");
+        assert_eq!(claimed(), 1, "its bit is dropped");
+        sec.slot(1).owner.store(0, Ordering::Relaxed);
+        // A stale address written over a new claimant's: the ring is never
+        // read with that source, and its claimant's check before a push fails.
+        assert_eq!(claim(2, c), Claim::Ring(1));
+        write_addr(&sec, 1, a);
+        assert_eq!(sec.take_claim(1, 2), None, "a claim taken with another sender's address");
+        assert_eq!(claimed(), 1);
+        let owner = sec.slot(1).owner.load(Ordering::Relaxed);
+        assert_ne!(owner, Section::claim_token(c, 2), "its claimant's check passes");
+        assert_ne!(owner, 0, "the slot, whose ring may hold messages, is not free");
+        // Its word now reads as a claim not announced yet: not taken.
+        sec.header().claimed.fetch_or(2, Ordering::Release);
+        assert_eq!(sec.take_claim(1, 2), None, "a claim not announced taken");
+        assert_eq!(claimed(), 1);
+    }
 }
 
 #[cfg(all(test, loom))]
@@ -1158,7 +1304,7 @@ mod loom_tests {
                 let claimed = sec.header().claimed.load(Ordering::Acquire);
                 if ring.is_none() && claimed != 0 {
                     let s = claimed.trailing_zeros();
-                    assert_eq!(sec.claimant(s), ME, "the address before its bit");
+                    assert_eq!(sec.take_claim(s, 1), Some(ME), "the address before its bit");
                     // SAFETY: the ring lies in the section; we are its consumer.
                     ring =
                         Some((s, unsafe { RingRx::new(sec.ringctl_at(s), sec.ring_cells(s), G.ring_cells as usize) }));
@@ -1228,30 +1374,98 @@ mod loom_tests {
         });
     }
 
-    /// Known hole (not run by CI): a claim whose CAS comes before the close
-    /// and whose announcement (address, `claimed` bit) comes after the
-    /// reopen is taken by the new endpoint, with the stale sender's
-    /// address, for a slot whose owner word the punch freed.
+    /// A section of one slot: a second claim can only be of the same slot.
+    const G1: EpGeometry = EpGeometry { n_slots: 1, ..HeapSection::SMALL };
+
+    /// The owner's pass over the claims, as Inbound::new_claims and
+    /// accept_claims make it: each slot whose bit is set and not taken yet
+    /// is looked at (`taken` holds the slots taken, `out` their claimants).
+    fn take_claims(sec: &Section, generation: u32, taken: &mut u64, out: &mut Vec<Address>) {
+        // SYNC: as Inbound::new_claims: pairs with claim_ring's fetch_or.
+        let mut new = sec.header().claimed.load(Ordering::Acquire) & !*taken;
+        while new != 0 {
+            let s = new.trailing_zeros();
+            new &= new - 1;
+            if let Some(a) = sec.take_claim(s, generation) {
+                *taken |= 1 << s;
+                out.push(a);
+            }
+        }
+    }
+
+    /// A sender that found the section open at generation 1 claims a slot
+    /// while the owner closes the section, punches its pages, reopens it at
+    /// generation 2 and runs its progress pass, before and after the
+    /// sender is done: wherever the claim's steps (owner word, address,
+    /// announcement, `claimed` bit) fall around the reopen, the endpoint at
+    /// generation 2 takes no claim, its pass leaves no bit set, and the
+    /// sender finds out (its claim is Closed, or its check before a push,
+    /// the owner word as `Peer::chan_valid` reads it, fails). The slot is
+    /// then free for a sender of generation 2, whose claim is taken.
     #[test]
-    #[ignore = "known hole: a claim announced after a close and reopen is taken by the new endpoint"]
     fn loom_the_reopened_endpoint_takes_no_stale_claim() {
         loom::model(|| {
-            let hs = HeapSection::new(G);
+            let hs = HeapSection::new(G1);
             let sec = hs.sec;
             // SAFETY: fresh section, no peer yet.
             unsafe { sec.open(1) };
             let sender = loom::thread::spawn(move || {
-                if sec.open_at(1) {
-                    sec.claim_ring(1, Section::claim_token(ME, 1), ME);
+                let token = Section::claim_token(ME, 1);
+                if !sec.open_at(1) {
+                    return None;
+                }
+                match sec.claim_ring(1, token, ME) {
+                    Claim::Ring(s) => Some((s, token)),
+                    _ => None,
                 }
             });
             sec.close();
             punch(&sec);
             // SAFETY: closed and punched.
             unsafe { sec.open(2) };
+            let (mut taken, mut who) = (0, Vec::new());
+            take_claims(&sec, 2, &mut taken, &mut who);
+            assert!(who.is_empty(), "the endpoint at generation 2 took a claim made for generation 1");
+            let ring = sender.join().unwrap();
+            take_claims(&sec, 2, &mut taken, &mut who);
+            assert!(who.is_empty(), "the endpoint at generation 2 took a claim made for generation 1");
             let claimed = sec.header().claimed.load(Ordering::Acquire);
-            assert_eq!(claimed, 0, "the endpoint at generation 2 took a claim made for generation 1");
-            sender.join().unwrap();
+            assert_eq!(claimed, 0, "the endpoint at generation 2 kept a bit of a claim made for generation 1");
+            if let Some((s, token)) = ring {
+                assert_ne!(
+                    sec.slot(s).owner.load(Ordering::Relaxed),
+                    token,
+                    "a generation-1 claim outlived the reopen"
+                );
+            }
+            // Another sender connects to the new endpoint: the slot is free.
+            let other = Address { token: 0x99, ..ME };
+            assert_eq!(sec.claim_ring(2, Section::claim_token(other, 2), other), Claim::Ring(0));
+            take_claims(&sec, 2, &mut taken, &mut who);
+            assert_eq!(who, [other]);
+            drop(hs);
+        });
+    }
+
+    /// A bit that a stale claim left set (its slot freed by the punch) is
+    /// dropped by the owner's pass while a sender of the current generation
+    /// claims that slot: the new claim is never lost (taken by the pass
+    /// running alongside, or by the next one once the sender is done).
+    #[test]
+    fn loom_a_dropped_stale_bit_hides_no_claim() {
+        loom::model(|| {
+            let hs = HeapSection::new(G1);
+            let sec = hs.sec;
+            // SAFETY: fresh section, no peer yet.
+            unsafe { sec.open(2) };
+            // A stale sender's late bit, its owner word freed by the punch.
+            sec.header().claimed.fetch_or(1, Ordering::Relaxed);
+            let sender = loom::thread::spawn(move || sec.claim_ring(2, Section::claim_token(ME, 2), ME));
+            let (mut taken, mut who) = (0, Vec::new());
+            take_claims(&sec, 2, &mut taken, &mut who);
+            assert_eq!(sender.join().unwrap(), Claim::Ring(0));
+            take_claims(&sec, 2, &mut taken, &mut who);
+            assert_eq!(who, [ME], "the claim is taken, once");
             drop(hs);
         });
     }

@@ -317,7 +317,9 @@ pub struct EpHeader {
     /// Bumped each time the section is (re)opened; a peer's slot claim is for
     /// one generation.
     pub generation: AtomicU32,
-    /// Bit `i` set once slot `i` is claimed and its `addr` written (release).
+    /// Bit `i` set once slot `i`'s claim is announced (release): a hint for
+    /// the owner, which takes a ring only for an announced owner word of
+    /// its generation and drops the bits of other slots.
     pub claimed: AtomicU64,
     /// Non-zero once any sender used the overflow queue.
     pub ovf_used: AtomicU32,
@@ -339,10 +341,11 @@ pub struct EpHeader {
 /// One entry of the ring slot table: which sender owns ring `i`.
 #[repr(C, align(64))]
 pub struct SlotEntry {
-    /// 0 when free; otherwise the claimant's token (CAS from 0).
+    /// 0 when free; otherwise the claimant's token: without its announced
+    /// bit (CAS from 0), then with it once `addr` is written (CAS).
     pub owner: AtomicU64,
-    /// The claimant's address, written after the claim and before `claimed`
-    /// gets this slot's bit.
+    /// The claimant's address, written after the claim and before the
+    /// claim is announced.
     pub addr: Address,
 }
 

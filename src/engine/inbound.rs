@@ -4,7 +4,10 @@
 //!
 //! Invariants:
 //! - `rings[s]` is Some exactly for the slots whose claim this endpoint
-//!   has accepted (`claimed_seen`), with the claimant's peer index.
+//!   has accepted, with the claimant's peer index; `claimed_seen` holds
+//!   those slots' bits and the bits it settled without a ring (a claimant
+//!   of another user, a bit past the slots). A set `claimed` bit outside
+//!   it is looked at by the next pass ([`Inbound::accept_claims`]).
 //! - `rings_out` is true exactly while a progress pass holds the rings
 //!   (then `rings` is empty here, and [`Inbound::may_hold`] answers yes).
 //! - `ovf_stuck` names the overflow queue's head position found claimed
@@ -35,8 +38,10 @@ pub(crate) struct Inbound {
     rings: Vec<Option<InRing>>,
     /// `rings` is out (a progress pass drains them).
     rings_out: bool,
-    /// Claimed-slot mask already turned into `rings`.
+    /// Claimed-slot bits settled: turned into `rings`, or refused for good.
     claimed_seen: u64,
+    /// Our section's generation: we take claims made for it only.
+    generation: u32,
     /// The shared overflow queue.
     pub ovf: Ovf,
     /// The last pass stopped on an overflow message it could not take.
@@ -54,6 +59,8 @@ impl Inbound {
             rings: (0..sec.g.n_slots as usize).map(|_| None).collect(),
             rings_out: false,
             claimed_seen: 0,
+            // Relaxed: our own store, in Section::open.
+            generation: sec.header().generation.load(Ordering::Relaxed),
             ovf: sec.ovf(),
             ovf_held: false,
             ovf_stuck: None,
@@ -61,32 +68,36 @@ impl Inbound {
         }
     }
 
-    /// The claimed-slot mask of the section, if it changed since the last
-    /// [`Inbound::accept_claims`].
+    /// The claimed-slot mask of the section, if it has a bit not settled
+    /// yet by [`Inbound::accept_claims`].
     #[inline(always)]
     pub fn new_claims(&self, sec: &Section) -> Option<u64> {
-        // SYNC: pairs with the release fetch_or in Section::claim_ring;
-        // makes the slot's address visible.
+        // SYNC: pairs with the release fetch_or in Section::claim_ring (a
+        // hint: Section::take_claim acquires the claim itself).
         let claimed = sec.header().claimed.load(Ordering::Acquire);
-        (claimed != self.claimed_seen).then_some(claimed)
+        (claimed & !self.claimed_seen != 0).then_some(claimed)
     }
 
-    /// Turns newly claimed slots into rings (their claimants into peers).
+    /// Turns the slots of newly set `claimed` bits that hold a claim for
+    /// our generation into rings (their claimants into peers); the other
+    /// bits are dropped ([`Section::take_claim`]).
     pub fn accept_claims(&mut self, sec: &Section, peers: &mut Peers, claimed: u64) {
         let n_slots = sec.g.n_slots as usize;
         let mut new = claimed & !self.claimed_seen;
         while new != 0 {
             let s = new.trailing_zeros() as usize;
+            let bit = new & new.wrapping_neg();
             new &= new - 1;
             if s >= n_slots {
+                self.claimed_seen |= bit; // no such slot: never looked at
                 continue;
             }
-            let slot = sec.slot(s as u32);
-            // SAFETY: the claimant wrote addr before setting the claimed bit
-            // we acquired (SYNC: the release fetch_or in Section::claim_ring,
-            // the acquire load of `claimed` in new_claims); a plain-data
-            // copy, validated below.
-            let addr = unsafe { std::ptr::addr_of!(slot.addr).read_volatile() };
+            // A plain-data copy of the claimant's address, checked against
+            // its token there; untrusted still.
+            let Some(addr) = sec.take_claim(s as u32, self.generation) else {
+                continue; // no claim of ours (the bit is dropped)
+            };
+            self.claimed_seen |= bit;
             if !addr.is_plausible() {
                 continue; // not one of ours: never read that ring
             }
@@ -96,10 +107,10 @@ impl Inbound {
                 unsafe { RingRx::new(sec.ringctl_at(s as u32), sec.ring_cells(s as u32), sec.g.ring_cells as usize) };
             self.rings[s] = Some(InRing { rx, peer: p, held: false });
         }
-        self.claimed_seen = claimed;
     }
 
-    /// The slots with an accepted ring, as a mask.
+    /// The settled slots, as a mask: those with an accepted ring, and
+    /// those refused for good (no ring).
     #[inline(always)]
     pub fn ring_mask(&self) -> u64 {
         self.claimed_seen
