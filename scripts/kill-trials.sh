@@ -4,8 +4,9 @@
 # with SHMFAB_RANK/SHMFAB_SIZE/SHMFAB_JOB_ID); after a random delay (0 to
 # 400 ms: from boot to full traffic) one rank, chosen at random, gets
 # SIGKILL. The survivor must end by itself (no hang: 60 s limit), and once
-# every process of the job is gone nothing may be left: no file in
-# /dev/shm, no region held by any process.
+# every process of the job is gone nothing may be left: `shmfab inspect JOB`
+# must find no region of the job (no file in /dev/shm, no region held by
+# any process).
 #   scripts/kill-trials.sh [TRIALS per launcher, default 100]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,15 +18,13 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
 # A rank killed before it arrives is named after this many seconds.
 export SHMFAB_BOOT_TIMEOUT=5
 prog="$PWD/target/release/alltoall"
-files() { ls /dev/shm | grep -c "^shmfab\.$(id -u)\." || true; }
-held() { target/release/shmfab info 2>/dev/null | sed -n 's/^regions of this user: \([0-9]*\).*/\1/p'; }
-before_files=$(files); before_held=$(held)
 hangs=0; leaks=0; total=0
 trial() { # $1 = launcher, $2 = trial number
-  local pids=() job="kill-trial-$$-$2" victim=$((RANDOM % 2))
+  local pids=() job="kill-trial-$$-$1-$2" victim=$((RANDOM % 2))
   local delay; delay=$(printf '0.%03d' $((RANDOM % 400)))
   if [ "$1" = mpirun ]; then
-    mpirun -np 2 --oversubscribe -x SHMFAB_BOOT_TIMEOUT "$prog" 1000000 >/dev/null 2>&1 &
+    SHMFAB_JOB_ID="$job" mpirun -np 2 --oversubscribe -x SHMFAB_BOOT_TIMEOUT -x SHMFAB_JOB_ID \
+      "$prog" 1000000 >/dev/null 2>&1 &
     local launcher=$! ranks="" t=0
     # The delay counts from the ranks' start (mpirun takes a while).
     while [ "$(echo "$ranks" | grep -c .)" -lt 2 ] && [ $t -lt 1000 ]; do
@@ -56,10 +55,8 @@ trial() { # $1 = launcher, $2 = trial number
   # Ranks mpirun started may outlive it for an instant.
   while pgrep -f "^$prog" >/dev/null; do sleep 0.02; done
   total=$((total + 1))
-  local f h; f=$(files); h=$(held)
-  if [ "$f" -gt "$before_files" ] || [ "${h:-0}" -gt "${before_held:-0}" ]; then
-    leaks=$((leaks + 1)); echo "LEAK $1 trial $2: $((f - before_files)) files, ${h:-?} regions held"
-    ls -l /dev/shm | grep "shmfab\.$(id -u)\." || true
+  if left=$(target/release/shmfab inspect "$job" 2>&1); then
+    leaks=$((leaks + 1)); echo "LEAK $1 trial $2:"; echo "$left" | sed 's/^/     /'
     target/release/shmfab clean >/dev/null
   fi
 }

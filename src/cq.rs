@@ -363,11 +363,30 @@ pub(crate) struct CqState {
     pub cond: Option<std::sync::Arc<crate::fdwait::MutexCond>>,
     /// The read in progress's array, if open (see [`Sink`]).
     sink: Sink,
+    /// In a thread-safe domain, its doorbell: an entry queued by one
+    /// thread's call or pass rings it, for a thread asleep on this CQ
+    /// (`sread`, a wait set, the fd bridge) re-checked before that
+    /// entry came. None with `Threading::Domain` (no other thread is in
+    /// the domain during a call).
+    pub wake: Option<std::ptr::NonNull<shm_layout::Doorbell>>,
 }
+
+// SAFETY: `wake` points into the domain's region, which outlives every CQ
+// state (both belong to the domain); the doorbell is all atomics.
+unsafe impl Send for CqState {}
 
 impl crate::table::Object for CqState {
     const NAME: &'static str = "CQ";
     const BOUND_BY: &'static str = "endpoints, poll or wait sets";
+}
+
+/// Rings a thread-safe domain's own doorbell for an entry just queued
+/// (see `CqState::wake`): out of line, off the default model's path.
+#[cold]
+#[inline(never)]
+fn wake_sleepers(db: std::ptr::NonNull<shm_layout::Doorbell>) {
+    // SAFETY: `CqState::wake` points at the live domain's doorbell.
+    crate::doorbell::ring(unsafe { db.as_ref() });
 }
 
 impl CqState {
@@ -387,6 +406,7 @@ impl CqState {
             notify: None,
             cond: None,
             sink: Sink::CLOSED,
+            wake: None,
         }
     }
 
@@ -428,9 +448,13 @@ impl CqState {
     #[inline(always)]
     pub fn push_ext(&mut self, e: CqTaggedEntry, src: FiAddr, sig: crate::notify::Signal) {
         if self.sink.len < self.sink.cap {
+            // The reader is this call's caller: nobody to wake.
             self.sink_write(&e, src);
         } else {
             self.queue(e, src);
+            if let Some(db) = self.wake {
+                wake_sleepers(db);
+            }
         }
         if let Some(n) = self.notify.as_mut() {
             n.on_completion(sig);
@@ -499,6 +523,9 @@ impl CqState {
             return;
         }
         self.errors.push_back((e, detail));
+        if let Some(db) = self.wake {
+            wake_sleepers(db);
+        }
         if let Some(n) = self.notify.as_mut() {
             n.on_completion(crate::notify::Signal::Solicited);
         }
@@ -582,6 +609,9 @@ impl crate::Domain {
         }
         let mut st = self.inner.lock()?;
         let mut s = CqState::new(attr);
+        if self.inner.threading == crate::Threading::Safe {
+            s.wake = Some(std::ptr::NonNull::from(&self.inner.region.header().doorbell));
+        }
         if matches!(attr.wait_obj, WaitObj::Fd | WaitObj::PollFd | WaitObj::MutexCond) {
             let mut b = self.inner.bridge.lock().unwrap_or_else(|p| p.into_inner());
             let b = b.get_or_insert_with(|| crate::fdwait::Bridge::start(&self.inner.region.header().doorbell));

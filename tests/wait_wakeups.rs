@@ -313,3 +313,64 @@ fn messages_held_back_by_the_unexpected_budget_do_not_make_waits_spin() {
     }
     drop((ep0, ep1));
 }
+
+/// Threading::Safe: a completion written by another thread's call (a
+/// receive posted that matches a message already queued unexpected, a
+/// cancel) wakes a thread asleep in `sread` on that CQ at once, not at its
+/// timeout.
+#[test]
+fn a_completion_written_by_another_threads_call_wakes_sread() {
+    let dom = domain("post-wakes");
+    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
+    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&ep0, &ep1] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    ep1.tinject(b"early", a0, 3).unwrap();
+    dom.progress().unwrap();
+    let mut b = [0u8; 5];
+    let mut e = [CqTaggedEntry::default()];
+    let wait = Some(Duration::from_secs(5));
+    // The receive matches the unexpected message in the posting call.
+    let (r, el) = woken_by(
+        || cq0.sread(&mut e, None, wait),
+        // SAFETY: b outlives the scope; its completion is read inside it.
+        || unsafe { ep0.trecv(&mut b, shmfab::FI_ADDR_UNSPEC, 3, 0, 11).unwrap() },
+    );
+    assert_eq!(r.unwrap(), 1);
+    assert_eq!((e[0].op_context, &b), (11, b"early"));
+    assert!(el < Duration::from_millis(2500), "a matched receive woke sread only after {el:?}");
+    // A cancel's FI_ECANCELED entry.
+    let mut c = [0u8; 1];
+    // SAFETY: c outlives the cancel below, which frees it.
+    unsafe { ep0.trecv(&mut c, shmfab::FI_ADDR_UNSPEC, 9, 0, 12).unwrap() };
+    let (r, el) = woken_by(|| cq0.sread(&mut e, None, wait), || assert!(ep0.cancel(12).unwrap()));
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Avail);
+    assert_eq!(cq0.readerr().unwrap().op_context, 12);
+    assert!(el < Duration::from_millis(2500), "a cancel woke sread only after {el:?}");
+    // A shared receive queue's buffer that takes a message waiting
+    // unexpected at its endpoint.
+    let cq2 = dom.cq_open(&CqAttr::default()).unwrap();
+    let srq = dom.srq_open(&shmfab::SrqAttr { max_recv: 4, low_watermark: 0 }).unwrap();
+    let ep2 = dom.endpoint().unwrap();
+    ep2.bind_cq(&cq2, FI_TRANSMIT | FI_RECV).unwrap();
+    ep2.bind_av(&av).unwrap();
+    ep2.bind_srq(&srq).unwrap();
+    ep2.enable().unwrap();
+    let a2 = av.insert(&[ep2.getname()]).unwrap()[0];
+    ep1.inject(b"srq", a2).unwrap();
+    dom.progress().unwrap();
+    let mut s = [0u8; 3];
+    // SAFETY: s outlives the scope; its completion is read inside it.
+    let (r, el) = woken_by(|| cq2.sread(&mut e, None, wait), || unsafe { srq.post(&mut s, 21).unwrap() });
+    assert_eq!(r.unwrap(), 1);
+    assert_eq!((e[0].op_context, &s), (21, b"srq"));
+    assert!(el < Duration::from_millis(2500), "an SRQ buffer woke sread only after {el:?}");
+    drop((ep0, ep1, ep2));
+}
