@@ -53,13 +53,7 @@ impl Boot {
     /// Removes the region's name, if it still names this region (a later
     /// job of the same id may have made a new one).
     fn unlink(&self) {
-        let ours = rustix::fs::fstat(&self.lock).ok();
-        let named = rustix::fs::stat(crate::region::shm_path(&self.name)).ok();
-        if let (Some(a), Some(b)) = (ours, named) {
-            if a.st_dev == b.st_dev && a.st_ino == b.st_ino {
-                let _ = crate::region::unlink_shm(self.name.as_str());
-            }
-        }
+        unlink_if_same(&self.name, &self.lock);
     }
 
     /// The exchange failed for this rank: the last rank to leave it (no
@@ -135,7 +129,10 @@ impl Boot {
                     format!("{} is not this user's 0600 region", crate::region::shm_path(&name)),
                 ));
             }
-            // Wait for its creator to size and initialise it.
+            // Wait for its creator to size and initialise it. A creator
+            // killed before it did leaves it unlocked: after a grace
+            // period it is removed and made anew (by us, or another rank).
+            let mut unlocked_since: Option<Instant> = None;
             let mapped = loop {
                 let len = rustix::fs::fstat(&f)?.st_size as usize;
                 if len >= PAGE {
@@ -144,8 +141,14 @@ impl Boot {
                     let h = unsafe { &*(map.as_ptr() as *const BootHeader) };
                     // SYNC: pairs with the release store of magic above.
                     if h.magic.load(Ordering::Acquire) == MAGIC {
-                        break (map, len);
+                        break Some((map, len));
                     }
+                }
+                if crate::region::locked(&f) {
+                    unlocked_since = None;
+                } else if unlocked_since.get_or_insert_with(Instant::now).elapsed() > ORPHAN_GRACE {
+                    unlink_if_same(&name, &f);
+                    break None;
                 }
                 if Instant::now() > deadline {
                     return Err(Error::with(
@@ -154,6 +157,9 @@ impl Boot {
                     ));
                 }
                 std::thread::sleep(Duration::from_millis(1));
+            };
+            let Some(mapped) = mapped else {
+                continue; // its creator died: start over
             };
             let (map, len) = mapped;
             let b = Boot { map, name: name.clone(), size, lock: f };
@@ -199,6 +205,22 @@ impl Boot {
         }
     }
 }
+
+/// Removes the boot region `name` if the name still refers to `f`'s file.
+fn unlink_if_same(name: &str, f: &File) {
+    let ours = rustix::fs::fstat(f).ok();
+    let named = rustix::fs::stat(crate::region::shm_path(name)).ok();
+    if let (Some(a), Some(b)) = (ours, named) {
+        if a.st_dev == b.st_dev && a.st_ino == b.st_ino {
+            let _ = crate::region::unlink_shm(name);
+        }
+    }
+}
+
+/// How long a boot region nobody holds a lock on may stay uninitialised
+/// before it counts as its creator's leftover (its creator locks it right
+/// after creating it, so only a dead creator leaves it so for long).
+const ORPHAN_GRACE: Duration = Duration::from_millis(500);
 
 /// Most ranks a job may have on one node: its boot region then takes
 /// 4 MiB, and every size computed from it fits easily.
@@ -557,7 +579,24 @@ mod tests {
         let s = e.to_string();
         assert_eq!(e.kind(), ErrorKind::TimedOut);
         assert!(s.contains("[1, 2]") && s.contains("did not arrive"), "{s}");
-        let _ = rustix::shm::unlink(boot_name(&job).as_str());
+        // The last rank to leave a failed exchange removes the region.
+        assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists(), "left behind");
+    }
+
+    #[test]
+    fn a_boot_region_whose_creator_died_before_initialising_it_is_replaced() {
+        // Was: the other ranks waited for it until the boot timeout, then
+        // failed and left it in /dev/shm (2 of 200 kill -9 trials).
+        let job = format!("unit-boot-orphan-{}", std::process::id());
+        let name = boot_name(&job);
+        let f = File::from(crate::region::open_shm(&name, true).unwrap());
+        drop(f); // created, never locked nor initialised: its creator died
+        let l = Launch { rank: 0, size: 1, local_rank: 0, job: job.clone(), launcher: Launcher::Shmfab };
+        let a = Address { ep_index: 3, ..Default::default() };
+        let out = exchange(&l, a, a, Duration::from_secs(10));
+        let _ = crate::region::unlink_shm(&name);
+        assert_eq!(out.unwrap(), vec![(a, a)]);
+        assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
     }
 
     #[test]
