@@ -380,15 +380,6 @@ impl crate::table::Object for CqState {
     const BOUND_BY: &'static str = "endpoints, poll or wait sets";
 }
 
-/// Rings a thread-safe domain's own doorbell for an entry just queued
-/// (see `CqState::wake`): out of line, off the default model's path.
-#[cold]
-#[inline(never)]
-fn wake_sleepers(db: std::ptr::NonNull<shm_layout::Doorbell>) {
-    // SAFETY: `CqState::wake` points at the live domain's doorbell.
-    crate::doorbell::ring(unsafe { db.as_ref() });
-}
-
 impl CqState {
     pub fn new(attr: &CqAttr) -> CqState {
         let size = if attr.size == 0 { 1024 } else { attr.size };
@@ -453,7 +444,7 @@ impl CqState {
         } else {
             self.queue(e, src);
             if let Some(db) = self.wake {
-                wake_sleepers(db);
+                crate::doorbell::ring_own(db);
             }
         }
         if let Some(n) = self.notify.as_mut() {
@@ -524,7 +515,7 @@ impl CqState {
         }
         self.errors.push_back((e, detail));
         if let Some(db) = self.wake {
-            wake_sleepers(db);
+            crate::doorbell::ring_own(db);
         }
         if let Some(n) = self.notify.as_mut() {
             n.on_completion(crate::notify::Signal::Solicited);

@@ -72,6 +72,18 @@ pub fn ring(db: &shm_layout::Doorbell) {
     }
 }
 
+/// Rings a thread-safe domain's own doorbell for a completion or count
+/// one thread made, which a thread asleep in the same domain re-checked
+/// before it came (`CqState::wake`, `Bindings::wake`): out of line, off the
+/// path of the default threading model.
+#[cold]
+#[inline(never)]
+pub fn ring_own(db: std::ptr::NonNull<shm_layout::Doorbell>) {
+    // SAFETY: the callers' pointers name the doorbell of a live domain's
+    // region, which outlives the CQ and endpoint states holding them.
+    ring(unsafe { db.as_ref() });
+}
+
 /// Sleeps until `has_work()` is true, the doorbell rings, or `timeout`
 /// passes. Returns true if work was there (no sleep), false after sleeping
 /// (the caller re-checks).

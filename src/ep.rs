@@ -307,6 +307,9 @@ impl Endpoint {
         for k in kinds {
             ep.bind.bind_cntr(k, id);
         }
+        if self.dom.threading == crate::Threading::Safe {
+            ep.bind.wake = Some(std::ptr::NonNull::from(&self.dom.region.header().doorbell));
+        }
         Ok(())
     }
 

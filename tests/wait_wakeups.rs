@@ -374,3 +374,36 @@ fn a_completion_written_by_another_threads_call_wakes_sread() {
     assert!(el < Duration::from_millis(2500), "an SRQ buffer woke sread only after {el:?}");
     drop((ep0, ep1, ep2));
 }
+
+/// Threading::Safe: a counter counted by another thread's call (a send
+/// that completes in its posting call, to a peer in another domain, whose
+/// doorbell is not ours) wakes a thread asleep in `Counter::wait`.
+#[test]
+fn a_count_made_by_another_threads_call_wakes_counter_wait() {
+    let dom = domain("count-wakes");
+    let other = Fabric::open().unwrap().domain().unwrap();
+    let rcq = other.cq_open(&CqAttr::default()).unwrap();
+    let rav = other.av_open().unwrap();
+    let ep0 = other.endpoint().unwrap();
+    ep0.bind_cq(&rcq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep0.bind_av(&rav).unwrap();
+    ep0.enable().unwrap();
+    let av = dom.av_open().unwrap();
+    let ep1 = dom.endpoint().unwrap();
+    let c = dom.cntr_open().unwrap();
+    ep1.bind_cntr(&c, shmfab::FI_SEND).unwrap();
+    let rc = dom.cntr_open().unwrap();
+    ep1.bind_cntr(&rc, shmfab::FI_RECV).unwrap();
+    ep1.bind_av(&av).unwrap();
+    ep1.enable().unwrap();
+    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    let msg = [7u8; 8];
+    let (r, el) = woken_by(
+        || c.wait(1, Some(Duration::from_secs(5))),
+        // SAFETY: msg outlives the send, which completes before the scope ends.
+        || unsafe { ep1.send(&msg, a0, 1).unwrap() },
+    );
+    r.unwrap();
+    assert!(el < Duration::from_millis(2500), "a send counted in its call woke Counter::wait only after {el:?}");
+    drop((ep0, ep1));
+}

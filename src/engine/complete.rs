@@ -87,11 +87,27 @@ pub(crate) struct Bindings {
     /// Solicited wait: a receive completion signals a completion channel
     /// only if the message was sent solicited (errors always do).
     pub solicited_wait: bool,
+    /// In a thread-safe domain with a counter bound, its doorbell: a count
+    /// rings it, for a thread asleep in `Counter::wait` (or a wait set)
+    /// that re-checked before it (as `CqState::wake`).
+    pub wake: Option<std::ptr::NonNull<shm_layout::Doorbell>>,
 }
+
+// SAFETY: `wake` points into the domain's region, which outlives every
+// endpoint state (both belong to the domain); the doorbell is all atomics.
+unsafe impl Send for Bindings {}
 
 impl Bindings {
     pub fn new() -> Bindings {
-        Bindings { tx_cq: None, tx_sel: false, rx_cq: None, rx_sel: false, cntr: [None; 6], solicited_wait: false }
+        Bindings {
+            tx_cq: None,
+            tx_sel: false,
+            rx_cq: None,
+            rx_sel: false,
+            cntr: [None; 6],
+            solicited_wait: false,
+            wake: None,
+        }
     }
 
     /// The counter bound for `k`.
@@ -132,6 +148,9 @@ impl Bindings {
     fn count(&self, counters: &[shm_layout::Counter], k: CntrKind, which: Val) {
         if let Some(c) = self.cntr(k) {
             count(&counters[c], which, 1);
+            if let Some(db) = self.wake {
+                crate::doorbell::ring_own(db);
+            }
         }
     }
 
