@@ -6,9 +6,9 @@
 //! only loads: it never disturbs the job.
 //!
 //! ```
-//! use shmfab::internal::{region::{job_hash, Region}, snapshot};
+//! use shmfab::internal::{region::{job_hash, Backing, Region}, snapshot};
 //! let job = job_hash(&format!("snapshot-doc-{}", std::process::id()));
-//! let r = Region::create(job, &shm_layout::EpGeometry::DEFAULT, 1, 2).unwrap();
+//! let r = Region::create(job, &shm_layout::EpGeometry::DEFAULT, 1, 2, Backing::Anonymous).unwrap();
 //! let s = snapshot::region(&r);
 //! assert!(s.endpoints.is_empty(), "no endpoint opened");
 //! assert_eq!(s.counters.len(), 2);
