@@ -16,7 +16,8 @@ fn sizes(w: &World) -> Vec<usize> {
         p *= 2;
     }
     let chunk = cfg.geometry.chunk_size as usize;
-    for t in [32usize, 96, cfg.inline_max, chunk, cfg.cma_min, cfg.rndv_min, cfg.split_min, 3 * chunk] {
+    let frag = cfg.frag_size;
+    for t in [32usize, 96, cfg.inline_max, chunk, cfg.cma_min, cfg.rndv_min, cfg.split_min, 3 * chunk, frag, 3 * frag] {
         v.extend([t - 1, t, t + 1]);
     }
     v.sort();
@@ -92,6 +93,8 @@ fn pingpong_every_size() {
         if shmfab::internal::cma::available() {
             assert!(s.cma_reads > 0 && s.cma_fallbacks == 0 && s.split_copies > 0, "{s:?}");
         }
+        // Mid sizes go through the pool's fragments, single copy or not.
+        assert!(s.tx_bounce > 0 && s.tx_chunks > s.tx_bounce, "{s:?}");
     });
 }
 

@@ -246,7 +246,8 @@ fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
 }
 
 /// Pushes the next chunk of `op`; false when the ring or pool is full.
-fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Pool, op: &mut TxOp) -> bool {
+/// `frag` bytes at most (the pool's chunk size or less).
+fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Pool, frag: usize, op: &mut TxOp) -> bool {
     let TxState::Chunks { off, msg_id } = op.state else {
         return false;
     };
@@ -256,7 +257,7 @@ fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Poo
     let Some(idx) = pool.alloc() else {
         return false;
     };
-    let n = (op.len - off).min(pool.chunk_size());
+    let n = (op.len - off).min(frag).min(pool.chunk_size());
     let chunk = pool.chunk(idx).expect("allocated index is in range");
     // SAFETY: we own chunk idx (popped from the free list) until the CHUNK
     // message hands it to the receiver; n <= chunk_size.
@@ -484,6 +485,7 @@ impl EpState {
             let chan = peer.chan.as_mut().expect("connected");
             let pool = peer.pool.as_ref().expect("connected");
             let cma_refused = peer.cma_refused;
+            let frag = ctx.cfg.frag_size;
             let tx = &mut peer.tx;
             // 1. Control messages first: they unblock the peer.
             while let Some(c) = tx.ctrlq.front() {
@@ -500,7 +502,7 @@ impl EpState {
                     break;
                 }
                 while matches!(op.state, TxState::Chunks { .. }) {
-                    if !push_chunk(chan, &me, pool, op) {
+                    if !push_chunk(chan, &me, pool, frag, op) {
                         blocked = true;
                         break;
                     }
@@ -532,7 +534,7 @@ impl EpState {
                             tx.next_msg_id += 1;
                             op.state = TxState::Chunks { off: 0, msg_id };
                             while !blocked && matches!(op.state, TxState::Chunks { .. }) {
-                                if push_chunk(chan, &me, pool, op) {
+                                if push_chunk(chan, &me, pool, frag, op) {
                                     stats.tx_chunks += 1;
                                 } else {
                                     blocked = true;

@@ -690,8 +690,8 @@ fn cmd_info(o: &InfoArgs, cfg: shmfab::Config) -> Result<(), String> {
         shmfab::proto::MAX_MSG_SIZE
     );
     println!(
-        "thresholds: with single copy: inline below {} B, rendezvous + CMA from {} B (split between both sides from {} B);",
-        cfg.cma_min, cfg.cma_min, cfg.split_min
+        "thresholds: with single copy: inline up to {} B, eager through the pool below {} B (fragments of {} B), rendezvous + CMA from {} B (split between both sides from {} B);",
+        cfg.inline_max.min(cfg.cma_min - 1), cfg.cma_min, cfg.frag_size, cfg.cma_min, cfg.split_min
     );
     println!(
         "            without: inline up to {} B, eager through the pool below {} B, rendezvous through the pool from {} B",
