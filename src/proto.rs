@@ -390,10 +390,18 @@ mod tests {
     #[test]
     fn thresholds_pick_each_protocol() {
         let c = Config::default();
-        // Single copy usable.
+        // Single copy usable: ring, then the pool's fragments, then single copy.
+        assert!(c.inline_max < c.cma_min - 1, "defaults have a pool range");
         assert_eq!(choose(&c, OpKind::Msg, 0, 1, true, true), Proto::Inline);
-        assert_eq!(choose(&c, OpKind::Msg, c.cma_min - 1, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&c, OpKind::Msg, c.inline_max, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&c, OpKind::Msg, c.inline_max + 1, 1, true, true), Proto::Bounce);
+        assert_eq!(choose(&c, OpKind::Msg, c.cma_min - 1, 1, true, true), Proto::Bounce);
         assert_eq!(choose(&c, OpKind::Msg, c.cma_min, 1, true, true), Proto::Rndv);
+        // A single-copy threshold below the inline limit caps it.
+        let low = Config { cma_min: 6144, ..Config::default() };
+        assert_eq!(choose(&low, OpKind::Msg, 6143, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&low, OpKind::Msg, 6144, 1, true, true), Proto::Rndv);
+        assert_eq!(choose(&low, OpKind::Msg, 6144, 1, true, false), Proto::Inline);
         // Not usable: ring, then eager pool, then rendezvous through the pool.
         assert_eq!(choose(&c, OpKind::Msg, c.inline_max, 1, true, false), Proto::Inline);
         assert_eq!(choose(&c, OpKind::Msg, c.inline_max + 1, 1, true, false), Proto::Bounce);
