@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Side by side, in one run: shmfab, the raw shared-page floor, Open MPI's
-# shared-memory BTL (osu-style program built here with mpicc) and libfabric's
-# shm provider (fi_pingpong). Prints one table with shmfab's ratio to each.
-# Usage: scripts/compare.sh [--sizes 8,64,...] [--json FILE]
+# shared-memory BTL (osu-style program built here with mpicc), UCX's
+# shared-memory transports (the same program under Open MPI's pml ucx,
+# UCX_TLS=sm,self) and libfabric's shm provider (fi_pingpong). Prints the
+# tables with shmfab's ratio to each; a peer that cannot run is left out
+# with the reason ("ucx: unavailable (...)").
+# Usage: scripts/compare.sh [--sizes 8,64,...] [--rounds N] [--json FILE] [--plot FILE.svg]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh peers

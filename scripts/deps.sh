@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what shmfab's scripts need, with apt-get, only when missing:
 # always the build's C libraries (hwloc, for the shmfab command in tools/);
-# with "peers" also Open MPI and libfabric's tools, for the multi-rank tests
-# and the comparison; with "profile" valgrind, for scripts/profile.sh.
+# with "peers" also Open MPI, UCX and libfabric's tools, for the multi-rank
+# tests and the comparison; with "profile" valgrind, for scripts/profile.sh.
 # Usage: scripts/deps.sh [peers|profile]
 set -euo pipefail
 need=()
@@ -17,6 +17,11 @@ pkg_installed libudev-dev || need+=(libudev-dev)
 if [ "${1:-}" = peers ]; then
   have mpirun || need+=(openmpi-bin)
   have mpicc || need+=(libopenmpi-dev)
+  # UCX for the comparison: Open MPI's pml ucx component
+  # (mca_pml_ucx.so, shipped in Open MPI's library package, libopenmpi3 on
+  # Debian 12, which openmpi-bin pulls in) loads libucp from libucx0, whose
+  # libuct has the shared-memory transports (posix, sysv; cma beside it).
+  pkg_installed libucx0 || need+=(libucx0)
   have fi_pingpong || need+=(libfabric-bin)
   pkg_installed libfabric-dev || need+=(libfabric-dev)
   have taskset || need+=(util-linux)

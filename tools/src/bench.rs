@@ -2,8 +2,9 @@
 //! and `scripts/compare.sh`: ping-pong half round-trip, windowed streaming
 //! bandwidth and message rate over shmfab; the raw floor (two processes
 //! ping-ponging a payload through one shared page with a flag, nothing
-//! else); and runners for the installed peers (Open MPI's shared-memory BTL
-//! through the project's osu-style program, libfabric's shm provider
+//! else); and runners for the installed peers (Open MPI's shared-memory BTL,
+//! and UCX's shared-memory transports under Open MPI's pml ucx, both
+//! through the project's osu-style program; libfabric's shm provider
 //! through fi_pingpong).
 //!
 //! A [`Link`] is the parent's end: it opens an endpoint, starts a peer
@@ -790,35 +791,95 @@ impl Drop for RawPage {
     }
 }
 
+/// Longest an osu-style MPI run may take before it is stopped (a whole
+/// run of the default sizes takes a few seconds).
+const MPI_LIMIT: Duration = Duration::from_secs(300);
+
 /// Runs the project's osu-style MPI program (`bin`, built with mpicc) under
-/// `mpirun -np 2` over Open MPI's shared-memory BTL and parses its output
-/// lines `kind size value`.
+/// `mpirun -np 2` over Open MPI's shared-memory BTL (pml ob1, BTL vader)
+/// and parses its output lines `kind size value`.
 pub fn openmpi(bin: &std::path::Path, sizes: &[usize]) -> Result<Vec<Figure>> {
-    let list = sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
-    let out = Command::new("mpirun")
-        .args([
-            "-np",
-            "2",
-            "--allow-run-as-root",
-            "--bind-to",
-            "core",
-            "--mca",
-            "pml",
-            "ob1",
-            "--mca",
-            "btl",
-            "self,vader",
-        ])
-        .arg(bin)
-        .arg(&list)
+    let mca = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"];
+    run_osu(bin, sizes, &mca, &[])
+}
+
+/// Runs the osu-style program as [`openmpi`] does, but over UCX: Open MPI's
+/// pml ucx with UCX's shared-memory transports only (`UCX_TLS=sm,self`).
+/// Open MPI 4.1 lets pml ucx run only over the network transports it
+/// lists in `pml_ucx_tls` and `pml_ucx_devices` (without a network it
+/// says "PML ucx cannot be selected"), so both are set to `any`. Check
+/// [`ucx_present`] first; a failure's error is one line, the reason.
+pub fn ucx(bin: &std::path::Path, sizes: &[usize]) -> Result<Vec<Figure>> {
+    let mca =
+        ["--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any", "-x", "UCX_TLS"];
+    run_osu(bin, sizes, &mca, &[("UCX_TLS", "sm,self"), ("UCX_WARN_UNUSED_ENV_VARS", "n")])
+}
+
+/// Whether Open MPI here has the pml ucx component (`ompi_info` lists
+/// `MCA pml: ucx`). Err: why UCX cannot be measured, one line.
+pub fn ucx_present() -> std::result::Result<(), String> {
+    let out = Command::new("ompi_info")
         .stdin(Stdio::null())
+        .stderr(Stdio::null())
         .output()
-        .map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run mpirun: {e}")))?;
-    if !out.status.success() {
-        return Err(Error::with(ErrorKind::Io, format!("mpirun failed: {}", String::from_utf8_lossy(&out.stderr))));
+        .map_err(|e| format!("cannot run ompi_info, is Open MPI installed? {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if lists_pml_ucx(&text) {
+        Ok(())
+    } else {
+        Err("this Open MPI has no pml ucx component: ompi_info does not list it".into())
     }
+}
+
+/// Whether `ompi_info`'s output lists the pml ucx component.
+fn lists_pml_ucx(ompi_info: &str) -> bool {
+    ompi_info.lines().any(|l| {
+        let l = l.trim();
+        l.strip_prefix("MCA pml:").is_some_and(|rest| rest.trim_start().starts_with("ucx "))
+    })
+}
+
+/// Why mpirun failed, in one line, from its stderr: Open MPI's own words
+/// where it says which component could not be used, else its first line
+/// that says something (not a rule of dashes).
+fn mpirun_reason(stderr: &str) -> String {
+    let lines = || stderr.lines().map(str::trim).filter(|l| !l.is_empty() && !l.chars().all(|c| c == '-'));
+    if let Some(l) = lines().find(|l| l.contains("cannot be selected")) {
+        // "[host:pid] PML ucx cannot be selected": drop the process tag.
+        let l = l.find("] ").map_or(l, |i| &l[i + 2..]);
+        return format!("mpirun: {l}");
+    }
+    let first = lines().next().unwrap_or("no message");
+    let mut one: String = first.chars().take(200).collect();
+    if one.len() < first.len() {
+        one.push_str("...");
+    }
+    format!("mpirun: {one}")
+}
+
+/// Runs `mpirun -np 2 [mca...] bin SIZES` with `env` added, within
+/// [`MPI_LIMIT`], and parses the figures it prints.
+fn run_osu(bin: &std::path::Path, sizes: &[usize], mca: &[&str], env: &[(&str, &str)]) -> Result<Vec<Figure>> {
+    let list = sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-np", "2", "--allow-run-as-root", "--bind-to", "core"]).args(mca).arg(bin).arg(&list);
+    cmd.envs(env.iter().copied());
+    let out = output_within(cmd, MPI_LIMIT)?;
+    if !out.status.success() {
+        return Err(Error::with(ErrorKind::Io, mpirun_reason(&String::from_utf8_lossy(&out.stderr))));
+    }
+    let figs = parse_osu(&String::from_utf8_lossy(&out.stdout), sizes);
+    if figs.iter().all(|f| f.half_rtt_us.is_none()) {
+        return Err(Error::with(ErrorKind::Io, "mpirun printed no figures"));
+    }
+    Ok(figs)
+}
+
+/// The figures in the osu-style program's output (`lat|bw|rate SIZE VALUE`
+/// lines; others are ignored), one per size asked for.
+fn parse_osu(stdout: &str, sizes: &[usize]) -> Vec<Figure> {
     let mut figs: Vec<Figure> = sizes.iter().map(|&size| Figure { size, ..Default::default() }).collect();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in stdout.lines() {
         let w: Vec<&str> = line.split_whitespace().collect();
         if w.len() != 3 {
             continue;
@@ -835,7 +896,57 @@ pub fn openmpi(bin: &std::path::Path, sizes: &[usize]) -> Result<Vec<Figure>> {
             }
         }
     }
-    Ok(figs)
+    figs
+}
+
+/// Runs `cmd` with stdin closed and its output captured; after `limit`
+/// it is stopped (SIGTERM, so that mpirun stops its ranks; SIGKILL 5 s
+/// later) and the run is an error.
+fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Output> {
+    use std::io::Read;
+    let name = cmd.get_program().to_string_lossy().into_owned();
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run {name}: {e}")))?;
+    // Readers of the pipes: a grandchild left behind can hold a pipe open
+    // after the child is gone, so they are waited for only so long.
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            let _ = tx.send(v);
+        });
+        rx
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let t0 = Instant::now();
+    let mut stopped = None;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        match stopped {
+            None if t0.elapsed() > limit => {
+                // SAFETY: kill(2) on the pid of our own child, not yet reaped.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+                stopped = Some(Instant::now());
+            }
+            Some(t) if t.elapsed() > Duration::from_secs(5) => {
+                let _ = child.kill();
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let grace = Duration::from_secs(5);
+    let (stdout, stderr) = (out.recv_timeout(grace).unwrap_or_default(), err.recv_timeout(grace).unwrap_or_default());
+    if stopped.is_some() {
+        return Err(Error::with(ErrorKind::TimedOut, format!("{name} took more than {} s: stopped", limit.as_secs())));
+    }
+    Ok(std::process::Output { status, stdout, stderr })
 }
 
 /// Runs fi_pingpong (libfabric's shm provider) for one size; returns its
@@ -853,8 +964,7 @@ pub fn fi_pingpong(size: usize, iters: usize) -> Result<f64> {
         base("0", "-B").spawn().map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run fi_pingpong: {e}")))?;
     std::thread::sleep(Duration::from_millis(300));
     let client = base("1", "-P").arg("127.0.0.1").output();
-    let _ = server.kill();
-    let _ = server.wait();
+    stop_gently(&mut server);
     let out = client?;
     let text = String::from_utf8_lossy(&out.stdout);
     // Header: bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
@@ -870,6 +980,32 @@ pub fn fi_pingpong(size: usize, iters: usize) -> Result<f64> {
         ErrorKind::Io,
         format!("no result from fi_pingpong: {text} {}", String::from_utf8_lossy(&out.stderr)),
     ))
+}
+
+/// Lets a finished fi_pingpong server exit by itself (it removes its
+/// shared-memory region, `/dev/shm/PID:0:0`, 16 MiB, on the way out; killed
+/// at once, it left one behind in most runs), then SIGTERM, then SIGKILL.
+fn stop_gently(child: &mut Child) {
+    let t0 = Instant::now();
+    let mut termed = false;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) => {}
+        }
+        let waited = t0.elapsed();
+        if !termed && waited > Duration::from_secs(2) {
+            // SAFETY: kill(2) on the pid of our own child, not yet reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            termed = true;
+        }
+        if waited > Duration::from_secs(4) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// fi_pingpong's size column: `8`, `1k`, `4m`.
@@ -893,6 +1029,67 @@ mod tests {
         assert_eq!(parse_fi_size("1k"), Some(1024));
         assert_eq!(parse_fi_size("4m"), Some(4 << 20));
         assert_eq!(parse_fi_size("x"), None);
+    }
+
+    #[test]
+    fn osu_output_parses_by_size_and_kind() {
+        let out = "lat 8 0.15\nbw 8 0.02\nrate 8 9.5\nlat 16384 2.5\nnoise line\nlat 99 1.0\nbw 16384 x\n";
+        let f = parse_osu(out, &[8, 16384, 65536]);
+        assert_eq!(f[0], Figure { size: 8, half_rtt_us: Some(0.15), bw_gbs: Some(0.02), mmsgs: Some(9.5) });
+        assert_eq!(f[1], Figure { size: 16384, half_rtt_us: Some(2.5), ..Default::default() });
+        assert_eq!(f[2], Figure { size: 65536, ..Default::default() });
+    }
+
+    #[test]
+    fn ucx_presence_and_failures_read_as_one_line() {
+        let info = "                 MCA osc: ucx (MCA v2.1.0, API v3.0.0, Component v4.1.4)\n\
+                    \x20                MCA pml: ucx (MCA v2.1.0, API v2.0.0, Component v4.1.4)\n";
+        assert!(lists_pml_ucx(info));
+        assert!(!lists_pml_ucx("                 MCA osc: ucx (MCA v2.1.0)\n   MCA pml: ob1 (MCA v2.1.0)\n"));
+        assert!(!lists_pml_ucx("   MCA pml: ucxfoo (x)\n"));
+        let err = "[vm:06994] common_ucx.c:337 support level is none\n\
+                   --------------------------------------------------------------------------\n\
+                   No components were able to be opened in the pml framework.\n\
+                   [vm:06994] PML ucx cannot be selected\n";
+        assert_eq!(mpirun_reason(err), "mpirun: PML ucx cannot be selected");
+        let err = "------\n\nmpirun was unable to launch the specified application\n";
+        assert_eq!(mpirun_reason(err), "mpirun: mpirun was unable to launch the specified application");
+        assert_eq!(mpirun_reason(""), "mpirun: no message");
+        assert!(mpirun_reason(&"x".repeat(500)).ends_with("..."));
+    }
+
+    #[test]
+    fn a_run_past_its_limit_is_stopped() {
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo started; exec sleep 30"]);
+        let t0 = Instant::now();
+        let e = output_within(c, Duration::from_millis(300)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let o = output_within(c, Duration::from_secs(30)).unwrap();
+        assert_eq!((o.status.code(), &o.stdout[..], &o.stderr[..]), (Some(3), &b"out\n"[..], &b"err\n"[..]));
+        let e = output_within(Command::new("/nonexistent/mpirun"), Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().contains("cannot run /nonexistent/mpirun"), "{e}");
+    }
+
+    #[test]
+    fn a_finished_server_is_let_exit_before_it_is_signalled() {
+        use std::io::Read;
+        // Exits by itself after 300 ms (as fi_pingpong's server after the
+        // last pong): it is not killed first, so it gets to say so.
+        let mut c = Command::new("sh");
+        let mut child = c.args(["-c", "sleep 0.3; echo clean"]).stdout(Stdio::piped()).spawn().unwrap();
+        stop_gently(&mut child);
+        let mut out = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        assert_eq!(out, "clean\n");
+        // One that would run on is stopped, within seconds.
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let t0 = Instant::now();
+        stop_gently(&mut child);
+        assert!(child.try_wait().unwrap().is_some() && t0.elapsed() < Duration::from_secs(10));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// Window of the message-rate test: osu_mbw_mr's default.
 const RATE_WINDOW: usize = 64;
 
-const DEFAULT_SIZES: [usize; 7] = [8, 64, 1024, 4096, 65536, 1 << 20, 4 << 20];
+const DEFAULT_SIZES: [usize; 9] = [8, 64, 1024, 4096, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
 
 /// shmfab: shared-memory communication between processes of one node.
 #[derive(Debug, Parser)]
@@ -30,9 +30,10 @@ enum Cmd {
     /// Two processes (this one and a peer it starts, or a launcher's two
     /// ranks) over shmfab: half round trip, bandwidth, message rate
     Bench(BenchArgs),
-    /// shmfab, the raw shared-page floor, Open MPI (osu-style program at
-    /// --osu) and libfabric shm (fi_pingpong) side by side, with shmfab's
-    /// ratios; the systems take turns for --rounds rounds, each figure the median
+    /// shmfab, the raw shared-page floor, Open MPI and UCX (osu-style
+    /// program at --osu, over Open MPI's vader BTL and its pml ucx) and
+    /// libfabric shm (fi_pingpong) side by side, with shmfab's ratios; the
+    /// systems take turns for --rounds rounds, each figure the median
     Compare(CompareArgs),
     /// What a live job's regions hold (run it when a job hangs)
     Inspect {
@@ -106,9 +107,13 @@ struct CompareArgs {
     /// Write the figures of every system to FILE as JSON
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// The osu-style MPI program (without it, Open MPI is left out)
+    /// The osu-style MPI program (without it, Open MPI and UCX are left out)
     #[arg(long, value_name = "PATH")]
     osu: Option<PathBuf>,
+    /// Draw half round trip and bandwidth against size (log-log, one line
+    /// per system) to FILE as SVG
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
     /// Rounds the systems take turns for (1 to 50)
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = in_range(1, 50))]
     rounds: usize,
@@ -116,7 +121,7 @@ struct CompareArgs {
 
 #[derive(Clone, Debug, Args)]
 struct SizesArg {
-    /// Message sizes in bytes, with k or m for KiB or MiB [default: 8,64,1k,4k,64k,1m,4m]
+    /// Message sizes in bytes, with k or m for KiB or MiB [default: 8,64,1k,4k,16k,64k,256k,1m,4m]
     #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = bench_size)]
     sizes: Option<Vec<usize>>,
 }
@@ -205,13 +210,18 @@ fn footprint_fits(cfg: &shmfab::Config, o: &InfoArgs) -> Result<(), String> {
 /// `path`: it is opened for writing (and created, then removed again, when
 /// it did not exist).
 fn check_json_path(path: &Path) -> Result<(), String> {
+    check_out_path("--json", path)
+}
+
+/// As [`check_json_path`], for the file of option `flag`.
+fn check_out_path(flag: &str, path: &Path) -> Result<(), String> {
     let existed = path.exists();
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)
-        .map_err(|e| format!("--json {}: cannot write it: {e}", path.display()))?;
+        .map_err(|e| format!("{flag} {}: cannot write it: {e}", path.display()))?;
     if !existed {
         let _ = std::fs::remove_file(path);
     }
@@ -424,7 +434,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<(), String> {
         let osu = osu_binary(a.osu.as_deref());
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        let c = CompareArgs { sizes: a.sizes.clone(), json: a.json.clone(), osu, rounds: a.rounds };
+        let c = CompareArgs { sizes: a.sizes.clone(), json: a.json.clone(), osu, rounds: a.rounds, plot: None };
         return cmd_compare(&c);
     }
     let m = match a.what {
@@ -543,13 +553,25 @@ fn none_for(sizes: &[usize]) -> Vec<Figure> {
 /// Largest message the raw floor moves (one page less its flags).
 const RAW_MAX: usize = 3968;
 
-/// Progress steps of one round of `compare`.
-fn round_steps(sizes: &[usize], osu: bool) -> usize {
-    2 * sizes.len() + sizes.iter().filter(|&&s| s <= RAW_MAX).count() + usize::from(osu)
+/// Progress steps of one round of `compare`, with Open MPI (`osu`) and UCX
+/// (`ucx`) measured or not.
+fn round_steps(sizes: &[usize], osu: bool, ucx: bool) -> usize {
+    2 * sizes.len() + sizes.iter().filter(|&&s| s <= RAW_MAX).count() + usize::from(osu) + usize::from(ucx)
 }
 
-/// One round of `compare`: shmfab, the raw floor, Open MPI, libfabric shm.
-fn compare_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> Result<[Vec<Figure>; 4], String> {
+/// The systems of `compare`, in the order of its rounds, JSON and legend.
+const SYSTEMS: usize = 5;
+
+/// One round of `compare`: shmfab, the raw floor, Open MPI, UCX, libfabric
+/// shm. UCX is measured while `ucx_off` is None; a failed UCX run sets it
+/// to the reason, and later rounds leave UCX out.
+fn compare_round(
+    o: &CompareArgs,
+    sizes: &[usize],
+    exe: &Path,
+    ucx_off: &mut Option<String>,
+    st: &mut Status,
+) -> Result<[Vec<Figure>; SYSTEMS], String> {
     st.say("measuring shmfab ...");
     let ours = measure(sizes, Measures { lat: true, bw: true, rate: true }, st)?;
     st.say("measuring the raw shared-page floor ...");
@@ -572,6 +594,19 @@ fn compare_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) 
         }
         None => none_for(sizes),
     };
+    let ucx = match (&o.osu, ucx_off.is_none()) {
+        (Some(p), true) => {
+            st.say("measuring UCX (Open MPI pml ucx, UCX_TLS=sm,self) ...");
+            st.step("UCX, all sizes");
+            bench::ucx(p, sizes).unwrap_or_else(|e| {
+                let why = e.detail().map_or_else(|| e.to_string(), str::to_string);
+                st.warn(&format!("UCX: {why} (left out of the rounds that follow)"));
+                *ucx_off = Some(why);
+                none_for(sizes)
+            })
+        }
+        _ => none_for(sizes),
+    };
     st.say("measuring libfabric shm (fi_pingpong) ...");
     let mut fi = none_for(sizes);
     for f in fi.iter_mut() {
@@ -581,7 +616,7 @@ fn compare_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) 
             Err(e) => st.warn(&format!("fi_pingpong, {} B: {e}", f.size)),
         }
     }
-    Ok([ours, raw, ompi, fi])
+    Ok([ours, raw, ompi, ucx, fi])
 }
 
 /// Median of the values present (None when no round had one).
@@ -611,68 +646,196 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     if let Some(p) = &o.json {
         check_json_path(p)?;
     }
+    if let Some(p) = &o.plot {
+        check_out_path("--plot", p)?;
+    }
     let exe = exe()?;
     let sizes = o.sizes.get();
+    // UCX runs under Open MPI (the same osu-style program): without it, or
+    // without Open MPI's pml ucx, it is left out with the reason.
+    let mut ucx_off = match &o.osu {
+        None => Some("no osu-style MPI program (--osu)".to_string()),
+        Some(_) => bench::ucx_present().err(),
+    };
+    let ucx_first = ucx_off.is_none();
     // The systems take turns, round after round, so that a slow spell of
     // the machine touches each of them; each figure is the median.
-    let mut per_sys: [Vec<Vec<Figure>>; 4] = Default::default();
-    let mut st = Status::new(o.rounds * round_steps(&sizes, o.osu.is_some()));
+    let mut per_sys: [Vec<Vec<Figure>>; SYSTEMS] = Default::default();
+    let mut st = Status::new(o.rounds * round_steps(&sizes, o.osu.is_some(), ucx_first));
     for r in 0..o.rounds {
         st.say(&format!("round {} of {}", r + 1, o.rounds));
-        for (all, one) in per_sys.iter_mut().zip(compare_round(o, &sizes, &exe, &mut st)?) {
+        for (all, one) in per_sys.iter_mut().zip(compare_round(o, &sizes, &exe, &mut ucx_off, &mut st)?) {
             all.push(one);
         }
     }
     st.finish();
-    let [ours, raw, ompi, fi] = per_sys.map(|r| median_figures(&r));
+    let ucx_rounds = per_sys[3].iter().filter(|r| r.iter().any(|f| f.half_rtt_us.is_some())).count();
+    let figs = per_sys.map(|r| median_figures(&r));
     println!();
-    println!(
-        "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} | {:>7} {:>7} {:>6} | {:>6} {:>6} {:>6}",
-        "size",
-        "shmfab",
-        "raw",
-        "/raw",
-        "ompi",
-        "/ompi",
-        "fi-shm",
-        "/fi",
-        "shmfab",
-        "ompi",
-        "/ompi",
-        "shmfab",
-        "ompi",
-        "/ompi"
-    );
-    println!("{:>8} | {:^49} | {:^22} | {:^20}", "(bytes)", "half round-trip (us)", "bandwidth (GB/s)", "Mmsg/s");
-    for i in 0..sizes.len() {
-        let (s, r, m, f) = (&ours[i], &raw[i], &ompi[i], &fi[i]);
-        println!(
-            "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} | {:>7} {:>7} {:>6} | {:>6} {:>6} {:>6}",
-            s.size,
-            fmt(s.half_rtt_us, 3),
-            fmt(r.half_rtt_us, 3),
-            ratio(s.half_rtt_us, r.half_rtt_us),
-            fmt(m.half_rtt_us, 3),
-            ratio(s.half_rtt_us, m.half_rtt_us),
-            fmt(f.half_rtt_us, 3),
-            ratio(s.half_rtt_us, f.half_rtt_us),
-            fmt(s.bw_gbs, 2),
-            fmt(m.bw_gbs, 2),
-            ratio(s.bw_gbs, m.bw_gbs),
-            fmt(s.mmsgs, 2),
-            fmt(m.mmsgs, 2),
-            ratio(s.mmsgs, m.mmsgs),
-        );
-    }
+    print!("{}", compare_tables(&figs));
     println!(
         "\nmedians of {} rounds; ratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate",
         o.rounds
     );
+    if let Some(line) = ucx_note(ucx_off.as_deref(), ucx_rounds) {
+        println!("{line}");
+    }
+    if let Some(line) = raw_floor_line(&figs[1]) {
+        println!("{line}");
+    }
     if let Some(p) = &o.json {
-        let systems = [("shmfab", &ours[..]), ("raw", &raw[..]), ("openmpi", &ompi[..]), ("libfabric-shm", &fi[..])];
-        write_json(p, &rows(&systems))?;
+        write_json(p, &rows(&named(&figs)))?;
+    }
+    if let Some(p) = &o.plot {
+        let date = utc_date(std::time::SystemTime::now());
+        let sub = format!(
+            "{date}, medians of {} round(s){}",
+            o.rounds,
+            raw_floor_line(&figs[1]).map_or(String::new(), |l| format!("; {l}"))
+        );
+        std::fs::write(p, compare_svg(&figs, &sub)).map_err(|e| format!("{}: {e}", p.display()))?;
+        println!("picture: {}", p.display());
     }
     Ok(())
+}
+
+/// What the comparison says of UCX under its tables: nothing when every
+/// round measured it; "unavailable" with the reason when none did (not
+/// installed, no pml ucx, or its first run failed); else how many rounds
+/// its medians come from.
+fn ucx_note(off: Option<&str>, rounds_measured: usize) -> Option<String> {
+    match (off, rounds_measured) {
+        (None, _) => None,
+        (Some(why), 0) => Some(format!("ucx: unavailable ({why})")),
+        (Some(why), n) => Some(format!("ucx: medians of the {n} round(s) before it failed ({why})")),
+    }
+}
+
+/// The systems' names in the JSON, in the order of [`compare_round`].
+const SYSTEM_NAMES: [&str; SYSTEMS] = ["shmfab", "raw", "openmpi", "ucx", "libfabric-shm"];
+
+fn named(figs: &[Vec<Figure>; SYSTEMS]) -> Vec<(&'static str, &[Figure])> {
+    SYSTEM_NAMES.iter().zip(figs).map(|(n, f)| (*n, &f[..])).collect()
+}
+
+/// The raw floor at the smallest size it was measured at, in words.
+fn raw_floor_line(raw: &[Figure]) -> Option<String> {
+    raw.iter().find_map(|f| f.half_rtt_us.map(|v| format!("raw floor {v:.3} us at {}", bytes(f.size))))
+}
+
+/// `compare`'s two tables: half round trip of every system with shmfab's
+/// ratio to each; then bandwidth and message rate of the systems that
+/// stream (shmfab, Open MPI, UCX).
+fn compare_tables(figs: &[Vec<Figure>; SYSTEMS]) -> String {
+    use std::fmt::Write;
+    let [ours, raw, ompi, ucx, fi] = figs;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6}",
+        "size", "shmfab", "raw", "/raw", "ompi", "/ompi", "ucx", "/ucx", "fi-shm", "/fi"
+    );
+    let _ = writeln!(o, "{}", format!("{:>8} | {:^77}", "(bytes)", "half round-trip (us)").trim_end());
+    for i in 0..ours.len() {
+        let s = ours[i].half_rtt_us;
+        let cell = |f: &Figure| (fmt(f.half_rtt_us, 3), ratio(s, f.half_rtt_us));
+        let (r, m, u, f) = (cell(&raw[i]), cell(&ompi[i]), cell(&ucx[i]), cell(&fi[i]));
+        let _ = writeln!(
+            o,
+            "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6}",
+            ours[i].size,
+            fmt(s, 3),
+            r.0,
+            r.1,
+            m.0,
+            m.1,
+            u.0,
+            u.1,
+            f.0,
+            f.1
+        );
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "{:>8} | {:>7} {:>7} {:>6} {:>7} {:>6} | {:>7} {:>7} {:>6} {:>7} {:>6}",
+        "size", "shmfab", "ompi", "/ompi", "ucx", "/ucx", "shmfab", "ompi", "/ompi", "ucx", "/ucx"
+    );
+    let _ = writeln!(o, "{}", format!("{:>8} | {:^38} | {:^38}", "(bytes)", "bandwidth (GB/s)", "Mmsg/s").trim_end());
+    for i in 0..ours.len() {
+        let (s, m, u) = (&ours[i], &ompi[i], &ucx[i]);
+        let _ = writeln!(
+            o,
+            "{:>8} | {:>7} {:>7} {:>6} {:>7} {:>6} | {:>7} {:>7} {:>6} {:>7} {:>6}",
+            s.size,
+            fmt(s.bw_gbs, 2),
+            fmt(m.bw_gbs, 2),
+            ratio(s.bw_gbs, m.bw_gbs),
+            fmt(u.bw_gbs, 2),
+            ratio(s.bw_gbs, u.bw_gbs),
+            fmt(s.mmsgs, 2),
+            fmt(m.mmsgs, 2),
+            ratio(s.mmsgs, m.mmsgs),
+            fmt(u.mmsgs, 2),
+            ratio(s.mmsgs, u.mmsgs),
+        );
+    }
+    o
+}
+
+/// The picture of `compare --plot`: half round trip of every system and
+/// streaming bandwidth of those that stream, against size, log-log.
+fn compare_svg(figs: &[Vec<Figure>; SYSTEMS], subtitle: &str) -> String {
+    use shmfab_tools::plot::{svg, Panel, Series};
+    const LOOK: [(&str, &str, bool); SYSTEMS] = [
+        ("shmfab", "#d62728", false),
+        ("raw shared-page floor", "#7f7f7f", true),
+        ("Open MPI (vader)", "#1f77b4", false),
+        ("UCX (sm, under Open MPI)", "#2ca02c", false),
+        ("libfabric shm", "#9467bd", false),
+    ];
+    let line = |k: usize, get: fn(&Figure) -> Option<f64>| Series {
+        name: LOOK[k].0,
+        color: LOOK[k].1,
+        dashed: LOOK[k].2,
+        points: figs[k].iter().map(|f| (f.size as f64, get(f))).collect(),
+    };
+    let has = |k: usize, get: fn(&Figure) -> Option<f64>| figs[k].iter().any(|f| get(f).is_some());
+    let lat = |f: &Figure| f.half_rtt_us;
+    let bw = |f: &Figure| f.bw_gbs.map(|g| g * 1000.0);
+    let lat_panel = Panel {
+        title: "half round trip (lower is better)",
+        y_label: "microseconds",
+        series: (0..SYSTEMS).filter(|&k| has(k, lat)).map(|k| line(k, lat)).collect(),
+    };
+    let bw_panel = Panel {
+        title: "streaming bandwidth (higher is better)",
+        y_label: "MB/s",
+        series: (0..SYSTEMS).filter(|&k| has(k, bw)).map(|k| line(k, bw)).collect(),
+    };
+    svg("shmfab compare: two processes on one node", subtitle, &[lat_panel, bw_panel])
+}
+
+/// The UTC date of `t`, `YYYY-MM-DD`.
+fn utc_date(t: std::time::SystemTime) -> String {
+    let mut days = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) / 86400;
+    let leap = |y: u64| (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400);
+    let mut y = 1970;
+    while days >= 365 + u64::from(leap(y)) {
+        days -= 365 + u64::from(leap(y));
+        y += 1;
+    }
+    let month_days = [31, 28 + u64::from(leap(y)), 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    let mut m = 1;
+    for len in month_days {
+        if days < len {
+            break;
+        }
+        days -= len;
+        m += 1;
+    }
+    let d = days + 1;
+    format!("{y:04}-{m:02}-{d:02}")
 }
 
 fn cmd_info(o: &InfoArgs, cfg: shmfab::Config) -> Result<(), String> {
@@ -829,7 +992,10 @@ mod tests {
         let Cmd::Info(i) = parse(&["info"]).unwrap().cmd else { panic!("info") };
         assert_eq!((i.ranks, i.depth, i.buf), (vec![2, 8, 64, 256], 128, 4096));
         let Cmd::Compare(c) = parse(&["compare", "--rounds", "5"]).unwrap().cmd else { panic!("compare") };
-        assert_eq!((c.rounds, c.osu), (5, None));
+        assert_eq!((c.rounds, c.osu, c.plot), (5, None, None));
+        assert!(c.sizes.get().contains(&(16 << 10)) && c.sizes.get().contains(&(256 << 10)));
+        let Cmd::Compare(c) = parse(&["compare", "--plot", "f.svg"]).unwrap().cmd else { panic!("compare") };
+        assert_eq!(c.plot, Some("f.svg".into()));
         assert!(matches!(parse(&["clean", "--dry-run"]).unwrap().cmd, Cmd::Clean { dry_run: true }));
         assert!(matches!(parse(&["inspect", "abcd0123"]).unwrap().cmd, Cmd::Inspect { job: Some(_) }));
         // Usage errors: status 2, as clap gives them.
@@ -862,6 +1028,91 @@ mod tests {
         );
         let text = serde_json::to_string(&rows(&[("shmfab", &figs)])).unwrap();
         assert!(text.starts_with(r#"[{"size":8,"system":"shmfab","half_rtt_us":"#), "{text}");
+    }
+
+    /// Figures of the five systems for sizes 8 and 16 KiB: UCX without any
+    /// (unavailable), the raw floor at 8 B only.
+    fn five_systems() -> [Vec<Figure>; SYSTEMS] {
+        let f =
+            |size, h: Option<f64>, b: Option<f64>, r: Option<f64>| Figure { size, half_rtt_us: h, bw_gbs: b, mmsgs: r };
+        [
+            vec![f(8, Some(0.1), Some(0.2), Some(20.0)), f(16384, Some(3.0), Some(9.0), None)],
+            vec![f(8, Some(0.04), None, None), f(16384, None, None, None)],
+            vec![f(8, Some(0.2), Some(0.1), Some(10.0)), f(16384, Some(2.7), Some(6.0), None)],
+            none_for(&[8, 16384]),
+            vec![f(8, Some(0.4), None, None), f(16384, Some(4.0), None, None)],
+        ]
+    }
+
+    #[test]
+    fn compare_tables_show_ucx_beside_the_others() {
+        let mut figs = five_systems();
+        figs[3][1].half_rtt_us = Some(0.6);
+        figs[3][1].bw_gbs = Some(18.0);
+        let t = compare_tables(&figs);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains(" ucx ") && lines[0].contains("/ucx"), "{t}");
+        // 16 KiB: shmfab 3.0 against UCX 0.6 is 5.00x; bandwidth 9 / 18.
+        let row = lines.iter().find(|l| l.trim_start().starts_with("16384 |") && l.contains("0.600")).unwrap();
+        assert!(row.contains("5.00x") && row.contains("1.11x") && row.contains("0.75x"), "{row}");
+        let bw = lines.iter().rfind(|l| l.trim_start().starts_with("16384 |")).unwrap();
+        assert!(bw.contains("18.00") && bw.contains("0.50x") && bw.contains("1.50x"), "{bw}");
+        // Without UCX figures its columns are dashes, not a failure.
+        let t = compare_tables(&five_systems());
+        let row = t.lines().find(|l| l.trim_start().starts_with("16384 |")).unwrap();
+        assert_eq!(row.matches(" -").count(), 4, "raw and ucx, value and ratio: {row}");
+    }
+
+    #[test]
+    fn compare_json_names_ucx_and_the_floor_line_its_size() {
+        let figs = five_systems();
+        let v = serde_json::to_value(rows(&named(&figs))).unwrap();
+        let systems: Vec<&str> = v.as_array().unwrap().iter().map(|r| r["system"].as_str().unwrap()).collect();
+        assert_eq!(
+            systems,
+            ["shmfab", "shmfab", "raw", "raw", "openmpi", "openmpi", "ucx", "ucx", "libfabric-shm", "libfabric-shm"]
+        );
+        assert_eq!(raw_floor_line(&figs[1]).as_deref(), Some("raw floor 0.040 us at 8 B"));
+        assert_eq!(raw_floor_line(&none_for(&[8])), None);
+    }
+
+    #[test]
+    fn the_compare_picture_has_a_line_per_system_with_figures() {
+        let mut figs = five_systems();
+        let out = compare_svg(&figs, "2026-11-23");
+        let lines = |n: &str| out.matches(&format!(r#"data-series="{n}""#)).count();
+        // Half round trip: shmfab, raw, Open MPI, fi; bandwidth: shmfab, Open MPI.
+        assert_eq!(
+            (lines("shmfab"), lines("raw shared-page floor"), lines("Open MPI (vader)"), lines("libfabric shm")),
+            (2, 1, 2, 1)
+        );
+        assert_eq!(lines("UCX (sm, under Open MPI)"), 0);
+        assert!(!out.contains("UCX"), "no figures, no legend entry");
+        figs[3][0].half_rtt_us = Some(0.12);
+        figs[3][0].bw_gbs = Some(0.3);
+        let out = compare_svg(&figs, "2026-11-23");
+        assert_eq!(out.matches(r#"data-series="UCX (sm, under Open MPI)""#).count(), 2);
+        // Bandwidth in MB/s: 0.2 GB/s is 200 MB/s, inside the 100-1000 decade... and the axis goes to 10000 for 9 GB/s.
+        assert!(out.contains(">10000</text>") && out.contains(">MB/s</text>"), "{out}");
+    }
+
+    #[test]
+    fn ucx_is_said_unavailable_with_its_reason() {
+        assert_eq!(ucx_note(None, 3), None);
+        assert_eq!(
+            ucx_note(Some("mpirun: PML ucx cannot be selected"), 0).as_deref(),
+            Some("ucx: unavailable (mpirun: PML ucx cannot be selected)")
+        );
+        assert_eq!(ucx_note(Some("x"), 2).as_deref(), Some("ucx: medians of the 2 round(s) before it failed (x)"));
+    }
+
+    #[test]
+    fn utc_dates() {
+        let at = |s: u64| utc_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01");
+        assert_eq!(at(951_782_400), "2000-02-29");
+        assert_eq!(at(1_735_603_200 + 86399), "2024-12-31");
+        assert_eq!(at(1_795_392_000), "2026-11-23");
     }
 
     #[test]
