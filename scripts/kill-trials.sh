@@ -3,11 +3,12 @@
 # under Open MPI's mpirun, and with no launcher (each rank started by hand
 # with SHMFAB_RANK/SHMFAB_SIZE/SHMFAB_JOB_ID); after a random delay (0 to
 # 400 ms: from boot to full traffic) one rank, chosen at random, gets
-# SIGKILL. The survivor must end by itself (no hang: 60 s limit), and once
+# SIGKILL. Then the same while the job starts: rank 1 comes 2 s late
+# (mpirun) or never (no launcher), and rank 0 is killed while it waits. The survivor must end by itself (no hang: 60 s limit), and once
 # every process of the job is gone nothing may be left: `shmfab inspect JOB`
 # must find no region of the job (no file in /dev/shm, no region held by
 # any process).
-#   scripts/kill-trials.sh [TRIALS per launcher, default 100]
+#   scripts/kill-trials.sh [TRIALS per case, default 100]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 trials="${1:-100}"
@@ -22,7 +23,22 @@ hangs=0; leaks=0; total=0
 trial() { # $1 = launcher, $2 = trial number
   local pids=() job="kill-trial-$$-$1-$2" victim=$((RANDOM % 2))
   local delay; delay=$(printf '0.%03d' $((RANDOM % 400)))
-  if [ "$1" = mpirun ]; then
+  if [ "$1" = mpirun-boot ]; then
+    SHMFAB_JOB_ID="$job" mpirun -np 2 --oversubscribe -x SHMFAB_BOOT_TIMEOUT -x SHMFAB_JOB_ID \
+      sh -c '[ "$OMPI_COMM_WORLD_RANK" = 1 ] && sleep 2; exec "$0" 1000000' "$prog" >/dev/null 2>&1 &
+    local launcher=$! t=0 v=""
+    while [ -z "$v" ] && [ $t -lt 1000 ]; do
+      sleep 0.01; t=$((t + 1)); v=$(pgrep -f "^$prog 1000000" | head -1 || true)
+    done
+    sleep "$delay"
+    [ -n "$v" ] && kill -9 "$v" 2>/dev/null || true
+    pids=("$launcher")
+  elif [ "$1" = none-boot ]; then
+    SHMFAB_RANK=0 SHMFAB_SIZE=2 SHMFAB_JOB_ID="$job" "$prog" 1000000 >/dev/null 2>&1 &
+    pids=($!)
+    sleep "$delay"
+    kill -9 "${pids[0]}" 2>/dev/null || true
+  elif [ "$1" = mpirun ]; then
     SHMFAB_JOB_ID="$job" mpirun -np 2 --oversubscribe -x SHMFAB_BOOT_TIMEOUT -x SHMFAB_JOB_ID \
       "$prog" 1000000 >/dev/null 2>&1 &
     local launcher=$! ranks="" t=0
@@ -60,7 +76,7 @@ trial() { # $1 = launcher, $2 = trial number
     target/release/shmfab clean >/dev/null
   fi
 }
-for launcher in mpirun none; do
+for launcher in mpirun none mpirun-boot none-boot; do
   for i in $(seq "$trials"); do trial "$launcher" "$i"; done
   echo "$launcher: $trials trials done"
 done

@@ -15,7 +15,7 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
   cargo test --release -p shmfab --lib loom
 echo "== multi-rank programs"
 scripts/mpi-tests.sh
-echo "== kill -9 trials (10 per launcher)"
+echo "== kill -9 trials (10 per case)"
 scripts/kill-trials.sh 10
 after=$(ls /dev/shm | grep -c "^shmfab\.$(id -u)\." || true)
 if [ "$after" -gt "$before" ]; then

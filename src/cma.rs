@@ -51,7 +51,9 @@ fn transfer(pid: i32, local: &[(*mut u8, usize)], remote: &[(u64, u64)], write: 
         if n < 0 {
             let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
             return Err(match e {
-                libc::EPERM | libc::ENOSYS | libc::EACCES => CmaError::Refused(e),
+                // ESRCH: the pid names no process we can see (another
+                // PID namespace): the pool, as for a refusal.
+                libc::EPERM | libc::ENOSYS | libc::EACCES | libc::ESRCH => CmaError::Refused(e),
                 libc::EINTR | libc::EAGAIN => continue,
                 _ => CmaError::Fault(e),
             });

@@ -232,3 +232,13 @@ mod tests {
         child.wait().unwrap();
     }
 }
+
+/// This process's PID namespace: the inode of /proc/self/ns/pid (0 when it
+/// cannot be read). Pids mean the same only inside one namespace.
+pub fn pid_ns() -> u64 {
+    static NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NS.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+    })
+}

@@ -29,11 +29,18 @@ pub fn boot_name(job: &str) -> String {
 struct Boot {
     map: MmapRaw,
     name: String,
+    /// Whether the region has a name (`SHMFAB_REGIONS=named`); else it is
+    /// anonymous, handed out by its host through the job's socket.
+    named: bool,
     size: usize,
     /// Holds a shared lock on the region while this rank is in the
     /// exchange: a boot region nobody holds a lock on is a leftover
     /// (`region::locked`), whatever pids it names.
     lock: File,
+    /// The host's listening socket (anonymous mode): the rank that bound
+    /// the job's abstract socket made the region and hands it to the
+    /// others until every rank has arrived.
+    host: Option<rustix::fd::OwnedFd>,
 }
 
 impl Boot {
@@ -50,25 +57,185 @@ impl Boot {
         unsafe { &*(self.map.as_ptr().add(PAGE + r * std::mem::size_of::<BootEntry>()) as *const BootEntry) }
     }
 
-    /// Removes the region's name, if it still names this region (a later
-    /// job of the same id may have made a new one).
+    /// Removes a named region's name, if it still names this region (a
+    /// later job of the same id may have made a new one).
     fn unlink(&self) {
-        unlink_if_same(&self.name, &self.lock);
+        if self.named {
+            unlink_if_same(&self.name, &self.lock);
+        }
     }
 
-    /// The exchange failed for this rank: the last rank to leave it (no
-    /// other holds a lock) removes the region, so a job that never
-    /// started leaves nothing behind either.
+    /// The exchange failed for this rank: the last rank to leave a named
+    /// region (no other holds a lock) removes it, so a job that never
+    /// started leaves nothing behind either. (An anonymous one goes with
+    /// its last holder.)
     fn abandon(&self) {
         use rustix::fs::{flock, FlockOperation};
+        if !self.named {
+            return;
+        }
         let _ = flock(&self.lock, FlockOperation::Unlock);
         if flock(&self.lock, FlockOperation::NonBlockingLockExclusive).is_ok() {
             self.unlink();
         }
     }
 
+    /// The host's duty while it waits: hand the region to every rank
+    /// waiting on the job's socket (this user's only).
+    fn serve(&self) {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags};
+        use std::os::fd::AsFd;
+        let Some(l) = &self.host else { return };
+        while let Ok(c) = rustix::net::accept_with(l, SocketFlags::CLOEXEC) {
+            if rustix::net::sockopt::socket_peercred(&c).map_or(true, |cr| cr.uid.as_raw() != uid()) {
+                continue; // another user's process: it gets nothing
+            }
+            let fds = [self.lock.as_fd()];
+            let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut cm = SendAncillaryBuffer::new(&mut space);
+            cm.push(SendAncillaryMessage::ScmRights(&fds));
+            let _ = rustix::net::sendmsg(&c, &[std::io::IoSlice::new(b"b")], &mut cm, SendFlags::NOSIGNAL);
+        }
+    }
+
     /// Creates or opens the boot region of `job` for `size` ranks.
-    fn open(job: &str, size: usize, deadline: Instant) -> Result<Boot> {
+    fn open(job: &str, size: usize, deadline: Instant, backing: crate::region::Backing) -> Result<Boot> {
+        match backing {
+            crate::region::Backing::Named => Boot::open_named(job, size, deadline),
+            crate::region::Backing::Anonymous => Boot::open_anonymous(job, size, deadline),
+        }
+    }
+
+    /// Anonymous mode: ranks meet on an abstract Unix socket named after
+    /// the job (no file: the name goes with the process that holds it).
+    /// The first rank to bind it hosts: it makes an anonymous boot region
+    /// and hands its descriptor to each rank that connects. A job killed
+    /// at any moment leaves nothing behind.
+    fn open_anonymous(job: &str, size: usize, deadline: Instant) -> Result<Boot> {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+        let name = boot_name(job);
+        check_size(size, "ranks")?;
+        let bytes = PAGE + size * std::mem::size_of::<BootEntry>();
+        let addr = SocketAddrUnix::new_abstract_name(name.as_bytes())?;
+        let sock_err = |what: &str, e: rustix::io::Errno| {
+            Error::with(
+                ErrorKind::from_errno(e.raw_os_error()),
+                format!("job {job}: {what} its boot socket @{name}: {e}"),
+            )
+        };
+        loop {
+            let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
+            let l = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, flags, None)?;
+            match rustix::net::bind(&l, &addr) {
+                Ok(()) => {
+                    let dir = crate::region::shm_dir()?;
+                    let fd = crate::region::create_anonymous(&dir, &format!("{name}.new")).map_err(|e| {
+                        Error::with(
+                            ErrorKind::from_errno(e.raw_os_error()),
+                            format!("cannot create the job's boot region in {}: {e}", dir.display()),
+                        )
+                    })?;
+                    let f = File::from(fd);
+                    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared)?;
+                    reserve(&f, bytes, &name)?;
+                    let map = MmapOptions::new().len(bytes).map_raw(&f)?;
+                    let b = Boot { map, name: name.clone(), named: false, size, lock: f, host: None };
+                    b.init(crate::region::job_hash(job));
+                    // Listening only now: whoever connects gets an
+                    // initialised region.
+                    rustix::net::listen(&l, 1024).map_err(|e| sock_err("cannot listen on", e))?;
+                    return Ok(Boot { host: Some(l), ..b });
+                }
+                Err(rustix::io::Errno::ADDRINUSE) => {}
+                Err(e) => return Err(sock_err("cannot bind", e)),
+            }
+            drop(l);
+            if let Some(f) = join(&addr, deadline, job, &name)? {
+                let st = rustix::fs::fstat(&f)?;
+                let len = st.st_size as usize;
+                if st.st_mode & libc::S_IFMT != libc::S_IFREG
+                    || st.st_uid != uid()
+                    || st.st_mode & 0o077 != 0
+                    || len < PAGE
+                {
+                    return Err(Error::with(
+                        ErrorKind::Perm,
+                        format!("job {job}: the boot region handed out on @{name} is not this user's 0600 region"),
+                    ));
+                }
+                let map = MmapOptions::new().len(len).map_raw(&f)?;
+                let b = Boot { map, name: name.clone(), named: false, size, lock: f, host: None };
+                b.check(job, len)?;
+                rustix::fs::flock(&b.lock, rustix::fs::FlockOperation::LockShared)?;
+                return Ok(b);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::with(
+                    ErrorKind::TimedOut,
+                    format!("job {job}: no rank hosted the boot socket @{name} in time"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Writes a fresh region's header (nobody has it yet) and publishes it.
+    fn init(&self, job_hash: u32) {
+        let h = self.map.as_mut_ptr() as *mut BootHeader;
+        let pid = std::process::id();
+        // SAFETY: a fresh mapping nobody else has yet (O_EXCL or O_TMPFILE),
+        // magic still zero: nobody reads it yet.
+        unsafe {
+            std::ptr::addr_of_mut!((*h).layout_version).write(LAYOUT_VERSION);
+            std::ptr::addr_of_mut!((*h).uid).write(uid());
+            std::ptr::addr_of_mut!((*h).owner_pid).write(pid);
+            std::ptr::addr_of_mut!((*h).owner_start_time).write(proc_start_time(pid).unwrap_or(0));
+            std::ptr::addr_of_mut!((*h).layout_hash).write(LAYOUT_HASH);
+            std::ptr::addr_of_mut!((*h).size).write(self.size as u32);
+            std::ptr::addr_of_mut!((*h).mark).write(shm_layout::BOOT_MARK);
+            std::ptr::addr_of_mut!((*h).job).write(job_hash);
+        }
+        // SYNC: publishes the header to the acquire in `check` (and the
+        // named path's wait for initialisation).
+        self.header().magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// Checks a region another rank made: initialised, this build's layout,
+    /// made for this job's size and `len` bytes long enough for it.
+    fn check(&self, job: &str, len: usize) -> Result<()> {
+        let h = self.header();
+        // SYNC: pairs with the release store of magic in `init`.
+        if h.magic.load(Ordering::Acquire) != MAGIC {
+            return Err(Error::with(
+                ErrorKind::Io,
+                format!("job {job}: the boot region handed out is not initialised"),
+            ));
+        }
+        // SAFETY: published header fields (magic acquired).
+        let (ver, hash, n) = unsafe {
+            (
+                std::ptr::addr_of!(h.layout_version).read_volatile(),
+                std::ptr::addr_of!(h.layout_hash).read_volatile(),
+                std::ptr::addr_of!(h.size).read_volatile() as usize,
+            )
+        };
+        if ver != LAYOUT_VERSION || hash != LAYOUT_HASH {
+            return Err(Error::with(
+                ErrorKind::OpNotSupp,
+                format!("job {job}: boot region has layout version {ver}, this build {LAYOUT_VERSION}: ranks built from different shmfab trees"),
+            ));
+        }
+        if n != self.size || len < PAGE + n * std::mem::size_of::<BootEntry>() {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                format!("job {job}: its boot region is for {n} ranks but this rank was launched with {}", self.size),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Named mode: the boot region is the file `shmfab.<uid>.<jobhash>.boot`.
+    fn open_named(job: &str, size: usize, deadline: Instant) -> Result<Boot> {
         let name = boot_name(job);
         check_size(size, "ranks")?;
         let bytes = PAGE + size * std::mem::size_of::<BootEntry>();
@@ -87,20 +254,8 @@ impl Boot {
                         return Err(e);
                     }
                     let map = MmapOptions::new().len(bytes).map_raw(&f)?;
-                    let b = Boot { map, name, size, lock: f };
-                    let h = b.map.as_mut_ptr() as *mut BootHeader;
-                    let pid = std::process::id();
-                    // SAFETY: fresh mapping (O_EXCL), magic still zero: nobody reads it yet.
-                    unsafe {
-                        std::ptr::addr_of_mut!((*h).layout_version).write(LAYOUT_VERSION);
-                        std::ptr::addr_of_mut!((*h).uid).write(uid());
-                        std::ptr::addr_of_mut!((*h).owner_pid).write(pid);
-                        std::ptr::addr_of_mut!((*h).owner_start_time).write(proc_start_time(pid).unwrap_or(0));
-                        std::ptr::addr_of_mut!((*h).layout_hash).write(LAYOUT_HASH);
-                        std::ptr::addr_of_mut!((*h).size).write(size as u32);
-                    }
-                    // SYNC: publishes the header to the acquire in the open path below.
-                    b.header().magic.store(MAGIC, Ordering::Release);
+                    let b = Boot { map, name, named: true, size, lock: f, host: None };
+                    b.init(crate::region::job_hash(job));
                     return Ok(b);
                 }
                 Err(rustix::io::Errno::EXIST) => {}
@@ -162,7 +317,7 @@ impl Boot {
                 continue; // its creator died: start over
             };
             let (map, len) = mapped;
-            let b = Boot { map, name: name.clone(), size, lock: f };
+            let b = Boot { map, name: name.clone(), named: true, size, lock: f, host: None };
             let h = b.header();
             // SAFETY: published header fields (magic acquired).
             let (ver, hash, n) = unsafe {
@@ -204,6 +359,64 @@ impl Boot {
             return Ok(b);
         }
     }
+}
+
+/// A guest's side of the anonymous boot: connects to the job's socket at
+/// `addr` and receives the boot region's descriptor from its host. None
+/// when nobody hosts (the caller tries to host) or the host left before
+/// handing it out.
+fn join(addr: &rustix::net::SocketAddrUnix, deadline: Instant, job: &str, name: &str) -> Result<Option<File>> {
+    use rustix::net::{AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketFlags, SocketType};
+    let s = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    match rustix::net::connect(&s, addr) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::CONNREFUSED | rustix::io::Errno::NOENT | rustix::io::Errno::AGAIN) => return Ok(None),
+        Err(e) => {
+            return Err(Error::with(
+                ErrorKind::from_errno(e.raw_os_error()),
+                format!("job {job}: cannot connect to its boot socket @{name}: {e}"),
+            ))
+        }
+    }
+    let cred = rustix::net::sockopt::socket_peercred(&s)?;
+    if cred.uid.as_raw() != uid() {
+        return Err(Error::with(
+            ErrorKind::Perm,
+            format!(
+                "job {job}: its boot socket @{name} is held by pid {} of uid {}, not this user: \
+                 choose another SHMFAB_JOB_ID",
+                cred.pid.as_raw_nonzero(),
+                cred.uid.as_raw()
+            ),
+        ));
+    }
+    // The host hands the descriptor out from its exchange loop (every
+    // millisecond or so).
+    let left = deadline.saturating_duration_since(Instant::now());
+    let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+    let mut p = [rustix::event::PollFd::new(&s, rustix::event::PollFlags::IN)];
+    let ts = rustix::event::Timespec { tv_sec: (ms / 1000) as i64, tv_nsec: (ms % 1000) as i64 * 1_000_000 };
+    if rustix::event::poll(&mut p, Some(&ts))? == 0 {
+        return Err(Error::with(
+            ErrorKind::TimedOut,
+            format!("job {job}: the host of its boot socket @{name} never handed out the boot region"),
+        ));
+    }
+    let mut byte = [0u8; 1];
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cm = RecvAncillaryBuffer::new(&mut space);
+    let r = rustix::net::recvmsg(&s, &mut [std::io::IoSliceMut::new(&mut byte)], &mut cm, RecvFlags::CMSG_CLOEXEC)?;
+    if r.bytes == 0 {
+        return Ok(None); // the host left
+    }
+    for m in cm.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut fds) = m {
+            if let Some(fd) = fds.next() {
+                return Ok(Some(File::from(fd)));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Removes the boot region `name` if the name still refers to `f`'s file.
@@ -279,9 +492,15 @@ fn reserve_error(e: rustix::io::Errno, bytes: usize, name: &str) -> Error {
 }
 
 /// Publishes this rank's addresses and returns every rank's (in rank order).
-fn exchange(l: &Launch, addr: Address, ctl: Address, timeout: Duration) -> Result<Vec<(Address, Address)>> {
+fn exchange(
+    l: &Launch,
+    addr: Address,
+    ctl: Address,
+    timeout: Duration,
+    backing: crate::region::Backing,
+) -> Result<Vec<(Address, Address)>> {
     let deadline = Instant::now() + timeout;
-    let b = Boot::open(&l.job, l.size, deadline)?;
+    let b = Boot::open(&l.job, l.size, deadline, backing)?;
     let me = b.entry(l.rank);
     let pid = std::process::id();
     if me.state.load(Ordering::Acquire) == 1 && owner_alive(me.pid, me.start_time) && me.pid != pid {
@@ -316,14 +535,18 @@ fn exchange(l: &Launch, addr: Address, ctl: Address, timeout: Duration) -> Resul
 fn wait_for_all(b: &Boot, l: &Launch, timeout: Duration, deadline: Instant) -> Result<Vec<(Address, Address)>> {
     let mut naps = 0u32;
     loop {
+        b.serve();
         let missing: Vec<usize> = (0..l.size).filter(|&r| b.entry(r).state.load(Ordering::Acquire) != 1).collect();
         if missing.is_empty() {
             break;
         }
+        // Ranks that arrived and died since. Not with named regions: they
+        // serve ranks in other PID namespaces, whose pids mean nothing here
+        // (a rank that dies is then named at the boot timeout).
         let dead: Vec<usize> = (0..l.size)
             .filter(|&r| {
                 let e = b.entry(r);
-                e.state.load(Ordering::Acquire) == 1 && !owner_alive(e.pid, e.start_time)
+                !b.named && e.state.load(Ordering::Acquire) == 1 && !owner_alive(e.pid, e.start_time)
             })
             .collect();
         if !dead.is_empty() {
@@ -416,7 +639,7 @@ impl World {
             e.bind_av(&av)?;
             e.enable()?;
         }
-        let all = exchange(&l, ep.getname(), ctl_ep.getname(), timeout)?;
+        let all = exchange(&l, ep.getname(), ctl_ep.getname(), timeout, fabric.config().regions)?;
         let addrs = av.insert(&all.iter().map(|a| a.0).collect::<Vec<_>>())?;
         let ctl_addrs = av.insert(&all.iter().map(|a| a.1).collect::<Vec<_>>())?;
         // The barrier endpoint is driven only inside barriers.
@@ -569,18 +792,21 @@ fn wait_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::region::Backing;
 
     #[test]
     fn a_rank_that_never_arrives_is_named() {
         let job = format!("unit-boot-{}", std::process::id());
         let l = Launch { rank: 0, size: 3, local_rank: 0, job: job.clone(), launcher: Launcher::Shmfab };
         let a = Address::default();
-        let e = exchange(&l, a, a, Duration::from_millis(200)).unwrap_err();
-        let s = e.to_string();
-        assert_eq!(e.kind(), ErrorKind::TimedOut);
-        assert!(s.contains("[1, 2]") && s.contains("did not arrive"), "{s}");
-        // The last rank to leave a failed exchange removes the region.
-        assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists(), "left behind");
+        for backing in [Backing::Anonymous, Backing::Named] {
+            let e = exchange(&l, a, a, Duration::from_millis(200), backing).unwrap_err();
+            let s = e.to_string();
+            assert_eq!(e.kind(), ErrorKind::TimedOut);
+            assert!(s.contains("[1, 2]") && s.contains("did not arrive"), "{s}");
+            // The last rank to leave a failed exchange removes the region.
+            assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists(), "left behind");
+        }
     }
 
     #[test]
@@ -593,7 +819,7 @@ mod tests {
         drop(f); // created, never locked nor initialised: its creator died
         let l = Launch { rank: 0, size: 1, local_rank: 0, job: job.clone(), launcher: Launcher::Shmfab };
         let a = Address { ep_index: 3, ..Default::default() };
-        let out = exchange(&l, a, a, Duration::from_secs(10));
+        let out = exchange(&l, a, a, Duration::from_secs(10), Backing::Named);
         let _ = crate::region::unlink_shm(&name);
         assert_eq!(out.unwrap(), vec![(a, a)]);
         assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
@@ -604,9 +830,87 @@ mod tests {
         let job = format!("unit-boot1-{}", std::process::id());
         let l = Launch { rank: 0, size: 1, local_rank: 0, job: job.clone(), launcher: Launcher::Shmfab };
         let a = Address { ep_index: 3, ..Default::default() };
-        let out = exchange(&l, a, a, Duration::from_secs(5)).unwrap();
-        assert_eq!(out, vec![(a, a)]);
+        for backing in [Backing::Anonymous, Backing::Named] {
+            let out = exchange(&l, a, a, Duration::from_secs(5), backing).unwrap();
+            assert_eq!(out, vec![(a, a)]);
+            assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists());
+            assert!(socket_free(&job), "the boot socket outlived the exchange");
+        }
+    }
+
+    /// Whether nobody holds the job's boot socket (binding it works).
+    fn socket_free(job: &str) -> bool {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+        let addr = SocketAddrUnix::new_abstract_name(boot_name(job).as_bytes()).unwrap();
+        let s =
+            rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        rustix::net::bind(&s, &addr).is_ok()
+    }
+
+    #[test]
+    fn ranks_meet_on_the_jobs_socket_and_leave_nothing() {
+        // Three ranks as threads: the first to bind hosts, the others get
+        // the anonymous region through the socket.
+        let job = format!("unit-boot-sock-{}", std::process::id());
+        let addrs: Vec<Address> = (0..3).map(|r| Address { ep_index: r, pid: 7, ..Default::default() }).collect();
+        let outs: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|r| {
+                    let (job, a) = (job.clone(), addrs[r]);
+                    s.spawn(move || {
+                        let l = Launch { rank: r, size: 3, local_rank: r, job, launcher: Launcher::Shmfab };
+                        exchange(&l, a, a, Duration::from_secs(20), Backing::Anonymous)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for o in outs {
+            assert_eq!(o.unwrap(), addrs.iter().map(|&a| (a, a)).collect::<Vec<_>>());
+        }
         assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists());
+        assert!(socket_free(&job));
+        assert!(crate::region::scan(Some(crate::region::job_hash(&job))).is_empty());
+    }
+
+    #[test]
+    fn a_boot_host_that_leaves_is_replaced_by_the_next_rank() {
+        let job = format!("unit-boot-host-{}", std::process::id());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let b = Boot::open(&job, 2, deadline, Backing::Anonymous).unwrap();
+        assert!(b.host.is_some(), "the first rank hosts");
+        // A starting job's anonymous boot region is found (shmfab inspect).
+        let found = crate::region::scan(Some(crate::region::job_hash(&job)));
+        assert!(found.len() == 1 && found[0].alive && !found[0].named && found[0].name == boot_name(&job), "{found:?}");
+        let snap = crate::snapshot::boot(&found[0].id.path()).unwrap();
+        assert_eq!((snap.size, snap.arrived), (2, 0));
+        // The second joins: it gets the region while the host serves.
+        let b2 = std::thread::scope(|s| {
+            let h = s.spawn(|| Boot::open(&job, 2, deadline, Backing::Anonymous));
+            while !h.is_finished() {
+                b.serve();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            h.join().unwrap().unwrap()
+        });
+        assert!(b2.host.is_none(), "the second joins");
+        let (a, c) = (rustix::fs::fstat(&b.lock).unwrap(), rustix::fs::fstat(&b2.lock).unwrap());
+        assert_eq!((a.st_dev, a.st_ino), (c.st_dev, c.st_ino), "one region");
+        drop(b2);
+        drop(b);
+        // The host died before anyone else came: the next rank hosts anew.
+        let b3 = Boot::open(&job, 2, deadline, Backing::Anonymous).unwrap();
+        assert!(b3.host.is_some());
+        // A rank launched with another size is refused by the host's region.
+        let e = std::thread::scope(|s| {
+            let h = s.spawn(|| Boot::open(&job, 3, deadline, Backing::Anonymous));
+            while !h.is_finished() {
+                b3.serve();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            h.join().unwrap().err().unwrap()
+        });
+        assert!(e.to_string().contains("is for 2 ranks"), "{e}");
     }
 
     #[test]
@@ -625,8 +929,7 @@ mod tests {
         let job = format!("unit-boot-many-{}", std::process::id());
         let l = Launch { rank: 0, size: 5000, local_rank: 0, job: job.clone(), launcher: Launcher::Shmfab };
         let a = Address::default();
-        let e = exchange(&l, a, a, Duration::from_millis(200)).unwrap_err();
-        let _ = rustix::shm::unlink(boot_name(&job).as_str());
+        let e = exchange(&l, a, a, Duration::from_millis(200), Backing::Anonymous).unwrap_err();
         let s = e.to_string();
         assert_eq!(e.kind(), ErrorKind::TimedOut);
         assert!(s.contains("[1, 2, 3,") && s.contains("and 4983 more of 5000 did not arrive"), "{s}");
@@ -642,8 +945,10 @@ mod tests {
         assert!(check_size(0, "PMI_SIZE").is_err());
         assert!(check_size(MAX_RANKS, "PMI_SIZE").is_ok());
         let job = format!("unit-boot-huge-{}", std::process::id());
-        let e = Boot::open(&job, usize::MAX / 32, Instant::now()).err().unwrap();
-        assert_eq!(e.kind(), ErrorKind::Inval);
+        for backing in [Backing::Anonymous, Backing::Named] {
+            let e = Boot::open(&job, usize::MAX / 32, Instant::now(), backing).err().unwrap();
+            assert_eq!(e.kind(), ErrorKind::Inval);
+        }
         assert!(!std::path::Path::new(&format!("/dev/shm/{}", boot_name(&job))).exists());
         assert_eq!(size_var(Launcher::OpenMpi), "OMPI_COMM_WORLD_SIZE");
     }
@@ -654,7 +959,12 @@ mod tests {
         // at the first store into a page the kernel could not supply.
         let job = format!("unit-boot-reserve-{}", std::process::id());
         let size = 1000;
-        let b = Boot::open(&job, size, Instant::now() + Duration::from_secs(5)).unwrap();
+        let anon = Boot::open(&job, size, Instant::now() + Duration::from_secs(5), Backing::Anonymous).unwrap();
+        let st = rustix::fs::fstat(&anon.lock).unwrap();
+        let bytes = PAGE + size * std::mem::size_of::<BootEntry>();
+        assert!(st.st_blocks as usize * 512 >= bytes, "{} of {bytes} bytes allocated", st.st_blocks * 512);
+        drop(anon);
+        let b = Boot::open(&job, size, Instant::now() + Duration::from_secs(5), Backing::Named).unwrap();
         let path = format!("/dev/shm/{}", boot_name(&job));
         let st = rustix::fs::stat(path.as_str()).unwrap();
         let _ = rustix::shm::unlink(boot_name(&job).as_str());
@@ -674,7 +984,7 @@ mod tests {
     fn a_boot_region_is_alive_while_a_rank_is_in_it_whatever_pid_it_names() {
         // Its creator in another PID namespace: the pid means nothing here.
         let job = format!("unit-boot-lock-{}", std::process::id());
-        let b = Boot::open(&job, 2, Instant::now() + Duration::from_secs(5)).unwrap();
+        let b = Boot::open(&job, 2, Instant::now() + Duration::from_secs(5), Backing::Named).unwrap();
         let h = b.map.as_mut_ptr() as *mut BootHeader;
         // SAFETY: our own boot region; only this test touches it.
         unsafe { std::ptr::addr_of_mut!((*h).owner_pid).write(0x3fff_fff0) };
@@ -683,7 +993,7 @@ mod tests {
         assert_eq!(alive(&b.name), Some(true));
         assert!(crate::region::clean_dead(true).iter().all(|r| r.name != b.name));
         // A second rank opening it finds it in use and joins it.
-        let b2 = Boot::open(&job, 2, Instant::now() + Duration::from_secs(5)).unwrap();
+        let b2 = Boot::open(&job, 2, Instant::now() + Duration::from_secs(5), Backing::Named).unwrap();
         let name = b.name.clone();
         drop(b);
         assert_eq!(alive(&name), Some(true), "the second rank is still in it");

@@ -325,6 +325,7 @@ impl Region {
             std::ptr::addr_of_mut!((*h).n_eps).write(n_eps);
             std::ptr::addr_of_mut!((*h).n_counters).write(n_counters);
             std::ptr::addr_of_mut!((*h).token).write(token);
+            std::ptr::addr_of_mut!((*h).pid_ns).write(crate::job::pid_ns());
             std::ptr::addr_of_mut!((*h).geometry).write(*g);
         }
         // Relaxed: published by the release store of magic below.
@@ -531,6 +532,18 @@ impl Region {
         }
     }
 
+    /// Whether the region's owner runs in another PID namespace than this
+    /// process (both known and different): its pid then names nothing here,
+    /// or another process, and single copy with it must not be tried.
+    pub fn foreign_pids(&self) -> bool {
+        let h = self.header();
+        // SAFETY: a mapped header field, plain integer, published before
+        // magic (volatile: a peer wrote it).
+        let theirs = unsafe { std::ptr::addr_of!(h.pid_ns).read_volatile() };
+        let ours = crate::job::pid_ns();
+        theirs != 0 && ours != 0 && theirs != ours
+    }
+
     /// Whether the region's owner still lives: it holds its lock (see the
     /// module's doc), or, for a region of a build that took none, its pid
     /// and start time still name a live process. Always true of our own.
@@ -581,7 +594,7 @@ impl Drop for Region {
 /// A fresh region file with no name in `dir`: `O_TMPFILE` (never linked:
 /// `O_EXCL`), or where the file system has none, a file `name` made
 /// exclusively and unlinked at once.
-fn create_anonymous(dir: &std::path::Path, name: &str) -> rustix::io::Result<rustix::fd::OwnedFd> {
+pub(crate) fn create_anonymous(dir: &std::path::Path, name: &str) -> rustix::io::Result<rustix::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
     let mode = Mode::from_raw_mode(0o600);
     match rustix::fs::open(dir, OFlags::TMPFILE | OFlags::RDWR | OFlags::EXCL | OFlags::CLOEXEC, mode) {
@@ -600,43 +613,46 @@ fn create_anonymous(dir: &std::path::Path, name: &str) -> rustix::io::Result<rus
 }
 
 /// Opens a peer's anonymous region through its holder's descriptor. The
-/// link must name a deleted file of the shared memory directory `dir`
-/// before it is opened, so a reused pid or descriptor never makes us open
-/// a device or a pipe.
+/// link is first opened `O_PATH` (no open of the file itself: no side
+/// effect, whatever a reused pid or descriptor names) and must be a
+/// regular file with no name left (`st_nlink` 0) on the shared memory
+/// directory's file system; only then is it reopened for reading and
+/// writing, through our own descriptor.
 fn open_anonymous(id: &RegionId, dir: &std::path::Path) -> Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use rustix::fs::{Mode, OFlags};
     let path = id.path();
     let hint = "if the ranks run in different PID namespaces, set SHMFAB_REGIONS=named on every rank";
-    let target = std::fs::read_link(&path).map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) => Error::with(
+    let o = rustix::fs::open(path.as_str(), OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).map_err(|e| match e {
+        rustix::io::Errno::NOENT => Error::with(
             ErrorKind::AddrNotAvail,
             format!("peer region {} is gone: {path} does not exist (its owner exited; {hint})", id.name()),
         ),
         _ => Error::with(
-            ErrorKind::from_errno(e.raw_os_error().unwrap_or(libc::EIO)),
+            ErrorKind::from_errno(e.raw_os_error()),
             format!("cannot open peer region {} through {path}: {e} ({hint})", id.name()),
         ),
     })?;
-    let t = target.to_string_lossy();
-    let inside = t.strip_prefix(&*dir.to_string_lossy()).is_some_and(|rest| rest.starts_with('/'));
-    if !inside || !t.ends_with(" (deleted)") {
+    let st = rustix::fs::fstat(&o)?;
+    let dst = rustix::fs::stat(dir)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 0 || st.st_dev != dst.st_dev {
         return Err(Error::with(
             ErrorKind::AddrNotAvail,
-            format!("peer region {} is gone: {path} is {t}, not a region ({hint})", id.name()),
+            format!("peer region {} is gone: {path} is not a region of {} ({hint})", id.name(), dir.display()),
         ));
     }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| {
-            let kind = match e.raw_os_error() {
-                Some(libc::ENOENT) => ErrorKind::AddrNotAvail,
-                n => ErrorKind::from_errno(n.unwrap_or(libc::EIO)),
-            };
-            Error::with(kind, format!("cannot open peer region {} through {path}: {e}", id.name()))
-        })
+    let mine = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&o));
+    let fd = rustix::fs::open(
+        mine.as_str(),
+        OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        Error::with(
+            ErrorKind::from_errno(e.raw_os_error()),
+            format!("cannot open peer region {} through {path}: {e}", id.name()),
+        )
+    })?;
+    Ok(File::from(fd))
 }
 
 fn fallocate(file: &File, off: usize, len: usize) -> Result<()> {
@@ -714,6 +730,9 @@ struct HeaderWords {
     start: u64,
     job: u32,
     token: u32,
+    /// [`shm_layout::BOOT_MARK`] in a boot region (whose job hash is then
+    /// where a domain region has its token).
+    mark: u32,
 }
 
 fn header_words(f: &File) -> Option<HeaderWords> {
@@ -729,6 +748,7 @@ fn header_words(f: &File) -> Option<HeaderWords> {
         start: u64_at(24),
         job: u32_at(std::mem::offset_of!(RegionHeader, job)),
         token: u32_at(std::mem::offset_of!(RegionHeader, token)),
+        mark: u32_at(std::mem::offset_of!(RegionHeader, n_counters)),
     })
 }
 
@@ -789,12 +809,13 @@ fn scan_named(job: Option<u32>) -> Vec<RegionInfo> {
 /// Anonymous regions: deleted files of the shared memory directory held
 /// open by live processes, each listed once (by inode) whoever holds it.
 fn scan_anonymous(job: Option<u32>) -> Vec<RegionInfo> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
     let Ok(dir) = shm_dir() else {
         return out;
     };
-    let inside = format!("{}/", dir.display());
+    let real = std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
+    let inside = real.to_string_lossy().trim_end_matches('/').to_string();
     let me = uid();
     let mut seen = std::collections::HashSet::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -815,37 +836,39 @@ fn scan_anonymous(job: Option<u32>) -> Vec<RegionInfo> {
             let Ok(target) = std::fs::read_link(f.path()) else {
                 continue;
             };
+            // Only files with no name left, made in the directory (as the
+            // kernel names it: symlinks resolved), can be its regions.
             let t = target.to_string_lossy();
-            if !t.starts_with(&inside) || !t.ends_with(" (deleted)") {
+            if !t.ends_with(" (deleted)") || !t.strip_prefix(&*inside).is_some_and(|rest| rest.starts_with('/')) {
                 continue;
             }
-            let Ok(file) = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
-                .open(f.path())
-            else {
-                continue;
+            let id = RegionId { pid, fd, job: 0, token: 0 };
+            let Ok(file) = open_anonymous(&id, &dir) else {
+                continue; // not on the shm directory's file system, gone, ...
             };
             let Ok(meta) = file.metadata() else {
                 continue;
             };
-            if !meta.file_type().is_file() || meta.uid() != me || !seen.insert((meta.dev(), meta.ino())) {
+            if meta.uid() != me || !seen.insert((meta.dev(), meta.ino())) {
                 continue;
             }
             let Some(h) = header_words(&file).filter(|h| h.magic == MAGIC) else {
                 continue; // not a region, or one being made
             };
-            if job.is_some_and(|j| j != h.job) {
+            // A boot region of a starting job, or a domain region.
+            let boot = h.mark == shm_layout::BOOT_MARK;
+            let (jh, token) = if boot { (h.token, 0) } else { (h.job, h.token) };
+            if job.is_some_and(|j| j != jh) {
                 continue;
             }
             out.push(RegionInfo {
-                name: region_name(me, h.job, h.token),
-                id: RegionId { pid, fd, job: h.job, token: h.token },
+                name: if boot { format!("{PREFIX}{me}.{jh:08x}.boot") } else { region_name(me, jh, token) },
+                id: RegionId { pid, fd, job: jh, token },
                 named: false,
                 pid: h.pid,
                 alive: locked(&file),
                 layout_version: h.version,
-                job: h.job,
+                job: jh,
                 size: meta.len(),
             });
         }
@@ -917,6 +940,16 @@ mod tests {
         let p = Region::attach(&id).unwrap();
         assert_eq!(p.geometry(), (g, 2, 4));
         assert!(p.alive());
+        // The directory is a file system, not a string: a trailing slash or
+        // a symlink to it opens the region as well.
+        let link = std::env::temp_dir().join(format!("shmfab-unit-link-{}", std::process::id()));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(shm_dir().unwrap(), &link).unwrap();
+        let via = [std::path::PathBuf::from(format!("{}/", shm_dir().unwrap().display())), link.clone()];
+        for d in via {
+            assert!(open_anonymous(&id, &d).is_ok(), "{d:?}");
+        }
+        let _ = std::fs::remove_file(&link);
         // The scan finds it through our descriptors, once, alive.
         let found = scan(Some(j));
         assert_eq!(found.len(), 1, "{found:?}");

@@ -155,10 +155,10 @@ pub struct BootSnapshot {
     pub departed: u32,
 }
 
-/// The boot region `name` (in /dev/shm or `SHMFAB_SHM_DIR`), if it is
+/// The boot region at `path` (a named one's file, or an anonymous one's
+/// `/proc/<pid>/fd/<fd>`: [`crate::region::RegionInfo`] says which), if it is
 /// readable and initialised.
-pub fn boot(name: &str) -> Option<BootSnapshot> {
-    let path = crate::region::shm_path(name);
+pub fn boot(path: &str) -> Option<BootSnapshot> {
     let f = std::fs::File::open(path).ok()?;
     // SAFETY: a read-only private mapping of a file we just opened; we only
     // read atomics and integers from it.

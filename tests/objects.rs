@@ -916,3 +916,47 @@ fn fd_wait_set_goes_into_epoll() {
     ws.del_cq(&p.cq1).unwrap();
     ws.del_cntr(&c).unwrap();
 }
+
+/// A peer whose region says it runs in another PID namespace (named
+/// regions across containers): its pid names nothing here, or another
+/// process, so a large message from it travels through the pool, never by
+/// single copy from that pid.
+#[test]
+fn no_single_copy_with_a_peer_in_another_pid_namespace() {
+    job("pidns-cma");
+    let fabric = Fabric::open().unwrap();
+    let (da, db) = (fabric.domain().unwrap(), fabric.domain().unwrap());
+    let (cqa, cqb) = (da.cq_open(&CqAttr::default()).unwrap(), db.cq_open(&CqAttr::default()).unwrap());
+    let (ava, avb) = (da.av_open().unwrap(), db.av_open().unwrap());
+    let (a, b) = (da.endpoint().unwrap(), db.endpoint().unwrap());
+    for (e, c, v) in [(&a, &cqa, &ava), (&b, &cqb, &avb)] {
+        e.bind_cq(c, FI_TRANSMIT | FI_RECV).unwrap();
+        e.bind_av(v).unwrap();
+        e.enable().unwrap();
+    }
+    // The sender's region claims another namespace.
+    let id = shmfab::internal::region::RegionId::of(&a.getname());
+    let r = shmfab::internal::region::Region::attach(&id).unwrap();
+    let hdr = r.base() as *mut shm_layout::RegionHeader;
+    // SAFETY: a mapped header; only this test touches the field.
+    unsafe { std::ptr::addr_of_mut!((*hdr).pid_ns).write(0x5eed_0000_0001) };
+    let tb = ava.insert(&[b.getname()]).unwrap()[0];
+    let fa = avb.insert(&[a.getname()]).unwrap()[0];
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i * 7 + 3) as u8).collect();
+    let mut got = vec![0u8; 1 << 20];
+    // SAFETY: got and data outlive the completions read below.
+    unsafe { b.trecv(&mut got, fa, 9, 0, 1).unwrap() };
+    unsafe { a.tsend(&data, tb, 9, 2).unwrap() };
+    let t0 = Instant::now();
+    let (mut rx, mut tx) = (false, false);
+    let mut e = [CqTaggedEntry::default()];
+    while !(rx && tx) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the message never arrived");
+        rx |= cqb.read(&mut e).is_ok();
+        tx |= cqa.read(&mut e).is_ok();
+    }
+    assert!(got == data, "the data arrived intact");
+    let s = b.stats().unwrap();
+    assert_eq!(s.cma_reads, 0, "single copy from a pid of another namespace: {s:?}");
+    drop((a, b));
+}

@@ -290,6 +290,10 @@ pub struct RegionHeader {
     pub geometry: EpGeometry,
     /// The domain's doorbell.
     pub doorbell: Doorbell,
+    /// The owner's PID namespace (inode of /proc/self/ns/pid; 0 unknown):
+    /// a peer in another one must not take `owner_pid` for a process of
+    /// its own (single copy would name the wrong process).
+    pub pid_ns: u64,
 }
 
 /// A counter's values, each on its own line (remote updates, local reads).
@@ -511,11 +515,19 @@ pub struct BootHeader {
     pub size: u32,
     /// Ranks that published their entry.
     pub arrived: AtomicU32,
-    /// Ranks that have read every entry (the last one unlinks the region).
+    /// Ranks that have read every entry.
     pub departed: AtomicU32,
     /// Zero.
     pub reserved: u32,
+    /// [`BOOT_MARK`]: tells a boot region from a domain region (whose
+    /// `n_counters`, at 4096 at most, lies here) when it has no name.
+    pub mark: u32,
+    /// Hash of the job id.
+    pub job: u32,
 }
+
+/// [`BootHeader::mark`]: "BOOT".
+pub const BOOT_MARK: u32 = u32::from_le_bytes(*b"BOOT");
 
 /// One rank's entry in a boot region.
 #[repr(C, align(64))]
@@ -562,6 +574,8 @@ const _: () = {
     assert!(size_of::<BootEntry>() == 64);
     assert!(core::mem::offset_of!(BootHeader, owner_pid) == 16);
     assert!(core::mem::offset_of!(BootHeader, owner_start_time) == 24);
+    assert!(core::mem::offset_of!(BootHeader, mark) == core::mem::offset_of!(RegionHeader, n_counters));
+    assert!(core::mem::offset_of!(BootHeader, job) == core::mem::offset_of!(RegionHeader, token));
 };
 
 const fn fnv(mut h: u64, x: u64) -> u64 {

@@ -298,6 +298,9 @@ impl Peers {
         };
         let peer = &mut self.list[p];
         peer.pid = region.owner().0 as i32;
+        // Another PID namespace (named regions): its pid is not one of ours,
+        // so no single copy with it (the pool instead).
+        peer.cma_refused |= region.foreign_pids();
         peer.pool = Some(sec.pool());
         peer.doorbell = &region.header().doorbell as *const Doorbell;
         peer.chan = Some(chan);

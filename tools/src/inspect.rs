@@ -98,11 +98,17 @@ fn region(out: &mut String, reg: &Region, all: &[RegionInfo]) {
 }
 
 fn boot(out: &mut String, r: &RegionInfo) {
-    match shmfab::internal::snapshot::boot(&r.name) {
+    let path = if r.named { shmfab::internal::region::shm_path(&r.name) } else { r.id.path() };
+    match shmfab::internal::snapshot::boot(&path) {
         Some(b) => {
+            let why = if r.alive {
+                "the job is starting or a rank never came"
+            } else {
+                "nobody is in it: a leftover of a job that died while starting; `shmfab clean` removes it"
+            };
             let _ = writeln!(
                 out,
-                "  boot region {}: {} of {} ranks arrived, {} done (the job is starting or a rank never came)",
+                "  boot region {}: {} of {} ranks arrived, {} done ({why})",
                 r.name, b.arrived, b.size, b.departed
             );
         }
