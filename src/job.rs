@@ -161,6 +161,16 @@ pub fn owner_alive(pid: u32, start_time: u64) -> bool {
     pid != 0 && proc_stat(pid).is_some_and(|(state, st)| st == start_time && state != b'Z' && state != b'X')
 }
 
+/// This process's PID namespace: the inode of /proc/self/ns/pid (0 when it
+/// cannot be read). Pids mean the same only inside one namespace.
+pub fn pid_ns() -> u64 {
+    static NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NS.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,14 +241,4 @@ mod tests {
         assert!(!owner_alive(pid, st), "a zombie is dead");
         child.wait().unwrap();
     }
-}
-
-/// This process's PID namespace: the inode of /proc/self/ns/pid (0 when it
-/// cannot be read). Pids mean the same only inside one namespace.
-pub fn pid_ns() -> u64 {
-    static NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *NS.get_or_init(|| {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
-    })
 }
