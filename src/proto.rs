@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | [`Proto::Inline`] | up to `inline_max` (and below `cma_min`); on the overflow queue up to one cell (72 B) | in the ring cells, one copy each side |
 //! | [`Proto::Bounce`] | above `inline_max`, below `cma_min` where single copy is usable, else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments of `frag_size`, pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
-//! | [`Proto::Rndv`] | from `cma_min` where single copy is usable, else from `rndv_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv (from `split_min`, both sides copy half each). Where CMA is off or the kernel refuses it (EPERM, ENOSYS; both sides then stop offering it to that peer) the receiver asks for the data through the pool |
+//! | [`Proto::Rndv`] | from the lower of `cma_min` and `rndv_min` where single copy is usable, else from `rndv_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv (from `split_min`, both sides copy half each). Where CMA is off or the kernel refuses it (EPERM, ENOSYS; both sides then stop offering it to that peer) the receiver asks for the data through the pool |
 //!
 //! "Single copy usable" means: CMA not off, not refused by that peer, and the
 //! payload not a provider-held copy (an inject queued behind other sends).
@@ -40,7 +40,7 @@
 //! | `SHMFAB_RING_SLOTS` | SPSC rings per endpoint (more senders use the overflow queue) | 16 |
 //! | `SHMFAB_RING_CELLS` | 64-byte cells per ring | 1024 |
 //! | `SHMFAB_OVF_CELLS` | entries of the overflow queue | 256 |
-//! | `SHMFAB_POOL_CHUNKS`, `SHMFAB_CHUNK_SIZE` | bounce pool | 32, 65536 |
+//! | `SHMFAB_POOL_CHUNKS`, `SHMFAB_CHUNK_SIZE` | bounce pool (a fragment per chunk) | 128, 16384 |
 //! | `SHMFAB_UNEXP_MAX` | bytes of unexpected inline messages an endpoint holds before it stops draining (back-pressure) | 8 MiB |
 //! | `SHMFAB_TX_SIZE`, `SHMFAB_RX_SIZE` | outstanding sends / posted receives per endpoint | 4096 |
 //! | `SHMFAB_PEER_CHECK_MS` | how often a peer with pending operations is checked for life; a dead peer's operations fail within about this time | 100 |
@@ -245,8 +245,8 @@ impl Default for Config {
                 n_slots: 16,
                 ring_cells: 1024,
                 ovf_cells: 256,
-                pool_chunks: 32,
-                chunk_size: 64 * 1024,
+                pool_chunks: 128,
+                chunk_size: 16 * 1024,
                 reserved: 0,
             },
             max_eps: 64,
@@ -355,7 +355,7 @@ pub fn choose(cfg: &Config, kind: OpKind, len: usize, niov: usize, on_ring: bool
         return Proto::Rndv;
     }
     let (inline_max, rndv_min) = match (on_ring, cma_ok) {
-        (true, true) => (cfg.inline_max.min(cfg.cma_min - 1), cfg.cma_min),
+        (true, true) => (cfg.inline_max.min(cfg.cma_min - 1), cfg.cma_min.min(cfg.rndv_min)),
         (true, false) => (cfg.inline_max, cfg.rndv_min),
         (false, true) => (OVF_PAYLOAD, cfg.cma_min.max(OVF_PAYLOAD + 1)),
         (false, false) => (OVF_PAYLOAD, cfg.rndv_min),
@@ -402,6 +402,12 @@ mod tests {
         assert_eq!(choose(&low, OpKind::Msg, 6143, 1, true, true), Proto::Inline);
         assert_eq!(choose(&low, OpKind::Msg, 6144, 1, true, true), Proto::Rndv);
         assert_eq!(choose(&low, OpKind::Msg, 6144, 1, true, false), Proto::Inline);
+        // A single-copy threshold above the rendezvous one: rendezvous
+        // from the lower (single copy offered), never eager above it.
+        let high = Config { cma_min: 1 << 40, ..Config::default() };
+        assert_eq!(choose(&high, OpKind::Msg, high.rndv_min - 1, 1, true, true), Proto::Bounce);
+        assert_eq!(choose(&high, OpKind::Msg, high.rndv_min, 1, true, true), Proto::Rndv);
+        assert_eq!(choose(&high, OpKind::Msg, 1 << 30, 1, true, true), Proto::Rndv);
         // Not usable: ring, then eager pool, then rendezvous through the pool.
         assert_eq!(choose(&c, OpKind::Msg, c.inline_max, 1, true, false), Proto::Inline);
         assert_eq!(choose(&c, OpKind::Msg, c.inline_max + 1, 1, true, false), Proto::Bounce);
