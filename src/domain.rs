@@ -415,8 +415,10 @@ impl Domain {
 
     fn sleep(&self, timeout: Option<Duration>, done: impl Fn() -> bool) {
         let db = &self.inner.region.header().doorbell;
-        let found = crate::doorbell::wait(
+        // A watcher: another thread of ours may make what it waits for.
+        let found = crate::doorbell::wait_as(
             db,
+            true,
             || {
                 done()
                     || match self.inner.lock() {
@@ -587,7 +589,7 @@ impl Domain {
         }
         let seen = crate::doorbell::announce(db);
         if self.inner.has_inbound(st) {
-            db.sleepers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            crate::doorbell::withdraw(db, true);
             return Err(Error::AGAIN);
         }
         bridge.arm(seen, period);

@@ -81,16 +81,48 @@ pub fn ring(db: &shm_layout::Doorbell) {
 pub fn ring_own(db: std::ptr::NonNull<shm_layout::Doorbell>) {
     // SAFETY: the callers' pointers name the doorbell of a live domain's
     // region, which outlives the CQ and endpoint states holding them.
-    ring(unsafe { db.as_ref() });
+    let db = unsafe { db.as_ref() };
+    // SYNC: as in ring(): orders what we queued before the load of the
+    // watchers, against the waiter's fence (or membarrier) after it
+    // announced itself and before its re-check.
+    if asymmetric() {
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    } else {
+        fence(Ordering::SeqCst);
+    }
+    // Only watchers: a sleeping progress thread needs no wake for what
+    // this process made (it would cost a system call per completion).
+    if db.watchers.load(Ordering::Relaxed) != 0 {
+        // SYNC: pairs with the acquire loads of the word in wait_as() and
+        // announce(), as in ring().
+        db.futex.fetch_add(1, Ordering::Release);
+        futex_wake(&db.futex);
+    }
 }
 
 /// Sleeps until `has_work()` is true, the doorbell rings, or `timeout`
 /// passes. Returns true if work was there (no sleep), false after sleeping
 /// (the caller re-checks).
-pub fn wait(db: &shm_layout::Doorbell, mut has_work: impl FnMut() -> bool, timeout: Option<Duration>) -> bool {
+pub fn wait(db: &shm_layout::Doorbell, has_work: impl FnMut() -> bool, timeout: Option<Duration>) -> bool {
+    wait_as(db, false, has_work, timeout)
+}
+
+/// As [`wait`]; a `watcher` also waits for what this process's own threads
+/// make, which [`ring_own`] wakes it for.
+pub fn wait_as(
+    db: &shm_layout::Doorbell,
+    watcher: bool,
+    mut has_work: impl FnMut() -> bool,
+    timeout: Option<Duration>,
+) -> bool {
     // SYNC: pairs with the release bump in ring() and wake_all().
     let seen = db.futex.load(Ordering::Acquire);
     db.sleepers.fetch_add(1, Ordering::Relaxed);
+    if watcher {
+        // Relaxed: ordered before the re-check by the fence below, as the
+        // sleepers count is (pairs with the fence in ring_own()).
+        db.watchers.fetch_add(1, Ordering::Relaxed);
+    }
     // SYNC: pairs with the fence in ring(): either the signaller sees our
     // sleeper count, or we see its published work here.
     fence(Ordering::SeqCst);
@@ -101,12 +133,20 @@ pub fn wait(db: &shm_layout::Doorbell, mut has_work: impl FnMut() -> bool, timeo
         unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) };
     }
     if has_work() {
-        db.sleepers.fetch_sub(1, Ordering::Relaxed);
+        withdraw(db, watcher);
         return true;
     }
     futex_wait(&db.futex, seen, timeout);
-    db.sleepers.fetch_sub(1, Ordering::Relaxed);
+    withdraw(db, watcher);
     false
+}
+
+/// A sleeper (a watcher too, if `watcher`) is no longer asleep.
+pub(crate) fn withdraw(db: &shm_layout::Doorbell, watcher: bool) {
+    db.sleepers.fetch_sub(1, Ordering::Relaxed);
+    if watcher {
+        db.watchers.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Sleeps on `word` while it holds `val`, at most `timeout` (None: no
@@ -115,13 +155,15 @@ pub(crate) fn futex_wait_shared(word: &crate::sync::AtomicU32, val: u32, timeout
     futex_wait(word, val, timeout)
 }
 
-/// Announces a sleeper and makes the barrier that pairs with `ring`:
-/// returns the futex value seen before announcing. The caller re-checks
-/// for work, then sleeps from that value or withdraws (`sleepers -= 1`).
+/// Announces a sleeper (a watcher: the fd bridge) and makes the barrier
+/// that pairs with `ring` and `ring_own`: returns the futex value seen
+/// before announcing. The caller re-checks for work, then sleeps from that
+/// value or withdraws ([`withdraw`] with `watcher` true).
 pub(crate) fn announce(db: &shm_layout::Doorbell) -> u32 {
     // SYNC: pairs with the release bump in ring() and wake_all().
     let seen = db.futex.load(Ordering::Acquire);
     db.sleepers.fetch_add(1, Ordering::Relaxed);
+    db.watchers.fetch_add(1, Ordering::Relaxed);
     // SYNC: as in wait(): pairs with the fence (or membarrier) in ring().
     fence(Ordering::SeqCst);
     if asymmetric() {

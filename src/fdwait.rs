@@ -151,7 +151,7 @@ fn run(s: &Shared) {
             crate::doorbell::futex_wait_shared(&db.futex, seen, left);
         }
         if s.stop.load(Ordering::Acquire) {
-            db.sleepers.fetch_sub(1, Ordering::Relaxed);
+            crate::doorbell::withdraw(db, true);
             return;
         }
         // SYNC: pairs with the release bump in ring() and wake_all().
@@ -159,7 +159,7 @@ fn run(s: &Shared) {
         if !rang && deadline.is_none_or(|d| Instant::now() < d) {
             continue; // spurious: still armed, sleep again
         }
-        db.sleepers.fetch_sub(1, Ordering::Relaxed);
+        crate::doorbell::withdraw(db, true);
         *s.armed.lock().unwrap_or_else(|p| p.into_inner()) = None;
         s.fire();
     }

@@ -151,6 +151,10 @@ pub struct Doorbell {
     pub futex: AtomicU32,
     /// Threads of the owner that are (about to be) asleep on `futex`.
     pub sleepers: AtomicU32,
+    /// Of those, the ones that also wait for what the owner's own threads
+    /// make (application waits and the fd bridge; not the progress
+    /// thread): a completion one thread queues wakes them.
+    pub watchers: AtomicU32,
 }
 
 /// Sizes of the parts of an endpoint section. Fixed per region, chosen by the
