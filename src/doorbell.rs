@@ -261,6 +261,7 @@ mod loom_tests {
             let db = Arc::new(shm_layout::Doorbell {
                 futex: crate::sync::AtomicU32::new(0),
                 sleepers: crate::sync::AtomicU32::new(0),
+                watchers: crate::sync::AtomicU32::new(0),
             });
             let work = Arc::new(AtomicBool::new(false));
             let (d2, w2) = (db.clone(), work.clone());
@@ -273,6 +274,31 @@ mod loom_tests {
                 wait(&db, || work.load(Ordering::Acquire), None);
             }
             sig.join().unwrap();
+        });
+    }
+
+    /// A watcher asleep is woken by what another thread of its process
+    /// makes (`ring_own`), which wakes no one else.
+    #[test]
+    fn loom_a_watcher_gets_what_its_own_threads_make() {
+        loom::model(|| {
+            let db = Arc::new(shm_layout::Doorbell {
+                futex: crate::sync::AtomicU32::new(0),
+                sleepers: crate::sync::AtomicU32::new(0),
+                watchers: crate::sync::AtomicU32::new(0),
+            });
+            let work = Arc::new(AtomicBool::new(false));
+            let (d2, w2) = (db.clone(), work.clone());
+            let sig = loom::thread::spawn(move || {
+                // SYNC: the completion the watcher must see.
+                w2.store(true, Ordering::Release);
+                ring_own(std::ptr::NonNull::from(&*d2));
+            });
+            while !work.load(Ordering::Acquire) {
+                wait_as(&db, true, || work.load(Ordering::Acquire), None);
+            }
+            sig.join().unwrap();
+            assert_eq!(db.watchers.load(Ordering::Relaxed), 0);
         });
     }
 }

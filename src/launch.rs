@@ -337,7 +337,7 @@ impl Boot {
                 // A leftover of an earlier job with the same id, or a
                 // mismatched launch.
                 if !crate::region::locked(&b.lock) && tries < 3 {
-                    let _ = crate::region::unlink_shm(name.as_str());
+                    unlink_if_same(&name, &b.lock);
                     continue;
                 }
                 return Err(Error::with(
@@ -352,7 +352,7 @@ impl Boot {
                 e.state.load(Ordering::Acquire) == 1 && !owner_alive(e.pid, e.start_time)
             });
             if stale && !crate::region::locked(&b.lock) && tries < 3 {
-                let _ = crate::region::unlink_shm(name.as_str());
+                unlink_if_same(&name, &b.lock);
                 continue;
             }
             rustix::fs::flock(&b.lock, rustix::fs::FlockOperation::LockShared)?;

@@ -405,7 +405,7 @@ mod loom_tests {
 
     /// Producer `k`'s address.
     fn src(k: u32) -> Address {
-        Address { uid: 1, ep_index: k, token: 100 + k as u64, ..Default::default() }
+        Address { pid: 1, ep_index: k, token: 100 + k, ..Default::default() }
     }
 
     /// A producer that claims a position and writes its source, then stops

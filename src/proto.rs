@@ -31,7 +31,7 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring when single copy is not usable | 16384 |
+//! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`) | 16384 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 65536 |
 //! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 16384 |
 //! | `SHMFAB_RNDV_MIN` | smallest message sent by rendezvous when single copy is not usable (data through the pool on demand) | 131072 |

@@ -239,7 +239,7 @@ fn space_hint(e: &Error) -> Error {
         ErrorKind::NoSpc | ErrorKind::NoMem => Error::with(
             e.kind(),
             format!(
-                "{e}: {dir} is too small or full; free space with `shmfab clean`, \
+                "{e}: {dir} is too small or full; free space with `shmfab clean` (named regions of dead jobs) \
                  or enlarge it (mount -o remount,size=... {dir})"
             ),
         ),
@@ -578,7 +578,10 @@ impl std::fmt::Debug for Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if self.owned {
+        // A child forked without exec drops its copy of the parent's
+        // region: that closes nothing of the parent's (id.pid is the
+        // creator's pid in our own region's id).
+        if self.owned && self.id.pid == std::process::id() {
             // SYNC: pairs with the acquire load of the state in the peers'
             // life check (progress::peer_gone); nothing written before it
             // needs publishing (a peer that reads CLOSING only fails what it

@@ -150,7 +150,10 @@ fn pingpong_every_size_overflow_queue() {
             w.ok(77);
         }
         w.barrier(); // rank 0's and 1's barrier traffic now goes through overflow
-        const LENS: [usize; 11] = [0, 1, 31, 32, 33, 72, 73, 4096, 70000, 200000, 1 << 20];
+                     // Every protocol through the overflow queue: inline, the pool's
+                     // fragments (73 B up to the single-copy threshold, across fragment
+                     // boundaries), rendezvous.
+        const LENS: [usize; 15] = [0, 1, 31, 32, 33, 72, 73, 4096, 16383, 16385, 40000, 65535, 70000, 200000, 1 << 20];
         if w.rank < 2 {
             let mut tag = 1u64;
             for len in LENS {

@@ -269,6 +269,16 @@ impl Peers {
                 r
             }
         };
+        if region.owner().0 != addr.pid {
+            return Err(Error::with(
+                ErrorKind::AddrNotAvail,
+                format!(
+                    "endpoint {}: its region's owner is pid {}, not the address's",
+                    crate::av::AddressVector::straddr(&addr),
+                    region.owner().0
+                ),
+            ));
+        }
         let sec = Section::of(&region, addr.ep_index)?;
         if !sec.open_at(addr.generation) {
             return Err(Error::with(
