@@ -136,6 +136,14 @@ impl CompletionChannel {
     /// fd, gets events, acks and re-arms (the verbs pattern) needs neither
     /// [`CompletionChannel::trywait`] nor a progress thread.
     pub fn try_get_event(&self) -> Result<usize> {
+        self.take_event(true)
+    }
+
+    /// `try_get_event`; with `arm` false, an empty channel does not arm the
+    /// bridge: `get_event` sleeps on the doorbell itself, and a bridge
+    /// armed as well, woken by the same ring, could make the fd readable
+    /// after the event was taken, with none left.
+    fn take_event(&self, arm: bool) -> Result<usize> {
         crate::fdwait::drain(&self.inner.fd);
         let dom = Domain { inner: self.dom.clone() };
         let mut e = self.pop();
@@ -158,7 +166,9 @@ impl CompletionChannel {
             }
             None => {
                 // Nothing yet: the fd must become readable at the next ring.
-                dom.watch_fd(&self.inner.fd)?;
+                if arm {
+                    dom.watch_fd(&self.inner.fd)?;
+                }
                 Err(Error::AGAIN)
             }
         }
@@ -171,7 +181,7 @@ impl CompletionChannel {
         let deadline = crate::domain::deadline(timeout);
         let dom = Domain { inner: self.dom.clone() };
         loop {
-            match self.try_get_event() {
+            match self.take_event(false) {
                 Ok(c) => return Ok(c),
                 Err(e) if e.kind() == ErrorKind::Again => {}
                 Err(e) => return Err(e),
