@@ -200,8 +200,9 @@ impl Boot {
         self.header().magic.store(MAGIC, Ordering::Release);
     }
 
-    /// Checks a region another rank made: initialised, this build's layout,
-    /// made for this job's size and `len` bytes long enough for it.
+    /// Checks a region another rank made: initialised, this build's layout
+    /// (`OpNotSupp`), made for this job's size and `len` bytes long enough
+    /// for it (`Inval`).
     fn check(&self, job: &str, len: usize) -> Result<()> {
         let h = self.header();
         // SYNC: pairs with the release store of magic in `init`.
@@ -318,33 +319,20 @@ impl Boot {
             };
             let (map, len) = mapped;
             let b = Boot { map, name: name.clone(), named: true, size, lock: f, host: None };
-            let h = b.header();
-            // SAFETY: published header fields (magic acquired).
-            let (ver, hash, n) = unsafe {
-                (
-                    std::ptr::addr_of!(h.layout_version).read_volatile(),
-                    std::ptr::addr_of!(h.layout_hash).read_volatile(),
-                    std::ptr::addr_of!(h.size).read_volatile() as usize,
-                )
-            };
-            if ver != LAYOUT_VERSION || hash != LAYOUT_HASH {
-                return Err(Error::with(
-                    ErrorKind::OpNotSupp,
-                    format!("job {job}: boot region has layout version {ver}, this build {LAYOUT_VERSION}: ranks built from different shmfab trees"),
-                ));
-            }
-            if n != size || len < PAGE + n * std::mem::size_of::<BootEntry>() {
+            match b.check(job, len) {
+                Ok(()) => {}
                 // A leftover of an earlier job with the same id, or a
                 // mismatched launch.
-                if !crate::region::locked(&b.lock) && tries < 3 {
-                    unlink_if_same(&name, &b.lock);
-                    continue;
+                Err(e) if e.kind() == ErrorKind::Inval => {
+                    if !crate::region::locked(&b.lock) && tries < 3 {
+                        unlink_if_same(&name, &b.lock);
+                        continue;
+                    }
+                    return Err(e);
                 }
-                return Err(Error::with(
-                    ErrorKind::Inval,
-                    format!("job {job}: its boot region is for {n} ranks but this rank was launched with {size}"),
-                ));
+                Err(e) => return Err(e),
             }
+            let n = size;
             // A stale region of a dead job of the same id with the same size:
             // its entries would name dead pids; start over.
             let stale = (0..n).any(|r| {

@@ -12,6 +12,32 @@ fn domain(name: &str) -> Domain {
     Fabric::open().unwrap().domain_with(Threading::Safe).unwrap()
 }
 
+/// Two endpoints of one domain, each with a CQ of its own, one AV, and
+/// ep0's fi_addr in it.
+struct Two {
+    ep0: shmfab::Endpoint,
+    ep1: shmfab::Endpoint,
+    cq0: shmfab::CompletionQueue,
+    cq1: shmfab::CompletionQueue,
+    av: shmfab::AddressVector,
+    a0: shmfab::FiAddr,
+}
+
+fn two(dom: &Domain) -> Two {
+    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
+    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&ep0, &ep1] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    Two { ep0, ep1, cq0, cq1, av, a0 }
+}
+
 /// Runs `wait` in this thread while another thread calls `change` after
 /// 100 ms; returns what `wait` returned and how long it took.
 fn woken_by<R: Send>(wait: impl FnOnce() -> R, change: impl FnOnce() + Send) -> (R, Duration) {
@@ -109,18 +135,8 @@ fn sread_threshold_above_the_cq_size_is_refused_not_spun_on() {
 #[test]
 fn every_blocking_wait_takes_an_optional_duration() {
     let dom = domain("timeouts");
-    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
-    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
-    let av = dom.av_open().unwrap();
-    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
-    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
-    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
-    for ep in [&ep0, &ep1] {
-        ep.bind_av(&av).unwrap();
-        ep.enable().unwrap();
-    }
     // ep1 only injects (no completions): cq1 stays empty.
-    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    let Two { ep0, ep1, cq0, cq1: _cq1, av: _av, a0 } = two(&dom);
     let c = dom.cntr_open().unwrap();
     let wc = dom.cntr_open().unwrap();
     let ws = dom.wait_open().unwrap();
@@ -321,17 +337,7 @@ fn messages_held_back_by_the_unexpected_budget_do_not_make_waits_spin() {
 #[test]
 fn a_completion_written_by_another_threads_call_wakes_sread() {
     let dom = domain("post-wakes");
-    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
-    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
-    let av = dom.av_open().unwrap();
-    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
-    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
-    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
-    for ep in [&ep0, &ep1] {
-        ep.bind_av(&av).unwrap();
-        ep.enable().unwrap();
-    }
-    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    let Two { ep0, ep1, cq0, cq1: _cq1, av, a0 } = two(&dom);
     ep1.tinject(b"early", a0, 3).unwrap();
     dom.progress().unwrap();
     let mut b = [0u8; 5];
