@@ -10,13 +10,15 @@
 //! "Single copy usable" means: CMA not off, not refused by that peer, and the
 //! payload not a provider-held copy (an inject queued behind other sends).
 //! The defaults are the crossovers measured on the 2-vCPU development VMs
-//! (ping-pong, separate send and receive buffers): the ring beats the pool
-//! up to 16 KiB; the pool's pipelined fragments beat single copy up to
-//! 64 KiB (a process_vm_readv costs about 5 us here whatever its size, in
-//! one process: 6.4 us for 8 KiB against 0.8 us through the ring; between
-//! two processes, 2026-11-23, near placement, medians of 9 rounds: 8 KiB
-//! 1.5 us against 3.7 us by single copy, 16 KiB 2.8 against 4.3, 32 KiB
-//! 4.8 against 5.5, and 2.2x the streaming bandwidth at 8 KiB).
+//! (ping-pong, separate send and receive buffers). A process_vm_readv
+//! costs about 5 us here whatever its size (in one process, 8 KiB: 6.4 us
+//! by single copy against 0.8 us through the ring), so single copy starts
+//! at 64 KiB. Below, from 4 KiB, the pool's pipelined 4 KiB fragments beat
+//! both single copy and one large inline message (two processes,
+//! 2026-11-23, near placement, medians of 9 alternating rounds: 16 KiB 2.6
+//! us against 3.4 with 16 KiB inline messages and 4.3 by single copy;
+//! 32 KiB 4.7 against 6.6 with 16 KiB fragments; 1.3-1.4x the streaming
+//! bandwidth of 16 KiB fragments at 8-48 KiB).
 //!
 //! Headers leave in send order (so matching follows send order); the data
 //! of several messages to one peer may be in flight at once, and
@@ -31,16 +33,16 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`) | 16384 |
+//! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`) | 4096 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 65536 |
-//! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 16384 |
+//! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 4096 |
 //! | `SHMFAB_RNDV_MIN` | smallest message sent by rendezvous when single copy is not usable (data through the pool on demand) | 131072 |
 //! | `SHMFAB_CMA` | `auto` (or `on`, `1`), `off` (or `0`: never offer CMA), `fail` (act as if the kernel refused it: tests the fallback), `nowrite` (refuse only the sender's writes of a split copy: tests that fallback) | `auto` |
 //! | `SHMFAB_SPLIT_MIN` | smallest single-copy message whose copy both sides share (receiver reads the first half, sender writes the second with process_vm_writev), once single copy has worked with that peer | 524288 |
 //! | `SHMFAB_RING_SLOTS` | SPSC rings per endpoint (more senders use the overflow queue) | 16 |
 //! | `SHMFAB_RING_CELLS` | 64-byte cells per ring | 1024 |
 //! | `SHMFAB_OVF_CELLS` | entries of the overflow queue | 256 |
-//! | `SHMFAB_POOL_CHUNKS`, `SHMFAB_CHUNK_SIZE` | bounce pool (a fragment per chunk) | 128, 16384 |
+//! | `SHMFAB_POOL_CHUNKS`, `SHMFAB_CHUNK_SIZE` | bounce pool (a fragment per chunk) | 512, 4096 |
 //! | `SHMFAB_UNEXP_MAX` | bytes of unexpected inline messages an endpoint holds before it stops draining (back-pressure) | 8 MiB |
 //! | `SHMFAB_TX_SIZE`, `SHMFAB_RX_SIZE` | outstanding sends / posted receives per endpoint | 4096 |
 //! | `SHMFAB_PEER_CHECK_MS` | how often a peer with pending operations is checked for life; a dead peer's operations fail within about this time | 100 |
@@ -235,18 +237,18 @@ pub fn process_env(name: &str) -> Option<String> {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            inline_max: 16384,
+            inline_max: 4096,
             cma_min: 64 * 1024,
             rndv_min: 128 * 1024,
             cma: CmaMode::Auto,
             split_min: 512 * 1024,
-            frag_size: 16 * 1024,
+            frag_size: 4096,
             geometry: EpGeometry {
                 n_slots: 16,
                 ring_cells: 1024,
                 ovf_cells: 256,
-                pool_chunks: 128,
-                chunk_size: 16 * 1024,
+                pool_chunks: 512,
+                chunk_size: 4096,
                 reserved: 0,
             },
             max_eps: 64,
@@ -398,10 +400,11 @@ mod tests {
         assert_eq!(choose(&c, OpKind::Msg, c.cma_min - 1, 1, true, true), Proto::Bounce);
         assert_eq!(choose(&c, OpKind::Msg, c.cma_min, 1, true, true), Proto::Rndv);
         // A single-copy threshold below the inline limit caps it.
-        let low = Config { cma_min: 6144, ..Config::default() };
-        assert_eq!(choose(&low, OpKind::Msg, 6143, 1, true, true), Proto::Inline);
-        assert_eq!(choose(&low, OpKind::Msg, 6144, 1, true, true), Proto::Rndv);
-        assert_eq!(choose(&low, OpKind::Msg, 6144, 1, true, false), Proto::Inline);
+        let low = Config { cma_min: 2048, ..Config::default() };
+        assert!(low.cma_min <= low.inline_max);
+        assert_eq!(choose(&low, OpKind::Msg, 2047, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&low, OpKind::Msg, 2048, 1, true, true), Proto::Rndv);
+        assert_eq!(choose(&low, OpKind::Msg, 2048, 1, true, false), Proto::Inline);
         // A single-copy threshold above the rendezvous one: rendezvous
         // from the lower (single copy offered), never eager above it.
         let high = Config { cma_min: 1 << 40, ..Config::default() };
