@@ -963,7 +963,17 @@ pub fn fi_pingpong(size: usize, iters: usize) -> Result<f64> {
     let mut server =
         base("0", "-B").spawn().map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run fi_pingpong: {e}")))?;
     std::thread::sleep(Duration::from_millis(300));
-    let client = base("1", "-P").arg("127.0.0.1").output();
+    // The server may not listen yet on a loaded machine: the client's
+    // "Connection refused" is tried again while the server waits.
+    let mut client = base("1", "-P").arg("127.0.0.1").output();
+    for _ in 0..5 {
+        let refused = client.as_ref().is_ok_and(|o| String::from_utf8_lossy(&o.stderr).contains("Connection refused"));
+        if !refused || !matches!(server.try_wait(), Ok(None)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        client = base("1", "-P").arg("127.0.0.1").output();
+    }
     stop_gently(&mut server);
     let out = client?;
     let text = String::from_utf8_lossy(&out.stdout);
