@@ -255,14 +255,18 @@ mod loom_tests {
     use loom::sync::atomic::AtomicBool;
     use loom::sync::Arc;
 
+    fn doorbell() -> Arc<shm_layout::Doorbell> {
+        Arc::new(shm_layout::Doorbell {
+            futex: crate::sync::AtomicU32::new(0),
+            sleepers: crate::sync::AtomicU32::new(0),
+            watchers: crate::sync::AtomicU32::new(0),
+        })
+    }
+
     #[test]
     fn loom_no_lost_wakeup() {
         loom::model(|| {
-            let db = Arc::new(shm_layout::Doorbell {
-                futex: crate::sync::AtomicU32::new(0),
-                sleepers: crate::sync::AtomicU32::new(0),
-                watchers: crate::sync::AtomicU32::new(0),
-            });
+            let db = doorbell();
             let work = Arc::new(AtomicBool::new(false));
             let (d2, w2) = (db.clone(), work.clone());
             let sig = loom::thread::spawn(move || {
@@ -282,11 +286,7 @@ mod loom_tests {
     #[test]
     fn loom_a_watcher_gets_what_its_own_threads_make() {
         loom::model(|| {
-            let db = Arc::new(shm_layout::Doorbell {
-                futex: crate::sync::AtomicU32::new(0),
-                sleepers: crate::sync::AtomicU32::new(0),
-                watchers: crate::sync::AtomicU32::new(0),
-            });
+            let db = doorbell();
             let work = Arc::new(AtomicBool::new(false));
             let (d2, w2) = (db.clone(), work.clone());
             let sig = loom::thread::spawn(move || {

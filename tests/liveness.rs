@@ -245,6 +245,27 @@ impl Drop for ShmDir {
     }
 }
 
+/// In a 2-rank job: a message each way, then rank 1 kills itself; rank 0
+/// returns once a receive from rank 1 has failed.
+fn talk_then_lose_rank_1(w: &common::World) {
+    let peer = w.addrs[1 - w.rank];
+    let mut b = [0u8; 5];
+    // SAFETY: b lives until the completion below.
+    unsafe { w.ep.trecv(&mut b, peer, 7, 0, 7).unwrap() };
+    w.retry(|| w.ep.tinject(b"hello", peer, 7));
+    assert_eq!((w.ok(7).len, &b), (5, b"hello"));
+    w.barrier();
+    if w.rank == 1 {
+        // SAFETY: kill on our own pid.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!("SIGKILL");
+    }
+    let mut b = [0u8; 1];
+    // SAFETY: b lives until the completion below.
+    unsafe { w.ep.recv(&mut b, peer, 9).unwrap() };
+    w.wait_ctx(9).expect_err("a receive from a dead rank must fail");
+}
+
 #[test]
 fn regions_live_in_the_shm_dir_setting_and_are_cleaned_there() {
     // The directory is the parent's (ranks re-run this function).
@@ -262,25 +283,9 @@ fn regions_live_in_the_shm_dir_setting_and_are_cleaned_there() {
             let mine = w.dom.region_name();
             assert!(dir.join(mine).exists(), "{mine} is not in {dir:?}");
             assert!(!Path::new("/dev/shm").join(mine).exists(), "{mine} is in /dev/shm");
-            // A message each way through the regions there.
-            let peer = w.addrs[1 - w.rank];
-            let mut b = [0u8; 5];
-            // SAFETY: b lives until the completion below.
-            unsafe { w.ep.trecv(&mut b, peer, 7, 0, 7).unwrap() };
-            w.retry(|| w.ep.tinject(b"hello", peer, 7));
-            assert_eq!((w.ok(7).len, &b), (5, b"hello"));
-            w.barrier();
-            if w.rank == 1 {
-                // SAFETY: kill on our own pid.
-                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-                unreachable!("SIGKILL");
-            }
-            // Rank 1 died: a receive from it fails, its region is dead, and a
-            // clean removes it from the directory (and only it).
-            let mut b = [0u8; 1];
-            // SAFETY: b lives until the completion below.
-            unsafe { w.ep.recv(&mut b, peer, 9).unwrap() };
-            w.wait_ctx(9).expect_err("a receive from a dead rank must fail");
+            // Rank 1 dies: its region is dead, and a clean removes it from
+            // the directory (and only it).
+            talk_then_lose_rank_1(&w);
             let all = shmfab::internal::region::scan(None);
             assert_eq!(all.len(), 2, "{all:?}");
             assert!(all.iter().all(|r| r.alive == (r.name == mine)), "{all:?}");
@@ -320,22 +325,7 @@ fn anonymous_regions_live_in_the_shm_dir_setting_and_leave_nothing_there() {
             assert!(link.starts_with(&dir), "{link:?} is not in {dir:?}");
             let dev = std::fs::metadata(format!("/proc/self/fd/{}", mine.fd)).unwrap().dev();
             assert_eq!(dev, std::fs::metadata(&dir).unwrap().dev());
-            let peer = w.addrs[1 - w.rank];
-            let mut b = [0u8; 5];
-            // SAFETY: b lives until the completion below.
-            unsafe { w.ep.trecv(&mut b, peer, 7, 0, 7).unwrap() };
-            w.retry(|| w.ep.tinject(b"hello", peer, 7));
-            assert_eq!((w.ok(7).len, &b), (5, b"hello"));
-            w.barrier();
-            if w.rank == 1 {
-                // SAFETY: kill on our own pid.
-                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-                unreachable!("SIGKILL");
-            }
-            let mut b = [0u8; 1];
-            // SAFETY: b lives until the completion below.
-            unsafe { w.ep.recv(&mut b, peer, 9).unwrap() };
-            w.wait_ctx(9).expect_err("a receive from a dead rank must fail");
+            talk_then_lose_rank_1(&w);
             // Rank 1's region is still mapped here (dead), ours alive;
             // there is nothing to clean, and nothing in the directory.
             let all = shmfab::internal::region::scan(None);

@@ -26,17 +26,7 @@ fn drain(cq: &CompletionQueue) {
 fn arming_rules() {
     std::env::set_var("SHMFAB_JOB_ID", format!("notify-rules-{}", std::process::id()));
     let dom = Fabric::open().unwrap().domain().unwrap();
-    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
-    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
-    let av = dom.av_open().unwrap();
-    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
-    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
-    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
-    for e in [&ep0, &ep1] {
-        e.bind_av(&av).unwrap();
-        e.enable().unwrap();
-    }
-    let a1 = av.insert(&[ep1.getname()]).unwrap()[0];
+    let common::Two { ep0, ep1, cq0, cq1, av: _av, a1, .. } = common::two(&dom);
     let ch = dom.channel_open().unwrap();
     assert_eq!(cq1.req_notify(false).unwrap_err().kind(), ErrorKind::Inval, "not attached");
     cq1.attach_channel(&ch, 0x77).unwrap();

@@ -4,38 +4,14 @@
 //! every blocking call takes `Option<Duration>`; messages held back by the
 //! unexpected budget do not make the waits spin.
 
+mod common;
+use common::{two, two_with, Two};
 use shmfab::{CqAttr, CqTaggedEntry, Domain, ErrorKind, Fabric, Threading, WaitCond, FI_RECV, FI_TRANSMIT};
 use std::time::{Duration, Instant};
 
 fn domain(name: &str) -> Domain {
     std::env::set_var("SHMFAB_JOB_ID", format!("wait-wakeups-{name}-{}", std::process::id()));
     Fabric::open().unwrap().domain_with(Threading::Safe).unwrap()
-}
-
-/// Two endpoints of one domain, each with a CQ of its own, one AV, and
-/// ep0's fi_addr in it.
-struct Two {
-    ep0: shmfab::Endpoint,
-    ep1: shmfab::Endpoint,
-    cq0: shmfab::CompletionQueue,
-    cq1: shmfab::CompletionQueue,
-    av: shmfab::AddressVector,
-    a0: shmfab::FiAddr,
-}
-
-fn two(dom: &Domain) -> Two {
-    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
-    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
-    let av = dom.av_open().unwrap();
-    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
-    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
-    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
-    for ep in [&ep0, &ep1] {
-        ep.bind_av(&av).unwrap();
-        ep.enable().unwrap();
-    }
-    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
-    Two { ep0, ep1, cq0, cq1, av, a0 }
 }
 
 /// Runs `wait` in this thread while another thread calls `change` after
@@ -95,17 +71,8 @@ fn counter_changes_from_another_thread_wake_a_wait_set() {
 fn sread_threshold_above_the_cq_size_is_refused_not_spun_on() {
     let dom = domain("threshold");
     // The receiver's CQ holds 4 entries; 8 messages come to it.
-    let cq0 = dom.cq_open(&CqAttr { size: 4, wait_cond: WaitCond::Threshold, ..Default::default() }).unwrap();
-    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
-    let av = dom.av_open().unwrap();
-    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
-    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
-    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
-    for ep in [&ep0, &ep1] {
-        ep.bind_av(&av).unwrap();
-        ep.enable().unwrap();
-    }
-    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
+    let attr = CqAttr { size: 4, wait_cond: WaitCond::Threshold, ..Default::default() };
+    let Two { ep0, ep1, cq0, cq1: _cq1, av: _av, a0, .. } = two_with(&dom, &attr);
     let mut bufs = [[0u8; 4]; 8];
     for (i, b) in bufs.iter_mut().enumerate() {
         // SAFETY: bufs live until the completions are read below.
@@ -136,7 +103,7 @@ fn sread_threshold_above_the_cq_size_is_refused_not_spun_on() {
 fn every_blocking_wait_takes_an_optional_duration() {
     let dom = domain("timeouts");
     // ep1 only injects (no completions): cq1 stays empty.
-    let Two { ep0, ep1, cq0, cq1: _cq1, av: _av, a0 } = two(&dom);
+    let Two { ep0, ep1, cq0, cq1: _cq1, av: _av, a0, .. } = two(&dom);
     let c = dom.cntr_open().unwrap();
     let wc = dom.cntr_open().unwrap();
     let ws = dom.wait_open().unwrap();
@@ -264,19 +231,9 @@ fn messages_held_back_by_the_unexpected_budget_do_not_make_waits_spin() {
     let mut cfg = shmfab::Config::from_env().unwrap();
     cfg.unexp_max = 64;
     let dom = Fabric::with_config(cfg).unwrap().domain_with(Threading::Safe).unwrap();
-    let cq0 = dom.cq_open(&CqAttr::default()).unwrap();
-    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let Two { ep0, ep1, cq0, cq1: _cq1, av: _av, a0, .. } = two(&dom);
     let idle = dom.cq_open(&CqAttr::default()).unwrap();
     let fdcq = dom.cq_open(&CqAttr { wait_obj: shmfab::WaitObj::Fd, ..Default::default() }).unwrap();
-    let av = dom.av_open().unwrap();
-    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
-    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
-    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
-    for ep in [&ep0, &ep1] {
-        ep.bind_av(&av).unwrap();
-        ep.enable().unwrap();
-    }
-    let a0 = av.insert(&[ep0.getname()]).unwrap()[0];
     let c = dom.cntr_open().unwrap();
     let ws = dom.wait_open().unwrap();
     ws.add_cntr(&c).unwrap();
@@ -337,7 +294,7 @@ fn messages_held_back_by_the_unexpected_budget_do_not_make_waits_spin() {
 #[test]
 fn a_completion_written_by_another_threads_call_wakes_sread() {
     let dom = domain("post-wakes");
-    let Two { ep0, ep1, cq0, cq1: _cq1, av, a0 } = two(&dom);
+    let Two { ep0, ep1, cq0, cq1: _cq1, av, a0, .. } = two(&dom);
     ep1.tinject(b"early", a0, 3).unwrap();
     dom.progress().unwrap();
     let mut b = [0u8; 5];

@@ -368,3 +368,37 @@ pub fn open_endpoint(dom: &Domain) -> (CompletionQueue, AddressVector, Endpoint)
     ep.enable().unwrap();
     (cq, av, ep)
 }
+
+/// Two enabled endpoints of one domain, each bound to a CQ of its own and
+/// to one AV holding both (`a0`, `a1`).
+pub struct Two {
+    // Field order is drop order: endpoints before what they are bound to.
+    pub ep0: Endpoint,
+    pub ep1: Endpoint,
+    pub cq0: CompletionQueue,
+    pub cq1: CompletionQueue,
+    pub av: AddressVector,
+    pub a0: FiAddr,
+    pub a1: FiAddr,
+}
+
+/// [`Two`] with default CQs.
+pub fn two(dom: &Domain) -> Two {
+    two_with(dom, &CqAttr::default())
+}
+
+/// [`Two`], ep0's CQ opened with `attr0`.
+pub fn two_with(dom: &Domain, attr0: &CqAttr) -> Two {
+    let cq0 = dom.cq_open(attr0).unwrap();
+    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&ep0, &ep1] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    let a = av.insert(&[ep0.getname(), ep1.getname()]).unwrap();
+    Two { ep0, ep1, cq0, cq1, av, a0: a[0], a1: a[1] }
+}
