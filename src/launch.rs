@@ -1,13 +1,16 @@
 //! Launch: the [`World`] that the ranks of a job build, from what
 //! [`crate::job`] reads of the launcher's environment.
 //!
-//! Ranks meet in a boot region `shmfab.<uid>.<jobhash>.boot`: the first to
-//! come creates it (O_EXCL), each writes its pid and endpoint addresses,
+//! Ranks meet in a boot region: each writes its pid and endpoint addresses,
 //! waits for all (a rank that never arrives is named after
-//! `SHMFAB_BOOT_TIMEOUT` seconds, default 120), and reads every entry. The
-//! last to arrive unlinks it (all ranks have it mapped by then); if the
-//! exchange fails, the last rank to leave it does. Two jobs on one node have different job ids and
-//! never see each other. No MPI library is needed.
+//! `SHMFAB_BOOT_TIMEOUT` seconds, default 120), and reads every entry. By
+//! default the region has no name: the first rank to bind the job's
+//! abstract Unix socket `@shmfab.<uid>.<jobhash>.boot` makes it and hands
+//! its descriptor to the others, so nothing is left whenever the job dies.
+//! With `SHMFAB_REGIONS=named` it is the file `shmfab.<uid>.<jobhash>.boot`
+//! (made O_EXCL by the first to come, unlinked by the last to arrive, or by
+//! the last to leave a failed exchange). Two jobs on one node have
+//! different job ids and never see each other. No MPI library is needed.
 
 use crate::cq::{CqErrEntry, CqTaggedEntry};
 use crate::error::{Error, ErrorKind, Result};
