@@ -505,6 +505,8 @@ fn cmd_wakeup(a: &BenchArgs) -> Result<(), String> {
 struct Row<'a> {
     size: usize,
     system: &'a str,
+    /// `all`, or `near` / `far` when the run saw two placements.
+    placement: &'a str,
     half_rtt_us: Option<f64>,
     bw_gbs: Option<f64>,
     mmsgs: Option<f64>,
@@ -525,6 +527,7 @@ fn rows<'a>(systems: &[(&'a str, &[Figure])]) -> Vec<Row<'a>> {
             figs.iter().map(move |f| Row {
                 size: f.size,
                 system,
+                placement: Placement::All.name(),
                 half_rtt_us: r6(f.half_rtt_us),
                 bw_gbs: r6(f.bw_gbs),
                 mmsgs: r6(f.mmsgs),
@@ -571,10 +574,13 @@ fn compare_round(
     exe: &Path,
     ucx_off: &mut Option<String>,
     st: &mut Status,
-) -> Result<[Vec<Figure>; SYSTEMS], String> {
+) -> Result<[Run; SYSTEMS], String> {
+    let mut probes = [None; SYSTEMS];
+    probes[0] = placement_probe(exe);
     st.say("measuring shmfab ...");
     let ours = measure(sizes, Measures { lat: true, bw: true, rate: true }, st)?;
     st.say("measuring the raw shared-page floor ...");
+    probes[1] = placement_probe(exe);
     let mut raw = none_for(sizes);
     for f in raw.iter_mut().filter(|f| f.size <= RAW_MAX) {
         st.step(&format!("raw floor, {}", bytes(f.size)));
@@ -585,6 +591,7 @@ fn compare_round(
     }
     let ompi = match &o.osu {
         Some(p) => {
+            probes[2] = placement_probe(exe);
             st.say("measuring Open MPI (vader BTL) ...");
             st.step("Open MPI, all sizes");
             bench::openmpi(p, sizes).unwrap_or_else(|e| {
@@ -596,6 +603,7 @@ fn compare_round(
     };
     let ucx = match (&o.osu, ucx_off.is_none()) {
         (Some(p), true) => {
+            probes[3] = placement_probe(exe);
             st.say("measuring UCX (Open MPI pml ucx, UCX_TLS=sm,self) ...");
             st.step("UCX, all sizes");
             bench::ucx(p, sizes).unwrap_or_else(|e| {
@@ -607,6 +615,7 @@ fn compare_round(
         }
         _ => none_for(sizes),
     };
+    probes[4] = placement_probe(exe);
     st.say("measuring libfabric shm (fi_pingpong) ...");
     let mut fi = none_for(sizes);
     for f in fi.iter_mut() {
@@ -616,7 +625,93 @@ fn compare_round(
             Err(e) => st.warn(&format!("fi_pingpong, {} B: {e}", f.size)),
         }
     }
-    Ok([ours, raw, ompi, ucx, fi])
+    let mut figs = [ours, raw, ompi, ucx, fi].into_iter();
+    Ok(probes.map(|probe| Run { probe, figs: figs.next().expect("one per system") }))
+}
+
+/// One system's figures of one round of `compare`, with the placement
+/// probe taken just before them.
+#[derive(Clone, Debug, Default)]
+struct Run {
+    /// Half round trip of the raw floor at 8 B (microseconds), measured
+    /// just before the system's figures: where the two CPUs sat then.
+    probe: Option<f64>,
+    figs: Vec<Figure>,
+}
+
+/// Rounds of the raw floor's 8 B ping-pong in a placement probe (a few
+/// milliseconds).
+const PROBE_ITERS: usize = 20_000;
+
+/// The raw floor at 8 B, quickly: the placement of the two CPUs (on these
+/// VMs the raw half round trip is about 0.04 us when they share a cache
+/// and 0.15-0.25 us when they do not, and it changes over minutes).
+fn placement_probe(exe: &Path) -> Option<f64> {
+    bench::raw_pingpong(exe, &[], 8, PROBE_ITERS).ok()
+}
+
+/// Probes this many times apart are two placements.
+const PLACEMENT_GAP: f64 = 1.8;
+
+/// Where the probes split in two placements: the geometric mean of the
+/// fastest and slowest probe when they differ by [`PLACEMENT_GAP`] or more
+/// (a probe below it is "near"); None when the run saw one placement.
+fn placement_split(probes: impl Iterator<Item = f64>) -> Option<f64> {
+    let (lo, hi) = probes.fold((f64::INFINITY, 0.0f64), |(lo, hi), p| (lo.min(p), hi.max(p)));
+    (lo > 0.0 && hi >= lo * PLACEMENT_GAP).then(|| (lo * hi).sqrt())
+}
+
+/// A placement of the CPUs, as the probes grouped them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// One placement only (or no probe).
+    All,
+    /// Probes below the split.
+    Near,
+    /// Probes at or above the split.
+    Far,
+}
+
+impl Placement {
+    fn name(self) -> &'static str {
+        match self {
+            Placement::All => "all",
+            Placement::Near => "near",
+            Placement::Far => "far",
+        }
+    }
+
+    /// Whether a run whose probe is `probe` belongs here, with `split` the
+    /// threshold (runs without a probe belong only to `All`).
+    fn holds(self, probe: Option<f64>, split: f64) -> bool {
+        match (self, probe) {
+            (Placement::All, _) => true,
+            (Placement::Near, Some(p)) => p < split,
+            (Placement::Far, Some(p)) => p >= split,
+            _ => false,
+        }
+    }
+}
+
+/// The medians of each system over the runs of one placement (a system
+/// with none there has no figures), and the median probe of those runs.
+fn placement_figures(
+    per_sys: &[Vec<Run>; SYSTEMS],
+    sizes: &[usize],
+    pl: Placement,
+    split: f64,
+) -> ([Vec<Figure>; SYSTEMS], Option<f64>) {
+    let mut probes = Vec::new();
+    let figs = per_sys.each_ref().map(|runs| {
+        let mine: Vec<Vec<Figure>> = runs.iter().filter(|r| pl.holds(r.probe, split)).map(|r| r.figs.clone()).collect();
+        probes.extend(runs.iter().filter(|r| pl.holds(r.probe, split)).filter_map(|r| r.probe));
+        if mine.is_empty() {
+            none_for(sizes)
+        } else {
+            median_figures(&mine)
+        }
+    });
+    (figs, median(probes))
 }
 
 /// Median of the values present (None when no round had one).
@@ -660,7 +755,7 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     let ucx_first = ucx_off.is_none();
     // The systems take turns, round after round, so that a slow spell of
     // the machine touches each of them; each figure is the median.
-    let mut per_sys: [Vec<Vec<Figure>>; SYSTEMS] = Default::default();
+    let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
     let mut st = Status::new(o.rounds * round_steps(&sizes, o.osu.is_some(), ucx_first));
     for r in 0..o.rounds {
         st.say(&format!("round {} of {}", r + 1, o.rounds));
@@ -669,34 +764,86 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
         }
     }
     st.finish();
-    let ucx_rounds = per_sys[3].iter().filter(|r| r.iter().any(|f| f.half_rtt_us.is_some())).count();
-    let figs = per_sys.map(|r| median_figures(&r));
-    println!();
-    print!("{}", compare_tables(&figs));
+    let ucx_rounds = per_sys[3].iter().filter(|r| r.figs.iter().any(|f| f.half_rtt_us.is_some())).count();
+    // The CPUs may change places during the run: each system's figures of
+    // a round carry the 8 B raw probe taken just before them, and when
+    // the probes fall in two groups each gets its own tables.
+    let split = placement_split(per_sys.iter().flatten().filter_map(|r| r.probe));
+    let places = match split {
+        Some(_) => vec![Placement::Near, Placement::Far],
+        None => vec![Placement::All],
+    };
+    let mut rows_out = Vec::new();
+    let mut first_plot = true;
+    for pl in places {
+        let (figs, probe) = placement_figures(&per_sys, &sizes, pl, split.unwrap_or(0.0));
+        let runs = per_sys.iter().map(|r| r.iter().filter(|r| pl.holds(r.probe, split.unwrap_or(0.0))).count());
+        let runs: Vec<String> = SYSTEM_NAMES.iter().zip(runs).map(|(n, k)| format!("{n} {k}")).collect();
+        if figs[0].iter().all(|f| f.half_rtt_us.is_none()) {
+            println!("\n{} placement: no run of shmfab there (runs: {})", pl.name(), runs.join(", "));
+            continue;
+        }
+        println!();
+        if pl != Placement::All {
+            println!(
+                "{} placement (8 B raw probe {}; runs: {}):",
+                pl.name(),
+                probe.map_or("-".to_string(), |p| format!("{p:.3} us")),
+                runs.join(", ")
+            );
+        }
+        print!("{}", compare_tables(&figs));
+        if let Some(line) = raw_floor_line(&figs[1]) {
+            println!("{line}");
+        }
+        rows_out.extend(rows(&named(&figs)).into_iter().map(|mut r| {
+            r.placement = pl.name();
+            r
+        }));
+        if let Some(p) = &o.plot {
+            let date = utc_date(std::time::SystemTime::now());
+            let place = if pl == Placement::All { String::new() } else { format!(", {} placement", pl.name()) };
+            let sub = format!(
+                "{date}, medians of {} round(s){place}{}",
+                o.rounds,
+                raw_floor_line(&figs[1]).map_or(String::new(), |l| format!("; {l}"))
+            );
+            let path = if first_plot { p.clone() } else { sibling_path(p, pl.name()) };
+            first_plot = false;
+            std::fs::write(&path, compare_svg(&figs, &sub)).map_err(|e| format!("{}: {e}", path.display()))?;
+            println!("picture: {}", path.display());
+        }
+    }
     println!(
         "\nmedians of {} rounds; ratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate",
         o.rounds
     );
+    let probes: Vec<f64> = per_sys.iter().flatten().filter_map(|r| r.probe).collect();
+    if let (Some(lo), Some(hi)) = (probes.iter().copied().reduce(f64::min), probes.iter().copied().reduce(f64::max)) {
+        let seen = if split.is_some() { "two placements" } else { "one placement" };
+        println!(
+            "placement probes (8 B raw, before each system): {lo:.3}-{hi:.3} us over {} runs: {seen}",
+            probes.len()
+        );
+    }
     if let Some(line) = ucx_note(ucx_off.as_deref(), ucx_rounds) {
         println!("{line}");
     }
-    if let Some(line) = raw_floor_line(&figs[1]) {
-        println!("{line}");
-    }
     if let Some(p) = &o.json {
-        write_json(p, &rows(&named(&figs)))?;
-    }
-    if let Some(p) = &o.plot {
-        let date = utc_date(std::time::SystemTime::now());
-        let sub = format!(
-            "{date}, medians of {} round(s){}",
-            o.rounds,
-            raw_floor_line(&figs[1]).map_or(String::new(), |l| format!("; {l}"))
-        );
-        std::fs::write(p, compare_svg(&figs, &sub)).map_err(|e| format!("{}: {e}", p.display()))?;
-        println!("picture: {}", p.display());
+        write_json(p, &rows_out)?;
     }
     Ok(())
+}
+
+/// `dir/name.ext` becomes `dir/name-tag.ext` (the picture of a second
+/// placement).
+fn sibling_path(p: &Path, tag: &str) -> std::path::PathBuf {
+    let stem = p.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let name = match p.extension() {
+        Some(e) => format!("{stem}-{tag}.{}", e.to_string_lossy()),
+        None => format!("{stem}-{tag}"),
+    };
+    p.with_file_name(name)
 }
 
 /// What the comparison says of UCX under its tables: nothing when every
@@ -1022,12 +1169,12 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!([
-                {"size": 8, "system": "shmfab", "half_rtt_us": 0.123457, "bw_gbs": null, "mmsgs": 6.5},
-                {"size": 8, "system": "raw", "half_rtt_us": 0.05, "bw_gbs": null, "mmsgs": null},
+                {"size": 8, "system": "shmfab", "placement": "all", "half_rtt_us": 0.123457, "bw_gbs": null, "mmsgs": 6.5},
+                {"size": 8, "system": "raw", "placement": "all", "half_rtt_us": 0.05, "bw_gbs": null, "mmsgs": null},
             ])
         );
         let text = serde_json::to_string(&rows(&[("shmfab", &figs)])).unwrap();
-        assert!(text.starts_with(r#"[{"size":8,"system":"shmfab","half_rtt_us":"#), "{text}");
+        assert!(text.starts_with(r#"[{"size":8,"system":"shmfab","placement":"all","half_rtt_us":"#), "{text}");
     }
 
     /// Figures of the five systems for sizes 8 and 16 KiB: UCX without any
@@ -1094,6 +1241,42 @@ mod tests {
         assert_eq!(out.matches(r#"data-series="UCX (sm, under Open MPI)""#).count(), 2);
         // Bandwidth in MB/s: 0.2 GB/s is 200 MB/s, inside the 100-1000 decade... and the axis goes to 10000 for 9 GB/s.
         assert!(out.contains(">10000</text>") && out.contains(">MB/s</text>"), "{out}");
+    }
+
+    #[test]
+    fn probes_split_in_two_placements_only_when_far_apart() {
+        assert_eq!(placement_split([0.04, 0.05, 0.045].into_iter()), None, "one placement");
+        assert_eq!(placement_split(std::iter::empty()), None);
+        let t = placement_split([0.04, 0.21, 0.05, 0.25].into_iter()).unwrap();
+        assert!((t - 0.1).abs() < 1e-9, "geometric mean of 0.04 and 0.25: {t}");
+        assert!(Placement::Near.holds(Some(0.05), t) && !Placement::Near.holds(Some(0.21), t));
+        assert!(Placement::Far.holds(Some(0.1), t) && !Placement::Far.holds(None, t));
+        assert!(Placement::All.holds(None, t) && Placement::All.holds(Some(9.0), t));
+    }
+
+    #[test]
+    fn each_placement_takes_the_medians_of_its_own_runs() {
+        let one = |probe: f64, h: f64| Run {
+            probe: Some(probe),
+            figs: vec![Figure { size: 8, half_rtt_us: Some(h), ..Default::default() }],
+        };
+        let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
+        per_sys[0] = vec![one(0.04, 0.12), one(0.22, 0.31), one(0.05, 0.14), one(0.20, 0.33), one(0.045, 0.13)];
+        per_sys[2] = vec![one(0.21, 0.2)];
+        let t = placement_split(per_sys.iter().flatten().filter_map(|r| r.probe)).unwrap();
+        let (near, p) = placement_figures(&per_sys, &[8], Placement::Near, t);
+        assert_eq!((near[0][0].half_rtt_us, p), (Some(0.13), Some(0.045)));
+        assert_eq!(near[2][0].half_rtt_us, None, "Open MPI ran only while far");
+        let (far, p) = placement_figures(&per_sys, &[8], Placement::Far, t);
+        assert_eq!((far[0][0].half_rtt_us, far[2][0].half_rtt_us), (Some(0.32), Some(0.2)));
+        assert_eq!(p, Some(0.21));
+        assert_eq!(far[1][0].size, 8, "a system without runs still has its sizes");
+    }
+
+    #[test]
+    fn a_second_picture_goes_beside_the_first() {
+        assert_eq!(sibling_path(Path::new("docs/compare.svg"), "far"), Path::new("docs/compare-far.svg"));
+        assert_eq!(sibling_path(Path::new("plot"), "far"), Path::new("plot-far"));
     }
 
     #[test]
