@@ -2,7 +2,9 @@
 # Side by side, in one run: shmfab, the raw shared-page floor, Open MPI's
 # shared-memory BTL (osu-style program built here with mpicc), UCX's
 # shared-memory transports (the same program under Open MPI's pml ucx,
-# UCX_TLS=sm,self) and libfabric's shm provider (fi_pingpong). Prints the
+# UCX_TLS=sm,self), libfabric's shm provider (fi_pingpong) and fi_pingpong
+# over shmfab's own libfabric provider (built by scripts/fi-build.sh,
+# when the checkout has it). Prints the
 # tables with shmfab's ratio to each; a peer that cannot run is left out
 # with the reason ("ucx: unavailable (...)").
 # Usage: scripts/compare.sh [--sizes 8,64,...] [--rounds N] [--json FILE] [--plot FILE.svg]
@@ -13,4 +15,8 @@ cargo build --release --quiet -p shmfab-tools --bin shmfab
 mkdir -p mpi_tests/bin
 mpicc -O2 -o mpi_tests/bin/osu_style mpi_tests/osu_style.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-exec target/release/shmfab compare --osu mpi_tests/bin/osu_style "$@"
+fi=()
+if [ -x scripts/fi-build.sh ]; then
+  fi=(--fi-provider "$(scripts/fi-build.sh)")
+fi
+exec target/release/shmfab compare --osu mpi_tests/bin/osu_style "${fi[@]}" "$@"

@@ -949,13 +949,19 @@ fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Outp
     Ok(std::process::Output { status, stdout, stderr })
 }
 
-/// Runs fi_pingpong (libfabric's shm provider) for one size; returns its
-/// usec/xfer (elapsed / iterations / 2, a half round-trip).
-pub fn fi_pingpong(size: usize, iters: usize) -> Result<f64> {
+/// Runs fi_pingpong for one size over libfabric's shm provider, or over
+/// shmfab's provider (`libshmfab-fi.so` in `shmfab_dir`, given to libfabric
+/// as FI_PROVIDER_PATH); returns its usec/xfer (elapsed / iterations / 2,
+/// a half round-trip).
+pub fn fi_pingpong(size: usize, iters: usize, shmfab_dir: Option<&std::path::Path>) -> Result<f64> {
     let port = 20000 + (std::process::id() % 20000) as u16;
+    let prov = if shmfab_dir.is_some() { "shmfab" } else { "shm" };
     let base = |cpu: &str, port_flag: &str| {
         let mut c = Command::new("taskset");
-        c.args(["-c", cpu, "fi_pingpong", "-p", "shm", "-e", "rdm", "-I", &iters.to_string(), "-S", &size.to_string()]);
+        c.args(["-c", cpu, "fi_pingpong", "-p", prov, "-e", "rdm", "-I", &iters.to_string(), "-S", &size.to_string()]);
+        if let Some(d) = shmfab_dir {
+            c.env("FI_PROVIDER_PATH", d);
+        }
         c.args([port_flag, &port.to_string()]);
         c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         c

@@ -117,6 +117,11 @@ struct CompareArgs {
     /// Rounds the systems take turns for (1 to 50)
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = in_range(1, 50))]
     rounds: usize,
+    /// The directory holding shmfab's libfabric provider (libshmfab-fi.so,
+    /// as scripts/fi-build.sh makes it): fi_pingpong over it joins the
+    /// comparison
+    #[arg(long, value_name = "DIR")]
+    fi_provider: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -434,7 +439,14 @@ fn cmd_bench(a: &BenchArgs) -> Result<(), String> {
         let osu = osu_binary(a.osu.as_deref());
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        let c = CompareArgs { sizes: a.sizes.clone(), json: a.json.clone(), osu, rounds: a.rounds, plot: None };
+        let c = CompareArgs {
+            sizes: a.sizes.clone(),
+            json: a.json.clone(),
+            osu,
+            rounds: a.rounds,
+            plot: None,
+            fi_provider: None,
+        };
         return cmd_compare(&c);
     }
     let m = match a.what {
@@ -558,15 +570,18 @@ const RAW_MAX: usize = 3968;
 
 /// Progress steps of one round of `compare`, with Open MPI (`osu`) and UCX
 /// (`ucx`) measured or not.
-fn round_steps(sizes: &[usize], osu: bool, ucx: bool) -> usize {
-    2 * sizes.len() + sizes.iter().filter(|&&s| s <= RAW_MAX).count() + usize::from(osu) + usize::from(ucx)
+fn round_steps(sizes: &[usize], osu: bool, ucx: bool, fi_shmfab: bool) -> usize {
+    (2 + usize::from(fi_shmfab)) * sizes.len()
+        + sizes.iter().filter(|&&s| s <= RAW_MAX).count()
+        + usize::from(osu)
+        + usize::from(ucx)
 }
 
 /// The systems of `compare`, in the order of its rounds, JSON and legend.
-const SYSTEMS: usize = 5;
+const SYSTEMS: usize = 6;
 
 /// One round of `compare`: shmfab, the raw floor, Open MPI, UCX, libfabric
-/// shm. UCX is measured while `ucx_off` is None; a failed UCX run sets it
+/// shm, and fi_pingpong over shmfab's provider when there is one. UCX is measured while `ucx_off` is None; a failed UCX run sets it
 /// to the reason, and later rounds leave UCX out.
 fn compare_round(
     o: &CompareArgs,
@@ -620,12 +635,24 @@ fn compare_round(
     let mut fi = none_for(sizes);
     for f in fi.iter_mut() {
         st.step(&format!("fi_pingpong, {}", bytes(f.size)));
-        match bench::fi_pingpong(f.size, bench::iters_for(f.size).min(20000)) {
+        match bench::fi_pingpong(f.size, bench::iters_for(f.size).min(20000), None) {
             Ok(v) => f.half_rtt_us = Some(v),
             Err(e) => st.warn(&format!("fi_pingpong, {} B: {e}", f.size)),
         }
     }
-    let mut figs = [ours, raw, ompi, ucx, fi].into_iter();
+    let mut fi_ours = none_for(sizes);
+    if let Some(dir) = &o.fi_provider {
+        probes[5] = placement_probe(exe);
+        st.say("measuring fi_pingpong over shmfab's provider ...");
+        for f in fi_ours.iter_mut() {
+            st.step(&format!("fi_pingpong -p shmfab, {}", bytes(f.size)));
+            match bench::fi_pingpong(f.size, bench::iters_for(f.size).min(20000), Some(dir)) {
+                Ok(v) => f.half_rtt_us = Some(v),
+                Err(e) => st.warn(&format!("fi_pingpong -p shmfab, {} B: {e}", f.size)),
+            }
+        }
+    }
+    let mut figs = [ours, raw, ompi, ucx, fi, fi_ours].into_iter();
     Ok(probes.map(|probe| Run { probe, figs: figs.next().expect("one per system") }))
 }
 
@@ -756,7 +783,7 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     // The systems take turns, round after round, so that a slow spell of
     // the machine touches each of them; each figure is the median.
     let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
-    let mut st = Status::new(o.rounds * round_steps(&sizes, o.osu.is_some(), ucx_first));
+    let mut st = Status::new(o.rounds * round_steps(&sizes, o.osu.is_some(), ucx_first, o.fi_provider.is_some()));
     for r in 0..o.rounds {
         st.say(&format!("round {} of {}", r + 1, o.rounds));
         for (all, one) in per_sys.iter_mut().zip(compare_round(o, &sizes, &exe, &mut ucx_off, &mut st)?) {
@@ -859,7 +886,7 @@ fn ucx_note(off: Option<&str>, rounds_measured: usize) -> Option<String> {
 }
 
 /// The systems' names in the JSON, in the order of [`compare_round`].
-const SYSTEM_NAMES: [&str; SYSTEMS] = ["shmfab", "raw", "openmpi", "ucx", "libfabric-shm"];
+const SYSTEM_NAMES: [&str; SYSTEMS] = ["shmfab", "raw", "openmpi", "ucx", "libfabric-shm", "shmfab-fi"];
 
 fn named(figs: &[Vec<Figure>; SYSTEMS]) -> Vec<(&'static str, &[Figure])> {
     SYSTEM_NAMES.iter().zip(figs).map(|(n, f)| (*n, &f[..])).collect()
@@ -875,19 +902,27 @@ fn raw_floor_line(raw: &[Figure]) -> Option<String> {
 /// stream (shmfab, Open MPI, UCX).
 fn compare_tables(figs: &[Vec<Figure>; SYSTEMS]) -> String {
     use std::fmt::Write;
-    let [ours, raw, ompi, ucx, fi] = figs;
+    let [ours, raw, ompi, ucx, fi, fi_ours] = figs;
+    // fi_pingpong over shmfab's provider: its own columns, with its ratio
+    // to fi_pingpong over shm (the same program) and to shmfab's own
+    // figure (what the C layer costs), when it was measured.
+    let with_fi = fi_ours.iter().any(|f| f.half_rtt_us.is_some());
     let mut o = String::new();
-    let _ = writeln!(
+    let _ = write!(
         o,
         "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6}",
         "size", "shmfab", "raw", "/raw", "ompi", "/ompi", "ucx", "/ucx", "fi-shm", "/fi"
     );
+    if with_fi {
+        let _ = write!(o, " | {:>9} {:>6} {:>6}", "fi-shmfab", "/fi", "/own");
+    }
+    let _ = writeln!(o);
     let _ = writeln!(o, "{}", format!("{:>8} | {:^77}", "(bytes)", "half round-trip (us)").trim_end());
     for i in 0..ours.len() {
         let s = ours[i].half_rtt_us;
         let cell = |f: &Figure| (fmt(f.half_rtt_us, 3), ratio(s, f.half_rtt_us));
         let (r, m, u, f) = (cell(&raw[i]), cell(&ompi[i]), cell(&ucx[i]), cell(&fi[i]));
-        let _ = writeln!(
+        let _ = write!(
             o,
             "{:>8} | {:>9} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6}",
             ours[i].size,
@@ -901,6 +936,11 @@ fn compare_tables(figs: &[Vec<Figure>; SYSTEMS]) -> String {
             f.0,
             f.1
         );
+        if with_fi {
+            let c = fi_ours[i].half_rtt_us;
+            let _ = write!(o, " | {:>9} {:>6} {:>6}", fmt(c, 3), ratio(c, fi[i].half_rtt_us), ratio(c, s));
+        }
+        let _ = writeln!(o);
     }
     let _ = writeln!(o);
     let _ = writeln!(
@@ -940,6 +980,7 @@ fn compare_svg(figs: &[Vec<Figure>; SYSTEMS], subtitle: &str) -> String {
         ("Open MPI (vader)", "#1f77b4", false),
         ("UCX (sm, under Open MPI)", "#2ca02c", false),
         ("libfabric shm", "#9467bd", false),
+        ("fi_pingpong over shmfab's provider", "#ff7f0e", true),
     ];
     let line = |k: usize, get: fn(&Figure) -> Option<f64>| Series {
         name: LOOK[k].0,
@@ -1177,9 +1218,10 @@ mod tests {
         assert!(text.starts_with(r#"[{"size":8,"system":"shmfab","placement":"all","half_rtt_us":"#), "{text}");
     }
 
-    /// Figures of the five systems for sizes 8 and 16 KiB: UCX without any
-    /// (unavailable), the raw floor at 8 B only.
-    fn five_systems() -> [Vec<Figure>; SYSTEMS] {
+    /// Figures of the six systems for sizes 8 and 16 KiB: UCX and
+    /// fi_pingpong over shmfab without any (unavailable), the raw floor at
+    /// 8 B only.
+    fn six_systems() -> [Vec<Figure>; SYSTEMS] {
         let f =
             |size, h: Option<f64>, b: Option<f64>, r: Option<f64>| Figure { size, half_rtt_us: h, bw_gbs: b, mmsgs: r };
         [
@@ -1188,12 +1230,13 @@ mod tests {
             vec![f(8, Some(0.2), Some(0.1), Some(10.0)), f(16384, Some(2.7), Some(6.0), None)],
             none_for(&[8, 16384]),
             vec![f(8, Some(0.4), None, None), f(16384, Some(4.0), None, None)],
+            none_for(&[8, 16384]),
         ]
     }
 
     #[test]
     fn compare_tables_show_ucx_beside_the_others() {
-        let mut figs = five_systems();
+        let mut figs = six_systems();
         figs[3][1].half_rtt_us = Some(0.6);
         figs[3][1].bw_gbs = Some(18.0);
         let t = compare_tables(&figs);
@@ -1205,19 +1248,48 @@ mod tests {
         let bw = lines.iter().rfind(|l| l.trim_start().starts_with("16384 |")).unwrap();
         assert!(bw.contains("18.00") && bw.contains("0.50x") && bw.contains("1.50x"), "{bw}");
         // Without UCX figures its columns are dashes, not a failure.
-        let t = compare_tables(&five_systems());
+        let t = compare_tables(&six_systems());
         let row = t.lines().find(|l| l.trim_start().starts_with("16384 |")).unwrap();
         assert_eq!(row.matches(" -").count(), 4, "raw and ucx, value and ratio: {row}");
     }
 
     #[test]
+    fn fi_pingpong_over_shmfab_gets_its_columns_only_when_measured() {
+        let t = compare_tables(&six_systems());
+        assert!(!t.contains("fi-shmfab"), "{t}");
+        let mut figs = six_systems();
+        figs[5][0].half_rtt_us = Some(0.12);
+        let t = compare_tables(&figs);
+        let head = t.lines().next().unwrap();
+        assert!(head.contains("fi-shmfab") && head.contains("/own"), "{head}");
+        // 8 B: 0.12 against fi over shm 0.4 (0.30x) and shmfab's 0.1 (1.20x).
+        let row = t.lines().find(|l| l.trim_start().starts_with("8 |")).unwrap();
+        assert!(row.ends_with("|     0.120  0.30x  1.20x"), "{row}");
+        let row = t.lines().find(|l| l.trim_start().starts_with("16384 |")).unwrap();
+        assert!(row.ends_with("|         -      -      -"), "{row}");
+    }
+
+    #[test]
     fn compare_json_names_ucx_and_the_floor_line_its_size() {
-        let figs = five_systems();
+        let figs = six_systems();
         let v = serde_json::to_value(rows(&named(&figs))).unwrap();
         let systems: Vec<&str> = v.as_array().unwrap().iter().map(|r| r["system"].as_str().unwrap()).collect();
         assert_eq!(
             systems,
-            ["shmfab", "shmfab", "raw", "raw", "openmpi", "openmpi", "ucx", "ucx", "libfabric-shm", "libfabric-shm"]
+            [
+                "shmfab",
+                "shmfab",
+                "raw",
+                "raw",
+                "openmpi",
+                "openmpi",
+                "ucx",
+                "ucx",
+                "libfabric-shm",
+                "libfabric-shm",
+                "shmfab-fi",
+                "shmfab-fi"
+            ]
         );
         assert_eq!(raw_floor_line(&figs[1]).as_deref(), Some("raw floor 0.040 us at 8 B"));
         assert_eq!(raw_floor_line(&none_for(&[8])), None);
@@ -1225,7 +1297,7 @@ mod tests {
 
     #[test]
     fn the_compare_picture_has_a_line_per_system_with_figures() {
-        let mut figs = five_systems();
+        let mut figs = six_systems();
         let out = compare_svg(&figs, "2026-11-23");
         let lines = |n: &str| out.matches(&format!(r#"data-series="{n}""#)).count();
         // Half round trip: shmfab, raw, Open MPI, fi; bandwidth: shmfab, Open MPI.
