@@ -1,0 +1,486 @@
+/*
+ * The provider through libfabric's C API, as a client sees it: hints,
+ * the objects and their calls, and the error codes the man pages give.
+ * Built and run by fi/tests/c_api.rs (FI_PROVIDER_PATH set to the
+ * provider); prints "fi_api: N checks passed" and exits 0, or names the
+ * first failed check and exits 1.
+ */
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int checks;
+
+#define CHECK(cond)                                                            \
+	do {                                                                   \
+		if (!(cond)) {                                                 \
+			fprintf(stderr, "fi_api.c:%d: check failed: %s\n",     \
+				__LINE__, #cond);                              \
+			exit(1);                                               \
+		}                                                              \
+		checks++;                                                      \
+	} while (0)
+
+/* A call that must return `want` (0 or a negative fabric errno). */
+#define EXPECT(call, want)                                                     \
+	do {                                                                   \
+		long _r = (long)(call);                                        \
+		if (_r != (long)(want)) {                                      \
+			fprintf(stderr, "fi_api.c:%d: %s returned %ld (%s), "  \
+				"expected %ld\n", __LINE__, #call, _r,         \
+				fi_strerror((int)-_r), (long)(want));          \
+			exit(1);                                               \
+		}                                                              \
+		checks++;                                                      \
+	} while (0)
+
+static struct fi_info *hints(void)
+{
+	struct fi_info *h = fi_allocinfo();
+	CHECK(h);
+	h->fabric_attr->prov_name = strdup("shmfab");
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_MSG | FI_TAGGED;
+	return h;
+}
+
+/* fi_getinfo with hints `h` (freed): 0 or the error, info in *out. */
+static int getinfo(struct fi_info *h, struct fi_info **out)
+{
+	struct fi_info *i = NULL;
+	int r = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &i);
+	fi_freeinfo(h);
+	if (out)
+		*out = i;
+	else if (i)
+		fi_freeinfo(i);
+	return r;
+}
+
+static void test_hints(void)
+{
+	struct fi_info *h, *i;
+
+	h = hints();
+	h->caps |= FI_DIRECTED_RECV | FI_SOURCE | FI_MULTI_RECV;
+	h->mode = FI_CONTEXT | FI_CONTEXT2;
+	h->domain_attr->av_type = FI_AV_MAP;
+	h->domain_attr->threading = FI_THREAD_DOMAIN;
+	h->domain_attr->cq_data_size = 8;
+	h->tx_attr->inject_size = 4096;
+	h->tx_attr->iov_limit = 4;
+	EXPECT(getinfo(h, &i), 0);
+	CHECK(i && !i->next);
+	CHECK(!strcmp(i->fabric_attr->prov_name, "shmfab"));
+	CHECK((i->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE)) ==
+	      (FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE));
+	CHECK(i->mode == 0); /* no mode bit required */
+	CHECK(i->domain_attr->av_type == FI_AV_MAP);
+	CHECK(i->domain_attr->threading == FI_THREAD_DOMAIN);
+	CHECK(i->tx_attr->inject_size == 4096);
+	CHECK(i->addr_format == FI_FORMAT_UNSPEC);
+	fi_freeinfo(i);
+
+	h = hints();
+	h->caps |= FI_RMA;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->caps |= FI_ATOMIC;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->ep_attr->type = FI_EP_MSG;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->tx_attr->inject_size = 8192;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->tx_attr->iov_limit = 5;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->domain_attr->cq_data_size = 16;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->domain_attr->max_ep_srx_ctx = 1; /* not built yet */
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->tx_attr->msg_order = FI_ORDER_RAW;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->ep_attr->max_msg_size = (size_t)1 << 41;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->addr_format = FI_SOCKADDR_IN;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+}
+
+/* One endpoint with its CQ (and the shared AV). */
+struct side {
+	struct fid_ep *ep;
+	struct fid_cq *cq;
+	fi_addr_t addr;
+};
+
+static struct fid_fabric *fabric;
+static struct fid_domain *domain;
+static struct fid_av *av;
+static struct fi_info *info;
+
+static void open_side(struct side *s, enum fi_cq_format fmt)
+{
+	struct fi_cq_attr ca = { .format = fmt, .wait_obj = FI_WAIT_UNSPEC };
+	char name[64];
+	size_t len = sizeof(name);
+
+	EXPECT(fi_cq_open(domain, &ca, &s->cq, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &s->ep, NULL), 0);
+	EXPECT(fi_ep_bind(s->ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(s->ep), 0);
+	EXPECT(fi_getname(&s->ep->fid, name, &len), 0);
+	CHECK(len == 24);
+	EXPECT(fi_av_insert(av, name, 1, &s->addr, 0, NULL), 1);
+}
+
+static void close_side(struct side *s)
+{
+	EXPECT(fi_close(&s->ep->fid), 0);
+	EXPECT(fi_close(&s->cq->fid), 0);
+}
+
+/* Reads one completion of a tagged-format CQ, driving progress. */
+static void read_tagged(struct fid_cq *cq, struct fi_cq_tagged_entry *e, fi_addr_t *src)
+{
+	ssize_t r;
+	for (int i = 0; i < 1000000; i++) {
+		r = src ? fi_cq_readfrom(cq, e, 1, src) : fi_cq_read(cq, e, 1);
+		if (r != -FI_EAGAIN)
+			break;
+	}
+	EXPECT(r, 1);
+}
+
+static void test_av_and_names(struct side *a)
+{
+	char name[64], tiny[4], str[128];
+	size_t len = sizeof(tiny);
+
+	EXPECT(fi_getname(&a->ep->fid, tiny, &len), -FI_ETOOSMALL);
+	CHECK(len == 24);
+	len = sizeof(name);
+	EXPECT(fi_av_lookup(av, a->addr, name, &len), 0);
+	CHECK(len == 24);
+	len = sizeof(str);
+	CHECK(fi_av_straddr(av, name, str, &len) == str);
+	CHECK(!strncmp(str, "shmfab://", 9) && len == strlen(str) + 1);
+	/* Inserting the same address again gives the same handle. */
+	fi_addr_t again;
+	EXPECT(fi_av_insert(av, name, 1, &again, 0, NULL), 1);
+	CHECK(again == a->addr);
+	/* A malformed address: not inserted, FI_ADDR_NOTAVAIL. */
+	char bad[24] = { 0 };
+	fi_addr_t b = 0;
+	EXPECT(fi_av_insert(av, bad, 1, &b, 0, NULL), 0);
+	CHECK(b == FI_ADDR_NOTAVAIL);
+	EXPECT(fi_av_lookup(av, 12345, name, &len), -FI_ENOENT);
+}
+
+static void test_tagged_and_data(struct side *a, struct side *b)
+{
+	struct fi_cq_tagged_entry e;
+	char buf[64] = { 0 };
+	fi_addr_t src = 0;
+
+	/* Directed tagged receive; the source comes back from readfrom. */
+	EXPECT(fi_trecv(b->ep, buf, sizeof(buf), NULL, a->addr, 0x1200, 0xff, (void *)0xb1), 0);
+	EXPECT(fi_tsend(a->ep, "tagged!", 8, NULL, b->addr, 0x1234, (void *)0xa1), 0);
+	read_tagged(b->cq, &e, &src);
+	CHECK(e.op_context == (void *)0xb1 && e.len == 8 && e.tag == 0x1234);
+	CHECK((e.flags & (FI_TAGGED | FI_RECV)) == (FI_TAGGED | FI_RECV));
+	CHECK(!strcmp(buf, "tagged!") && src == a->addr);
+	read_tagged(a->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xa1 && (e.flags & FI_SEND));
+
+	/* Remote CQ data. */
+	EXPECT(fi_recv(b->ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xb2), 0);
+	EXPECT(fi_senddata(a->ep, "data", 5, NULL, 0xfeedULL, b->addr, (void *)0xa2), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xb2 && (e.flags & FI_REMOTE_CQ_DATA) && e.data == 0xfeed);
+	read_tagged(a->cq, &e, NULL);
+
+	/* iov send into a receive of two segments. */
+	char x[3] = "ab", y[8] = { 0 }, z[8] = { 0 };
+	struct iovec siov[2] = { { x, 2 }, { "cdef", 4 } };
+	struct iovec riov[2] = { { y, 3 }, { z, 8 } };
+	EXPECT(fi_recvv(b->ep, riov, NULL, 2, FI_ADDR_UNSPEC, (void *)0xb3), 0);
+	EXPECT(fi_sendv(a->ep, siov, NULL, 2, b->addr, (void *)0xa3), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.len == 6 && !memcmp(y, "abc", 3) && !memcmp(z, "def", 3));
+	read_tagged(a->cq, &e, NULL);
+
+	/* inject: no completion. */
+	EXPECT(fi_trecv(b->ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, 7, 0, (void *)0xb4), 0);
+	EXPECT(fi_tinject(a->ep, "inj", 4, b->addr, 7), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xb4 && !strcmp(buf, "inj"));
+	EXPECT(fi_cq_read(a->cq, &e, 1), -FI_EAGAIN);
+	/* inject above inject_size */
+	static char big[8192];
+	EXPECT(fi_inject(a->ep, big, sizeof(big), b->addr), -FI_EMSGSIZE);
+}
+
+static void test_errors(struct side *a, struct side *b)
+{
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err;
+	char small[4], data[8];
+	const char *s;
+
+	/* Truncation: -FI_EAVAIL, then the error entry, its data copied into
+	 * the caller's buffer (API >= 1.5). */
+	EXPECT(fi_recv(b->ep, small, sizeof(small), NULL, FI_ADDR_UNSPEC, (void *)0xb5), 0);
+	EXPECT(fi_send(a->ep, "0123456789abcdef", 16, NULL, b->addr, (void *)0xa5), 0);
+	ssize_t r;
+	for (int i = 0; i < 1000000; i++)
+		if ((r = fi_cq_read(b->cq, &e, 1)) != -FI_EAGAIN)
+			break;
+	EXPECT(r, -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	err.err_data = data;
+	err.err_data_size = sizeof(data);
+	EXPECT(fi_cq_readerr(b->cq, &err, 0), 1);
+	CHECK(err.err == FI_ETRUNC && err.op_context == (void *)0xb5 && err.olen == 12);
+	CHECK(err.err_data == data && err.err_data_size <= sizeof(data));
+	s = fi_cq_strerror(b->cq, err.prov_errno, err.err_data, NULL, 0);
+	CHECK(s && strlen(s) > 0);
+	char sbuf[8];
+	CHECK(fi_cq_strerror(b->cq, err.prov_errno, NULL, sbuf, sizeof(sbuf)) == sbuf && strlen(sbuf) == 7);
+	EXPECT(fi_cq_readerr(b->cq, &err, 0), -FI_EAGAIN);
+	read_tagged(a->cq, &e, NULL);
+
+	/* fi_cancel of a posted receive: FI_ECANCELED, the provider's error
+	 * data when the caller gives no buffer. */
+	EXPECT(fi_trecv(b->ep, data, sizeof(data), NULL, FI_ADDR_UNSPEC, 99, 0, (void *)0xb6), 0);
+	EXPECT(fi_cancel(&b->ep->fid, (void *)0xb6), 0);
+	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	EXPECT(fi_cq_readerr(b->cq, &err, 0), 1);
+	CHECK(err.err == FI_ECANCELED && err.op_context == (void *)0xb6);
+	CHECK(err.err_data != NULL && err.err_data_size > 0);
+	/* Cancelling what is not pending succeeds and does nothing. */
+	EXPECT(fi_cancel(&b->ep->fid, (void *)0xb6), 0);
+	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAGAIN);
+
+	/* Probes and claims: not built yet. */
+	struct iovec iov = { data, sizeof(data) };
+	struct fi_msg_tagged m = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .tag = 1 };
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_PEEK), -FI_ENOSYS);
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), -FI_ENOSYS);
+	/* RMA: not built yet. */
+	EXPECT(fi_write(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), -FI_ENOSYS);
+	EXPECT(fi_read(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), -FI_ENOSYS);
+	/* Delivery complete is not what a shmfab send gives. */
+	struct fi_msg mm = { .msg_iov = &iov, .iov_count = 1, .addr = b->addr };
+	EXPECT(fi_sendmsg(a->ep, &mm, FI_DELIVERY_COMPLETE), -FI_EBADFLAGS);
+	/* Transmit complete is. */
+	EXPECT(fi_recv(b->ep, small, sizeof(small), NULL, FI_ADDR_UNSPEC, NULL), 0);
+	iov.iov_len = 4;
+	EXPECT(fi_sendmsg(a->ep, &mm, FI_TRANSMIT_COMPLETE | FI_INJECT), 0);
+	read_tagged(a->cq, &e, NULL);
+	read_tagged(b->cq, &e, NULL);
+}
+
+static void test_cq_waits(void)
+{
+	struct fid_cq *cq;
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_NONE };
+	struct fi_cq_entry e;
+	int fd = -1;
+	enum fi_wait_obj wo;
+
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	EXPECT(fi_cq_sread(cq, &e, 1, NULL, 0), -FI_EINVAL); /* no wait object */
+	EXPECT(fi_control(&cq->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_NONE);
+	EXPECT(fi_close(&cq->fid), 0);
+
+	ca.wait_obj = FI_WAIT_UNSPEC;
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	EXPECT(fi_cq_sread(cq, &e, 1, NULL, 10), -FI_EAGAIN); /* timeout */
+	EXPECT(fi_cq_signal(cq), 0);
+	EXPECT(fi_cq_sread(cq, &e, 1, NULL, -1), -FI_EAGAIN); /* interrupted */
+	EXPECT(fi_close(&cq->fid), 0);
+
+	ca.wait_obj = FI_WAIT_FD;
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	EXPECT(fi_control(&cq->fid, FI_GETWAIT, &fd), 0);
+	CHECK(fd >= 0);
+	EXPECT(fi_close(&cq->fid), 0);
+
+	ca.wait_obj = FI_WAIT_MUTEX_COND; /* no pthread objects to give out */
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_ENOSYS);
+	ca.wait_obj = FI_WAIT_SET; /* wait sets: not built yet */
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_ENOSYS);
+	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_UNSPEC };
+	struct fid_wait *ws;
+	EXPECT(fi_wait_open(fabric, &wa, &ws), -FI_ENOSYS);
+	struct fi_poll_attr pa = { 0 };
+	struct fid_poll *ps;
+	EXPECT(fi_poll_open(domain, &pa, &ps), -FI_ENOSYS);
+	struct fi_rx_attr ra = { 0 };
+	struct fid_ep *srx;
+	EXPECT(fi_srx_context(domain, &ra, &srx, NULL), -FI_ENOSYS);
+}
+
+static void test_counters_and_mr(struct side *a, struct side *b)
+{
+	struct fid_cntr *c;
+	struct fi_cntr_attr attr = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC };
+	struct fid_mr *mr, *mr2;
+	static char region[4096];
+
+	EXPECT(fi_cntr_open(domain, &attr, &c, NULL), 0);
+	EXPECT(fi_cntr_set(c, 5), 0);
+	EXPECT(fi_cntr_add(c, 2), 0);
+	CHECK(fi_cntr_read(c) == 7);
+	EXPECT(fi_cntr_seterr(c, 1), 0);
+	EXPECT(fi_cntr_adderr(c, 1), 0);
+	CHECK(fi_cntr_readerr(c) == 2);
+	EXPECT(fi_cntr_wait(c, 7, 100), 0);
+	EXPECT(fi_cntr_wait(c, 100, 10), -FI_ETIMEDOUT);
+	/* Bound after enable: refused as the library refuses it. */
+	EXPECT(fi_ep_bind(a->ep, &c->fid, FI_SEND), -FI_EINVAL);
+	EXPECT(fi_close(&c->fid), 0);
+
+	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND | FI_RECV, 0, 7, 0, &mr, NULL), 0);
+	CHECK(fi_mr_key(mr) == 7 && fi_mr_desc(mr) != NULL);
+	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 0, 7, 0, &mr2, NULL), -FI_ENOKEY);
+	/* A registered buffer's descriptor works in a send. */
+	struct fi_cq_tagged_entry e;
+	char in[8];
+	strcpy(region, "mr");
+	EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, NULL), 0);
+	EXPECT(fi_send(a->ep, region, 3, fi_mr_desc(mr), b->addr, NULL), 0);
+	read_tagged(b->cq, &e, NULL);
+	read_tagged(a->cq, &e, NULL);
+	CHECK(!strcmp(in, "mr"));
+	EXPECT(fi_close(&mr->fid), 0);
+	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 0, 7, 0, &mr2, NULL), 0);
+	EXPECT(fi_close(&mr2->fid), 0);
+}
+
+static void test_ops_flags(struct side *a)
+{
+	uint64_t f = FI_TRANSMIT;
+	EXPECT(fi_control(&a->ep->fid, FI_GETOPSFLAG, &f), 0);
+	CHECK(f == 0);
+	f = FI_TRANSMIT | FI_COMPLETION;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	f = FI_TRANSMIT;
+	EXPECT(fi_control(&a->ep->fid, FI_GETOPSFLAG, &f), 0);
+	CHECK(f == FI_COMPLETION);
+	f = FI_TRANSMIT;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	f = FI_TRANSMIT | FI_DELIVERY_COMPLETE;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), -FI_EBADFLAGS);
+	size_t v = 128, len = sizeof(v);
+	EXPECT(fi_setopt(&a->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, sizeof(v)), 0);
+	v = 0;
+	EXPECT(fi_getopt(&a->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, &len), 0);
+	CHECK(v == 128 && len == sizeof(v));
+	EXPECT(fi_getopt(&a->ep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &v, &len), -FI_ENOPROTOOPT);
+}
+
+static void test_eq(void)
+{
+	struct fid_eq *eq;
+	struct fi_eq_attr attr = { .wait_obj = FI_WAIT_UNSPEC };
+	uint32_t ev = 0;
+	char buf[16];
+
+	EXPECT(fi_eq_open(fabric, &attr, &eq, NULL), 0);
+	EXPECT(fi_eq_read(eq, &ev, buf, sizeof(buf), 0), -FI_EAGAIN);
+	EXPECT(fi_eq_sread(eq, &ev, buf, sizeof(buf), 10, 0), -FI_EAGAIN);
+	EXPECT(fi_eq_write(eq, FI_NOTIFY, "event", 6, 0), 6);
+	EXPECT(fi_eq_read(eq, &ev, buf, 2, 0), -FI_ETOOSMALL);
+	EXPECT(fi_eq_read(eq, &ev, buf, sizeof(buf), FI_PEEK), 6);
+	EXPECT(fi_eq_sread(eq, &ev, buf, sizeof(buf), -1, 0), 6);
+	CHECK(ev == FI_NOTIFY && !strcmp(buf, "event"));
+	EXPECT(fi_eq_read(eq, &ev, buf, sizeof(buf), 0), -FI_EAGAIN);
+	/* The fabric is busy while the EQ is open. */
+	EXPECT(fi_close(&fabric->fid), -FI_EBUSY);
+	EXPECT(fi_close(&eq->fid), 0);
+}
+
+/* FI_THREAD_DOMAIN: calls serialised by the application may come from
+ * any thread, one at a time. */
+static struct side *ta, *tb;
+static void *other_thread(void *arg)
+{
+	struct fi_cq_tagged_entry e;
+	char buf[8] = { 0 };
+	(void)arg;
+	EXPECT(fi_recv(tb->ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xc1), 0);
+	EXPECT(fi_send(ta->ep, "thread", 7, NULL, tb->addr, NULL), 0);
+	read_tagged(tb->cq, &e, NULL);
+	read_tagged(ta->cq, &e, NULL);
+	CHECK(!strcmp(buf, "thread"));
+	return NULL;
+}
+
+int main(void)
+{
+	struct side a, b;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_info *h;
+
+	test_hints();
+
+	h = hints();
+	h->domain_attr->threading = FI_THREAD_DOMAIN;
+	EXPECT(getinfo(h, &info), 0);
+	EXPECT(fi_fabric(info->fabric_attr, &fabric, NULL), 0);
+	EXPECT(fi_domain(fabric, info, &domain, NULL), 0);
+	EXPECT(fi_av_open(domain, &aa, &av, NULL), 0);
+	open_side(&a, FI_CQ_FORMAT_TAGGED);
+	open_side(&b, FI_CQ_FORMAT_TAGGED);
+
+	test_av_and_names(&a);
+	test_tagged_and_data(&a, &b);
+	test_errors(&a, &b);
+	test_cq_waits();
+	test_counters_and_mr(&a, &b);
+	test_ops_flags(&a);
+	test_eq();
+
+	/* The first thread used the domain above; another one now. */
+	pthread_t t;
+	ta = &a;
+	tb = &b;
+	CHECK(pthread_create(&t, NULL, other_thread, NULL) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+
+	/* Close order: busy while in use. */
+	EXPECT(fi_close(&domain->fid), -FI_EBUSY);
+	EXPECT(fi_close(&av->fid), -FI_EBUSY); /* endpoints are bound to it */
+	close_side(&a);
+	close_side(&b);
+	EXPECT(fi_close(&av->fid), 0);
+	EXPECT(fi_close(&domain->fid), 0);
+	EXPECT(fi_close(&fabric->fid), 0);
+	fi_freeinfo(info);
+	printf("fi_api: %d checks passed\n", checks);
+	return 0;
+}
