@@ -41,6 +41,15 @@ static OPS: sys::fi_ops_cntr = sys::fi_ops_cntr {
     seterr: Some(seterr),
 };
 
+impl Cntr {
+    /// The domain it was opened from (alive while it is).
+    pub fn domain(&self) -> &crate::domain::Domain {
+        // SAFETY: the domain outlives what is opened from it (its close is
+        // refused while its refs count this object).
+        unsafe { &*self.dom }
+    }
+}
+
 /// The counter behind a fid.
 ///
 /// # Safety

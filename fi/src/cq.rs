@@ -61,6 +61,15 @@ static OPS: sys::fi_ops_cq = sys::fi_ops_cq {
     strerror: Some(strerror),
 };
 
+impl Cq {
+    /// The domain it was opened from (alive while it is).
+    pub fn domain(&self) -> &crate::domain::Domain {
+        // SAFETY: the domain outlives what is opened from it (its close is
+        // refused while its refs count this object).
+        unsafe { &*self.dom }
+    }
+}
+
 /// The CQ behind a fid.
 ///
 /// # Safety

@@ -34,7 +34,7 @@ static OPS: sys::fi_ops_fabric = sys::fi_ops_fabric {
     passive_ep: Some(nb4),
     eq_open: Some(crate::eq::open),
     wait_open: Some(nb3),
-    trywait: Some(nb3_trywait),
+    trywait: Some(trywait),
     domain2: Some(nb5),
 };
 
@@ -56,14 +56,53 @@ unsafe extern "C" fn nb3_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> 
     util::ENOSYS
 }
 
-/// `fi_trywait`: not built yet (wait objects other than the CQ's own
-/// come with a later session).
+/// `fi_trywait` over CQs and counters (with an FD wait object; wait sets
+/// are not built yet: `-FI_EINVAL` for any other fid): `0` when the caller
+/// may block on their fds, `-FI_EAGAIN` when it should read them first.
+/// The library's `Domain::trywait_with`, once per domain of the fids.
 ///
 /// # Safety
-/// libfabric's contract: the fid is one this provider made, and every
-/// pointer is valid as the call's man page says.
-unsafe extern "C" fn nb3_trywait(_: *mut sys::fid_fabric, _: *mut *mut sys::fid, _: c_int) -> c_int {
-    util::ENOSYS
+/// libfabric's contract: `fids` holds `count` live fids.
+unsafe extern "C" fn trywait(_: *mut sys::fid_fabric, fids: *mut *mut sys::fid, count: c_int) -> c_int {
+    if count < 0 || (count > 0 && fids.is_null()) {
+        return EINVAL;
+    }
+    let fids = if count == 0 {
+        &[][..]
+    } else {
+        // SAFETY: fids holds count entries (libfabric's contract).
+        unsafe { std::slice::from_raw_parts(fids, count as usize) }
+    };
+    // Per domain: its CQs and counters.
+    type Group<'a> = (&'a crate::domain::Domain, Vec<&'a shmfab::CompletionQueue>, Vec<&'a shmfab::Counter>);
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    for &f in fids {
+        // SAFETY: each is a live fid; `of` checks class and ops.
+        let (d, cq, cntr) = unsafe {
+            if let Some(c) = crate::cq::of(f) {
+                (c.domain(), Some(&c.cq), None)
+            } else if let Some(c) = crate::cntr::of(f) {
+                (c.domain(), None, Some(&c.cntr))
+            } else {
+                return EINVAL;
+            }
+        };
+        let i = match groups.iter().position(|g| std::ptr::eq(g.0, d)) {
+            Some(i) => i,
+            None => {
+                groups.push((d, Vec::new(), Vec::new()));
+                groups.len() - 1
+            }
+        };
+        groups[i].1.extend(cq);
+        groups[i].2.extend(cntr);
+    }
+    for (d, cqs, cntrs) in &groups {
+        if let Err(e) = d.dom.trywait_with(cqs, cntrs, &[]) {
+            return util::err(e, sys::FI_LOG_FABRIC, "fi_trywait");
+        }
+    }
+    0
 }
 
 /// The fabric behind a `fid_fabric` the application passed.

@@ -14,6 +14,7 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <pthread.h>
+#include <sys/epoll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,9 +139,9 @@ static struct fid_domain *domain;
 static struct fid_av *av;
 static struct fi_info *info;
 
-static void open_side(struct side *s, enum fi_cq_format fmt)
+static void open_side_waiting(struct side *s, enum fi_cq_format fmt, enum fi_wait_obj wait)
 {
-	struct fi_cq_attr ca = { .format = fmt, .wait_obj = FI_WAIT_UNSPEC };
+	struct fi_cq_attr ca = { .format = fmt, .wait_obj = wait };
 	char name[64];
 	size_t len = sizeof(name);
 
@@ -152,6 +153,11 @@ static void open_side(struct side *s, enum fi_cq_format fmt)
 	EXPECT(fi_getname(&s->ep->fid, name, &len), 0);
 	CHECK(len == 24);
 	EXPECT(fi_av_insert(av, name, 1, &s->addr, 0, NULL), 1);
+}
+
+static void open_side(struct side *s, enum fi_cq_format fmt)
+{
+	open_side_waiting(s, fmt, FI_WAIT_UNSPEC);
 }
 
 static void close_side(struct side *s)
@@ -344,6 +350,42 @@ static void test_cq_waits(void)
 	EXPECT(fi_srx_context(domain, &ra, &srx, NULL), -FI_ENOSYS);
 }
 
+/* An epoll loop over a CQ's FI_WAIT_FD, with fi_trywait before blocking. */
+static void test_trywait_epoll(struct side *a)
+{
+	struct side f;
+	struct fi_cq_tagged_entry e;
+	struct epoll_event ev = { .events = EPOLLIN }, got;
+	struct fid *fids[1];
+	char buf[16] = { 0 };
+	int fd = -1, ep, n;
+
+	open_side_waiting(&f, FI_CQ_FORMAT_TAGGED, FI_WAIT_FD);
+	fids[0] = &f.cq->fid;
+	EXPECT(fi_control(&f.cq->fid, FI_GETWAIT, &fd), 0);
+	CHECK(fd >= 0 && (ep = epoll_create1(0)) >= 0);
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+	EXPECT(fi_recv(f.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xf1), 0);
+	/* Nothing there: safe to block, and the fd stays quiet. */
+	EXPECT(fi_trywait(fabric, fids, 1), 0);
+	CHECK(epoll_wait(ep, &got, 1, 50) == 0);
+	/* A message: the fd becomes readable, the read finds it. */
+	EXPECT(fi_send(a->ep, "epoll", 6, NULL, f.addr, NULL), 0);
+	n = epoll_wait(ep, &got, 1, 10000);
+	CHECK(n == 1);
+	/* Something to read: not safe to block. */
+	EXPECT(fi_trywait(fabric, fids, 1), -FI_EAGAIN);
+	read_tagged(f.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xf1 && !strcmp(buf, "epoll"));
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_trywait(fabric, fids, 1), 0);
+	/* Only CQs and counters with fds. */
+	fids[0] = &a->ep->fid;
+	EXPECT(fi_trywait(fabric, fids, 1), -FI_EINVAL);
+	close(ep);
+	close_side(&f);
+}
+
 static void test_counters_and_mr(struct side *a, struct side *b)
 {
 	struct fid_cntr *c;
@@ -461,6 +503,7 @@ int main(void)
 	test_tagged_and_data(&a, &b);
 	test_errors(&a, &b);
 	test_cq_waits();
+	test_trywait_epoll(&a);
 	test_counters_and_mr(&a, &b);
 	test_ops_flags(&a);
 	test_eq();
