@@ -62,7 +62,7 @@ static OPS: sys::fi_ops_domain = sys::fi_ops_domain {
     cntr_open: Some(crate::cntr::open),
     poll_open: Some(nb3),
     stx_ctx: Some(nb4),
-    srx_ctx: Some(nb4),
+    srx_ctx: Some(crate::srx::open),
     query_atomic: Some(nb5),
     query_collective: Some(nb4),
     endpoint2: Some(nb5),

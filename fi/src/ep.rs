@@ -1,6 +1,6 @@
 //! Reliable-datagram endpoints (`fi_endpoint`): binding (AV, CQs,
 //! counters, EQ), enable, `fi_getname`, the untagged (`fi_msg`) and tagged
-//! (`fi_tagged`) calls, `fi_cancel`, FI_OPT_MIN_MULTI_RECV and
+//! (`fi_tagged`) calls, `fi_cancel`, shared receive contexts (`srx.rs`), FI_OPT_MIN_MULTI_RECV and
 //! FI_GETOPSFLAG / FI_SETOPSFLAG, over the library's endpoint.
 //!
 //! What libfabric says about flags, kept here: a receive's source address
@@ -228,7 +228,7 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
 }
 
 /// `fi_ep_bind`: an AV, CQs (FI_TRANSMIT, FI_RECV, FI_SELECTIVE_COMPLETION),
-/// counters (by event), or an EQ (accepted: shmfab's endpoints report no
+/// counters (by event), a shared receive context, or an EQ (accepted: shmfab's endpoints report no
 /// asynchronous events).
 ///
 /// # Safety
@@ -253,14 +253,17 @@ unsafe extern "C" fn bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64) -
         if let Some(c) = crate::cntr::of(bfid) {
             return util::status(e.ep.bind_cntr(&c.cntr, flags), s, "fi_ep_bind(cntr)");
         }
+        if let Some(x) = crate::srx::of(bfid) {
+            return util::status(e.ep.bind_srq(&x.srq), s, "fi_ep_bind(srx)");
+        }
         if crate::eq::of(bfid).is_some() {
             return 0;
         }
     }
-    // Shared contexts and anything else: not built yet / not ours.
+    // Shared transmit contexts: not built yet; anything else is not ours.
     // SAFETY: bfid is a live fid.
     match unsafe { (*bfid).fclass } as u32 {
-        sys::FI_CLASS_SRX_CTX | sys::FI_CLASS_STX_CTX => ENOSYS,
+        sys::FI_CLASS_STX_CTX => ENOSYS,
         _ => EINVAL,
     }
 }

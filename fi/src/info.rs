@@ -33,6 +33,9 @@ pub const RX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_MULTI_RECV;
 /// Message ordering kept: a peer's sends are matched in the order they
 /// were posted (send after send).
 pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS;
+/// `FI_SHARED_CONTEXT` (`SIZE_MAX` in the header): an endpoint's receive
+/// context is a shared one (`fi_srx_context`).
+pub const SHARED_CONTEXT: usize = usize::MAX;
 /// Bytes of an endpoint address (`shmfab::Address::SIZE`).
 pub const ADDRLEN: usize = shmfab::Address::SIZE;
 /// Completion queues a domain may open (the library's table grows; this
@@ -164,7 +167,9 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("ep_attr.max_order_war_size", e.max_order_war_size, 0)?;
         at_most("ep_attr.max_order_waw_size", e.max_order_waw_size, 0)?;
         at_most("ep_attr.tx_ctx_cnt", e.tx_ctx_cnt, 1)?;
-        at_most("ep_attr.rx_ctx_cnt", e.rx_ctx_cnt, 1)?;
+        if e.rx_ctx_cnt != SHARED_CONTEXT {
+            at_most("ep_attr.rx_ctx_cnt", e.rx_ctx_cnt, 1)?;
+        }
         at_most("ep_attr.auth_key_size", e.auth_key_size, 0)?;
     }
     // SAFETY: null or valid (caller's contract).
@@ -198,7 +203,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("domain_attr.max_ep_tx_ctx", d.max_ep_tx_ctx, 1)?;
         at_most("domain_attr.max_ep_rx_ctx", d.max_ep_rx_ctx, 1)?;
         at_most("domain_attr.max_ep_stx_ctx", d.max_ep_stx_ctx, 0)?;
-        at_most("domain_attr.max_ep_srx_ctx (shared receive contexts are not built yet)", d.max_ep_srx_ctx, 0)?;
+        at_most("domain_attr.max_ep_srx_ctx", d.max_ep_srx_ctx, 1)?;
         at_most("domain_attr.cntr_cnt", d.cntr_cnt, lim.max_counters)?;
         at_most("domain_attr.mr_iov_limit", d.mr_iov_limit, 1)?;
         at_most("domain_attr.mr_cnt", d.mr_cnt, MR_CNT)?;
@@ -300,7 +305,10 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     e.max_msg_size = shmfab::proto::MAX_MSG_SIZE;
     e.mem_tag_format = he.map_or(0, |x| x.mem_tag_format);
     e.tx_ctx_cnt = 1;
-    e.rx_ctx_cnt = 1;
+    e.rx_ctx_cnt = match he.map_or(0, |x| x.rx_ctx_cnt) {
+        SHARED_CONTEXT => SHARED_CONTEXT,
+        _ => 1,
+    };
     d.name = libc_strdup(NAME)?;
     d.threading = match hd.map_or(sys::FI_THREAD_UNSPEC, |x| x.threading) {
         sys::FI_THREAD_UNSPEC => sys::FI_THREAD_SAFE,
@@ -342,7 +350,7 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     d.max_ep_tx_ctx = 1;
     d.max_ep_rx_ctx = 1;
     d.max_ep_stx_ctx = 0;
-    d.max_ep_srx_ctx = 0;
+    d.max_ep_srx_ctx = 1;
     d.cntr_cnt = lim.max_counters;
     d.mr_iov_limit = 1;
     d.caps = sys::FI_LOCAL_COMM;

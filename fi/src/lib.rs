@@ -44,6 +44,7 @@ pub mod ep;
 pub mod eq;
 pub mod fabric;
 pub mod info;
+pub mod srx;
 pub mod util;
 
 use std::cell::UnsafeCell;

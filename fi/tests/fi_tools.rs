@@ -42,7 +42,7 @@ fn fi_info_lists_the_provider_and_its_attributes() {
         "caps: [ FI_MSG, FI_TAGGED, FI_RECV, FI_SEND, FI_MULTI_RECV, FI_LOCAL_COMM, FI_SOURCE, FI_DIRECTED_RECV ]",
         "inject_size: 4096",
         "iov_limit: 4",
-        "max_ep_srx_ctx: 0",
+        "max_ep_srx_ctx: 1",
         "threading: FI_THREAD_SAFE",
         "av_type: FI_AV_TABLE",
         "cq_data_size: 8",

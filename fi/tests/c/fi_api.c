@@ -111,7 +111,7 @@ static void test_hints(void)
 	h->domain_attr->cq_data_size = 16;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
 	h = hints();
-	h->domain_attr->max_ep_srx_ctx = 1; /* not built yet */
+	h->domain_attr->max_ep_srx_ctx = 2; /* one per endpoint */
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
 	h = hints();
 	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
@@ -345,9 +345,6 @@ static void test_cq_waits(void)
 	struct fi_poll_attr pa = { 0 };
 	struct fid_poll *ps;
 	EXPECT(fi_poll_open(domain, &pa, &ps), -FI_ENOSYS);
-	struct fi_rx_attr ra = { 0 };
-	struct fid_ep *srx;
-	EXPECT(fi_srx_context(domain, &ra, &srx, NULL), -FI_ENOSYS);
 }
 
 /* An epoll loop over a CQ's FI_WAIT_FD, with fi_trywait before blocking. */
@@ -466,6 +463,53 @@ static void test_eq(void)
 	EXPECT(fi_close(&eq->fid), 0);
 }
 
+/* A shared receive context serving two endpoints: each message takes the
+ * next buffer posted to it, and completes at the CQ of the endpoint that
+ * received it. */
+static void test_srx(struct side *a)
+{
+	struct fi_rx_attr ra = { .size = 8 };
+	struct fid_ep *srx;
+	struct side s[2];
+	struct fi_cq_tagged_entry e;
+	char buf[2][16] = { { 0 } };
+	char name[64];
+	size_t len;
+
+	EXPECT(fi_srx_context(domain, &ra, &srx, NULL), 0);
+	for (int i = 0; i < 2; i++) {
+		struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+		EXPECT(fi_cq_open(domain, &ca, &s[i].cq, NULL), 0);
+		EXPECT(fi_endpoint(domain, info, &s[i].ep, NULL), 0);
+		EXPECT(fi_ep_bind(s[i].ep, &av->fid, 0), 0);
+		EXPECT(fi_ep_bind(s[i].ep, &s[i].cq->fid, FI_TRANSMIT | FI_RECV), 0);
+		EXPECT(fi_ep_bind(s[i].ep, &srx->fid, 0), 0);
+		EXPECT(fi_enable(s[i].ep), 0);
+		len = sizeof(name);
+		EXPECT(fi_getname(&s[i].ep->fid, name, &len), 0);
+		EXPECT(fi_av_insert(av, name, 1, &s[i].addr, 0, NULL), 1);
+	}
+	/* Untagged receives go to the shared context, not the endpoint. */
+	EXPECT(fi_recv(s[0].ep, buf[0], 16, NULL, FI_ADDR_UNSPEC, NULL), -FI_EINVAL);
+	/* Tagged ones on the context: not built (the library's queue holds
+	 * untagged receives). */
+	EXPECT(fi_trecv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, 1, 0, NULL), -FI_ENOSYS);
+	EXPECT(fi_recv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, (void *)0x51), 0);
+	EXPECT(fi_recv(srx, buf[1], 16, NULL, FI_ADDR_UNSPEC, (void *)0x52), 0);
+	EXPECT(fi_send(a->ep, "to one", 7, NULL, s[1].addr, NULL), 0);
+	read_tagged(s[1].cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x51 && !strcmp(buf[0], "to one"));
+	EXPECT(fi_send(a->ep, "to zero", 8, NULL, s[0].addr, NULL), 0);
+	read_tagged(s[0].cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x52 && !strcmp(buf[1], "to zero"));
+	read_tagged(a->cq, &e, NULL);
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_close(&srx->fid), -FI_EBUSY); /* endpoints are bound to it */
+	for (int i = 0; i < 2; i++)
+		close_side(&s[i]);
+	EXPECT(fi_close(&srx->fid), 0);
+}
+
 /* FI_THREAD_DOMAIN: calls serialised by the application may come from
  * any thread, one at a time. */
 static struct side *ta, *tb;
@@ -506,6 +550,7 @@ int main(void)
 	test_trywait_epoll(&a);
 	test_counters_and_mr(&a, &b);
 	test_ops_flags(&a);
+	test_srx(&a);
 	test_eq();
 
 	/* The first thread used the domain above; another one now. */
