@@ -510,6 +510,97 @@ static void test_srx(struct side *a)
 	EXPECT(fi_close(&srx->fid), 0);
 }
 
+/* Multi-receive buffers, selective completion with the endpoint's
+ * default flags, a send counter, AV removal, automatic progress. */
+static void test_misc(struct side *a, struct side *b)
+{
+	struct fi_cq_tagged_entry e;
+	static char mbuf[64];
+	struct iovec iov = { mbuf, sizeof(mbuf) };
+	struct fi_msg m = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = (void *)0x3 };
+	size_t min = 16;
+
+	/* Multi-receive: 16-byte messages land one after the other; the one
+	 * that leaves less than FI_OPT_MIN_MULTI_RECV releases the buffer. */
+	EXPECT(fi_setopt(&b->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof(min)), 0);
+	EXPECT(fi_recvmsg(b->ep, &m, FI_MULTI_RECV), 0);
+	for (int i = 0; i < 4; i++) {
+		char msg[16];
+		memset(msg, 'a' + i, sizeof(msg));
+		EXPECT(fi_send(a->ep, msg, sizeof(msg), NULL, b->addr, NULL), 0);
+		read_tagged(b->cq, &e, NULL);
+		read_tagged(a->cq, &e, NULL);
+	}
+	/* (the receive side's entries, read above in order, are checked
+	 * through the buffer: each message at its own 16 bytes) */
+	for (int i = 0; i < 4; i++)
+		CHECK(mbuf[16 * i] == 'a' + i && mbuf[16 * i + 15] == 'a' + i);
+
+	/* The release flag, read this time. */
+	EXPECT(fi_recvmsg(b->ep, &m, FI_MULTI_RECV), 0);
+	for (int i = 0; i < 4; i++) {
+		EXPECT(fi_send(a->ep, "0123456789abcde", 16, NULL, b->addr, NULL), 0);
+		read_tagged(b->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0x3 && e.len == 16 && e.buf == mbuf + 16 * i);
+		CHECK(!!(e.flags & FI_MULTI_RECV) == (i == 3));
+		read_tagged(a->cq, &e, NULL);
+	}
+	min = 64;
+	EXPECT(fi_setopt(&b->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof(min)), 0);
+
+	/* Selective completion: only sends that ask have an entry; the
+	 * endpoint's default op_flags (FI_SETOPSFLAG) ask for fi_send. */
+	struct side s;
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cntr_attr na = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC };
+	struct fid_cntr *sent;
+	char name[64], in[8];
+	size_t len = sizeof(name);
+	uint64_t f;
+
+	EXPECT(fi_cq_open(domain, &ca, &s.cq, NULL), 0);
+	EXPECT(fi_cntr_open(domain, &na, &sent, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &s.ep, NULL), 0);
+	EXPECT(fi_ep_bind(s.ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION), 0);
+	EXPECT(fi_ep_bind(s.ep, &sent->fid, FI_SEND), 0);
+	EXPECT(fi_enable(s.ep), 0);
+	EXPECT(fi_getname(&s.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &s.addr, 0, NULL), 1);
+
+	EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, NULL), 0);
+	EXPECT(fi_send(s.ep, "quiet", 6, NULL, b->addr, (void *)0x51), 0);
+	read_tagged(b->cq, &e, NULL);
+	EXPECT(fi_cntr_wait(sent, 1, 5000), 0); /* counted */
+	EXPECT(fi_cq_read(s.cq, &e, 1), -FI_EAGAIN); /* no entry */
+	f = FI_TRANSMIT | FI_COMPLETION;
+	EXPECT(fi_control(&s.ep->fid, FI_SETOPSFLAG, &f), 0);
+	EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, NULL), 0);
+	EXPECT(fi_send(s.ep, "loud", 5, NULL, b->addr, (void *)0x52), 0);
+	read_tagged(b->cq, &e, NULL);
+	read_tagged(s.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x52 && fi_cntr_read(sent) == 2);
+	EXPECT(fi_close(&s.ep->fid), 0);
+	EXPECT(fi_close(&s.cq->fid), 0);
+	EXPECT(fi_close(&sent->fid), 0);
+
+	/* AV removal: the handle no longer resolves, nor sends. */
+	EXPECT(fi_av_remove(av, &s.addr, 1, 0), 0);
+	len = sizeof(name);
+	EXPECT(fi_av_lookup(av, s.addr, name, &len), -FI_ENOENT);
+	EXPECT(fi_av_remove(av, &s.addr, 1, 0), -FI_ENOENT);
+
+	/* FI_PROGRESS_AUTO: a domain with its progress thread. */
+	struct fi_info *h = hints(), *ai;
+	struct fid_domain *d2;
+	h->domain_attr->data_progress = FI_PROGRESS_AUTO;
+	EXPECT(getinfo(h, &ai), 0);
+	CHECK(ai->domain_attr->data_progress == FI_PROGRESS_AUTO);
+	EXPECT(fi_domain(fabric, ai, &d2, NULL), 0);
+	EXPECT(fi_close(&d2->fid), 0);
+	fi_freeinfo(ai);
+}
+
 /* FI_THREAD_DOMAIN: calls serialised by the application may come from
  * any thread, one at a time. */
 static struct side *ta, *tb;
@@ -551,6 +642,7 @@ int main(void)
 	test_counters_and_mr(&a, &b);
 	test_ops_flags(&a);
 	test_srx(&a);
+	test_misc(&a, &b);
 	test_eq();
 
 	/* The first thread used the domain above; another one now. */
