@@ -60,7 +60,7 @@ static OPS: sys::fi_ops_domain = sys::fi_ops_domain {
     endpoint: Some(crate::ep::open),
     scalable_ep: Some(nb4),
     cntr_open: Some(crate::cntr::open),
-    poll_open: Some(nb3),
+    poll_open: Some(crate::poll::open),
     stx_ctx: Some(nb4),
     srx_ctx: Some(crate::srx::open),
     query_atomic: Some(nb5),

@@ -44,6 +44,7 @@ pub mod ep;
 pub mod eq;
 pub mod fabric;
 pub mod info;
+pub mod poll;
 pub mod srx;
 pub mod util;
 

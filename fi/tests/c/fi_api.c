@@ -342,9 +342,6 @@ static void test_cq_waits(void)
 	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_UNSPEC };
 	struct fid_wait *ws;
 	EXPECT(fi_wait_open(fabric, &wa, &ws), -FI_ENOSYS);
-	struct fi_poll_attr pa = { 0 };
-	struct fid_poll *ps;
-	EXPECT(fi_poll_open(domain, &pa, &ps), -FI_ENOSYS);
 }
 
 /* An epoll loop over a CQ's FI_WAIT_FD, with fi_trywait before blocking. */
@@ -601,6 +598,52 @@ static void test_misc(struct side *a, struct side *b)
 	fi_freeinfo(ai);
 }
 
+/* A poll set over a CQ and a counter: their contexts when they have
+ * something. */
+static void test_poll(struct side *a, struct side *b)
+{
+	struct fi_poll_attr pa = { 0 };
+	struct fid_poll *ps;
+	struct fid_cq *cq;
+	struct fid_cntr *c;
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_CONTEXT };
+	struct fi_cntr_attr na = { .events = FI_CNTR_EVENTS_COMP };
+	struct fi_cq_tagged_entry e;
+	void *ctx[4];
+	char in[8];
+
+	EXPECT(fi_poll_open(domain, &pa, &ps), 0);
+	EXPECT(fi_poll_add(ps, &b->cq->fid, 0), 0);
+	EXPECT(fi_cntr_open(domain, &na, &c, (void *)0xc0), 0);
+	EXPECT(fi_poll_add(ps, &c->fid, 0), 0);
+	EXPECT(fi_poll(ps, ctx, 4), 0);
+	EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, NULL), 0);
+	EXPECT(fi_send(a->ep, "poll", 5, NULL, b->addr, NULL), 0);
+	int n = 0;
+	for (int i = 0; i < 1000000 && n == 0; i++)
+		n = fi_poll(ps, ctx, 4);
+	EXPECT(n, 1);
+	CHECK(ctx[0] == b->cq->fid.context);
+	read_tagged(b->cq, &e, NULL);
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_cntr_add(c, 1), 0);
+	EXPECT(fi_poll(ps, ctx, 4), 1);
+	CHECK(ctx[0] == (void *)0xc0);
+	EXPECT(fi_poll(ps, ctx, 4), 0);
+	/* Members cannot close, nor the set while it has members. */
+	EXPECT(fi_close(&ps->fid), -FI_EBUSY);
+	EXPECT(fi_close(&c->fid), -FI_EBUSY);
+	EXPECT(fi_poll_del(ps, &c->fid, 0), 0);
+	EXPECT(fi_poll_del(ps, &c->fid, 0), -FI_ENOENT);
+	EXPECT(fi_close(&c->fid), 0);
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	EXPECT(fi_poll_add(ps, &cq->fid, 0), 0);
+	EXPECT(fi_poll_del(ps, &cq->fid, 0), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+	EXPECT(fi_poll_del(ps, &b->cq->fid, 0), 0);
+	EXPECT(fi_close(&ps->fid), 0);
+}
+
 /* FI_THREAD_DOMAIN: calls serialised by the application may come from
  * any thread, one at a time. */
 static struct side *ta, *tb;
@@ -643,6 +686,7 @@ int main(void)
 	test_ops_flags(&a);
 	test_srx(&a);
 	test_misc(&a, &b);
+	test_poll(&a, &b);
 	test_eq();
 
 	/* The first thread used the domain above; another one now. */
