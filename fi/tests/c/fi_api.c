@@ -123,6 +123,9 @@ static void test_hints(void)
 	h->ep_attr->max_msg_size = (size_t)1 << 41;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
 	h = hints();
+	h->domain_attr->resource_mgmt = FI_RM_ENABLED;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
 	h->addr_format = FI_SOCKADDR_IN;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
 }
