@@ -473,22 +473,24 @@ fn done(r: shmfab::Result<()>, what: &str) -> isize {
 }
 
 /// Transmit flags for the library: the completion levels every send
-/// gives are dropped; FI_DELIVERY_COMPLETE is refused.
+/// gives are dropped, and FI_MORE (a hint that more calls follow, which
+/// the library has no use for); FI_DELIVERY_COMPLETE is refused.
 #[inline(always)]
 fn tx_flags(f: u64) -> Result<u64, isize> {
     if f & sys::FI_DELIVERY_COMPLETE != 0 {
         return Err(EBADFLAGS as isize);
     }
-    Ok(f & !(sys::FI_TRANSMIT_COMPLETE | sys::FI_INJECT_COMPLETE))
+    Ok(f & !(sys::FI_TRANSMIT_COMPLETE | sys::FI_INJECT_COMPLETE | sys::FI_MORE))
 }
 
-/// Receive flags for the library: probes and claims are not built yet.
+/// Receive flags for the library: probes and claims are not built yet;
+/// FI_MORE (a hint) is dropped.
 #[inline(always)]
 fn rx_flags(f: u64, tagged: bool) -> Result<u64, isize> {
     if tagged && f & (sys::FI_PEEK | sys::FI_CLAIM | sys::FI_DISCARD) != 0 {
         return Err(ENOSYS as isize);
     }
-    Ok(f)
+    Ok(f & !sys::FI_MORE)
 }
 
 impl Ep {
