@@ -2,6 +2,11 @@
 //! over the library's AV. Addresses are shmfab's 24-byte endpoint
 //! addresses (`fi_getname`); the handles are the library's table indices,
 //! valid for both FI_AV_TABLE and FI_AV_MAP.
+//!
+//! An AV opened with FI_EVENT reports its inserts through the EQ bound to
+//! it (`fi_av_bind`): the insert is made at once, then an error entry per
+//! address that failed (its index in `data`) and one `FI_AV_COMPLETE`
+//! event with the number inserted are queued, and the call returns 0.
 
 use crate::sys;
 use crate::util::{self, nb3, nb4, nb6, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS};
@@ -16,12 +21,16 @@ pub struct Av {
     dom: *const crate::domain::Domain,
     /// The library's AV.
     pub av: shmfab::AddressVector,
+    /// Opened with FI_EVENT: inserts report through `eq`.
+    event: bool,
+    /// The EQ bound (null until `fi_av_bind`).
+    eq: std::sync::atomic::AtomicPtr<crate::eq::Eq>,
 }
 
 static FI_OPS: sys::fi_ops = sys::fi_ops {
     size: std::mem::size_of::<sys::fi_ops>(),
     close: Some(close),
-    bind: Some(nb3),
+    bind: Some(bind),
     control: Some(nb3),
     ops_open: Some(no_ops_open),
     tostr: Some(no_tostr),
@@ -83,12 +92,11 @@ pub unsafe extern "C" fn open(
     if out.is_null() || ![sys::FI_AV_UNSPEC, sys::FI_AV_MAP, sys::FI_AV_TABLE].contains(&a.type_) {
         return EINVAL;
     }
-    // Asynchronous inserts (FI_EVENT, reported through an EQ), named
-    // shared AVs and receive-context bits: not built yet.
-    if a.flags & sys::FI_EVENT != 0 || !a.name.is_null() || a.rx_ctx_bits != 0 {
+    // Named shared AVs and receive-context bits: not built yet.
+    if !a.name.is_null() || a.rx_ctx_bits != 0 {
         return ENOSYS;
     }
-    if a.flags & !(sys::FI_READ | sys::FI_SYMMETRIC) != 0 {
+    if a.flags & !(sys::FI_READ | sys::FI_SYMMETRIC | sys::FI_EVENT) != 0 {
         return EBADFLAGS;
     }
     let av = match d.dom.av_open() {
@@ -100,6 +108,8 @@ pub unsafe extern "C" fn open(
         fid: sys::fid_av { fid: util::fid(sys::FI_CLASS_AV, context, &FI_OPS), ops: util::ops(&OPS) },
         dom: d,
         av,
+        event: a.flags & sys::FI_EVENT != 0,
+        eq: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
     });
     // SAFETY: out is valid for a write (checked).
     unsafe { *out = &mut Box::leak(b).fid };
@@ -117,10 +127,34 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     if let Err(e) = a.av.close() {
         return util::err(e, sys::FI_LOG_AV, "fi_close(av)");
     }
-    // SAFETY: the domain outlives its AVs (refs).
-    unsafe { &*a.dom }.refs.fetch_sub(1, Relaxed);
+    // SAFETY: the domain outlives its AVs, and a bound EQ its AVs (refs).
+    unsafe {
+        (*a.dom).refs.fetch_sub(1, Relaxed);
+        if let Some(eq) = a.eq.load(Relaxed).as_ref() {
+            eq.refs.fetch_sub(1, Relaxed);
+        }
+    }
     // SAFETY: made by Box::leak in `open`; the application gives it up.
     drop(unsafe { Box::from_raw((a as *const Av).cast_mut()) });
+    0
+}
+
+/// `fi_av_bind`: the EQ that reports the inserts of an FI_EVENT AV (once;
+/// flags must be 0).
+///
+/// # Safety
+/// libfabric's contract: live fids.
+unsafe extern "C" fn bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64) -> c_int {
+    // SAFETY: libfabric passes our fid and a live one to bind.
+    let (Some(a), Some(eq)) = (unsafe { of(fid) }, unsafe { crate::eq::of(bfid) }) else { return EINVAL };
+    if flags != 0 {
+        return EBADFLAGS;
+    }
+    let p = (eq as *const crate::eq::Eq).cast_mut();
+    if a.eq.compare_exchange(std::ptr::null_mut(), p, Relaxed, Relaxed).is_err() {
+        return EINVAL; // an EQ is bound already
+    }
+    eq.refs.fetch_add(1, Relaxed);
     0
 }
 
@@ -145,6 +179,11 @@ unsafe extern "C" fn insert(
     if count > 0 && addr.is_null() {
         return EINVAL;
     }
+    // SAFETY: a bound EQ outlives the AV (its close is refused while bound).
+    let eq = unsafe { a.eq.load(Relaxed).as_ref() };
+    if a.event && eq.is_none() {
+        return -(sys::FI_ENOEQ as c_int);
+    }
     let n = crate::info::ADDRLEN;
     let mut ok = 0;
     for i in 0..count {
@@ -167,11 +206,33 @@ unsafe extern "C" fn insert(
         match r {
             Ok(_) => ok += 1,
             Err(e) => {
-                util::err(e, sys::FI_LOG_AV, "fi_av_insert");
+                let errno = util::err(e, sys::FI_LOG_AV, "fi_av_insert");
+                if let (true, Some(q)) = (a.event, eq) {
+                    q.post_err(fid_of(a), context, i as u64, -errno);
+                }
             }
         }
     }
-    ok
+    match (a.event, eq) {
+        (true, Some(q)) => {
+            let done = sys::fi_eq_entry { fid: fid_of(a), context, data: ok as u64 };
+            // SAFETY: an fi_eq_entry is plain data: its bytes are the event.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    (&done as *const sys::fi_eq_entry).cast::<u8>(),
+                    std::mem::size_of_val(&done),
+                )
+            };
+            q.post(sys::FI_AV_COMPLETE, bytes);
+            0
+        }
+        _ => ok,
+    }
+}
+
+/// The AV's own fid, as events name it.
+fn fid_of(a: &Av) -> *mut sys::fid {
+    (&a.fid.fid as *const sys::fid).cast_mut()
 }
 
 /// `remove`: an entry of this module's ops tables.

@@ -1,8 +1,8 @@
-//! Event queues (`fi_eq_open`). shmfab has no connection events and its
-//! address vectors insert synchronously, so the only events are those the
-//! application writes (`fi_eq_write`); clients that open an EQ for
-//! asynchronous events (fi_pingpong, MPI) get one that works, read,
-//! blocking read and write included.
+//! Event queues (`fi_eq_open`). shmfab has no connection events; the
+//! events are the completions of address vectors opened with FI_EVENT
+//! (`FI_AV_COMPLETE`, and an error entry per address that failed, see
+//! `av.rs`) and those the application writes (`fi_eq_write`). Read,
+//! readerr, blocking read, write and strerror.
 
 use crate::sys;
 use crate::util::{self, nb3, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS, ETOOSMALL};
@@ -17,12 +17,48 @@ pub struct Eq {
     /// What the application holds.
     pub fid: sys::fid_eq,
     fabric: *const crate::fabric::Fabric,
-    /// Events not read yet: (event, its bytes).
-    q: Mutex<VecDeque<(u32, Vec<u8>)>>,
+    /// Events and error entries not read yet.
+    q: Mutex<Queues>,
     /// Signalled on every write.
     cv: Condvar,
     /// Whether blocking reads are allowed (a wait object other than none).
     can_wait: bool,
+    /// Address vectors bound to it (close is `-FI_EBUSY` while any is).
+    pub refs: std::sync::atomic::AtomicUsize,
+    /// Before API 1.5 `fi_eq_err_entry` ends at `err_data`.
+    api_version: u32,
+}
+
+/// What an EQ holds.
+#[derive(Default)]
+struct Queues {
+    /// Events: (event, its bytes).
+    events: VecDeque<(u32, Vec<u8>)>,
+    /// Error entries (no provider error data).
+    errors: VecDeque<ErrEntry>,
+}
+
+/// An error entry: fid, context, data (for an AV insert, the index of the
+/// address), positive errno.
+struct ErrEntry {
+    fid: *mut sys::fid,
+    context: *mut c_void,
+    data: u64,
+    err: c_int,
+}
+
+impl Eq {
+    /// Queues an event (and wakes blocked readers).
+    pub fn post(&self, event: u32, bytes: &[u8]) {
+        self.q.lock().unwrap_or_else(|p| p.into_inner()).events.push_back((event, bytes.to_vec()));
+        self.cv.notify_all();
+    }
+
+    /// Queues an error entry (and wakes blocked readers).
+    pub fn post_err(&self, fid: *mut sys::fid, context: *mut c_void, data: u64, err: c_int) {
+        self.q.lock().unwrap_or_else(|p| p.into_inner()).errors.push_back(ErrEntry { fid, context, data, err });
+        self.cv.notify_all();
+    }
 }
 
 static FI_OPS: sys::fi_ops = sys::fi_ops {
@@ -75,9 +111,11 @@ pub unsafe extern "C" fn open(
     let b = Box::new(Eq {
         fid: sys::fid_eq { fid: util::fid(sys::FI_CLASS_EQ, context, &FI_OPS), ops: util::ops(&OPS) },
         fabric: f,
-        q: Mutex::new(VecDeque::new()),
+        q: Mutex::new(Queues::default()),
         cv: Condvar::new(),
         can_wait,
+        refs: std::sync::atomic::AtomicUsize::new(0),
+        api_version: f.fid.api_version,
     });
     // SAFETY: out is valid for a write (checked).
     unsafe { *out = &mut Box::leak(b).fid };
@@ -101,6 +139,9 @@ pub unsafe fn of<'a>(f: *const sys::fid) -> Option<&'a Eq> {
 unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
+    if e.refs.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        return crate::util::EBUSY;
+    }
     // SAFETY: the fabric outlives its EQs (its close is refused while refs > 0).
     unsafe { &*e.fabric }.refs.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: made by Box::leak in `open`; the application gives it up.
@@ -112,8 +153,11 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
 ///
 /// # Safety
 /// `event` valid for a write; `buf` valid for `len` bytes.
-unsafe fn take(q: &mut VecDeque<(u32, Vec<u8>)>, event: *mut u32, buf: *mut c_void, len: usize, flags: u64) -> isize {
-    let Some((ev, data)) = q.front() else { return -(sys::FI_EAGAIN as isize) };
+unsafe fn take(q: &mut Queues, event: *mut u32, buf: *mut c_void, len: usize, flags: u64) -> isize {
+    if !q.errors.is_empty() {
+        return -(sys::FI_EAVAIL as isize);
+    }
+    let Some((ev, data)) = q.events.front() else { return -(sys::FI_EAGAIN as isize) };
     if data.len() > len || (buf.is_null() && !data.is_empty()) {
         return ETOOSMALL as isize;
     }
@@ -126,7 +170,7 @@ unsafe fn take(q: &mut VecDeque<(u32, Vec<u8>)>, event: *mut u32, buf: *mut c_vo
     }
     let n = data.len() as isize;
     if flags & sys::FI_PEEK == 0 {
-        q.pop_front();
+        q.events.pop_front();
     }
     n
 }
@@ -144,18 +188,42 @@ unsafe extern "C" fn read(eq: *mut sys::fid_eq, event: *mut u32, buf: *mut c_voi
     unsafe { take(&mut q, event, buf, len, flags) }
 }
 
-/// No error events are ever made (nothing in shmfab reports through an
-/// EQ): `-FI_EAGAIN`.
+/// `fi_eq_readerr`: the next error entry (`-FI_EAGAIN` when none); no
+/// provider error data (`err_data_size` 0).
 ///
 /// # Safety
-/// libfabric's contract: the fid is one this provider made, and every
-/// pointer is valid as the call's man page says.
-unsafe extern "C" fn readerr(eq: *mut sys::fid_eq, _: *mut sys::fi_eq_err_entry, _: u64) -> isize {
+/// libfabric's contract: the fid is one this provider made; `buf` valid.
+unsafe extern "C" fn readerr(eq: *mut sys::fid_eq, buf: *mut sys::fi_eq_err_entry, flags: u64) -> isize {
     // SAFETY: libfabric passes our fid.
-    if unsafe { of(eq.cast()) }.is_none() {
+    let Some(e) = (unsafe { of(eq.cast()) }) else { return EINVAL as isize };
+    if buf.is_null() {
         return EINVAL as isize;
     }
-    -(sys::FI_EAGAIN as isize)
+    if flags != 0 {
+        return EBADFLAGS as isize;
+    }
+    let Some(x) = e.q.lock().unwrap_or_else(|p| p.into_inner()).errors.pop_front() else {
+        return -(sys::FI_EAGAIN as isize);
+    };
+    // SAFETY: buf is the caller's entry; before API 1.5 it ends at
+    // err_data (err_data_size is not written then).
+    unsafe {
+        let b = &mut *buf;
+        b.fid = x.fid;
+        b.context = x.context;
+        b.data = x.data;
+        b.err = x.err;
+        b.prov_errno = 0;
+        if e.api_version >= crate::info::fi_version(1, 5) {
+            if b.err_data_size == 0 {
+                b.err_data = std::ptr::null_mut();
+            }
+            b.err_data_size = 0;
+        } else {
+            b.err_data = std::ptr::null_mut();
+        }
+    }
+    std::mem::size_of::<sys::fi_eq_err_entry>() as isize
 }
 
 /// `write`: an entry of this module's ops tables.
@@ -175,7 +243,7 @@ unsafe extern "C" fn write(eq: *mut sys::fid_eq, event: u32, buf: *const c_void,
         // SAFETY: buf is valid for len bytes (fi_eq_write(3)).
         unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }.to_vec()
     };
-    e.q.lock().unwrap_or_else(|p| p.into_inner()).push_back((event, data));
+    e.q.lock().unwrap_or_else(|p| p.into_inner()).events.push_back((event, data));
     e.cv.notify_all();
     len as isize
 }
@@ -201,7 +269,7 @@ unsafe extern "C" fn sread(
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let mut q = e.q.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        if !q.is_empty() {
+        if !q.events.is_empty() || !q.errors.is_empty() {
             // SAFETY: the caller's buffers, as fi_eq_sread(3) requires.
             return unsafe { take(&mut q, event, buf, len, flags) };
         }
@@ -230,7 +298,7 @@ unsafe extern "C" fn strerror(
     buf: *mut c_char,
     len: usize,
 ) -> *const c_char {
-    let s = "no provider error (shmfab's event queues carry no errors)";
+    let s = "no provider error (shmfab's event queue errors carry only err)";
     // SAFETY: buf is null or valid for len bytes (fi_eq_strerror(3)).
     if unsafe { util::copy_cstr(s, buf, len) } {
         return buf;

@@ -462,6 +462,33 @@ static void test_eq(void)
 	EXPECT(fi_eq_read(eq, &ev, buf, sizeof(buf), 0), -FI_EAGAIN);
 	/* The fabric is busy while the EQ is open. */
 	EXPECT(fi_close(&fabric->fid), -FI_EBUSY);
+
+	/* An AV opened with FI_EVENT reports its inserts through the EQ: an
+	 * error entry per failed address (its index), then FI_AV_COMPLETE
+	 * with the number inserted. */
+	struct fid_av *av2;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE, .flags = FI_EVENT };
+	struct fi_eq_entry done;
+	struct fi_eq_err_entry err;
+	char addrs[48];
+	size_t len = 24;
+	fi_addr_t fa[2];
+	EXPECT(fi_av_open(domain, &aa, &av2, NULL), 0);
+	EXPECT(fi_av_lookup(av, 0, addrs, &len), 0); /* a valid address */
+	memset(addrs + 24, 0, 24);                   /* and an invalid one */
+	EXPECT(fi_av_insert(av2, addrs, 2, fa, 0, (void *)0x77), -FI_ENOEQ);
+	EXPECT(fi_av_bind(av2, &eq->fid, 0), 0);
+	EXPECT(fi_av_insert(av2, addrs, 2, fa, 0, (void *)0x77), 0);
+	EXPECT(fi_eq_read(eq, &ev, &done, sizeof(done), 0), -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	EXPECT(fi_eq_readerr(eq, &err, 0), sizeof(err));
+	CHECK(err.fid == &av2->fid && err.context == (void *)0x77 && err.data == 1 && err.err == FI_EINVAL);
+	EXPECT(fi_eq_readerr(eq, &err, 0), -FI_EAGAIN);
+	EXPECT(fi_eq_sread(eq, &ev, &done, sizeof(done), 1000, 0), sizeof(done));
+	CHECK(ev == FI_AV_COMPLETE && done.fid == &av2->fid && done.context == (void *)0x77 && done.data == 1);
+	CHECK(fa[1] == FI_ADDR_NOTAVAIL);
+	EXPECT(fi_close(&eq->fid), -FI_EBUSY); /* bound to the AV */
+	EXPECT(fi_close(&av2->fid), 0);
 	EXPECT(fi_close(&eq->fid), 0);
 }
 
