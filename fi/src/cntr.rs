@@ -1,6 +1,6 @@
 //! Counters (`fi_cntr_open`): read, readerr, add, set, adderr, seterr,
-//! wait, and `fi_control` FI_GETWAIT / FI_GETWAITOBJ, over the library's
-//! counter.
+//! wait, `fi_control` FI_GETWAIT / FI_GETWAITOBJ, and FI_WAIT_SET
+//! (`wait.rs`), over the library's counter.
 
 use crate::sys;
 use crate::util::{self, nb3, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS};
@@ -18,6 +18,8 @@ pub struct Cntr {
     /// The library's counter.
     pub cntr: shmfab::Counter,
     wait_obj: sys::fi_wait_obj,
+    /// The wait set it waits through (FI_WAIT_SET), else null.
+    wait: *const crate::wait::Wait,
 }
 
 static FI_OPS: sys::fi_ops = sys::fi_ops {
@@ -87,14 +89,24 @@ pub unsafe extern "C" fn open(
         sys::FI_WAIT_UNSPEC => WaitObj::Unspec,
         sys::FI_WAIT_YIELD => WaitObj::Yield,
         sys::FI_WAIT_FD => WaitObj::Fd,
-        // Not offered by the library for counters (mutex/condvar, pollfd),
-        // or not built yet here (wait sets).
-        sys::FI_WAIT_MUTEX_COND | sys::FI_WAIT_POLLFD | sys::FI_WAIT_SET => return ENOSYS,
+        // Through the wait set named (opened by it, below).
+        sys::FI_WAIT_SET => WaitObj::Unspec,
+        // Not offered by the library for counters.
+        sys::FI_WAIT_MUTEX_COND | sys::FI_WAIT_POLLFD => return ENOSYS,
         _ => return EINVAL,
     };
-    let cntr = match d.dom.cntr_open_with(&CntrAttr { wait_obj }) {
-        Ok(c) => c,
-        Err(e) => return util::err(e, sys::FI_LOG_CNTR, "fi_cntr_open"),
+    let (cntr, wait) = if a.wait_obj == sys::FI_WAIT_SET {
+        // SAFETY: wait_set is null or a live fid (fi_cntr(3)).
+        let Some(w) = (unsafe { crate::wait::of(a.wait_set.cast()) }) else { return EINVAL };
+        match w.cntr_open(d) {
+            Ok(c) => (c, w as *const crate::wait::Wait),
+            Err(e) => return e,
+        }
+    } else {
+        match d.dom.cntr_open_with(&CntrAttr { wait_obj }) {
+            Ok(c) => (c, std::ptr::null()),
+            Err(e) => return util::err(e, sys::FI_LOG_CNTR, "fi_cntr_open"),
+        }
     };
     d.refs.fetch_add(1, Relaxed);
     let b = Box::new(Cntr {
@@ -102,6 +114,7 @@ pub unsafe extern "C" fn open(
         dom: d,
         cntr,
         wait_obj: a.wait_obj,
+        wait,
     });
     // SAFETY: out is valid for a write (checked).
     unsafe { *out = &mut Box::leak(b).fid };
@@ -116,7 +129,19 @@ pub unsafe extern "C" fn open(
 unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(fid) }) else { return EINVAL };
+    // SAFETY: a wait set outlives its members (its close is refused while
+    // they are in it).
+    if let Some(w) = unsafe { c.wait.as_ref() } {
+        let r = w.leave_cntr(&c.cntr);
+        if r != 0 {
+            return r;
+        }
+    }
     if let Err(e) = c.cntr.close() {
+        // SAFETY: as above.
+        if let Some(w) = unsafe { c.wait.as_ref() } {
+            w.rejoin_cntr(&c.cntr);
+        }
         return util::err(e, sys::FI_LOG_CNTR, "fi_close(cntr)");
     }
     // SAFETY: the domain outlives its counters (refs).

@@ -2,7 +2,7 @@
 //! readerr (into the caller's `err_data` buffer when it gives one, as
 //! API 1.5 and later define), sread and sreadfrom with a threshold
 //! condition, signal, strerror, and `fi_control` FI_GETWAIT /
-//! FI_GETWAITOBJ, over the library's CQ.
+//! FI_GETWAITOBJ, and FI_WAIT_SET (`wait.rs`), over the library's CQ.
 //!
 //! The library's entry types are `#[repr(C)]` copies of libfabric's
 //! (checked below at compile time), so reads go straight into the
@@ -36,6 +36,8 @@ pub struct Cq {
     pub cq: shmfab::CompletionQueue,
     format: CqFormat,
     wait_obj: sys::fi_wait_obj,
+    /// The wait set it waits through (FI_WAIT_SET), else null.
+    wait: *const crate::wait::Wait,
     /// Before API 1.5 `fi_cq_err_entry` ends at `err_data`.
     api_version: u32,
 }
@@ -113,10 +115,11 @@ pub unsafe extern "C" fn open(
         sys::FI_WAIT_YIELD => WaitObj::Yield,
         sys::FI_WAIT_FD => WaitObj::Fd,
         sys::FI_WAIT_POLLFD => WaitObj::PollFd,
+        // Through the wait set named (opened by it, below).
+        sys::FI_WAIT_SET => WaitObj::Unspec,
         // FI_WAIT_MUTEX_COND: the library's mutex and condvar are Rust's,
-        // not the pthread objects FI_GETWAIT must hand out; FI_WAIT_SET:
-        // wait sets are not built yet.
-        sys::FI_WAIT_MUTEX_COND | sys::FI_WAIT_SET => return ENOSYS,
+        // not the pthread objects FI_GETWAIT must hand out.
+        sys::FI_WAIT_MUTEX_COND => return ENOSYS,
         _ => return EINVAL,
     };
     let wait_cond = match a.wait_cond {
@@ -124,9 +127,19 @@ pub unsafe extern "C" fn open(
         sys::FI_CQ_COND_THRESHOLD => WaitCond::Threshold,
         _ => return EINVAL,
     };
-    let cq = match d.dom.cq_open(&CqAttr { size: a.size, format, wait_obj, wait_cond }) {
-        Ok(c) => c,
-        Err(e) => return util::err(e, sys::FI_LOG_CQ, "fi_cq_open"),
+    let lib_attr = CqAttr { size: a.size, format, wait_obj, wait_cond };
+    let (cq, wait) = if a.wait_obj == sys::FI_WAIT_SET {
+        // SAFETY: wait_set is null or a live fid (fi_cq(3)).
+        let Some(w) = (unsafe { crate::wait::of(a.wait_set.cast()) }) else { return EINVAL };
+        match w.cq_open(d, &lib_attr) {
+            Ok(c) => (c, w as *const crate::wait::Wait),
+            Err(e) => return e,
+        }
+    } else {
+        match d.dom.cq_open(&lib_attr) {
+            Ok(c) => (c, std::ptr::null()),
+            Err(e) => return util::err(e, sys::FI_LOG_CQ, "fi_cq_open"),
+        }
     };
     d.refs.fetch_add(1, Relaxed);
     let b = Box::new(Cq {
@@ -135,6 +148,7 @@ pub unsafe extern "C" fn open(
         cq,
         format,
         wait_obj: a.wait_obj,
+        wait,
         api_version: d.api_version,
     });
     // SAFETY: out is valid for a write (checked).
@@ -150,7 +164,19 @@ pub unsafe extern "C" fn open(
 unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(fid) }) else { return EINVAL };
+    // SAFETY: a wait set outlives its members (its close is refused while
+    // they are in it).
+    if let Some(w) = unsafe { c.wait.as_ref() } {
+        let r = w.leave_cq(&c.cq);
+        if r != 0 {
+            return r;
+        }
+    }
     if let Err(e) = c.cq.close() {
+        // SAFETY: as above.
+        if let Some(w) = unsafe { c.wait.as_ref() } {
+            w.rejoin_cq(&c.cq);
+        }
         return util::err(e, sys::FI_LOG_CQ, "fi_close(cq)");
     }
     // SAFETY: the domain outlives its CQs (refs).

@@ -2,7 +2,7 @@
 //! and what domains and event queues are opened from.
 
 use crate::sys;
-use crate::util::{self, nb3, nb4, nb5, no_ops_open, no_ops_set, no_tostr, EBUSY, EINVAL};
+use crate::util::{self, nb4, nb5, no_ops_open, no_ops_set, no_tostr, EBUSY, EINVAL};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -33,7 +33,7 @@ static OPS: sys::fi_ops_fabric = sys::fi_ops_fabric {
     domain: Some(crate::domain::open),
     passive_ep: Some(nb4),
     eq_open: Some(crate::eq::open),
-    wait_open: Some(nb3),
+    wait_open: Some(crate::wait::open),
     trywait: Some(trywait),
     domain2: Some(nb5),
 };

@@ -47,6 +47,7 @@ pub mod info;
 pub mod poll;
 pub mod srx;
 pub mod util;
+pub mod wait;
 
 use std::cell::UnsafeCell;
 

@@ -342,9 +342,9 @@ static void test_cq_waits(void)
 
 	ca.wait_obj = FI_WAIT_MUTEX_COND; /* no pthread objects to give out */
 	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_ENOSYS);
-	ca.wait_obj = FI_WAIT_SET; /* wait sets: not built yet */
-	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_ENOSYS);
-	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_UNSPEC };
+	ca.wait_obj = FI_WAIT_SET; /* names no wait set */
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_EINVAL);
+	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_FD }; /* not built */
 	struct fid_wait *ws;
 	EXPECT(fi_wait_open(fabric, &wa, &ws), -FI_ENOSYS);
 }
@@ -676,6 +676,56 @@ static void test_poll(struct side *a, struct side *b)
 	EXPECT(fi_close(&ps->fid), 0);
 }
 
+/* A wait set over a CQ and a counter of one domain. */
+static void test_wait_set(struct side *a)
+{
+	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_UNSPEC };
+	struct fid_wait *ws;
+	struct side w;
+	struct fid_cntr *c;
+	struct fi_cq_tagged_entry e;
+	char name[64], in[8];
+	size_t len = sizeof(name);
+
+	EXPECT(fi_wait_open(fabric, &wa, &ws), 0);
+	EXPECT(fi_wait(ws, 10), -FI_ETIMEDOUT); /* no member yet */
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_SET, .wait_set = ws };
+	struct fi_cntr_attr na = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_SET, .wait_set = ws };
+	EXPECT(fi_cq_open(domain, &ca, &w.cq, NULL), 0);
+	EXPECT(fi_cntr_open(domain, &na, &c, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &w.ep, NULL), 0);
+	EXPECT(fi_ep_bind(w.ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(w.ep, &w.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(w.ep), 0);
+	EXPECT(fi_getname(&w.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &w.addr, 0, NULL), 1);
+
+	EXPECT(fi_wait(ws, 10), -FI_ETIMEDOUT);
+	EXPECT(fi_recv(w.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0x3a), 0);
+	EXPECT(fi_send(a->ep, "wait", 5, NULL, w.addr, NULL), 0);
+	EXPECT(fi_wait(ws, 10000), 0);
+	EXPECT(fi_cq_read(w.cq, &e, 1), 1);
+	CHECK(e.op_context == (void *)0x3a && !strcmp(in, "wait"));
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_cq_sread(w.cq, &e, 1, NULL, 0), -FI_EINVAL); /* waits through its set */
+	EXPECT(fi_cntr_add(c, 1), 0);
+	EXPECT(fi_wait(ws, 10000), 0);
+
+	/* One domain per wait set: a CQ of another domain is refused. */
+	struct fid_domain *d2;
+	struct fid_cq *cq2;
+	EXPECT(fi_domain(fabric, info, &d2, NULL), 0);
+	EXPECT(fi_cq_open(d2, &ca, &cq2, NULL), -FI_ENOSYS);
+	EXPECT(fi_close(&d2->fid), 0);
+
+	EXPECT(fi_close(&ws->fid), -FI_EBUSY); /* members wait through it */
+	EXPECT(fi_close(&w.cq->fid), -FI_EBUSY); /* bound to the endpoint */
+	EXPECT(fi_close(&w.ep->fid), 0);
+	EXPECT(fi_close(&w.cq->fid), 0);
+	EXPECT(fi_close(&c->fid), 0);
+	EXPECT(fi_close(&ws->fid), 0);
+}
+
 /* FI_THREAD_DOMAIN: calls serialised by the application may come from
  * any thread, one at a time. */
 static struct side *ta, *tb;
@@ -719,6 +769,7 @@ int main(void)
 	test_srx(&a);
 	test_misc(&a, &b);
 	test_poll(&a, &b);
+	test_wait_set(&a);
 	test_eq();
 
 	/* The first thread used the domain above; another one now. */
