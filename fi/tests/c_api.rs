@@ -1,7 +1,7 @@
 //! The provider through libfabric's C API: `tests/c/fi_api.c`, built
 //! against the installed libfabric, checks the objects' calls and their
-//! error codes (see its header), run under a timeout with the provider
-//! on `FI_PROVIDER_PATH`.
+//! error codes (see its header), and runs a two-process exchange, under
+//! a timeout with the provider on `FI_PROVIDER_PATH`.
 
 mod common;
 

@@ -1,6 +1,7 @@
 /*
  * The provider through libfabric's C API, as a client sees it: hints,
- * the objects and their calls, and the error codes the man pages give.
+ * the objects and their calls, and the error codes the man pages give;
+ * then two processes (fork) exchange tagged messages of 1 B to 4 MiB.
  * Built and run by fi/tests/c_api.rs (FI_PROVIDER_PATH set to the
  * provider); prints "fi_api: N checks passed" and exits 0, or names the
  * first failed check and exits 1.
@@ -15,6 +16,7 @@
 #include <rdma/fi_tagged.h>
 #include <pthread.h>
 #include <sys/epoll.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -742,6 +744,104 @@ static void *other_thread(void *arg)
 	return NULL;
 }
 
+/* Two processes: tagged messages of every protocol's sizes (inline, pool,
+ * single copy) and back, each byte checked on both sides. */
+static char pattern(size_t i, size_t size)
+{
+	return (char)((i * 7 + size) & 0xff);
+}
+
+static void two_processes(void)
+{
+	static const size_t sizes[] = { 1, 64, 4096, 20000, 65536, 1 << 20, 4 << 20 };
+	int p2c[2], c2p[2];
+	CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	int child = pid == 0;
+	int rd = child ? p2c[0] : c2p[0], wr = child ? c2p[1] : p2c[1];
+
+	struct fi_info *h = hints(), *fi;
+	struct fid_fabric *fab;
+	struct fid_domain *dom;
+	struct fid_av *pav;
+	struct fid_cq *cq;
+	struct fid_ep *ep;
+	struct fi_av_attr aa = { .type = FI_AV_MAP };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_UNSPEC };
+	char me[64], peer[64];
+	size_t len = sizeof(me);
+	fi_addr_t to;
+
+	EXPECT(getinfo(h, &fi), 0);
+	EXPECT(fi_fabric(fi->fabric_attr, &fab, NULL), 0);
+	EXPECT(fi_domain(fab, fi, &dom, NULL), 0);
+	EXPECT(fi_av_open(dom, &aa, &pav, NULL), 0);
+	EXPECT(fi_cq_open(dom, &ca, &cq, NULL), 0);
+	EXPECT(fi_endpoint(dom, fi, &ep, NULL), 0);
+	EXPECT(fi_ep_bind(ep, &pav->fid, 0), 0);
+	EXPECT(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(ep), 0);
+	EXPECT(fi_getname(&ep->fid, me, &len), 0);
+	CHECK(write(wr, me, len) == (ssize_t)len && read(rd, peer, len) == (ssize_t)len);
+	EXPECT(fi_av_insert(pav, peer, 1, &to, 0, NULL), 1);
+
+	char *buf = malloc(4 << 20), *back = malloc(4 << 20);
+	CHECK(buf && back);
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		size_t n = sizes[k];
+		struct fi_cq_tagged_entry e[2];
+		int got = 0, tries = 0;
+		if (child) {
+			memset(buf, 0, n);
+			EXPECT(fi_trecv(ep, buf, n, NULL, to, n, 0, (void *)1), 0);
+			while (got < 1) {
+				ssize_t r = fi_cq_sread(cq, e, 1, NULL, 10000);
+				CHECK(r == 1 || (r == -FI_EAGAIN && ++tries < 3)); /* 30 s at most */
+				got += r == 1;
+			}
+			CHECK(e[0].len == n && e[0].tag == n);
+			for (size_t i = 0; i < n; i++)
+				CHECK(buf[i] == pattern(i, n));
+			EXPECT(fi_tsend(ep, buf, n, NULL, to, n + 1, (void *)2), 0);
+			for (got = 0; got < 1;) {
+				ssize_t r = fi_cq_sread(cq, e, 1, NULL, 10000);
+				CHECK(r == 1 || (r == -FI_EAGAIN && ++tries < 3)); /* 30 s at most */
+				got += r == 1;
+			}
+		} else {
+			for (size_t i = 0; i < n; i++)
+				buf[i] = pattern(i, n);
+			memset(back, 0, n);
+			EXPECT(fi_trecv(ep, back, n, NULL, to, n + 1, 0, (void *)3), 0);
+			EXPECT(fi_tsend(ep, buf, n, NULL, to, n, (void *)4), 0);
+			while (got < 2) {
+				ssize_t r = fi_cq_sread(cq, e, 2 - got, NULL, 10000);
+				CHECK(r > 0 || (r == -FI_EAGAIN && ++tries < 3));
+				if (r > 0)
+					got += (int)r;
+			}
+			CHECK(!memcmp(back, buf, n));
+		}
+	}
+	free(buf);
+	free(back);
+	/* The child waits for the parent's word before it closes, so that
+	 * the parent's last completions do not race its peer's close. */
+	char done = 'x';
+	CHECK(write(wr, &done, 1) == 1 && read(rd, &done, 1) == 1);
+	EXPECT(fi_close(&ep->fid), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+	EXPECT(fi_close(&pav->fid), 0);
+	EXPECT(fi_close(&dom->fid), 0);
+	EXPECT(fi_close(&fab->fid), 0);
+	fi_freeinfo(fi);
+	if (child)
+		_exit(0);
+	int status;
+	CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
 	struct side a, b;
@@ -788,6 +888,8 @@ int main(void)
 	EXPECT(fi_close(&domain->fid), 0);
 	EXPECT(fi_close(&fabric->fid), 0);
 	fi_freeinfo(info);
+
+	two_processes();
 	printf("fi_api: %d checks passed\n", checks);
 	return 0;
 }
