@@ -1,0 +1,484 @@
+//! Completion queues (`fi_cq_open`): every entry format, read, readfrom,
+//! readerr (into the caller's `err_data` buffer when it gives one, as
+//! API 1.5 and later define), sread and sreadfrom with a threshold
+//! condition, signal, strerror, and `fi_control` FI_GETWAIT /
+//! FI_GETWAITOBJ, and FI_WAIT_SET (`wait.rs`), over the library's CQ.
+//!
+//! The library's entry types are `#[repr(C)]` copies of libfabric's
+//! (checked below at compile time), so reads go straight into the
+//! application's array.
+
+use crate::sys;
+use crate::util::{self, nb3, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS};
+use shmfab::{CqAttr, CqDataEntry, CqEntry, CqFormat, CqMsgEntry, CqTaggedEntry, WaitCond, WaitObj};
+use std::ffi::{c_char, c_int, c_void};
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+const _: () = {
+    assert!(size_of::<CqEntry>() == size_of::<sys::fi_cq_entry>());
+    assert!(size_of::<CqMsgEntry>() == size_of::<sys::fi_cq_msg_entry>());
+    assert!(offset_of!(CqMsgEntry, len) == offset_of!(sys::fi_cq_msg_entry, len));
+    assert!(size_of::<CqDataEntry>() == size_of::<sys::fi_cq_data_entry>());
+    assert!(offset_of!(CqDataEntry, data) == offset_of!(sys::fi_cq_data_entry, data));
+    assert!(size_of::<CqTaggedEntry>() == size_of::<sys::fi_cq_tagged_entry>());
+    assert!(offset_of!(CqTaggedEntry, tag) == offset_of!(sys::fi_cq_tagged_entry, tag));
+};
+
+/// A completion queue.
+#[repr(C)]
+pub struct Cq {
+    /// What the application holds.
+    pub fid: sys::fid_cq,
+    dom: *const crate::domain::Domain,
+    /// The library's CQ.
+    pub cq: shmfab::CompletionQueue,
+    format: CqFormat,
+    wait_obj: sys::fi_wait_obj,
+    /// The wait set it waits through (FI_WAIT_SET), else null.
+    wait: *const crate::wait::Wait,
+    /// Before API 1.5 `fi_cq_err_entry` ends at `err_data`.
+    api_version: u32,
+}
+
+static FI_OPS: sys::fi_ops = sys::fi_ops {
+    size: size_of::<sys::fi_ops>(),
+    close: Some(close),
+    bind: Some(nb3),
+    control: Some(control),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+static OPS: sys::fi_ops_cq = sys::fi_ops_cq {
+    size: size_of::<sys::fi_ops_cq>(),
+    read: Some(read),
+    readfrom: Some(readfrom),
+    readerr: Some(readerr),
+    sread: Some(sread),
+    sreadfrom: Some(sreadfrom),
+    signal: Some(signal),
+    strerror: Some(strerror),
+};
+
+impl Cq {
+    /// The domain it was opened from (alive while it is).
+    pub fn domain(&self) -> &crate::domain::Domain {
+        // SAFETY: the domain outlives what is opened from it (its close is
+        // refused while its refs count this object).
+        unsafe { &*self.dom }
+    }
+}
+
+/// The CQ behind a fid.
+///
+/// # Safety
+/// `f` null or a live fid.
+pub unsafe fn of<'a>(f: *const sys::fid) -> Option<&'a Cq> {
+    // SAFETY: caller's contract.
+    unsafe { util::ours(f, sys::FI_CLASS_CQ, &FI_OPS) }
+}
+
+/// `fi_cq_open`.
+///
+/// # Safety
+/// libfabric's contract.
+pub unsafe extern "C" fn open(
+    domain: *mut sys::fid_domain,
+    attr: *mut sys::fi_cq_attr,
+    out: *mut *mut sys::fid_cq,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric's contract.
+    let (Some(d), Some(a)) = (unsafe { crate::domain::of(domain.cast()) }, unsafe { attr.as_ref() }) else {
+        return EINVAL;
+    };
+    if out.is_null() {
+        return EINVAL;
+    }
+    if a.flags & !sys::FI_AFFINITY != 0 {
+        return EBADFLAGS;
+    }
+    let format = match a.format {
+        sys::FI_CQ_FORMAT_UNSPEC => CqFormat::Unspec,
+        sys::FI_CQ_FORMAT_CONTEXT => CqFormat::Context,
+        sys::FI_CQ_FORMAT_MSG => CqFormat::Msg,
+        sys::FI_CQ_FORMAT_DATA => CqFormat::Data,
+        sys::FI_CQ_FORMAT_TAGGED => CqFormat::Tagged,
+        _ => return EINVAL,
+    };
+    let wait_obj = match a.wait_obj {
+        sys::FI_WAIT_NONE => WaitObj::None,
+        sys::FI_WAIT_UNSPEC => WaitObj::Unspec,
+        sys::FI_WAIT_YIELD => WaitObj::Yield,
+        sys::FI_WAIT_FD => WaitObj::Fd,
+        sys::FI_WAIT_POLLFD => WaitObj::PollFd,
+        // Through the wait set named (opened by it, below).
+        sys::FI_WAIT_SET => WaitObj::Unspec,
+        // FI_WAIT_MUTEX_COND: the library's mutex and condvar are Rust's,
+        // not the pthread objects FI_GETWAIT must hand out.
+        sys::FI_WAIT_MUTEX_COND => return ENOSYS,
+        _ => return EINVAL,
+    };
+    let wait_cond = match a.wait_cond {
+        sys::FI_CQ_COND_NONE => WaitCond::None,
+        sys::FI_CQ_COND_THRESHOLD => WaitCond::Threshold,
+        _ => return EINVAL,
+    };
+    let lib_attr = CqAttr { size: a.size, format, wait_obj, wait_cond };
+    let (cq, wait) = if a.wait_obj == sys::FI_WAIT_SET {
+        // SAFETY: wait_set is null or a live fid (fi_cq(3)).
+        let Some(w) = (unsafe { crate::wait::of(a.wait_set.cast()) }) else { return EINVAL };
+        match w.cq_open(d, &lib_attr) {
+            Ok(c) => (c, w as *const crate::wait::Wait),
+            Err(e) => return e,
+        }
+    } else {
+        match d.dom.cq_open(&lib_attr) {
+            Ok(c) => (c, std::ptr::null()),
+            Err(e) => return util::err(e, sys::FI_LOG_CQ, "fi_cq_open"),
+        }
+    };
+    d.refs.fetch_add(1, Relaxed);
+    let b = Box::new(Cq {
+        fid: sys::fid_cq { fid: util::fid(sys::FI_CLASS_CQ, context, &FI_OPS), ops: util::ops(&OPS) },
+        dom: d,
+        cq,
+        format,
+        wait_obj: a.wait_obj,
+        wait,
+        api_version: d.api_version,
+    });
+    // SAFETY: out is valid for a write (checked).
+    unsafe { *out = &mut Box::leak(b).fid };
+    0
+}
+
+/// `close`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(c) = (unsafe { of(fid) }) else { return EINVAL };
+    // SAFETY: a wait set outlives its members (its close is refused while
+    // they are in it).
+    if let Some(w) = unsafe { c.wait.as_ref() } {
+        let r = w.leave_cq(&c.cq);
+        if r != 0 {
+            return r;
+        }
+    }
+    if let Err(e) = c.cq.close() {
+        // SAFETY: as above.
+        if let Some(w) = unsafe { c.wait.as_ref() } {
+            w.rejoin_cq(&c.cq);
+        }
+        return util::err(e, sys::FI_LOG_CQ, "fi_close(cq)");
+    }
+    // SAFETY: the domain outlives its CQs (refs).
+    unsafe { &*c.dom }.refs.fetch_sub(1, Relaxed);
+    // SAFETY: made by Box::leak in `open`; the application gives it up.
+    drop(unsafe { Box::from_raw((c as *const Cq).cast_mut()) });
+    0
+}
+
+/// Reads in the CQ's format into the caller's array: `how` is the
+/// library call (read, readfrom, sread...) for one entry type.
+///
+/// # Safety
+/// `buf` holds `count` entries of the CQ's format.
+unsafe fn in_format(
+    c: &Cq,
+    buf: *mut c_void,
+    count: usize,
+    how: &mut dyn FnMut(Entries<'_>) -> shmfab::Result<usize>,
+) -> isize {
+    if buf.is_null() && count > 0 {
+        return EINVAL as isize;
+    }
+    /// The caller's array as a slice of `T`.
+    ///
+    /// # Safety
+    /// As `in_format`.
+    unsafe fn arr<'a, T>(buf: *mut c_void, count: usize) -> &'a mut [T] {
+        if count == 0 {
+            return &mut [];
+        }
+        // SAFETY: buf holds count entries of T (caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(buf.cast::<T>(), count) }
+    }
+    // SAFETY (each arm): the CQ's format names the entry type of buf.
+    let r = match c.format {
+        CqFormat::Context => how(Entries::Context(unsafe { arr(buf, count) })),
+        CqFormat::Msg => how(Entries::Msg(unsafe { arr(buf, count) })),
+        CqFormat::Data => how(Entries::Data(unsafe { arr(buf, count) })),
+        CqFormat::Tagged | CqFormat::Unspec => how(Entries::Tagged(unsafe { arr(buf, count) })),
+    };
+    util::ssize(r, sys::FI_LOG_CQ, "fi_cq_read")
+}
+
+/// The application's array, by format.
+enum Entries<'a> {
+    Context(&'a mut [CqEntry]),
+    Msg(&'a mut [CqMsgEntry]),
+    Data(&'a mut [CqDataEntry]),
+    Tagged(&'a mut [CqTaggedEntry]),
+}
+
+/// Calls `$f` (a generic library read) on whichever array `$e` holds.
+macro_rules! each {
+    ($e:expr, |$a:ident| $body:expr) => {
+        match $e {
+            Entries::Context($a) => $body,
+            Entries::Msg($a) => $body,
+            Entries::Data($a) => $body,
+            Entries::Tagged($a) => $body,
+        }
+    };
+}
+
+/// `read`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn read(cq: *mut sys::fid_cq, buf: *mut c_void, count: usize) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
+    // SAFETY: buf holds count entries of the CQ's format (fi_cq(3)).
+    unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.read(a))) }
+}
+
+/// The caller's source array.
+///
+/// # Safety
+/// `src` valid for `count` entries.
+unsafe fn srcs<'a>(src: *mut u64, count: usize) -> &'a mut [u64] {
+    if count == 0 || src.is_null() {
+        return &mut [];
+    }
+    // SAFETY: caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(src, count) }
+}
+
+/// `readfrom`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn readfrom(cq: *mut sys::fid_cq, buf: *mut c_void, count: usize, src: *mut u64) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
+    if src.is_null() {
+        return EINVAL as isize;
+    }
+    // SAFETY: src holds count entries (fi_cq(3)).
+    let s = unsafe { srcs(src, count) };
+    // SAFETY: buf holds count entries of the CQ's format.
+    unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.readfrom(a, s))) }
+}
+
+/// The timeout of the blocking reads: negative waits for ever.
+fn timeout(ms: c_int) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+/// The threshold of a blocking read, for FI_CQ_COND_THRESHOLD (a
+/// `size_t`; ignored by the library otherwise).
+///
+/// # Safety
+/// `cond` null or valid for a `size_t` read.
+unsafe fn threshold(cond: *const c_void) -> Option<usize> {
+    // SAFETY: caller's contract.
+    (!cond.is_null()).then(|| unsafe { *cond.cast::<usize>() })
+}
+
+/// `sread`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn sread(
+    cq: *mut sys::fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    cond: *const c_void,
+    ms: c_int,
+) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
+    // SAFETY: cond is null or a size_t (fi_cq(3)).
+    let th = unsafe { threshold(cond) };
+    // SAFETY: buf holds count entries of the CQ's format.
+    unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.sread(a, th, timeout(ms)))) }
+}
+
+/// `sreadfrom`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn sreadfrom(
+    cq: *mut sys::fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+    cond: *const c_void,
+    ms: c_int,
+) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
+    if src.is_null() {
+        return EINVAL as isize;
+    }
+    // SAFETY: cond is null or a size_t; src holds count entries.
+    let (th, s) = unsafe { (threshold(cond), srcs(src, count)) };
+    // SAFETY: buf holds count entries of the CQ's format.
+    unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.sreadfrom(a, s, th, timeout(ms)))) }
+}
+
+/// `readerr`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entry, flags: u64) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
+    if buf.is_null() {
+        return EINVAL as isize;
+    }
+    if flags != 0 {
+        return EBADFLAGS as isize;
+    }
+    let e = match c.cq.readerr() {
+        Ok(e) => e,
+        Err(e) => return util::err(e, sys::FI_LOG_CQ, "fi_cq_readerr") as isize,
+    };
+    // SAFETY: buf is the caller's fi_cq_err_entry; before API 1.5 it ends
+    // at err_data (err_data_size is neither read nor written then).
+    unsafe {
+        let b = &mut *buf;
+        let user = (c.api_version >= crate::info::fi_version(1, 5) && b.err_data_size > 0 && !b.err_data.is_null())
+            .then_some((b.err_data, b.err_data_size));
+        b.op_context = e.op_context as *mut c_void;
+        b.flags = e.flags;
+        b.len = e.len;
+        b.buf = e.buf as *mut c_void;
+        b.data = e.data;
+        b.tag = e.tag;
+        b.olen = e.olen;
+        b.err = e.err;
+        b.prov_errno = e.prov_errno;
+        match user {
+            // The caller's buffer: as much of the error data as fits.
+            Some((p, room)) => {
+                let n = e.err_data_size.min(room);
+                if n > 0 {
+                    std::ptr::copy_nonoverlapping(e.err_data as *const u8, p.cast::<u8>(), n);
+                }
+                b.err_data_size = n;
+            }
+            None => {
+                b.err_data = e.err_data as *mut c_void;
+                if c.api_version >= crate::info::fi_version(1, 5) {
+                    b.err_data_size = e.err_data_size;
+                }
+            }
+        }
+    }
+    1
+}
+
+/// `signal`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn signal(cq: *mut sys::fid_cq) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL };
+    util::status(c.cq.signal(), sys::FI_LOG_CQ, "fi_cq_signal")
+}
+
+/// `strerror`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn strerror(
+    cq: *mut sys::fid_cq,
+    prov_errno: c_int,
+    _err_data: *const c_void,
+    buf: *mut c_char,
+    len: usize,
+) -> *const c_char {
+    // SAFETY: libfabric passes our fid.
+    let s = match unsafe { of(cq.cast()) } {
+        Some(c) => c.cq.strerror(prov_errno),
+        None => shmfab::cq::strerror(prov_errno),
+    };
+    // SAFETY: buf is null or valid for len bytes (fi_cq(3)).
+    if unsafe { util::copy_cstr(s, buf, len) } {
+        return buf;
+    }
+    util::static_cstr(s)
+}
+
+/// `fi_control` on a CQ: FI_GETWAIT (the fd of FI_WAIT_FD, the
+/// `struct fi_wait_pollfd` of FI_WAIT_POLLFD) and FI_GETWAITOBJ.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, arg: *mut c_void) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(c) = (unsafe { of(fid) }) else { return EINVAL };
+    if arg.is_null() {
+        return EINVAL;
+    }
+    match command as u32 {
+        sys::FI_GETWAITOBJ => {
+            // SAFETY: arg is an enum fi_wait_obj (fi_control(3)).
+            unsafe { *arg.cast::<sys::fi_wait_obj>() = c.wait_obj };
+            0
+        }
+        sys::FI_GETWAIT => match c.wait_obj {
+            sys::FI_WAIT_FD => match c.cq.wait_fd() {
+                // SAFETY: arg is an int for FI_WAIT_FD.
+                Ok(fd) => unsafe {
+                    *arg.cast::<c_int>() = fd;
+                    0
+                },
+                Err(e) => util::err(e, sys::FI_LOG_CQ, "FI_GETWAIT"),
+            },
+            sys::FI_WAIT_POLLFD => {
+                // SAFETY: arg is a struct fi_wait_pollfd whose fd array
+                // holds nfds entries.
+                let p = unsafe { &mut *arg.cast::<sys::fi_wait_pollfd>() };
+                let fds: &mut [libc::pollfd] = if p.fd.is_null() || p.nfds == 0 {
+                    &mut []
+                } else {
+                    // SAFETY: as above; libc::pollfd is struct pollfd.
+                    unsafe { std::slice::from_raw_parts_mut(p.fd.cast::<libc::pollfd>(), p.nfds) }
+                };
+                let mut n = 0;
+                let r = c.cq.wait_pollfd(fds, &mut n);
+                p.nfds = n;
+                match r {
+                    Ok(ix) => {
+                        p.change_index = ix;
+                        0
+                    }
+                    Err(e) => util::err(e, sys::FI_LOG_CQ, "FI_GETWAIT"),
+                }
+            }
+            _ => ENOSYS,
+        },
+        _ => ENOSYS,
+    }
+}

@@ -1,0 +1,338 @@
+//! Domains (`fi_domain`) and memory registration (`fi_mr_reg` and
+//! friends).
+//!
+//! Every threading level is served by a library domain in
+//! `Threading::Safe`: the library's `Threading::Domain` binds the domain to
+//! the first thread that uses it, while FI_THREAD_DOMAIN (fi_domain(3))
+//! only asks the application to serialise its calls, which may come from
+//! different threads one at a time.
+//!
+//! Registration: shmfab needs none to send from or receive into any
+//! buffer (single copy reads any address of the peer), so a registration
+//! records the range, the access and the key, and the keys are kept
+//! unique in the domain; RMA, when it is built, will look them up.
+
+use crate::sys;
+use crate::util::{self, nb3, nb4, nb5, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EBUSY, EINVAL};
+use std::collections::HashSet;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// A domain.
+#[repr(C)]
+pub struct Domain {
+    /// What the application holds.
+    pub fid: sys::fid_domain,
+    fabric: *const crate::fabric::Fabric,
+    /// The library's domain.
+    pub dom: shmfab::Domain,
+    /// Objects open from it (close is `-FI_EBUSY` while any is).
+    pub refs: AtomicUsize,
+    /// The API version the fabric was opened with (error data rules
+    /// changed at 1.5).
+    pub api_version: u32,
+    /// The info's capabilities (what endpoints may ask for).
+    pub caps: u64,
+    /// Registration keys are chosen by the provider (FI_MR_BASIC before
+    /// API 1.5, FI_MR_PROV_KEY after), else by the application.
+    prov_keys: bool,
+    /// The next provider-chosen key.
+    next_key: AtomicU64,
+    /// Keys of the live registrations.
+    keys: Mutex<HashSet<u64>>,
+}
+
+static FI_OPS: sys::fi_ops = sys::fi_ops {
+    size: std::mem::size_of::<sys::fi_ops>(),
+    close: Some(close),
+    bind: Some(nb3),
+    control: Some(nb3),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+static OPS: sys::fi_ops_domain = sys::fi_ops_domain {
+    size: std::mem::size_of::<sys::fi_ops_domain>(),
+    av_open: Some(crate::av::open),
+    cq_open: Some(crate::cq::open),
+    endpoint: Some(crate::ep::open),
+    scalable_ep: Some(nb4),
+    cntr_open: Some(crate::cntr::open),
+    poll_open: Some(crate::poll::open),
+    stx_ctx: Some(nb4),
+    srx_ctx: Some(crate::srx::open),
+    query_atomic: Some(nb5),
+    query_collective: Some(nb4),
+    endpoint2: Some(nb5),
+};
+
+static MR_OPS: sys::fi_ops_mr = sys::fi_ops_mr {
+    size: std::mem::size_of::<sys::fi_ops_mr>(),
+    reg: Some(mr_reg),
+    regv: Some(mr_regv),
+    regattr: Some(mr_regattr),
+};
+
+/// The domain behind a fid.
+///
+/// # Safety
+/// `f` null or a live fid.
+pub unsafe fn of<'a>(f: *const sys::fid) -> Option<&'a Domain> {
+    // SAFETY: caller's contract.
+    unsafe { util::ours(f, sys::FI_CLASS_DOMAIN, &FI_OPS) }
+}
+
+/// `fi_domain`.
+///
+/// # Safety
+/// libfabric's contract: `fabric` a live fid, `info` valid, `out` valid
+/// for a write.
+pub unsafe extern "C" fn open(
+    fabric: *mut sys::fid_fabric,
+    info: *mut sys::fi_info,
+    out: *mut *mut sys::fid_domain,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric's contract.
+    let (Some(f), Some(i)) = (unsafe { crate::fabric::of(fabric) }, unsafe { info.as_ref() }) else {
+        return EINVAL;
+    };
+    if out.is_null() {
+        return EINVAL;
+    }
+    let version = f.fid.api_version;
+    // SAFETY: info is valid with valid or null attributes.
+    if let Err(e) = unsafe { crate::info::recheck(version, i) } {
+        return e;
+    }
+    // SAFETY: as above.
+    let d = unsafe { i.domain_attr.as_ref() };
+    let mr_mode = d.map_or(0, |d| d.mr_mode);
+    let prov_keys = if version < crate::info::fi_version(1, 5) {
+        mr_mode == sys::FI_MR_BASIC as c_int
+    } else {
+        mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
+    };
+    let dom = match f.fabric.domain_with(shmfab::Threading::Safe) {
+        Ok(d) => d,
+        Err(e) => return util::err(e, sys::FI_LOG_DOMAIN, "fi_domain"),
+    };
+    if d.is_some_and(|d| d.data_progress == sys::FI_PROGRESS_AUTO) {
+        if let Err(e) = dom.start_progress_thread() {
+            return util::err(e, sys::FI_LOG_DOMAIN, "fi_domain: FI_PROGRESS_AUTO");
+        }
+    }
+    f.refs.fetch_add(1, Relaxed);
+    let b = Box::new(Domain {
+        fid: sys::fid_domain {
+            fid: util::fid(sys::FI_CLASS_DOMAIN, context, &FI_OPS),
+            ops: util::ops(&OPS),
+            mr: util::ops(&MR_OPS),
+        },
+        fabric: f,
+        dom,
+        refs: AtomicUsize::new(0),
+        api_version: version,
+        caps: if i.caps == 0 { crate::info::CAPS } else { i.caps },
+        prov_keys,
+        next_key: AtomicU64::new(1),
+        keys: Mutex::new(HashSet::new()),
+    });
+    // SAFETY: out is valid for a write (checked).
+    unsafe { *out = &mut Box::leak(b).fid };
+    0
+}
+
+/// `close`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(d) = (unsafe { of(fid) }) else { return EINVAL };
+    if d.refs.load(Relaxed) != 0 {
+        return EBUSY;
+    }
+    // SAFETY: the fabric outlives its domains (its close is refused while
+    // refs > 0).
+    unsafe { &*d.fabric }.refs.fetch_sub(1, Relaxed);
+    // SAFETY: made by Box::leak in `open`, no children; the application
+    // gives it up.
+    drop(unsafe { Box::from_raw((d as *const Domain).cast_mut()) });
+    0
+}
+
+/// A memory registration.
+#[repr(C)]
+pub struct Mr {
+    /// What the application holds (`fi_mr_key`, `fi_mr_desc`).
+    pub fid: sys::fid_mr,
+    dom: *const Domain,
+    /// Start and length of the registered range.
+    pub range: (usize, usize),
+    /// FI_SEND, FI_RECV, FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE.
+    pub access: u64,
+}
+
+static MR_FI_OPS: sys::fi_ops = sys::fi_ops {
+    size: std::mem::size_of::<sys::fi_ops>(),
+    close: Some(mr_close),
+    bind: Some(nb3),
+    control: Some(nb3),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+const ACCESS: u64 =
+    sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE;
+
+/// Registers one range.
+///
+/// # Safety
+/// `fid` a live fid; `out` valid for a write.
+#[allow(clippy::too_many_arguments)]
+unsafe fn reg(
+    fid: *mut sys::fid,
+    range: (usize, usize),
+    access: u64,
+    offset: u64,
+    requested_key: u64,
+    flags: u64,
+    out: *mut *mut sys::fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: caller's contract.
+    let Some(d) = (unsafe { of(fid) }) else { return EINVAL };
+    if out.is_null() || access & !ACCESS != 0 {
+        return EINVAL;
+    }
+    if flags != 0 {
+        return EBADFLAGS;
+    }
+    let _ = offset; // FI_MR_VIRT_ADDR is not asked for: offsets are the application's.
+    let mut keys = d.keys.lock().unwrap_or_else(|p| p.into_inner());
+    let key = if d.prov_keys {
+        loop {
+            let k = d.next_key.fetch_add(1, Relaxed);
+            if !keys.contains(&k) {
+                break k;
+            }
+        }
+    } else {
+        requested_key
+    };
+    if !keys.insert(key) {
+        return -(sys::FI_ENOKEY as c_int);
+    }
+    drop(keys);
+    d.refs.fetch_add(1, Relaxed);
+    let mut b = Box::new(Mr {
+        fid: sys::fid_mr { fid: util::fid(sys::FI_CLASS_MR, context, &MR_FI_OPS), mem_desc: std::ptr::null_mut(), key },
+        dom: d,
+        range,
+        access,
+    });
+    // The descriptor applications pass back with their buffers: the
+    // registration itself (shmfab's calls ignore descriptors).
+    b.fid.mem_desc = (&*b as *const Mr).cast_mut().cast();
+    // SAFETY: out is valid for a write (checked).
+    unsafe { *out = &mut Box::leak(b).fid };
+    0
+}
+
+#[allow(clippy::too_many_arguments)]
+/// `mr_reg`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn mr_reg(
+    fid: *mut sys::fid,
+    buf: *const c_void,
+    len: usize,
+    access: u64,
+    offset: u64,
+    requested_key: u64,
+    flags: u64,
+    out: *mut *mut sys::fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric's contract, passed on.
+    unsafe { reg(fid, (buf as usize, len), access, offset, requested_key, flags, out, context) }
+}
+
+#[allow(clippy::too_many_arguments)]
+/// `mr_regv`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn mr_regv(
+    fid: *mut sys::fid,
+    iov: *const sys::iovec,
+    count: usize,
+    access: u64,
+    offset: u64,
+    requested_key: u64,
+    flags: u64,
+    out: *mut *mut sys::fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    // mr_iov_limit is 1.
+    if count != 1 || iov.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: iov holds count (1) entries (fi_mr(3)).
+    let v = unsafe { &*iov };
+    // SAFETY: libfabric's contract, passed on.
+    unsafe { reg(fid, (v.iov_base as usize, v.iov_len), access, offset, requested_key, flags, out, context) }
+}
+
+/// `mr_regattr`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn mr_regattr(
+    fid: *mut sys::fid,
+    attr: *const sys::fi_mr_attr,
+    flags: u64,
+    out: *mut *mut sys::fid_mr,
+) -> c_int {
+    // SAFETY: attr is null or valid (fi_mr(3)).
+    let Some(a) = (unsafe { attr.as_ref() }) else { return EINVAL };
+    if a.iov_count != 1 || a.mr_iov.is_null() {
+        return EINVAL;
+    }
+    if a.iface != sys::FI_HMEM_SYSTEM || a.auth_key_size != 0 {
+        // Device memory and authorization keys: not offered (no FI_HMEM).
+        return util::ENOSYS;
+    }
+    // SAFETY: mr_iov holds iov_count (1) entries.
+    let v = unsafe { &*a.mr_iov };
+    // SAFETY: libfabric's contract, passed on.
+    unsafe { reg(fid, (v.iov_base as usize, v.iov_len), a.access, a.offset, a.requested_key, flags, out, a.context) }
+}
+
+/// `mr_close`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn mr_close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(m) = (unsafe { util::ours::<Mr>(fid, sys::FI_CLASS_MR, &MR_FI_OPS) }) else {
+        return EINVAL;
+    };
+    // SAFETY: the domain outlives its registrations (refs).
+    let d = unsafe { &*m.dom };
+    d.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(&m.fid.key);
+    d.refs.fetch_sub(1, Relaxed);
+    // SAFETY: made by Box::leak in `reg`; the application gives it up.
+    drop(unsafe { Box::from_raw((m as *const Mr).cast_mut()) });
+    0
+}

@@ -1,0 +1,900 @@
+//! Reliable-datagram endpoints (`fi_endpoint`): binding (AV, CQs,
+//! counters, EQ), enable, `fi_getname`, the untagged (`fi_msg`) and tagged
+//! (`fi_tagged`) calls, `fi_cancel`, shared receive contexts (`srx.rs`), FI_OPT_MIN_MULTI_RECV and
+//! FI_GETOPSFLAG / FI_SETOPSFLAG, over the library's endpoint.
+//!
+//! What libfabric says about flags, kept here: a receive's source address
+//! is used only with FI_DIRECTED_RECV (otherwise any source, whatever the
+//! application passed); the calls without a flags argument use the
+//! endpoint's default operation flags (`tx_attr->op_flags`,
+//! `rx_attr->op_flags`, FI_SETOPSFLAG); the `*msg` calls use their own.
+//! FI_TRANSMIT_COMPLETE and FI_INJECT_COMPLETE are what every shmfab send
+//! gives (see `info::TX_OP_FLAGS`) and are dropped before the library
+//! sees them. Not built yet: FI_PEEK, FI_CLAIM and FI_DISCARD
+//! (`-FI_ENOSYS`), FI_DELIVERY_COMPLETE (`-FI_EBADFLAGS`, never
+//! advertised), RMA and atomics (their ops tables return `-FI_ENOSYS`).
+
+use crate::sys;
+use crate::util::{self, nb1, nb10, nb11, nb12, nb13, nb14, nb16, nb2, nb3, nb4, nb5, nb6, nb7, nb8, nb9};
+use crate::util::{no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS, ETOOSMALL, FI_ADDR_UNSPEC};
+use shmfab::{RecvMsg, SendMsg};
+use std::ffi::{c_int, c_void};
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+/// An endpoint.
+#[repr(C)]
+pub struct Ep {
+    /// What the application holds.
+    pub fid: sys::fid_ep,
+    dom: *const crate::domain::Domain,
+    /// The library's endpoint.
+    pub ep: shmfab::Endpoint,
+    /// Whether receives are directed (FI_DIRECTED_RECV asked for).
+    directed: bool,
+    /// Default transmit operation flags.
+    tx_flags: AtomicU64,
+    /// Default receive operation flags.
+    rx_flags: AtomicU64,
+    /// FI_OPT_MIN_MULTI_RECV in force.
+    min_multi_recv: AtomicUsize,
+}
+
+static FI_OPS: sys::fi_ops = sys::fi_ops {
+    size: std::mem::size_of::<sys::fi_ops>(),
+    close: Some(close),
+    bind: Some(bind),
+    control: Some(control),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+static EP_OPS: sys::fi_ops_ep = sys::fi_ops_ep {
+    size: std::mem::size_of::<sys::fi_ops_ep>(),
+    cancel: Some(cancel),
+    getopt: Some(getopt),
+    setopt: Some(setopt),
+    tx_ctx: Some(nb5),
+    rx_ctx: Some(nb5),
+    rx_size_left: Some(nb1),
+    tx_size_left: Some(nb1),
+};
+
+static CM_OPS: sys::fi_ops_cm = sys::fi_ops_cm {
+    size: std::mem::size_of::<sys::fi_ops_cm>(),
+    setname: Some(nb3),
+    getname: Some(getname),
+    getpeer: Some(nb3),
+    connect: Some(nb4),
+    listen: Some(nb1),
+    accept: Some(nb3),
+    reject: Some(nb4),
+    shutdown: Some(nb2),
+    join: Some(nb5),
+};
+
+static MSG_OPS: sys::fi_ops_msg = sys::fi_ops_msg {
+    size: std::mem::size_of::<sys::fi_ops_msg>(),
+    recv: Some(recv),
+    recvv: Some(recvv),
+    recvmsg: Some(recvmsg),
+    send: Some(send),
+    sendv: Some(sendv),
+    sendmsg: Some(sendmsg),
+    inject: Some(inject),
+    senddata: Some(senddata),
+    injectdata: Some(injectdata),
+};
+
+static TAGGED_OPS: sys::fi_ops_tagged = sys::fi_ops_tagged {
+    size: std::mem::size_of::<sys::fi_ops_tagged>(),
+    recv: Some(trecv),
+    recvv: Some(trecvv),
+    recvmsg: Some(trecvmsg),
+    send: Some(tsend),
+    sendv: Some(tsendv),
+    sendmsg: Some(tsendmsg),
+    inject: Some(tinject),
+    senddata: Some(tsenddata),
+    injectdata: Some(tinjectdata),
+};
+
+/// RMA: not built yet.
+static RMA_OPS: sys::fi_ops_rma = sys::fi_ops_rma {
+    size: std::mem::size_of::<sys::fi_ops_rma>(),
+    read: Some(nb8),
+    readv: Some(nb8),
+    readmsg: Some(nb3),
+    write: Some(nb8),
+    writev: Some(nb8),
+    writemsg: Some(nb3),
+    inject: Some(nb6),
+    writedata: Some(nb9),
+    injectdata: Some(nb7),
+};
+
+/// Atomics: not built yet.
+static ATOMIC_OPS: sys::fi_ops_atomic = sys::fi_ops_atomic {
+    size: std::mem::size_of::<sys::fi_ops_atomic>(),
+    write: Some(nb10),
+    writev: Some(nb10),
+    writemsg: Some(nb3),
+    inject: Some(nb8),
+    readwrite: Some(nb12),
+    readwritev: Some(nb13),
+    readwritemsg: Some(nb6),
+    compwrite: Some(nb14),
+    compwritev: Some(nb16),
+    compwritemsg: Some(nb9),
+    writevalid: Some(nb4),
+    readwritevalid: Some(nb4),
+    compwritevalid: Some(nb4),
+};
+
+/// Collectives: not offered.
+static COLL_OPS: sys::fi_ops_collective = sys::fi_ops_collective {
+    size: std::mem::size_of::<sys::fi_ops_collective>(),
+    barrier: Some(nb3),
+    broadcast: Some(nb9),
+    alltoall: Some(nb10),
+    allreduce: Some(nb11),
+    allgather: Some(nb10),
+    reduce_scatter: Some(nb11),
+    reduce: Some(nb12),
+    scatter: Some(nb11),
+    gather: Some(nb11),
+    msg: Some(nb6),
+    barrier2: Some(nb4),
+};
+
+/// The endpoint behind a fid.
+///
+/// # Safety
+/// `f` null or a live fid.
+pub unsafe fn of<'a>(f: *const sys::fid) -> Option<&'a Ep> {
+    // SAFETY: caller's contract.
+    unsafe { util::ours(f, sys::FI_CLASS_EP, &FI_OPS) }
+}
+
+/// `fi_endpoint`.
+///
+/// # Safety
+/// libfabric's contract.
+pub unsafe extern "C" fn open(
+    domain: *mut sys::fid_domain,
+    info: *mut sys::fi_info,
+    out: *mut *mut sys::fid_ep,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric's contract.
+    let (Some(d), Some(i)) = (unsafe { crate::domain::of(domain.cast()) }, unsafe { info.as_ref() }) else {
+        return EINVAL;
+    };
+    if out.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: info is valid with valid or null attributes.
+    if let Err(e) = unsafe { crate::info::recheck(d.api_version, i) } {
+        return e;
+    }
+    let caps = if i.caps == 0 { d.caps } else { i.caps };
+    // SAFETY: as above.
+    let (tx, rx) = unsafe { (i.tx_attr.as_ref(), i.rx_attr.as_ref()) };
+    let ep = match d.dom.endpoint() {
+        Ok(e) => e,
+        Err(e) => return util::err(e, sys::FI_LOG_EP_CTRL, "fi_endpoint"),
+    };
+    d.refs.fetch_add(1, Relaxed);
+    let b = Box::new(Ep {
+        fid: sys::fid_ep {
+            fid: util::fid(sys::FI_CLASS_EP, context, &FI_OPS),
+            ops: util::ops(&EP_OPS),
+            cm: util::ops(&CM_OPS),
+            msg: util::ops(&MSG_OPS),
+            rma: util::ops(&RMA_OPS),
+            tagged: util::ops(&TAGGED_OPS),
+            atomic: util::ops(&ATOMIC_OPS),
+            collective: util::ops(&COLL_OPS),
+        },
+        dom: d,
+        ep,
+        directed: caps & sys::FI_DIRECTED_RECV != 0,
+        tx_flags: AtomicU64::new(tx.map_or(0, |t| t.op_flags)),
+        rx_flags: AtomicU64::new(rx.map_or(0, |r| r.op_flags)),
+        min_multi_recv: AtomicUsize::new(64),
+    });
+    // SAFETY: out is valid for a write (checked).
+    unsafe { *out = &mut Box::leak(b).fid };
+    0
+}
+
+/// `close`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
+    if let Err(err) = e.ep.close() {
+        return util::err(err, sys::FI_LOG_EP_CTRL, "fi_close(ep)");
+    }
+    // SAFETY: the domain outlives its endpoints (refs).
+    unsafe { &*e.dom }.refs.fetch_sub(1, Relaxed);
+    // SAFETY: made by Box::leak in `open`; the application gives it up.
+    drop(unsafe { Box::from_raw((e as *const Ep).cast_mut()) });
+    0
+}
+
+/// `fi_ep_bind`: an AV, CQs (FI_TRANSMIT, FI_RECV, FI_SELECTIVE_COMPLETION),
+/// counters (by event), a shared receive context, or an EQ (accepted: shmfab's endpoints report no
+/// asynchronous events).
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64) -> c_int {
+    // SAFETY: libfabric passes our fid; bfid is a live fid.
+    let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
+    if bfid.is_null() {
+        return EINVAL;
+    }
+    let s = sys::FI_LOG_EP_CTRL;
+    // SAFETY (each lookup): bfid is a live fid; `of` checks its class and
+    // ops before taking it for one of ours.
+    unsafe {
+        if let Some(a) = crate::av::of(bfid) {
+            return util::status(e.ep.bind_av(&a.av), s, "fi_ep_bind(av)");
+        }
+        if let Some(c) = crate::cq::of(bfid) {
+            return util::status(e.ep.bind_cq(&c.cq, flags), s, "fi_ep_bind(cq)");
+        }
+        if let Some(c) = crate::cntr::of(bfid) {
+            return util::status(e.ep.bind_cntr(&c.cntr, flags), s, "fi_ep_bind(cntr)");
+        }
+        if let Some(x) = crate::srx::of(bfid) {
+            return util::status(e.ep.bind_srq(&x.srq), s, "fi_ep_bind(srx)");
+        }
+        if crate::eq::of(bfid).is_some() {
+            return 0;
+        }
+    }
+    // Shared transmit contexts: not built yet; anything else is not ours.
+    // SAFETY: bfid is a live fid.
+    match unsafe { (*bfid).fclass } as u32 {
+        sys::FI_CLASS_STX_CTX => ENOSYS,
+        _ => EINVAL,
+    }
+}
+
+/// `fi_control` on an endpoint: FI_ENABLE, FI_GETOPSFLAG, FI_SETOPSFLAG.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, arg: *mut c_void) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
+    match command as u32 {
+        sys::FI_ENABLE => util::status(e.ep.enable(), sys::FI_LOG_EP_CTRL, "fi_enable"),
+        c @ (sys::FI_GETOPSFLAG | sys::FI_SETOPSFLAG) => {
+            if arg.is_null() {
+                return EINVAL;
+            }
+            // SAFETY: arg is a uint64_t for these commands (fi_endpoint(3)).
+            let f = unsafe { &mut *arg.cast::<u64>() };
+            let (slot, allowed) = match (*f & sys::FI_TRANSMIT != 0, *f & sys::FI_RECV != 0) {
+                (true, false) => (&e.tx_flags, crate::info::TX_OP_FLAGS),
+                (false, true) => (&e.rx_flags, crate::info::RX_OP_FLAGS),
+                _ => return EINVAL,
+            };
+            if c == sys::FI_GETOPSFLAG {
+                *f = slot.load(Relaxed);
+            } else {
+                let v = *f & !(sys::FI_TRANSMIT | sys::FI_RECV);
+                if v & !allowed != 0 {
+                    return EBADFLAGS;
+                }
+                slot.store(v, Relaxed);
+            }
+            0
+        }
+        _ => ENOSYS,
+    }
+}
+
+/// `getname`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn getname(fid: *mut sys::fid, addr: *mut c_void, addrlen: *mut usize) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
+    if addrlen.is_null() {
+        return EINVAL;
+    }
+    let raw = e.ep.getname().to_bytes();
+    // SAFETY: addrlen is valid; addr holds *addrlen bytes (fi_cm(3)).
+    unsafe {
+        let room = *addrlen;
+        *addrlen = raw.len();
+        if room < raw.len() || addr.is_null() {
+            return ETOOSMALL;
+        }
+        std::ptr::copy_nonoverlapping(raw.as_ptr(), addr.cast::<u8>(), raw.len());
+    }
+    0
+}
+
+/// `fi_cancel` of a receive: its completion is an FI_ECANCELED error
+/// entry. An operation already matched or completed, or a send, is not
+/// cancelled (the call still succeeds, as fi_endpoint(3) allows).
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn cancel(fid: *mut sys::fid, context: *mut c_void) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(e) = (unsafe { of(fid) }) else { return EINVAL as isize };
+    match e.ep.cancel(context as usize) {
+        Ok(_) => 0,
+        Err(err) => util::err(err, sys::FI_LOG_EP_CTRL, "fi_cancel") as isize,
+    }
+}
+
+/// `getopt`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn getopt(fid: *mut sys::fid, level: c_int, name: c_int, val: *mut c_void, len: *mut usize) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
+    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
+        return -sys::FI_ENOPROTOOPT;
+    }
+    if val.is_null() || len.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: len is valid; val holds *len bytes (fi_endpoint(3)).
+    unsafe {
+        if *len < std::mem::size_of::<usize>() {
+            *len = std::mem::size_of::<usize>();
+            return ETOOSMALL;
+        }
+        *val.cast::<usize>() = e.min_multi_recv.load(Relaxed);
+        *len = std::mem::size_of::<usize>();
+    }
+    0
+}
+
+/// `setopt`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn setopt(fid: *mut sys::fid, level: c_int, name: c_int, val: *const c_void, len: usize) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
+    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
+        return -sys::FI_ENOPROTOOPT;
+    }
+    if val.is_null() || len != std::mem::size_of::<usize>() {
+        return EINVAL;
+    }
+    // SAFETY: val holds a size_t (checked length).
+    let n = unsafe { *val.cast::<usize>() };
+    match e.ep.set_min_multi_recv(n) {
+        Ok(()) => {
+            e.min_multi_recv.store(n, Relaxed);
+            0
+        }
+        Err(err) => util::err(err, sys::FI_LOG_EP_CTRL, "fi_setopt"),
+    }
+}
+
+// ---- data transfer ------------------------------------------------------
+
+/// The endpoint of a data call.
+///
+/// # Safety
+/// `ep` a live fid.
+#[inline(always)]
+unsafe fn me<'a>(ep: *mut sys::fid_ep) -> Option<&'a Ep> {
+    // SAFETY: caller's contract.
+    unsafe { of(ep.cast()) }
+}
+
+/// The caller's buffer.
+///
+/// # Safety
+/// `buf` valid for `len` bytes (or `len` 0).
+#[inline(always)]
+unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Option<&'a [u8]> {
+    if len == 0 {
+        return Some(&[]);
+    }
+    // SAFETY: caller's contract (non-null checked).
+    (!buf.is_null()).then(|| unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) })
+}
+
+/// The caller's buffer, to receive into.
+///
+/// # Safety
+/// As [`bytes`], for writes.
+#[inline(always)]
+unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Option<&'a mut [u8]> {
+    if len == 0 {
+        return Some(&mut []);
+    }
+    // SAFETY: caller's contract (non-null checked).
+    (!buf.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) })
+}
+
+/// An iovec array as `IoSlice`s (ABI-compatible with `struct iovec` on
+/// Unix, as std documents).
+///
+/// # Safety
+/// `iov` holds `count` valid iovecs.
+unsafe fn slices<'a>(iov: *const sys::iovec, count: usize) -> Option<&'a [IoSlice<'a>]> {
+    if count == 0 {
+        return Some(&[]);
+    }
+    // SAFETY: caller's contract; IoSlice is repr(transparent) over iovec.
+    (!iov.is_null()).then(|| unsafe { std::slice::from_raw_parts(iov.cast::<IoSlice<'a>>(), count) })
+}
+
+/// As [`slices`], to receive into.
+///
+/// # Safety
+/// As [`slices`]; the segments are writable and nothing else uses them
+/// until the receive completes.
+unsafe fn slices_mut<'a>(iov: *const sys::iovec, count: usize) -> Option<&'a mut [IoSliceMut<'a>]> {
+    if count == 0 {
+        return Some(&mut []);
+    }
+    // SAFETY: caller's contract; IoSliceMut is repr(transparent) over
+    // iovec. The array itself is the caller's and read only: the library
+    // reads the segments once, at the call, and never writes the array.
+    (!iov.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(iov.cast_mut().cast::<IoSliceMut<'a>>(), count) })
+}
+
+const DATA: sys::fi_log_subsys = sys::FI_LOG_EP_DATA;
+
+/// The result of a data call.
+#[inline(always)]
+fn done(r: shmfab::Result<()>, what: &str) -> isize {
+    match r {
+        Ok(()) => 0,
+        Err(e) => util::err(e, DATA, what) as isize,
+    }
+}
+
+/// Transmit flags for the library: the completion levels every send
+/// gives are dropped, and FI_MORE (a hint that more calls follow, which
+/// the library has no use for); FI_DELIVERY_COMPLETE is refused.
+#[inline(always)]
+fn tx_flags(f: u64) -> Result<u64, isize> {
+    if f & sys::FI_DELIVERY_COMPLETE != 0 {
+        return Err(EBADFLAGS as isize);
+    }
+    Ok(f & !(sys::FI_TRANSMIT_COMPLETE | sys::FI_INJECT_COMPLETE | sys::FI_MORE))
+}
+
+/// Receive flags for the library: probes and claims are not built yet;
+/// FI_MORE (a hint) is dropped.
+#[inline(always)]
+fn rx_flags(f: u64, tagged: bool) -> Result<u64, isize> {
+    if tagged && f & (sys::FI_PEEK | sys::FI_CLAIM | sys::FI_DISCARD) != 0 {
+        return Err(ENOSYS as isize);
+    }
+    Ok(f & !sys::FI_MORE)
+}
+
+impl Ep {
+    /// The source filter of a receive.
+    #[inline(always)]
+    fn src(&self, a: u64) -> u64 {
+        if self.directed {
+            a
+        } else {
+            FI_ADDR_UNSPEC
+        }
+    }
+
+    /// A receive through the library's `recvmsg`/`trecvmsg`.
+    ///
+    /// # Safety
+    /// The segments stay valid and untouched until the receive completes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rx(
+        &self,
+        iov: &mut [IoSliceMut<'_>],
+        src: u64,
+        ctx: usize,
+        tag: u64,
+        ignore: u64,
+        flags: u64,
+        tagged: bool,
+    ) -> isize {
+        let flags = match rx_flags(flags, tagged) {
+            Ok(f) => f,
+            Err(e) => return e,
+        };
+        let mut m = RecvMsg { iov, src: self.src(src), context: ctx, tag, ignore };
+        // SAFETY: caller's contract.
+        let r = unsafe {
+            if tagged {
+                self.ep.trecvmsg(&mut m, flags)
+            } else {
+                self.ep.recvmsg(&mut m, flags)
+            }
+        };
+        done(r, "receive")
+    }
+
+    /// A send through the library's `sendmsg`/`tsendmsg`.
+    ///
+    /// # Safety
+    /// The segments stay valid and unchanged until the send completes
+    /// (with FI_INJECT, until the call returns).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tx(
+        &self,
+        iov: &[IoSlice<'_>],
+        dest: u64,
+        ctx: usize,
+        data: u64,
+        tag: u64,
+        flags: u64,
+        tagged: bool,
+    ) -> isize {
+        let flags = match tx_flags(flags) {
+            Ok(f) => f,
+            Err(e) => return e,
+        };
+        let m = SendMsg { iov, dest, context: ctx, data, tag };
+        // SAFETY: caller's contract.
+        let r = unsafe {
+            if tagged {
+                self.ep.tsendmsg(&m, flags)
+            } else {
+                self.ep.sendmsg(&m, flags)
+            }
+        };
+        done(r, "send")
+    }
+}
+
+/// `recv`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn recv(
+    ep: *mut sys::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes (fi_msg(3)).
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes_mut(buf, len) }) else { return EINVAL as isize };
+    let f = e.rx_flags.load(Relaxed);
+    if f == 0 {
+        // SAFETY: the buffer stays valid until the completion (fi_msg(3)).
+        return done(unsafe { e.ep.recv(b, e.src(src), ctx as usize) }, "fi_recv");
+    }
+    // SAFETY: as above.
+    unsafe { e.rx(&mut [IoSliceMut::new(b)], src, ctx as usize, 0, 0, f, false) }
+}
+
+/// `recvv`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn recvv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; iov holds count entries.
+    let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
+    // SAFETY: the segments stay valid until the completion (fi_msg(3)).
+    unsafe { e.rx(v, src, ctx as usize, 0, 0, e.rx_flags.load(Relaxed), false) }
+}
+
+/// `recvmsg`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn recvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    // SAFETY: libfabric passes our fid; msg is null or valid.
+    let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
+    // SAFETY: msg_iov holds iov_count entries.
+    let Some(v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
+    // SAFETY: the segments stay valid until the completion (fi_msg(3)).
+    unsafe { e.rx(v, m.addr, m.context as usize, 0, 0, flags, false) }
+}
+
+/// `send`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn send(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    let f = e.tx_flags.load(Relaxed);
+    if f == 0 {
+        // SAFETY: the buffer stays valid until the completion (fi_msg(3)).
+        return done(unsafe { e.ep.send(b, dest, ctx as usize) }, "fi_send");
+    }
+    // SAFETY: as above.
+    unsafe { e.tx(&[IoSlice::new(b)], dest, ctx as usize, 0, 0, f, false) }
+}
+
+/// `sendv`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn sendv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; iov holds count entries.
+    let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices(iov, count) }) else { return EINVAL as isize };
+    // SAFETY: the segments stay valid until the completion (fi_msg(3)).
+    unsafe { e.tx(v, dest, ctx as usize, 0, 0, e.tx_flags.load(Relaxed), false) }
+}
+
+/// `sendmsg`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn sendmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    // SAFETY: libfabric passes our fid; msg is null or valid.
+    let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
+    // SAFETY: msg_iov holds iov_count entries.
+    let Some(v) = (unsafe { slices(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
+    // SAFETY: the segments stay valid until the completion (fi_msg(3)).
+    unsafe { e.tx(v, m.addr, m.context as usize, m.data, 0, flags, false) }
+}
+
+/// `inject`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn inject(ep: *mut sys::fid_ep, buf: *const c_void, len: usize, dest: u64) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    done(e.ep.inject(b, dest), "fi_inject")
+}
+
+/// `senddata`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn senddata(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    let f = e.tx_flags.load(Relaxed) | sys::FI_REMOTE_CQ_DATA;
+    // SAFETY: the buffer stays valid until the completion (fi_msg(3)).
+    unsafe { e.tx(&[IoSlice::new(b)], dest, ctx as usize, data, 0, f, false) }
+}
+
+/// `injectdata`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn injectdata(ep: *mut sys::fid_ep, buf: *const c_void, len: usize, data: u64, dest: u64) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    done(e.ep.injectdata(b, data, dest), "fi_injectdata")
+}
+
+#[allow(clippy::too_many_arguments)]
+/// `trecv`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn trecv(
+    ep: *mut sys::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes_mut(buf, len) }) else { return EINVAL as isize };
+    let f = e.rx_flags.load(Relaxed);
+    if f == 0 {
+        // SAFETY: the buffer stays valid until the completion (fi_tagged(3)).
+        return done(unsafe { e.ep.trecv(b, e.src(src), tag, ignore, ctx as usize) }, "fi_trecv");
+    }
+    // SAFETY: as above.
+    unsafe { e.rx(&mut [IoSliceMut::new(b)], src, ctx as usize, tag, ignore, f, true) }
+}
+
+#[allow(clippy::too_many_arguments)]
+/// `trecvv`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn trecvv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; iov holds count entries.
+    let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
+    // SAFETY: the segments stay valid until the completion.
+    unsafe { e.rx(v, src, ctx as usize, tag, ignore, e.rx_flags.load(Relaxed), true) }
+}
+
+/// `trecvmsg`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn trecvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    // SAFETY: libfabric passes our fid; msg is null or valid.
+    let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
+    // SAFETY: msg_iov holds iov_count entries.
+    let Some(v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
+    // SAFETY: the segments stay valid until the completion.
+    unsafe { e.rx(v, m.addr, m.context as usize, m.tag, m.ignore, flags, true) }
+}
+
+/// `tsend`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn tsend(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    let f = e.tx_flags.load(Relaxed);
+    if f == 0 {
+        // SAFETY: the buffer stays valid until the completion.
+        return done(unsafe { e.ep.tsend(b, dest, tag, ctx as usize) }, "fi_tsend");
+    }
+    // SAFETY: as above.
+    unsafe { e.tx(&[IoSlice::new(b)], dest, ctx as usize, 0, tag, f, true) }
+}
+
+/// `tsendv`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn tsendv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; iov holds count entries.
+    let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices(iov, count) }) else { return EINVAL as isize };
+    // SAFETY: the segments stay valid until the completion.
+    unsafe { e.tx(v, dest, ctx as usize, 0, tag, e.tx_flags.load(Relaxed), true) }
+}
+
+/// `tsendmsg`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn tsendmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    // SAFETY: libfabric passes our fid; msg is null or valid.
+    let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
+    // SAFETY: msg_iov holds iov_count entries.
+    let Some(v) = (unsafe { slices(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
+    // SAFETY: the segments stay valid until the completion.
+    unsafe { e.tx(v, m.addr, m.context as usize, m.data, m.tag, flags, true) }
+}
+
+/// `tinject`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn tinject(ep: *mut sys::fid_ep, buf: *const c_void, len: usize, dest: u64, tag: u64) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    done(e.ep.tinject(b, dest, tag), "fi_tinject")
+}
+
+#[allow(clippy::too_many_arguments)]
+/// `tsenddata`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn tsenddata(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    let f = e.tx_flags.load(Relaxed) | sys::FI_REMOTE_CQ_DATA;
+    // SAFETY: the buffer stays valid until the completion.
+    unsafe { e.tx(&[IoSlice::new(b)], dest, ctx as usize, data, tag, f, true) }
+}
+
+/// `tinjectdata`: an entry of this module's ops tables.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn tinjectdata(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    done(e.ep.tinjectdata(b, data, dest, tag), "fi_tinjectdata")
+}

@@ -1,0 +1,450 @@
+//! `fi_getinfo`: what shmfab offers, checked against the application's
+//! hints. Anything asked for that shmfab cannot do (or that this provider
+//! has not built yet) gives `-FI_ENODATA`; the info returned never
+//! advertises a capability the provider lacks.
+
+use crate::sys;
+use crate::util::{ENODATA, ENOMEM};
+use std::ffi::{c_char, c_int, CStr};
+
+/// The provider's name (`-p shmfab`).
+pub const NAME: &CStr = c"shmfab";
+
+/// Primary capabilities: untagged and tagged messages.
+pub const CAPS_PRIMARY: u64 = sys::FI_MSG | sys::FI_TAGGED;
+/// Secondary capabilities offered.
+pub const CAPS_SECONDARY: u64 =
+    sys::FI_SEND | sys::FI_RECV | sys::FI_DIRECTED_RECV | sys::FI_MULTI_RECV | sys::FI_SOURCE | sys::FI_LOCAL_COMM;
+/// Every capability offered.
+pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
+/// Capabilities that concern the transmit side.
+const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM;
+/// Capabilities that concern the receive side.
+const RX_CAPS: u64 =
+    CAPS_PRIMARY | sys::FI_RECV | sys::FI_DIRECTED_RECV | sys::FI_MULTI_RECV | sys::FI_SOURCE | sys::FI_LOCAL_COMM;
+/// Default transmit operation flags the endpoint honours
+/// (`FI_TRANSMIT_COMPLETE` and `FI_INJECT_COMPLETE` hold for every send:
+/// a send completes once its data is in the receiver's memory, its ring,
+/// its pool, or read by it; `FI_DELIVERY_COMPLETE` does not, an inline
+/// message completes before the receiver matched it).
+pub const TX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_INJECT_COMPLETE | sys::FI_TRANSMIT_COMPLETE;
+/// Default receive operation flags the endpoint honours.
+pub const RX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_MULTI_RECV;
+/// Message ordering kept: a peer's sends are matched in the order they
+/// were posted (send after send).
+pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS;
+/// `FI_SHARED_CONTEXT` (`SIZE_MAX` in the header): an endpoint's receive
+/// context is a shared one (`fi_srx_context`).
+pub const SHARED_CONTEXT: usize = usize::MAX;
+/// Bytes of an endpoint address (`shmfab::Address::SIZE`).
+pub const ADDRLEN: usize = shmfab::Address::SIZE;
+/// Completion queues a domain may open (the library's table grows; this
+/// is the number advertised).
+pub const CQ_CNT: usize = 1 << 16;
+/// Memory registrations a domain may hold (advertised).
+pub const MR_CNT: usize = 1 << 20;
+/// Bytes of provider error data a CQ error entry can carry.
+pub const MAX_ERR_DATA: usize = 256;
+/// This provider's version (`fabric_attr->prov_version`).
+pub const PROV_VERSION: u32 = fi_version(0, 1);
+/// The libfabric API version of the headers built against.
+pub const API_VERSION: u32 = fi_version(sys::FI_MAJOR_VERSION as u32, sys::FI_MINOR_VERSION as u32);
+
+/// `FI_VERSION(major, minor)`.
+pub const fn fi_version(major: u32, minor: u32) -> u32 {
+    (major << 16) | minor
+}
+
+/// What the environment configures (`SHMFAB_*`): queue sizes and limits.
+pub struct Limits {
+    /// Transmit queue depth.
+    pub tx_size: usize,
+    /// Receive queue depth.
+    pub rx_size: usize,
+    /// Endpoints per domain.
+    pub max_eps: usize,
+    /// Counters per domain.
+    pub max_counters: usize,
+}
+
+impl Limits {
+    /// From the environment, as `shmfab::Fabric::open` reads it.
+    pub fn from_env() -> shmfab::Result<Limits> {
+        let c = shmfab::Config::from_env()?;
+        Ok(Limits {
+            tx_size: c.tx_size,
+            rx_size: c.rx_size,
+            max_eps: c.max_eps as usize,
+            max_counters: c.max_counters as usize,
+        })
+    }
+}
+
+/// Why hints were refused (logged at `FI_LOG_INFO`, so that
+/// `FI_LOG_LEVEL=info` says which hint).
+struct No(String);
+
+fn no(s: impl Into<String>) -> No {
+    No(s.into())
+}
+
+/// A `u64` field of the hints must ask only for bits of `have`.
+fn within(what: &str, asked: u64, have: u64) -> Result<(), No> {
+    if asked & !have != 0 {
+        return Err(no(format!("{what}: {:#x} not supported", asked & !have)));
+    }
+    Ok(())
+}
+
+/// A size in the hints must not exceed `max`.
+fn at_most(what: &str, asked: usize, max: usize) -> Result<(), No> {
+    if asked > max {
+        return Err(no(format!("{what}: {asked} above the {max} offered")));
+    }
+    Ok(())
+}
+
+/// The bytes of `s`, or None for a null pointer.
+///
+/// # Safety
+/// `s` must be null or a valid NUL-terminated string.
+unsafe fn cstr<'a>(s: *const c_char) -> Option<&'a [u8]> {
+    // SAFETY: caller's contract.
+    (!s.is_null()).then(|| unsafe { CStr::from_ptr(s) }.to_bytes())
+}
+
+/// Checks hints (or an info passed back to `fi_domain`/`fi_endpoint`)
+/// against what the provider offers.
+///
+/// # Safety
+/// `h` must be a valid `fi_info` whose attribute pointers are null or valid.
+unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> {
+    let caps = h.caps;
+    within("caps", caps, CAPS)?;
+    if h.addr_format != sys::FI_FORMAT_UNSPEC {
+        return Err(no("addr_format: shmfab's addresses are its own (FI_FORMAT_UNSPEC)"));
+    }
+    if !h.handle.is_null() {
+        return Err(no("handle: no connection requests on RDM endpoints"));
+    }
+    for (what, len, p) in [("src_addr", h.src_addrlen, h.src_addr), ("dest_addr", h.dest_addrlen, h.dest_addr)] {
+        if !p.is_null() && len != ADDRLEN {
+            return Err(no(format!("{what}: {len} bytes, a shmfab address has {ADDRLEN}")));
+        }
+    }
+    // SAFETY (all the attribute reads below): each pointer is null or valid
+    // (caller's contract).
+    if let Some(t) = unsafe { h.tx_attr.as_ref() } {
+        within("tx_attr.caps", t.caps, TX_CAPS)?;
+        within("tx_attr.op_flags", t.op_flags, TX_OP_FLAGS)?;
+        within("tx_attr.msg_order", t.msg_order, MSG_ORDER)?;
+        within("tx_attr.comp_order", t.comp_order, 0)?;
+        at_most("tx_attr.inject_size", t.inject_size, shmfab::proto::INJECT_SIZE)?;
+        at_most("tx_attr.size", t.size, lim.tx_size)?;
+        at_most("tx_attr.iov_limit", t.iov_limit, shm_iov())?;
+        at_most("tx_attr.rma_iov_limit", t.rma_iov_limit, 0)?;
+    }
+    // SAFETY: null or valid (caller's contract).
+    if let Some(r) = unsafe { h.rx_attr.as_ref() } {
+        within("rx_attr.caps", r.caps, RX_CAPS)?;
+        within("rx_attr.op_flags", r.op_flags, RX_OP_FLAGS)?;
+        within("rx_attr.msg_order", r.msg_order, MSG_ORDER)?;
+        within("rx_attr.comp_order", r.comp_order, 0)?;
+        at_most("rx_attr.size", r.size, lim.rx_size)?;
+        at_most("rx_attr.iov_limit", r.iov_limit, shm_iov())?;
+    }
+    // SAFETY: null or valid (caller's contract).
+    if let Some(e) = unsafe { h.ep_attr.as_ref() } {
+        if e.type_ != sys::FI_EP_UNSPEC && e.type_ != sys::FI_EP_RDM {
+            return Err(no("ep_attr.type: only FI_EP_RDM"));
+        }
+        if e.protocol != sys::FI_PROTO_UNSPEC {
+            return Err(no("ep_attr.protocol: only FI_PROTO_UNSPEC"));
+        }
+        at_most("ep_attr.max_msg_size", e.max_msg_size, shmfab::proto::MAX_MSG_SIZE)?;
+        at_most("ep_attr.msg_prefix_size", e.msg_prefix_size, 0)?;
+        at_most("ep_attr.max_order_raw_size", e.max_order_raw_size, 0)?;
+        at_most("ep_attr.max_order_war_size", e.max_order_war_size, 0)?;
+        at_most("ep_attr.max_order_waw_size", e.max_order_waw_size, 0)?;
+        at_most("ep_attr.tx_ctx_cnt", e.tx_ctx_cnt, 1)?;
+        if e.rx_ctx_cnt != SHARED_CONTEXT {
+            at_most("ep_attr.rx_ctx_cnt", e.rx_ctx_cnt, 1)?;
+        }
+        at_most("ep_attr.auth_key_size", e.auth_key_size, 0)?;
+    }
+    // SAFETY: null or valid (caller's contract).
+    if let Some(d) = unsafe { h.domain_attr.as_ref() } {
+        if !d.domain.is_null() {
+            return Err(no("domain_attr.domain: an open domain cannot be named in hints"));
+        }
+        // SAFETY: null or valid (caller's contract).
+        if let Some(n) = unsafe { cstr(d.name) } {
+            if n != NAME.to_bytes() {
+                return Err(no("domain_attr.name: the domain is \"shmfab\""));
+            }
+        }
+        for (what, p) in [("control_progress", d.control_progress), ("data_progress", d.data_progress)] {
+            if ![sys::FI_PROGRESS_UNSPEC, sys::FI_PROGRESS_MANUAL, sys::FI_PROGRESS_AUTO].contains(&p) {
+                return Err(no(format!("domain_attr.{what}: {p} unknown")));
+            }
+        }
+        if ![sys::FI_AV_UNSPEC, sys::FI_AV_MAP, sys::FI_AV_TABLE].contains(&d.av_type) {
+            return Err(no("domain_attr.av_type: FI_AV_MAP or FI_AV_TABLE"));
+        }
+        if version < fi_version(1, 5) && d.mr_mode > sys::FI_MR_SCALABLE as c_int {
+            return Err(no("domain_attr.mr_mode: unknown before API 1.5"));
+        }
+        if d.resource_mgmt == sys::FI_RM_ENABLED {
+            // The library stops receives at a full receive CQ, but nothing
+            // refuses a send whose completion would not fit the transmit
+            // CQ: resource management is not complete.
+            return Err(no("domain_attr.resource_mgmt: FI_RM_ENABLED is not offered (no transmit CQ room check)"));
+        }
+        at_most("domain_attr.mr_key_size", d.mr_key_size, 8)?;
+        at_most("domain_attr.cq_data_size", d.cq_data_size, 8)?;
+        at_most("domain_attr.cq_cnt", d.cq_cnt, CQ_CNT)?;
+        at_most("domain_attr.ep_cnt", d.ep_cnt, lim.max_eps)?;
+        at_most("domain_attr.tx_ctx_cnt", d.tx_ctx_cnt, lim.max_eps)?;
+        at_most("domain_attr.rx_ctx_cnt", d.rx_ctx_cnt, lim.max_eps)?;
+        at_most("domain_attr.max_ep_tx_ctx", d.max_ep_tx_ctx, 1)?;
+        at_most("domain_attr.max_ep_rx_ctx", d.max_ep_rx_ctx, 1)?;
+        at_most("domain_attr.max_ep_stx_ctx", d.max_ep_stx_ctx, 0)?;
+        at_most("domain_attr.max_ep_srx_ctx", d.max_ep_srx_ctx, 1)?;
+        at_most("domain_attr.cntr_cnt", d.cntr_cnt, lim.max_counters)?;
+        at_most("domain_attr.mr_iov_limit", d.mr_iov_limit, 1)?;
+        at_most("domain_attr.mr_cnt", d.mr_cnt, MR_CNT)?;
+        at_most("domain_attr.auth_key_size", d.auth_key_size, 0)?;
+        within("domain_attr.caps", d.caps, sys::FI_LOCAL_COMM)?;
+    }
+    // SAFETY: null or valid (caller's contract).
+    if let Some(f) = unsafe { h.fabric_attr.as_ref() } {
+        if !f.fabric.is_null() {
+            return Err(no("fabric_attr.fabric: an open fabric cannot be named in hints"));
+        }
+        // SAFETY: null or valid (caller's contract).
+        if let Some(n) = unsafe { cstr(f.name) } {
+            if n != NAME.to_bytes() {
+                return Err(no("fabric_attr.name: the fabric is \"shmfab\""));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Segments per operation (`shm_layout::MAX_IOV`, through the API).
+fn shm_iov() -> usize {
+    shm_layout::MAX_IOV
+}
+
+/// Allocates `n` bytes copied from `p` with `malloc` (libfabric frees
+/// `fi_info` addresses with `free`).
+///
+/// # Safety
+/// `p` must be valid for `n` bytes.
+unsafe fn dup_bytes(p: *const std::ffi::c_void, n: usize) -> *mut std::ffi::c_void {
+    // SAFETY: malloc of n > 0 bytes; the copy writes n bytes into it from
+    // p, valid for n (caller's contract).
+    unsafe {
+        let q = libc::malloc(n);
+        if !q.is_null() {
+            std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), n);
+        }
+        q
+    }
+}
+
+/// Fills a fresh `fi_info` (from `fi_dupinfo(NULL)`) with shmfab's
+/// attributes, narrowed by the hints where they choose among what is
+/// offered.
+///
+/// # Safety
+/// `i` must come from `fi_dupinfo(NULL)` (every attribute allocated and
+/// zeroed); `h` must be as for [`check`].
+unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim: &Limits) -> Result<(), c_int> {
+    // SAFETY (attribute reads of the hints): null or valid, as for check.
+    let hd = h.and_then(|h| unsafe { h.domain_attr.as_ref() });
+    let he = h.and_then(|h| unsafe { h.ep_attr.as_ref() });
+    let ht = h.and_then(|h| unsafe { h.tx_attr.as_ref() });
+    let hr = h.and_then(|h| unsafe { h.rx_attr.as_ref() });
+    let caps = match h.map_or(0, |h| h.caps) {
+        0 => CAPS,
+        c => c,
+    };
+    i.caps = caps;
+    i.mode = 0;
+    i.addr_format = sys::FI_FORMAT_UNSPEC;
+    if let Some(h) = h {
+        for (len, src, dst_len, dst) in [
+            (h.src_addrlen, h.src_addr, &mut i.src_addrlen, &mut i.src_addr),
+            (h.dest_addrlen, h.dest_addr, &mut i.dest_addrlen, &mut i.dest_addr),
+        ] {
+            if !src.is_null() {
+                // SAFETY: the hints' address is valid for its length.
+                *dst = unsafe { dup_bytes(src, len) };
+                if dst.is_null() {
+                    return Err(ENOMEM);
+                }
+                *dst_len = len;
+            }
+        }
+    }
+    // SAFETY: fi_dupinfo(NULL) allocated every attribute struct.
+    let (t, r, e, d, f) =
+        unsafe { (&mut *i.tx_attr, &mut *i.rx_attr, &mut *i.ep_attr, &mut *i.domain_attr, &mut *i.fabric_attr) };
+    t.caps = caps & TX_CAPS;
+    t.op_flags = ht.map_or(0, |x| x.op_flags);
+    t.msg_order = MSG_ORDER;
+    t.comp_order = sys::FI_ORDER_NONE;
+    t.inject_size = shmfab::proto::INJECT_SIZE;
+    t.size = lim.tx_size;
+    t.iov_limit = shm_iov();
+    t.rma_iov_limit = 0;
+    r.caps = caps & RX_CAPS;
+    r.op_flags = hr.map_or(0, |x| x.op_flags);
+    r.msg_order = MSG_ORDER;
+    r.comp_order = sys::FI_ORDER_NONE;
+    r.size = lim.rx_size;
+    r.iov_limit = shm_iov();
+    e.type_ = sys::FI_EP_RDM;
+    e.protocol = sys::FI_PROTO_UNSPEC;
+    e.protocol_version = 1;
+    e.max_msg_size = shmfab::proto::MAX_MSG_SIZE;
+    e.mem_tag_format = he.map_or(0, |x| x.mem_tag_format);
+    e.tx_ctx_cnt = 1;
+    e.rx_ctx_cnt = match he.map_or(0, |x| x.rx_ctx_cnt) {
+        SHARED_CONTEXT => SHARED_CONTEXT,
+        _ => 1,
+    };
+    d.name = libc_strdup(NAME)?;
+    d.threading = match hd.map_or(sys::FI_THREAD_UNSPEC, |x| x.threading) {
+        sys::FI_THREAD_UNSPEC => sys::FI_THREAD_SAFE,
+        t => t,
+    };
+    d.control_progress = match hd.map_or(sys::FI_PROGRESS_UNSPEC, |x| x.control_progress) {
+        sys::FI_PROGRESS_UNSPEC => sys::FI_PROGRESS_AUTO,
+        p => p,
+    };
+    d.data_progress = match hd.map_or(sys::FI_PROGRESS_UNSPEC, |x| x.data_progress) {
+        sys::FI_PROGRESS_UNSPEC => sys::FI_PROGRESS_MANUAL,
+        p => p,
+    };
+    d.resource_mgmt = sys::FI_RM_DISABLED;
+    d.av_type = match hd.map_or(sys::FI_AV_UNSPEC, |x| x.av_type) {
+        sys::FI_AV_UNSPEC => sys::FI_AV_TABLE,
+        a => a,
+    };
+    // No registration is ever required: from API 1.5 on, no mode bit; before,
+    // the application's choice of keys (FI_MR_SCALABLE) unless it asked for
+    // provider keys (FI_MR_BASIC).
+    d.mr_mode = if version >= fi_version(1, 5) {
+        0
+    } else {
+        match hd.map_or(0, |x| x.mr_mode) {
+            m if m == sys::FI_MR_BASIC as c_int => m,
+            _ => sys::FI_MR_SCALABLE as c_int,
+        }
+    };
+    d.mr_key_size = 8;
+    d.cq_data_size = 8;
+    d.cq_cnt = CQ_CNT;
+    d.ep_cnt = lim.max_eps;
+    d.tx_ctx_cnt = lim.max_eps;
+    d.rx_ctx_cnt = lim.max_eps;
+    d.max_ep_tx_ctx = 1;
+    d.max_ep_rx_ctx = 1;
+    d.max_ep_stx_ctx = 0;
+    d.max_ep_srx_ctx = 1;
+    d.cntr_cnt = lim.max_counters;
+    d.mr_iov_limit = 1;
+    d.caps = sys::FI_LOCAL_COMM;
+    d.mode = 0;
+    d.max_err_data = MAX_ERR_DATA;
+    d.mr_cnt = MR_CNT;
+    f.name = libc_strdup(NAME)?;
+    // prov_name stays NULL: libfabric's core fills it in (a name set by
+    // the provider is taken for a layered provider's, "shmfab;shmfab").
+    f.prov_version = PROV_VERSION;
+    f.api_version = version;
+    Ok(())
+}
+
+/// `strdup` (libfabric frees the info's strings with `free`).
+fn libc_strdup(s: &CStr) -> Result<*mut c_char, c_int> {
+    // SAFETY: s is a valid NUL-terminated string.
+    let p = unsafe { libc::strdup(s.as_ptr()) };
+    if p.is_null() {
+        Err(ENOMEM)
+    } else {
+        Ok(p)
+    }
+}
+
+/// The provider's `getinfo`.
+///
+/// # Safety
+/// libfabric's contract: `hints` null or a valid `fi_info`, `info` valid
+/// for a write; `node`, `service` null or valid strings.
+pub unsafe extern "C" fn getinfo(
+    version: u32,
+    node: *const c_char,
+    service: *const c_char,
+    _flags: u64,
+    hints: *const sys::fi_info,
+    info: *mut *mut sys::fi_info,
+) -> c_int {
+    let refuse = |why: String| {
+        crate::util::log(sys::FI_LOG_INFO, sys::FI_LOG_CORE, &format!("fi_getinfo: {why}"));
+        ENODATA
+    };
+    if info.is_null() {
+        return crate::util::EINVAL;
+    }
+    if !node.is_null() || !service.is_null() {
+        return refuse("node and service: shmfab has no named addresses (pass NULL, use fi_getname)".into());
+    }
+    let lim = match Limits::from_env() {
+        Ok(l) => l,
+        Err(e) => return crate::util::err(e, sys::FI_LOG_CORE, "fi_getinfo: SHMFAB_* configuration"),
+    };
+    // SAFETY: hints is null or valid (libfabric's contract).
+    let h = unsafe { hints.as_ref() };
+    if let Some(h) = h {
+        // SAFETY: as above, for its attributes.
+        if let Err(No(why)) = unsafe { check(version, h, &lim) } {
+            return refuse(why);
+        }
+    }
+    // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with every
+    // attribute struct.
+    let i = unsafe { sys::fi_dupinfo(std::ptr::null()) };
+    if i.is_null() {
+        return ENOMEM;
+    }
+    // SAFETY: i was just allocated by fi_dupinfo(NULL); h as checked above.
+    match unsafe { fill(version, &mut *i, h, &lim) } {
+        Ok(()) => {
+            // SAFETY: info is valid for a write (checked non-null).
+            unsafe { *info = i };
+            0
+        }
+        Err(e) => {
+            // SAFETY: i came from fi_dupinfo and is freed once.
+            unsafe { sys::fi_freeinfo(i) };
+            e
+        }
+    }
+}
+
+/// Checks an info passed to `fi_domain` or `fi_endpoint` as it would
+/// check hints: `-FI_ENODATA` (logged) if it asks for what is not offered.
+///
+/// # Safety
+/// `i` as for the hints of `getinfo`.
+pub unsafe fn recheck(version: u32, i: &sys::fi_info) -> Result<(), c_int> {
+    let lim = Limits::from_env().map_err(|e| crate::util::err(e, sys::FI_LOG_CORE, "SHMFAB_* configuration"))?;
+    // SAFETY: caller's contract.
+    unsafe { check(version, i, &lim) }.map_err(|No(why)| {
+        crate::util::log(sys::FI_LOG_INFO, sys::FI_LOG_CORE, &format!("info refused: {why}"));
+        ENODATA
+    })
+}

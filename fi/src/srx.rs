@@ -1,0 +1,335 @@
+//! Shared receive contexts (`fi_srx_context`) on the library's shared
+//! receive queue: endpoints bound to one take their untagged receives
+//! from the buffers posted to it (`fi_recv`, `fi_recvv`, `fi_recvmsg` on
+//! the context), and each completion goes to the CQ of the endpoint that
+//! received the message. The library's queue holds untagged receives
+//! only: tagged receives stay each endpoint's own, and the tagged calls
+//! on the context return `-FI_ENOSYS`, as do directed and multi-receive
+//! buffers, which the queue does not take.
+
+use crate::sys;
+use crate::util::{self, nb1, nb10, nb11, nb12, nb13, nb14, nb16, nb2, nb3, nb4, nb5, nb6, nb7, nb8, nb9};
+use crate::util::{no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS, FI_ADDR_UNSPEC};
+use std::ffi::{c_int, c_void};
+use std::io::IoSliceMut;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// A shared receive context.
+#[repr(C)]
+pub struct Srx {
+    /// What the application holds (an endpoint of class FI_CLASS_SRX_CTX).
+    pub fid: sys::fid_ep,
+    dom: *const crate::domain::Domain,
+    /// The library's shared receive queue.
+    pub srq: shmfab::SharedRecvQueue,
+    /// Whether the domain's endpoints direct their receives (a source
+    /// other than FI_ADDR_UNSPEC is then refused: not built).
+    directed: bool,
+}
+
+static FI_OPS: sys::fi_ops = sys::fi_ops {
+    size: std::mem::size_of::<sys::fi_ops>(),
+    close: Some(close),
+    bind: Some(nb3),
+    control: Some(control),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+static EP_OPS: sys::fi_ops_ep = sys::fi_ops_ep {
+    size: std::mem::size_of::<sys::fi_ops_ep>(),
+    cancel: Some(nb2),
+    getopt: Some(nb5),
+    setopt: Some(nb5),
+    tx_ctx: Some(nb5),
+    rx_ctx: Some(nb5),
+    rx_size_left: Some(nb1),
+    tx_size_left: Some(nb1),
+};
+
+static CM_OPS: sys::fi_ops_cm = sys::fi_ops_cm {
+    size: std::mem::size_of::<sys::fi_ops_cm>(),
+    setname: Some(nb3),
+    getname: Some(nb3),
+    getpeer: Some(nb3),
+    connect: Some(nb4),
+    listen: Some(nb1),
+    accept: Some(nb3),
+    reject: Some(nb4),
+    shutdown: Some(nb2),
+    join: Some(nb5),
+};
+
+static MSG_OPS: sys::fi_ops_msg = sys::fi_ops_msg {
+    size: std::mem::size_of::<sys::fi_ops_msg>(),
+    recv: Some(recv),
+    recvv: Some(recvv),
+    recvmsg: Some(recvmsg),
+    send: Some(nb6),
+    sendv: Some(nb6),
+    sendmsg: Some(nb3),
+    inject: Some(nb4),
+    senddata: Some(nb7),
+    injectdata: Some(nb5),
+};
+
+/// Tagged receives on a shared context: not built (the library's queue
+/// holds untagged receives); sends: not on a receive context.
+static TAGGED_OPS: sys::fi_ops_tagged = sys::fi_ops_tagged {
+    size: std::mem::size_of::<sys::fi_ops_tagged>(),
+    recv: Some(nb8),
+    recvv: Some(nb8),
+    recvmsg: Some(nb3),
+    send: Some(nb7),
+    sendv: Some(nb7),
+    sendmsg: Some(nb3),
+    inject: Some(nb5),
+    senddata: Some(nb8),
+    injectdata: Some(nb6),
+};
+
+static RMA_OPS: sys::fi_ops_rma = sys::fi_ops_rma {
+    size: std::mem::size_of::<sys::fi_ops_rma>(),
+    read: Some(nb8),
+    readv: Some(nb8),
+    readmsg: Some(nb3),
+    write: Some(nb8),
+    writev: Some(nb8),
+    writemsg: Some(nb3),
+    inject: Some(nb6),
+    writedata: Some(nb9),
+    injectdata: Some(nb7),
+};
+
+static ATOMIC_OPS: sys::fi_ops_atomic = sys::fi_ops_atomic {
+    size: std::mem::size_of::<sys::fi_ops_atomic>(),
+    write: Some(nb10),
+    writev: Some(nb10),
+    writemsg: Some(nb3),
+    inject: Some(nb8),
+    readwrite: Some(nb12),
+    readwritev: Some(nb13),
+    readwritemsg: Some(nb6),
+    compwrite: Some(nb14),
+    compwritev: Some(nb16),
+    compwritemsg: Some(nb9),
+    writevalid: Some(nb4),
+    readwritevalid: Some(nb4),
+    compwritevalid: Some(nb4),
+};
+
+static COLL_OPS: sys::fi_ops_collective = sys::fi_ops_collective {
+    size: std::mem::size_of::<sys::fi_ops_collective>(),
+    barrier: Some(nb3),
+    broadcast: Some(nb9),
+    alltoall: Some(nb10),
+    allreduce: Some(nb11),
+    allgather: Some(nb10),
+    reduce_scatter: Some(nb11),
+    reduce: Some(nb12),
+    scatter: Some(nb11),
+    gather: Some(nb11),
+    msg: Some(nb6),
+    barrier2: Some(nb4),
+};
+
+/// The shared receive context behind a fid.
+///
+/// # Safety
+/// `f` null or a live fid.
+pub unsafe fn of<'a>(f: *const sys::fid) -> Option<&'a Srx> {
+    // SAFETY: caller's contract.
+    unsafe { util::ours(f, sys::FI_CLASS_SRX_CTX, &FI_OPS) }
+}
+
+/// `fi_srx_context`: `attr->size` buffers may be posted at once (0: the
+/// receive queue size of the configuration).
+///
+/// # Safety
+/// libfabric's contract.
+pub unsafe extern "C" fn open(
+    domain: *mut sys::fid_domain,
+    attr: *mut sys::fi_rx_attr,
+    out: *mut *mut sys::fid_ep,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric's contract.
+    let Some(d) = (unsafe { crate::domain::of(domain.cast()) }) else { return EINVAL };
+    if out.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: attr is null (defaults) or valid.
+    let a = unsafe { attr.as_ref() }.copied().unwrap_or_default();
+    if a.caps & (sys::FI_MULTI_RECV | sys::FI_TAGGED) != 0 || a.op_flags & !sys::FI_COMPLETION != 0 {
+        return ENOSYS;
+    }
+    if a.iov_limit > shmfab::srq::SRQ_MAX_IOV {
+        return EINVAL;
+    }
+    let max_recv = match a.size {
+        0 => match crate::info::Limits::from_env() {
+            Ok(l) => l.rx_size,
+            Err(e) => return util::err(e, sys::FI_LOG_EP_CTRL, "fi_srx_context"),
+        },
+        n => n,
+    };
+    let srq = match d.dom.srq_open(&shmfab::SrqAttr { max_recv, ..Default::default() }) {
+        Ok(s) => s,
+        Err(e) => return util::err(e, sys::FI_LOG_EP_CTRL, "fi_srx_context"),
+    };
+    d.refs.fetch_add(1, Relaxed);
+    let b = Box::new(Srx {
+        fid: sys::fid_ep {
+            fid: util::fid(sys::FI_CLASS_SRX_CTX, context, &FI_OPS),
+            ops: util::ops(&EP_OPS),
+            cm: util::ops(&CM_OPS),
+            msg: util::ops(&MSG_OPS),
+            rma: util::ops(&RMA_OPS),
+            tagged: util::ops(&TAGGED_OPS),
+            atomic: util::ops(&ATOMIC_OPS),
+            collective: util::ops(&COLL_OPS),
+        },
+        dom: d,
+        srq,
+        directed: d.caps & sys::FI_DIRECTED_RECV != 0,
+    });
+    // SAFETY: out is valid for a write (checked).
+    unsafe { *out = &mut Box::leak(b).fid };
+    0
+}
+
+/// `fi_close`: `-FI_EBUSY` while endpoints are bound to it.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made.
+unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(s) = (unsafe { of(fid) }) else { return EINVAL };
+    if let Err(e) = s.srq.close() {
+        return util::err(e, sys::FI_LOG_EP_CTRL, "fi_close(srx)");
+    }
+    // SAFETY: the domain outlives what is opened from it (refs).
+    unsafe { &*s.dom }.refs.fetch_sub(1, Relaxed);
+    // SAFETY: made by Box::leak in `open`; the application gives it up.
+    drop(unsafe { Box::from_raw((s as *const Srx).cast_mut()) });
+    0
+}
+
+/// `fi_control`: FI_ENABLE (nothing to do: the context takes buffers
+/// from its opening on).
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made.
+unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, _: *mut c_void) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    if unsafe { of(fid) }.is_none() {
+        return EINVAL;
+    }
+    match command as u32 {
+        sys::FI_ENABLE => 0,
+        _ => ENOSYS,
+    }
+}
+
+impl Srx {
+    /// Posts a buffer.
+    ///
+    /// # Safety
+    /// The segments stay valid and untouched until the buffer completes.
+    unsafe fn post(&self, iov: &mut [IoSliceMut<'_>], src: u64, ctx: *mut c_void, flags: u64) -> isize {
+        if self.directed && src != FI_ADDR_UNSPEC {
+            return ENOSYS as isize; // the library's queue takes no source filter
+        }
+        if flags & sys::FI_MULTI_RECV != 0 {
+            return ENOSYS as isize;
+        }
+        if flags & !sys::FI_COMPLETION != 0 {
+            return EBADFLAGS as isize;
+        }
+        // SAFETY: caller's contract.
+        match unsafe { self.srq.post_recv(iov, ctx as usize) } {
+            Ok(()) => 0,
+            Err(e) => util::err(e, sys::FI_LOG_EP_DATA, "fi_recv(srx)") as isize,
+        }
+    }
+}
+
+/// `fi_recv` on the context.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made; `buf` holds
+/// `len` bytes until the completion.
+unsafe extern "C" fn recv(
+    ep: *mut sys::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(s) = (unsafe { of(ep.cast()) }) else { return EINVAL as isize };
+    if buf.is_null() && len > 0 {
+        return EINVAL as isize;
+    }
+    let b: &mut [u8] = if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: buf holds len bytes (checked non-null).
+        unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
+    };
+    // SAFETY: the buffer stays valid until the completion (fi_msg(3)).
+    unsafe { s.post(&mut [IoSliceMut::new(b)], src, ctx, 0) }
+}
+
+/// The caller's iovecs as `IoSliceMut`s (ABI-compatible with `struct
+/// iovec` on Unix, as std documents).
+///
+/// # Safety
+/// `iov` holds `count` valid, writable segments, untouched until the
+/// buffer completes; the array itself is only read.
+unsafe fn slices_mut<'a>(iov: *const sys::iovec, count: usize) -> Option<&'a mut [IoSliceMut<'a>]> {
+    if count == 0 || iov.is_null() {
+        return None;
+    }
+    // SAFETY: caller's contract; IoSliceMut is repr(transparent) over iovec.
+    Some(unsafe { std::slice::from_raw_parts_mut(iov.cast_mut().cast::<IoSliceMut<'a>>(), count) })
+}
+
+/// `fi_recvv` on the context.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made; `iov` holds
+/// `count` segments valid until the completion.
+unsafe extern "C" fn recvv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; iov holds count segments.
+    let (Some(s), Some(v)) = (unsafe { of(ep.cast()) }, unsafe { slices_mut(iov, count) }) else {
+        return EINVAL as isize;
+    };
+    // SAFETY: the segments stay valid until the completion.
+    unsafe { s.post(v, src, ctx, 0) }
+}
+
+/// `fi_recvmsg` on the context (FI_COMPLETION only).
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made; `msg` valid,
+/// its segments valid until the completion.
+unsafe extern "C" fn recvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    // SAFETY: libfabric passes our fid; msg is null or valid.
+    let (Some(s), Some(m)) = (unsafe { of(ep.cast()) }, unsafe { msg.as_ref() }) else {
+        return EINVAL as isize;
+    };
+    // SAFETY: msg_iov holds iov_count segments.
+    let Some(v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
+    // SAFETY: the segments stay valid until the completion.
+    unsafe { s.post(v, m.addr, m.context, flags) }
+}

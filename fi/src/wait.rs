@@ -1,0 +1,210 @@
+//! Wait sets (`fi_wait_open`, `fi_wait`) on the library's wait set.
+//!
+//! libfabric opens a wait set on the fabric; the library's wait set
+//! belongs to a domain (waiting drives that domain's progress). So the
+//! library's set is made when the first CQ or counter joins (opened with
+//! FI_WAIT_SET), on that member's domain, and members of another domain
+//! are refused (`-FI_ENOSYS`: a wait set across domains is not built).
+//! Wait objects: FI_WAIT_UNSPEC and FI_WAIT_YIELD (FI_WAIT_FD would need
+//! the fd before any member names the domain: not built).
+
+use crate::sys;
+use crate::util::{self, nb3, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EBUSY, EINVAL, ENOSYS};
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A wait set.
+#[repr(C)]
+pub struct Wait {
+    /// What the application holds.
+    pub fid: sys::fid_wait,
+    fabric: *const crate::fabric::Fabric,
+    /// FI_WAIT_YIELD (else FI_WAIT_UNSPEC).
+    yields: bool,
+    /// The library's set and the domain it was made on (by the first
+    /// member).
+    set: OnceLock<(usize, shmfab::WaitSet)>,
+    /// CQs and counters in it (close is `-FI_EBUSY` while any is).
+    refs: AtomicUsize,
+}
+
+static FI_OPS: sys::fi_ops = sys::fi_ops {
+    size: std::mem::size_of::<sys::fi_ops>(),
+    close: Some(close),
+    bind: Some(nb3),
+    control: Some(nb3),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+static OPS: sys::fi_ops_wait = sys::fi_ops_wait { size: std::mem::size_of::<sys::fi_ops_wait>(), wait: Some(wait) };
+
+/// The wait set behind a fid.
+///
+/// # Safety
+/// `f` null or a live fid.
+pub unsafe fn of<'a>(f: *const sys::fid) -> Option<&'a Wait> {
+    // SAFETY: caller's contract.
+    unsafe { util::ours(f, sys::FI_CLASS_WAIT, &FI_OPS) }
+}
+
+impl Wait {
+    /// The library's set for a member of domain `d`: made on `d` by the
+    /// first member; `-FI_ENOSYS` for a member of another domain.
+    fn set_for(&self, d: &crate::domain::Domain) -> Result<&shmfab::WaitSet, c_int> {
+        let key = d as *const crate::domain::Domain as usize;
+        let w = if self.yields { shmfab::WaitObj::Yield } else { shmfab::WaitObj::Unspec };
+        if self.set.get().is_none() {
+            let s = d.dom.wait_open_with(w).map_err(|e| util::err(e, sys::FI_LOG_DOMAIN, "wait set"))?;
+            // A set made meanwhile by another thread wins; ours is dropped.
+            let _ = self.set.set((key, s));
+        }
+        let (k, s) = self.set.get().expect("set just above");
+        if *k != key {
+            return Err(ENOSYS);
+        }
+        Ok(s)
+    }
+
+    /// Opens a CQ of domain `d` that waits through this set.
+    pub fn cq_open(&self, d: &crate::domain::Domain, attr: &shmfab::CqAttr) -> Result<shmfab::CompletionQueue, c_int> {
+        let cq = self.set_for(d)?.cq_open(attr).map_err(|e| util::err(e, sys::FI_LOG_CQ, "fi_cq_open(wait set)"))?;
+        self.refs.fetch_add(1, Relaxed);
+        Ok(cq)
+    }
+
+    /// Opens a counter of domain `d` that waits through this set.
+    pub fn cntr_open(&self, d: &crate::domain::Domain) -> Result<shmfab::Counter, c_int> {
+        let c = self.set_for(d)?.cntr_open().map_err(|e| util::err(e, sys::FI_LOG_CNTR, "fi_cntr_open(wait set)"))?;
+        self.refs.fetch_add(1, Relaxed);
+        Ok(c)
+    }
+
+    /// A member CQ leaves before it closes.
+    pub fn leave_cq(&self, cq: &shmfab::CompletionQueue) -> c_int {
+        let Some((_, s)) = self.set.get() else { return EINVAL };
+        match s.del_cq(cq) {
+            Ok(()) => {
+                self.refs.fetch_sub(1, Relaxed);
+                0
+            }
+            Err(e) => util::err(e, sys::FI_LOG_CQ, "wait set: CQ leaves"),
+        }
+    }
+
+    /// A CQ that left to close, but could not (still bound), joins again.
+    pub fn rejoin_cq(&self, cq: &shmfab::CompletionQueue) {
+        if let Some((_, s)) = self.set.get() {
+            if s.add_cq(cq).is_ok() {
+                self.refs.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// A counter that left to close, but could not, joins again.
+    pub fn rejoin_cntr(&self, c: &shmfab::Counter) {
+        if let Some((_, s)) = self.set.get() {
+            if s.add_cntr(c).is_ok() {
+                self.refs.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// A member counter leaves before it closes.
+    pub fn leave_cntr(&self, c: &shmfab::Counter) -> c_int {
+        let Some((_, s)) = self.set.get() else { return EINVAL };
+        match s.del_cntr(c) {
+            Ok(()) => {
+                self.refs.fetch_sub(1, Relaxed);
+                0
+            }
+            Err(e) => util::err(e, sys::FI_LOG_CNTR, "wait set: counter leaves"),
+        }
+    }
+}
+
+/// `fi_wait_open`.
+///
+/// # Safety
+/// libfabric's contract: `fabric` a live fid, `attr` valid, `out` valid
+/// for a write.
+pub unsafe extern "C" fn open(
+    fabric: *mut sys::fid_fabric,
+    attr: *mut sys::fi_wait_attr,
+    out: *mut *mut sys::fid_wait,
+) -> c_int {
+    // SAFETY: libfabric's contract.
+    let (Some(f), Some(a)) = (unsafe { crate::fabric::of(fabric) }, unsafe { attr.as_ref() }) else {
+        return EINVAL;
+    };
+    if out.is_null() {
+        return EINVAL;
+    }
+    if a.flags != 0 {
+        return EBADFLAGS;
+    }
+    let yields = match a.wait_obj {
+        sys::FI_WAIT_UNSPEC => false,
+        sys::FI_WAIT_YIELD => true,
+        sys::FI_WAIT_FD | sys::FI_WAIT_MUTEX_COND | sys::FI_WAIT_POLLFD => return ENOSYS,
+        _ => return EINVAL,
+    };
+    f.refs.fetch_add(1, Relaxed);
+    let b = Box::new(Wait {
+        fid: sys::fid_wait { fid: util::fid(sys::FI_CLASS_WAIT, std::ptr::null_mut(), &FI_OPS), ops: util::ops(&OPS) },
+        fabric: f,
+        yields,
+        set: OnceLock::new(),
+        refs: AtomicUsize::new(0),
+    });
+    // SAFETY: out is valid for a write (checked).
+    unsafe { *out = &mut Box::leak(b).fid };
+    0
+}
+
+/// `fi_close`: `-FI_EBUSY` while CQs or counters wait through it.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made.
+unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(w) = (unsafe { of(fid) }) else { return EINVAL };
+    if w.refs.load(Relaxed) != 0 {
+        return EBUSY;
+    }
+    if let Some((_, s)) = w.set.get() {
+        if let Err(e) = s.close() {
+            return util::err(e, sys::FI_LOG_DOMAIN, "fi_close(wait)");
+        }
+    }
+    // SAFETY: the fabric outlives its wait sets (refs).
+    unsafe { &*w.fabric }.refs.fetch_sub(1, Relaxed);
+    // SAFETY: made by Box::leak in `open`; the application gives it up.
+    drop(unsafe { Box::from_raw((w as *const Wait).cast_mut()) });
+    0
+}
+
+/// `fi_wait`: 0 when a member has an event, `-FI_ETIMEDOUT` after
+/// `timeout` milliseconds (negative: for ever). Before any member joined,
+/// nothing can happen but a member joining: it sleeps in short naps.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made.
+unsafe extern "C" fn wait(ws: *mut sys::fid_wait, timeout: c_int) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(w) = (unsafe { of(ws.cast()) }) else { return EINVAL };
+    let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    loop {
+        if let Some((_, s)) = w.set.get() {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            return util::status(s.wait(left), sys::FI_LOG_DOMAIN, "fi_wait");
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return -sys::FI_ETIMEDOUT;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

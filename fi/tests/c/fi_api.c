@@ -1,0 +1,895 @@
+/*
+ * The provider through libfabric's C API, as a client sees it: hints,
+ * the objects and their calls, and the error codes the man pages give;
+ * then two processes (fork) exchange tagged messages of 1 B to 4 MiB.
+ * Built and run by fi/tests/c_api.rs (FI_PROVIDER_PATH set to the
+ * provider); prints "fi_api: N checks passed" and exits 0, or names the
+ * first failed check and exits 1.
+ */
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/wait.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int checks;
+
+#define CHECK(cond)                                                            \
+	do {                                                                   \
+		if (!(cond)) {                                                 \
+			fprintf(stderr, "fi_api.c:%d: check failed: %s\n",     \
+				__LINE__, #cond);                              \
+			exit(1);                                               \
+		}                                                              \
+		checks++;                                                      \
+	} while (0)
+
+/* A call that must return `want` (0 or a negative fabric errno). */
+#define EXPECT(call, want)                                                     \
+	do {                                                                   \
+		long _r = (long)(call);                                        \
+		if (_r != (long)(want)) {                                      \
+			fprintf(stderr, "fi_api.c:%d: %s returned %ld (%s), "  \
+				"expected %ld\n", __LINE__, #call, _r,         \
+				fi_strerror((int)-_r), (long)(want));          \
+			exit(1);                                               \
+		}                                                              \
+		checks++;                                                      \
+	} while (0)
+
+static struct fi_info *hints(void)
+{
+	struct fi_info *h = fi_allocinfo();
+	CHECK(h);
+	h->fabric_attr->prov_name = strdup("shmfab");
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_MSG | FI_TAGGED;
+	return h;
+}
+
+/* fi_getinfo with hints `h` (freed): 0 or the error, info in *out. */
+static int getinfo(struct fi_info *h, struct fi_info **out)
+{
+	struct fi_info *i = NULL;
+	int r = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &i);
+	fi_freeinfo(h);
+	if (out)
+		*out = i;
+	else if (i)
+		fi_freeinfo(i);
+	return r;
+}
+
+static void test_hints(void)
+{
+	struct fi_info *h, *i;
+
+	h = hints();
+	h->caps |= FI_DIRECTED_RECV | FI_SOURCE | FI_MULTI_RECV;
+	h->mode = FI_CONTEXT | FI_CONTEXT2;
+	h->domain_attr->av_type = FI_AV_MAP;
+	h->domain_attr->threading = FI_THREAD_DOMAIN;
+	h->domain_attr->cq_data_size = 8;
+	h->tx_attr->inject_size = 4096;
+	h->tx_attr->iov_limit = 4;
+	EXPECT(getinfo(h, &i), 0);
+	CHECK(i && !i->next);
+	CHECK(!strcmp(i->fabric_attr->prov_name, "shmfab"));
+	CHECK((i->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE)) ==
+	      (FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE));
+	CHECK(i->mode == 0); /* no mode bit required */
+	CHECK(i->domain_attr->av_type == FI_AV_MAP);
+	CHECK(i->domain_attr->threading == FI_THREAD_DOMAIN);
+	CHECK(i->tx_attr->inject_size == 4096);
+	CHECK(i->addr_format == FI_FORMAT_UNSPEC);
+	fi_freeinfo(i);
+
+	h = hints();
+	h->caps |= FI_RMA;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->caps |= FI_ATOMIC;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->ep_attr->type = FI_EP_MSG;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->tx_attr->inject_size = 8192;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->tx_attr->iov_limit = 5;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->domain_attr->cq_data_size = 16;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->domain_attr->max_ep_srx_ctx = 2; /* one per endpoint */
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->tx_attr->msg_order = FI_ORDER_RAW;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->ep_attr->max_msg_size = (size_t)1 << 41;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->domain_attr->resource_mgmt = FI_RM_ENABLED;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->addr_format = FI_SOCKADDR_IN;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+}
+
+/* One endpoint with its CQ (and the shared AV). */
+struct side {
+	struct fid_ep *ep;
+	struct fid_cq *cq;
+	fi_addr_t addr;
+};
+
+static struct fid_fabric *fabric;
+static struct fid_domain *domain;
+static struct fid_av *av;
+static struct fi_info *info;
+
+static void open_side_waiting(struct side *s, enum fi_cq_format fmt, enum fi_wait_obj wait)
+{
+	struct fi_cq_attr ca = { .format = fmt, .wait_obj = wait };
+	char name[64];
+	size_t len = sizeof(name);
+
+	EXPECT(fi_cq_open(domain, &ca, &s->cq, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &s->ep, NULL), 0);
+	EXPECT(fi_ep_bind(s->ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(s->ep), 0);
+	EXPECT(fi_getname(&s->ep->fid, name, &len), 0);
+	CHECK(len == 24);
+	EXPECT(fi_av_insert(av, name, 1, &s->addr, 0, NULL), 1);
+}
+
+static void open_side(struct side *s, enum fi_cq_format fmt)
+{
+	open_side_waiting(s, fmt, FI_WAIT_UNSPEC);
+}
+
+static void close_side(struct side *s)
+{
+	EXPECT(fi_close(&s->ep->fid), 0);
+	EXPECT(fi_close(&s->cq->fid), 0);
+}
+
+/* Reads one completion of a tagged-format CQ, driving progress. */
+static void read_tagged(struct fid_cq *cq, struct fi_cq_tagged_entry *e, fi_addr_t *src)
+{
+	ssize_t r;
+	for (int i = 0; i < 1000000; i++) {
+		r = src ? fi_cq_readfrom(cq, e, 1, src) : fi_cq_read(cq, e, 1);
+		if (r != -FI_EAGAIN)
+			break;
+	}
+	EXPECT(r, 1);
+}
+
+static void test_av_and_names(struct side *a)
+{
+	char name[64], tiny[4], str[128];
+	size_t len = sizeof(tiny);
+
+	EXPECT(fi_getname(&a->ep->fid, tiny, &len), -FI_ETOOSMALL);
+	CHECK(len == 24);
+	len = sizeof(name);
+	EXPECT(fi_av_lookup(av, a->addr, name, &len), 0);
+	CHECK(len == 24);
+	len = sizeof(str);
+	CHECK(fi_av_straddr(av, name, str, &len) == str);
+	CHECK(!strncmp(str, "shmfab://", 9) && len == strlen(str) + 1);
+	/* Inserting the same address again gives the same handle. */
+	fi_addr_t again;
+	EXPECT(fi_av_insert(av, name, 1, &again, 0, NULL), 1);
+	CHECK(again == a->addr);
+	/* A malformed address: not inserted, FI_ADDR_NOTAVAIL. */
+	char bad[24] = { 0 };
+	fi_addr_t b = 0;
+	EXPECT(fi_av_insert(av, bad, 1, &b, 0, NULL), 0);
+	CHECK(b == FI_ADDR_NOTAVAIL);
+	EXPECT(fi_av_lookup(av, 12345, name, &len), -FI_ENOENT);
+}
+
+static void test_tagged_and_data(struct side *a, struct side *b)
+{
+	struct fi_cq_tagged_entry e;
+	char buf[64] = { 0 };
+	fi_addr_t src = 0;
+
+	/* Directed tagged receive; the source comes back from readfrom. */
+	EXPECT(fi_trecv(b->ep, buf, sizeof(buf), NULL, a->addr, 0x1200, 0xff, (void *)0xb1), 0);
+	EXPECT(fi_tsend(a->ep, "tagged!", 8, NULL, b->addr, 0x1234, (void *)0xa1), 0);
+	read_tagged(b->cq, &e, &src);
+	CHECK(e.op_context == (void *)0xb1 && e.len == 8 && e.tag == 0x1234);
+	CHECK((e.flags & (FI_TAGGED | FI_RECV)) == (FI_TAGGED | FI_RECV));
+	CHECK(!strcmp(buf, "tagged!") && src == a->addr);
+	read_tagged(a->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xa1 && (e.flags & FI_SEND));
+
+	/* Remote CQ data. */
+	EXPECT(fi_recv(b->ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xb2), 0);
+	EXPECT(fi_senddata(a->ep, "data", 5, NULL, 0xfeedULL, b->addr, (void *)0xa2), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xb2 && (e.flags & FI_REMOTE_CQ_DATA) && e.data == 0xfeed);
+	read_tagged(a->cq, &e, NULL);
+
+	/* iov send into a receive of two segments. */
+	char x[3] = "ab", y[8] = { 0 }, z[8] = { 0 };
+	struct iovec siov[2] = { { x, 2 }, { "cdef", 4 } };
+	struct iovec riov[2] = { { y, 3 }, { z, 8 } };
+	EXPECT(fi_recvv(b->ep, riov, NULL, 2, FI_ADDR_UNSPEC, (void *)0xb3), 0);
+	EXPECT(fi_sendv(a->ep, siov, NULL, 2, b->addr, (void *)0xa3), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.len == 6 && !memcmp(y, "abc", 3) && !memcmp(z, "def", 3));
+	read_tagged(a->cq, &e, NULL);
+
+	/* inject: no completion. */
+	EXPECT(fi_trecv(b->ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, 7, 0, (void *)0xb4), 0);
+	EXPECT(fi_tinject(a->ep, "inj", 4, b->addr, 7), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xb4 && !strcmp(buf, "inj"));
+	EXPECT(fi_cq_read(a->cq, &e, 1), -FI_EAGAIN);
+	/* inject above inject_size */
+	static char big[8192];
+	EXPECT(fi_inject(a->ep, big, sizeof(big), b->addr), -FI_EMSGSIZE);
+}
+
+static void test_errors(struct side *a, struct side *b)
+{
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err;
+	char small[4], data[8];
+	const char *s;
+
+	/* Truncation: -FI_EAVAIL, then the error entry, its data copied into
+	 * the caller's buffer (API >= 1.5). */
+	EXPECT(fi_recv(b->ep, small, sizeof(small), NULL, FI_ADDR_UNSPEC, (void *)0xb5), 0);
+	EXPECT(fi_send(a->ep, "0123456789abcdef", 16, NULL, b->addr, (void *)0xa5), 0);
+	ssize_t r;
+	for (int i = 0; i < 1000000; i++)
+		if ((r = fi_cq_read(b->cq, &e, 1)) != -FI_EAGAIN)
+			break;
+	EXPECT(r, -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	err.err_data = data;
+	err.err_data_size = sizeof(data);
+	EXPECT(fi_cq_readerr(b->cq, &err, 0), 1);
+	CHECK(err.err == FI_ETRUNC && err.op_context == (void *)0xb5 && err.olen == 12);
+	CHECK(err.err_data == data && err.err_data_size <= sizeof(data));
+	s = fi_cq_strerror(b->cq, err.prov_errno, err.err_data, NULL, 0);
+	CHECK(s && strlen(s) > 0);
+	char sbuf[8];
+	CHECK(fi_cq_strerror(b->cq, err.prov_errno, NULL, sbuf, sizeof(sbuf)) == sbuf && strlen(sbuf) == 7);
+	EXPECT(fi_cq_readerr(b->cq, &err, 0), -FI_EAGAIN);
+	read_tagged(a->cq, &e, NULL);
+
+	/* fi_cancel of a posted receive: FI_ECANCELED, the provider's error
+	 * data when the caller gives no buffer. */
+	EXPECT(fi_trecv(b->ep, data, sizeof(data), NULL, FI_ADDR_UNSPEC, 99, 0, (void *)0xb6), 0);
+	EXPECT(fi_cancel(&b->ep->fid, (void *)0xb6), 0);
+	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	EXPECT(fi_cq_readerr(b->cq, &err, 0), 1);
+	CHECK(err.err == FI_ECANCELED && err.op_context == (void *)0xb6);
+	CHECK(err.err_data != NULL && err.err_data_size > 0);
+	/* Cancelling what is not pending succeeds and does nothing. */
+	EXPECT(fi_cancel(&b->ep->fid, (void *)0xb6), 0);
+	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAGAIN);
+
+	/* Probes and claims: not built yet. */
+	struct iovec iov = { data, sizeof(data) };
+	struct fi_msg_tagged m = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .tag = 1 };
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_PEEK), -FI_ENOSYS);
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), -FI_ENOSYS);
+	/* RMA: not built yet. */
+	EXPECT(fi_write(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), -FI_ENOSYS);
+	EXPECT(fi_read(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), -FI_ENOSYS);
+	/* Delivery complete is not what a shmfab send gives. */
+	struct fi_msg mm = { .msg_iov = &iov, .iov_count = 1, .addr = b->addr };
+	EXPECT(fi_sendmsg(a->ep, &mm, FI_DELIVERY_COMPLETE), -FI_EBADFLAGS);
+	/* Transmit complete is; FI_MORE is a hint. */
+	struct iovec riov = { small, sizeof(small) };
+	struct fi_msg rm = { .msg_iov = &riov, .iov_count = 1, .addr = FI_ADDR_UNSPEC };
+	iov.iov_len = 4;
+	EXPECT(fi_recvmsg(b->ep, &rm, FI_MORE), 0);
+	EXPECT(fi_sendmsg(a->ep, &mm, FI_TRANSMIT_COMPLETE | FI_INJECT | FI_MORE), 0);
+	read_tagged(a->cq, &e, NULL);
+	read_tagged(b->cq, &e, NULL);
+}
+
+static void test_cq_waits(void)
+{
+	struct fid_cq *cq;
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_NONE };
+	struct fi_cq_entry e;
+	int fd = -1;
+	enum fi_wait_obj wo;
+
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	EXPECT(fi_cq_sread(cq, &e, 1, NULL, 0), -FI_EINVAL); /* no wait object */
+	EXPECT(fi_control(&cq->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_NONE);
+	EXPECT(fi_close(&cq->fid), 0);
+
+	ca.wait_obj = FI_WAIT_UNSPEC;
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	EXPECT(fi_cq_sread(cq, &e, 1, NULL, 10), -FI_EAGAIN); /* timeout */
+	EXPECT(fi_cq_signal(cq), 0);
+	EXPECT(fi_cq_sread(cq, &e, 1, NULL, -1), -FI_EAGAIN); /* interrupted */
+	EXPECT(fi_close(&cq->fid), 0);
+
+	ca.wait_obj = FI_WAIT_FD;
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	EXPECT(fi_control(&cq->fid, FI_GETWAIT, &fd), 0);
+	CHECK(fd >= 0);
+	EXPECT(fi_close(&cq->fid), 0);
+
+	ca.wait_obj = FI_WAIT_MUTEX_COND; /* no pthread objects to give out */
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_ENOSYS);
+	ca.wait_obj = FI_WAIT_SET; /* names no wait set */
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_EINVAL);
+	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_FD }; /* not built */
+	struct fid_wait *ws;
+	EXPECT(fi_wait_open(fabric, &wa, &ws), -FI_ENOSYS);
+}
+
+/* An epoll loop over a CQ's FI_WAIT_FD, with fi_trywait before blocking. */
+static void test_trywait_epoll(struct side *a)
+{
+	struct side f;
+	struct fi_cq_tagged_entry e;
+	struct epoll_event ev = { .events = EPOLLIN }, got;
+	struct fid *fids[1];
+	char buf[16] = { 0 };
+	int fd = -1, ep, n;
+
+	open_side_waiting(&f, FI_CQ_FORMAT_TAGGED, FI_WAIT_FD);
+	fids[0] = &f.cq->fid;
+	EXPECT(fi_control(&f.cq->fid, FI_GETWAIT, &fd), 0);
+	CHECK(fd >= 0 && (ep = epoll_create1(0)) >= 0);
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+	EXPECT(fi_recv(f.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xf1), 0);
+	/* Nothing there: safe to block, and the fd stays quiet. */
+	EXPECT(fi_trywait(fabric, fids, 1), 0);
+	CHECK(epoll_wait(ep, &got, 1, 50) == 0);
+	/* A message: the fd becomes readable, the read finds it. */
+	EXPECT(fi_send(a->ep, "epoll", 6, NULL, f.addr, NULL), 0);
+	n = epoll_wait(ep, &got, 1, 10000);
+	CHECK(n == 1);
+	/* Something to read: not safe to block. */
+	EXPECT(fi_trywait(fabric, fids, 1), -FI_EAGAIN);
+	read_tagged(f.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xf1 && !strcmp(buf, "epoll"));
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_trywait(fabric, fids, 1), 0);
+	/* Only CQs and counters with fds. */
+	fids[0] = &a->ep->fid;
+	EXPECT(fi_trywait(fabric, fids, 1), -FI_EINVAL);
+	close(ep);
+	close_side(&f);
+}
+
+static void test_counters_and_mr(struct side *a, struct side *b)
+{
+	struct fid_cntr *c;
+	struct fi_cntr_attr attr = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC };
+	struct fid_mr *mr, *mr2;
+	static char region[4096];
+
+	EXPECT(fi_cntr_open(domain, &attr, &c, NULL), 0);
+	EXPECT(fi_cntr_set(c, 5), 0);
+	EXPECT(fi_cntr_add(c, 2), 0);
+	CHECK(fi_cntr_read(c) == 7);
+	EXPECT(fi_cntr_seterr(c, 1), 0);
+	EXPECT(fi_cntr_adderr(c, 1), 0);
+	CHECK(fi_cntr_readerr(c) == 2);
+	EXPECT(fi_cntr_wait(c, 7, 100), 0);
+	EXPECT(fi_cntr_wait(c, 100, 10), -FI_ETIMEDOUT);
+	/* Bound after enable: refused as the library refuses it. */
+	EXPECT(fi_ep_bind(a->ep, &c->fid, FI_SEND), -FI_EINVAL);
+	EXPECT(fi_close(&c->fid), 0);
+
+	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND | FI_RECV, 0, 7, 0, &mr, NULL), 0);
+	CHECK(fi_mr_key(mr) == 7 && fi_mr_desc(mr) != NULL);
+	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 0, 7, 0, &mr2, NULL), -FI_ENOKEY);
+	/* A registered buffer's descriptor works in a send. */
+	struct fi_cq_tagged_entry e;
+	char in[8];
+	strcpy(region, "mr");
+	EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, NULL), 0);
+	EXPECT(fi_send(a->ep, region, 3, fi_mr_desc(mr), b->addr, NULL), 0);
+	read_tagged(b->cq, &e, NULL);
+	read_tagged(a->cq, &e, NULL);
+	CHECK(!strcmp(in, "mr"));
+	EXPECT(fi_close(&mr->fid), 0);
+	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 0, 7, 0, &mr2, NULL), 0);
+	EXPECT(fi_close(&mr2->fid), 0);
+}
+
+static void test_ops_flags(struct side *a)
+{
+	uint64_t f = FI_TRANSMIT;
+	EXPECT(fi_control(&a->ep->fid, FI_GETOPSFLAG, &f), 0);
+	CHECK(f == 0);
+	f = FI_TRANSMIT | FI_COMPLETION;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	f = FI_TRANSMIT;
+	EXPECT(fi_control(&a->ep->fid, FI_GETOPSFLAG, &f), 0);
+	CHECK(f == FI_COMPLETION);
+	f = FI_TRANSMIT;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	f = FI_TRANSMIT | FI_DELIVERY_COMPLETE;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), -FI_EBADFLAGS);
+	size_t v = 128, len = sizeof(v);
+	EXPECT(fi_setopt(&a->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, sizeof(v)), 0);
+	v = 0;
+	EXPECT(fi_getopt(&a->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, &len), 0);
+	CHECK(v == 128 && len == sizeof(v));
+	EXPECT(fi_getopt(&a->ep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &v, &len), -FI_ENOPROTOOPT);
+}
+
+static void test_eq(void)
+{
+	struct fid_eq *eq;
+	struct fi_eq_attr attr = { .wait_obj = FI_WAIT_UNSPEC };
+	uint32_t ev = 0;
+	char buf[16];
+
+	EXPECT(fi_eq_open(fabric, &attr, &eq, NULL), 0);
+	EXPECT(fi_eq_read(eq, &ev, buf, sizeof(buf), 0), -FI_EAGAIN);
+	EXPECT(fi_eq_sread(eq, &ev, buf, sizeof(buf), 10, 0), -FI_EAGAIN);
+	EXPECT(fi_eq_write(eq, FI_NOTIFY, "event", 6, 0), 6);
+	EXPECT(fi_eq_read(eq, &ev, buf, 2, 0), -FI_ETOOSMALL);
+	EXPECT(fi_eq_read(eq, &ev, buf, sizeof(buf), FI_PEEK), 6);
+	EXPECT(fi_eq_sread(eq, &ev, buf, sizeof(buf), -1, 0), 6);
+	CHECK(ev == FI_NOTIFY && !strcmp(buf, "event"));
+	EXPECT(fi_eq_read(eq, &ev, buf, sizeof(buf), 0), -FI_EAGAIN);
+	/* The fabric is busy while the EQ is open. */
+	EXPECT(fi_close(&fabric->fid), -FI_EBUSY);
+
+	/* An AV opened with FI_EVENT reports its inserts through the EQ: an
+	 * error entry per failed address (its index), then FI_AV_COMPLETE
+	 * with the number inserted. */
+	struct fid_av *av2;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE, .flags = FI_EVENT };
+	struct fi_eq_entry done;
+	struct fi_eq_err_entry err;
+	char addrs[48];
+	size_t len = 24;
+	fi_addr_t fa[2];
+	EXPECT(fi_av_open(domain, &aa, &av2, NULL), 0);
+	EXPECT(fi_av_lookup(av, 0, addrs, &len), 0); /* a valid address */
+	memset(addrs + 24, 0, 24);                   /* and an invalid one */
+	EXPECT(fi_av_insert(av2, addrs, 2, fa, 0, (void *)0x77), -FI_ENOEQ);
+	EXPECT(fi_av_bind(av2, &eq->fid, 0), 0);
+	EXPECT(fi_av_insert(av2, addrs, 2, fa, 0, (void *)0x77), 0);
+	EXPECT(fi_eq_read(eq, &ev, &done, sizeof(done), 0), -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	EXPECT(fi_eq_readerr(eq, &err, 0), sizeof(err));
+	CHECK(err.fid == &av2->fid && err.context == (void *)0x77 && err.data == 1 && err.err == FI_EINVAL);
+	EXPECT(fi_eq_readerr(eq, &err, 0), -FI_EAGAIN);
+	EXPECT(fi_eq_sread(eq, &ev, &done, sizeof(done), 1000, 0), sizeof(done));
+	CHECK(ev == FI_AV_COMPLETE && done.fid == &av2->fid && done.context == (void *)0x77 && done.data == 1);
+	CHECK(fa[1] == FI_ADDR_NOTAVAIL);
+	EXPECT(fi_close(&eq->fid), -FI_EBUSY); /* bound to the AV */
+	EXPECT(fi_close(&av2->fid), 0);
+	EXPECT(fi_close(&eq->fid), 0);
+}
+
+/* A shared receive context serving two endpoints: each message takes the
+ * next buffer posted to it, and completes at the CQ of the endpoint that
+ * received it. */
+static void test_srx(struct side *a)
+{
+	struct fi_rx_attr ra = { .size = 8 };
+	struct fid_ep *srx;
+	struct side s[2];
+	struct fi_cq_tagged_entry e;
+	char buf[2][16] = { { 0 } };
+	char name[64];
+	size_t len;
+
+	EXPECT(fi_srx_context(domain, &ra, &srx, NULL), 0);
+	for (int i = 0; i < 2; i++) {
+		struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+		EXPECT(fi_cq_open(domain, &ca, &s[i].cq, NULL), 0);
+		EXPECT(fi_endpoint(domain, info, &s[i].ep, NULL), 0);
+		EXPECT(fi_ep_bind(s[i].ep, &av->fid, 0), 0);
+		EXPECT(fi_ep_bind(s[i].ep, &s[i].cq->fid, FI_TRANSMIT | FI_RECV), 0);
+		EXPECT(fi_ep_bind(s[i].ep, &srx->fid, 0), 0);
+		EXPECT(fi_enable(s[i].ep), 0);
+		len = sizeof(name);
+		EXPECT(fi_getname(&s[i].ep->fid, name, &len), 0);
+		EXPECT(fi_av_insert(av, name, 1, &s[i].addr, 0, NULL), 1);
+	}
+	/* Untagged receives go to the shared context, not the endpoint. */
+	EXPECT(fi_recv(s[0].ep, buf[0], 16, NULL, FI_ADDR_UNSPEC, NULL), -FI_EINVAL);
+	/* Tagged ones on the context: not built (the library's queue holds
+	 * untagged receives). */
+	EXPECT(fi_trecv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, 1, 0, NULL), -FI_ENOSYS);
+	EXPECT(fi_recv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, (void *)0x51), 0);
+	EXPECT(fi_recv(srx, buf[1], 16, NULL, FI_ADDR_UNSPEC, (void *)0x52), 0);
+	EXPECT(fi_send(a->ep, "to one", 7, NULL, s[1].addr, NULL), 0);
+	read_tagged(s[1].cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x51 && !strcmp(buf[0], "to one"));
+	EXPECT(fi_send(a->ep, "to zero", 8, NULL, s[0].addr, NULL), 0);
+	read_tagged(s[0].cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x52 && !strcmp(buf[1], "to zero"));
+	read_tagged(a->cq, &e, NULL);
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_close(&srx->fid), -FI_EBUSY); /* endpoints are bound to it */
+	for (int i = 0; i < 2; i++)
+		close_side(&s[i]);
+	EXPECT(fi_close(&srx->fid), 0);
+}
+
+/* Multi-receive buffers, selective completion with the endpoint's
+ * default flags, a send counter, AV removal, automatic progress. */
+static void test_misc(struct side *a, struct side *b)
+{
+	struct fi_cq_tagged_entry e;
+	static char mbuf[64];
+	struct iovec iov = { mbuf, sizeof(mbuf) };
+	struct fi_msg m = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = (void *)0x3 };
+	size_t min = 16;
+
+	/* Multi-receive: 16-byte messages land one after the other; the one
+	 * that leaves less than FI_OPT_MIN_MULTI_RECV releases the buffer. */
+	EXPECT(fi_setopt(&b->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof(min)), 0);
+	EXPECT(fi_recvmsg(b->ep, &m, FI_MULTI_RECV), 0);
+	for (int i = 0; i < 4; i++) {
+		char msg[16];
+		memset(msg, 'a' + i, sizeof(msg));
+		EXPECT(fi_send(a->ep, msg, sizeof(msg), NULL, b->addr, NULL), 0);
+		read_tagged(b->cq, &e, NULL);
+		read_tagged(a->cq, &e, NULL);
+	}
+	/* (the receive side's entries, read above in order, are checked
+	 * through the buffer: each message at its own 16 bytes) */
+	for (int i = 0; i < 4; i++)
+		CHECK(mbuf[16 * i] == 'a' + i && mbuf[16 * i + 15] == 'a' + i);
+
+	/* The release flag, read this time. */
+	EXPECT(fi_recvmsg(b->ep, &m, FI_MULTI_RECV), 0);
+	for (int i = 0; i < 4; i++) {
+		EXPECT(fi_send(a->ep, "0123456789abcde", 16, NULL, b->addr, NULL), 0);
+		read_tagged(b->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0x3 && e.len == 16 && e.buf == mbuf + 16 * i);
+		CHECK(!!(e.flags & FI_MULTI_RECV) == (i == 3));
+		read_tagged(a->cq, &e, NULL);
+	}
+	min = 64;
+	EXPECT(fi_setopt(&b->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof(min)), 0);
+
+	/* Selective completion: only sends that ask have an entry; the
+	 * endpoint's default op_flags (FI_SETOPSFLAG) ask for fi_send. */
+	struct side s;
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cntr_attr na = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC };
+	struct fid_cntr *sent;
+	char name[64], in[8];
+	size_t len = sizeof(name);
+	uint64_t f;
+
+	EXPECT(fi_cq_open(domain, &ca, &s.cq, NULL), 0);
+	EXPECT(fi_cntr_open(domain, &na, &sent, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &s.ep, NULL), 0);
+	EXPECT(fi_ep_bind(s.ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION), 0);
+	EXPECT(fi_ep_bind(s.ep, &sent->fid, FI_SEND), 0);
+	EXPECT(fi_enable(s.ep), 0);
+	EXPECT(fi_getname(&s.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &s.addr, 0, NULL), 1);
+
+	EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, NULL), 0);
+	EXPECT(fi_send(s.ep, "quiet", 6, NULL, b->addr, (void *)0x51), 0);
+	read_tagged(b->cq, &e, NULL);
+	EXPECT(fi_cntr_wait(sent, 1, 5000), 0); /* counted */
+	EXPECT(fi_cq_read(s.cq, &e, 1), -FI_EAGAIN); /* no entry */
+	f = FI_TRANSMIT | FI_COMPLETION;
+	EXPECT(fi_control(&s.ep->fid, FI_SETOPSFLAG, &f), 0);
+	EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, NULL), 0);
+	EXPECT(fi_send(s.ep, "loud", 5, NULL, b->addr, (void *)0x52), 0);
+	read_tagged(b->cq, &e, NULL);
+	read_tagged(s.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x52 && fi_cntr_read(sent) == 2);
+	EXPECT(fi_close(&s.ep->fid), 0);
+	EXPECT(fi_close(&s.cq->fid), 0);
+	EXPECT(fi_close(&sent->fid), 0);
+
+	/* AV removal: the handle no longer resolves, nor sends. */
+	EXPECT(fi_av_remove(av, &s.addr, 1, 0), 0);
+	len = sizeof(name);
+	EXPECT(fi_av_lookup(av, s.addr, name, &len), -FI_ENOENT);
+	EXPECT(fi_av_remove(av, &s.addr, 1, 0), -FI_ENOENT);
+
+	/* FI_PROGRESS_AUTO: a domain with its progress thread. */
+	struct fi_info *h = hints(), *ai;
+	struct fid_domain *d2;
+	h->domain_attr->data_progress = FI_PROGRESS_AUTO;
+	EXPECT(getinfo(h, &ai), 0);
+	CHECK(ai->domain_attr->data_progress == FI_PROGRESS_AUTO);
+	EXPECT(fi_domain(fabric, ai, &d2, NULL), 0);
+	EXPECT(fi_close(&d2->fid), 0);
+	fi_freeinfo(ai);
+}
+
+/* A poll set over a CQ and a counter: their contexts when they have
+ * something. */
+static void test_poll(struct side *a, struct side *b)
+{
+	struct fi_poll_attr pa = { 0 };
+	struct fid_poll *ps;
+	struct fid_cq *cq;
+	struct fid_cntr *c;
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_CONTEXT };
+	struct fi_cntr_attr na = { .events = FI_CNTR_EVENTS_COMP };
+	struct fi_cq_tagged_entry e;
+	void *ctx[4];
+	char in[8];
+
+	EXPECT(fi_poll_open(domain, &pa, &ps), 0);
+	EXPECT(fi_poll_add(ps, &b->cq->fid, 0), 0);
+	EXPECT(fi_cntr_open(domain, &na, &c, (void *)0xc0), 0);
+	EXPECT(fi_poll_add(ps, &c->fid, 0), 0);
+	EXPECT(fi_poll(ps, ctx, 4), 0);
+	EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, NULL), 0);
+	EXPECT(fi_send(a->ep, "poll", 5, NULL, b->addr, NULL), 0);
+	int n = 0;
+	for (int i = 0; i < 1000000 && n == 0; i++)
+		n = fi_poll(ps, ctx, 4);
+	EXPECT(n, 1);
+	CHECK(ctx[0] == b->cq->fid.context);
+	read_tagged(b->cq, &e, NULL);
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_cntr_add(c, 1), 0);
+	EXPECT(fi_poll(ps, ctx, 4), 1);
+	CHECK(ctx[0] == (void *)0xc0);
+	EXPECT(fi_poll(ps, ctx, 4), 0);
+	/* Members cannot close, nor the set while it has members. */
+	EXPECT(fi_close(&ps->fid), -FI_EBUSY);
+	EXPECT(fi_close(&c->fid), -FI_EBUSY);
+	EXPECT(fi_poll_del(ps, &c->fid, 0), 0);
+	EXPECT(fi_poll_del(ps, &c->fid, 0), -FI_ENOENT);
+	EXPECT(fi_close(&c->fid), 0);
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	EXPECT(fi_poll_add(ps, &cq->fid, 0), 0);
+	EXPECT(fi_poll_del(ps, &cq->fid, 0), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+	EXPECT(fi_poll_del(ps, &b->cq->fid, 0), 0);
+	EXPECT(fi_close(&ps->fid), 0);
+}
+
+/* A wait set over a CQ and a counter of one domain. */
+static void test_wait_set(struct side *a)
+{
+	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_UNSPEC };
+	struct fid_wait *ws;
+	struct side w;
+	struct fid_cntr *c;
+	struct fi_cq_tagged_entry e;
+	char name[64], in[8];
+	size_t len = sizeof(name);
+
+	EXPECT(fi_wait_open(fabric, &wa, &ws), 0);
+	EXPECT(fi_wait(ws, 10), -FI_ETIMEDOUT); /* no member yet */
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_SET, .wait_set = ws };
+	struct fi_cntr_attr na = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_SET, .wait_set = ws };
+	EXPECT(fi_cq_open(domain, &ca, &w.cq, NULL), 0);
+	EXPECT(fi_cntr_open(domain, &na, &c, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &w.ep, NULL), 0);
+	EXPECT(fi_ep_bind(w.ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(w.ep, &w.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(w.ep), 0);
+	EXPECT(fi_getname(&w.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &w.addr, 0, NULL), 1);
+
+	EXPECT(fi_wait(ws, 10), -FI_ETIMEDOUT);
+	EXPECT(fi_recv(w.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0x3a), 0);
+	EXPECT(fi_send(a->ep, "wait", 5, NULL, w.addr, NULL), 0);
+	EXPECT(fi_wait(ws, 10000), 0);
+	EXPECT(fi_cq_read(w.cq, &e, 1), 1);
+	CHECK(e.op_context == (void *)0x3a && !strcmp(in, "wait"));
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_cq_sread(w.cq, &e, 1, NULL, 0), -FI_EINVAL); /* waits through its set */
+	EXPECT(fi_cntr_add(c, 1), 0);
+	EXPECT(fi_wait(ws, 10000), 0);
+
+	/* One domain per wait set: a CQ of another domain is refused. */
+	struct fid_domain *d2;
+	struct fid_cq *cq2;
+	EXPECT(fi_domain(fabric, info, &d2, NULL), 0);
+	EXPECT(fi_cq_open(d2, &ca, &cq2, NULL), -FI_ENOSYS);
+	EXPECT(fi_close(&d2->fid), 0);
+
+	EXPECT(fi_close(&ws->fid), -FI_EBUSY); /* members wait through it */
+	EXPECT(fi_close(&w.cq->fid), -FI_EBUSY); /* bound to the endpoint */
+	EXPECT(fi_close(&w.ep->fid), 0);
+	EXPECT(fi_close(&w.cq->fid), 0);
+	EXPECT(fi_close(&c->fid), 0);
+	EXPECT(fi_close(&ws->fid), 0);
+}
+
+/* FI_THREAD_DOMAIN: calls serialised by the application may come from
+ * any thread, one at a time. */
+static struct side *ta, *tb;
+static void *other_thread(void *arg)
+{
+	struct fi_cq_tagged_entry e;
+	char buf[8] = { 0 };
+	(void)arg;
+	EXPECT(fi_recv(tb->ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xc1), 0);
+	EXPECT(fi_send(ta->ep, "thread", 7, NULL, tb->addr, NULL), 0);
+	read_tagged(tb->cq, &e, NULL);
+	read_tagged(ta->cq, &e, NULL);
+	CHECK(!strcmp(buf, "thread"));
+	return NULL;
+}
+
+/* Two processes: tagged messages of every protocol's sizes (inline, pool,
+ * single copy) and back, each byte checked on both sides. */
+static char pattern(size_t i, size_t size)
+{
+	return (char)((i * 7 + size) & 0xff);
+}
+
+static void two_processes(void)
+{
+	static const size_t sizes[] = { 1, 64, 4096, 20000, 65536, 1 << 20, 4 << 20 };
+	int p2c[2], c2p[2];
+	CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	int child = pid == 0;
+	int rd = child ? p2c[0] : c2p[0], wr = child ? c2p[1] : p2c[1];
+
+	struct fi_info *h = hints(), *fi;
+	struct fid_fabric *fab;
+	struct fid_domain *dom;
+	struct fid_av *pav;
+	struct fid_cq *cq;
+	struct fid_ep *ep;
+	struct fi_av_attr aa = { .type = FI_AV_MAP };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_UNSPEC };
+	char me[64], peer[64];
+	size_t len = sizeof(me);
+	fi_addr_t to;
+
+	EXPECT(getinfo(h, &fi), 0);
+	EXPECT(fi_fabric(fi->fabric_attr, &fab, NULL), 0);
+	EXPECT(fi_domain(fab, fi, &dom, NULL), 0);
+	EXPECT(fi_av_open(dom, &aa, &pav, NULL), 0);
+	EXPECT(fi_cq_open(dom, &ca, &cq, NULL), 0);
+	EXPECT(fi_endpoint(dom, fi, &ep, NULL), 0);
+	EXPECT(fi_ep_bind(ep, &pav->fid, 0), 0);
+	EXPECT(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(ep), 0);
+	EXPECT(fi_getname(&ep->fid, me, &len), 0);
+	CHECK(write(wr, me, len) == (ssize_t)len && read(rd, peer, len) == (ssize_t)len);
+	EXPECT(fi_av_insert(pav, peer, 1, &to, 0, NULL), 1);
+
+	char *buf = malloc(4 << 20), *back = malloc(4 << 20);
+	CHECK(buf && back);
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		size_t n = sizes[k];
+		struct fi_cq_tagged_entry e[2];
+		int got = 0, tries = 0;
+		if (child) {
+			memset(buf, 0, n);
+			EXPECT(fi_trecv(ep, buf, n, NULL, to, n, 0, (void *)1), 0);
+			while (got < 1) {
+				ssize_t r = fi_cq_sread(cq, e, 1, NULL, 10000);
+				CHECK(r == 1 || (r == -FI_EAGAIN && ++tries < 3)); /* 30 s at most */
+				got += r == 1;
+			}
+			CHECK(e[0].len == n && e[0].tag == n);
+			for (size_t i = 0; i < n; i++)
+				CHECK(buf[i] == pattern(i, n));
+			EXPECT(fi_tsend(ep, buf, n, NULL, to, n + 1, (void *)2), 0);
+			for (got = 0; got < 1;) {
+				ssize_t r = fi_cq_sread(cq, e, 1, NULL, 10000);
+				CHECK(r == 1 || (r == -FI_EAGAIN && ++tries < 3)); /* 30 s at most */
+				got += r == 1;
+			}
+		} else {
+			for (size_t i = 0; i < n; i++)
+				buf[i] = pattern(i, n);
+			memset(back, 0, n);
+			EXPECT(fi_trecv(ep, back, n, NULL, to, n + 1, 0, (void *)3), 0);
+			EXPECT(fi_tsend(ep, buf, n, NULL, to, n, (void *)4), 0);
+			while (got < 2) {
+				ssize_t r = fi_cq_sread(cq, e, 2 - got, NULL, 10000);
+				CHECK(r > 0 || (r == -FI_EAGAIN && ++tries < 3));
+				if (r > 0)
+					got += (int)r;
+			}
+			CHECK(!memcmp(back, buf, n));
+		}
+	}
+	free(buf);
+	free(back);
+	/* The child waits for the parent's word before it closes, so that
+	 * the parent's last completions do not race its peer's close. */
+	char done = 'x';
+	CHECK(write(wr, &done, 1) == 1 && read(rd, &done, 1) == 1);
+	EXPECT(fi_close(&ep->fid), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+	EXPECT(fi_close(&pav->fid), 0);
+	EXPECT(fi_close(&dom->fid), 0);
+	EXPECT(fi_close(&fab->fid), 0);
+	fi_freeinfo(fi);
+	if (child)
+		_exit(0);
+	int status;
+	CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+int main(void)
+{
+	struct side a, b;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_info *h;
+
+	test_hints();
+
+	h = hints();
+	h->domain_attr->threading = FI_THREAD_DOMAIN;
+	EXPECT(getinfo(h, &info), 0);
+	EXPECT(fi_fabric(info->fabric_attr, &fabric, NULL), 0);
+	EXPECT(fi_domain(fabric, info, &domain, NULL), 0);
+	EXPECT(fi_av_open(domain, &aa, &av, NULL), 0);
+	open_side(&a, FI_CQ_FORMAT_TAGGED);
+	open_side(&b, FI_CQ_FORMAT_TAGGED);
+
+	test_av_and_names(&a);
+	test_tagged_and_data(&a, &b);
+	test_errors(&a, &b);
+	test_cq_waits();
+	test_trywait_epoll(&a);
+	test_counters_and_mr(&a, &b);
+	test_ops_flags(&a);
+	test_srx(&a);
+	test_misc(&a, &b);
+	test_poll(&a, &b);
+	test_wait_set(&a);
+	test_eq();
+
+	/* The first thread used the domain above; another one now. */
+	pthread_t t;
+	ta = &a;
+	tb = &b;
+	CHECK(pthread_create(&t, NULL, other_thread, NULL) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+
+	/* Close order: busy while in use. */
+	EXPECT(fi_close(&domain->fid), -FI_EBUSY);
+	EXPECT(fi_close(&av->fid), -FI_EBUSY); /* endpoints are bound to it */
+	close_side(&a);
+	close_side(&b);
+	EXPECT(fi_close(&av->fid), 0);
+	EXPECT(fi_close(&domain->fid), 0);
+	EXPECT(fi_close(&fabric->fid), 0);
+	fi_freeinfo(info);
+
+	two_processes();
+	printf("fi_api: %d checks passed\n", checks);
+	return 0;
+}
