@@ -57,8 +57,35 @@ impl Fabric {
     }
 
     /// Opens a domain: creates its shared region (removing this user's
-    /// regions whose owners died first).
+    /// regions whose owners died first). [`Threading::Serialized`] is
+    /// refused here (`-FI_EINVAL`): it needs [`Fabric::domain_serialized`].
     pub fn domain_with(&self, threading: Threading) -> Result<Domain> {
+        if threading == Threading::Serialized {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                "Threading::Serialized is opened by the unsafe Fabric::domain_serialized, whose caller \
+                 serialises every call",
+            ));
+        }
+        self.open_domain(threading)
+    }
+
+    /// Opens a domain in [`Threading::Serialized`] mode (FI_THREAD_DOMAIN
+    /// as libfabric defines it): calls may come from any thread, with no
+    /// lock and no owner check; a re-entrant call is refused.
+    ///
+    /// # Safety
+    /// The caller must serialise every call to the domain and to every
+    /// object opened from it (endpoints, CQs, counters, AVs, SRQs, wait and
+    /// poll sets): no two may run at once, and each must happen after the
+    /// previous one returned (as a mutex or a thread join orders them).
+    /// The domain's auto-progress thread is refused in this mode, as in
+    /// [`Threading::Domain`].
+    pub unsafe fn domain_serialized(&self) -> Result<Domain> {
+        self.open_domain(Threading::Serialized)
+    }
+
+    fn open_domain(&self, threading: Threading) -> Result<Domain> {
         crate::doorbell::init();
         region::clean_dead(false);
         let job = region::job_hash(&region::job_id());
@@ -260,8 +287,9 @@ impl DomainInner {
         self.st.lock().map_err(|e| match e {
             LockError::OtherThread => Error::with(
                 ErrorKind::Inval,
-                "this domain was opened with Threading::Domain (FI_THREAD_DOMAIN) and is driven by another \
-                 thread; open it with Threading::Safe to share it between threads",
+                "this domain was opened with Threading::Domain and is driven by another thread; open it \
+                 with Threading::Safe to share it between threads (or, serialising every call yourself, \
+                 with the unsafe Fabric::domain_serialized)",
             ),
             LockError::Reentrant => Error::with(ErrorKind::Inval, "domain called re-entrantly from inside a call"),
         })

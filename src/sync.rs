@@ -74,6 +74,13 @@ pub enum Threading {
     /// FI_THREAD_SAFE: any thread may call; calls are serialised by a lock
     /// (one compare-and-swap per call).
     Safe,
+    /// FI_THREAD_DOMAIN as libfabric defines it: the caller serialises
+    /// every call to the domain and its objects, which may come from any
+    /// thread, one at a time. Neither pinned to a thread nor locked: a
+    /// re-entrant call is still refused, but two calls at once are a data
+    /// race, so a domain opens in this mode only through the `unsafe`
+    /// [`crate::Fabric::domain_serialized`] (libfabric's provider uses it).
+    Serialized,
 }
 
 thread_local! {
@@ -101,14 +108,18 @@ fn thread_token() -> u64 {
 /// call); a thread that finds it taken spins briefly, then yields, then
 /// sleeps in short naps, never an unbounded spin on a 2-core machine. In
 /// [`Threading::Domain`] mode: the owning thread is checked with a plain
-/// load, and a re-entrant use is refused.
+/// load, and a re-entrant use is refused. In [`Threading::Serialized`]
+/// mode only the re-entrant use is refused (the caller serialises).
 pub struct DomainLock<T> {
     safe: bool,
+    /// Domain mode: calls only from the owner thread.
+    pinned: bool,
     /// Safe mode: true while a guard exists.
     locked: AtomicBool,
     /// Domain mode: token of the owning thread, 0 until first use.
     owner: std::sync::atomic::AtomicU64,
-    /// Domain mode: a guard exists (touched only by the owner thread).
+    /// Domain and Serialized modes: a guard exists (touched only by the
+    /// owner thread, or by the one thread the caller lets in).
     busy: Cell<bool>,
     data: UnsafeCell<T>,
 }
@@ -116,7 +127,10 @@ pub struct DomainLock<T> {
 // SAFETY: access to `data` is serialised: in Safe mode by `locked`
 // (acquire on take, release on give back), in Domain mode by allowing only
 // the owner thread (set once by CAS) and one guard at a time (`busy`, which
-// only the owner thread reads or writes).
+// only the owner thread reads or writes); in Serialized mode by the
+// contract of the unsafe constructor of such domains (the caller orders
+// every call, so `busy` and `data` are never touched by two threads at
+// once, and each call happens after the previous one).
 unsafe impl<T: Send> Sync for DomainLock<T> {}
 // SAFETY: as above; T moves with the lock.
 unsafe impl<T: Send> Send for DomainLock<T> {}
@@ -140,6 +154,7 @@ impl<T> DomainLock<T> {
     pub fn new(v: T, mode: Threading) -> Self {
         DomainLock {
             safe: mode == Threading::Safe,
+            pinned: mode == Threading::Domain,
             locked: AtomicBool::new(false),
             owner: std::sync::atomic::AtomicU64::new(0),
             busy: Cell::new(false),
@@ -151,6 +166,25 @@ impl<T> DomainLock<T> {
     #[inline]
     pub fn lock(&self) -> Result<DomainGuard<'_, T>, LockError> {
         if !self.safe {
+            if self.pinned {
+                self.check_owner()?;
+            }
+            if self.busy.replace(true) {
+                return Err(LockError::Reentrant);
+            }
+            return Ok(DomainGuard { lock: self });
+        }
+        if !self.try_take() {
+            self.lock_slow();
+        }
+        Ok(DomainGuard { lock: self })
+    }
+
+    /// Domain mode: the calling thread is the owner (the first caller
+    /// becomes it).
+    #[inline(always)]
+    fn check_owner(&self) -> Result<(), LockError> {
+        {
             let me = thread_token();
             let o = self.owner.load(std::sync::atomic::Ordering::Acquire);
             if o != me
@@ -167,15 +201,8 @@ impl<T> DomainLock<T> {
             {
                 return Err(LockError::OtherThread);
             }
-            if self.busy.replace(true) {
-                return Err(LockError::Reentrant);
-            }
-            return Ok(DomainGuard { lock: self });
         }
-        if !self.try_take() {
-            self.lock_slow();
-        }
-        Ok(DomainGuard { lock: self })
+        Ok(())
     }
 
     #[inline]
@@ -248,6 +275,28 @@ mod tests {
         let l2 = l.clone();
         let r = std::thread::spawn(move || l2.lock().err()).join().unwrap();
         assert_eq!(r, Some(LockError::OtherThread));
+    }
+
+    #[test]
+    fn serialized_mode_takes_calls_from_any_thread_one_at_a_time() {
+        let l = Arc::new(DomainLock::new(0u64, Threading::Serialized));
+        {
+            let mut g = l.lock().unwrap();
+            *g += 1;
+            assert_eq!(l.lock().err(), Some(LockError::Reentrant), "re-entry still refused");
+        }
+        // Another thread, after this one's call (join orders them): taken,
+        // where Domain mode refuses it (domain_mode_refuses_other_threads...).
+        let l2 = l.clone();
+        let r = std::thread::spawn(move || {
+            let mut g = l2.lock().map_err(|e| format!("{e:?}"))?;
+            *g += 1;
+            Ok::<u64, String>(*g)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(r, Ok(2));
+        assert_eq!(*l.lock().unwrap(), 2);
     }
 
     #[test]

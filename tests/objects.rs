@@ -960,3 +960,64 @@ fn no_single_copy_with_a_peer_in_another_pid_namespace() {
     assert_eq!(s.cma_reads, 0, "single copy from a pid of another namespace: {s:?}");
     drop((a, b));
 }
+
+/// FI_THREAD_DOMAIN as libfabric defines it (`Fabric::domain_serialized`):
+/// calls from any thread, one at a time, are served (a Threading::Domain
+/// domain refuses the second thread); re-entry is still refused; and the
+/// safe constructor refuses the mode.
+#[test]
+fn a_serialized_domain_takes_calls_from_any_thread_in_turn() {
+    job("serialized");
+    let fab = Fabric::open().unwrap();
+    let e = fab.domain_with(shmfab::Threading::Serialized).err().expect("refused by the safe constructor");
+    assert_eq!(e.kind(), ErrorKind::Inval);
+    // SAFETY: every call below is ordered: this thread's calls, then the
+    // spawned thread's (started after them and joined before the next).
+    let dom = unsafe { fab.domain_serialized() }.unwrap();
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let open = || {
+        let ep = dom.endpoint().unwrap();
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+        ep
+    };
+    let (a, b) = (open(), open());
+    let to_b = av.insert(&[b.getname()]).unwrap()[0];
+    a.tinject(b"first", to_b, 1).unwrap();
+    let (a, b, cq) = std::thread::scope(|s| {
+        s.spawn(move || {
+            // Another thread, in turn: it sends, receives and reads the CQ.
+            a.tinject(b"second", to_b, 2).unwrap();
+            let mut got = Vec::new();
+            for tag in [1u64, 2] {
+                let mut buf = [0u8; 8];
+                // SAFETY: buf outlives the completion read just below.
+                unsafe { b.trecv(&mut buf, FI_ADDR_UNSPEC, tag, 0, tag as usize).unwrap() };
+                let mut e = [CqTaggedEntry::default(); 4];
+                let t0 = std::time::Instant::now();
+                loop {
+                    match cq.read(&mut e) {
+                        Ok(n) => {
+                            if let Some(x) = e[..n].iter().find(|x| x.flags & FI_RECV != 0) {
+                                got.push((x.tag, buf[..x.len].to_vec()));
+                                break;
+                            }
+                        }
+                        Err(x) if x.kind() == ErrorKind::Again => {}
+                        Err(x) => panic!("{x}"),
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(10), "no completion");
+                }
+            }
+            assert_eq!(got, vec![(1, b"first".to_vec()), (2, b"second".to_vec())]);
+            (a, b, cq)
+        })
+        .join()
+        .unwrap()
+    });
+    a.close().unwrap();
+    b.close().unwrap();
+    cq.close().unwrap();
+}
