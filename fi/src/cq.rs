@@ -101,9 +101,11 @@ pub unsafe extern "C" fn open(
     if a.flags & !sys::FI_AFFINITY != 0 {
         return EBADFLAGS;
     }
+    // FI_CQ_FORMAT_UNSPEC: the provider's choice (fi_cq(3)), the
+    // smallest entry, as libfabric's own utility CQ chooses; written back
+    // to the attributes below so that the application knows what it reads.
     let format = match a.format {
-        sys::FI_CQ_FORMAT_UNSPEC => CqFormat::Unspec,
-        sys::FI_CQ_FORMAT_CONTEXT => CqFormat::Context,
+        sys::FI_CQ_FORMAT_UNSPEC | sys::FI_CQ_FORMAT_CONTEXT => CqFormat::Context,
         sys::FI_CQ_FORMAT_MSG => CqFormat::Msg,
         sys::FI_CQ_FORMAT_DATA => CqFormat::Data,
         sys::FI_CQ_FORMAT_TAGGED => CqFormat::Tagged,
@@ -151,6 +153,12 @@ pub unsafe extern "C" fn open(
         wait,
         api_version: d.api_version,
     });
+    // SAFETY: attr is the caller's attributes, valid for writes (fi_cq(3):
+    // the provider fills in what it chose); `a` is not used after this.
+    if unsafe { (*attr).format } == sys::FI_CQ_FORMAT_UNSPEC {
+        // SAFETY: as above.
+        unsafe { (*attr).format = sys::FI_CQ_FORMAT_CONTEXT };
+    }
     // SAFETY: out is valid for a write (checked).
     unsafe { *out = &mut Box::leak(b).fid };
     0

@@ -252,6 +252,71 @@ static void test_tagged_and_data(struct side *a, struct side *b)
 	EXPECT(fi_inject(a->ep, big, sizeof(big), b->addr), -FI_EMSGSIZE);
 }
 
+/* Reads one completion of `size` bytes into `out` (followed by a guard
+ * that must stay untouched), driving progress. */
+static void read_sized(struct fid_cq *cq, void *out, size_t size)
+{
+	unsigned char raw[sizeof(struct fi_cq_tagged_entry) + 64];
+	ssize_t r = -FI_EAGAIN;
+	memset(raw, 0xa5, sizeof(raw));
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_read(cq, raw, 1);
+	EXPECT(r, 1);
+	for (size_t i = size; i < sizeof(raw); i++)
+		CHECK(raw[i] == 0xa5); /* nothing written past the entry */
+	memcpy(out, raw, size);
+}
+
+/* An entry read in each CQ format, with the fields the format has; an
+ * FI_CQ_FORMAT_UNSPEC CQ tells which format it chose. */
+static void test_cq_formats(struct side *a)
+{
+	static const enum fi_cq_format fmts[] = { FI_CQ_FORMAT_UNSPEC, FI_CQ_FORMAT_CONTEXT, FI_CQ_FORMAT_MSG,
+						  FI_CQ_FORMAT_DATA, FI_CQ_FORMAT_TAGGED };
+	for (size_t k = 0; k < sizeof(fmts) / sizeof(fmts[0]); k++) {
+		struct side s;
+		struct fi_cq_attr ca = { .format = fmts[k], .wait_obj = FI_WAIT_UNSPEC };
+		struct fi_cq_tagged_entry t;
+		struct fi_cq_tagged_entry e;
+		char buf[16] = { 0 };
+		size_t size;
+
+		EXPECT(fi_cq_open(domain, &ca, &s.cq, NULL), 0);
+		EXPECT(fi_endpoint(domain, info, &s.ep, NULL), 0);
+		EXPECT(fi_ep_bind(s.ep, &av->fid, 0), 0);
+		EXPECT(fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+		EXPECT(fi_enable(s.ep), 0);
+		char name[64];
+		size_t len = sizeof(name);
+		EXPECT(fi_getname(&s.ep->fid, name, &len), 0);
+		EXPECT(fi_av_insert(av, name, 1, &s.addr, 0, NULL), 1);
+		if (fmts[k] == FI_CQ_FORMAT_UNSPEC)
+			CHECK(ca.format == FI_CQ_FORMAT_CONTEXT); /* the format chosen */
+		else
+			CHECK(ca.format == fmts[k]);
+		switch (ca.format) {
+		case FI_CQ_FORMAT_CONTEXT: size = sizeof(struct fi_cq_entry); break;
+		case FI_CQ_FORMAT_MSG: size = sizeof(struct fi_cq_msg_entry); break;
+		case FI_CQ_FORMAT_DATA: size = sizeof(struct fi_cq_data_entry); break;
+		default: size = sizeof(struct fi_cq_tagged_entry); break;
+		}
+		EXPECT(fi_trecv(s.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, 0x77, 0, (void *)0xf1), 0);
+		EXPECT(fi_tsenddata(a->ep, "fmt", 4, NULL, 0xda7a, s.addr, 0x77, (void *)0xf2), 0);
+		memset(&t, 0, sizeof(t));
+		read_sized(s.cq, &t, size);
+		CHECK(t.op_context == (void *)0xf1 && !strcmp(buf, "fmt"));
+		if (ca.format != FI_CQ_FORMAT_CONTEXT)
+			CHECK(t.len == 4 && (t.flags & (FI_RECV | FI_TAGGED)) == (FI_RECV | FI_TAGGED));
+		if (ca.format == FI_CQ_FORMAT_DATA || ca.format == FI_CQ_FORMAT_TAGGED)
+			CHECK(t.buf == buf && (t.flags & FI_REMOTE_CQ_DATA) && t.data == 0xda7a);
+		if (ca.format == FI_CQ_FORMAT_TAGGED)
+			CHECK(t.tag == 0x77);
+		read_tagged(a->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xf2);
+		close_side(&s);
+	}
+}
+
 static void test_errors(struct side *a, struct side *b)
 {
 	struct fi_cq_tagged_entry e;
@@ -862,6 +927,7 @@ int main(void)
 	test_av_and_names(&a);
 	test_tagged_and_data(&a, &b);
 	test_errors(&a, &b);
+	test_cq_formats(&a);
 	test_cq_waits();
 	test_trywait_epoll(&a);
 	test_counters_and_mr(&a, &b);
