@@ -75,7 +75,10 @@ pub fn provider() -> *const sys::fi_provider {
 }
 
 /// The provider's `cleanup`: nothing is global (every object is freed by
-/// its `fi_close`).
+/// its `fi_close`). Domains the application left open keep their
+/// progress threads (FI_PROGRESS_AUTO) until the process ends: the
+/// library is linked `-z nodelete` (`build.rs`), so libfabric's dlclose
+/// at exit does not unmap the code those threads run.
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made, and every

@@ -907,12 +907,40 @@ static void two_processes(void)
 	CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-int main(void)
+/* `fi_api exit-auto`: exits with an FI_PROGRESS_AUTO domain (and an
+ * endpoint whose CQ its progress thread serves) still open, as programs
+ * that skip their cleanup do: libfabric's destructor unloads providers at
+ * exit while that thread may still run. */
+static int exit_with_auto_progress(void)
+{
+	struct fi_info *h = hints(), *i;
+	struct fid_fabric *fab;
+	struct fid_domain *dom;
+	struct side s;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+
+	h->domain_attr->data_progress = FI_PROGRESS_AUTO;
+	EXPECT(getinfo(h, &i), 0);
+	info = i;
+	EXPECT(fi_fabric(i->fabric_attr, &fab, NULL), 0);
+	EXPECT(fi_domain(fab, i, &dom, NULL), 0);
+	domain = dom;
+	EXPECT(fi_av_open(dom, &aa, &av, NULL), 0);
+	open_side(&s, FI_CQ_FORMAT_TAGGED);
+	/* Work for the progress thread while the process exits. */
+	for (int k = 0; k < 8; k++)
+		EXPECT(fi_send(s.ep, "bye", 4, NULL, s.addr, NULL), 0);
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	struct side a, b;
 	struct fi_av_attr aa = { .type = FI_AV_TABLE };
 	struct fi_info *h;
 
+	if (argc > 1 && !strcmp(argv[1], "exit-auto"))
+		return exit_with_auto_progress();
 	test_hints();
 
 	h = hints();
