@@ -7,6 +7,10 @@
 //! are refused (`-FI_ENOSYS`: a wait set across domains is not built).
 //! Wait objects: FI_WAIT_UNSPEC and FI_WAIT_YIELD (FI_WAIT_FD would need
 //! the fd before any member names the domain: not built).
+//!
+//! The set holds a reference on that domain until the set closes: the
+//! domain's close is `-FI_EBUSY` before (the set lives on it), and no
+//! other domain can take its place (and its address) meanwhile.
 
 use crate::sys;
 use crate::util::{self, nb3, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EBUSY, EINVAL, ENOSYS};
@@ -24,7 +28,7 @@ pub struct Wait {
     /// FI_WAIT_YIELD (else FI_WAIT_UNSPEC).
     yields: bool,
     /// The library's set and the domain it was made on (by the first
-    /// member).
+    /// member; the set holds one of the domain's `refs` until it closes).
     set: OnceLock<(usize, shmfab::WaitSet)>,
     /// CQs and counters in it (close is `-FI_EBUSY` while any is).
     refs: AtomicUsize,
@@ -60,7 +64,10 @@ impl Wait {
         if self.set.get().is_none() {
             let s = d.dom.wait_open_with(w).map_err(|e| util::err(e, sys::FI_LOG_DOMAIN, "wait set"))?;
             // A set made meanwhile by another thread wins; ours is dropped.
-            let _ = self.set.set((key, s));
+            if self.set.set((key, s)).is_ok() {
+                // Released by `close`.
+                d.refs.fetch_add(1, Relaxed);
+            }
         }
         let (k, s) = self.set.get().expect("set just above");
         if *k != key {
@@ -175,10 +182,13 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     if w.refs.load(Relaxed) != 0 {
         return EBUSY;
     }
-    if let Some((_, s)) = w.set.get() {
+    if let Some((d, s)) = w.set.get() {
         if let Err(e) = s.close() {
             return util::err(e, sys::FI_LOG_DOMAIN, "fi_close(wait)");
         }
+        // SAFETY: the key is the address of the domain the set was made
+        // on, alive until this reference (taken in `set_for`) goes.
+        unsafe { &*(*d as *const crate::domain::Domain) }.refs.fetch_sub(1, Relaxed);
     }
     // SAFETY: the fabric outlives its wait sets (refs).
     unsafe { &*w.fabric }.refs.fetch_sub(1, Relaxed);

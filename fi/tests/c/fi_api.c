@@ -791,6 +791,22 @@ static void test_wait_set(struct side *a)
 	EXPECT(fi_close(&w.cq->fid), 0);
 	EXPECT(fi_close(&c->fid), 0);
 	EXPECT(fi_close(&ws->fid), 0);
+
+	/* A set lives on the domain of its first member, which cannot close
+	 * before the set (another domain could take its place); a member of
+	 * another domain is refused however the first one came and went. */
+	struct fid_domain *d3;
+	EXPECT(fi_wait_open(fabric, &wa, &ws), 0);
+	ca.wait_set = ws;
+	EXPECT(fi_domain(fabric, info, &d2, NULL), 0);
+	EXPECT(fi_cq_open(d2, &ca, &cq2, NULL), 0);
+	EXPECT(fi_close(&cq2->fid), 0);
+	EXPECT(fi_close(&d2->fid), -FI_EBUSY);
+	EXPECT(fi_domain(fabric, info, &d3, NULL), 0);
+	EXPECT(fi_cq_open(d3, &ca, &cq2, NULL), -FI_ENOSYS);
+	EXPECT(fi_close(&d3->fid), 0);
+	EXPECT(fi_close(&ws->fid), 0);
+	EXPECT(fi_close(&d2->fid), 0);
 }
 
 /* FI_THREAD_DOMAIN: calls serialised by the application may come from
