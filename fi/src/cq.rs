@@ -36,6 +36,9 @@ pub struct Cq {
     pub cq: shmfab::CompletionQueue,
     format: CqFormat,
     wait_obj: sys::fi_wait_obj,
+    /// FI_CQ_COND_THRESHOLD: blocking reads take a `size_t` threshold in
+    /// `cond` (else `cond` is not read).
+    threshold: bool,
     /// The wait set it waits through (FI_WAIT_SET), else null.
     wait: *const crate::wait::Wait,
     /// Before API 1.5 `fi_cq_err_entry` ends at `err_data`.
@@ -150,6 +153,7 @@ pub unsafe extern "C" fn open(
         cq,
         format,
         wait_obj: a.wait_obj,
+        threshold: wait_cond == WaitCond::Threshold,
         wait,
         api_version: d.api_version,
     });
@@ -295,14 +299,16 @@ fn timeout(ms: c_int) -> Option<Duration> {
     (ms >= 0).then(|| Duration::from_millis(ms as u64))
 }
 
-/// The threshold of a blocking read, for FI_CQ_COND_THRESHOLD (a
-/// `size_t`; ignored by the library otherwise).
+/// The threshold of a blocking read: `cond` is a `size_t` for a CQ
+/// opened with FI_CQ_COND_THRESHOLD, and not read otherwise (fi_cq(3):
+/// `wait_cond` says how `cond` is interpreted; with FI_CQ_COND_NONE it
+/// may point at anything or nothing).
 ///
 /// # Safety
-/// `cond` null or valid for a `size_t` read.
-unsafe fn threshold(cond: *const c_void) -> Option<usize> {
+/// For a threshold CQ, `cond` null or valid for a `size_t` read.
+unsafe fn threshold(c: &Cq, cond: *const c_void) -> Option<usize> {
     // SAFETY: caller's contract.
-    (!cond.is_null()).then(|| unsafe { *cond.cast::<usize>() })
+    (c.threshold && !cond.is_null()).then(|| unsafe { *cond.cast::<usize>() })
 }
 
 /// `sread`: an entry of this module's ops tables.
@@ -319,8 +325,8 @@ unsafe extern "C" fn sread(
 ) -> isize {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
-    // SAFETY: cond is null or a size_t (fi_cq(3)).
-    let th = unsafe { threshold(cond) };
+    // SAFETY: cond is null or a size_t for a threshold CQ (fi_cq(3)).
+    let th = unsafe { threshold(c, cond) };
     // SAFETY: buf holds count entries of the CQ's format.
     unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.sread(a, th, timeout(ms)))) }
 }
@@ -343,8 +349,9 @@ unsafe extern "C" fn sreadfrom(
     if src.is_null() {
         return EINVAL as isize;
     }
-    // SAFETY: cond is null or a size_t; src holds count entries.
-    let (th, s) = unsafe { (threshold(cond), srcs(src, count)) };
+    // SAFETY: cond is null or a size_t for a threshold CQ; src holds
+    // count entries.
+    let (th, s) = unsafe { (threshold(c, cond), srcs(src, count)) };
     // SAFETY: buf holds count entries of the CQ's format.
     unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.sreadfrom(a, s, th, timeout(ms)))) }
 }

@@ -397,6 +397,8 @@ static void test_cq_waits(void)
 	ca.wait_obj = FI_WAIT_UNSPEC;
 	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
 	EXPECT(fi_cq_sread(cq, &e, 1, NULL, 10), -FI_EAGAIN); /* timeout */
+	/* FI_CQ_COND_NONE: cond is not a threshold, and not read. */
+	EXPECT(fi_cq_sread(cq, &e, 1, (void *)8, 10), -FI_EAGAIN);
 	EXPECT(fi_cq_signal(cq), 0);
 	EXPECT(fi_cq_sread(cq, &e, 1, NULL, -1), -FI_EAGAIN); /* interrupted */
 	EXPECT(fi_close(&cq->fid), 0);
