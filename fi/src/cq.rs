@@ -261,8 +261,24 @@ macro_rules! each {
 unsafe extern "C" fn read(cq: *mut sys::fid_cq, buf: *mut c_void, count: usize) -> isize {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
+    if count == 0 {
+        return progress_only(c);
+    }
     // SAFETY: buf holds count entries of the CQ's format (fi_cq(3)).
     unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.read(a))) }
+}
+
+/// A read of 0 entries: "may be used to drive progress" (fi_cq(3)). It
+/// runs a progress pass and returns `-FI_EAGAIN`, as no completion was
+/// retrieved. (libfabric's utility CQ returns 0 instead when entries are
+/// already queued; the library has no call that tells without taking one,
+/// and either way the caller reads them with a count above 0.)
+#[cold]
+fn progress_only(c: &Cq) -> isize {
+    match c.domain().dom.progress() {
+        Ok(()) => -(sys::FI_EAGAIN as isize),
+        Err(e) => util::err(e, sys::FI_LOG_CQ, "fi_cq_read(count 0)") as isize,
+    }
 }
 
 /// The caller's source array.
@@ -285,6 +301,9 @@ unsafe fn srcs<'a>(src: *mut u64, count: usize) -> &'a mut [u64] {
 unsafe extern "C" fn readfrom(cq: *mut sys::fid_cq, buf: *mut c_void, count: usize, src: *mut u64) -> isize {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
+    if count == 0 {
+        return progress_only(c);
+    }
     if src.is_null() {
         return EINVAL as isize;
     }
