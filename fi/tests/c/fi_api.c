@@ -206,6 +206,12 @@ static void test_av_and_names(struct side *a)
 	EXPECT(fi_av_insert(av, bad, 1, &b, 0, NULL), 0);
 	CHECK(b == FI_ADDR_NOTAVAIL);
 	EXPECT(fi_av_lookup(av, 12345, name, &len), -FI_ENOENT);
+	/* FI_AV_UNSPEC: the type chosen comes back in the attributes. */
+	struct fi_av_attr ua = { .type = FI_AV_UNSPEC };
+	struct fid_av *uav;
+	EXPECT(fi_av_open(domain, &ua, &uav, NULL), 0);
+	CHECK(ua.type == FI_AV_TABLE);
+	EXPECT(fi_close(&uav->fid), 0);
 }
 
 static void test_tagged_and_data(struct side *a, struct side *b)
