@@ -33,6 +33,9 @@ pub const RX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_MULTI_RECV;
 /// Message ordering kept: a peer's sends are matched in the order they
 /// were posted (send after send).
 pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS;
+/// `ep_attr.mem_tag_format` offered when the hints give none: 64 tag
+/// bits (libfabric's `FI_TAG_GENERIC`, not in the 1.17 headers).
+pub const TAG_GENERIC: u64 = 0xAAAA_AAAA_AAAA_AAAA;
 /// `FI_SHARED_CONTEXT` (`SIZE_MAX` in the header): an endpoint's receive
 /// context is a shared one (`fi_srx_context`).
 pub const SHARED_CONTEXT: usize = usize::MAX;
@@ -309,7 +312,13 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     e.protocol = sys::FI_PROTO_UNSPEC;
     e.protocol_version = 1;
     e.max_msg_size = shmfab::proto::MAX_MSG_SIZE;
-    e.mem_tag_format = he.map_or(0, |x| x.mem_tag_format);
+    // Tags are 64 bits, all usable: the application's format when it
+    // gives one, else libfabric's generic 64-bit format (FI_TAG_GENERIC of
+    // later headers; clients count the bits below its highest set bit).
+    e.mem_tag_format = match he.map_or(0, |x| x.mem_tag_format) {
+        0 => TAG_GENERIC,
+        f => f,
+    };
     e.tx_ctx_cnt = 1;
     e.rx_ctx_cnt = match he.map_or(0, |x| x.rx_ctx_cnt) {
         SHARED_CONTEXT => SHARED_CONTEXT,

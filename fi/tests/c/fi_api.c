@@ -92,6 +92,12 @@ static void test_hints(void)
 	CHECK(i->domain_attr->threading == FI_THREAD_DOMAIN);
 	CHECK(i->tx_attr->inject_size == 4096);
 	CHECK(i->addr_format == FI_FORMAT_UNSPEC);
+	CHECK(i->ep_attr->mem_tag_format >> 63); /* 64 tag bits, none asked */
+	fi_freeinfo(i);
+	h = hints();
+	h->ep_attr->mem_tag_format = 0xffff;
+	EXPECT(getinfo(h, &i), 0);
+	CHECK(i->ep_attr->mem_tag_format == 0xffff);
 	fi_freeinfo(i);
 
 	h = hints();
