@@ -177,8 +177,11 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     }
     // SAFETY: null or valid (caller's contract).
     if let Some(d) = unsafe { h.domain_attr.as_ref() } {
-        if !d.domain.is_null() {
-            return Err(no("domain_attr.domain: an open domain cannot be named in hints"));
+        // fi_domain(3): hints may name an open domain, to which the
+        // returned info is then limited: one of ours is served.
+        // SAFETY: null or a live fid (fi_getinfo(3)).
+        if !d.domain.is_null() && unsafe { crate::domain::of(d.domain.cast()) }.is_none() {
+            return Err(no("domain_attr.domain: not a domain of this provider"));
         }
         // SAFETY: null or valid (caller's contract).
         if let Some(n) = unsafe { cstr(d.name) } {
@@ -221,8 +224,9 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     }
     // SAFETY: null or valid (caller's contract).
     if let Some(f) = unsafe { h.fabric_attr.as_ref() } {
-        if !f.fabric.is_null() {
-            return Err(no("fabric_attr.fabric: an open fabric cannot be named in hints"));
+        // SAFETY: null or a live fid (fi_getinfo(3)).
+        if !f.fabric.is_null() && unsafe { crate::fabric::of(f.fabric) }.is_none() {
+            return Err(no("fabric_attr.fabric: not a fabric of this provider"));
         }
         // SAFETY: null or valid (caller's contract).
         if let Some(n) = unsafe { cstr(f.name) } {
@@ -369,6 +373,11 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     d.mode = 0;
     d.max_err_data = MAX_ERR_DATA;
     d.mr_cnt = MR_CNT;
+    // The open domain and fabric the hints named (checked ours), which
+    // the info describes.
+    d.domain = hd.map_or(std::ptr::null_mut(), |x| x.domain);
+    // SAFETY: the hints' fabric attributes are null or valid (as above).
+    f.fabric = h.and_then(|h| unsafe { h.fabric_attr.as_ref() }).map_or(std::ptr::null_mut(), |x| x.fabric);
     f.name = libc_strdup(NAME)?;
     // prov_name stays NULL: libfabric's core fills it in (a name set by
     // the provider is taken for a layered provider's, "shmfab;shmfab").

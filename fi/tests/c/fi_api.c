@@ -714,6 +714,18 @@ static void test_misc(struct side *a, struct side *b)
 	EXPECT(fi_av_lookup(av, s.addr, name, &len), -FI_ENOENT);
 	EXPECT(fi_av_remove(av, &s.addr, 1, 0), -FI_ENOENT);
 
+	/* Hints may name an open domain and fabric of this provider. */
+	struct fi_info *nh = hints(), *ni;
+	nh->domain_attr->domain = domain;
+	nh->fabric_attr->fabric = fabric;
+	EXPECT(getinfo(nh, &ni), 0);
+	CHECK(ni->domain_attr->domain == domain && ni->fabric_attr->fabric == fabric);
+	fi_freeinfo(ni);
+	/* (an AV is no domain) */
+	nh = hints();
+	nh->domain_attr->domain = (struct fid_domain *)av;
+	EXPECT(getinfo(nh, NULL), -FI_ENODATA);
+
 	/* FI_PROGRESS_AUTO: a domain with its progress thread. */
 	struct fi_info *h = hints(), *ai;
 	struct fid_domain *d2;
