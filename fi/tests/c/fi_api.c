@@ -547,6 +547,11 @@ static void test_eq(void)
 	char buf[16];
 
 	EXPECT(fi_eq_open(fabric, &attr, &eq, NULL), 0);
+	/* A domain's asynchronous events go to an EQ of its fabric (this
+	 * one has none); registrations through the EQ are not built. */
+	EXPECT(fi_domain_bind(domain, &eq->fid, 0), 0);
+	EXPECT(fi_domain_bind(domain, &eq->fid, FI_REG_MR), -FI_ENOSYS);
+	EXPECT(fi_domain_bind(domain, &av->fid, 0), -FI_EINVAL);
 	EXPECT(fi_eq_read(eq, &ev, buf, sizeof(buf), 0), -FI_EAGAIN);
 	EXPECT(fi_eq_sread(eq, &ev, buf, sizeof(buf), 10, 0), -FI_EAGAIN);
 	EXPECT(fi_eq_write(eq, FI_NOTIFY, "event", 6, 0), 6);
