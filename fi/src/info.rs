@@ -26,8 +26,11 @@ const RX_CAPS: u64 =
 /// (`FI_TRANSMIT_COMPLETE` and `FI_INJECT_COMPLETE` hold for every send:
 /// a send completes once its data is in the receiver's memory, its ring,
 /// its pool, or read by it; `FI_DELIVERY_COMPLETE` does not, an inline
-/// message completes before the receiver matched it).
-pub const TX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_INJECT_COMPLETE | sys::FI_TRANSMIT_COMPLETE;
+/// message completes before the receiver matched it). `FI_INJECT`: the
+/// library's send takes it (the buffer is free when the call returns; a
+/// send above `inject_size` is `-FI_EMSGSIZE`), from the default flags as
+/// from `fi_sendmsg`'s.
+pub const TX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_INJECT | sys::FI_INJECT_COMPLETE | sys::FI_TRANSMIT_COMPLETE;
 /// Default receive operation flags the endpoint honours.
 pub const RX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_MULTI_RECV;
 /// Message ordering kept: a peer's sends are matched in the order they

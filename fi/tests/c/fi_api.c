@@ -517,7 +517,7 @@ static void test_counters_and_mr(struct side *a, struct side *b)
 	EXPECT(fi_close(&mr2->fid), 0);
 }
 
-static void test_ops_flags(struct side *a)
+static void test_ops_flags(struct side *a, struct side *b)
 {
 	uint64_t f = FI_TRANSMIT;
 	EXPECT(fi_control(&a->ep->fid, FI_GETOPSFLAG, &f), 0);
@@ -531,6 +531,27 @@ static void test_ops_flags(struct side *a)
 	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
 	f = FI_TRANSMIT | FI_DELIVERY_COMPLETE;
 	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), -FI_EBADFLAGS);
+	/* FI_INJECT by default: the buffer is free on return. */
+	f = FI_TRANSMIT | FI_INJECT | FI_COMPLETION;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	{
+		struct fi_cq_tagged_entry e;
+		char out[8] = "inject", in[8] = { 0 };
+		static char big[8192];
+		EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0xb7), 0);
+		EXPECT(fi_send(a->ep, out, sizeof(out), NULL, b->addr, (void *)0xa7), 0);
+		memset(out, 'x', sizeof(out));
+		read_tagged(b->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xb7 && !strcmp(in, "inject"));
+		read_tagged(a->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xa7);
+		EXPECT(fi_send(a->ep, big, sizeof(big), NULL, b->addr, NULL), -FI_EMSGSIZE);
+	}
+	f = FI_TRANSMIT;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	struct fi_info *ih = hints();
+	ih->tx_attr->op_flags = FI_INJECT;
+	EXPECT(getinfo(ih, NULL), 0);
 	size_t v = 128, len = sizeof(v);
 	EXPECT(fi_setopt(&a->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, sizeof(v)), 0);
 	v = 0;
@@ -1020,7 +1041,7 @@ int main(int argc, char **argv)
 	test_cq_waits();
 	test_trywait_epoll(&a);
 	test_counters_and_mr(&a, &b);
-	test_ops_flags(&a);
+	test_ops_flags(&a, &b);
 	test_srx(&a);
 	test_misc(&a, &b);
 	test_poll(&a, &b);
