@@ -766,6 +766,49 @@ static void test_misc(struct side *a, struct side *b)
 	EXPECT(getinfo(h, &ai), 0);
 	CHECK(ai->domain_attr->data_progress == FI_PROGRESS_AUTO);
 	EXPECT(fi_domain(fabric, ai, &d2, NULL), 0);
+	{
+		/* Progress happens while the application sleeps, calling
+		 * nothing: a message reaches the posted receive's buffer. */
+		struct fid_av *av2;
+		struct fid_cq *cq2[2];
+		struct fid_ep *ep2[2];
+		struct fi_av_attr aa2 = { .type = FI_AV_TABLE };
+		struct fi_cq_attr ca2 = { .format = FI_CQ_FORMAT_CONTEXT };
+		fi_addr_t to;
+		char nm[64];
+		static char in2[32];
+		size_t nl = sizeof(nm);
+		struct fi_cq_entry ce;
+
+		EXPECT(fi_av_open(d2, &aa2, &av2, NULL), 0);
+		for (int k = 0; k < 2; k++) {
+			EXPECT(fi_cq_open(d2, &ca2, &cq2[k], NULL), 0);
+			EXPECT(fi_endpoint(d2, ai, &ep2[k], NULL), 0);
+			EXPECT(fi_ep_bind(ep2[k], &av2->fid, 0), 0);
+			EXPECT(fi_ep_bind(ep2[k], &cq2[k]->fid, FI_TRANSMIT | FI_RECV), 0);
+			EXPECT(fi_enable(ep2[k]), 0);
+		}
+		EXPECT(fi_getname(&ep2[1]->fid, nm, &nl), 0);
+		EXPECT(fi_av_insert(av2, nm, 1, &to, 0, NULL), 1);
+		EXPECT(fi_recv(ep2[1], in2, sizeof(in2), NULL, FI_ADDR_UNSPEC, (void *)0xd1), 0);
+		EXPECT(fi_send(ep2[0], "automatic", 10, NULL, to, (void *)0xd0), 0);
+		/* Only memory reads and sleeps from here: no provider call. */
+		for (int k = 0; k < 5000 && strcmp(in2, "automatic"); k++)
+			usleep(1000);
+		CHECK(!strcmp(in2, "automatic"));
+		EXPECT(fi_cq_read(cq2[1], &ce, 1), 1);
+		CHECK(ce.op_context == (void *)0xd1);
+		ssize_t r2 = -FI_EAGAIN;
+		for (int k = 0; k < 1000000 && r2 == -FI_EAGAIN; k++)
+			r2 = fi_cq_read(cq2[0], &ce, 1);
+		EXPECT(r2, 1);
+		CHECK(ce.op_context == (void *)0xd0);
+		for (int k = 0; k < 2; k++) {
+			EXPECT(fi_close(&ep2[k]->fid), 0);
+			EXPECT(fi_close(&cq2[k]->fid), 0);
+		}
+		EXPECT(fi_close(&av2->fid), 0);
+	}
 	EXPECT(fi_close(&d2->fid), 0);
 	fi_freeinfo(ai);
 }
