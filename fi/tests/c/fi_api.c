@@ -14,6 +14,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/wait.h>
@@ -440,6 +441,21 @@ static void test_cq_waits(void)
 	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
 	EXPECT(fi_control(&cq->fid, FI_GETWAIT, &fd), 0);
 	CHECK(fd >= 0);
+	EXPECT(fi_close(&cq->fid), 0);
+
+	/* FI_WAIT_POLLFD: the fds to poll, -FI_ETOOSMALL (and the count
+	 * needed) without room for them. */
+	ca.wait_obj = FI_WAIT_POLLFD;
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	struct pollfd pfd[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct fi_wait_pollfd wp = { .nfds = 0, .fd = pfd };
+	EXPECT(fi_control(&cq->fid, FI_GETWAIT, &wp), -FI_ETOOSMALL);
+	CHECK(wp.nfds == 1 && pfd[0].fd == -1);
+	wp.nfds = 2;
+	EXPECT(fi_control(&cq->fid, FI_GETWAIT, &wp), 0);
+	CHECK(wp.nfds == 1 && pfd[0].fd >= 0 && (pfd[0].events & POLLIN) && pfd[1].fd == -1);
+	EXPECT(fi_control(&cq->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_POLLFD);
 	EXPECT(fi_close(&cq->fid), 0);
 
 	ca.wait_obj = FI_WAIT_MUTEX_COND; /* no pthread objects to give out */
