@@ -20,7 +20,7 @@ pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
 /// Capabilities that concern the transmit side.
 const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM;
 /// Capabilities that concern the receive side.
-const RX_CAPS: u64 =
+pub const RX_CAPS: u64 =
     CAPS_PRIMARY | sys::FI_RECV | sys::FI_DIRECTED_RECV | sys::FI_MULTI_RECV | sys::FI_SOURCE | sys::FI_LOCAL_COMM;
 /// Default transmit operation flags the endpoint honours
 /// (`FI_TRANSMIT_COMPLETE` and `FI_INJECT_COMPLETE` hold for every send:
@@ -39,6 +39,11 @@ pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS;
 /// `ep_attr.mem_tag_format` offered when the hints give none: 64 tag
 /// bits (libfabric's `FI_TAG_GENERIC`, not in the 1.17 headers).
 pub const TAG_GENERIC: u64 = 0xAAAA_AAAA_AAAA_AAAA;
+/// Capabilities a shared receive context does not serve (the library's
+/// queue holds untagged buffers without source or multi-receive): hints
+/// asking for FI_SHARED_CONTEXT get them refused, or left out when they
+/// name no capabilities.
+pub const SRX_UNSERVED: u64 = sys::FI_TAGGED | sys::FI_DIRECTED_RECV | sys::FI_MULTI_RECV;
 /// `FI_SHARED_CONTEXT` (`SIZE_MAX` in the header): an endpoint's receive
 /// context is a shared one (`fi_srx_context`).
 pub const SHARED_CONTEXT: usize = usize::MAX;
@@ -175,6 +180,17 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("ep_attr.tx_ctx_cnt", e.tx_ctx_cnt, 1)?;
         if e.rx_ctx_cnt != SHARED_CONTEXT {
             at_most("ep_attr.rx_ctx_cnt", e.rx_ctx_cnt, 1)?;
+        } else {
+            // The endpoints' receives all go through the shared context,
+            // which serves untagged, undirected, single buffers only.
+            // SAFETY: null or valid (caller's contract).
+            let r = unsafe { h.rx_attr.as_ref() };
+            let asked = caps | r.map_or(0, |r| r.caps | (r.op_flags & sys::FI_MULTI_RECV));
+            if asked & SRX_UNSERVED != 0 {
+                return Err(no(
+                    "FI_SHARED_CONTEXT: a shared receive context serves neither FI_TAGGED, FI_DIRECTED_RECV nor FI_MULTI_RECV",
+                ));
+            }
         }
         at_most("ep_attr.auth_key_size", e.auth_key_size, 0)?;
     }
@@ -276,7 +292,10 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     let he = h.and_then(|h| unsafe { h.ep_attr.as_ref() });
     let ht = h.and_then(|h| unsafe { h.tx_attr.as_ref() });
     let hr = h.and_then(|h| unsafe { h.rx_attr.as_ref() });
+    let shared = he.is_some_and(|x| x.rx_ctx_cnt == SHARED_CONTEXT);
     let caps = match h.map_or(0, |h| h.caps) {
+        // With a shared receive context, only what it serves.
+        0 if shared => CAPS & !SRX_UNSERVED,
         0 => CAPS,
         c => c,
     };

@@ -681,6 +681,34 @@ static void test_srx(struct side *a)
 	for (int i = 0; i < 2; i++)
 		close_side(&s[i]);
 	EXPECT(fi_close(&srx->fid), 0);
+
+	/* The rx_attr fi_getinfo returned opens a context as it is. */
+	EXPECT(fi_srx_context(domain, info->rx_attr, &srx, NULL), 0);
+	EXPECT(fi_close(&srx->fid), 0);
+	/* Asking for FI_SHARED_CONTEXT: what the context cannot serve is
+	 * refused, or left out when no capability is named. */
+	struct fi_info *h = hints(), *si;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA); /* FI_TAGGED */
+	h = hints();
+	h->caps = FI_MSG | FI_DIRECTED_RECV;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->caps = FI_MSG;
+	h->rx_attr->op_flags = FI_MULTI_RECV;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->caps = 0;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(getinfo(h, &si), 0);
+	CHECK(si->ep_attr->rx_ctx_cnt == FI_SHARED_CONTEXT && (si->caps & FI_MSG));
+	CHECK(!(si->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV)));
+	CHECK(!(si->rx_attr->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV)));
+	EXPECT(fi_srx_context(domain, si->rx_attr, &srx, NULL), 0);
+	EXPECT(fi_close(&srx->fid), 0);
+	fi_freeinfo(si);
 }
 
 /* Multi-receive buffers, selective completion with the endpoint's
