@@ -90,14 +90,20 @@ impl Wait {
         Ok(c)
     }
 
-    /// A member CQ leaves before it closes.
+    // A member closes in three steps: it leaves the library's set
+    // (`leave_*`), closes, and only then stops counting (`left`); a close
+    // the library refuses makes it join again (`rejoin_*`). The count
+    // drops only with a close that succeeded, so the set cannot close
+    // (and be freed) under a member that still points at it, even when
+    // joining again fails (that member then waits on its own until it
+    // closes: a member already out of the library's set leaves at once).
+
+    /// A member CQ leaves the library's set before it closes.
     pub fn leave_cq(&self, cq: &shmfab::CompletionQueue) -> c_int {
         let Some((_, s)) = self.set.get() else { return EINVAL };
         match s.del_cq(cq) {
-            Ok(()) => {
-                self.refs.fetch_sub(1, Relaxed);
-                0
-            }
+            Ok(()) => 0,
+            Err(e) if e.kind() == shmfab::ErrorKind::NoEnt => 0,
             Err(e) => util::err(e, sys::FI_LOG_CQ, "wait set: CQ leaves"),
         }
     }
@@ -105,8 +111,8 @@ impl Wait {
     /// A CQ that left to close, but could not (still bound), joins again.
     pub fn rejoin_cq(&self, cq: &shmfab::CompletionQueue) {
         if let Some((_, s)) = self.set.get() {
-            if s.add_cq(cq).is_ok() {
-                self.refs.fetch_add(1, Relaxed);
+            if let Err(e) = s.add_cq(cq) {
+                util::log(sys::FI_LOG_WARN, sys::FI_LOG_CQ, &format!("wait set: CQ does not join again: {e}"));
             }
         }
     }
@@ -114,22 +120,25 @@ impl Wait {
     /// A counter that left to close, but could not, joins again.
     pub fn rejoin_cntr(&self, c: &shmfab::Counter) {
         if let Some((_, s)) = self.set.get() {
-            if s.add_cntr(c).is_ok() {
-                self.refs.fetch_add(1, Relaxed);
+            if let Err(e) = s.add_cntr(c) {
+                util::log(sys::FI_LOG_WARN, sys::FI_LOG_CNTR, &format!("wait set: counter does not join again: {e}"));
             }
         }
     }
 
-    /// A member counter leaves before it closes.
+    /// A member counter leaves the library's set before it closes.
     pub fn leave_cntr(&self, c: &shmfab::Counter) -> c_int {
         let Some((_, s)) = self.set.get() else { return EINVAL };
         match s.del_cntr(c) {
-            Ok(()) => {
-                self.refs.fetch_sub(1, Relaxed);
-                0
-            }
+            Ok(()) => 0,
+            Err(e) if e.kind() == shmfab::ErrorKind::NoEnt => 0,
             Err(e) => util::err(e, sys::FI_LOG_CNTR, "wait set: counter leaves"),
         }
+    }
+
+    /// A member closed: it no longer counts.
+    pub fn left(&self) {
+        self.refs.fetch_sub(1, Relaxed);
     }
 }
 

@@ -947,6 +947,14 @@ static void test_wait_set(struct side *a)
 
 	EXPECT(fi_close(&ws->fid), -FI_EBUSY); /* members wait through it */
 	EXPECT(fi_close(&w.cq->fid), -FI_EBUSY); /* bound to the endpoint */
+	/* The CQ is in the set again (and still counts in it). */
+	EXPECT(fi_close(&ws->fid), -FI_EBUSY);
+	EXPECT(fi_recv(w.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0x3b), 0);
+	EXPECT(fi_send(a->ep, "again", 6, NULL, w.addr, NULL), 0);
+	EXPECT(fi_wait(ws, 10000), 0);
+	read_tagged(w.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x3b && !strcmp(in, "again"));
+	read_tagged(a->cq, &e, NULL);
 	EXPECT(fi_close(&w.ep->fid), 0);
 	EXPECT(fi_close(&w.cq->fid), 0);
 	EXPECT(fi_close(&c->fid), 0);
