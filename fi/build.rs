@@ -16,6 +16,12 @@ const SUPPORTED: &[(u32, u32)] = &[(1, 17)];
 fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=build.rs");
+    // Never unloaded: libfabric's destructor dlcloses providers at exit
+    // while an FI_PROGRESS_AUTO domain's progress thread (which nothing
+    // stops when the application exits without closing it) still runs
+    // the provider's code; unmapping it under that thread crashed the
+    // process. With nodelete, dlclose leaves the code mapped until exit.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     let lib = pkg_config::Config::new().atleast_version("1.17").probe("libfabric").unwrap_or_else(|e| {
         panic!(
             "\n\nshmfab-fi needs libfabric's headers and library (libfabric-dev) and pkg-config: \

@@ -99,6 +99,7 @@ pub unsafe extern "C" fn open(
     if a.flags & !(sys::FI_READ | sys::FI_SYMMETRIC | sys::FI_EVENT) != 0 {
         return EBADFLAGS;
     }
+    let unspec = a.type_ == sys::FI_AV_UNSPEC;
     let av = match d.dom.av_open() {
         Ok(a) => a,
         Err(e) => return util::err(e, sys::FI_LOG_AV, "fi_av_open"),
@@ -111,6 +112,13 @@ pub unsafe extern "C" fn open(
         event: a.flags & sys::FI_EVENT != 0,
         eq: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
     });
+    if unspec {
+        // fi_av(3): "The AV type used will be returned through the type
+        // field": the library's handles are table indices.
+        // SAFETY: attr is the caller's attributes, valid for writes; `a`
+        // is not used after this.
+        unsafe { (*attr).type_ = sys::FI_AV_TABLE };
+    }
     // SAFETY: out is valid for a write (checked).
     unsafe { *out = &mut Box::leak(b).fid };
     0

@@ -144,6 +144,10 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         }
         return util::err(e, sys::FI_LOG_CNTR, "fi_close(cntr)");
     }
+    // SAFETY: as above (this member still counts in the set).
+    if let Some(w) = unsafe { c.wait.as_ref() } {
+        w.left();
+    }
     // SAFETY: the domain outlives its counters (refs).
     unsafe { &*c.dom }.refs.fetch_sub(1, Relaxed);
     // SAFETY: made by Box::leak in `open`; the application gives it up.

@@ -36,6 +36,9 @@ pub struct Cq {
     pub cq: shmfab::CompletionQueue,
     format: CqFormat,
     wait_obj: sys::fi_wait_obj,
+    /// FI_CQ_COND_THRESHOLD: blocking reads take a `size_t` threshold in
+    /// `cond` (else `cond` is not read).
+    threshold: bool,
     /// The wait set it waits through (FI_WAIT_SET), else null.
     wait: *const crate::wait::Wait,
     /// Before API 1.5 `fi_cq_err_entry` ends at `err_data`.
@@ -101,9 +104,11 @@ pub unsafe extern "C" fn open(
     if a.flags & !sys::FI_AFFINITY != 0 {
         return EBADFLAGS;
     }
+    // FI_CQ_FORMAT_UNSPEC: the provider's choice (fi_cq(3)), the
+    // smallest entry, as libfabric's own utility CQ chooses; written back
+    // to the attributes below so that the application knows what it reads.
     let format = match a.format {
-        sys::FI_CQ_FORMAT_UNSPEC => CqFormat::Unspec,
-        sys::FI_CQ_FORMAT_CONTEXT => CqFormat::Context,
+        sys::FI_CQ_FORMAT_UNSPEC | sys::FI_CQ_FORMAT_CONTEXT => CqFormat::Context,
         sys::FI_CQ_FORMAT_MSG => CqFormat::Msg,
         sys::FI_CQ_FORMAT_DATA => CqFormat::Data,
         sys::FI_CQ_FORMAT_TAGGED => CqFormat::Tagged,
@@ -148,9 +153,16 @@ pub unsafe extern "C" fn open(
         cq,
         format,
         wait_obj: a.wait_obj,
+        threshold: wait_cond == WaitCond::Threshold,
         wait,
         api_version: d.api_version,
     });
+    // SAFETY: attr is the caller's attributes, valid for writes (fi_cq(3):
+    // the provider fills in what it chose); `a` is not used after this.
+    if unsafe { (*attr).format } == sys::FI_CQ_FORMAT_UNSPEC {
+        // SAFETY: as above.
+        unsafe { (*attr).format = sys::FI_CQ_FORMAT_CONTEXT };
+    }
     // SAFETY: out is valid for a write (checked).
     unsafe { *out = &mut Box::leak(b).fid };
     0
@@ -178,6 +190,10 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
             w.rejoin_cq(&c.cq);
         }
         return util::err(e, sys::FI_LOG_CQ, "fi_close(cq)");
+    }
+    // SAFETY: as above (this member still counts in the set).
+    if let Some(w) = unsafe { c.wait.as_ref() } {
+        w.left();
     }
     // SAFETY: the domain outlives its CQs (refs).
     unsafe { &*c.dom }.refs.fetch_sub(1, Relaxed);
@@ -249,8 +265,24 @@ macro_rules! each {
 unsafe extern "C" fn read(cq: *mut sys::fid_cq, buf: *mut c_void, count: usize) -> isize {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
+    if count == 0 {
+        return progress_only(c);
+    }
     // SAFETY: buf holds count entries of the CQ's format (fi_cq(3)).
     unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.read(a))) }
+}
+
+/// A read of 0 entries: "may be used to drive progress" (fi_cq(3)). It
+/// runs a progress pass and returns `-FI_EAGAIN`, as no completion was
+/// retrieved. (libfabric's utility CQ returns 0 instead when entries are
+/// already queued; the library has no call that tells without taking one,
+/// and either way the caller reads them with a count above 0.)
+#[cold]
+fn progress_only(c: &Cq) -> isize {
+    match c.domain().dom.progress() {
+        Ok(()) => -(sys::FI_EAGAIN as isize),
+        Err(e) => util::err(e, sys::FI_LOG_CQ, "fi_cq_read(count 0)") as isize,
+    }
 }
 
 /// The caller's source array.
@@ -273,6 +305,9 @@ unsafe fn srcs<'a>(src: *mut u64, count: usize) -> &'a mut [u64] {
 unsafe extern "C" fn readfrom(cq: *mut sys::fid_cq, buf: *mut c_void, count: usize, src: *mut u64) -> isize {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
+    if count == 0 {
+        return progress_only(c);
+    }
     if src.is_null() {
         return EINVAL as isize;
     }
@@ -287,14 +322,16 @@ fn timeout(ms: c_int) -> Option<Duration> {
     (ms >= 0).then(|| Duration::from_millis(ms as u64))
 }
 
-/// The threshold of a blocking read, for FI_CQ_COND_THRESHOLD (a
-/// `size_t`; ignored by the library otherwise).
+/// The threshold of a blocking read: `cond` is a `size_t` for a CQ
+/// opened with FI_CQ_COND_THRESHOLD, and not read otherwise (fi_cq(3):
+/// `wait_cond` says how `cond` is interpreted; with FI_CQ_COND_NONE it
+/// may point at anything or nothing).
 ///
 /// # Safety
-/// `cond` null or valid for a `size_t` read.
-unsafe fn threshold(cond: *const c_void) -> Option<usize> {
+/// For a threshold CQ, `cond` null or valid for a `size_t` read.
+unsafe fn threshold(c: &Cq, cond: *const c_void) -> Option<usize> {
     // SAFETY: caller's contract.
-    (!cond.is_null()).then(|| unsafe { *cond.cast::<usize>() })
+    (c.threshold && !cond.is_null()).then(|| unsafe { *cond.cast::<usize>() })
 }
 
 /// `sread`: an entry of this module's ops tables.
@@ -311,8 +348,8 @@ unsafe extern "C" fn sread(
 ) -> isize {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
-    // SAFETY: cond is null or a size_t (fi_cq(3)).
-    let th = unsafe { threshold(cond) };
+    // SAFETY: cond is null or a size_t for a threshold CQ (fi_cq(3)).
+    let th = unsafe { threshold(c, cond) };
     // SAFETY: buf holds count entries of the CQ's format.
     unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.sread(a, th, timeout(ms)))) }
 }
@@ -335,8 +372,9 @@ unsafe extern "C" fn sreadfrom(
     if src.is_null() {
         return EINVAL as isize;
     }
-    // SAFETY: cond is null or a size_t; src holds count entries.
-    let (th, s) = unsafe { (threshold(cond), srcs(src, count)) };
+    // SAFETY: cond is null or a size_t for a threshold CQ; src holds
+    // count entries.
+    let (th, s) = unsafe { (threshold(c, cond), srcs(src, count)) };
     // SAFETY: buf holds count entries of the CQ's format.
     unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.sreadfrom(a, s, th, timeout(ms)))) }
 }

@@ -46,7 +46,7 @@ pub struct Domain {
 static FI_OPS: sys::fi_ops = sys::fi_ops {
     size: std::mem::size_of::<sys::fi_ops>(),
     close: Some(close),
-    bind: Some(nb3),
+    bind: Some(bind),
     control: Some(nb3),
     ops_open: Some(no_ops_open),
     tostr: Some(no_tostr),
@@ -162,6 +162,29 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: made by Box::leak in `open`, no children; the application
     // gives it up.
     drop(unsafe { Box::from_raw((d as *const Domain).cast_mut()) });
+    0
+}
+
+/// `fi_domain_bind`: an EQ of the same fabric, for the domain's
+/// asynchronous events (fi_domain(3)). This domain raises none (nothing in
+/// it fails asynchronously; registration is synchronous), so the EQ is
+/// accepted and stays silent. FI_REG_MR (registrations completed through
+/// the EQ): `-FI_ENOSYS`, as they complete at once.
+///
+/// # Safety
+/// libfabric's contract: the fids are live.
+unsafe extern "C" fn bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64) -> c_int {
+    // SAFETY: libfabric passes our fid; bfid is a live fid (fi_domain(3)).
+    let (Some(d), Some(eq)) = (unsafe { of(fid) }, unsafe { crate::eq::of(bfid) }) else { return EINVAL };
+    if !std::ptr::eq(d.fabric, eq.fabric) {
+        return EINVAL;
+    }
+    if flags & sys::FI_REG_MR != 0 {
+        return util::ENOSYS;
+    }
+    if flags != 0 {
+        return EBADFLAGS;
+    }
     0
 }
 

@@ -316,14 +316,20 @@ unsafe extern "C" fn getname(fid: *mut sys::fid, addr: *mut c_void, addrlen: *mu
         return EINVAL;
     }
     let raw = e.ep.getname().to_bytes();
-    // SAFETY: addrlen is valid; addr holds *addrlen bytes (fi_cm(3)).
+    // SAFETY: addrlen is valid; addr is null or holds *addrlen bytes
+    // (fi_cm(3)).
     unsafe {
-        let room = *addrlen;
+        let room = if addr.is_null() { 0 } else { *addrlen };
         *addrlen = raw.len();
-        if room < raw.len() || addr.is_null() {
+        // fi_cm(3): a buffer too small gets the address truncated (and
+        // -FI_ETOOSMALL, *addrlen the size needed).
+        let n = room.min(raw.len());
+        if n > 0 {
+            std::ptr::copy_nonoverlapping(raw.as_ptr(), addr.cast::<u8>(), n);
+        }
+        if n < raw.len() {
             return ETOOSMALL;
         }
-        std::ptr::copy_nonoverlapping(raw.as_ptr(), addr.cast::<u8>(), raw.len());
     }
     0
 }

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 pub struct Eq {
     /// What the application holds.
     pub fid: sys::fid_eq,
-    fabric: *const crate::fabric::Fabric,
+    /// The fabric it was opened on.
+    pub(crate) fabric: *const crate::fabric::Fabric,
     /// Events and error entries not read yet.
     q: Mutex<Queues>,
     /// Signalled on every write.

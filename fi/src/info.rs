@@ -20,19 +20,30 @@ pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
 /// Capabilities that concern the transmit side.
 const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM;
 /// Capabilities that concern the receive side.
-const RX_CAPS: u64 =
+pub const RX_CAPS: u64 =
     CAPS_PRIMARY | sys::FI_RECV | sys::FI_DIRECTED_RECV | sys::FI_MULTI_RECV | sys::FI_SOURCE | sys::FI_LOCAL_COMM;
 /// Default transmit operation flags the endpoint honours
 /// (`FI_TRANSMIT_COMPLETE` and `FI_INJECT_COMPLETE` hold for every send:
 /// a send completes once its data is in the receiver's memory, its ring,
 /// its pool, or read by it; `FI_DELIVERY_COMPLETE` does not, an inline
-/// message completes before the receiver matched it).
-pub const TX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_INJECT_COMPLETE | sys::FI_TRANSMIT_COMPLETE;
+/// message completes before the receiver matched it). `FI_INJECT`: the
+/// library's send takes it (the buffer is free when the call returns; a
+/// send above `inject_size` is `-FI_EMSGSIZE`), from the default flags as
+/// from `fi_sendmsg`'s.
+pub const TX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_INJECT | sys::FI_INJECT_COMPLETE | sys::FI_TRANSMIT_COMPLETE;
 /// Default receive operation flags the endpoint honours.
 pub const RX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_MULTI_RECV;
 /// Message ordering kept: a peer's sends are matched in the order they
 /// were posted (send after send).
 pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS;
+/// `ep_attr.mem_tag_format` offered when the hints give none: 64 tag
+/// bits (libfabric's `FI_TAG_GENERIC`, not in the 1.17 headers).
+pub const TAG_GENERIC: u64 = 0xAAAA_AAAA_AAAA_AAAA;
+/// Capabilities a shared receive context does not serve (the library's
+/// queue holds untagged buffers without source or multi-receive): hints
+/// asking for FI_SHARED_CONTEXT get them refused, or left out when they
+/// name no capabilities.
+pub const SRX_UNSERVED: u64 = sys::FI_TAGGED | sys::FI_DIRECTED_RECV | sys::FI_MULTI_RECV;
 /// `FI_SHARED_CONTEXT` (`SIZE_MAX` in the header): an endpoint's receive
 /// context is a shared one (`fi_srx_context`).
 pub const SHARED_CONTEXT: usize = usize::MAX;
@@ -169,13 +180,27 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("ep_attr.tx_ctx_cnt", e.tx_ctx_cnt, 1)?;
         if e.rx_ctx_cnt != SHARED_CONTEXT {
             at_most("ep_attr.rx_ctx_cnt", e.rx_ctx_cnt, 1)?;
+        } else {
+            // The endpoints' receives all go through the shared context,
+            // which serves untagged, undirected, single buffers only.
+            // SAFETY: null or valid (caller's contract).
+            let r = unsafe { h.rx_attr.as_ref() };
+            let asked = caps | r.map_or(0, |r| r.caps | (r.op_flags & sys::FI_MULTI_RECV));
+            if asked & SRX_UNSERVED != 0 {
+                return Err(no(
+                    "FI_SHARED_CONTEXT: a shared receive context serves neither FI_TAGGED, FI_DIRECTED_RECV nor FI_MULTI_RECV",
+                ));
+            }
         }
         at_most("ep_attr.auth_key_size", e.auth_key_size, 0)?;
     }
     // SAFETY: null or valid (caller's contract).
     if let Some(d) = unsafe { h.domain_attr.as_ref() } {
-        if !d.domain.is_null() {
-            return Err(no("domain_attr.domain: an open domain cannot be named in hints"));
+        // fi_domain(3): hints may name an open domain, to which the
+        // returned info is then limited: one of ours is served.
+        // SAFETY: null or a live fid (fi_getinfo(3)).
+        if !d.domain.is_null() && unsafe { crate::domain::of(d.domain.cast()) }.is_none() {
+            return Err(no("domain_attr.domain: not a domain of this provider"));
         }
         // SAFETY: null or valid (caller's contract).
         if let Some(n) = unsafe { cstr(d.name) } {
@@ -218,8 +243,9 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     }
     // SAFETY: null or valid (caller's contract).
     if let Some(f) = unsafe { h.fabric_attr.as_ref() } {
-        if !f.fabric.is_null() {
-            return Err(no("fabric_attr.fabric: an open fabric cannot be named in hints"));
+        // SAFETY: null or a live fid (fi_getinfo(3)).
+        if !f.fabric.is_null() && unsafe { crate::fabric::of(f.fabric) }.is_none() {
+            return Err(no("fabric_attr.fabric: not a fabric of this provider"));
         }
         // SAFETY: null or valid (caller's contract).
         if let Some(n) = unsafe { cstr(f.name) } {
@@ -266,7 +292,10 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     let he = h.and_then(|h| unsafe { h.ep_attr.as_ref() });
     let ht = h.and_then(|h| unsafe { h.tx_attr.as_ref() });
     let hr = h.and_then(|h| unsafe { h.rx_attr.as_ref() });
+    let shared = he.is_some_and(|x| x.rx_ctx_cnt == SHARED_CONTEXT);
     let caps = match h.map_or(0, |h| h.caps) {
+        // With a shared receive context, only what it serves.
+        0 if shared => CAPS & !SRX_UNSERVED,
         0 => CAPS,
         c => c,
     };
@@ -309,7 +338,13 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     e.protocol = sys::FI_PROTO_UNSPEC;
     e.protocol_version = 1;
     e.max_msg_size = shmfab::proto::MAX_MSG_SIZE;
-    e.mem_tag_format = he.map_or(0, |x| x.mem_tag_format);
+    // Tags are 64 bits, all usable: the application's format when it
+    // gives one, else libfabric's generic 64-bit format (FI_TAG_GENERIC of
+    // later headers; clients count the bits below its highest set bit).
+    e.mem_tag_format = match he.map_or(0, |x| x.mem_tag_format) {
+        0 => TAG_GENERIC,
+        f => f,
+    };
     e.tx_ctx_cnt = 1;
     e.rx_ctx_cnt = match he.map_or(0, |x| x.rx_ctx_cnt) {
         SHARED_CONTEXT => SHARED_CONTEXT,
@@ -360,6 +395,11 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     d.mode = 0;
     d.max_err_data = MAX_ERR_DATA;
     d.mr_cnt = MR_CNT;
+    // The open domain and fabric the hints named (checked ours), which
+    // the info describes.
+    d.domain = hd.map_or(std::ptr::null_mut(), |x| x.domain);
+    // SAFETY: the hints' fabric attributes are null or valid (as above).
+    f.fabric = h.and_then(|h| unsafe { h.fabric_attr.as_ref() }).map_or(std::ptr::null_mut(), |x| x.fabric);
     f.name = libc_strdup(NAME)?;
     // prov_name stays NULL: libfabric's core fills it in (a name set by
     // the provider is taken for a layered provider's, "shmfab;shmfab").

@@ -75,7 +75,10 @@ pub fn provider() -> *const sys::fi_provider {
 }
 
 /// The provider's `cleanup`: nothing is global (every object is freed by
-/// its `fi_close`).
+/// its `fi_close`). Domains the application left open keep their
+/// progress threads (FI_PROGRESS_AUTO) until the process ends: the
+/// library is linked `-z nodelete` (`build.rs`), so libfabric's dlclose
+/// at exit does not unmap the code those threads run.
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made, and every
@@ -87,4 +90,16 @@ unsafe extern "C" fn cleanup() {}
 #[no_mangle]
 pub extern "C" fn fi_prov_ini() -> *mut sys::fi_provider {
     PROVIDER.0.get()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The entries libfabric calls are `extern "C"` functions without
+    /// catch_unwind: only from Rust 1.81 does a panic in them abort rather
+    /// than unwind into C (undefined behaviour). The crate declares it.
+    #[test]
+    fn the_crate_needs_the_rust_that_aborts_on_panics_at_the_c_boundary() {
+        let v: Vec<u32> = env!("CARGO_PKG_RUST_VERSION").split('.').map(|x| x.parse().unwrap_or(0)).collect();
+        assert!(v.len() >= 2 && (v[0], v[1]) >= (1, 81), "rust-version in fi/Cargo.toml: {v:?}");
+    }
 }

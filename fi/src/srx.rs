@@ -5,7 +5,9 @@
 //! received the message. The library's queue holds untagged receives
 //! only: tagged receives stay each endpoint's own, and the tagged calls
 //! on the context return `-FI_ENOSYS`, as do directed and multi-receive
-//! buffers, which the queue does not take.
+//! buffers, which the queue does not take. So `fi_getinfo` never offers
+//! those capabilities with FI_SHARED_CONTEXT (`info::SRX_UNSERVED`), and
+//! the context opens from any `rx_attr` it returned.
 
 use crate::sys;
 use crate::util::{self, nb1, nb10, nb11, nb12, nb13, nb14, nb16, nb2, nb3, nb4, nb5, nb6, nb7, nb8, nb9};
@@ -161,7 +163,12 @@ pub unsafe extern "C" fn open(
     }
     // SAFETY: attr is null (defaults) or valid.
     let a = unsafe { attr.as_ref() }.copied().unwrap_or_default();
-    if a.caps & (sys::FI_MULTI_RECV | sys::FI_TAGGED) != 0 || a.op_flags & !sys::FI_COMPLETION != 0 {
+    // The rx_attr fi_getinfo returned is accepted as it is (applications
+    // pass info->rx_attr): its caps describe the endpoints, and those in
+    // `info::SRX_UNSERVED` are never in an info that asked for
+    // FI_SHARED_CONTEXT. The context itself serves untagged, undirected,
+    // single buffers; the other posts on it are -FI_ENOSYS.
+    if a.caps & !crate::info::RX_CAPS != 0 || a.op_flags & !sys::FI_COMPLETION != 0 {
         return ENOSYS;
     }
     if a.iov_limit > shmfab::srq::SRQ_MAX_IOV {

@@ -25,14 +25,24 @@ pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
 pub const FI_ADDR_NOTAVAIL: u64 = u64::MAX;
 
 /// The negative fabric errno of a library error, logged (at `FI_LOG_INFO`,
-/// with the library's detail) unless it is `-FI_EAGAIN`, which polling
-/// loops see all the time.
+/// with the library's detail) when that level is enabled, unless it is
+/// `-FI_EAGAIN` or `-FI_EAVAIL`, which polling loops see all the time.
+/// The message is formatted only when it is logged: an error return
+/// allocates nothing otherwise.
 #[cold]
 pub fn err(e: shmfab::Error, subsys: sys::fi_log_subsys, what: &str) -> c_int {
-    if e.kind() != shmfab::ErrorKind::Again {
+    use shmfab::ErrorKind::{Again, Avail};
+    if !matches!(e.kind(), Again | Avail) && log_enabled(sys::FI_LOG_INFO, subsys) {
         log(sys::FI_LOG_INFO, subsys, &format!("{what}: {e}"));
     }
     -e.errno()
+}
+
+/// Whether libfabric logs `level` of `subsys` for this provider.
+fn log_enabled(level: sys::fi_log_level, subsys: sys::fi_log_subsys) -> bool {
+    // SAFETY: the provider struct is the registered one, alive for the
+    // library's life; fi_log_enabled only reads it.
+    unsafe { sys::fi_log_enabled(crate::provider(), level, subsys) != 0 }
 }
 
 /// `Result<usize>` as the `ssize_t` of the C calls.
@@ -57,9 +67,7 @@ pub fn status(r: shmfab::Result<()>, subsys: sys::fi_log_subsys, what: &str) -> 
 /// that level and subsystem are enabled for this provider.
 pub fn log(level: sys::fi_log_level, subsys: sys::fi_log_subsys, msg: &str) {
     let prov = crate::provider();
-    // SAFETY: the provider struct is the registered one, alive for the
-    // library's life; fi_log_enabled only reads it.
-    if unsafe { sys::fi_log_enabled(prov, level, subsys) } == 0 {
+    if !log_enabled(level, subsys) {
         return;
     }
     let Ok(text) = CString::new(msg.replace('\0', " ")) else { return };
@@ -219,4 +227,50 @@ pub unsafe fn ours<'a, T>(fid: *const sys::fid, class: u32, ops: &'static sys::f
 /// A `struct fid` of `class` with `ops`, and the application's context.
 pub fn fid(class: u32, context: *mut std::ffi::c_void, ops_table: &'static sys::fi_ops) -> sys::fid {
     sys::fid { fclass: class as usize, context, ops: ops(ops_table) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Allocations made by this thread.
+        static ALLOCS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// The system allocator, counting each thread's allocations.
+    struct Counting;
+
+    // SAFETY: every call is the system allocator's, with the caller's
+    // arguments; the count is a thread-local without destructor.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
+            // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            // SAFETY: p came from `alloc` above with this layout.
+            unsafe { System.dealloc(p, l) }
+        }
+    }
+
+    #[global_allocator]
+    static A: Counting = Counting;
+
+    /// With logging off (no FI_LOG_LEVEL: libfabric's log mask is empty
+    /// before it is initialised), an error return allocates nothing.
+    #[test]
+    fn an_error_return_allocates_nothing_when_not_logged() {
+        use shmfab::{Error, ErrorKind};
+        for kind in [ErrorKind::Again, ErrorKind::Avail, ErrorKind::Inval, ErrorKind::Busy] {
+            let e = Error::new(kind);
+            let before = ALLOCS.with(Cell::get);
+            let r = err(e, sys::FI_LOG_CQ, "test");
+            assert_eq!(ALLOCS.with(Cell::get), before, "{kind:?} allocated");
+            assert_eq!(r, -kind.errno());
+        }
+    }
 }

@@ -7,6 +7,10 @@
 //! are refused (`-FI_ENOSYS`: a wait set across domains is not built).
 //! Wait objects: FI_WAIT_UNSPEC and FI_WAIT_YIELD (FI_WAIT_FD would need
 //! the fd before any member names the domain: not built).
+//!
+//! The set holds a reference on that domain until the set closes: the
+//! domain's close is `-FI_EBUSY` before (the set lives on it), and no
+//! other domain can take its place (and its address) meanwhile.
 
 use crate::sys;
 use crate::util::{self, nb3, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EBUSY, EINVAL, ENOSYS};
@@ -24,7 +28,7 @@ pub struct Wait {
     /// FI_WAIT_YIELD (else FI_WAIT_UNSPEC).
     yields: bool,
     /// The library's set and the domain it was made on (by the first
-    /// member).
+    /// member; the set holds one of the domain's `refs` until it closes).
     set: OnceLock<(usize, shmfab::WaitSet)>,
     /// CQs and counters in it (close is `-FI_EBUSY` while any is).
     refs: AtomicUsize,
@@ -60,7 +64,10 @@ impl Wait {
         if self.set.get().is_none() {
             let s = d.dom.wait_open_with(w).map_err(|e| util::err(e, sys::FI_LOG_DOMAIN, "wait set"))?;
             // A set made meanwhile by another thread wins; ours is dropped.
-            let _ = self.set.set((key, s));
+            if self.set.set((key, s)).is_ok() {
+                // Released by `close`.
+                d.refs.fetch_add(1, Relaxed);
+            }
         }
         let (k, s) = self.set.get().expect("set just above");
         if *k != key {
@@ -83,14 +90,20 @@ impl Wait {
         Ok(c)
     }
 
-    /// A member CQ leaves before it closes.
+    // A member closes in three steps: it leaves the library's set
+    // (`leave_*`), closes, and only then stops counting (`left`); a close
+    // the library refuses makes it join again (`rejoin_*`). The count
+    // drops only with a close that succeeded, so the set cannot close
+    // (and be freed) under a member that still points at it, even when
+    // joining again fails (that member then waits on its own until it
+    // closes: a member already out of the library's set leaves at once).
+
+    /// A member CQ leaves the library's set before it closes.
     pub fn leave_cq(&self, cq: &shmfab::CompletionQueue) -> c_int {
         let Some((_, s)) = self.set.get() else { return EINVAL };
         match s.del_cq(cq) {
-            Ok(()) => {
-                self.refs.fetch_sub(1, Relaxed);
-                0
-            }
+            Ok(()) => 0,
+            Err(e) if e.kind() == shmfab::ErrorKind::NoEnt => 0,
             Err(e) => util::err(e, sys::FI_LOG_CQ, "wait set: CQ leaves"),
         }
     }
@@ -98,8 +111,8 @@ impl Wait {
     /// A CQ that left to close, but could not (still bound), joins again.
     pub fn rejoin_cq(&self, cq: &shmfab::CompletionQueue) {
         if let Some((_, s)) = self.set.get() {
-            if s.add_cq(cq).is_ok() {
-                self.refs.fetch_add(1, Relaxed);
+            if let Err(e) = s.add_cq(cq) {
+                util::log(sys::FI_LOG_WARN, sys::FI_LOG_CQ, &format!("wait set: CQ does not join again: {e}"));
             }
         }
     }
@@ -107,22 +120,25 @@ impl Wait {
     /// A counter that left to close, but could not, joins again.
     pub fn rejoin_cntr(&self, c: &shmfab::Counter) {
         if let Some((_, s)) = self.set.get() {
-            if s.add_cntr(c).is_ok() {
-                self.refs.fetch_add(1, Relaxed);
+            if let Err(e) = s.add_cntr(c) {
+                util::log(sys::FI_LOG_WARN, sys::FI_LOG_CNTR, &format!("wait set: counter does not join again: {e}"));
             }
         }
     }
 
-    /// A member counter leaves before it closes.
+    /// A member counter leaves the library's set before it closes.
     pub fn leave_cntr(&self, c: &shmfab::Counter) -> c_int {
         let Some((_, s)) = self.set.get() else { return EINVAL };
         match s.del_cntr(c) {
-            Ok(()) => {
-                self.refs.fetch_sub(1, Relaxed);
-                0
-            }
+            Ok(()) => 0,
+            Err(e) if e.kind() == shmfab::ErrorKind::NoEnt => 0,
             Err(e) => util::err(e, sys::FI_LOG_CNTR, "wait set: counter leaves"),
         }
+    }
+
+    /// A member closed: it no longer counts.
+    pub fn left(&self) {
+        self.refs.fetch_sub(1, Relaxed);
     }
 }
 
@@ -175,10 +191,13 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     if w.refs.load(Relaxed) != 0 {
         return EBUSY;
     }
-    if let Some((_, s)) = w.set.get() {
+    if let Some((d, s)) = w.set.get() {
         if let Err(e) = s.close() {
             return util::err(e, sys::FI_LOG_DOMAIN, "fi_close(wait)");
         }
+        // SAFETY: the key is the address of the domain the set was made
+        // on, alive until this reference (taken in `set_for`) goes.
+        unsafe { &*(*d as *const crate::domain::Domain) }.refs.fetch_sub(1, Relaxed);
     }
     // SAFETY: the fabric outlives its wait sets (refs).
     unsafe { &*w.fabric }.refs.fetch_sub(1, Relaxed);

@@ -14,6 +14,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/wait.h>
@@ -92,6 +93,12 @@ static void test_hints(void)
 	CHECK(i->domain_attr->threading == FI_THREAD_DOMAIN);
 	CHECK(i->tx_attr->inject_size == 4096);
 	CHECK(i->addr_format == FI_FORMAT_UNSPEC);
+	CHECK(i->ep_attr->mem_tag_format >> 63); /* 64 tag bits, none asked */
+	fi_freeinfo(i);
+	h = hints();
+	h->ep_attr->mem_tag_format = 0xffff;
+	EXPECT(getinfo(h, &i), 0);
+	CHECK(i->ep_attr->mem_tag_format == 0xffff);
 	fi_freeinfo(i);
 
 	h = hints();
@@ -188,11 +195,14 @@ static void test_av_and_names(struct side *a)
 	char name[64], tiny[4], str[128];
 	size_t len = sizeof(tiny);
 
+	memset(tiny, 0, sizeof(tiny));
 	EXPECT(fi_getname(&a->ep->fid, tiny, &len), -FI_ETOOSMALL);
 	CHECK(len == 24);
 	len = sizeof(name);
 	EXPECT(fi_av_lookup(av, a->addr, name, &len), 0);
 	CHECK(len == 24);
+	/* The short buffer got the address truncated (fi_cm(3)). */
+	CHECK(!memcmp(tiny, name, sizeof(tiny)));
 	len = sizeof(str);
 	CHECK(fi_av_straddr(av, name, str, &len) == str);
 	CHECK(!strncmp(str, "shmfab://", 9) && len == strlen(str) + 1);
@@ -206,6 +216,12 @@ static void test_av_and_names(struct side *a)
 	EXPECT(fi_av_insert(av, bad, 1, &b, 0, NULL), 0);
 	CHECK(b == FI_ADDR_NOTAVAIL);
 	EXPECT(fi_av_lookup(av, 12345, name, &len), -FI_ENOENT);
+	/* FI_AV_UNSPEC: the type chosen comes back in the attributes. */
+	struct fi_av_attr ua = { .type = FI_AV_UNSPEC };
+	struct fid_av *uav;
+	EXPECT(fi_av_open(domain, &ua, &uav, NULL), 0);
+	CHECK(ua.type == FI_AV_TABLE);
+	EXPECT(fi_close(&uav->fid), 0);
 }
 
 static void test_tagged_and_data(struct side *a, struct side *b)
@@ -241,6 +257,20 @@ static void test_tagged_and_data(struct side *a, struct side *b)
 	CHECK(e.len == 6 && !memcmp(y, "abc", 3) && !memcmp(z, "def", 3));
 	read_tagged(a->cq, &e, NULL);
 
+	/* A read of 0 entries drives progress (manual progress here): the
+	 * message lands in the receive buffer, and nothing is retrieved. */
+	memset(buf, 0, sizeof(buf));
+	EXPECT(fi_recv(b->ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xb9), 0);
+	EXPECT(fi_send(a->ep, "zero", 5, NULL, b->addr, (void *)0xa9), 0);
+	for (int i = 0; i < 100000 && strcmp(buf, "zero"); i++) {
+		EXPECT(fi_cq_read(b->cq, NULL, 0), -FI_EAGAIN);
+		EXPECT(fi_cq_readfrom(b->cq, NULL, 0, NULL), -FI_EAGAIN);
+	}
+	CHECK(!strcmp(buf, "zero"));
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xb9);
+	read_tagged(a->cq, &e, NULL);
+
 	/* inject: no completion. */
 	EXPECT(fi_trecv(b->ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, 7, 0, (void *)0xb4), 0);
 	EXPECT(fi_tinject(a->ep, "inj", 4, b->addr, 7), 0);
@@ -250,6 +280,71 @@ static void test_tagged_and_data(struct side *a, struct side *b)
 	/* inject above inject_size */
 	static char big[8192];
 	EXPECT(fi_inject(a->ep, big, sizeof(big), b->addr), -FI_EMSGSIZE);
+}
+
+/* Reads one completion of `size` bytes into `out` (followed by a guard
+ * that must stay untouched), driving progress. */
+static void read_sized(struct fid_cq *cq, void *out, size_t size)
+{
+	unsigned char raw[sizeof(struct fi_cq_tagged_entry) + 64];
+	ssize_t r = -FI_EAGAIN;
+	memset(raw, 0xa5, sizeof(raw));
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_read(cq, raw, 1);
+	EXPECT(r, 1);
+	for (size_t i = size; i < sizeof(raw); i++)
+		CHECK(raw[i] == 0xa5); /* nothing written past the entry */
+	memcpy(out, raw, size);
+}
+
+/* An entry read in each CQ format, with the fields the format has; an
+ * FI_CQ_FORMAT_UNSPEC CQ tells which format it chose. */
+static void test_cq_formats(struct side *a)
+{
+	static const enum fi_cq_format fmts[] = { FI_CQ_FORMAT_UNSPEC, FI_CQ_FORMAT_CONTEXT, FI_CQ_FORMAT_MSG,
+						  FI_CQ_FORMAT_DATA, FI_CQ_FORMAT_TAGGED };
+	for (size_t k = 0; k < sizeof(fmts) / sizeof(fmts[0]); k++) {
+		struct side s;
+		struct fi_cq_attr ca = { .format = fmts[k], .wait_obj = FI_WAIT_UNSPEC };
+		struct fi_cq_tagged_entry t;
+		struct fi_cq_tagged_entry e;
+		char buf[16] = { 0 };
+		size_t size;
+
+		EXPECT(fi_cq_open(domain, &ca, &s.cq, NULL), 0);
+		EXPECT(fi_endpoint(domain, info, &s.ep, NULL), 0);
+		EXPECT(fi_ep_bind(s.ep, &av->fid, 0), 0);
+		EXPECT(fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+		EXPECT(fi_enable(s.ep), 0);
+		char name[64];
+		size_t len = sizeof(name);
+		EXPECT(fi_getname(&s.ep->fid, name, &len), 0);
+		EXPECT(fi_av_insert(av, name, 1, &s.addr, 0, NULL), 1);
+		if (fmts[k] == FI_CQ_FORMAT_UNSPEC)
+			CHECK(ca.format == FI_CQ_FORMAT_CONTEXT); /* the format chosen */
+		else
+			CHECK(ca.format == fmts[k]);
+		switch (ca.format) {
+		case FI_CQ_FORMAT_CONTEXT: size = sizeof(struct fi_cq_entry); break;
+		case FI_CQ_FORMAT_MSG: size = sizeof(struct fi_cq_msg_entry); break;
+		case FI_CQ_FORMAT_DATA: size = sizeof(struct fi_cq_data_entry); break;
+		default: size = sizeof(struct fi_cq_tagged_entry); break;
+		}
+		EXPECT(fi_trecv(s.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, 0x77, 0, (void *)0xf1), 0);
+		EXPECT(fi_tsenddata(a->ep, "fmt", 4, NULL, 0xda7a, s.addr, 0x77, (void *)0xf2), 0);
+		memset(&t, 0, sizeof(t));
+		read_sized(s.cq, &t, size);
+		CHECK(t.op_context == (void *)0xf1 && !strcmp(buf, "fmt"));
+		if (ca.format != FI_CQ_FORMAT_CONTEXT)
+			CHECK(t.len == 4 && (t.flags & (FI_RECV | FI_TAGGED)) == (FI_RECV | FI_TAGGED));
+		if (ca.format == FI_CQ_FORMAT_DATA || ca.format == FI_CQ_FORMAT_TAGGED)
+			CHECK(t.buf == buf && (t.flags & FI_REMOTE_CQ_DATA) && t.data == 0xda7a);
+		if (ca.format == FI_CQ_FORMAT_TAGGED)
+			CHECK(t.tag == 0x77);
+		read_tagged(a->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xf2);
+		close_side(&s);
+	}
 }
 
 static void test_errors(struct side *a, struct side *b)
@@ -269,11 +364,14 @@ static void test_errors(struct side *a, struct side *b)
 			break;
 	EXPECT(r, -FI_EAVAIL);
 	memset(&err, 0, sizeof(err));
+	memset(data, 0, sizeof(data));
 	err.err_data = data;
 	err.err_data_size = sizeof(data);
 	EXPECT(fi_cq_readerr(b->cq, &err, 0), 1);
 	CHECK(err.err == FI_ETRUNC && err.op_context == (void *)0xb5 && err.olen == 12);
-	CHECK(err.err_data == data && err.err_data_size <= sizeof(data));
+	/* As much of the provider's text as fits: its first 8 bytes. */
+	CHECK(err.err_data == data && err.err_data_size == sizeof(data));
+	CHECK(!memcmp(data, "message ", 8));
 	s = fi_cq_strerror(b->cq, err.prov_errno, err.err_data, NULL, 0);
 	CHECK(s && strlen(s) > 0);
 	char sbuf[8];
@@ -290,6 +388,7 @@ static void test_errors(struct side *a, struct side *b)
 	EXPECT(fi_cq_readerr(b->cq, &err, 0), 1);
 	CHECK(err.err == FI_ECANCELED && err.op_context == (void *)0xb6);
 	CHECK(err.err_data != NULL && err.err_data_size > 0);
+	CHECK(strstr((const char *)err.err_data, "cancel") != NULL);
 	/* Cancelling what is not pending succeeds and does nothing. */
 	EXPECT(fi_cancel(&b->ep->fid, (void *)0xb6), 0);
 	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAGAIN);
@@ -332,6 +431,8 @@ static void test_cq_waits(void)
 	ca.wait_obj = FI_WAIT_UNSPEC;
 	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
 	EXPECT(fi_cq_sread(cq, &e, 1, NULL, 10), -FI_EAGAIN); /* timeout */
+	/* FI_CQ_COND_NONE: cond is not a threshold, and not read. */
+	EXPECT(fi_cq_sread(cq, &e, 1, (void *)8, 10), -FI_EAGAIN);
 	EXPECT(fi_cq_signal(cq), 0);
 	EXPECT(fi_cq_sread(cq, &e, 1, NULL, -1), -FI_EAGAIN); /* interrupted */
 	EXPECT(fi_close(&cq->fid), 0);
@@ -340,6 +441,21 @@ static void test_cq_waits(void)
 	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
 	EXPECT(fi_control(&cq->fid, FI_GETWAIT, &fd), 0);
 	CHECK(fd >= 0);
+	EXPECT(fi_close(&cq->fid), 0);
+
+	/* FI_WAIT_POLLFD: the fds to poll, -FI_ETOOSMALL (and the count
+	 * needed) without room for them. */
+	ca.wait_obj = FI_WAIT_POLLFD;
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	struct pollfd pfd[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct fi_wait_pollfd wp = { .nfds = 0, .fd = pfd };
+	EXPECT(fi_control(&cq->fid, FI_GETWAIT, &wp), -FI_ETOOSMALL);
+	CHECK(wp.nfds == 1 && pfd[0].fd == -1);
+	wp.nfds = 2;
+	EXPECT(fi_control(&cq->fid, FI_GETWAIT, &wp), 0);
+	CHECK(wp.nfds == 1 && pfd[0].fd >= 0 && (pfd[0].events & POLLIN) && pfd[1].fd == -1);
+	EXPECT(fi_control(&cq->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_POLLFD);
 	EXPECT(fi_close(&cq->fid), 0);
 
 	ca.wait_obj = FI_WAIT_MUTEX_COND; /* no pthread objects to give out */
@@ -424,7 +540,7 @@ static void test_counters_and_mr(struct side *a, struct side *b)
 	EXPECT(fi_close(&mr2->fid), 0);
 }
 
-static void test_ops_flags(struct side *a)
+static void test_ops_flags(struct side *a, struct side *b)
 {
 	uint64_t f = FI_TRANSMIT;
 	EXPECT(fi_control(&a->ep->fid, FI_GETOPSFLAG, &f), 0);
@@ -438,6 +554,27 @@ static void test_ops_flags(struct side *a)
 	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
 	f = FI_TRANSMIT | FI_DELIVERY_COMPLETE;
 	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), -FI_EBADFLAGS);
+	/* FI_INJECT by default: the buffer is free on return. */
+	f = FI_TRANSMIT | FI_INJECT | FI_COMPLETION;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	{
+		struct fi_cq_tagged_entry e;
+		char out[8] = "inject", in[8] = { 0 };
+		static char big[8192];
+		EXPECT(fi_recv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0xb7), 0);
+		EXPECT(fi_send(a->ep, out, sizeof(out), NULL, b->addr, (void *)0xa7), 0);
+		memset(out, 'x', sizeof(out));
+		read_tagged(b->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xb7 && !strcmp(in, "inject"));
+		read_tagged(a->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xa7);
+		EXPECT(fi_send(a->ep, big, sizeof(big), NULL, b->addr, NULL), -FI_EMSGSIZE);
+	}
+	f = FI_TRANSMIT;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	struct fi_info *ih = hints();
+	ih->tx_attr->op_flags = FI_INJECT;
+	EXPECT(getinfo(ih, NULL), 0);
 	size_t v = 128, len = sizeof(v);
 	EXPECT(fi_setopt(&a->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, sizeof(v)), 0);
 	v = 0;
@@ -454,6 +591,11 @@ static void test_eq(void)
 	char buf[16];
 
 	EXPECT(fi_eq_open(fabric, &attr, &eq, NULL), 0);
+	/* A domain's asynchronous events go to an EQ of its fabric (this
+	 * one has none); registrations through the EQ are not built. */
+	EXPECT(fi_domain_bind(domain, &eq->fid, 0), 0);
+	EXPECT(fi_domain_bind(domain, &eq->fid, FI_REG_MR), -FI_ENOSYS);
+	EXPECT(fi_domain_bind(domain, &av->fid, 0), -FI_EINVAL);
 	EXPECT(fi_eq_read(eq, &ev, buf, sizeof(buf), 0), -FI_EAGAIN);
 	EXPECT(fi_eq_sread(eq, &ev, buf, sizeof(buf), 10, 0), -FI_EAGAIN);
 	EXPECT(fi_eq_write(eq, FI_NOTIFY, "event", 6, 0), 6);
@@ -539,6 +681,34 @@ static void test_srx(struct side *a)
 	for (int i = 0; i < 2; i++)
 		close_side(&s[i]);
 	EXPECT(fi_close(&srx->fid), 0);
+
+	/* The rx_attr fi_getinfo returned opens a context as it is. */
+	EXPECT(fi_srx_context(domain, info->rx_attr, &srx, NULL), 0);
+	EXPECT(fi_close(&srx->fid), 0);
+	/* Asking for FI_SHARED_CONTEXT: what the context cannot serve is
+	 * refused, or left out when no capability is named. */
+	struct fi_info *h = hints(), *si;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA); /* FI_TAGGED */
+	h = hints();
+	h->caps = FI_MSG | FI_DIRECTED_RECV;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->caps = FI_MSG;
+	h->rx_attr->op_flags = FI_MULTI_RECV;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->caps = 0;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(getinfo(h, &si), 0);
+	CHECK(si->ep_attr->rx_ctx_cnt == FI_SHARED_CONTEXT && (si->caps & FI_MSG));
+	CHECK(!(si->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV)));
+	CHECK(!(si->rx_attr->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV)));
+	EXPECT(fi_srx_context(domain, si->rx_attr, &srx, NULL), 0);
+	EXPECT(fi_close(&srx->fid), 0);
+	fi_freeinfo(si);
 }
 
 /* Multi-receive buffers, selective completion with the endpoint's
@@ -621,6 +791,18 @@ static void test_misc(struct side *a, struct side *b)
 	EXPECT(fi_av_lookup(av, s.addr, name, &len), -FI_ENOENT);
 	EXPECT(fi_av_remove(av, &s.addr, 1, 0), -FI_ENOENT);
 
+	/* Hints may name an open domain and fabric of this provider. */
+	struct fi_info *nh = hints(), *ni;
+	nh->domain_attr->domain = domain;
+	nh->fabric_attr->fabric = fabric;
+	EXPECT(getinfo(nh, &ni), 0);
+	CHECK(ni->domain_attr->domain == domain && ni->fabric_attr->fabric == fabric);
+	fi_freeinfo(ni);
+	/* (an AV is no domain) */
+	nh = hints();
+	nh->domain_attr->domain = (struct fid_domain *)av;
+	EXPECT(getinfo(nh, NULL), -FI_ENODATA);
+
 	/* FI_PROGRESS_AUTO: a domain with its progress thread. */
 	struct fi_info *h = hints(), *ai;
 	struct fid_domain *d2;
@@ -628,6 +810,49 @@ static void test_misc(struct side *a, struct side *b)
 	EXPECT(getinfo(h, &ai), 0);
 	CHECK(ai->domain_attr->data_progress == FI_PROGRESS_AUTO);
 	EXPECT(fi_domain(fabric, ai, &d2, NULL), 0);
+	{
+		/* Progress happens while the application sleeps, calling
+		 * nothing: a message reaches the posted receive's buffer. */
+		struct fid_av *av2;
+		struct fid_cq *cq2[2];
+		struct fid_ep *ep2[2];
+		struct fi_av_attr aa2 = { .type = FI_AV_TABLE };
+		struct fi_cq_attr ca2 = { .format = FI_CQ_FORMAT_CONTEXT };
+		fi_addr_t to;
+		char nm[64];
+		static char in2[32];
+		size_t nl = sizeof(nm);
+		struct fi_cq_entry ce;
+
+		EXPECT(fi_av_open(d2, &aa2, &av2, NULL), 0);
+		for (int k = 0; k < 2; k++) {
+			EXPECT(fi_cq_open(d2, &ca2, &cq2[k], NULL), 0);
+			EXPECT(fi_endpoint(d2, ai, &ep2[k], NULL), 0);
+			EXPECT(fi_ep_bind(ep2[k], &av2->fid, 0), 0);
+			EXPECT(fi_ep_bind(ep2[k], &cq2[k]->fid, FI_TRANSMIT | FI_RECV), 0);
+			EXPECT(fi_enable(ep2[k]), 0);
+		}
+		EXPECT(fi_getname(&ep2[1]->fid, nm, &nl), 0);
+		EXPECT(fi_av_insert(av2, nm, 1, &to, 0, NULL), 1);
+		EXPECT(fi_recv(ep2[1], in2, sizeof(in2), NULL, FI_ADDR_UNSPEC, (void *)0xd1), 0);
+		EXPECT(fi_send(ep2[0], "automatic", 10, NULL, to, (void *)0xd0), 0);
+		/* Only memory reads and sleeps from here: no provider call. */
+		for (int k = 0; k < 5000 && strcmp(in2, "automatic"); k++)
+			usleep(1000);
+		CHECK(!strcmp(in2, "automatic"));
+		EXPECT(fi_cq_read(cq2[1], &ce, 1), 1);
+		CHECK(ce.op_context == (void *)0xd1);
+		ssize_t r2 = -FI_EAGAIN;
+		for (int k = 0; k < 1000000 && r2 == -FI_EAGAIN; k++)
+			r2 = fi_cq_read(cq2[0], &ce, 1);
+		EXPECT(r2, 1);
+		CHECK(ce.op_context == (void *)0xd0);
+		for (int k = 0; k < 2; k++) {
+			EXPECT(fi_close(&ep2[k]->fid), 0);
+			EXPECT(fi_close(&cq2[k]->fid), 0);
+		}
+		EXPECT(fi_close(&av2->fid), 0);
+	}
 	EXPECT(fi_close(&d2->fid), 0);
 	fi_freeinfo(ai);
 }
@@ -722,10 +947,34 @@ static void test_wait_set(struct side *a)
 
 	EXPECT(fi_close(&ws->fid), -FI_EBUSY); /* members wait through it */
 	EXPECT(fi_close(&w.cq->fid), -FI_EBUSY); /* bound to the endpoint */
+	/* The CQ is in the set again (and still counts in it). */
+	EXPECT(fi_close(&ws->fid), -FI_EBUSY);
+	EXPECT(fi_recv(w.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0x3b), 0);
+	EXPECT(fi_send(a->ep, "again", 6, NULL, w.addr, NULL), 0);
+	EXPECT(fi_wait(ws, 10000), 0);
+	read_tagged(w.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x3b && !strcmp(in, "again"));
+	read_tagged(a->cq, &e, NULL);
 	EXPECT(fi_close(&w.ep->fid), 0);
 	EXPECT(fi_close(&w.cq->fid), 0);
 	EXPECT(fi_close(&c->fid), 0);
 	EXPECT(fi_close(&ws->fid), 0);
+
+	/* A set lives on the domain of its first member, which cannot close
+	 * before the set (another domain could take its place); a member of
+	 * another domain is refused however the first one came and went. */
+	struct fid_domain *d3;
+	EXPECT(fi_wait_open(fabric, &wa, &ws), 0);
+	ca.wait_set = ws;
+	EXPECT(fi_domain(fabric, info, &d2, NULL), 0);
+	EXPECT(fi_cq_open(d2, &ca, &cq2, NULL), 0);
+	EXPECT(fi_close(&cq2->fid), 0);
+	EXPECT(fi_close(&d2->fid), -FI_EBUSY);
+	EXPECT(fi_domain(fabric, info, &d3, NULL), 0);
+	EXPECT(fi_cq_open(d3, &ca, &cq2, NULL), -FI_ENOSYS);
+	EXPECT(fi_close(&d3->fid), 0);
+	EXPECT(fi_close(&ws->fid), 0);
+	EXPECT(fi_close(&d2->fid), 0);
 }
 
 /* FI_THREAD_DOMAIN: calls serialised by the application may come from
@@ -842,12 +1091,40 @@ static void two_processes(void)
 	CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-int main(void)
+/* `fi_api exit-auto`: exits with an FI_PROGRESS_AUTO domain (and an
+ * endpoint whose CQ its progress thread serves) still open, as programs
+ * that skip their cleanup do: libfabric's destructor unloads providers at
+ * exit while that thread may still run. */
+static int exit_with_auto_progress(void)
+{
+	struct fi_info *h = hints(), *i;
+	struct fid_fabric *fab;
+	struct fid_domain *dom;
+	struct side s;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+
+	h->domain_attr->data_progress = FI_PROGRESS_AUTO;
+	EXPECT(getinfo(h, &i), 0);
+	info = i;
+	EXPECT(fi_fabric(i->fabric_attr, &fab, NULL), 0);
+	EXPECT(fi_domain(fab, i, &dom, NULL), 0);
+	domain = dom;
+	EXPECT(fi_av_open(dom, &aa, &av, NULL), 0);
+	open_side(&s, FI_CQ_FORMAT_TAGGED);
+	/* Work for the progress thread while the process exits. */
+	for (int k = 0; k < 8; k++)
+		EXPECT(fi_send(s.ep, "bye", 4, NULL, s.addr, NULL), 0);
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	struct side a, b;
 	struct fi_av_attr aa = { .type = FI_AV_TABLE };
 	struct fi_info *h;
 
+	if (argc > 1 && !strcmp(argv[1], "exit-auto"))
+		return exit_with_auto_progress();
 	test_hints();
 
 	h = hints();
@@ -862,10 +1139,11 @@ int main(void)
 	test_av_and_names(&a);
 	test_tagged_and_data(&a, &b);
 	test_errors(&a, &b);
+	test_cq_formats(&a);
 	test_cq_waits();
 	test_trywait_epoll(&a);
 	test_counters_and_mr(&a, &b);
-	test_ops_flags(&a);
+	test_ops_flags(&a, &b);
 	test_srx(&a);
 	test_misc(&a, &b);
 	test_poll(&a, &b);
