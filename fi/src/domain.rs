@@ -1,11 +1,11 @@
 //! Domains (`fi_domain`) and memory registration (`fi_mr_reg` and
 //! friends).
 //!
-//! Every threading level is served by a library domain in
-//! `Threading::Safe`: the library's `Threading::Domain` binds the domain to
-//! the first thread that uses it, while FI_THREAD_DOMAIN (fi_domain(3))
-//! only asks the application to serialise its calls, which may come from
-//! different threads one at a time.
+//! FI_THREAD_DOMAIN (fi_domain(3): the application serialises its calls,
+//! which may come from different threads one at a time) is served by a
+//! library domain in `Threading::Serialized` (no lock, no owner thread);
+//! every other level, and any domain with auto progress (whose thread
+//! enters the domain beside the application), by `Threading::Safe`.
 //!
 //! Registration: shmfab needs none to send from or receive into any
 //! buffer (single copy reads any address of the peer), so a registration
@@ -115,11 +115,27 @@ pub unsafe extern "C" fn open(
     } else {
         mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
     };
-    let dom = match f.fabric.domain_with(shmfab::Threading::Safe) {
+    // FI_THREAD_DOMAIN (fi_domain(3)): the application serialises every
+    // access to the domain and its objects, from whichever thread: the
+    // library's Serialized mode, no lock per call. Every other level lets
+    // threads in at once (per fid, per endpoint, per completion context,
+    // or anywhere), and so does the auto-progress thread: a locked domain.
+    let auto = d.is_some_and(|d| d.data_progress == sys::FI_PROGRESS_AUTO);
+    let serialized = !auto && d.is_some_and(|d| d.threading == sys::FI_THREAD_DOMAIN);
+    let opened = if serialized {
+        // SAFETY: the application asked for FI_THREAD_DOMAIN, which obliges
+        // it to serialise all calls on the domain and its objects; the
+        // provider starts no thread that calls into such a domain (no auto
+        // progress here; the library's fd bridge does not enter it).
+        unsafe { f.fabric.domain_serialized() }
+    } else {
+        f.fabric.domain_with(shmfab::Threading::Safe)
+    };
+    let dom = match opened {
         Ok(d) => d,
         Err(e) => return util::err(e, sys::FI_LOG_DOMAIN, "fi_domain"),
     };
-    if d.is_some_and(|d| d.data_progress == sys::FI_PROGRESS_AUTO) {
+    if auto {
         if let Err(e) = dom.start_progress_thread() {
             return util::err(e, sys::FI_LOG_DOMAIN, "fi_domain: FI_PROGRESS_AUTO");
         }
