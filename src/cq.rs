@@ -845,6 +845,22 @@ impl CompletionQueue {
         self.with(false, |c| c.readerr())
     }
 
+    /// fi_cq_readerr into the caller's error-data buffer (fi_cq(3), API
+    /// 1.5 on): the next error entry, with as much of its error text as
+    /// fits copied into `data` while the CQ is held, so that another
+    /// thread's `readerr` cannot replace the text during the copy. Returns
+    /// the entry (its `err_data` still names the CQ's own copy) and the
+    /// bytes copied.
+    pub fn readerr_into(&self, data: &mut [u8]) -> Result<(CqErrEntry, usize)> {
+        self.with(false, |c| {
+            let e = c.readerr()?;
+            let text = c.last_err.as_bytes();
+            let n = text.len().min(data.len());
+            data[..n].copy_from_slice(&text[..n]);
+            Ok((e, n))
+        })
+    }
+
     /// The text of the last error entry read (what `err_data` points at).
     pub fn last_error_text(&self) -> Result<String> {
         self.with(false, |c| Ok(c.last_err_text()))

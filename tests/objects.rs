@@ -269,7 +269,13 @@ fn read_keeps_completion_order_between_its_array_and_the_queue() {
     let n = read_some(&mut e4);
     assert_eq!((n, e4[0].op_context), (1, 11));
     assert_eq!(p.cq0.read(&mut e4).unwrap_err().kind(), ErrorKind::Avail);
-    assert_eq!(p.cq0.readerr().unwrap().op_context, 12);
+    // Into a buffer of the caller's: the text copied, cut to the buffer.
+    let mut text = [0u8; 200];
+    let (err, n) = p.cq0.readerr_into(&mut text).unwrap();
+    assert_eq!(err.op_context, 12);
+    let whole = p.cq0.last_error_text().unwrap();
+    assert!(n > 0 && n == whole.len() && text[..n] == *whole.as_bytes(), "{n} bytes: {whole}");
+    assert!(whole.contains("truncated"), "{whole}");
     assert_eq!(read_all(1), vec![13]);
     // An error that a read's own pass finds is that read's answer (an
     // empty sink is not an empty CQ).
@@ -278,7 +284,11 @@ fn read_keeps_completion_order_between_its_array_and_the_queue() {
     unsafe { p.ep0.trecv(&mut b, FI_ADDR_UNSPEC, 7, 0, 21).unwrap() };
     p.ep1.tinject(&[9; 8], p.a0, 7).unwrap();
     assert_eq!(p.cq0.read(&mut e4).unwrap_err().kind(), ErrorKind::Avail);
-    assert_eq!((p.cq0.readerr().unwrap().op_context, b), (21, [9; 4]));
+    let mut short = [0u8; 5];
+    let (err, n) = p.cq0.readerr_into(&mut short).unwrap();
+    assert_eq!((err.op_context, b, n), (21, [9; 4], 5));
+    assert_eq!(short[..], p.cq0.last_error_text().unwrap().as_bytes()[..5], "cut to the caller's buffer");
+    assert_eq!(p.cq0.readerr_into(&mut short).unwrap_err().kind(), ErrorKind::Again);
     drop(p.dom);
 }
 

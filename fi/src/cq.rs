@@ -393,16 +393,29 @@ unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entr
     if flags != 0 {
         return EBADFLAGS as isize;
     }
-    let e = match c.cq.readerr() {
-        Ok(e) => e,
-        Err(e) => return util::err(e, sys::FI_LOG_CQ, "fi_cq_readerr") as isize,
-    };
     // SAFETY: buf is the caller's fi_cq_err_entry; before API 1.5 it ends
     // at err_data (err_data_size is neither read nor written then).
+    let user = unsafe {
+        let b = &*buf;
+        (c.api_version >= crate::info::fi_version(1, 5) && b.err_data_size > 0 && !b.err_data.is_null())
+            .then_some((b.err_data, b.err_data_size))
+    };
+    // With the caller's buffer the text is copied while the library holds
+    // the CQ: another thread's readerr (FI_THREAD_SAFE) replaces the CQ's
+    // own copy, which a copy made after the call could read freed.
+    let got = match user {
+        // SAFETY: fi_cq(3): err_data points at err_data_size writable bytes
+        // of the caller's.
+        Some((p, room)) => c.cq.readerr_into(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), room) }),
+        None => c.cq.readerr().map(|e| (e, 0)),
+    };
+    let (e, copied) = match got {
+        Ok(x) => x,
+        Err(e) => return util::err(e, sys::FI_LOG_CQ, "fi_cq_readerr") as isize,
+    };
+    // SAFETY: as above.
     unsafe {
         let b = &mut *buf;
-        let user = (c.api_version >= crate::info::fi_version(1, 5) && b.err_data_size > 0 && !b.err_data.is_null())
-            .then_some((b.err_data, b.err_data_size));
         b.op_context = e.op_context as *mut c_void;
         b.flags = e.flags;
         b.len = e.len;
@@ -413,14 +426,9 @@ unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entr
         b.err = e.err;
         b.prov_errno = e.prov_errno;
         match user {
-            // The caller's buffer: as much of the error data as fits.
-            Some((p, room)) => {
-                let n = e.err_data_size.min(room);
-                if n > 0 {
-                    std::ptr::copy_nonoverlapping(e.err_data as *const u8, p.cast::<u8>(), n);
-                }
-                b.err_data_size = n;
-            }
+            // The caller's buffer: as much of the error data as fit, copied
+            // above.
+            Some(_) => b.err_data_size = copied,
             None => {
                 b.err_data = e.err_data as *mut c_void;
                 if c.api_version >= crate::info::fi_version(1, 5) {
