@@ -12,7 +12,7 @@
 //! - Headers leave in `txq` order; completions are written from the front
 //!   of `inflight` only (send order per peer).
 
-use super::complete::{complete_send, Fail, SendDone};
+use super::complete::{complete_send, complete_send_ok, Fail, SendDone};
 use super::matching::Dest;
 use super::peers::{Chan, Peer};
 use super::request::{Iovs, OpKind, Request};
@@ -369,7 +369,7 @@ impl EpState {
             crate::doorbell::ring(db);
         }
         self.stats.tx_inline += 1;
-        complete_send(&self.bind, ctx, done, None);
+        complete_send_ok(&self.bind, ctx, done);
         Some(Ok(()))
     }
 
