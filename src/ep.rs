@@ -139,7 +139,11 @@ fn run_with<R>(
     f(ep, ctx)
 }
 
-/// Posts a receive: matches the unexpected queue first.
+/// Posts a receive: matches the unexpected queue first. Inlined into each
+/// receive call, so that the receive is built in its queue slot (not on
+/// the stack and copied there); the matching of unexpected messages is out
+/// of line.
+#[inline(always)]
 fn post_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool, r: PostedRecv) -> Result<()> {
     if !ep.enabled {
         return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
@@ -148,9 +152,15 @@ fn post_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool, r: PostedRecv) -> 
         return Err(Error::with(ErrorKind::NoCq, "no receive CQ or receive counter bound"));
     }
     ep.matching.post(tagged, r, ctx.cfg.rx_size)?;
-    if !ep.matching.has_unexp(tagged) {
-        return Ok(());
+    if ep.matching.has_unexp(tagged) {
+        match_unexp(ep, ctx, tagged);
     }
+    Ok(())
+}
+
+/// The unexpected messages that the receive just posted takes.
+#[inline(never)]
+fn match_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool) {
     let before = ep.matching.posted_count() - 1;
     // Unexpected messages that this receive (or a multi-receive buffer,
     // several of them) matches.
@@ -160,7 +170,6 @@ fn post_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool, r: PostedRecv) -> 
             break; // consumed (not a multi-receive buffer still open)
         }
     }
-    Ok(())
 }
 
 fn iovs_from(slices: &[IoSlice<'_>]) -> Result<Iovs> {
