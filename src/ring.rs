@@ -440,21 +440,28 @@ impl RingRx {
     /// `ncells == 0` for the caller to treat as a broken peer.
     #[inline]
     pub fn peek(&self) -> Option<(MsgHdr, usize)> {
-        let c = self.cell(self.head);
-        // SYNC: pairs with the release store in RingTx::publish: payload,
-        // header and guard are visible.
-        // SAFETY: c is inside the ring.
-        let seq = unsafe { (*c).seq.load(Ordering::Acquire) };
-        if seq != self.head + 1 {
+        if !self.ready() {
             return None;
         }
-        // SAFETY: published header; volatile because the peer owns the bytes.
+        Some(self.current())
+    }
+
+    /// The header and cell count of the message at the head, as
+    /// [`RingRx::peek`] gives them, for a caller that has just found it
+    /// published ([`RingRx::ready`] true; the head has not moved since,
+    /// and a published message stays so until we consume it). Without
+    /// that, it reads whatever the cell holds: wrong data, not UB.
+    #[inline]
+    pub fn current(&self) -> (MsgHdr, usize) {
+        let c = self.cell(self.head);
+        // SAFETY: published header (the caller's ready(), whose acquire
+        // load made it visible); volatile because the peer owns the bytes.
         let h = unsafe { std::ptr::addr_of!((*c).hdr).read_volatile() };
         let n = h.ncells as u64;
         if n == 0 || n + 1 > self.cap {
-            return Some((h, 0));
+            return (h, 0);
         }
-        Some((h, n as usize))
+        (h, n as usize)
     }
 
     /// Copies payload bytes `[voff, voff + dst.len())` of the current
@@ -522,13 +529,12 @@ impl RingRx {
         }
     }
 
-    /// Whether a message is waiting.
+    /// Whether a message is waiting (then [`RingRx::current`] reads it).
     #[inline]
     pub fn ready(&self) -> bool {
-        // SYNC: pairs with the release store in RingTx::publish, but only
-        // peek()'s acquire hands the message over: this one only looks (for
-        // `inbound_ready` and `left_in_queues`), so relaxed would do; on
-        // x86 both are a plain load.
+        // SYNC: pairs with the release store in RingTx::publish: payload,
+        // header and guard are visible to the reads that follow a true
+        // answer (peek, current, read_payload).
         // SAFETY: inside the ring.
         unsafe { (*self.cell(self.head)).seq.load(Ordering::Acquire) == self.head + 1 }
     }
