@@ -283,11 +283,22 @@ impl RingTx {
     #[inline(always)]
     pub fn try_push(&mut self, hdr: &MsgHdr, parts: &[&[u8]]) -> bool {
         if let [buf] = parts {
-            if buf.len() <= CELL_PAYLOAD {
-                return self.push_one_cell(hdr, buf);
-            }
+            return self.try_push_one(hdr, buf);
         }
-        self.push_cells(hdr, parts)
+        self.push_cells(&{ *hdr }, parts)
+    }
+
+    /// [`RingTx::try_push`] of one buffer.
+    #[inline(always)]
+    pub fn try_push_one(&mut self, hdr: &MsgHdr, buf: &[u8]) -> bool {
+        if buf.len() <= CELL_PAYLOAD {
+            return self.push_one_cell(hdr, buf);
+        }
+        // The call out of line gets copies of the header and of the list
+        // of parts, made here: the caller's then never have their address
+        // taken, and on the one-cell path stay in registers instead of
+        // being stored to the stack.
+        self.push_cells(&{ *hdr }, &[buf])
     }
 
     /// [`RingTx::try_push`] past one cell.
@@ -329,7 +340,7 @@ impl RingTx {
                 (*self.cell(pos + n)).seq.store(0, Ordering::Relaxed);
             }
             // SYNC: publishes payload, header and guard to the acquire load
-            // in RingRx::peek (RingRx::ready's acquire only looks).
+            // in RingRx::ready (and so peek).
             (*c).seq.store(pos + 1, Ordering::Release);
             // Relaxed: read only by observers (`shmfab inspect`).
             (*self.ctl).tail.v.store(pos + n, Ordering::Relaxed);

@@ -362,7 +362,7 @@ impl EpState {
             }
         }
         let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
-        if !ring.try_push(hdr, &[buf]) {
+        if !ring.try_push_one(hdr, buf) {
             return None;
         }
         if let Some(db) = peer.doorbell() {
