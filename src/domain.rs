@@ -254,6 +254,41 @@ pub(crate) struct Ctx<'a> {
     pub counters: &'a [shm_layout::Counter],
 }
 
+/// Where a [`Ctx`] comes from, for the fast paths of the send and receive
+/// calls: they read the few things they need (the configuration, the
+/// counters, the AVs) through it, and build the context only for a call
+/// out of line. A context built at every call, with its address taken by
+/// those calls, is ten words loaded from the domain state and stored to
+/// the stack on every send and receive.
+pub(crate) struct CtxSrc<'a> {
+    pub dom: &'a DomainInner,
+    pub st: &'a mut DomainState,
+}
+
+impl CtxSrc<'_> {
+    #[inline(always)]
+    pub fn cfg(&self) -> &Config {
+        &self.dom.cfg
+    }
+
+    #[inline(always)]
+    pub fn avs(&self) -> &Slots<AvState> {
+        &self.st.avs
+    }
+
+    #[inline(always)]
+    pub fn counters(&self) -> &[shm_layout::Counter] {
+        self.dom.counters()
+    }
+
+    /// The full context.
+    #[inline(always)]
+    pub fn ctx(&mut self) -> Ctx<'_> {
+        let DomainState { cqs, avs, srqs, regions, .. } = &mut *self.st;
+        Ctx { cfg: &self.dom.cfg, cqs, avs, srqs, regions, counters: self.dom.counters() }
+    }
+}
+
 impl DomainInner {
     #[inline(always)]
     pub fn lock(&self) -> Result<DomainGuard<'_, DomainState>> {

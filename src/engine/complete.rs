@@ -208,12 +208,12 @@ pub(crate) fn complete_send(b: &Bindings, ctx: &mut Ctx<'_>, op: SendDone, err: 
 /// [`complete_send`] with no error, inlined there (the counter, and for
 /// an inject call nothing more), with the CQ entry out of line.
 #[inline(always)]
-pub(crate) fn complete_send_ok(b: &Bindings, ctx: &mut Ctx<'_>, op: SendDone) {
+pub(crate) fn complete_send_ok(b: &Bindings, src: &mut crate::domain::CtxSrc<'_>, op: SendDone) {
     if let Some(k) = op.kind.counter() {
-        b.count(ctx.counters, k, Val::Success);
+        b.count(src.counters(), k, Val::Success);
     }
     if op.cqe {
-        send_entry(b, ctx, op);
+        send_entry(b, &mut src.ctx(), op);
     }
 }
 
