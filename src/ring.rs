@@ -269,11 +269,15 @@ impl RingTx {
             return false;
         }
         let pos = self.tail;
+        // The cell's address, computed once: the payload stores below may
+        // alias our fields for all the compiler knows, so it would reload
+        // them and compute it again for the header.
+        let c = self.cell(pos);
         // SAFETY: the cell is reserved (has_room) and its payload area
         // holds CELL_PAYLOAD >= buf.len() bytes.
-        unsafe { copy_small(buf.as_ptr(), (self.cell(pos) as *mut u8).add(PAYLOAD_OFF), buf.len()) };
+        unsafe { copy_small(buf.as_ptr(), (c as *mut u8).add(PAYLOAD_OFF), buf.len()) };
         let guard = self.mark(pos, 1);
-        self.publish(pos, 1, hdr, guard);
+        self.publish_at(c, pos, 1, hdr, guard);
         true
     }
 
@@ -325,7 +329,12 @@ impl RingTx {
     /// publishes; asks early for the lines the next messages will take.
     #[inline(always)]
     fn publish(&mut self, pos: u64, n: u64, hdr: &MsgHdr, guard: bool) {
-        let c = self.cell(pos);
+        self.publish_at(self.cell(pos), pos, n, hdr, guard)
+    }
+
+    /// [`RingTx::publish`] with the first cell's address `c` (that of `pos`).
+    #[inline(always)]
+    fn publish_at(&mut self, c: *mut Cell, pos: u64, n: u64, hdr: &MsgHdr, guard: bool) {
         let w = hdr.words(n as u16);
         // SAFETY: c is a reserved cell; the guard cell pos + n is free
         // (has_room counted it), so zeroing its sequence word races nothing.
