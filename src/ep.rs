@@ -496,7 +496,7 @@ impl Endpoint {
             let src = if src_fi == FI_ADDR_UNSPEC {
                 None
             } else {
-                let p = ep.peers.of(cx.avs(), src_fi).map_err(|_| {
+                let p = ep.peers.of_with(|| cx.avs(), src_fi).map_err(|_| {
                     Error::with(
                         ErrorKind::AddrNotAvail,
                         format!("source fi_addr {src_fi} is not in the address vector"),

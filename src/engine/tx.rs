@@ -346,7 +346,7 @@ impl EpState {
         if done.cqe && !self.bind.can_report_tx() {
             return None;
         }
-        let p = match self.peers.of(src.avs(), dest) {
+        let p = match self.peers.of_with(|| src.avs(), dest) {
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
