@@ -260,9 +260,19 @@ pub(crate) struct Ctx<'a> {
 /// out of line. A context built at every call, with its address taken by
 /// those calls, is ten words loaded from the domain state and stored to
 /// the stack on every send and receive.
+///
+/// It holds the whole domain state but gives out only what a context
+/// holds, never the endpoint slots (`with_ep!` relies on that).
 pub(crate) struct CtxSrc<'a> {
-    pub dom: &'a DomainInner,
-    pub st: &'a mut DomainState,
+    dom: &'a DomainInner,
+    st: &'a mut DomainState,
+}
+
+impl<'a> CtxSrc<'a> {
+    #[inline(always)]
+    pub fn new(dom: &'a DomainInner, st: &'a mut DomainState) -> Self {
+        CtxSrc { dom, st }
+    }
 }
 
 impl CtxSrc<'_> {

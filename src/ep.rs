@@ -114,11 +114,13 @@ macro_rules! with_ep_src {
         if $self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "endpoint is closed"));
         }
-        let mut src = CtxSrc { dom: &$self.dom, st: &mut st };
+        let mut src = CtxSrc::new(&$self.dom, &mut st);
         // SAFETY: the endpoint is open (checked just above under the lock),
         // so its state is allocated; the lock guard `st` is held until the
-        // body ends, and neither the context nor anything else made from
-        // `st` reaches the endpoint slots, so this is the only reference.
+        // body ends, and neither the context source (which gives out only
+        // the CQs, counters, AVs, SRQs and regions) nor anything else made
+        // from `st` reaches the endpoint slots, so this is the only
+        // reference.
         let state = unsafe { &mut *$self.state.as_ptr() };
         run_with(
             state,
