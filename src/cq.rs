@@ -647,13 +647,6 @@ impl SinkOpen<'_> {
         self.closed = true;
         self.st.cqs.get_mut(self.id).map_or(0, |c| c.sink.close())
     }
-
-    /// Whether the CQ itself holds anything: entries that did not fit the
-    /// sink or came after an error, error entries, the overrun state.
-    #[inline(always)]
-    fn held(&self) -> bool {
-        self.st.cqs.get(self.id).is_some_and(|c| !c.entries.is_empty() || !c.errors.is_empty() || c.overrun)
-    }
 }
 
 impl Drop for SinkOpen<'_> {
@@ -705,17 +698,20 @@ impl CompletionQueue {
         // leave it pointing at this call's arrays), before the lock goes.
         let mut g = SinkOpen { st, id: self.id, closed: false };
         self.dom.progress(&mut g.st);
-        let n = g.close();
+        // Closed here, with the one lookup of the CQ that the rest uses.
+        g.closed = true;
+        let c = g.st.cqs.get_mut(self.id).expect("open CQ has state");
+        let n = c.sink.close();
         if n > 0 {
             return Ok(n);
         }
-        if !g.held() {
+        if c.entries.is_empty() && c.errors.is_empty() && !c.overrun {
             // Nothing came and nothing waits: the common empty poll, which
             // skips the CQ's own read.
             crate::sync::idle_pause();
             return Err(Error::AGAIN);
         }
-        idle_hint(g.st.cqs.get_mut(self.id).expect("open CQ has state").read(out, src))
+        idle_hint(c.read(out, src))
     }
 
     /// fi_cq_sread: as `read`, but waits (without spinning, with the

@@ -6,7 +6,7 @@
 //! the buffer must stay valid (and, for sends, unchanged) until its
 //! completion is reported, as in libfabric. `inject` copies and is safe.
 
-use crate::domain::{Ctx, Domain, DomainInner, Section};
+use crate::domain::{Ctx, CtxSrc, Domain, DomainInner, Section};
 use crate::engine::complete::CntrKind;
 use crate::engine::matching::PostedRecv;
 use crate::engine::request::{Iov, Iovs};
@@ -102,55 +102,75 @@ unsafe impl Send for Endpoint {}
 // SAFETY: as for Send: shared handles reach the state only through the lock.
 unsafe impl Sync for Endpoint {}
 
-/// Runs `$body` with the endpoint's state and a progress context, under the
-/// domain lock. The state comes from the handle's pointer, not from the
-/// domain's slot vector: two dependent loads fewer on every call.
-macro_rules! with_ep {
-    ($self:ident, |$ep:ident, $ctx:ident| $body:expr) => {{
+/// Runs `$body` with the endpoint's state and where its progress context
+/// comes from ([`CtxSrc`]), under the domain lock. The state comes from the
+/// handle's pointer, not from the domain's slot vector: two dependent loads
+/// fewer on every call.
+macro_rules! with_ep_src {
+    ($self:ident, |$ep:ident, $src:ident| $body:expr) => {{
         let mut st = $self.dom.lock()?;
         // Read under the lock: a close that freed the state set it before
         // taking the lock (release on its unlock, acquire on our lock).
         if $self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "endpoint is closed"));
         }
-        let crate::domain::DomainState { cqs, avs, srqs, regions, .. } = &mut *st;
-        let mut ctx = Ctx { cfg: &$self.dom.cfg, cqs, avs, srqs, regions, counters: $self.dom.counters() };
+        let mut src = CtxSrc::new(&$self.dom, &mut st);
         // SAFETY: the endpoint is open (checked just above under the lock),
         // so its state is allocated; the lock guard `st` is held until the
-        // body ends, and neither the context nor anything else made from
-        // `st` reaches the endpoint slots, so this is the only reference.
+        // body ends, and neither the context source (which gives out only
+        // the CQs, counters, AVs, SRQs and regions) nor anything else made
+        // from `st` reaches the endpoint slots, so this is the only
+        // reference.
         let state = unsafe { &mut *$self.state.as_ptr() };
         run_with(
             state,
-            &mut ctx,
+            &mut src,
             #[inline(always)]
-            |$ep, $ctx| $body,
+            |$ep, $src| $body,
         )
     }};
 }
 
+/// As `with_ep_src!`, with the progress context built.
+macro_rules! with_ep {
+    ($self:ident, |$ep:ident, $ctx:ident| $body:expr) => {
+        with_ep_src!($self, |ep, src| run_with(
+            ep,
+            &mut src.ctx(),
+            #[inline(always)]
+            |$ep, $ctx| $body
+        ))
+    };
+}
+
 /// Calls `f` (a closure lets `with_ep!` bodies use `return` and `?`).
 #[inline(always)]
-fn run_with<R>(
-    ep: &mut EpState,
-    ctx: &mut Ctx<'_>,
-    f: impl FnOnce(&mut EpState, &mut Ctx<'_>) -> Result<R>,
-) -> Result<R> {
+fn run_with<C, R>(ep: &mut EpState, ctx: &mut C, f: impl FnOnce(&mut EpState, &mut C) -> Result<R>) -> Result<R> {
     f(ep, ctx)
 }
 
-/// Posts a receive: matches the unexpected queue first.
-fn post_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool, r: PostedRecv) -> Result<()> {
+/// Posts a receive: matches the unexpected queue first. Inlined into each
+/// receive call, so that the receive is built in its queue slot (not on
+/// the stack and copied there); the matching of unexpected messages is out
+/// of line.
+#[inline(always)]
+fn post_rx(ep: &mut EpState, src: &mut CtxSrc<'_>, tagged: bool, r: PostedRecv) -> Result<()> {
     if !ep.enabled {
         return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
     }
     if !ep.bind.can_report_rx() {
         return Err(Error::with(ErrorKind::NoCq, "no receive CQ or receive counter bound"));
     }
-    ep.matching.post(tagged, r, ctx.cfg.rx_size)?;
-    if !ep.matching.has_unexp(tagged) {
-        return Ok(());
+    ep.matching.post(tagged, r, src.cfg().rx_size)?;
+    if ep.matching.has_unexp(tagged) {
+        match_unexp(ep, &mut src.ctx(), tagged);
     }
+    Ok(())
+}
+
+/// The unexpected messages that the receive just posted takes.
+#[inline(never)]
+fn match_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool) {
     let before = ep.matching.posted_count() - 1;
     // Unexpected messages that this receive (or a multi-receive buffer,
     // several of them) matches.
@@ -160,7 +180,6 @@ fn post_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool, r: PostedRecv) -> 
             break; // consumed (not a multi-receive buffer still open)
         }
     }
-    Ok(())
 }
 
 fn iovs_from(slices: &[IoSlice<'_>]) -> Result<Iovs> {
@@ -432,7 +451,7 @@ impl Endpoint {
     fn submit(&self, r: Request<'_>) -> Result<()> {
         // Checked by `tx`; the one-buffer calls pass constant valid flags.
         debug_assert!(r.flags & !SEND_FLAGS == 0);
-        with_ep!(self, |ep, ctx| ep.submit(ctx, &r))
+        with_ep_src!(self, |ep, src| ep.submit(src, &r))
     }
 
     /// A one-buffer transmit call.
@@ -467,7 +486,7 @@ impl Endpoint {
         }
         let iovs = iovs_from_mut(m.iov)?;
         let (src_fi, tag, ignore, context) = (m.src, m.tag, m.ignore, m.context);
-        with_ep!(self, |ep, ctx| {
+        with_ep_src!(self, |ep, cx| {
             if !tagged && ep.matching.srq.is_some() {
                 return Err(Error::with(
                     ErrorKind::Inval,
@@ -479,7 +498,7 @@ impl Endpoint {
             let src = if src_fi == FI_ADDR_UNSPEC {
                 None
             } else {
-                let p = ep.peers.of(ctx.avs, src_fi).map_err(|_| {
+                let p = ep.peers.of_with(|| cx.avs(), src_fi).map_err(|_| {
                     Error::with(
                         ErrorKind::AddrNotAvail,
                         format!("source fi_addr {src_fi} is not in the address vector"),
@@ -497,7 +516,7 @@ impl Endpoint {
                 moff: 0,
                 cqe: !ep.bind.rx_sel || flags & FI_COMPLETION != 0,
             };
-            post_rx(ep, ctx, tagged, r)
+            post_rx(ep, cx, tagged, r)
         })
     }
 

@@ -108,7 +108,14 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             let s = bits.trailing_zeros() as usize;
             bits &= bits - 1;
             if let Some(r) = rings.get_mut(s).and_then(Option::as_mut) {
-                drain_ring(ep, ctx, r);
+                // An empty ring costs one load here, not a call: the poll
+                // loop's iteration, whose length delays the finding of a
+                // message. Nothing to do for it: no message to take or hold
+                // back, and its head was published by the pass that moved
+                // it (drain_ring gives credit before it returns).
+                if r.rx.ready() {
+                    drain_ring(ep, ctx, r);
+                }
             }
         }
         ep.inbound.put_rings(rings);
@@ -248,8 +255,9 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
 }
 
 /// Reads up to [`BATCH`] messages of ring `r` (taken out of the endpoint
-/// by [`progress_ep`]). Each message is handled through a copy of its place
-/// ([`RingView`]).
+/// by [`progress_ep`]), which holds one at least (its caller found it
+/// [`ready`](crate::ring::RingRx::ready)). Each message is handled through
+/// a copy of its place ([`RingView`]).
 fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
     let peer = r.peer;
     if ep.peers[peer].broken {
@@ -258,9 +266,9 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
     }
     let mut held = false;
     for i in 0..BATCH {
-        let Some((h, ncells)) = r.rx.peek() else {
-            break;
-        };
+        // The first message was found by the caller, each later one by the
+        // check at the end of the loop.
+        let (h, ncells) = r.rx.current();
         if ncells == 0 {
             // A cell count that does not fit the ring: we cannot find the
             // next message, so this peer's ring is dead to us.
@@ -281,6 +289,9 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
         ep.stats.rx_ring += 1;
         // From the second message in a row on, a stream: fetch ahead.
         r.rx.consume(ncells, i > 0);
+        if !r.rx.ready() {
+            break;
+        }
     }
     r.held = held;
     r.rx.release_credit();

@@ -269,11 +269,15 @@ impl RingTx {
             return false;
         }
         let pos = self.tail;
+        // The cell's address, computed once: the payload stores below may
+        // alias our fields for all the compiler knows, so it would reload
+        // them and compute it again for the header.
+        let c = self.cell(pos);
         // SAFETY: the cell is reserved (has_room) and its payload area
         // holds CELL_PAYLOAD >= buf.len() bytes.
-        unsafe { copy_small(buf.as_ptr(), (self.cell(pos) as *mut u8).add(PAYLOAD_OFF), buf.len()) };
+        unsafe { copy_small(buf.as_ptr(), (c as *mut u8).add(PAYLOAD_OFF), buf.len()) };
         let guard = self.mark(pos, 1);
-        self.publish(pos, 1, hdr, guard);
+        self.publish_at(c, pos, 1, hdr, guard);
         true
     }
 
@@ -283,11 +287,22 @@ impl RingTx {
     #[inline(always)]
     pub fn try_push(&mut self, hdr: &MsgHdr, parts: &[&[u8]]) -> bool {
         if let [buf] = parts {
-            if buf.len() <= CELL_PAYLOAD {
-                return self.push_one_cell(hdr, buf);
-            }
+            return self.try_push_one(hdr, buf);
         }
-        self.push_cells(hdr, parts)
+        self.push_cells(&{ *hdr }, parts)
+    }
+
+    /// [`RingTx::try_push`] of one buffer.
+    #[inline(always)]
+    pub fn try_push_one(&mut self, hdr: &MsgHdr, buf: &[u8]) -> bool {
+        if buf.len() <= CELL_PAYLOAD {
+            return self.push_one_cell(hdr, buf);
+        }
+        // The call out of line gets copies of the header and of the list
+        // of parts, made here: the caller's then never have their address
+        // taken, and on the one-cell path stay in registers instead of
+        // being stored to the stack.
+        self.push_cells(&{ *hdr }, &[buf])
     }
 
     /// [`RingTx::try_push`] past one cell.
@@ -314,7 +329,12 @@ impl RingTx {
     /// publishes; asks early for the lines the next messages will take.
     #[inline(always)]
     fn publish(&mut self, pos: u64, n: u64, hdr: &MsgHdr, guard: bool) {
-        let c = self.cell(pos);
+        self.publish_at(self.cell(pos), pos, n, hdr, guard)
+    }
+
+    /// [`RingTx::publish`] with the first cell's address `c` (that of `pos`).
+    #[inline(always)]
+    fn publish_at(&mut self, c: *mut Cell, pos: u64, n: u64, hdr: &MsgHdr, guard: bool) {
         let w = hdr.words(n as u16);
         // SAFETY: c is a reserved cell; the guard cell pos + n is free
         // (has_room counted it), so zeroing its sequence word races nothing.
@@ -329,7 +349,7 @@ impl RingTx {
                 (*self.cell(pos + n)).seq.store(0, Ordering::Relaxed);
             }
             // SYNC: publishes payload, header and guard to the acquire load
-            // in RingRx::peek (RingRx::ready's acquire only looks).
+            // in RingRx::ready (and so peek).
             (*c).seq.store(pos + 1, Ordering::Release);
             // Relaxed: read only by observers (`shmfab inspect`).
             (*self.ctl).tail.v.store(pos + n, Ordering::Relaxed);
@@ -440,21 +460,28 @@ impl RingRx {
     /// `ncells == 0` for the caller to treat as a broken peer.
     #[inline]
     pub fn peek(&self) -> Option<(MsgHdr, usize)> {
-        let c = self.cell(self.head);
-        // SYNC: pairs with the release store in RingTx::publish: payload,
-        // header and guard are visible.
-        // SAFETY: c is inside the ring.
-        let seq = unsafe { (*c).seq.load(Ordering::Acquire) };
-        if seq != self.head + 1 {
+        if !self.ready() {
             return None;
         }
-        // SAFETY: published header; volatile because the peer owns the bytes.
+        Some(self.current())
+    }
+
+    /// The header and cell count of the message at the head, as
+    /// [`RingRx::peek`] gives them, for a caller that has just found it
+    /// published ([`RingRx::ready`] true; the head has not moved since,
+    /// and a published message stays so until we consume it). Without
+    /// that, it reads whatever the cell holds: wrong data, not UB.
+    #[inline]
+    pub fn current(&self) -> (MsgHdr, usize) {
+        let c = self.cell(self.head);
+        // SAFETY: published header (the caller's ready(), whose acquire
+        // load made it visible); volatile because the peer owns the bytes.
         let h = unsafe { std::ptr::addr_of!((*c).hdr).read_volatile() };
         let n = h.ncells as u64;
         if n == 0 || n + 1 > self.cap {
-            return Some((h, 0));
+            return (h, 0);
         }
-        Some((h, n as usize))
+        (h, n as usize)
     }
 
     /// Copies payload bytes `[voff, voff + dst.len())` of the current
@@ -522,13 +549,12 @@ impl RingRx {
         }
     }
 
-    /// Whether a message is waiting.
+    /// Whether a message is waiting (then [`RingRx::current`] reads it).
     #[inline]
     pub fn ready(&self) -> bool {
-        // SYNC: pairs with the release store in RingTx::publish, but only
-        // peek()'s acquire hands the message over: this one only looks (for
-        // `inbound_ready` and `left_in_queues`), so relaxed would do; on
-        // x86 both are a plain load.
+        // SYNC: pairs with the release store in RingTx::publish: payload,
+        // header and guard are visible to the reads that follow a true
+        // answer (peek, current, read_payload).
         // SAFETY: inside the ring.
         unsafe { (*self.cell(self.head)).seq.load(Ordering::Acquire) == self.head + 1 }
     }

@@ -34,8 +34,9 @@ pub(crate) struct InRing {
 
 /// The endpoint's inbound queues (see the module docs).
 pub(crate) struct Inbound {
-    /// Inbound rings by slot.
-    rings: Vec<Option<InRing>>,
+    /// Inbound rings by slot (a boxed slice: two words to take out and
+    /// put back on every pass).
+    rings: Box<[Option<InRing>]>,
     /// `rings` is out (a progress pass drains them).
     rings_out: bool,
     /// Claimed-slot bits settled: turned into `rings`, or refused for good.
@@ -119,14 +120,17 @@ impl Inbound {
     /// Takes the rings out for a pass to drain ([`Inbound::put_rings`]
     /// brings them back).
     #[inline(always)]
-    pub fn take_rings(&mut self) -> Vec<Option<InRing>> {
+    pub fn take_rings(&mut self) -> Box<[Option<InRing>]> {
         self.rings_out = true;
         std::mem::take(&mut self.rings)
     }
 
     #[inline(always)]
-    pub fn put_rings(&mut self, rings: Vec<Option<InRing>>) {
-        self.rings = rings;
+    pub fn put_rings(&mut self, rings: Box<[Option<InRing>]>) {
+        // What take_rings left is empty, no allocation: nothing to drop.
+        let left = std::mem::replace(&mut self.rings, rings);
+        debug_assert!(left.is_empty());
+        std::mem::forget(left);
         self.rings_out = false;
     }
 

@@ -150,6 +150,7 @@ impl Matching {
     }
 
     /// Appends a posted receive; `-FI_EAGAIN` when `rx_size` are posted.
+    #[inline(always)]
     pub fn post(&mut self, tagged: bool, r: PostedRecv, rx_size: usize) -> Result<()> {
         let q = &mut self.posted[tagged as usize];
         if q.len() >= rx_size {

@@ -215,11 +215,22 @@ impl Peers {
     /// connected.
     #[inline(always)]
     pub fn of(&mut self, avs: &crate::table::Slots<AvState>, fi_addr: FiAddr) -> Result<usize> {
+        self.of_with(|| avs, fi_addr)
+    }
+
+    /// [`Peers::of`], with the AVs asked for only when the cache does not
+    /// know `fi_addr` (the fast paths then do not load them).
+    #[inline(always)]
+    pub fn of_with<'a>(
+        &mut self,
+        avs: impl FnOnce() -> &'a crate::table::Slots<AvState>,
+        fi_addr: FiAddr,
+    ) -> Result<usize> {
         let cached = self.by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
         if cached != u32::MAX {
             return Ok(cached as usize);
         }
-        self.of_slow(avs, fi_addr)
+        self.of_slow(avs(), fi_addr)
     }
 
     /// [`Peers::of`] when the cache does not know `fi_addr`.

@@ -12,12 +12,12 @@
 //! - Headers leave in `txq` order; completions are written from the front
 //!   of `inflight` only (send order per peer).
 
-use super::complete::{complete_send, Fail, SendDone};
+use super::complete::{complete_send, complete_send_ok, Fail, SendDone};
 use super::matching::Dest;
 use super::peers::{Chan, Peer};
 use super::request::{Iovs, OpKind, Request};
 use super::EpState;
-use crate::domain::Ctx;
+use crate::domain::{Ctx, CtxSrc};
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::{self, Proto, INJECT_SIZE, MAX_MSG_SIZE};
 use shm_layout::{op, rts_flags, wire, MsgHdr, OVF_PAYLOAD};
@@ -280,7 +280,7 @@ impl EpState {
     /// peer, so it completes at once without a transmit record), else the
     /// general path.
     #[inline(always)]
-    pub fn submit(&mut self, ctx: &mut Ctx<'_>, r: &Request<'_>) -> Result<()> {
+    pub fn submit(&mut self, src: &mut CtxSrc<'_>, r: &Request<'_>) -> Result<()> {
         let len = r.len();
         if len > MAX_MSG_SIZE {
             return Err(Error::with(ErrorKind::MsgSize, format!("{len} bytes is over the {MAX_MSG_SIZE}-byte limit")));
@@ -303,7 +303,7 @@ impl EpState {
             let buf = unsafe { std::slice::from_raw_parts(r.one.ptr as *const u8, r.one.len) };
             let hdr =
                 MsgHdr { op: op::EAGER, flags: r.hdr_flags(), ncells: 0, len: len as u32, tag: r.tag, data: r.data };
-            if let Some(res) = self.send_inline_now(ctx, r.dest, buf, &hdr, done, inject) {
+            if let Some(res) = self.send_inline_now(src, r.dest, buf, &hdr, done, inject) {
                 return res;
             }
         }
@@ -323,7 +323,7 @@ impl EpState {
             silent: r.silent,
             err: None,
         };
-        self.post_tx(ctx, r.dest, op)
+        self.post_tx(&mut src.ctx(), r.dest, op)
     }
 
     /// The fast path of a small send (see [`EpState::submit`]). `None` when
@@ -332,20 +332,21 @@ impl EpState {
     #[inline(always)]
     fn send_inline_now(
         &mut self,
-        ctx: &mut Ctx<'_>,
+        src: &mut CtxSrc<'_>,
         dest: crate::flags::FiAddr,
         buf: &[u8],
         hdr: &MsgHdr,
         done: SendDone,
         inject: bool,
     ) -> Option<Result<()>> {
-        if !self.enabled || !self.tx.has_room(ctx.cfg.tx_size) {
+        let cfg = src.cfg();
+        if !self.enabled || !self.tx.has_room(cfg.tx_size) {
             return None;
         }
         if done.cqe && !self.bind.can_report_tx() {
             return None;
         }
-        let p = match self.peers.of(ctx.avs, dest) {
+        let p = match self.peers.of_with(|| src.avs(), dest) {
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
@@ -355,21 +356,22 @@ impl EpState {
         if peer.gone.is_some() || !peer.tx.quiet() || !peer.chan_valid() {
             return None;
         }
-        if !proto::inline_on_ring(ctx.cfg, buf.len()) {
-            let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
-            if proto::choose(ctx.cfg, done.kind, buf.len(), 1, true, cma_ok) != Proto::Inline {
+        let cfg = src.cfg();
+        if !proto::inline_on_ring(cfg, buf.len()) {
+            let cma_ok = proto::offer_cma(cfg, peer.cma_refused, inject);
+            if proto::choose(cfg, done.kind, buf.len(), 1, true, cma_ok) != Proto::Inline {
                 return None;
             }
         }
         let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
-        if !ring.try_push(hdr, &[buf]) {
+        if !ring.try_push_one(hdr, buf) {
             return None;
         }
         if let Some(db) = peer.doorbell() {
             crate::doorbell::ring(db);
         }
         self.stats.tx_inline += 1;
-        complete_send(&self.bind, ctx, done, None);
+        complete_send_ok(&self.bind, src, done);
         Some(Ok(()))
     }
 
