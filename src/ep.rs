@@ -435,6 +435,12 @@ impl Endpoint {
         with_ep!(self, |ep, ctx| ep.submit(ctx, &r))
     }
 
+    /// Runs `f` with the endpoint's state and a progress context under the
+    /// domain lock (for the one-sided calls of `crate::rma`).
+    pub(crate) fn with_state<R>(&self, f: impl FnOnce(&mut EpState, &mut Ctx<'_>) -> Result<R>) -> Result<R> {
+        with_ep!(self, |ep, ctx| f(ep, ctx))
+    }
+
     /// A one-buffer transmit call.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
