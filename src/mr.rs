@@ -812,6 +812,8 @@ impl OwnRma {
                 match cq_data.as_mut() {
                     Some(f) => {
                         f(req.ep_index, req.data, req.len);
+                        // SAFETY: as above: our mailbox's slot.
+                        unsafe { (*s).claimer.store(0, Ordering::Relaxed) };
                         // SYNC: pairs with the acquire CAS of the next claimer.
                         state.store(mbox_state::FREE, Ordering::Release);
                     }

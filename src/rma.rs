@@ -52,6 +52,34 @@ pub struct RmaIov {
     pub key: u64,
 }
 
+/// One remote segment of an atomic `*msg` call (fi_rma_ioc): `count`
+/// elements at offset `addr` of the registration of `key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmaIoc {
+    /// Offset from the start of the registration.
+    pub addr: u64,
+    /// Elements.
+    pub count: usize,
+    /// The registration's key.
+    pub key: u64,
+}
+
+/// What an atomic call asks for.
+struct AtomicArgs<'a, 'b> {
+    call: AtomicCall,
+    dt: AtomicType,
+    op: AtomicOp,
+    buf: &'a [u8],
+    compare: Option<&'a [u8]>,
+    result: Option<&'b mut [u8]>,
+    dest: FiAddr,
+    iocs: &'a [RmaIoc],
+    context: usize,
+    data: Option<u64>,
+    flags: u64,
+    silent: bool,
+}
+
 /// Flags the RMA and atomic `*msg` calls take.
 pub const RMA_FLAGS: u64 = FI_COMPLETION
     | FI_INJECT
@@ -453,7 +481,7 @@ impl Endpoint {
         key: u64,
         context: usize,
     ) -> Result<()> {
-        self.atomic_call(AtomicCall::Write, dt, op, buf, None, None, dest, addr, key, context, false)
+        self.atomic_one(AtomicCall::Write, dt, op, buf, None, None, dest, addr, key, context, false)
     }
 
     /// fi_inject_atomic: no completion entry.
@@ -466,7 +494,7 @@ impl Endpoint {
         addr: u64,
         key: u64,
     ) -> Result<()> {
-        self.atomic_call(AtomicCall::Write, dt, op, buf, None, None, dest, addr, key, 0, true)
+        self.atomic_one(AtomicCall::Write, dt, op, buf, None, None, dest, addr, key, 0, true)
     }
 
     /// fi_fetch_atomic: as `atomic`, the old values into `result` (its
@@ -483,7 +511,7 @@ impl Endpoint {
         key: u64,
         context: usize,
     ) -> Result<()> {
-        self.atomic_call(AtomicCall::Fetch, dt, op, buf, None, Some(result), dest, addr, key, context, false)
+        self.atomic_one(AtomicCall::Fetch, dt, op, buf, None, Some(result), dest, addr, key, context, false)
     }
 
     /// fi_compare_atomic: the compare family, with `compare` operands; the
@@ -501,11 +529,179 @@ impl Endpoint {
         key: u64,
         context: usize,
     ) -> Result<()> {
-        self.atomic_call(AtomicCall::Compare, dt, op, buf, Some(compare), Some(result), dest, addr, key, context, false)
+        self.atomic_one(AtomicCall::Compare, dt, op, buf, Some(compare), Some(result), dest, addr, key, context, false)
     }
 
+    fn atomic_call(&self, a: AtomicArgs<'_, '_>) -> Result<()> {
+        let AtomicArgs { call, dt, op, buf, compare, result, dest, iocs, context, data, flags, silent } = a;
+        let max = valid_count(call, dt, op)?;
+        let sz = dt.size();
+        let count: usize = iocs.iter().map(|i| i.count).sum();
+        let len = count * sz;
+        let operand_ok = buf.len() == len || op == AtomicOp::Read && buf.is_empty();
+        let result_ok = result.as_ref().is_none_or(|r| r.len() == len);
+        if count == 0 || !operand_ok || !result_ok || compare.is_some_and(|c| c.len() != len) {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                format!("atomic: buffers must hold {count} elements of {dt:?} ({len} bytes)"),
+            ));
+        }
+        if iocs.iter().any(|i| i.count > max) {
+            return Err(Error::with(ErrorKind::MsgSize, format!("atomic: at most {max} elements per remote segment")));
+        }
+        let kind = match call {
+            AtomicCall::Write => OpKind::Atomic,
+            AtomicCall::Fetch => OpKind::FetchAtomic,
+            AtomicCall::Compare => OpKind::CompareAtomic,
+        };
+        let need = match (call, op) {
+            (_, AtomicOp::Read) => Need::Read,
+            (AtomicCall::Write, _) => Need::Write,
+            _ => Need::ReadWrite,
+        };
+        self.with_rma(|ep, ctx| {
+            let cqe = Self::rma_check(ep, flags, silent)?;
+            let mut res = Ok(());
+            let mut at = 0usize;
+            let mut out = vec![0u8; len];
+            for ioc in iocs {
+                let t = self.target(ep, ctx, dest, ioc.key)?;
+                let n = ioc.count * sz;
+                let mut operands = vec![0u8; 2 * n];
+                if !buf.is_empty() {
+                    operands[..n].copy_from_slice(&buf[at..at + n]);
+                }
+                if let Some(c) = compare {
+                    operands[n..].copy_from_slice(&c[at..at + n]);
+                }
+                res = self.atomic_at(&t, dt, op, call, need, &mut operands, ioc.count, ioc.addr, ioc.key);
+                if res.is_err() {
+                    break;
+                }
+                out[at..at + n].copy_from_slice(&operands[..n]);
+                at += n;
+            }
+            if res.is_ok() {
+                if let Some(r) = result {
+                    r.copy_from_slice(&out);
+                }
+                if let Some(d) = data {
+                    let t = self.target(ep, ctx, dest, iocs[0].key)?;
+                    let req = MboxReq {
+                        op: mbox_op::CQ_DATA,
+                        ep_index: t.addr.ep_index,
+                        data: d,
+                        len: len as u64,
+                        ..Default::default()
+                    };
+                    res = mbox_call(&self.dom, &t, req, &[], &mut [], false);
+                }
+            }
+            complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent }, res.err());
+            Ok(())
+        })
+    }
+
+    /// fi_atomicmsg: `op` with the elements of `buf` on the remote
+    /// segments `rma_ioc` in order (their counts add up to `buf`'s);
+    /// `data` goes to the target's receive CQ with FI_REMOTE_CQ_DATA.
     #[allow(clippy::too_many_arguments)]
-    fn atomic_call(
+    pub fn atomicmsg(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        rma_ioc: &[RmaIoc],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
+        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
+        let (compare, result) = (None, None);
+        let call = AtomicCall::Write;
+        self.atomic_call(AtomicArgs {
+            call,
+            dt,
+            op,
+            buf,
+            compare,
+            result,
+            dest,
+            iocs: rma_ioc,
+            context,
+            data,
+            flags,
+            silent: false,
+        })
+    }
+
+    /// fi_fetch_atomicmsg: as `atomicmsg`, the old values into `result`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fetch_atomicmsg(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        result: &mut [u8],
+        rma_ioc: &[RmaIoc],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
+        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
+        self.atomic_call(AtomicArgs {
+            call: AtomicCall::Fetch,
+            dt,
+            op,
+            buf,
+            compare: None,
+            result: Some(result),
+            dest,
+            iocs: rma_ioc,
+            context,
+            data,
+            flags,
+            silent: false,
+        })
+    }
+
+    /// fi_compare_atomicmsg: the compare family on the remote segments.
+    #[allow(clippy::too_many_arguments)]
+    pub fn compare_atomicmsg(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        compare: &[u8],
+        result: &mut [u8],
+        rma_ioc: &[RmaIoc],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
+        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
+        self.atomic_call(AtomicArgs {
+            call: AtomicCall::Compare,
+            dt,
+            op,
+            buf,
+            compare: Some(compare),
+            result: Some(result),
+            dest,
+            iocs: rma_ioc,
+            context,
+            data,
+            flags,
+            silent: false,
+        })
+    }
+
+    /// The arguments of a one-segment atomic call.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic_one(
         &self,
         call: AtomicCall,
         dt: AtomicType,
@@ -519,45 +715,25 @@ impl Endpoint {
         context: usize,
         silent: bool,
     ) -> Result<()> {
-        let max = valid_count(call, dt, op)?;
-        let sz = dt.size();
         let len = result.as_ref().map_or(buf.len(), |r| r.len());
-        let count = len / sz;
-        let operand_ok = buf.len() == len || op == AtomicOp::Read && buf.is_empty();
-        if count == 0 || !len.is_multiple_of(sz) || !operand_ok || compare.is_some_and(|c| c.len() != len) {
+        if len == 0 || !len.is_multiple_of(dt.size()) {
             return Err(Error::with(ErrorKind::Inval, format!("atomic: {len} bytes is no whole number of {dt:?}")));
         }
-        if count > max {
-            return Err(Error::with(ErrorKind::MsgSize, format!("atomic: at most {max} elements")));
-        }
-        let kind = match call {
-            AtomicCall::Write => OpKind::Atomic,
-            AtomicCall::Fetch => OpKind::FetchAtomic,
-            AtomicCall::Compare => OpKind::CompareAtomic,
-        };
-        let need = match (call, op) {
-            (_, AtomicOp::Read) => Need::Read,
-            (AtomicCall::Write, _) => Need::Write,
-            _ => Need::ReadWrite,
-        };
-        self.with_rma(|ep, ctx| {
-            let cqe = Self::rma_check(ep, if silent { FI_INJECT } else { 0 }, silent)?;
-            let t = self.target(ep, ctx, dest, key)?;
-            let mut operands = vec![0u8; 2 * len];
-            if !buf.is_empty() {
-                operands[..len].copy_from_slice(buf);
-            }
-            if let Some(c) = compare {
-                operands[len..].copy_from_slice(c);
-            }
-            let res = self.atomic_at(&t, dt, op, call, need, &mut operands, count, addr, key);
-            if res.is_ok() {
-                if let Some(r) = result {
-                    r.copy_from_slice(&operands[..len]);
-                }
-            }
-            complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent }, res.err());
-            Ok(())
+        let iocs = [RmaIoc { addr, count: len / dt.size(), key }];
+        let flags = if silent { FI_INJECT } else { 0 };
+        self.atomic_call(AtomicArgs {
+            call,
+            dt,
+            op,
+            buf,
+            compare,
+            result,
+            dest,
+            iocs: &iocs,
+            context,
+            data: None,
+            flags,
+            silent,
         })
     }
 
@@ -760,6 +936,9 @@ fn mbox_call(
             // Our own mailbox is full of our own requests: serve them.
             own.expect("checked").serve(counters, None);
         }
+        if spins % 1024 == 1023 {
+            reclaim_dead(f);
+        }
         pause(&mut spins, &mut last_check)?;
     };
     // SAFETY: the slot is ours (CLAIMED) until we publish it; data holds
@@ -798,6 +977,8 @@ fn mbox_call(
         std::ptr::copy_nonoverlapping((*s).data.as_ptr(), output.as_mut_ptr(), n);
         st
     };
+    // SAFETY: as above.
+    unsafe { (*s).claimer.store(0, Ordering::Relaxed) };
     // SYNC: pairs with the acquire CAS of the next claimer.
     state.store(mbox_state::FREE, Ordering::Release);
     if status != 0 {
@@ -805,6 +986,36 @@ fn mbox_call(
         return Err(fail(k, format!("the target refused the access: {}", k.message())));
     }
     Ok(())
+}
+
+/// Frees the mailbox slots of initiators that died between claiming a
+/// slot and freeing it (else a few crashed peers would block the mailbox
+/// for good): a slot claimed, or answered and never read, whose claimer's
+/// pid no longer exists. A published request (REQ) is left to the owner,
+/// who answers it; the slot is freed at the next look.
+fn reclaim_dead(f: &RmaFile) {
+    for i in 0..shm_layout::rma::N_MBOX as usize {
+        let s = f.slot(i);
+        // SAFETY: a slot of the mapped mailbox; state and claimer are atomic.
+        let (st, who) = unsafe { (&(*s).state, (*s).claimer.load(Ordering::Relaxed)) };
+        let cur = st.load(Ordering::Acquire);
+        if (cur == mbox_state::CLAIMED || cur == mbox_state::DONE) && who != 0 && !pid_alive(who) {
+            // Claimers store their pid after claiming and 0 before freeing,
+            // so a slot just claimed (claimer still 0) is never taken here.
+            // SAFETY: as above.
+            unsafe { (*s).claimer.store(0, Ordering::Relaxed) };
+            // SYNC: pairs with the acquire CAS of the next claimer.
+            let _ = st.compare_exchange(cur, mbox_state::FREE, Ordering::Release, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether process `pid` exists (a zombie counts as gone).
+fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s.rsplit(')').next().and_then(|r| r.split_whitespace().next()) != Some("Z"),
+        Err(_) => false,
+    }
 }
 
 /// Serves our mailbox from a progress pass of the domain: requests on our

@@ -8,8 +8,8 @@
 
 mod common;
 use common::{pattern, put_file, run, run_killing, test_dir, World};
-use shmfab::atomic::{compute, load_elem, valid, ALL_OPS, ALL_TYPES};
-use shmfab::{AtomicCall, AtomicOp, AtomicType, ErrorKind, MemoryRegion, RmaIov};
+use shmfab::atomic::{load_elem, valid, ALL_OPS, ALL_TYPES};
+use shmfab::{AtomicCall, AtomicOp, AtomicType, ErrorKind, MemoryRegion, RmaIoc, RmaIov};
 use shmfab::{FI_READ, FI_REMOTE_CQ_DATA, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_RMA, FI_WRITE};
 use std::io::{IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
@@ -136,7 +136,8 @@ fn rma_every_size(w: World) {
             assert_eq!(&x[..100], &a[..]);
             assert_eq!(&x[100..], &b[..1900]);
             assert_eq!(&y[..], &b[1900..]);
-            w.ep.writemsg(&[IoSlice::new(&a), IoSlice::new(&b)], &rma, dest, 32, 0, 0).unwrap();
+            let dc = shmfab::FI_DELIVERY_COMPLETE | shmfab::FI_COMPLETION;
+            w.ep.writemsg(&[IoSlice::new(&a), IoSlice::new(&b)], &rma, dest, 32, 0, dc).unwrap();
             w.wait_ctx(32).unwrap();
             let ab = [a.clone(), b.clone()].concat();
             let mut z = vec![0u8; 3000];
@@ -274,6 +275,98 @@ fn rma_violations_cma_off() {
     run("rma_violations_cma_off", 2, &[("SHMFAB_CMA", "off")], T, violations);
 }
 
+/// The reference: fi_atomic(3)'s definitions, written apart from the
+/// library's (integers widened to i128, then cut to their width).
+fn reference(dt: AtomicType, op: AtomicOp, old: u128, a: u128, c: u128) -> u128 {
+    use AtomicOp::*;
+    use AtomicType::*;
+    let bits = 8 * dt.size() as u32;
+    let mask = if bits == 128 { u128::MAX } else { (1u128 << bits) - 1 };
+    let signed = matches!(dt, Int8 | Int16 | Int32 | Int64);
+    let wide = |v: u128| -> i128 {
+        if signed && v >> (bits - 1) & 1 == 1 {
+            (v | !mask) as i128
+        } else {
+            v as i128
+        }
+    };
+    let cut = |v: i128| (v as u128) & mask;
+    let when = |cond: bool, x: u128| if cond { x } else { old };
+    match dt {
+        Float | Double => {
+            let f = |v: u128| if bits == 32 { f32::from_bits(v as u32) as f64 } else { f64::from_bits(v as u64) };
+            let back = |v: f64| if bits == 32 { (v as f32).to_bits() as u128 } else { v.to_bits() as u128 };
+            let (o, x, k) = (f(old), f(a), f(c));
+            let t = |b: bool| back(if b { 1.0 } else { 0.0 });
+            match op {
+                Min => when(x < o, a),
+                Max => when(x > o, a),
+                Sum => back(o + x),
+                Prod => back(o * x),
+                Lor => t(o != 0.0 || x != 0.0),
+                Land => t(o != 0.0 && x != 0.0),
+                Lxor => t((o != 0.0) ^ (x != 0.0)),
+                Read => old,
+                Write => a,
+                Cswap => when(k == o, a),
+                CswapNe => when(k != o, a),
+                CswapLe => when(k <= o, a),
+                CswapLt => when(k < o, a),
+                CswapGe => when(k >= o, a),
+                CswapGt => when(k > o, a),
+                _ => unreachable!(),
+            }
+        }
+        FloatComplex | DoubleComplex => {
+            let h = bits / 2;
+            let part = |v: u128, i: u32| {
+                let w = (v >> (i * h)) & ((1u128 << h) - 1);
+                if h == 32 {
+                    f32::from_bits(w as u32) as f64
+                } else {
+                    f64::from_bits(w as u64)
+                }
+            };
+            let enc = |v: f64| if h == 32 { (v as f32).to_bits() as u128 } else { v.to_bits() as u128 };
+            let pack = |re: f64, im: f64| enc(re) | enc(im) << h;
+            let (or, oi, xr, xi) = (part(old, 0), part(old, 1), part(a, 0), part(a, 1));
+            match op {
+                Sum => pack(or + xr, oi + xi),
+                Prod => pack(or * xr - oi * xi, or * xi + oi * xr),
+                Read => old,
+                Write => a,
+                Cswap => when(c == old, a),
+                CswapNe => when(c != old, a),
+                _ => unreachable!(),
+            }
+        }
+        _ => {
+            let (o, x, k) = (wide(old), wide(a), wide(c));
+            match op {
+                Min => cut(o.min(x)),
+                Max => cut(o.max(x)),
+                Sum => cut(o.wrapping_add(x)),
+                Prod => cut(o.wrapping_mul(x)),
+                Lor => (o != 0 || x != 0) as u128,
+                Land => (o != 0 && x != 0) as u128,
+                Lxor => ((o != 0) != (x != 0)) as u128,
+                Bor => old | a,
+                Band => old & a,
+                Bxor => old ^ a,
+                Read => old,
+                Write => a,
+                Cswap => when(k == o, a),
+                CswapNe => when(k != o, a),
+                CswapLe => when(k <= o, a),
+                CswapLt => when(k < o, a),
+                CswapGe => when(k >= o, a),
+                CswapGt => when(k > o, a),
+                Mswap => (a & c) | (old & !c & mask),
+            }
+        }
+    }
+}
+
 fn elem_bytes(dt: AtomicType, v: u128) -> Vec<u8> {
     v.to_le_bytes()[..dt.size()].to_vec()
 }
@@ -318,9 +411,11 @@ fn atomics_all(w: World) {
                             continue;
                         }
                         assert!(q.unwrap() >= 1);
-                        for (init, opnd, cmp) in [(5i64, 3i64, 5i64), (-2, 7, 1), (4, 4, 9), (0, -6, 0)] {
+                        for (init, opnd, cmp) in
+                            [(5i64, 3i64, 5i64), (-2, 7, 1), (4, 4, 9), (0, -6, 0), (-128, -1, -128), (100, 3, 101)]
+                        {
                             let sz = dt.size();
-                            let off = 16 * (n % 200) as u64;
+                            let off = 32 * (n % 100) as u64;
                             n += 1;
                             let (i0, a, c) = (sample(dt, init), sample(dt, opnd), sample(dt, cmp));
                             // Two elements: the second with operands swapped.
@@ -351,7 +446,7 @@ fn atomics_all(w: World) {
                             let olds = [i0, a];
                             let ops = [a, i0];
                             for j in 0..2 {
-                                let want = compute(dt, op, olds[j], ops[j], c);
+                                let want = reference(dt, op, olds[j], ops[j], c);
                                 let got = load_elem(&now[j * sz..(j + 1) * sz]);
                                 assert_eq!(got, want, "{call:?} {op:?} {dt:?} elem {j}: {init} {opnd} {cmp}");
                                 if call != AtomicCall::Write {
@@ -583,4 +678,218 @@ fn target_dies_during_large_rma() {
 #[test]
 fn target_dies_during_large_rma_cma_off() {
     run_killing("target_dies_during_large_rma_cma_off", 2, &[("SHMFAB_CMA", "off")], T, &[1], target_dies);
+}
+
+/// A registration closed while a peer writes it in a loop: once `close`
+/// returns, the memory is never written again (the peer's writes fail
+/// with -FI_ENOKEY), and a new registration in the freed heap space is
+/// out of reach of the old key.
+fn close_while_in_use(w: World) {
+    const LEN: usize = 1 << 20;
+    if w.rank == 1 {
+        let mut heap = w.dom.alloc_shared(LEN, RW).unwrap();
+        let mut user = user_mem(&w, LEN, RW);
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        w.barrier();
+        let t0 = Instant::now();
+        while heap_bytes(&heap)[0] == 0 || user.bytes()[0] == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the writes never came");
+            w.dom.progress().unwrap();
+        }
+        heap.close().unwrap();
+        user.mr.close().unwrap();
+        user.buf.iter_mut().for_each(|x| *x = 0);
+        let fresh = w.dom.alloc_shared(LEN, RW).unwrap();
+        let t1 = Instant::now();
+        while t1.elapsed() < Duration::from_millis(300) {
+            w.dom.progress().unwrap();
+        }
+        // SAFETY: the buffer is no longer registered.
+        let ub = unsafe { std::slice::from_raw_parts(user.buf.as_ptr() as *const u8, LEN) };
+        assert!(ub.iter().all(|&b| b == 0), "user memory written after close returned");
+        assert!(heap_bytes(&fresh).iter().all(|&b| b == 0), "new heap registration written with an old key");
+        put_file("1.closed", "");
+        w.barrier();
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        w.barrier();
+        let data = vec![0xa5u8; LEN];
+        let mut failed = [false; 2];
+        let t0 = Instant::now();
+        while !test_dir().join("1.closed").exists() {
+            for (j, &key) in k.iter().enumerate() {
+                w.ep.write(&data, w.addrs[1], 0, key, 60 + j).unwrap();
+                if let Err(e) = w.wait_ctx(60 + j) {
+                    assert_eq!(e.err, ErrorKind::NoKey.errno(), "{e:?}");
+                    failed[j] = true;
+                } else {
+                    assert!(!failed[j], "a write succeeded after one failed for a closed key");
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30));
+        }
+        assert_eq!(failed, [true, true]);
+        w.barrier();
+    }
+}
+
+#[test]
+fn close_while_in_use_single_copy() {
+    run("close_while_in_use_single_copy", 2, &[], T, close_while_in_use);
+}
+
+#[test]
+fn close_while_in_use_cma_off() {
+    run("close_while_in_use_cma_off", 2, &[("SHMFAB_CMA", "off")], T, close_while_in_use);
+}
+
+/// One rank targets its own memory (loopback), by every path.
+fn loopback(w: World) {
+    let heap = w.dom.alloc_shared(4096, RW).unwrap();
+    let user = user_mem(&w, 4096, RW);
+    let me = w.addrs[0];
+    for key in [heap.key(), user.mr.key()] {
+        let d = pattern(3000, key);
+        w.ep.write(&d, me, 7, key, 1).unwrap();
+        w.wait_ctx(1).unwrap();
+        let mut b = vec![0u8; 3000];
+        w.ep.read(&mut b, me, 7, key, 2).unwrap();
+        w.wait_ctx(2).unwrap();
+        assert_eq!(b, d);
+        let mut r = [0u8; 8];
+        for i in 0..10u64 {
+            w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &2u64.to_le_bytes(), &mut r, me, 4088, key, 3)
+                .unwrap();
+            w.wait_ctx(3).unwrap();
+            assert_eq!(u64::from_le_bytes(r), 2 * i);
+        }
+    }
+    assert_eq!(&heap_bytes(&heap)[7..3007], &pattern(3000, heap.key())[..]);
+    assert_eq!(&user.bytes()[7..3007], &pattern(3000, user.mr.key())[..]);
+}
+
+#[test]
+fn loopback_rma() {
+    run("loopback_rma", 1, &[], T, loopback);
+}
+
+#[test]
+fn loopback_rma_cma_off() {
+    run("loopback_rma_cma_off", 1, &[("SHMFAB_CMA", "off")], T, loopback);
+}
+
+/// Rank 0 fills every mailbox slot of rank 1 (16 domains of its own, each
+/// waiting on a write that rank 1, asleep, does not serve yet) and dies:
+/// the slots its dead initiators held are reclaimed, and rank 2's writes
+/// through the mailbox still go through.
+#[test]
+fn mailbox_slots_of_dead_initiators_are_reclaimed() {
+    let env = [("SHMFAB_CMA", "off")];
+    run_killing("mailbox_slots_of_dead_initiators_are_reclaimed", 3, &env, T, &[0], |w| {
+        if w.rank == 1 {
+            let user = user_mem(&w, 4096, RW);
+            share(&w, "key", &[user.mr.key()], 0);
+            // Asleep (no progress) until rank 0 filled the mailbox and died.
+            let p = test_dir().join("0.filled");
+            let t0 = Instant::now();
+            while !p.exists() {
+                assert!(t0.elapsed() < Duration::from_secs(30));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            put_file("1.serving", "");
+            let t1 = Instant::now();
+            while !test_dir().join("2.done").exists() {
+                assert!(t1.elapsed() < Duration::from_secs(30), "rank 2 never got through");
+                w.dom.progress().unwrap();
+            }
+            assert_eq!(&user.bytes()[..4], &[9, 9, 9, 9]);
+        } else if w.rank == 0 {
+            let key = share(&w, "key", &[], 1)[0];
+            let b = std::fs::read(test_dir().join("1.addr")).unwrap();
+            let target = shmfab::Address::from_bytes(&b).unwrap();
+            for i in 0..17 {
+                std::thread::spawn(move || {
+                    let fabric = shmfab::Fabric::open().unwrap();
+                    let dom = fabric.domain().unwrap();
+                    let (_cq, av, ep) = common::open_endpoint(&dom);
+                    let a = av.insert(&[target]).unwrap()[0];
+                    let _ = ep.write(&[i as u8; 64], a, 0, key, 1);
+                    std::thread::sleep(Duration::from_secs(60));
+                });
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            put_file("0.filled", "");
+            // SAFETY: plain syscall; this rank is expected to die so.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        } else {
+            let key = share(&w, "key", &[], 1)[0];
+            let t0 = Instant::now();
+            while !test_dir().join("1.serving").exists() {
+                assert!(t0.elapsed() < Duration::from_secs(30));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for _ in 0..20 {
+                w.ep.write(&[9; 4], w.addrs[1], 0, key, 5).unwrap();
+                w.wait_ctx(5).unwrap();
+            }
+            put_file("2.done", "");
+        }
+    });
+}
+
+/// The atomic msg forms: several remote segments in one call, the old
+/// values of all of them, and remote CQ data.
+fn atomic_msgs(w: World) {
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(4096, RW).unwrap();
+        let user = user_mem(&w, 4096, RW);
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        w.barrier();
+        for _ in 0..2 {
+            let e = w.next().unwrap();
+            assert_eq!((e.flags & FI_REMOTE_CQ_DATA, e.data), (FI_REMOTE_CQ_DATA, 77));
+        }
+        for b in [heap_bytes(&heap), user.bytes()] {
+            let word = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+            assert_eq!((word(0), word(4), word(64)), (0xff, 12, 40));
+        }
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let dest = w.addrs[1];
+        let le = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        for &key in &k {
+            let iocs = [RmaIoc { addr: 0, count: 2, key }, RmaIoc { addr: 64, count: 1, key }];
+            w.ep.atomicmsg(AtomicType::Uint32, AtomicOp::Sum, &le(&[10, 11, 12]), &iocs, dest, 1, 0, 0).unwrap();
+            w.wait_ctx(1).unwrap();
+            let mut r = vec![0u8; 12];
+            w.ep.fetch_atomicmsg(AtomicType::Uint32, AtomicOp::Sum, &le(&[1, 1, 28]), &mut r, &iocs, dest, 2, 0, 0)
+                .unwrap();
+            w.wait_ctx(2).unwrap();
+            assert_eq!(r, le(&[10, 11, 12]));
+            let iocs1 = [RmaIoc { addr: 0, count: 1, key }];
+            w.ep.compare_atomicmsg(
+                AtomicType::Uint32,
+                AtomicOp::Cswap,
+                &le(&[0xff]),
+                &le(&[11]),
+                &mut r[..4],
+                &iocs1,
+                dest,
+                3,
+                77,
+                FI_REMOTE_CQ_DATA,
+            )
+            .unwrap();
+            w.wait_ctx(3).unwrap();
+            assert_eq!(&r[..4], &le(&[11])[..]);
+        }
+        w.barrier();
+    }
+    w.barrier();
+}
+
+#[test]
+fn atomic_msg_forms() {
+    run("atomic_msg_forms", 2, &[], T, atomic_msgs);
 }
