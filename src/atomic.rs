@@ -374,13 +374,28 @@ pub unsafe fn apply(dt: AtomicType, op: AtomicOp, p: *mut u8, a: u128, c: u128, 
         }
         _ => {
             let me = std::process::id().max(1);
-            let mut spins = 0u32;
-            while lock.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed).is_err() {
-                spins += 1;
-                if spins > 64 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
+            let mut spins = 0u64;
+            loop {
+                match lock.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(holder) => {
+                        spins += 1;
+                        // A holder that died in its read-modify-write
+                        // never releases: take the lock over (its element
+                        // may hold a torn value).
+                        if spins.is_multiple_of(1 << 16)
+                            && holder != 0
+                            && !pid_alive(holder)
+                            && lock.compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                        {
+                            break;
+                        }
+                        if spins > 64 {
+                            std::thread::yield_now();
+                        } else {
+                            std::hint::spin_loop();
+                        }
+                    }
                 }
             }
             // SAFETY: per the contract; the lock serialises every 16-byte
@@ -396,6 +411,14 @@ pub unsafe fn apply(dt: AtomicType, op: AtomicOp, p: *mut u8, a: u128, c: u128, 
             lock.store(0, Ordering::Release);
             old
         }
+    }
+}
+
+/// Whether process `pid` exists (a zombie counts as gone).
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s.rsplit(')').next().and_then(|r| r.split_whitespace().next()) != Some("Z"),
+        Err(_) => false,
     }
 }
 
@@ -436,6 +459,25 @@ mod tests {
         let c = |r: f32, i: f32| r.to_bits() as u128 | (i.to_bits() as u128) << 32;
         assert_eq!(compute(FloatComplex, Prod, c(1.0, 2.0), c(3.0, 4.0), 0), c(-5.0, 10.0));
         assert_eq!(compute(FloatComplex, Cswap, c(1.0, 2.0), c(3.0, 4.0), c(1.0, 2.0)), c(3.0, 4.0));
+    }
+
+    /// A 16-byte atomic whose lock is held by a process that died takes
+    /// the lock over instead of spinning for ever.
+    #[test]
+    fn lock_of_a_dead_holder_is_taken_over() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let lock = AtomicU32::new(dead);
+        let mut word = [0u64; 2];
+        let t0 = std::time::Instant::now();
+        let one = 1f64.to_bits() as u128;
+        // SAFETY: a live, aligned, private 16-byte element.
+        let old = unsafe { apply(AtomicType::DoubleComplex, AtomicOp::Sum, word.as_mut_ptr().cast(), one, 0, &lock) };
+        assert_eq!(old, 0);
+        assert_eq!(f64::from_bits(word[0]), 1.0);
+        assert_eq!(lock.load(Ordering::Relaxed), 0);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
     }
 
     #[test]

@@ -389,6 +389,10 @@ struct OwnSt {
     used: Vec<bool>,
     /// Free heap ranges (offset, length), sorted by offset.
     free: Vec<(u64, u64)>,
+    /// Our own copy of each open registration (tag, what it says): the
+    /// mailbox serves requests from it, never from the shared table,
+    /// which peers can write.
+    views: Vec<Option<(u32, MrView)>>,
 }
 
 impl OwnSt {
@@ -441,7 +445,7 @@ impl RmaDomain {
         let free = vec![(0, file.heap_len as u64)];
         let o = OwnRma {
             file: Arc::new(file),
-            st: Mutex::new(OwnSt { used: vec![false; N_MR as usize], free }),
+            st: Mutex::new(OwnSt { used: vec![false; N_MR as usize], free, views: vec![None; N_MR as usize] }),
             served: AtomicU64::new(0),
         };
         // Another thread may have made one meanwhile: keep the first.
@@ -637,6 +641,7 @@ fn register(
         std::ptr::addr_of_mut!((*p).cntr_rr).write_volatile(0);
         std::ptr::addr_of_mut!((*p).seg).write_volatile(seg);
     }
+    st.views[slot] = Some((tag, MrView { kind, access, len, nseg, cntr_rw: 0, cntr_rr: 0, seg }));
     // SYNC: publishes the fields to the acquire CAS in RmaFile::pin.
     e.ctl.store((tag as u64) << 32 | 1, Ordering::Release);
     Ok(Key { fd: own.file.fd(), slot, tag }.encode())
@@ -694,8 +699,16 @@ impl MemoryRegion {
             return Err(Error::with(ErrorKind::BadFlags, "bind flags must be FI_REMOTE_READ and/or FI_REMOTE_WRITE"));
         }
         let own = self.dom.rma.own(&self.dom)?;
-        let _st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
+        let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
         let k = Key::decode(self.key);
+        if let Some((_, v)) = st.views[k.slot].as_mut() {
+            if flags & FI_REMOTE_WRITE != 0 {
+                v.cntr_rw = c.id as u32 + 1;
+            }
+            if flags & FI_REMOTE_READ != 0 {
+                v.cntr_rr = c.id as u32 + 1;
+            }
+        }
         let e = own.file.entry(k.slot);
         let tag = drain(e);
         let p = e as *const MrEntry as *mut MrEntry;
@@ -728,6 +741,7 @@ impl MemoryRegion {
         e.ctl.store(0, Ordering::Release);
         let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
         st.used[k.slot] = false;
+        st.views[k.slot] = None;
         if let Some((off, len)) = self.heap {
             st.release(off, len);
         }
@@ -821,7 +835,7 @@ impl OwnRma {
                 }
                 continue;
             }
-            let st = serve_one(f, s, &req, counters);
+            let st = serve_one(self, s, &req, counters);
             finish(s, st);
         }
         if all {
@@ -840,12 +854,14 @@ fn finish(s: *mut MboxSlot, status: u32) {
 }
 
 /// Serves one checked request on our memory; returns 0 or an errno.
-fn serve_one(f: &RmaFile, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layout::Counter]) -> u32 {
+fn serve_one(own: &OwnRma, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layout::Counter]) -> u32 {
+    let f = &*own.file;
     use crate::atomic::{apply, load_elem, store_elem, AtomicOp, AtomicType};
     let key = Key::decode(req.key);
     let (need, len) = match req.op {
         mbox_op::WRITE => (Need::Write, req.len),
         mbox_op::READ => (Need::Read, req.len),
+        _ if req.aop == crate::atomic::AtomicOp::Read as u8 => (Need::Read, req.len),
         _ if req.fetch != 0 => (Need::ReadWrite, req.len),
         _ => (Need::Write, req.len),
     };
@@ -853,7 +869,18 @@ fn serve_one(f: &RmaFile, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layou
         Ok(p) => p,
         Err((k, _)) => return k.errno().unsigned_abs(),
     };
-    let v = pin.view;
+    // The pin keeps a close out until we are done; what the registration
+    // says comes from our own copy (the shared entry is peers' to write).
+    let v = match own.st.lock().ok().and_then(|st| st.views[key.slot]) {
+        Some((tag, v)) if tag == key.tag => v,
+        _ => return ErrorKind::NoKey.errno().unsigned_abs(),
+    };
+    if v.access & need.bits() != need.bits() {
+        return ErrorKind::Perm.errno().unsigned_abs();
+    }
+    if req.off.checked_add(len).is_none_or(|end| end > v.len) {
+        return ErrorKind::Inval.errno().unsigned_abs();
+    }
     // SAFETY: the slot's data area, ours, while the initiator waits.
     let data = unsafe { &mut (*s).data };
     let at = |a: u64| -> *mut u8 {
@@ -883,6 +910,7 @@ fn serve_one(f: &RmaFile, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layou
             if req.count == 1 {
                 count_local(counters, if req.op == mbox_op::WRITE { v.cntr_rw } else { v.cntr_rr });
             }
+            drop(pin);
             0
         }
         _ => {
@@ -919,6 +947,7 @@ fn serve_one(f: &RmaFile, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layou
             if req.fetch != 0 {
                 count_local(counters, v.cntr_rr);
             }
+            drop(pin);
             0
         }
     }
@@ -928,6 +957,39 @@ fn serve_one(f: &RmaFile, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layou
 mod tests {
     use super::*;
 
+    /// A peer that rewrites our shared registration entry (here: grants
+    /// itself the write right) gains nothing: the mailbox serves from our
+    /// own copy.
+    #[test]
+    fn mailbox_ignores_forged_entries() {
+        let fabric = crate::Fabric::open().unwrap();
+        let dom = fabric.domain().unwrap();
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: buf outlives the registration (closed below).
+        let mut mr = unsafe { dom.mr_reg(buf.as_mut_ptr(), 4096, FI_REMOTE_READ).unwrap() };
+        let own = dom.inner.rma.own_if_any().unwrap();
+        let k = Key::decode(mr.key());
+        let e = own.file.entry(k.slot) as *const MrEntry as *mut MrEntry;
+        let s = own.file.slot(0);
+        // SAFETY: our own mapping; we play the peer that writes it.
+        unsafe {
+            std::ptr::addr_of_mut!((*e).access).write_volatile(mr_access::REMOTE_READ | mr_access::REMOTE_WRITE);
+            (*s).state.store(mbox_state::CLAIMED, Ordering::Relaxed);
+            let req = MboxReq { op: mbox_op::WRITE, key: mr.key(), len: 16, count: 1, ..Default::default() };
+            std::ptr::addr_of_mut!((*s).req).write_volatile(req);
+            (&mut (*s).data)[..16].fill(0xff);
+            (*s).state.store(mbox_state::REQ, Ordering::Release);
+        }
+        own.file.requests().fetch_add(1, Ordering::Release);
+        own.serve(dom.inner.counters(), None);
+        // SAFETY: as above.
+        let (state, status) = unsafe { ((*s).state.load(Ordering::Acquire), (*s).req.status) };
+        assert_eq!(state, mbox_state::DONE);
+        assert_eq!(status, libc::EPERM as u32);
+        assert!(buf.iter().all(|&b| b == 0), "the forged right let a write through");
+        mr.close().unwrap();
+    }
+
     #[test]
     fn keys_round_trip() {
         let k = Key { fd: 0xbeef, slot: 1023, tag: 0xdead_beef };
@@ -936,7 +998,7 @@ mod tests {
 
     #[test]
     fn heap_allocator_merges() {
-        let mut st = OwnSt { used: vec![], free: vec![(0, 16 * 4096)] };
+        let mut st = OwnSt { used: vec![], free: vec![(0, 16 * 4096)], views: vec![] };
         let a = st.alloc(1).unwrap();
         let b = st.alloc(5000).unwrap();
         let c = st.alloc(4096).unwrap();

@@ -999,7 +999,7 @@ fn reclaim_dead(f: &RmaFile) {
         // SAFETY: a slot of the mapped mailbox; state and claimer are atomic.
         let (st, who) = unsafe { (&(*s).state, (*s).claimer.load(Ordering::Relaxed)) };
         let cur = st.load(Ordering::Acquire);
-        if (cur == mbox_state::CLAIMED || cur == mbox_state::DONE) && who != 0 && !pid_alive(who) {
+        if (cur == mbox_state::CLAIMED || cur == mbox_state::DONE) && who != 0 && !atomic::pid_alive(who) {
             // Claimers store their pid after claiming and 0 before freeing,
             // so a slot just claimed (claimer still 0) is never taken here.
             // SAFETY: as above.
@@ -1007,14 +1007,6 @@ fn reclaim_dead(f: &RmaFile) {
             // SYNC: pairs with the acquire CAS of the next claimer.
             let _ = st.compare_exchange(cur, mbox_state::FREE, Ordering::Release, Ordering::Relaxed);
         }
-    }
-}
-
-/// Whether process `pid` exists (a zombie counts as gone).
-fn pid_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s.rsplit(')').next().and_then(|r| r.split_whitespace().next()) != Some("Z"),
-        Err(_) => false,
     }
 }
 
