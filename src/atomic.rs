@@ -373,7 +373,7 @@ pub unsafe fn apply(dt: AtomicType, op: AtomicOp, p: *mut u8, a: u128, c: u128, 
             }
         }
         _ => {
-            let me = std::process::id().max(1);
+            let me = my_pid();
             let mut spins = 0u64;
             loop {
                 match lock.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
@@ -411,6 +411,19 @@ pub unsafe fn apply(dt: AtomicType, op: AtomicOp, p: *mut u8, a: u128, c: u128, 
             lock.store(0, Ordering::Release);
             old
         }
+    }
+}
+
+/// This process's pid, read once (getpid is a system call).
+pub(crate) fn my_pid() -> u32 {
+    static PID: AtomicU32 = AtomicU32::new(0);
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let p = std::process::id().max(1);
+            PID.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
     }
 }
 

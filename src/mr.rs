@@ -464,8 +464,7 @@ impl RmaDomain {
         if addr.fd == shm_layout::Address::NAMED {
             return Err(Error::with(ErrorKind::OpNotSupp, "RMA needs anonymous regions (SHMFAB_REGIONS=named is set)"));
         }
-        let h = dom.region.header();
-        if addr.pid == std::process::id() && addr.token == h.token && addr.job == h.job {
+        if crate::region::RegionId::of(addr) == dom.region.id() {
             if let Some(o) = self.own.get() {
                 if o.file.fd() == key.fd {
                     return Ok(o.file.clone());

@@ -131,8 +131,7 @@ impl Endpoint {
             .lookup(dest)
             .ok_or_else(|| Error::with(ErrorKind::NoEnt, format!("fi_addr {dest} is not in the address vector")))?;
         let dom = &self.dom;
-        let h = dom.region.header();
-        let own = addr.pid == std::process::id() && addr.token == h.token && addr.job == h.job;
+        let own = RegionId::of(&addr) == dom.region.id();
         let region = if own || addr.fd == Address::NAMED {
             None
         } else {
@@ -893,7 +892,7 @@ fn mbox_call(
     let r = t.region(dom);
     let own: Option<&OwnRma> = dom.rma.own_if_any();
     let counters = dom.counters();
-    let me = std::process::id();
+    let me = atomic::my_pid();
     let mut last_check = Instant::now();
     let mut spins = 0u32;
     let pause = |spins: &mut u32, last: &mut Instant| -> std::result::Result<(), Fail> {
@@ -908,7 +907,7 @@ fn mbox_call(
         } else {
             std::hint::spin_loop();
         }
-        if last.elapsed() >= dom.cfg.peer_check {
+        if spins.is_multiple_of(256) && last.elapsed() >= dom.cfg.peer_check {
             *last = Instant::now();
             if !r.alive() {
                 return Err(fail(ErrorKind::Io, "the target process is gone"));
