@@ -393,6 +393,8 @@ struct OwnSt {
     /// mailbox serves requests from it, never from the shared table,
     /// which peers can write.
     views: Vec<Option<(u32, MrView)>>,
+    /// Our own copy of the endpoint counters the header publishes.
+    ep_cntr: Vec<[u32; 2]>,
 }
 
 impl OwnSt {
@@ -445,7 +447,12 @@ impl RmaDomain {
         let free = vec![(0, file.heap_len as u64)];
         let o = OwnRma {
             file: Arc::new(file),
-            st: Mutex::new(OwnSt { used: vec![false; N_MR as usize], free, views: vec![None; N_MR as usize] }),
+            st: Mutex::new(OwnSt {
+                used: vec![false; N_MR as usize],
+                free,
+                views: vec![None; N_MR as usize],
+                ep_cntr: vec![[0; 2]; MAX_EP_CNTR],
+            }),
             served: AtomicU64::new(0),
         };
         // Another thread may have made one meanwhile: keep the first.
@@ -754,6 +761,33 @@ impl Drop for MemoryRegion {
     }
 }
 
+/// Publishes the remote-event counters endpoint section `idx` has bound
+/// (FI_REMOTE_WRITE, FI_REMOTE_READ; None clears): called when the
+/// endpoint is enabled and when it closes. Makes the RMA file only when a
+/// counter is bound.
+pub(crate) fn publish_ep(dom: &DomainInner, idx: usize, rw: Option<usize>, rr: Option<usize>) {
+    if idx >= MAX_EP_CNTR || (rw.is_none() && rr.is_none() && dom.rma.own_if_any().is_none()) {
+        return;
+    }
+    let Ok(own) = dom.rma.own(dom) else { return };
+    let v = [rw.map_or(0, |c| c as u32 + 1), rr.map_or(0, |c| c as u32 + 1)];
+    if let Ok(mut st) = own.st.lock() {
+        st.ep_cntr[idx] = v;
+    }
+    for (w, x) in own.file.header().ep_cntr[idx].iter().zip(v) {
+        // SYNC: pairs with the acquire load in ep_counter.
+        w.store(x, Ordering::Release);
+    }
+}
+
+impl RmaFile {
+    /// The remote counter (index + 1, 0: none) endpoint section `ep`
+    /// publishes for writes (`which` 0) or reads (1).
+    pub fn ep_counter(&self, ep: u32, which: usize) -> u32 {
+        self.header().ep_cntr.get(ep as usize).map_or(0, |c| c[which].load(Ordering::Acquire))
+    }
+}
+
 /// The RMA-file side of a remote counter: counts one event on counter
 /// `idx1 - 1` of the domain region `r` (0: none bound) and rings its
 /// doorbell.
@@ -843,6 +877,15 @@ impl OwnRma {
     }
 }
 
+/// Counts on the remote counter our endpoint `ep` bound (our private
+/// copy), unless it is `mr_cntr`, the registration's (counted once).
+fn count_ep_local(own: &OwnRma, counters: &[shm_layout::Counter], ep: u32, which: usize, mr_cntr: u32) {
+    let c = own.st.lock().ok().and_then(|st| st.ep_cntr.get(ep as usize).map(|c| c[which])).unwrap_or(0);
+    if c != mr_cntr {
+        count_local(counters, c);
+    }
+}
+
 fn finish(s: *mut MboxSlot, status: u32) {
     // SAFETY: a slot of our mailbox in state REQ: the initiator waits for DONE.
     unsafe {
@@ -907,7 +950,9 @@ fn serve_one(own: &OwnRma, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layo
                 done += n as usize;
             }
             if req.count == 1 {
-                count_local(counters, if req.op == mbox_op::WRITE { v.cntr_rw } else { v.cntr_rr });
+                let which = (req.op == mbox_op::READ) as usize;
+                count_local(counters, if which == 0 { v.cntr_rw } else { v.cntr_rr });
+                count_ep_local(own, counters, req.ep_index, which, if which == 0 { v.cntr_rw } else { v.cntr_rr });
             }
             drop(pin);
             0
@@ -942,9 +987,11 @@ fn serve_one(own: &OwnRma, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layo
             }
             if op != AtomicOp::Read {
                 count_local(counters, v.cntr_rw);
+                count_ep_local(own, counters, req.ep_index, 0, v.cntr_rw);
             }
             if req.fetch != 0 {
                 count_local(counters, v.cntr_rr);
+                count_ep_local(own, counters, req.ep_index, 1, v.cntr_rr);
             }
             drop(pin);
             0
@@ -997,7 +1044,7 @@ mod tests {
 
     #[test]
     fn heap_allocator_merges() {
-        let mut st = OwnSt { used: vec![], free: vec![(0, 16 * 4096)], views: vec![] };
+        let mut st = OwnSt { used: vec![], free: vec![(0, 16 * 4096)], views: vec![], ep_cntr: vec![] };
         let a = st.alloc(1).unwrap();
         let b = st.alloc(5000).unwrap();
         let c = st.alloc(4096).unwrap();

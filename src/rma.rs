@@ -14,8 +14,9 @@
 //! | the same, single copy off or refused | the target's progress engine, in mailbox-sized pieces | as above |
 //!
 //! The target's remote-event counters (bound to the registration with
-//! [`crate::MemoryRegion::bind_counter`]) count each operation once its
-//! data has landed: the initiator counts them on the heap and single-copy
+//! [`crate::MemoryRegion::bind_counter`], or to the target endpoint with
+//! FI_REMOTE_WRITE / FI_REMOTE_READ) count each operation once its data
+//! has landed: the initiator counts them on the heap and single-copy
 //! paths (the counters live in the target's shared region), the target on
 //! the mailbox path. Errors of the access (key, range, rights, a target
 //! that died) complete the operation with an error entry; the target's
@@ -247,6 +248,7 @@ impl Endpoint {
                 let n = (r.len - at).min(MBOX_DATA);
                 let req = MboxReq {
                     op: mbox_op::WRITE,
+                    ep_index: t.addr.ep_index,
                     key: r.key,
                     off: r.addr + at as u64,
                     len: n as u64,
@@ -258,7 +260,7 @@ impl Endpoint {
             }
             return Ok(());
         }
-        count_remote(t.region(&self.dom), view.cntr_rw);
+        count_landed(&self.dom, t, view.cntr_rw, 0);
         Ok(())
     }
 
@@ -286,6 +288,7 @@ impl Endpoint {
                 let n = (r.len - at).min(MBOX_DATA);
                 let req = MboxReq {
                     op: mbox_op::READ,
+                    ep_index: t.addr.ep_index,
                     key: r.key,
                     off: r.addr + at as u64,
                     len: n as u64,
@@ -298,7 +301,7 @@ impl Endpoint {
             scatter(&dst, &buf);
             return Ok(());
         }
-        count_remote(t.region(&self.dom), view.cntr_rr);
+        count_landed(&self.dom, t, view.cntr_rr, 1);
         Ok(())
     }
 
@@ -759,6 +762,7 @@ impl Endpoint {
             drop(pin);
             let req = MboxReq {
                 op: mbox_op::ATOMIC,
+                ep_index: t.addr.ep_index,
                 dtype: dt as u8,
                 aop: op as u8,
                 fetch: (call != AtomicCall::Write) as u8,
@@ -786,12 +790,11 @@ impl Endpoint {
             let old = unsafe { atomic::apply(dt, op, base.add(i * sz), a, c, t.file.lock(off + (i * sz) as u64)) };
             atomic::store_elem(&mut io[i * sz..(i + 1) * sz], old);
         }
-        let r = t.region(&self.dom);
         if op != AtomicOp::Read {
-            count_remote(r, view.cntr_rw);
+            count_landed(&self.dom, t, view.cntr_rw, 0);
         }
         if call != AtomicCall::Write {
-            count_remote(r, view.cntr_rr);
+            count_landed(&self.dom, t, view.cntr_rr, 1);
         }
         Ok(())
     }
@@ -803,6 +806,19 @@ fn valid_count(call: AtomicCall, dt: AtomicType, op: AtomicOp) -> Result<usize> 
         Ok(MBOX_DATA / 2 / dt.size())
     } else {
         Err(Error::with(ErrorKind::OpNotSupp, format!("{op:?} on {dt:?} is not supported by this call")))
+    }
+}
+
+/// Counts one operation that landed in the target's memory: on the
+/// counter bound to the registration (`mr_cntr`, index + 1) and on the one
+/// the target endpoint bound for remote writes (`which` 0) or reads (1),
+/// once if they are the same.
+fn count_landed(dom: &DomainInner, t: &Target, mr_cntr: u32, which: usize) {
+    let r = t.region(dom);
+    count_remote(r, mr_cntr);
+    let ep = t.file.ep_counter(t.addr.ep_index, which);
+    if ep != mr_cntr {
+        count_remote(r, ep);
     }
 }
 

@@ -893,3 +893,68 @@ fn atomic_msgs(w: World) {
 fn atomic_msg_forms() {
     run("atomic_msg_forms", 2, &[], T, atomic_msgs);
 }
+
+/// Counters bound to the target endpoint with FI_REMOTE_WRITE and
+/// FI_REMOTE_READ count what landed through its address, in any
+/// registration; a counter bound both to the endpoint and to the
+/// registration counts each operation once.
+fn endpoint_counters(w: World) {
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(8192, RW).unwrap();
+        let user = user_mem(&w, 8192, RW);
+        let (cw, cr) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        heap.bind_counter(&cw, FI_REMOTE_WRITE).unwrap();
+        let (cq, av, ep) =
+            (w.dom.cq_open(&shmfab::CqAttr::default()).unwrap(), w.dom.av_open().unwrap(), w.dom.endpoint().unwrap());
+        ep.bind_cq(&cq, shmfab::FI_TRANSMIT | shmfab::FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.bind_cntr(&cw, FI_REMOTE_WRITE).unwrap();
+        ep.bind_cntr(&cr, FI_REMOTE_READ).unwrap();
+        ep.enable().unwrap();
+        put_file("1.ep2", &ep.getname().to_bytes().iter().map(|b| b.to_string()).collect::<Vec<_>>().join(" "));
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        w.barrier();
+        let t0 = Instant::now();
+        let now = || (cw.read().unwrap(), cr.read().unwrap());
+        while now() != (12, 6) {
+            w.dom.progress().unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(20), "counters {:?}", now());
+        }
+        w.barrier();
+        assert_eq!(now(), (12, 6));
+        ep.close().unwrap();
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let s = std::fs::read_to_string(test_dir().join("1.ep2")).unwrap();
+        let b: Vec<u8> = s.split_whitespace().map(|v| v.parse().unwrap()).collect();
+        let dest = w.av.insert(&[shmfab::Address::from_bytes(&b).unwrap()]).unwrap()[0];
+        for &key in &k {
+            for _ in 0..4 {
+                w.ep.write(&[1; 64], dest, 0, key, 1).unwrap();
+                w.wait_ctx(1).unwrap();
+            }
+            for _ in 0..2 {
+                let mut b = [0u8; 64];
+                w.ep.read(&mut b, dest, 0, key, 2).unwrap();
+                w.wait_ctx(2).unwrap();
+            }
+            w.ep.atomic(AtomicType::Uint64, AtomicOp::Sum, &[1; 8], dest, 64, key, 3).unwrap();
+            w.wait_ctx(3).unwrap();
+            let mut r = [0u8; 8];
+            w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &[1; 8], &mut r, dest, 64, key, 3).unwrap();
+            w.wait_ctx(3).unwrap();
+        }
+        w.barrier();
+        w.barrier();
+    }
+}
+
+#[test]
+fn endpoint_remote_counters() {
+    run("endpoint_remote_counters", 2, &[], T, endpoint_counters);
+}
+
+#[test]
+fn endpoint_remote_counters_cma_off() {
+    run("endpoint_remote_counters_cma_off", 2, &[("SHMFAB_CMA", "off")], T, endpoint_counters);
+}

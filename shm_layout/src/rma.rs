@@ -61,7 +61,14 @@ pub struct RmaHeader {
     /// each (release), the owner's progress compares it with what it
     /// served (one load per pass).
     pub requests: AtomicU64,
+    /// Per endpoint section: the counters bound to the endpoint with
+    /// FI_REMOTE_WRITE (`[0]`) and FI_REMOTE_READ (`[1]`), index + 1 (0:
+    /// none); published when the endpoint is enabled, cleared on close.
+    pub ep_cntr: [[AtomicU32; 2]; MAX_EP_CNTR],
 }
+
+/// Endpoint sections whose remote counters the header publishes.
+pub const MAX_EP_CNTR: usize = 256;
 
 /// Kinds of registration.
 pub mod mr_kind {
