@@ -800,6 +800,24 @@ impl Endpoint {
     }
 }
 
+/// What fi_query_atomic reports of a datatype and operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtomicAttr {
+    /// Bytes of one element.
+    pub size: usize,
+    /// Most elements per remote segment of one call.
+    pub count: usize,
+}
+
+impl crate::Domain {
+    /// fi_query_atomic: whether `call` takes `op` on `dt` in this domain
+    /// (the table every valid-op query answers from), and its limits;
+    /// `-FI_EOPNOTSUPP` otherwise.
+    pub fn query_atomic(&self, dt: AtomicType, op: AtomicOp, call: AtomicCall) -> Result<AtomicAttr> {
+        Ok(AtomicAttr { size: dt.size(), count: valid_count(call, dt, op)? })
+    }
+}
+
 /// The most elements one call takes, or OpNotSupp.
 fn valid_count(call: AtomicCall, dt: AtomicType, op: AtomicOp) -> Result<usize> {
     if atomic::valid(call, dt, op) {

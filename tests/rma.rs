@@ -406,11 +406,25 @@ fn atomics_all(w: World) {
                             AtomicCall::Fetch => w.ep.fetch_atomic_valid(dt, op),
                             AtomicCall::Compare => w.ep.compare_atomic_valid(dt, op),
                         };
+                        let d = w.dom.query_atomic(dt, op, call);
                         if !valid(call, dt, op) {
                             assert_eq!(q.unwrap_err().kind(), ErrorKind::OpNotSupp, "{call:?} {op:?} {dt:?}");
+                            assert_eq!(d.unwrap_err().kind(), ErrorKind::OpNotSupp, "{call:?} {op:?} {dt:?}");
+                            // And the call itself refuses it.
+                            let (one, mut res) = (vec![0u8; dt.size()], vec![0u8; dt.size()]);
+                            let r = match call {
+                                AtomicCall::Write => w.ep.atomic(dt, op, &one, dest, 0, key, 9),
+                                AtomicCall::Fetch => w.ep.fetch_atomic(dt, op, &one, &mut res, dest, 0, key, 9),
+                                AtomicCall::Compare => {
+                                    w.ep.compare_atomic(dt, op, &one, &one, &mut res, dest, 0, key, 9)
+                                }
+                            };
+                            assert_eq!(r.unwrap_err().kind(), ErrorKind::OpNotSupp, "{call:?} {op:?} {dt:?}");
                             continue;
                         }
-                        assert!(q.unwrap() >= 1);
+                        let q = q.unwrap();
+                        assert!(q >= 1);
+                        assert_eq!(d.unwrap(), shmfab::AtomicAttr { size: dt.size(), count: q });
                         for (init, opnd, cmp) in
                             [(5i64, 3i64, 5i64), (-2, 7, 1), (4, 4, 9), (0, -6, 0), (-128, -1, -128), (100, 3, 101)]
                         {
