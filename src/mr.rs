@@ -335,10 +335,10 @@ impl RmaFile {
 
 /// `[off, off + len)` of a registration's segments as (address, length)
 /// ranges (heap: offsets in the heap). The range was checked by `pin`.
-pub(crate) fn ranges(v: &MrView, off: u64, len: u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
+pub(crate) fn ranges(v: &MrView, off: u64, len: u64) -> Ranges {
+    let mut out = Ranges { v: [(0, 0); MR_SEGS], n: 0 };
     let (mut skip, mut left) = (off, len);
-    for s in &v.seg[..v.nseg] {
+    for s in &v.seg[..v.nseg.min(MR_SEGS)] {
         if left == 0 {
             break;
         }
@@ -347,11 +347,25 @@ pub(crate) fn ranges(v: &MrView, off: u64, len: u64) -> Vec<(u64, u64)> {
             continue;
         }
         let n = (s[1] - skip).min(left);
-        out.push((s[0] + skip, n));
+        out.v[out.n] = (s[0] + skip, n);
+        out.n += 1;
         left -= n;
         skip = 0;
     }
     out
+}
+
+/// At most [`MR_SEGS`] (address, length) ranges, without allocating.
+pub(crate) struct Ranges {
+    v: [(u64, u64); MR_SEGS],
+    n: usize,
+}
+
+impl std::ops::Deref for Ranges {
+    type Target = [(u64, u64)];
+    fn deref(&self) -> &[(u64, u64)] {
+        &self.v[..self.n]
+    }
 }
 
 /// A domain's RMA state: its own file (made on first use) and the files of
@@ -360,6 +374,9 @@ pub(crate) fn ranges(v: &MrView, off: u64, len: u64) -> Vec<(u64, u64)> {
 pub(crate) struct RmaDomain {
     own: OnceLock<OwnRma>,
     peers: Mutex<HashMap<(u32, u32, u32), Arc<RmaFile>>>,
+    /// The last target an endpoint reached: (endpoint index, key's file
+    /// descriptor, target), checked against the AV's address on use.
+    pub tcache: Mutex<Option<(usize, u32, crate::rma::Target)>>,
     /// Operations this domain started, by path (see [`RmaStats`]).
     pub heap_ops: AtomicU64,
     pub cma_ops: AtomicU64,
@@ -935,7 +952,7 @@ fn serve_one(own: &OwnRma, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layo
     match req.op {
         mbox_op::WRITE | mbox_op::READ => {
             let mut done = 0usize;
-            for (a, n) in ranges(&v, req.off, req.len) {
+            for &(a, n) in ranges(&v, req.off, req.len).iter() {
                 let p = at(a);
                 // SAFETY: inside a registration pinned for this access
                 // (our memory: the caller's or the heap); data holds len

@@ -95,7 +95,8 @@ pub const RMA_INJECT_SIZE: usize = crate::proto::INJECT_SIZE;
 
 /// The target of an operation: its address, its region (None: our own
 /// domain) and the RMA file its key names.
-struct Target {
+#[derive(Clone)]
+pub(crate) struct Target {
     addr: Address,
     region: Option<Arc<Region>>,
     file: Arc<RmaFile>,
@@ -125,13 +126,32 @@ impl Endpoint {
         self.with_state(f)
     }
 
-    fn target(&self, ep: &EpState, ctx: &mut Ctx<'_>, dest: FiAddr, key: u64) -> std::result::Result<Target, Error> {
+    /// The target of `dest` for `key`: Err (the call fails) for an
+    /// fi_addr the AV does not hold; Ok(Err) (an error completion) when
+    /// the target cannot be reached by that key (a key naming no RMA file
+    /// of that domain, a domain that is gone). The last target is cached
+    /// (checked against the AV's current address for `dest`).
+    fn target(
+        &self,
+        ep: &EpState,
+        ctx: &mut Ctx<'_>,
+        dest: FiAddr,
+        key: u64,
+    ) -> Result<std::result::Result<Target, Fail>> {
         let av =
             ep.peers.av().and_then(|a| ctx.avs.get(a)).ok_or_else(|| Error::with(ErrorKind::NoEnt, "no AV bound"))?;
         let addr = av
             .lookup(dest)
             .ok_or_else(|| Error::with(ErrorKind::NoEnt, format!("fi_addr {dest} is not in the address vector")))?;
         let dom = &self.dom;
+        let fd = Key::decode(key).fd;
+        if let Ok(c) = dom.rma.tcache.lock() {
+            if let Some((i, f, t)) = c.as_ref() {
+                if *i == self.index() && *f == fd && t.addr == addr {
+                    return Ok(Ok(t.clone()));
+                }
+            }
+        }
         let own = RegionId::of(&addr) == dom.region.id();
         let region = if own || addr.fd == Address::NAMED {
             None
@@ -139,15 +159,26 @@ impl Endpoint {
             let id = RegionId::of(&addr);
             match ctx.regions.get(&id) {
                 Some(r) => Some(r.clone()),
-                None => {
-                    let r = Arc::new(Region::attach(&id)?);
-                    ctx.regions.insert(id, r.clone());
-                    Some(r)
-                }
+                None => match Region::attach(&id) {
+                    Ok(r) => {
+                        let r = Arc::new(r);
+                        ctx.regions.insert(id, r.clone());
+                        Some(r)
+                    }
+                    Err(e) => return Ok(Err(fail(ErrorKind::Io, format!("the target's domain is gone: {e}")))),
+                },
             }
         };
-        let file = dom.rma.file_of(dom, &addr, Key::decode(key))?;
-        Ok(Target { addr, region, file })
+        let file = match dom.rma.file_of(dom, &addr, Key::decode(key)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::OpNotSupp => return Err(e),
+            Err(e) => return Ok(Err(fail(ErrorKind::NoKey, format!("key {key:#x}: {e}")))),
+        };
+        let t = Target { addr, region, file };
+        if let Ok(mut c) = dom.rma.tcache.lock() {
+            *c = Some((self.index(), fd, t.clone()));
+        }
+        Ok(Ok(t))
     }
 
     /// Checks the endpoint and decides whether a CQ entry is due.
@@ -194,7 +225,13 @@ impl Endpoint {
             let mut err: Option<Fail> = None;
             let mut done = 0usize;
             for r in rma_iov {
-                let t = self.target(ep, ctx, dest, r.key)?;
+                let t = match self.target(ep, ctx, dest, r.key)? {
+                    Ok(t) => t,
+                    Err(f) => {
+                        err = Some(f);
+                        break;
+                    }
+                };
                 let res = match &local {
                     Local::Out(v) => self.put(ctx, &t, r, v, done),
                     Local::In(v) => self.get(ctx, &t, r, v, done),
@@ -207,15 +244,19 @@ impl Endpoint {
             }
             if err.is_none() {
                 if let Some(d) = data {
-                    let t = self.target(ep, ctx, dest, rma_iov.first().map_or(0, |r| r.key))?;
-                    let req = MboxReq {
-                        op: mbox_op::CQ_DATA,
-                        ep_index: t.addr.ep_index,
-                        data: d,
-                        len: llen as u64,
-                        ..Default::default()
+                    err = match self.target(ep, ctx, dest, rma_iov.first().map_or(0, |r| r.key))? {
+                        Ok(t) => {
+                            let req = MboxReq {
+                                op: mbox_op::CQ_DATA,
+                                ep_index: t.addr.ep_index,
+                                data: d,
+                                len: llen as u64,
+                                ..Default::default()
+                            };
+                            mbox_call(&self.dom, &t, req, &[], &mut [], false).err()
+                        }
+                        Err(f) => Some(f),
                     };
-                    err = mbox_call(&self.dom, &t, req, &[], &mut [], false).err();
                 }
             }
             let done = SendDone { kind, ctx: context, tag: 0, cqe, silent };
@@ -565,18 +606,36 @@ impl Endpoint {
             let cqe = Self::rma_check(ep, flags, silent)?;
             let mut res = Ok(());
             let mut at = 0usize;
-            let mut out = vec![0u8; len];
+            let (mut out_small, mut out_big) = ([0u8; 32], Vec::new());
+            let out: &mut [u8] = if len <= 32 {
+                &mut out_small[..len]
+            } else {
+                out_big.resize(len, 0);
+                &mut out_big
+            };
             for ioc in iocs {
-                let t = self.target(ep, ctx, dest, ioc.key)?;
+                let t = match self.target(ep, ctx, dest, ioc.key)? {
+                    Ok(t) => t,
+                    Err(f) => {
+                        res = Err(f);
+                        break;
+                    }
+                };
                 let n = ioc.count * sz;
-                let mut operands = vec![0u8; 2 * n];
+                let (mut small, mut big) = ([0u8; 64], Vec::new());
+                let operands: &mut [u8] = if 2 * n <= 64 {
+                    &mut small[..2 * n]
+                } else {
+                    big.resize(2 * n, 0);
+                    &mut big
+                };
                 if !buf.is_empty() {
                     operands[..n].copy_from_slice(&buf[at..at + n]);
                 }
                 if let Some(c) = compare {
                     operands[n..].copy_from_slice(&c[at..at + n]);
                 }
-                res = self.atomic_at(&t, dt, op, call, need, &mut operands, ioc.count, ioc.addr, ioc.key);
+                res = self.atomic_at(&t, dt, op, call, need, operands, ioc.count, ioc.addr, ioc.key);
                 if res.is_err() {
                     break;
                 }
@@ -585,18 +644,22 @@ impl Endpoint {
             }
             if res.is_ok() {
                 if let Some(r) = result {
-                    r.copy_from_slice(&out);
+                    r.copy_from_slice(out);
                 }
                 if let Some(d) = data {
-                    let t = self.target(ep, ctx, dest, iocs[0].key)?;
-                    let req = MboxReq {
-                        op: mbox_op::CQ_DATA,
-                        ep_index: t.addr.ep_index,
-                        data: d,
-                        len: len as u64,
-                        ..Default::default()
+                    res = match self.target(ep, ctx, dest, iocs[0].key)? {
+                        Ok(t) => {
+                            let req = MboxReq {
+                                op: mbox_op::CQ_DATA,
+                                ep_index: t.addr.ep_index,
+                                data: d,
+                                len: len as u64,
+                                ..Default::default()
+                            };
+                            mbox_call(&self.dom, &t, req, &[], &mut [], false)
+                        }
+                        Err(f) => Err(f),
                     };
-                    res = mbox_call(&self.dom, &t, req, &[], &mut [], false);
                 }
             }
             complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent }, res.err());

@@ -256,6 +256,10 @@ fn violations(w: World) {
             expect_err("wrong key", 170 + i, ErrorKind::NoKey);
             w.ep.write(&data[..16], dest, 0, key ^ (1 << 32), 180 + i).unwrap();
             expect_err("key of another slot", 180 + i, ErrorKind::NoKey);
+            for bit in [48, 49, 55] {
+                w.ep.write(&data[..16], dest, 0, key ^ (1 << bit), 185 + i).unwrap();
+                expect_err("key naming another descriptor", 185 + i, ErrorKind::NoKey);
+            }
         }
         w.ep.write(&data[..16], dest, 0, stale, 190).unwrap();
         expect_err("stale key", 190, ErrorKind::NoKey);
