@@ -111,6 +111,7 @@ impl Fabric {
                 bridge: std::sync::Mutex::new(None),
                 progress_thread: std::sync::Mutex::new(None),
                 threading,
+                rma: Default::default(),
             }),
         })
     }
@@ -149,6 +150,8 @@ pub(crate) struct DomainInner {
     pub progress_thread: std::sync::Mutex<Option<(Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>)>>,
     /// Threading model (the progress thread needs Safe).
     pub threading: Threading,
+    /// Memory registrations, the shared heap, the mailbox (`crate::mr`).
+    pub rma: crate::mr::RmaDomain,
 }
 
 impl Drop for DomainInner {
@@ -404,11 +407,15 @@ impl DomainInner {
             }
             crate::progress::progress_ep(ep, &mut ctx);
         }
+        if self.rma.own_if_any().is_some_and(|o| o.pending()) {
+            crate::rma::serve_domain(self, st);
+        }
     }
 
     /// Whether any enabled endpoint has inbound work waiting.
     fn has_inbound(&self, st: &DomainState) -> bool {
         st.eps.iter().flatten().any(|ep| ep.polled() && ep.inbound_ready())
+            || self.rma.own_if_any().is_some_and(|o| o.pending())
     }
 
     /// Whether any enabled endpoint has something pending with a peer not

@@ -294,8 +294,9 @@ impl Endpoint {
     /// Binds a counter for the events of `flags` (fi_cntr(3)): completed
     /// sends (FI_SEND), receives (FI_RECV), reads (FI_READ), writes
     /// (FI_WRITE), and reads and writes of our memory by peers
-    /// (FI_REMOTE_READ, FI_REMOTE_WRITE; RMA is not built yet, so those
-    /// four never move today).
+    /// (FI_REMOTE_READ, FI_REMOTE_WRITE: the one-sided operations of peers
+    /// that landed in any of this domain's registrations through this
+    /// endpoint's address, with FI_RMA_EVENT semantics; see `crate::rma`).
     pub fn bind_cntr(&self, c: &crate::Counter, flags: u64) -> Result<()> {
         let all = CntrKind::ALL.iter().fold(0, |a, k| a | k.1);
         if flags & !all != 0 || flags == 0 {
@@ -398,6 +399,8 @@ impl Endpoint {
             if !ep.bind.can_report_rx() {
                 return Err(Error::with(ErrorKind::NoCq, "bind a receive CQ or receive counter before enable"));
             }
+            let (rw, rr) = (ep.bind.cntr(CntrKind::RemoteWrite), ep.bind.cntr(CntrKind::RemoteRead));
+            crate::mr::publish_ep(&self.dom, self.idx, rw, rr);
             ep.enabled = true;
             Ok(())
         })
@@ -452,6 +455,12 @@ impl Endpoint {
         // Checked by `tx`; the one-buffer calls pass constant valid flags.
         debug_assert!(r.flags & !SEND_FLAGS == 0);
         with_ep_src!(self, |ep, src| ep.submit(src, &r))
+    }
+
+    /// Runs `f` with the endpoint's state and a progress context under the
+    /// domain lock (for the one-sided calls of `crate::rma`).
+    pub(crate) fn with_state<R>(&self, f: impl FnOnce(&mut EpState, &mut Ctx<'_>) -> Result<R>) -> Result<R> {
+        with_ep!(self, |ep, ctx| f(ep, ctx))
     }
 
     /// A one-buffer transmit call.
@@ -702,6 +711,7 @@ impl Endpoint {
             return Ok(());
         };
         st.unbind_ep(self.idx, &ep);
+        crate::mr::publish_ep(&self.dom, self.idx, None, None);
         ep.sec.close();
         // Give the section's pages back; a reopen starts from zeroed memory.
         let _ = rustix::fs::fallocate(

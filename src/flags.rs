@@ -37,6 +37,18 @@ pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
 pub const FI_COMPLETION: u64 = 1 << 24;
 /// Inject: buffer reusable on return.
 pub const FI_INJECT: u64 = 1 << 25;
+/// Fence: this operation starts after every earlier one completed (all
+/// of shmfab's one-sided operations complete before their call returns).
+pub const FI_FENCE: u64 = 1 << 21;
+/// Completion once the buffer may be reused.
+pub const FI_INJECT_COMPLETE: u64 = 1 << 26;
+/// Completion once the operation left the initiator.
+pub const FI_TRANSMIT_COMPLETE: u64 = 1 << 27;
+/// Completion once the data is in the target's memory.
+pub const FI_DELIVERY_COMPLETE: u64 = 1 << 28;
+/// Remote-event counters (capability): operations landing in registered
+/// memory count on the counters bound to it.
+pub const FI_RMA_EVENT: u64 = 1 << 56;
 /// Bind flag: only operations with FI_COMPLETION generate entries.
 pub const FI_SELECTIVE_COMPLETION: u64 = 1 << 59;
 /// shmfab's own operation flag: the message is solicited (completion

@@ -32,6 +32,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod atomic;
 pub mod av;
 mod cma;
 pub mod cntr;
@@ -46,6 +47,7 @@ pub mod flags;
 mod footprint;
 mod job;
 mod launch;
+pub mod mr;
 pub mod notify;
 mod ovf;
 pub mod poll;
@@ -54,11 +56,13 @@ mod progress;
 pub mod proto;
 mod region;
 mod ring;
+pub mod rma;
 mod snapshot;
 pub mod srq;
 mod sync;
 mod table;
 
+pub use atomic::{AtomicCall, AtomicOp, AtomicType};
 pub use av::AddressVector;
 pub use cntr::{CntrAttr, Counter};
 pub use cq::{
@@ -71,9 +75,11 @@ pub use fdwait::MutexCond;
 pub use flags::*;
 pub use job::Launcher;
 pub use launch::World;
+pub use mr::{MemoryRegion, RmaStats};
 pub use notify::CompletionChannel;
 pub use poll::{PollSet, WaitSet};
 pub use proto::Config;
+pub use rma::{AtomicAttr, RmaIoc, RmaIov};
 pub use shm_layout::Address;
 pub use srq::{SharedRecvQueue, SrqAttr, SrqEvent, SrqInfo};
 pub use sync::Threading;

@@ -50,6 +50,7 @@
 //! | `SHMFAB_REGIONS` | `anonymous` (regions have no name: nothing is left behind by a crash) or `named` (for ranks in different PID namespaces; a crash leaves them until the next start or `shmfab clean`) | `anonymous` |
 //! | `SHMFAB_BOOT_TIMEOUT` | seconds [`crate::World::init`] waits for every rank | 120 |
 //! | `SHMFAB_THREADING` | `domain` or `safe`: the threading model of `Fabric::domain` | `domain` |
+//! | `SHMFAB_HEAP_SIZE` | bytes of shared heap per domain (read when its RMA file is made: `crate::mr`) | 256 MiB |
 
 pub use crate::engine::request::OpKind;
 use crate::error::{Error, ErrorKind, Result};

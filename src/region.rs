@@ -621,7 +621,7 @@ pub(crate) fn create_anonymous(dir: &std::path::Path, name: &str) -> rustix::io:
 /// regular file with no name left (`st_nlink` 0) on the shared memory
 /// directory's file system; only then is it reopened for reading and
 /// writing, through our own descriptor.
-fn open_anonymous(id: &RegionId, dir: &std::path::Path) -> Result<File> {
+pub(crate) fn open_anonymous(id: &RegionId, dir: &std::path::Path) -> Result<File> {
     use rustix::fs::{Mode, OFlags};
     let path = id.path();
     let hint = "if the ranks run in different PID namespaces, set SHMFAB_REGIONS=named on every rank";

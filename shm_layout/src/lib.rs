@@ -26,6 +26,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(loom), no_std)]
 
+pub mod rma;
 pub mod sync;
 pub mod wire;
 
@@ -40,7 +41,7 @@ pub const PAGE: usize = 4096;
 /// `b"SHMFAB\0\x01"` read as a little-endian u64: the first word of a region.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMFAB\0\x01");
 /// Layout version: bump when any type in this crate changes meaning.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Most ring slots an endpoint can have (slot claims are a 64-bit mask).
 pub const MAX_SLOTS: u32 = 64;
 /// Most iov segments in one operation.

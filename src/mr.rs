@@ -1,0 +1,1077 @@
+//! Memory registration (fi_mr(3)), the shared heap, and the mailbox
+//! through which a domain's progress engine serves the one-sided
+//! operations its peers cannot do themselves.
+//!
+//! **The RMA file.** A domain's registrations live in a file apart from
+//! its region (`shm_layout::rma`), made on the first registration, with
+//! no name (as anonymous regions: `O_TMPFILE`, opened by peers through
+//! `/proc/<pid>/fd/<fd>` after the same checks). It holds the
+//! registration table, the striped locks of 16-byte atomics, the
+//! mailbox, and the shared heap.
+//!
+//! **MR mode: `FI_MR_PROV_KEY`, offsets (no `FI_MR_VIRT_ADDR`).** shmfab
+//! chooses the keys: a key names the RMA file's descriptor (16 bits), the
+//! table slot (16 bits) and a random 32-bit tag drawn anew at every
+//! registration (OS-seeded random), so a stale key (of a closed
+//! registration, or of an earlier one in the same slot) fails, and a new
+//! key cannot be derived from an old one. Remote addresses are offsets from the start of the
+//! registration: shared-heap memory sits at another virtual address in
+//! every process that maps it, so offsets serve both kinds of memory with
+//! one bounds check and reveal nothing of the target's address space.
+//! The local descriptor is the key; no local registration is required
+//! (no `FI_MR_LOCAL`): shmfab copies from and into any local memory.
+//!
+//! **Access checks.** Every remote access pins the registration (a CAS on
+//! its `ctl` word that needs the key's tag and the open bit), then checks
+//! the rights and `offset + length` against the registration's length,
+//! before anything is copied: a bad key, range or right fails the
+//! operation at the initiator, and the target's memory is untouched. The
+//! target checks requests that reach it through the mailbox the same way.
+//!
+//! **Close while in use.** Closing clears the open bit (no new pins) and
+//! waits until the pins in progress are released (at most
+//! [`DRAIN_LIMIT`]: an initiator that died holding a pin never releases
+//! it, and can write nothing more either), then frees the slot; heap
+//! memory returns to the allocator only then.
+
+use crate::domain::{Domain, DomainInner};
+use crate::error::{Error, ErrorKind, Result};
+use crate::flags::*;
+use crate::region::Region;
+use memmap2::{MmapOptions, MmapRaw};
+use shm_layout::rma::*;
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Default bytes of shared heap per domain (`SHMFAB_HEAP_SIZE`): address
+/// space only until allocated (the file is sparse; each allocation
+/// reserves its pages).
+pub const HEAP_SIZE: usize = 256 << 20;
+
+/// How long a close waits for pins in progress to be released.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
+/// An RMA file, ours or a peer's, mapped whole.
+pub(crate) struct RmaFile {
+    map: MmapRaw,
+    file: File,
+    n_mr: u32,
+    n_mbox: u32,
+    heap_off: usize,
+    heap_len: usize,
+}
+
+// SAFETY: the mapping is shared memory reached only through atomics and
+// raw copies whose races the protocols account for.
+unsafe impl Send for RmaFile {}
+// SAFETY: as above.
+unsafe impl Sync for RmaFile {}
+
+fn heap_setting() -> Result<usize> {
+    let get = |n: &str| std::env::var(n).ok();
+    let v = crate::proto::parse_env(&get, "SHMFAB_HEAP_SIZE", 4096, 1 << 40, crate::proto::Rule::MultipleOf(4096))?;
+    Ok(v.unwrap_or(HEAP_SIZE))
+}
+
+impl RmaFile {
+    /// Makes the RMA file of a domain whose region has `job` and `token`.
+    fn create(job: u32, token: u32) -> Result<RmaFile> {
+        let dir = crate::region::shm_dir()?;
+        let name = format!("shmfab.{}.{job:08x}.{token:08x}.rma", crate::region::uid());
+        let fd = crate::region::create_anonymous(&dir, &name)?;
+        let file = File::from(fd);
+        let heap_len = heap_setting()?.div_ceil(shm_layout::PAGE) * shm_layout::PAGE;
+        let heap_off = heap_offset(N_MR, N_MBOX);
+        let total = heap_off + heap_len;
+        file.set_len(total as u64)?;
+        rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, heap_off as u64)
+            .map_err(|e| Error::with(ErrorKind::from_errno(e.raw_os_error()), format!("RMA file: {e}")))?;
+        let map = MmapOptions::new().len(total).map_raw(&file)?;
+        let f = RmaFile { map, file, n_mr: N_MR, n_mbox: N_MBOX, heap_off, heap_len };
+        let h = f.base() as *mut RmaHeader;
+        // SAFETY: our fresh mapping of at least one page; nobody maps it
+        // yet (magic is published last).
+        unsafe {
+            std::ptr::addr_of_mut!((*h).version).write(RMA_VERSION);
+            std::ptr::addr_of_mut!((*h).uid).write(crate::region::uid());
+            std::ptr::addr_of_mut!((*h).job).write(job);
+            std::ptr::addr_of_mut!((*h).token).write(token);
+            std::ptr::addr_of_mut!((*h).n_mr).write(N_MR);
+            std::ptr::addr_of_mut!((*h).n_mbox).write(N_MBOX);
+            std::ptr::addr_of_mut!((*h).heap_off).write(heap_off as u64);
+            std::ptr::addr_of_mut!((*h).heap_len).write(heap_len as u64);
+            std::ptr::addr_of_mut!((*h).total).write(total as u64);
+            // SYNC: publishes the header to the acquire load in attach().
+            (*h).magic.store(RMA_MAGIC, Ordering::Release);
+        }
+        Ok(f)
+    }
+
+    /// Maps a peer's RMA file: descriptor `fd` of process `pid`, which
+    /// must belong to the domain region of `job` and `token`.
+    fn attach(pid: u32, fd: u32, job: u32, token: u32) -> Result<RmaFile> {
+        let id = crate::region::RegionId { pid, fd, job, token };
+        let file = crate::region::open_anonymous(&id, &crate::region::shm_dir()?)?;
+        let st = rustix::fs::fstat(&file)?;
+        let bad = |why: &str| Error::with(ErrorKind::Inval, format!("RMA file of pid {pid} (fd {fd}): {why}"));
+        if st.st_uid != crate::region::uid() || st.st_mode & 0o077 != 0 {
+            return Err(bad("not this user's, or not private"));
+        }
+        let size = st.st_size as usize;
+        if size < heap_offset(N_MR, N_MBOX) {
+            return Err(bad("too short"));
+        }
+        let map = MmapOptions::new().len(size).map_raw(&file)?;
+        let h = map.as_mut_ptr() as *const RmaHeader;
+        // SAFETY: the mapping holds at least a page; fields published
+        // before magic (acquire), read volatile: a peer wrote them.
+        let (magic, ver, uid, hjob, htok, n_mr, n_mbox, hoff, hlen, total) = unsafe {
+            (
+                (*h).magic.load(Ordering::Acquire),
+                std::ptr::addr_of!((*h).version).read_volatile(),
+                std::ptr::addr_of!((*h).uid).read_volatile(),
+                std::ptr::addr_of!((*h).job).read_volatile(),
+                std::ptr::addr_of!((*h).token).read_volatile(),
+                std::ptr::addr_of!((*h).n_mr).read_volatile(),
+                std::ptr::addr_of!((*h).n_mbox).read_volatile(),
+                std::ptr::addr_of!((*h).heap_off).read_volatile(),
+                std::ptr::addr_of!((*h).heap_len).read_volatile(),
+                std::ptr::addr_of!((*h).total).read_volatile(),
+            )
+        };
+        if magic != RMA_MAGIC || ver != RMA_VERSION {
+            return Err(bad("not an RMA file of this layout (bad key?)"));
+        }
+        if uid != crate::region::uid() || hjob != job || htok != token {
+            return Err(bad("belongs to another domain (stale key?)"));
+        }
+        if n_mr != N_MR || n_mbox != N_MBOX || hoff != heap_offset(N_MR, N_MBOX) as u64 {
+            return Err(bad("bad geometry"));
+        }
+        if total != size as u64 || hoff.checked_add(hlen) != Some(total) {
+            return Err(bad("size does not match its header"));
+        }
+        Ok(RmaFile { map, file, n_mr, n_mbox, heap_off: hoff as usize, heap_len: hlen as usize })
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    fn fd(&self) -> u32 {
+        std::os::fd::AsRawFd::as_raw_fd(&self.file) as u32
+    }
+
+    fn header(&self) -> &RmaHeader {
+        // SAFETY: page 0 of our mapping, initialised (magic checked).
+        unsafe { &*(self.base() as *const RmaHeader) }
+    }
+
+    /// Registration slot `i` (< n_mr).
+    pub fn entry(&self, i: usize) -> &MrEntry {
+        assert!(i < self.n_mr as usize);
+        // SAFETY: inside the table (checked), which lies in the mapping
+        // (its size was checked against the geometry).
+        unsafe { &*(self.base().add(MR_OFFSET + i * std::mem::size_of::<MrEntry>()) as *const MrEntry) }
+    }
+
+    /// The striped lock of 16-byte atomics at `at`.
+    pub fn lock(&self, at: u64) -> &AtomicU32 {
+        let i = ((at >> 4) as usize) % N_LOCKS;
+        // SAFETY: inside the lock table; AtomicLock is one atomic word.
+        unsafe { &(*(self.base().add(locks_offset(self.n_mr) + i * 64) as *const AtomicLock)).word }
+    }
+
+    /// Mailbox slot `i` (< n_mbox).
+    pub fn slot(&self, i: usize) -> *mut MboxSlot {
+        assert!(i < self.n_mbox as usize);
+        // SAFETY: inside the mailbox, which lies in the mapping.
+        unsafe { self.base().add(mbox_offset(self.n_mr) + i * std::mem::size_of::<MboxSlot>()) as *mut MboxSlot }
+    }
+
+    /// Requests published to the mailbox so far (a count: the owner's
+    /// progress looks at one word).
+    fn requests(&self) -> &AtomicU64 {
+        &self.header().requests
+    }
+
+    /// Heap bytes `[off, off + len)`, when they lie in the heap.
+    pub fn heap_at(&self, off: u64, len: u64) -> Option<*mut u8> {
+        let end = off.checked_add(len)?;
+        (end <= self.heap_len as u64).then(|| {
+            // SAFETY: inside the heap, which lies in the mapping.
+            unsafe { self.base().add(self.heap_off + off as usize) }
+        })
+    }
+}
+
+/// What a pinned registration says (read once, after the pin).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrView {
+    pub kind: u32,
+    pub access: u32,
+    pub len: u64,
+    pub nseg: usize,
+    pub cntr_rw: u32,
+    pub cntr_rr: u32,
+    pub seg: [[u64; 2]; MR_SEGS],
+}
+
+/// The parts of a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Key {
+    pub fd: u32,
+    pub slot: usize,
+    pub tag: u32,
+}
+
+impl Key {
+    pub fn decode(k: u64) -> Key {
+        Key { fd: (k >> 48) as u32, slot: ((k >> 32) & 0xffff) as usize, tag: k as u32 }
+    }
+    pub fn encode(&self) -> u64 {
+        (self.fd as u64) << 48 | (self.slot as u64) << 32 | self.tag as u64
+    }
+}
+
+/// Rights an access needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+impl Need {
+    fn bits(self) -> u32 {
+        match self {
+            Need::Read => mr_access::REMOTE_READ,
+            Need::Write => mr_access::REMOTE_WRITE,
+            Need::ReadWrite => mr_access::REMOTE_READ | mr_access::REMOTE_WRITE,
+        }
+    }
+}
+
+/// A pin on a registration: released on drop.
+pub(crate) struct Pin<'a> {
+    e: &'a MrEntry,
+    pub view: MrView,
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        // SYNC: pairs with the acquire loads of close's drain wait.
+        self.e.ctl.fetch_sub(2, Ordering::Release);
+    }
+}
+
+impl RmaFile {
+    /// Pins the registration of `key` for an access of `len` bytes at
+    /// `off` needing `need`; checks tag, rights and range.
+    pub fn pin(&self, key: Key, off: u64, len: u64, need: Need) -> std::result::Result<Pin<'_>, (ErrorKind, String)> {
+        if key.slot >= self.n_mr as usize || key.tag == 0 {
+            return Err((ErrorKind::NoKey, format!("key {:#x}: no such registration", key.encode())));
+        }
+        let e = self.entry(key.slot);
+        let mut c = e.ctl.load(Ordering::Acquire);
+        loop {
+            if (c >> 32) as u32 != key.tag || c & 1 == 0 {
+                return Err((ErrorKind::NoKey, format!("key {:#x}: no such registration (stale key?)", key.encode())));
+            }
+            if (c as u32) >> 1 >= 0x7fff_0000 {
+                return Err((ErrorKind::Again, "registration pinned too often".into()));
+            }
+            // SYNC: acquire pairs with the release store that opened the
+            // entry (register), so its fields are visible.
+            match e.ctl.compare_exchange_weak(c, c + 2, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(x) => c = x,
+            }
+        }
+        // SAFETY: the entry's plain fields, written before it opened and
+        // not while pinned; volatile: maybe another process wrote them.
+        let view = unsafe {
+            MrView {
+                kind: std::ptr::addr_of!(e.kind).read_volatile(),
+                access: std::ptr::addr_of!(e.access).read_volatile(),
+                len: std::ptr::addr_of!(e.len).read_volatile(),
+                nseg: std::ptr::addr_of!(e.nseg).read_volatile() as usize,
+                cntr_rw: std::ptr::addr_of!(e.cntr_rw).read_volatile(),
+                cntr_rr: std::ptr::addr_of!(e.cntr_rr).read_volatile(),
+                seg: std::ptr::addr_of!(e.seg).read_volatile(),
+            }
+        };
+        let pin = Pin { e, view };
+        let v = &pin.view;
+        if v.access & need.bits() != need.bits() {
+            return Err((
+                ErrorKind::Perm,
+                format!("key {:#x}: the registration does not allow remote {need:?}", key.encode()),
+            ));
+        }
+        if off.checked_add(len).is_none_or(|end| end > v.len) {
+            return Err((
+                ErrorKind::Inval,
+                format!("key {:#x}: bytes [{off}, {off}+{len}) are outside its {} bytes", key.encode(), v.len),
+            ));
+        }
+        let segs_ok = v.nseg >= 1
+            && v.nseg <= MR_SEGS
+            && v.seg[..v.nseg].iter().try_fold(0u64, |t, s| t.checked_add(s[1])) == Some(v.len);
+        let kind_ok = match v.kind {
+            mr_kind::HEAP => v.nseg == 1 && self.heap_at(v.seg[0][0], v.len).is_some(),
+            mr_kind::USER => true,
+            _ => false,
+        };
+        if !segs_ok || !kind_ok {
+            return Err((ErrorKind::Io, format!("key {:#x}: corrupt registration", key.encode())));
+        }
+        Ok(pin)
+    }
+}
+
+/// `[off, off + len)` of a registration's segments as (address, length)
+/// ranges (heap: offsets in the heap). The range was checked by `pin`.
+pub(crate) fn ranges(v: &MrView, off: u64, len: u64) -> Ranges {
+    let mut out = Ranges { v: [(0, 0); MR_SEGS], n: 0 };
+    let (mut skip, mut left) = (off, len);
+    for s in &v.seg[..v.nseg.min(MR_SEGS)] {
+        if left == 0 {
+            break;
+        }
+        if skip >= s[1] {
+            skip -= s[1];
+            continue;
+        }
+        let n = (s[1] - skip).min(left);
+        out.v[out.n] = (s[0] + skip, n);
+        out.n += 1;
+        left -= n;
+        skip = 0;
+    }
+    out
+}
+
+/// At most [`MR_SEGS`] (address, length) ranges, without allocating.
+pub(crate) struct Ranges {
+    v: [(u64, u64); MR_SEGS],
+    n: usize,
+}
+
+impl std::ops::Deref for Ranges {
+    type Target = [(u64, u64)];
+    fn deref(&self) -> &[(u64, u64)] {
+        &self.v[..self.n]
+    }
+}
+
+/// A domain's RMA state: its own file (made on first use) and the files of
+/// peers it reached, by (pid, fd, token).
+#[derive(Default)]
+pub(crate) struct RmaDomain {
+    own: OnceLock<OwnRma>,
+    peers: Mutex<HashMap<(u32, u32, u32), Arc<RmaFile>>>,
+    /// The last target an endpoint reached: (endpoint index, key's file
+    /// descriptor, target), checked against the AV's address on use.
+    pub tcache: Mutex<Option<(usize, u32, crate::rma::Target)>>,
+    /// Operations this domain started, by path (see [`RmaStats`]).
+    pub heap_ops: AtomicU64,
+    pub cma_ops: AtomicU64,
+    pub mbox_ops: AtomicU64,
+}
+
+/// One-sided operations a domain started, by the path they took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RmaStats {
+    /// On shared-heap memory (copies and CPU atomics by this process).
+    pub heap: u64,
+    /// By single copy (process_vm_writev/readv).
+    pub cma: u64,
+    /// Through the target's progress engine (mailbox requests).
+    pub mailbox: u64,
+}
+
+/// Our RMA file and its allocation state.
+pub(crate) struct OwnRma {
+    pub file: Arc<RmaFile>,
+    st: Mutex<OwnSt>,
+    /// Requests served (compared with the file's request count).
+    served: AtomicU64,
+}
+
+struct OwnSt {
+    used: Vec<bool>,
+    /// Free heap ranges (offset, length), sorted by offset.
+    free: Vec<(u64, u64)>,
+    /// Our own copy of each open registration (tag, what it says): the
+    /// mailbox serves requests from it, never from the shared table,
+    /// which peers can write.
+    views: Vec<Option<(u32, MrView)>>,
+    /// Our own copy of the endpoint counters the header publishes.
+    ep_cntr: Vec<[u32; 2]>,
+}
+
+impl OwnSt {
+    /// A fresh tag: random (the OS-seeded generator), never 0.
+    fn tag(&mut self) -> u32 {
+        loop {
+            let t = rand::random::<u32>();
+            if t != 0 {
+                return t;
+            }
+        }
+    }
+
+    fn alloc(&mut self, len: u64) -> Option<u64> {
+        let len = len.max(1).div_ceil(shm_layout::PAGE as u64) * shm_layout::PAGE as u64;
+        let i = self.free.iter().position(|&(_, l)| l >= len)?;
+        let (off, l) = self.free[i];
+        if l == len {
+            self.free.remove(i);
+        } else {
+            self.free[i] = (off + len, l - len);
+        }
+        Some(off)
+    }
+
+    fn release(&mut self, off: u64, len: u64) {
+        let len = len.max(1).div_ceil(shm_layout::PAGE as u64) * shm_layout::PAGE as u64;
+        let i = self.free.partition_point(|&(o, _)| o < off);
+        self.free.insert(i, (off, len));
+        // Merge with the neighbours.
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+    }
+}
+
+impl RmaDomain {
+    /// Our RMA file, made on first use.
+    pub fn own(&self, dom: &DomainInner) -> Result<&OwnRma> {
+        if let Some(o) = self.own.get() {
+            return Ok(o);
+        }
+        let h = dom.region.header();
+        let file = RmaFile::create(h.job, h.token)?;
+        let free = vec![(0, file.heap_len as u64)];
+        let o = OwnRma {
+            file: Arc::new(file),
+            st: Mutex::new(OwnSt {
+                used: vec![false; N_MR as usize],
+                free,
+                views: vec![None; N_MR as usize],
+                ep_cntr: vec![[0; 2]; MAX_EP_CNTR],
+            }),
+            served: AtomicU64::new(0),
+        };
+        // Another thread may have made one meanwhile: keep the first.
+        let _ = self.own.set(o);
+        Ok(self.own.get().expect("set above"))
+    }
+
+    /// Our RMA file, if made.
+    pub fn own_if_any(&self) -> Option<&OwnRma> {
+        self.own.get()
+    }
+
+    /// The RMA file that `key` names in the domain of `addr` (ours when
+    /// the address is in our own domain).
+    pub fn file_of(&self, dom: &DomainInner, addr: &shm_layout::Address, key: Key) -> Result<Arc<RmaFile>> {
+        if addr.fd == shm_layout::Address::NAMED {
+            return Err(Error::with(ErrorKind::OpNotSupp, "RMA needs anonymous regions (SHMFAB_REGIONS=named is set)"));
+        }
+        if crate::region::RegionId::of(addr) == dom.region.id() {
+            if let Some(o) = self.own.get() {
+                if o.file.fd() == key.fd {
+                    return Ok(o.file.clone());
+                }
+            }
+            return Err(Error::with(ErrorKind::Inval, format!("key {:#x}: no such registration", key.encode())));
+        }
+        let k = (addr.pid, key.fd, addr.token);
+        let mut peers = self.peers.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA peer table poisoned"))?;
+        if let Some(f) = peers.get(&k) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(RmaFile::attach(addr.pid, key.fd, addr.job, addr.token)?);
+        peers.insert(k, f.clone());
+        Ok(f)
+    }
+}
+
+/// A registered memory region (fi_mr): closed on drop.
+pub struct MemoryRegion {
+    dom: Arc<DomainInner>,
+    key: u64,
+    /// Heap allocation (offset, length) to free on close.
+    heap: Option<(u64, u64)>,
+    ptr: *mut u8,
+    len: usize,
+    closed: bool,
+}
+
+// SAFETY: the handle holds plain numbers and a pointer to memory the
+// registration describes (the caller's, or the heap's mapping, which the
+// domain keeps); its calls take the RMA state's lock.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryRegion {}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemoryRegion {{ key: {:#x}, len: {} }}", self.key, self.len)
+    }
+}
+
+fn access_bits(access: u64) -> Result<u32> {
+    let known = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+    if access & !known != 0 {
+        return Err(Error::with(ErrorKind::BadFlags, format!("unsupported access flags {:#x}", access & !known)));
+    }
+    let mut a = 0;
+    if access & FI_REMOTE_READ != 0 {
+        a |= mr_access::REMOTE_READ;
+    }
+    if access & FI_REMOTE_WRITE != 0 {
+        a |= mr_access::REMOTE_WRITE;
+    }
+    Ok(a)
+}
+
+impl Domain {
+    /// The one-sided operations this domain started, by path.
+    pub fn rma_stats(&self) -> RmaStats {
+        let r = &self.inner.rma;
+        RmaStats {
+            heap: r.heap_ops.load(Ordering::Relaxed),
+            cma: r.cma_ops.load(Ordering::Relaxed),
+            mailbox: r.mbox_ops.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Registers the caller's memory `[ptr, ptr + len)` with `access`
+    /// (FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE; FI_SEND and
+    /// FI_RECV are taken and mean nothing more: local buffers need no
+    /// registration). Peers reach it by single copy or through this
+    /// domain's progress engine, at offsets from `ptr`.
+    ///
+    /// # Safety
+    /// The memory must stay valid until the region is closed, and peers
+    /// with the key may write it (FI_REMOTE_WRITE) at any time until then.
+    pub unsafe fn mr_reg(&self, ptr: *mut u8, len: usize, access: u64) -> Result<MemoryRegion> {
+        // SAFETY: per this function's contract.
+        unsafe { self.mr_regv(&[(ptr, len)], access) }
+    }
+
+    /// Registers up to 4 segments as one region (fi_mr_regv): offsets run
+    /// through the segments in order.
+    ///
+    /// # Safety
+    /// As [`Domain::mr_reg`], for every segment.
+    pub unsafe fn mr_regv(&self, segs: &[(*mut u8, usize)], access: u64) -> Result<MemoryRegion> {
+        if segs.is_empty() || segs.len() > MR_SEGS {
+            return Err(Error::with(ErrorKind::Inval, format!("1 to {MR_SEGS} segments, got {}", segs.len())));
+        }
+        let mut seg = [[0u64; 2]; MR_SEGS];
+        for (s, &(p, l)) in seg.iter_mut().zip(segs) {
+            *s = [p as u64, l as u64];
+        }
+        let len = segs.iter().map(|s| s.1).sum::<usize>();
+        let a = access_bits(access)?;
+        let key = register(&self.inner, mr_kind::USER, a, len as u64, segs.len(), seg)?;
+        Ok(MemoryRegion { dom: self.inner.clone(), key, heap: None, ptr: segs[0].0, len, closed: false })
+    }
+
+    /// Allocates `len` bytes of shared heap (zeroed) and registers them
+    /// with `access`: peers map the heap, so RMA to it is a direct copy by
+    /// the initiator and atomics on it are CPU atomics, with no work for
+    /// this process. The memory is [`MemoryRegion::as_ptr`]; it lives
+    /// until the region is closed.
+    pub fn alloc_shared(&self, len: usize, access: u64) -> Result<MemoryRegion> {
+        let a = access_bits(access)?;
+        let own = self.inner.rma.own(&self.inner)?;
+        let off = own
+            .st
+            .lock()
+            .map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?
+            .alloc(len as u64)
+            .ok_or_else(|| {
+                Error::with(
+                    ErrorKind::NoMem,
+                    format!("the shared heap has no {len} bytes free (SHMFAB_HEAP_SIZE, {} bytes)", own.file.heap_len),
+                )
+            })?;
+        let f = &own.file;
+        let plen = (len.max(1)).div_ceil(shm_layout::PAGE) * shm_layout::PAGE;
+        let reserve =
+            rustix::fs::fallocate(&f.file, rustix::fs::FallocateFlags::empty(), (f.heap_off as u64) + off, plen as u64);
+        let ptr = f.heap_at(off, len as u64).expect("allocated inside the heap");
+        let fail = |e: Error| {
+            if let Ok(mut st) = own.st.lock() {
+                st.release(off, len as u64);
+            }
+            e
+        };
+        if let Err(e) = reserve {
+            return Err(fail(Error::with(
+                ErrorKind::from_errno(e.raw_os_error()),
+                format!("cannot reserve {plen} bytes of shared heap: {e}"),
+            )));
+        }
+        // SAFETY: our heap allocation, not registered yet: no peer reaches it.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        let mut seg = [[0u64; 2]; MR_SEGS];
+        seg[0] = [off, len as u64];
+        let key = register(&self.inner, mr_kind::HEAP, a, len as u64, 1, seg).map_err(fail)?;
+        Ok(MemoryRegion { dom: self.inner.clone(), key, heap: Some((off, len as u64)), ptr, len, closed: false })
+    }
+}
+
+fn register(
+    dom: &Arc<DomainInner>,
+    kind: u32,
+    access: u32,
+    len: u64,
+    nseg: usize,
+    seg: [[u64; 2]; MR_SEGS],
+) -> Result<u64> {
+    let own = dom.rma.own(dom)?;
+    let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
+    let slot =
+        st.used.iter().position(|u| !u).ok_or_else(|| {
+            Error::with(ErrorKind::NoSpc, format!("all {N_MR} registrations of the domain are in use"))
+        })?;
+    st.used[slot] = true;
+    let tag = st.tag();
+    let e = own.file.entry(slot);
+    let p = e as *const MrEntry as *mut MrEntry;
+    // SAFETY: a free slot: closed (ctl 0, no pins), so no peer reads its
+    // fields; we write them before opening it below.
+    unsafe {
+        std::ptr::addr_of_mut!((*p).kind).write_volatile(kind);
+        std::ptr::addr_of_mut!((*p).access).write_volatile(access);
+        std::ptr::addr_of_mut!((*p).len).write_volatile(len);
+        std::ptr::addr_of_mut!((*p).nseg).write_volatile(nseg as u32);
+        std::ptr::addr_of_mut!((*p).cntr_rw).write_volatile(0);
+        std::ptr::addr_of_mut!((*p).cntr_rr).write_volatile(0);
+        std::ptr::addr_of_mut!((*p).seg).write_volatile(seg);
+    }
+    st.views[slot] = Some((tag, MrView { kind, access, len, nseg, cntr_rw: 0, cntr_rr: 0, seg }));
+    // SYNC: publishes the fields to the acquire CAS in RmaFile::pin.
+    e.ctl.store((tag as u64) << 32 | 1, Ordering::Release);
+    Ok(Key { fd: own.file.fd(), slot, tag }.encode())
+}
+
+/// Closes entry `e` to new pins and waits (at most [`DRAIN_LIMIT`]) for
+/// the pins in progress; returns its tag.
+fn drain(e: &MrEntry) -> u32 {
+    let c = e.ctl.fetch_and(!1, Ordering::AcqRel);
+    let t0 = Instant::now();
+    // SYNC: acquire pairs with the release of Pin::drop: what a pinned
+    // access did is done once its pin is gone.
+    while (e.ctl.load(Ordering::Acquire) as u32) >> 1 != 0 && t0.elapsed() < DRAIN_LIMIT {
+        std::thread::yield_now();
+    }
+    (c >> 32) as u32
+}
+
+impl MemoryRegion {
+    /// The key peers name it with (fi_mr_key).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// The local descriptor (fi_mr_desc): the key; shmfab needs none.
+    pub fn desc(&self) -> u64 {
+        self.key
+    }
+
+    /// The start of the memory (for `alloc_shared`, the heap's mapping in
+    /// this process).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Bytes registered.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no byte is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Binds a counter of the same domain to count the remote operations
+    /// that land in this region (fi_mr_bind with FI_RMA_EVENT):
+    /// `FI_REMOTE_WRITE` (writes and atomics), `FI_REMOTE_READ` (reads and
+    /// fetching atomics), or both.
+    pub fn bind_counter(&self, c: &crate::Counter, flags: u64) -> Result<()> {
+        if !Arc::ptr_eq(&c.dom, &self.dom) {
+            return Err(Error::with(ErrorKind::Inval, "the counter belongs to another domain"));
+        }
+        if flags & !(FI_REMOTE_READ | FI_REMOTE_WRITE) != 0 || flags == 0 {
+            return Err(Error::with(ErrorKind::BadFlags, "bind flags must be FI_REMOTE_READ and/or FI_REMOTE_WRITE"));
+        }
+        let own = self.dom.rma.own(&self.dom)?;
+        let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
+        let k = Key::decode(self.key);
+        if let Some((_, v)) = st.views[k.slot].as_mut() {
+            if flags & FI_REMOTE_WRITE != 0 {
+                v.cntr_rw = c.id as u32 + 1;
+            }
+            if flags & FI_REMOTE_READ != 0 {
+                v.cntr_rr = c.id as u32 + 1;
+            }
+        }
+        let e = own.file.entry(k.slot);
+        let tag = drain(e);
+        let p = e as *const MrEntry as *mut MrEntry;
+        // SAFETY: the entry is closed and drained: no pin reads its fields.
+        unsafe {
+            if flags & FI_REMOTE_WRITE != 0 {
+                std::ptr::addr_of_mut!((*p).cntr_rw).write_volatile(c.id as u32 + 1);
+            }
+            if flags & FI_REMOTE_READ != 0 {
+                std::ptr::addr_of_mut!((*p).cntr_rr).write_volatile(c.id as u32 + 1);
+            }
+        }
+        // SYNC: re-opens with the same tag; pairs with the acquire CAS in pin.
+        e.ctl.store((tag as u64) << 32 | 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Closes the registration: its key fails from now on; returns once
+    /// accesses in progress are over (at most [`DRAIN_LIMIT`]).
+    pub fn close(&mut self) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        let own = self.dom.rma.own(&self.dom)?;
+        let k = Key::decode(self.key);
+        let e = own.file.entry(k.slot);
+        drain(e);
+        // SYNC: pairs with the acquire loads in pin (a zero tag never matches).
+        e.ctl.store(0, Ordering::Release);
+        let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
+        st.used[k.slot] = false;
+        st.views[k.slot] = None;
+        if let Some((off, len)) = self.heap {
+            st.release(off, len);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+/// Publishes the remote-event counters endpoint section `idx` has bound
+/// (FI_REMOTE_WRITE, FI_REMOTE_READ; None clears): called when the
+/// endpoint is enabled and when it closes. Makes the RMA file only when a
+/// counter is bound.
+pub(crate) fn publish_ep(dom: &DomainInner, idx: usize, rw: Option<usize>, rr: Option<usize>) {
+    if idx >= MAX_EP_CNTR || (rw.is_none() && rr.is_none() && dom.rma.own_if_any().is_none()) {
+        return;
+    }
+    let Ok(own) = dom.rma.own(dom) else { return };
+    let v = [rw.map_or(0, |c| c as u32 + 1), rr.map_or(0, |c| c as u32 + 1)];
+    if let Ok(mut st) = own.st.lock() {
+        st.ep_cntr[idx] = v;
+    }
+    for (w, x) in own.file.header().ep_cntr[idx].iter().zip(v) {
+        // SYNC: pairs with the acquire load in ep_counter.
+        w.store(x, Ordering::Release);
+    }
+}
+
+impl RmaFile {
+    /// The remote counter (index + 1, 0: none) endpoint section `ep`
+    /// publishes for writes (`which` 0) or reads (1).
+    pub fn ep_counter(&self, ep: u32, which: usize) -> u32 {
+        self.header().ep_cntr.get(ep as usize).map_or(0, |c| c[which].load(Ordering::Acquire))
+    }
+}
+
+/// The RMA-file side of a remote counter: counts one event on counter
+/// `idx1 - 1` of the domain region `r` (0: none bound) and rings its
+/// doorbell.
+pub(crate) fn count_remote(r: &Region, idx1: u32) {
+    if idx1 == 0 {
+        return;
+    }
+    let (_, _, n_counters) = r.geometry();
+    let i = idx1 as usize - 1;
+    if i >= n_counters as usize {
+        return;
+    }
+    if let Ok(c) =
+        r.at::<shm_layout::Counter>(shm_layout::COUNTERS_OFFSET + i * std::mem::size_of::<shm_layout::Counter>())
+    {
+        // SAFETY: in the mapping (bounds-checked by `at`); all atomics.
+        crate::engine::complete::count(unsafe { &*c }, crate::engine::complete::Val::Success, 1);
+        crate::doorbell::ring(&r.header().doorbell);
+    }
+}
+
+/// Counts one event on our own counter `idx1 - 1` (0: none).
+pub(crate) fn count_local(counters: &[shm_layout::Counter], idx1: u32) {
+    if let Some(c) = (idx1 as usize).checked_sub(1).and_then(|i| counters.get(i)) {
+        crate::engine::complete::count(c, crate::engine::complete::Val::Success, 1);
+    }
+}
+
+impl OwnRma {
+    /// Whether requests wait in our mailbox.
+    #[inline]
+    pub fn pending(&self) -> bool {
+        // SYNC: acquire pairs with the release increment after a request
+        // is published (rma::mbox_call).
+        self.file.requests().load(Ordering::Acquire) != self.served.load(Ordering::Relaxed)
+    }
+
+    /// The request counter initiators bump.
+    pub(crate) fn requests_of(f: &RmaFile) -> &AtomicU64 {
+        f.requests()
+    }
+
+    /// Serves the requests in our mailbox: the writes, reads and atomics
+    /// on our memory, and (when `cq_data` is given) remote CQ data for our
+    /// endpoints. Each request is checked as peers' requests are.
+    pub fn serve(&self, counters: &[shm_layout::Counter], mut cq_data: Option<&mut dyn FnMut(u32, u64, u64)>) {
+        let f = &self.file;
+        let seen = f.requests().load(Ordering::Acquire);
+        let mut all = true;
+        for i in 0..f.n_mbox as usize {
+            let s = f.slot(i);
+            // SAFETY: a slot of our mailbox; its state word is atomic.
+            let state = unsafe { &(*s).state };
+            // SYNC: acquire pairs with the initiator's release store of REQ.
+            if state.load(Ordering::Acquire) != mbox_state::REQ {
+                continue;
+            }
+            // SAFETY: published request (REQ); read once, then decoded.
+            let raw = unsafe { std::ptr::addr_of!((*s).req).read_volatile() };
+            let elem = |d: u8| crate::atomic::AtomicType::from_raw(d).map(|t| t.size());
+            let req = match MboxReq::decode(&raw, elem) {
+                Ok(r) => r,
+                Err(_) => {
+                    finish(s, libc::EPROTO as u32);
+                    continue;
+                }
+            };
+            if req.op == mbox_op::CQ_DATA {
+                match cq_data.as_mut() {
+                    Some(f) => {
+                        f(req.ep_index, req.data, req.len);
+                        // SAFETY: as above: our mailbox's slot.
+                        unsafe { (*s).claimer.store(0, Ordering::Relaxed) };
+                        // SYNC: pairs with the acquire CAS of the next claimer.
+                        state.store(mbox_state::FREE, Ordering::Release);
+                    }
+                    None => all = false,
+                }
+                continue;
+            }
+            let st = serve_one(self, s, &req, counters);
+            finish(s, st);
+        }
+        if all {
+            self.served.store(seen, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Counts on the remote counter our endpoint `ep` bound (our private
+/// copy), unless it is `mr_cntr`, the registration's (counted once).
+fn count_ep_local(own: &OwnRma, counters: &[shm_layout::Counter], ep: u32, which: usize, mr_cntr: u32) {
+    let c = own.st.lock().ok().and_then(|st| st.ep_cntr.get(ep as usize).map(|c| c[which])).unwrap_or(0);
+    if c != mr_cntr {
+        count_local(counters, c);
+    }
+}
+
+fn finish(s: *mut MboxSlot, status: u32) {
+    // SAFETY: a slot of our mailbox in state REQ: the initiator waits for DONE.
+    unsafe {
+        std::ptr::addr_of_mut!((*s).req.status).write_volatile(status);
+        // SYNC: pairs with the initiator's acquire load waiting for DONE.
+        (*s).state.store(mbox_state::DONE, Ordering::Release);
+    }
+}
+
+/// Serves one checked request on our memory; returns 0 or an errno.
+fn serve_one(own: &OwnRma, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layout::Counter]) -> u32 {
+    let f = &*own.file;
+    use crate::atomic::{apply, load_elem, store_elem, AtomicOp, AtomicType};
+    let key = Key::decode(req.key);
+    let (need, len) = match req.op {
+        mbox_op::WRITE => (Need::Write, req.len),
+        mbox_op::READ => (Need::Read, req.len),
+        _ if req.aop == crate::atomic::AtomicOp::Read as u8 => (Need::Read, req.len),
+        _ if req.fetch != 0 => (Need::ReadWrite, req.len),
+        _ => (Need::Write, req.len),
+    };
+    let pin = match f.pin(key, req.off, len, need) {
+        Ok(p) => p,
+        Err((k, _)) => return k.errno().unsigned_abs(),
+    };
+    // The pin keeps a close out until we are done; what the registration
+    // says comes from our own copy (the shared entry is peers' to write).
+    let v = match own.st.lock().ok().and_then(|st| st.views[key.slot]) {
+        Some((tag, v)) if tag == key.tag => v,
+        _ => return ErrorKind::NoKey.errno().unsigned_abs(),
+    };
+    if v.access & need.bits() != need.bits() {
+        return ErrorKind::Perm.errno().unsigned_abs();
+    }
+    if req.off.checked_add(len).is_none_or(|end| end > v.len) {
+        return ErrorKind::Inval.errno().unsigned_abs();
+    }
+    // SAFETY: the slot's data area, ours, while the initiator waits.
+    let data = unsafe { &mut (*s).data };
+    let at = |a: u64| -> *mut u8 {
+        if v.kind == mr_kind::HEAP {
+            f.heap_at(a, 0).expect("checked by pin")
+        } else {
+            a as *mut u8
+        }
+    };
+    match req.op {
+        mbox_op::WRITE | mbox_op::READ => {
+            let mut done = 0usize;
+            for &(a, n) in ranges(&v, req.off, req.len).iter() {
+                let p = at(a);
+                // SAFETY: inside a registration pinned for this access
+                // (our memory: the caller's or the heap); data holds len
+                // bytes (decoded).
+                unsafe {
+                    if req.op == mbox_op::WRITE {
+                        std::ptr::copy_nonoverlapping(data.as_ptr().add(done), p, n as usize);
+                    } else {
+                        std::ptr::copy_nonoverlapping(p, data.as_mut_ptr().add(done), n as usize);
+                    }
+                }
+                done += n as usize;
+            }
+            if req.count == 1 {
+                let which = (req.op == mbox_op::READ) as usize;
+                count_local(counters, if which == 0 { v.cntr_rw } else { v.cntr_rr });
+                count_ep_local(own, counters, req.ep_index, which, if which == 0 { v.cntr_rw } else { v.cntr_rr });
+            }
+            drop(pin);
+            0
+        }
+        _ => {
+            let (Some(dt), Some(op)) = (AtomicType::from_raw(req.dtype), AtomicOp::from_raw(req.aop)) else {
+                return libc::EINVAL as u32;
+            };
+            let call = if op.is_compare() {
+                crate::atomic::AtomicCall::Compare
+            } else if req.fetch != 0 {
+                crate::atomic::AtomicCall::Fetch
+            } else {
+                crate::atomic::AtomicCall::Write
+            };
+            if !crate::atomic::valid(call, dt, op) {
+                return libc::EOPNOTSUPP as u32;
+            }
+            let sz = dt.size();
+            let rs = ranges(&v, req.off, req.len);
+            if rs.len() != 1 || !rs[0].0.is_multiple_of(sz.min(8) as u64) {
+                return libc::EINVAL as u32;
+            }
+            let base = at(rs[0].0);
+            let n = req.count as usize;
+            for i in 0..n {
+                let a = load_elem(&data[i * sz..(i + 1) * sz]);
+                let c = load_elem(&data[(n + i) * sz..(n + i + 1) * sz]);
+                // SAFETY: an aligned element inside the pinned registration.
+                let old = unsafe { apply(dt, op, base.add(i * sz), a, c, f.lock(rs[0].0 + (i * sz) as u64)) };
+                store_elem(&mut data[i * sz..(i + 1) * sz], old);
+            }
+            if op != AtomicOp::Read {
+                count_local(counters, v.cntr_rw);
+                count_ep_local(own, counters, req.ep_index, 0, v.cntr_rw);
+            }
+            if req.fetch != 0 {
+                count_local(counters, v.cntr_rr);
+                count_ep_local(own, counters, req.ep_index, 1, v.cntr_rr);
+            }
+            drop(pin);
+            0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that rewrites our shared registration entry (here: grants
+    /// itself the write right) gains nothing: the mailbox serves from our
+    /// own copy.
+    #[test]
+    fn mailbox_ignores_forged_entries() {
+        let fabric = crate::Fabric::open().unwrap();
+        let dom = fabric.domain().unwrap();
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: buf outlives the registration (closed below).
+        let mut mr = unsafe { dom.mr_reg(buf.as_mut_ptr(), 4096, FI_REMOTE_READ).unwrap() };
+        let own = dom.inner.rma.own_if_any().unwrap();
+        let k = Key::decode(mr.key());
+        let e = own.file.entry(k.slot) as *const MrEntry as *mut MrEntry;
+        let s = own.file.slot(0);
+        // SAFETY: our own mapping; we play the peer that writes it.
+        unsafe {
+            std::ptr::addr_of_mut!((*e).access).write_volatile(mr_access::REMOTE_READ | mr_access::REMOTE_WRITE);
+            (*s).state.store(mbox_state::CLAIMED, Ordering::Relaxed);
+            let req = MboxReq { op: mbox_op::WRITE, key: mr.key(), len: 16, count: 1, ..Default::default() };
+            std::ptr::addr_of_mut!((*s).req).write_volatile(req);
+            (&mut (*s).data)[..16].fill(0xff);
+            (*s).state.store(mbox_state::REQ, Ordering::Release);
+        }
+        own.file.requests().fetch_add(1, Ordering::Release);
+        own.serve(dom.inner.counters(), None);
+        // SAFETY: as above.
+        let (state, status) = unsafe { ((*s).state.load(Ordering::Acquire), (*s).req.status) };
+        assert_eq!(state, mbox_state::DONE);
+        assert_eq!(status, libc::EPERM as u32);
+        assert!(buf.iter().all(|&b| b == 0), "the forged right let a write through");
+        mr.close().unwrap();
+    }
+
+    #[test]
+    fn keys_round_trip() {
+        let k = Key { fd: 0xbeef, slot: 1023, tag: 0xdead_beef };
+        assert_eq!(Key::decode(k.encode()), k);
+    }
+
+    #[test]
+    fn heap_allocator_merges() {
+        let mut st = OwnSt { used: vec![], free: vec![(0, 16 * 4096)], views: vec![], ep_cntr: vec![] };
+        let a = st.alloc(1).unwrap();
+        let b = st.alloc(5000).unwrap();
+        let c = st.alloc(4096).unwrap();
+        assert_eq!((a, b, c), (0, 4096, 3 * 4096));
+        st.release(b, 5000);
+        st.release(a, 1);
+        st.release(c, 4096);
+        assert_eq!(st.free, vec![(0, 16 * 4096)]);
+        assert!(st.alloc(17 * 4096).is_none());
+        let t1 = st.tag();
+        assert_ne!(t1, st.tag());
+    }
+}

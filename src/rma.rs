@@ -1,0 +1,1131 @@
+//! One-sided operations at the initiator: RMA (fi_rma(3)) and atomics
+//! (fi_atomic(3)).
+//!
+//! Every operation is done before its call returns (its data is in the
+//! target's memory, or in ours for reads), so FI_INJECT_COMPLETE,
+//! FI_TRANSMIT_COMPLETE and FI_DELIVERY_COMPLETE all hold when the
+//! completion is written, and the caller's buffers may be reused at once.
+//! The path depends on the target memory (see [`crate::mr`]):
+//!
+//! | target memory | RMA | atomics |
+//! | --- | --- | --- |
+//! | shared heap | a copy into or out of the mapped heap | CPU atomics on the mapped heap ([`crate::atomic::apply`]) |
+//! | other registered memory | single copy (process_vm_writev/readv) | the target's progress engine, through its mailbox |
+//! | the same, single copy off or refused | the target's progress engine, in mailbox-sized pieces | as above |
+//!
+//! The target's remote-event counters (bound to the registration with
+//! [`crate::MemoryRegion::bind_counter`], or to the target endpoint with
+//! FI_REMOTE_WRITE / FI_REMOTE_READ) count each operation once its data
+//! has landed: the initiator counts them on the heap and single-copy
+//! paths (the counters live in the target's shared region), the target on
+//! the mailbox path. Errors of the access (key, range, rights, a target
+//! that died) complete the operation with an error entry; the target's
+//! memory is untouched by a refused access.
+
+use crate::atomic::{self, AtomicCall, AtomicOp, AtomicType};
+use crate::domain::{Ctx, DomainInner};
+use crate::engine::complete::{complete_send, Fail, SendDone};
+use crate::engine::request::OpKind;
+use crate::engine::EpState;
+use crate::ep::Endpoint;
+use crate::error::{Error, ErrorKind, Result};
+use crate::flags::*;
+use crate::mr::{count_remote, ranges, Key, Need, OwnRma, RmaFile};
+use crate::proto::CmaMode;
+use crate::region::{Region, RegionId};
+use shm_layout::rma::{mbox_op, mbox_state, mr_kind, MboxReq, MBOX_DATA};
+use shm_layout::Address;
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One remote segment of an `*msg` call (fi_rma_iov): an offset in the
+/// registration of `key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmaIov {
+    /// Offset from the start of the registration (shmfab's MR mode has no
+    /// FI_MR_VIRT_ADDR).
+    pub addr: u64,
+    /// Bytes.
+    pub len: usize,
+    /// The registration's key.
+    pub key: u64,
+}
+
+/// One remote segment of an atomic `*msg` call (fi_rma_ioc): `count`
+/// elements at offset `addr` of the registration of `key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmaIoc {
+    /// Offset from the start of the registration.
+    pub addr: u64,
+    /// Elements.
+    pub count: usize,
+    /// The registration's key.
+    pub key: u64,
+}
+
+/// What an atomic call asks for.
+struct AtomicArgs<'a, 'b> {
+    call: AtomicCall,
+    dt: AtomicType,
+    op: AtomicOp,
+    buf: &'a [u8],
+    compare: Option<&'a [u8]>,
+    result: Option<&'b mut [u8]>,
+    dest: FiAddr,
+    iocs: &'a [RmaIoc],
+    context: usize,
+    data: Option<u64>,
+    flags: u64,
+    silent: bool,
+}
+
+/// Flags the RMA and atomic `*msg` calls take.
+pub const RMA_FLAGS: u64 = FI_COMPLETION
+    | FI_INJECT
+    | FI_REMOTE_CQ_DATA
+    | FI_INJECT_COMPLETE
+    | FI_TRANSMIT_COMPLETE
+    | FI_DELIVERY_COMPLETE
+    | FI_FENCE;
+
+/// Bytes an inject write takes.
+pub const RMA_INJECT_SIZE: usize = crate::proto::INJECT_SIZE;
+
+/// The target of an operation: its address, its region (None: our own
+/// domain) and the RMA file its key names.
+#[derive(Clone)]
+pub(crate) struct Target {
+    addr: Address,
+    region: Option<Arc<Region>>,
+    file: Arc<RmaFile>,
+}
+
+impl Target {
+    fn region<'a>(&'a self, dom: &'a DomainInner) -> &'a Region {
+        self.region.as_deref().unwrap_or(&dom.region)
+    }
+}
+
+/// How an operation moves data at the initiator.
+enum Local<'a> {
+    /// Write: the caller's segments to send.
+    Out(&'a [IoSlice<'a>]),
+    /// Read: the caller's segments to fill.
+    In(Vec<(*mut u8, usize)>),
+}
+
+fn fail(k: ErrorKind, why: impl Into<String>) -> Fail {
+    (k, 0, why.into())
+}
+
+impl Endpoint {
+    /// Runs `f` with this endpoint's state under the domain lock.
+    fn with_rma<R>(&self, f: impl FnOnce(&mut EpState, &mut Ctx<'_>) -> Result<R>) -> Result<R> {
+        self.with_state(f)
+    }
+
+    /// The target of `dest` for `key`: Err (the call fails) for an
+    /// fi_addr the AV does not hold; Ok(Err) (an error completion) when
+    /// the target cannot be reached by that key (a key naming no RMA file
+    /// of that domain, a domain that is gone). The last target is cached
+    /// (checked against the AV's current address for `dest`).
+    fn target(
+        &self,
+        ep: &EpState,
+        ctx: &mut Ctx<'_>,
+        dest: FiAddr,
+        key: u64,
+    ) -> Result<std::result::Result<Target, Fail>> {
+        let av =
+            ep.peers.av().and_then(|a| ctx.avs.get(a)).ok_or_else(|| Error::with(ErrorKind::NoEnt, "no AV bound"))?;
+        let addr = av
+            .lookup(dest)
+            .ok_or_else(|| Error::with(ErrorKind::NoEnt, format!("fi_addr {dest} is not in the address vector")))?;
+        let dom = &self.dom;
+        let fd = Key::decode(key).fd;
+        if let Ok(c) = dom.rma.tcache.lock() {
+            if let Some((i, f, t)) = c.as_ref() {
+                if *i == self.index() && *f == fd && t.addr == addr {
+                    return Ok(Ok(t.clone()));
+                }
+            }
+        }
+        let own = RegionId::of(&addr) == dom.region.id();
+        let region = if own || addr.fd == Address::NAMED {
+            None
+        } else {
+            let id = RegionId::of(&addr);
+            match ctx.regions.get(&id) {
+                Some(r) => Some(r.clone()),
+                None => match Region::attach(&id) {
+                    Ok(r) => {
+                        let r = Arc::new(r);
+                        ctx.regions.insert(id, r.clone());
+                        Some(r)
+                    }
+                    Err(e) => return Ok(Err(fail(ErrorKind::Io, format!("the target's domain is gone: {e}")))),
+                },
+            }
+        };
+        let file = match dom.rma.file_of(dom, &addr, Key::decode(key)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::OpNotSupp => return Err(e),
+            Err(e) => return Ok(Err(fail(ErrorKind::NoKey, format!("key {key:#x}: {e}")))),
+        };
+        let t = Target { addr, region, file };
+        if let Ok(mut c) = dom.rma.tcache.lock() {
+            *c = Some((self.index(), fd, t.clone()));
+        }
+        Ok(Ok(t))
+    }
+
+    /// Checks the endpoint and decides whether a CQ entry is due.
+    fn rma_check(ep: &EpState, flags: u64, silent: bool) -> Result<bool> {
+        if !ep.enabled {
+            return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
+        }
+        if flags & !RMA_FLAGS != 0 {
+            return Err(Error::with(ErrorKind::BadFlags, format!("unsupported flags {:#x}", flags & !RMA_FLAGS)));
+        }
+        let cqe = !silent && (!ep.bind.tx_sel || flags & FI_COMPLETION != 0);
+        if cqe && !ep.bind.can_report_tx() {
+            return Err(Error::with(ErrorKind::NoCq, "no transmit CQ or counter bound"));
+        }
+        Ok(cqe)
+    }
+
+    /// The RMA calls' one body.
+    #[allow(clippy::too_many_arguments)]
+    fn rma(
+        &self,
+        kind: OpKind,
+        local: Local<'_>,
+        rma_iov: &[RmaIov],
+        dest: FiAddr,
+        context: usize,
+        data: Option<u64>,
+        flags: u64,
+        silent: bool,
+    ) -> Result<()> {
+        let llen = match &local {
+            Local::Out(v) => v.iter().map(|s| s.len()).sum::<usize>(),
+            Local::In(v) => v.iter().map(|s| s.1).sum(),
+        };
+        let rlen = rma_iov.iter().map(|r| r.len).sum::<usize>();
+        if llen != rlen {
+            return Err(Error::with(ErrorKind::Inval, format!("local {llen} bytes, remote {rlen} bytes")));
+        }
+        if silent && llen > RMA_INJECT_SIZE {
+            return Err(Error::with(ErrorKind::MsgSize, format!("inject takes at most {RMA_INJECT_SIZE} bytes")));
+        }
+        self.with_rma(|ep, ctx| {
+            let cqe = Self::rma_check(ep, flags, silent)?;
+            let mut err: Option<Fail> = None;
+            let mut done = 0usize;
+            for r in rma_iov {
+                let t = match self.target(ep, ctx, dest, r.key)? {
+                    Ok(t) => t,
+                    Err(f) => {
+                        err = Some(f);
+                        break;
+                    }
+                };
+                let res = match &local {
+                    Local::Out(v) => self.put(ctx, &t, r, v, done),
+                    Local::In(v) => self.get(ctx, &t, r, v, done),
+                };
+                if let Err(e) = res {
+                    err = Some(e);
+                    break;
+                }
+                done += r.len;
+            }
+            if err.is_none() {
+                if let Some(d) = data {
+                    err = match self.target(ep, ctx, dest, rma_iov.first().map_or(0, |r| r.key))? {
+                        Ok(t) => {
+                            let req = MboxReq {
+                                op: mbox_op::CQ_DATA,
+                                ep_index: t.addr.ep_index,
+                                data: d,
+                                len: llen as u64,
+                                ..Default::default()
+                            };
+                            mbox_call(&self.dom, &t, req, &[], &mut [], false).err()
+                        }
+                        Err(f) => Some(f),
+                    };
+                }
+            }
+            let done = SendDone { kind, ctx: context, tag: 0, cqe, silent };
+            complete_send(&ep.bind, ctx, done, err);
+            Ok(())
+        })
+    }
+
+    /// Writes `r.len` bytes of `v` from byte `from` into the target.
+    fn put(
+        &self,
+        ctx: &Ctx<'_>,
+        t: &Target,
+        r: &RmaIov,
+        v: &[IoSlice<'_>],
+        from: usize,
+    ) -> std::result::Result<(), Fail> {
+        let pin = t.file.pin(Key::decode(r.key), r.addr, r.len as u64, Need::Write).map_err(|(k, s)| fail(k, s))?;
+        let view = pin.view;
+        let src = sub_local(v.iter().map(|s| (s.as_ptr() as *mut u8, s.len())), from, r.len);
+        let rs = ranges(&view, r.addr, r.len as u64);
+        if view.kind == mr_kind::HEAP {
+            copy_heap(&t.file, &rs, &src, true);
+            self.dom.rma.heap_ops.fetch_add(1, Ordering::Relaxed);
+        } else if !self.cma_write(ctx, t, &rs, &src)? {
+            drop(pin);
+            let mut at = 0usize;
+            let buf = gather(&src);
+            while at < r.len {
+                let n = (r.len - at).min(MBOX_DATA);
+                let req = MboxReq {
+                    op: mbox_op::WRITE,
+                    ep_index: t.addr.ep_index,
+                    key: r.key,
+                    off: r.addr + at as u64,
+                    len: n as u64,
+                    count: (at + n == r.len) as u32,
+                    ..Default::default()
+                };
+                mbox_call(&self.dom, t, req, &buf[at..at + n], &mut [], true)?;
+                at += n;
+            }
+            return Ok(());
+        }
+        count_landed(&self.dom, t, view.cntr_rw, 0);
+        Ok(())
+    }
+
+    /// Reads `r.len` bytes of the target into `v` from byte `from`.
+    fn get(
+        &self,
+        ctx: &Ctx<'_>,
+        t: &Target,
+        r: &RmaIov,
+        v: &[(*mut u8, usize)],
+        from: usize,
+    ) -> std::result::Result<(), Fail> {
+        let pin = t.file.pin(Key::decode(r.key), r.addr, r.len as u64, Need::Read).map_err(|(k, s)| fail(k, s))?;
+        let view = pin.view;
+        let dst = sub_local(v.iter().copied(), from, r.len);
+        let rs = ranges(&view, r.addr, r.len as u64);
+        if view.kind == mr_kind::HEAP {
+            copy_heap(&t.file, &rs, &dst, false);
+            self.dom.rma.heap_ops.fetch_add(1, Ordering::Relaxed);
+        } else if !self.cma_read(ctx, t, &rs, &dst)? {
+            drop(pin);
+            let mut at = 0usize;
+            let mut buf = vec![0u8; r.len];
+            while at < r.len {
+                let n = (r.len - at).min(MBOX_DATA);
+                let req = MboxReq {
+                    op: mbox_op::READ,
+                    ep_index: t.addr.ep_index,
+                    key: r.key,
+                    off: r.addr + at as u64,
+                    len: n as u64,
+                    count: (at + n == r.len) as u32,
+                    ..Default::default()
+                };
+                mbox_call(&self.dom, t, req, &[], &mut buf[at..at + n], true)?;
+                at += n;
+            }
+            scatter(&dst, &buf);
+            return Ok(());
+        }
+        count_landed(&self.dom, t, view.cntr_rr, 1);
+        Ok(())
+    }
+
+    /// Single-copy write; false when single copy is off or refused (the
+    /// caller then goes through the target's progress engine).
+    fn cma_write(
+        &self,
+        ctx: &Ctx<'_>,
+        t: &Target,
+        rs: &[(u64, u64)],
+        src: &[(*mut u8, usize)],
+    ) -> std::result::Result<bool, Fail> {
+        self.cma(ctx, t, rs, src, true)
+    }
+
+    fn cma_read(
+        &self,
+        ctx: &Ctx<'_>,
+        t: &Target,
+        rs: &[(u64, u64)],
+        dst: &[(*mut u8, usize)],
+    ) -> std::result::Result<bool, Fail> {
+        self.cma(ctx, t, rs, dst, false)
+    }
+
+    fn cma(
+        &self,
+        ctx: &Ctx<'_>,
+        t: &Target,
+        rs: &[(u64, u64)],
+        local: &[(*mut u8, usize)],
+        write: bool,
+    ) -> std::result::Result<bool, Fail> {
+        if ctx.cfg.cma == CmaMode::Off {
+            return Ok(false);
+        }
+        // Pieces of 1 MiB: a target that dies is noticed between them.
+        const PIECE: usize = 1 << 20;
+        let total = local.iter().map(|l| l.1).sum::<usize>();
+        let mut at = 0;
+        while at < total {
+            let n = (total - at).min(PIECE);
+            let l = sub_local(local.iter().copied(), at, n);
+            let r = crate::cma::sub_ranges(rs, at, n);
+            let res = if write {
+                crate::cma::write(t.addr.pid as i32, &l, &r, ctx.cfg.cma)
+            } else {
+                crate::cma::read(t.addr.pid as i32, &l, &r, ctx.cfg.cma)
+            };
+            match res {
+                Ok(k) if k == n => {}
+                Ok(k) => return Err(fail(ErrorKind::Io, format!("single copy moved {k} of {n} bytes"))),
+                Err(crate::cma::CmaError::Refused(e)) => {
+                    if e == libc::ESRCH || !t.region(&self.dom).alive() {
+                        return Err(fail(ErrorKind::Io, "the target process is gone"));
+                    }
+                    if at > 0 {
+                        return Err(fail(ErrorKind::Io, format!("single copy refused midway (errno {e})")));
+                    }
+                    return Ok(false);
+                }
+                Err(crate::cma::CmaError::Fault(e)) => {
+                    let why =
+                        if t.region(&self.dom).alive() { "bad target memory" } else { "the target process is gone" };
+                    return Err(fail(ErrorKind::Io, format!("single copy failed (errno {e}): {why}")));
+                }
+            }
+            at += n;
+        }
+        self.dom.rma.cma_ops.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// fi_write: `buf` to offset `addr` of the registration `key` of
+    /// `dest`.
+    pub fn write(&self, buf: &[u8], dest: FiAddr, addr: u64, key: u64, context: usize) -> Result<()> {
+        let iov = [IoSlice::new(buf)];
+        let r = [RmaIov { addr, len: buf.len(), key }];
+        self.rma(OpKind::Write, Local::Out(&iov), &r, dest, context, None, 0, false)
+    }
+
+    /// fi_writev.
+    pub fn writev(&self, iov: &[IoSlice<'_>], dest: FiAddr, addr: u64, key: u64, context: usize) -> Result<()> {
+        let len = iov.iter().map(|s| s.len()).sum();
+        let r = [RmaIov { addr, len, key }];
+        self.rma(OpKind::Write, Local::Out(iov), &r, dest, context, None, 0, false)
+    }
+
+    /// fi_writemsg: `iov` into the remote segments `rma_iov` (same total),
+    /// with `data` as remote CQ data when `flags` has FI_REMOTE_CQ_DATA.
+    pub fn writemsg(
+        &self,
+        iov: &[IoSlice<'_>],
+        rma_iov: &[RmaIov],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
+        let d = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
+        self.rma(OpKind::Write, Local::Out(iov), rma_iov, dest, context, d, flags, false)
+    }
+
+    /// fi_writedata: a write, then `data` in a completion at the target's
+    /// receive CQ (flags FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA).
+    pub fn writedata(&self, buf: &[u8], data: u64, dest: FiAddr, addr: u64, key: u64, context: usize) -> Result<()> {
+        let iov = [IoSlice::new(buf)];
+        let r = [RmaIov { addr, len: buf.len(), key }];
+        self.rma(OpKind::Write, Local::Out(&iov), &r, dest, context, Some(data), FI_REMOTE_CQ_DATA, false)
+    }
+
+    /// fi_inject_write: no completion entry (counters count).
+    pub fn inject_write(&self, buf: &[u8], dest: FiAddr, addr: u64, key: u64) -> Result<()> {
+        let iov = [IoSlice::new(buf)];
+        let r = [RmaIov { addr, len: buf.len(), key }];
+        self.rma(OpKind::Write, Local::Out(&iov), &r, dest, 0, None, FI_INJECT, true)
+    }
+
+    /// fi_inject_writedata.
+    pub fn inject_writedata(&self, buf: &[u8], data: u64, dest: FiAddr, addr: u64, key: u64) -> Result<()> {
+        let iov = [IoSlice::new(buf)];
+        let r = [RmaIov { addr, len: buf.len(), key }];
+        self.rma(OpKind::Write, Local::Out(&iov), &r, dest, 0, Some(data), FI_INJECT | FI_REMOTE_CQ_DATA, true)
+    }
+
+    /// fi_read: `buf.len()` bytes at offset `addr` of registration `key`
+    /// of `dest` into `buf` (there when the call returns).
+    pub fn read(&self, buf: &mut [u8], dest: FiAddr, addr: u64, key: u64, context: usize) -> Result<()> {
+        let r = [RmaIov { addr, len: buf.len(), key }];
+        self.rma(OpKind::Read, Local::In(vec![(buf.as_mut_ptr(), buf.len())]), &r, dest, context, None, 0, false)
+    }
+
+    /// fi_readv.
+    pub fn readv(&self, iov: &mut [IoSliceMut<'_>], dest: FiAddr, addr: u64, key: u64, context: usize) -> Result<()> {
+        let v: Vec<_> = iov.iter_mut().map(|s| (s.as_mut_ptr(), s.len())).collect();
+        let r = [RmaIov { addr, len: v.iter().map(|s| s.1).sum(), key }];
+        self.rma(OpKind::Read, Local::In(v), &r, dest, context, None, 0, false)
+    }
+
+    /// fi_readmsg: the remote segments `rma_iov` into `iov` (same total).
+    pub fn readmsg(
+        &self,
+        iov: &mut [IoSliceMut<'_>],
+        rma_iov: &[RmaIov],
+        dest: FiAddr,
+        context: usize,
+        flags: u64,
+    ) -> Result<()> {
+        let v: Vec<_> = iov.iter_mut().map(|s| (s.as_mut_ptr(), s.len())).collect();
+        self.rma(OpKind::Read, Local::In(v), rma_iov, dest, context, None, flags & !FI_REMOTE_CQ_DATA, false)
+    }
+
+    /// fi_atomicvalid: the most elements one fi_atomic of `op` on `dt`
+    /// takes, or `-FI_EOPNOTSUPP`.
+    pub fn atomic_valid(&self, dt: AtomicType, op: AtomicOp) -> Result<usize> {
+        valid_count(AtomicCall::Write, dt, op)
+    }
+
+    /// fi_fetch_atomicvalid.
+    pub fn fetch_atomic_valid(&self, dt: AtomicType, op: AtomicOp) -> Result<usize> {
+        valid_count(AtomicCall::Fetch, dt, op)
+    }
+
+    /// fi_compare_atomicvalid.
+    pub fn compare_atomic_valid(&self, dt: AtomicType, op: AtomicOp) -> Result<usize> {
+        valid_count(AtomicCall::Compare, dt, op)
+    }
+
+    /// fi_atomic: `op` with the elements of `buf` (`dt`, native byte
+    /// order) on the elements at offset `addr` of registration `key`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn atomic(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        context: usize,
+    ) -> Result<()> {
+        self.atomic_one(AtomicCall::Write, dt, op, buf, None, None, dest, addr, key, context, false)
+    }
+
+    /// fi_inject_atomic: no completion entry.
+    pub fn inject_atomic(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+    ) -> Result<()> {
+        self.atomic_one(AtomicCall::Write, dt, op, buf, None, None, dest, addr, key, 0, true)
+    }
+
+    /// fi_fetch_atomic: as `atomic`, the old values into `result` (its
+    /// length gives the count; `buf` may be empty for ATOMIC_READ).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fetch_atomic(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        result: &mut [u8],
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        context: usize,
+    ) -> Result<()> {
+        self.atomic_one(AtomicCall::Fetch, dt, op, buf, None, Some(result), dest, addr, key, context, false)
+    }
+
+    /// fi_compare_atomic: the compare family, with `compare` operands; the
+    /// old values into `result`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn compare_atomic(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        compare: &[u8],
+        result: &mut [u8],
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        context: usize,
+    ) -> Result<()> {
+        self.atomic_one(AtomicCall::Compare, dt, op, buf, Some(compare), Some(result), dest, addr, key, context, false)
+    }
+
+    fn atomic_call(&self, a: AtomicArgs<'_, '_>) -> Result<()> {
+        let AtomicArgs { call, dt, op, buf, compare, result, dest, iocs, context, data, flags, silent } = a;
+        let max = valid_count(call, dt, op)?;
+        let sz = dt.size();
+        let count: usize = iocs.iter().map(|i| i.count).sum();
+        let len = count * sz;
+        let operand_ok = buf.len() == len || op == AtomicOp::Read && buf.is_empty();
+        let result_ok = result.as_ref().is_none_or(|r| r.len() == len);
+        if count == 0 || !operand_ok || !result_ok || compare.is_some_and(|c| c.len() != len) {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                format!("atomic: buffers must hold {count} elements of {dt:?} ({len} bytes)"),
+            ));
+        }
+        if iocs.iter().any(|i| i.count > max) {
+            return Err(Error::with(ErrorKind::MsgSize, format!("atomic: at most {max} elements per remote segment")));
+        }
+        let kind = match call {
+            AtomicCall::Write => OpKind::Atomic,
+            AtomicCall::Fetch => OpKind::FetchAtomic,
+            AtomicCall::Compare => OpKind::CompareAtomic,
+        };
+        let need = match (call, op) {
+            (_, AtomicOp::Read) => Need::Read,
+            (AtomicCall::Write, _) => Need::Write,
+            _ => Need::ReadWrite,
+        };
+        self.with_rma(|ep, ctx| {
+            let cqe = Self::rma_check(ep, flags, silent)?;
+            let mut res = Ok(());
+            let mut at = 0usize;
+            let (mut out_small, mut out_big) = ([0u8; 32], Vec::new());
+            let out: &mut [u8] = if len <= 32 {
+                &mut out_small[..len]
+            } else {
+                out_big.resize(len, 0);
+                &mut out_big
+            };
+            for ioc in iocs {
+                let t = match self.target(ep, ctx, dest, ioc.key)? {
+                    Ok(t) => t,
+                    Err(f) => {
+                        res = Err(f);
+                        break;
+                    }
+                };
+                let n = ioc.count * sz;
+                let (mut small, mut big) = ([0u8; 64], Vec::new());
+                let operands: &mut [u8] = if 2 * n <= 64 {
+                    &mut small[..2 * n]
+                } else {
+                    big.resize(2 * n, 0);
+                    &mut big
+                };
+                if !buf.is_empty() {
+                    operands[..n].copy_from_slice(&buf[at..at + n]);
+                }
+                if let Some(c) = compare {
+                    operands[n..].copy_from_slice(&c[at..at + n]);
+                }
+                res = self.atomic_at(&t, dt, op, call, need, operands, ioc.count, ioc.addr, ioc.key);
+                if res.is_err() {
+                    break;
+                }
+                out[at..at + n].copy_from_slice(&operands[..n]);
+                at += n;
+            }
+            if res.is_ok() {
+                if let Some(r) = result {
+                    r.copy_from_slice(out);
+                }
+                if let Some(d) = data {
+                    res = match self.target(ep, ctx, dest, iocs[0].key)? {
+                        Ok(t) => {
+                            let req = MboxReq {
+                                op: mbox_op::CQ_DATA,
+                                ep_index: t.addr.ep_index,
+                                data: d,
+                                len: len as u64,
+                                ..Default::default()
+                            };
+                            mbox_call(&self.dom, &t, req, &[], &mut [], false)
+                        }
+                        Err(f) => Err(f),
+                    };
+                }
+            }
+            complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent }, res.err());
+            Ok(())
+        })
+    }
+
+    /// fi_atomicmsg: `op` with the elements of `buf` on the remote
+    /// segments `rma_ioc` in order (their counts add up to `buf`'s);
+    /// `data` goes to the target's receive CQ with FI_REMOTE_CQ_DATA.
+    #[allow(clippy::too_many_arguments)]
+    pub fn atomicmsg(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        rma_ioc: &[RmaIoc],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
+        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
+        let (compare, result) = (None, None);
+        let call = AtomicCall::Write;
+        self.atomic_call(AtomicArgs {
+            call,
+            dt,
+            op,
+            buf,
+            compare,
+            result,
+            dest,
+            iocs: rma_ioc,
+            context,
+            data,
+            flags,
+            silent: false,
+        })
+    }
+
+    /// fi_fetch_atomicmsg: as `atomicmsg`, the old values into `result`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fetch_atomicmsg(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        result: &mut [u8],
+        rma_ioc: &[RmaIoc],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
+        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
+        self.atomic_call(AtomicArgs {
+            call: AtomicCall::Fetch,
+            dt,
+            op,
+            buf,
+            compare: None,
+            result: Some(result),
+            dest,
+            iocs: rma_ioc,
+            context,
+            data,
+            flags,
+            silent: false,
+        })
+    }
+
+    /// fi_compare_atomicmsg: the compare family on the remote segments.
+    #[allow(clippy::too_many_arguments)]
+    pub fn compare_atomicmsg(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        compare: &[u8],
+        result: &mut [u8],
+        rma_ioc: &[RmaIoc],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
+        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
+        self.atomic_call(AtomicArgs {
+            call: AtomicCall::Compare,
+            dt,
+            op,
+            buf,
+            compare: Some(compare),
+            result: Some(result),
+            dest,
+            iocs: rma_ioc,
+            context,
+            data,
+            flags,
+            silent: false,
+        })
+    }
+
+    /// The arguments of a one-segment atomic call.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic_one(
+        &self,
+        call: AtomicCall,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        compare: Option<&[u8]>,
+        result: Option<&mut [u8]>,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        context: usize,
+        silent: bool,
+    ) -> Result<()> {
+        let len = result.as_ref().map_or(buf.len(), |r| r.len());
+        if len == 0 || !len.is_multiple_of(dt.size()) {
+            return Err(Error::with(ErrorKind::Inval, format!("atomic: {len} bytes is no whole number of {dt:?}")));
+        }
+        let iocs = [RmaIoc { addr, count: len / dt.size(), key }];
+        let flags = if silent { FI_INJECT } else { 0 };
+        self.atomic_call(AtomicArgs {
+            call,
+            dt,
+            op,
+            buf,
+            compare,
+            result,
+            dest,
+            iocs: &iocs,
+            context,
+            data: None,
+            flags,
+            silent,
+        })
+    }
+
+    /// Applies an atomic to `count` elements at `addr`; `io` holds the
+    /// operands then the compares, and gets the old values at its start.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic_at(
+        &self,
+        t: &Target,
+        dt: AtomicType,
+        op: AtomicOp,
+        call: AtomicCall,
+        need: Need,
+        io: &mut [u8],
+        count: usize,
+        addr: u64,
+        key: u64,
+    ) -> std::result::Result<(), Fail> {
+        let sz = dt.size();
+        let len = count * sz;
+        let pin = t.file.pin(Key::decode(key), addr, len as u64, need).map_err(|(k, s)| fail(k, s))?;
+        let view = pin.view;
+        if view.kind != mr_kind::HEAP {
+            drop(pin);
+            let req = MboxReq {
+                op: mbox_op::ATOMIC,
+                ep_index: t.addr.ep_index,
+                dtype: dt as u8,
+                aop: op as u8,
+                fetch: (call != AtomicCall::Write) as u8,
+                key,
+                off: addr,
+                len: len as u64,
+                count: count as u32,
+                ..Default::default()
+            };
+            let input = io.to_vec();
+            return mbox_call(&self.dom, t, req, &input, &mut io[..len], true);
+        }
+        let rs = ranges(&view, addr, len as u64);
+        let off = rs[0].0;
+        if !off.is_multiple_of(sz.min(8) as u64) {
+            return Err(fail(ErrorKind::Inval, format!("atomic: offset {addr} is not aligned to {}", sz.min(8))));
+        }
+        let base = t.file.heap_at(off, len as u64).expect("checked by pin");
+        self.dom.rma.heap_ops.fetch_add(1, Ordering::Relaxed);
+        for i in 0..count {
+            let a = atomic::load_elem(&io[i * sz..(i + 1) * sz]);
+            let c = atomic::load_elem(&io[len + i * sz..len + (i + 1) * sz]);
+            // SAFETY: an aligned element inside the pinned heap
+            // registration, which peers reach only through `apply`.
+            let old = unsafe { atomic::apply(dt, op, base.add(i * sz), a, c, t.file.lock(off + (i * sz) as u64)) };
+            atomic::store_elem(&mut io[i * sz..(i + 1) * sz], old);
+        }
+        if op != AtomicOp::Read {
+            count_landed(&self.dom, t, view.cntr_rw, 0);
+        }
+        if call != AtomicCall::Write {
+            count_landed(&self.dom, t, view.cntr_rr, 1);
+        }
+        Ok(())
+    }
+}
+
+/// What fi_query_atomic reports of a datatype and operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtomicAttr {
+    /// Bytes of one element.
+    pub size: usize,
+    /// Most elements per remote segment of one call.
+    pub count: usize,
+}
+
+impl crate::Domain {
+    /// fi_query_atomic: whether `call` takes `op` on `dt` in this domain
+    /// (the table every valid-op query answers from), and its limits;
+    /// `-FI_EOPNOTSUPP` otherwise.
+    pub fn query_atomic(&self, dt: AtomicType, op: AtomicOp, call: AtomicCall) -> Result<AtomicAttr> {
+        Ok(AtomicAttr { size: dt.size(), count: valid_count(call, dt, op)? })
+    }
+}
+
+/// The most elements one call takes, or OpNotSupp.
+fn valid_count(call: AtomicCall, dt: AtomicType, op: AtomicOp) -> Result<usize> {
+    if atomic::valid(call, dt, op) {
+        Ok(MBOX_DATA / 2 / dt.size())
+    } else {
+        Err(Error::with(ErrorKind::OpNotSupp, format!("{op:?} on {dt:?} is not supported by this call")))
+    }
+}
+
+/// Counts one operation that landed in the target's memory: on the
+/// counter bound to the registration (`mr_cntr`, index + 1) and on the one
+/// the target endpoint bound for remote writes (`which` 0) or reads (1),
+/// once if they are the same.
+fn count_landed(dom: &DomainInner, t: &Target, mr_cntr: u32, which: usize) {
+    let r = t.region(dom);
+    count_remote(r, mr_cntr);
+    let ep = t.file.ep_counter(t.addr.ep_index, which);
+    if ep != mr_cntr {
+        count_remote(r, ep);
+    }
+}
+
+/// Bytes `[from, from + len)` of local segments, as segments.
+fn sub_local(v: impl Iterator<Item = (*mut u8, usize)>, from: usize, len: usize) -> Vec<(*mut u8, usize)> {
+    let mut out = Vec::new();
+    let (mut skip, mut left) = (from, len);
+    for (p, l) in v {
+        if left == 0 {
+            break;
+        }
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = (l - skip).min(left);
+        // SAFETY: inside the caller's segment (skip < l).
+        out.push((unsafe { p.add(skip) }, n));
+        left -= n;
+        skip = 0;
+    }
+    out
+}
+
+fn gather(src: &[(*mut u8, usize)]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(src.iter().map(|s| s.1).sum());
+    for &(p, l) in src {
+        // SAFETY: the caller's segments, valid for the call.
+        v.extend_from_slice(unsafe { std::slice::from_raw_parts(p, l) });
+    }
+    v
+}
+
+fn scatter(dst: &[(*mut u8, usize)], mut data: &[u8]) {
+    for &(p, l) in dst {
+        // SAFETY: the caller's segments, valid for writes for the call.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, l) };
+        data = &data[l..];
+    }
+}
+
+/// Copies between local segments and heap ranges `rs` (offsets checked
+/// by the pin) of the same total; `to_heap` gives the direction.
+fn copy_heap(f: &RmaFile, rs: &[(u64, u64)], local: &[(*mut u8, usize)], to_heap: bool) {
+    let (mut li, mut loff) = (0usize, 0usize);
+    for &(off, n) in rs {
+        let h = f.heap_at(off, n).expect("checked by pin");
+        let mut done = 0usize;
+        while done < n as usize {
+            let (lp, ll) = local[li];
+            let k = (ll - loff).min(n as usize - done);
+            // SAFETY: both sides in bounds: the heap range by the pin, the
+            // local segment by its length; they do not overlap (a local
+            // buffer is never the target's heap range being copied... and
+            // if it is, copy handles overlap).
+            unsafe {
+                if to_heap {
+                    std::ptr::copy(lp.add(loff), h.add(done), k);
+                } else {
+                    std::ptr::copy(h.add(done), lp.add(loff), k);
+                }
+            }
+            done += k;
+            loff += k;
+            if loff == ll {
+                li += 1;
+                loff = 0;
+            }
+        }
+    }
+}
+
+/// Sends one request to the target's mailbox; with `wait`, waits for its
+/// answer (serving our own mailbox meanwhile, so that two ranks waiting on
+/// each other both move) and copies its data into `output`. A target that
+/// dies fails it within about a peer-check period.
+fn mbox_call(
+    dom: &DomainInner,
+    t: &Target,
+    req: MboxReq,
+    input: &[u8],
+    output: &mut [u8],
+    wait: bool,
+) -> std::result::Result<(), Fail> {
+    let f: &RmaFile = &t.file;
+    dom.rma.mbox_ops.fetch_add(1, Ordering::Relaxed);
+    let r = t.region(dom);
+    let own: Option<&OwnRma> = dom.rma.own_if_any();
+    let counters = dom.counters();
+    let me = atomic::my_pid();
+    let mut last_check = Instant::now();
+    let mut spins = 0u32;
+    let pause = |spins: &mut u32, last: &mut Instant| -> std::result::Result<(), Fail> {
+        if let Some(o) = own {
+            if !std::ptr::eq(Arc::as_ptr(&o.file), f) && o.pending() {
+                o.serve(counters, None);
+            }
+        }
+        *spins += 1;
+        if *spins > 100 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        if spins.is_multiple_of(256) && last.elapsed() >= dom.cfg.peer_check {
+            *last = Instant::now();
+            if !r.alive() {
+                return Err(fail(ErrorKind::Io, "the target process is gone"));
+            }
+        }
+        Ok(())
+    };
+    // Claim a free slot.
+    let s = loop {
+        let mut got = None;
+        for i in 0..shm_layout::rma::N_MBOX as usize {
+            let s = f.slot(i);
+            // SAFETY: a slot of the mapped mailbox; its state is atomic.
+            let st = unsafe { &(*s).state };
+            if st.compare_exchange(mbox_state::FREE, mbox_state::CLAIMED, Ordering::Acquire, Ordering::Relaxed).is_ok()
+            {
+                got = Some(s);
+                break;
+            }
+        }
+        if let Some(s) = got {
+            break s;
+        }
+        if own.is_some_and(|o| std::ptr::eq(Arc::as_ptr(&o.file), f)) {
+            // Our own mailbox is full of our own requests: serve them.
+            own.expect("checked").serve(counters, None);
+        }
+        if spins % 1024 == 1023 {
+            reclaim_dead(f);
+        }
+        pause(&mut spins, &mut last_check)?;
+    };
+    // SAFETY: the slot is ours (CLAIMED) until we publish it; data holds
+    // MBOX_DATA bytes and input at most that (the callers cut pieces).
+    unsafe {
+        (*s).claimer.store(me, Ordering::Relaxed);
+        std::ptr::addr_of_mut!((*s).req).write_volatile(req);
+        std::ptr::copy_nonoverlapping(input.as_ptr(), (*s).data.as_mut_ptr(), input.len().min(MBOX_DATA));
+        // SYNC: pairs with the acquire load of the state in OwnRma::serve.
+        (*s).state.store(mbox_state::REQ, Ordering::Release);
+    }
+    // SYNC: pairs with the acquire load in OwnRma::pending.
+    OwnRma::requests_of(f).fetch_add(1, Ordering::Release);
+    crate::doorbell::ring(&r.header().doorbell);
+    if !wait {
+        return Ok(());
+    }
+    // SAFETY: as above; the state word is atomic.
+    let state = unsafe { &(*s).state };
+    spins = 0;
+    loop {
+        // SYNC: pairs with the owner's release store of DONE (mr::finish).
+        if state.load(Ordering::Acquire) == mbox_state::DONE {
+            break;
+        }
+        if own.is_some_and(|o| std::ptr::eq(Arc::as_ptr(&o.file), f)) {
+            own.expect("checked").serve(counters, None);
+        }
+        pause(&mut spins, &mut last_check)?;
+    }
+    // SAFETY: DONE: the owner wrote status and data and no longer touches
+    // the slot; we free it after reading.
+    let status = unsafe {
+        let st = std::ptr::addr_of!((*s).req.status).read_volatile();
+        let n = output.len().min(MBOX_DATA);
+        std::ptr::copy_nonoverlapping((*s).data.as_ptr(), output.as_mut_ptr(), n);
+        st
+    };
+    // SAFETY: as above.
+    unsafe { (*s).claimer.store(0, Ordering::Relaxed) };
+    // SYNC: pairs with the acquire CAS of the next claimer.
+    state.store(mbox_state::FREE, Ordering::Release);
+    if status != 0 {
+        let k = ErrorKind::from_errno(status as i32);
+        return Err(fail(k, format!("the target refused the access: {}", k.message())));
+    }
+    Ok(())
+}
+
+/// Frees the mailbox slots of initiators that died between claiming a
+/// slot and freeing it (else a few crashed peers would block the mailbox
+/// for good): a slot claimed, or answered and never read, whose claimer's
+/// pid no longer exists. A published request (REQ) is left to the owner,
+/// who answers it; the slot is freed at the next look.
+fn reclaim_dead(f: &RmaFile) {
+    for i in 0..shm_layout::rma::N_MBOX as usize {
+        let s = f.slot(i);
+        // SAFETY: a slot of the mapped mailbox; state and claimer are atomic.
+        let (st, who) = unsafe { (&(*s).state, (*s).claimer.load(Ordering::Relaxed)) };
+        let cur = st.load(Ordering::Acquire);
+        if (cur == mbox_state::CLAIMED || cur == mbox_state::DONE) && who != 0 && !atomic::pid_alive(who) {
+            // Claimers store their pid after claiming and 0 before freeing,
+            // so a slot just claimed (claimer still 0) is never taken here.
+            // SAFETY: as above.
+            unsafe { (*s).claimer.store(0, Ordering::Relaxed) };
+            // SYNC: pairs with the acquire CAS of the next claimer.
+            let _ = st.compare_exchange(cur, mbox_state::FREE, Ordering::Release, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Serves our mailbox from a progress pass of the domain: requests on our
+/// memory, and remote CQ data for our endpoints (an entry in the
+/// endpoint's receive CQ).
+pub(crate) fn serve_domain(dom: &DomainInner, st: &mut crate::domain::DomainState) {
+    let Some(own) = dom.rma.own_if_any() else { return };
+    if !own.pending() {
+        return;
+    }
+    let crate::domain::DomainState { eps, cqs, .. } = st;
+    let mut cq_data = |ep_index: u32, data: u64, len: u64| {
+        let Some(ep) = eps.get(ep_index as usize).and_then(|e| e.as_deref()) else { return };
+        if let Some(cq) = ep.bind.rx_cq.and_then(|c| cqs.get_mut(c)) {
+            let e = crate::cq::CqTaggedEntry {
+                flags: FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA,
+                data,
+                len: len as usize,
+                ..Default::default()
+            };
+            cq.push(e, FI_ADDR_NOTAVAIL);
+        }
+    };
+    own.serve(dom.counters(), Some(&mut cq_data));
+}

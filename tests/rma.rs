@@ -1,0 +1,978 @@
+//! One-sided operations across processes: RMA at every size into the
+//! shared heap and into other registered memory (single copy, and through
+//! the target's progress engine with single copy off or refused), every
+//! atomic op and datatype against a local reference, many ranks on one
+//! word, a compare-swap lock, key / range / rights violations that leave
+//! the target untouched, exact remote-event counters, and a target that
+//! dies during a large RMA.
+
+mod common;
+use common::{pattern, put_file, run, run_killing, test_dir, World};
+use shmfab::atomic::{load_elem, valid, ALL_OPS, ALL_TYPES};
+use shmfab::{AtomicCall, AtomicOp, AtomicType, ErrorKind, MemoryRegion, RmaIoc, RmaIov};
+use shmfab::{FI_READ, FI_REMOTE_CQ_DATA, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_RMA, FI_WRITE};
+use std::io::{IoSlice, IoSliceMut};
+use std::time::{Duration, Instant};
+
+const RW: u64 = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE;
+const T: Duration = Duration::from_secs(120);
+
+/// Publishes this rank's `vals` under `name`; returns rank `from`'s.
+fn share(w: &World, name: &str, vals: &[u64], from: usize) -> Vec<u64> {
+    put_file(&format!("{}.{name}", w.rank), &vals.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" "));
+    let p = test_dir().join(format!("{from}.{name}"));
+    let t0 = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(&p) {
+            return s.split_whitespace().map(|v| v.parse().unwrap()).collect();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "rank {from} never published {name}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Whether this host lets a process write another with
+/// process_vm_writev (containers may not).
+fn cma_works() -> bool {
+    let mut x = [0u8; 1];
+    let l = libc::iovec { iov_base: [1u8].as_ptr() as *mut _, iov_len: 1 };
+    let r = libc::iovec { iov_base: x.as_mut_ptr().cast(), iov_len: 1 };
+    // SAFETY: both ranges are ours and valid.
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &l, 1, &r, 1, 0) };
+    n == 1
+}
+
+/// A user buffer registered (page aligned, so atomics are aligned).
+struct UserMem {
+    buf: Vec<u64>,
+    mr: MemoryRegion,
+}
+
+fn user_mem(w: &World, len: usize, access: u64) -> UserMem {
+    let mut buf = vec![0u64; len.div_ceil(8)];
+    // SAFETY: `buf` outlives the registration (dropped after it: the
+    // registration is closed first in UserMem's drop order below).
+    let mr = unsafe { w.dom.mr_reg(buf.as_mut_ptr().cast(), len, access).unwrap() };
+    UserMem { buf, mr }
+}
+
+impl UserMem {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the buffer; peers write it only between barriers.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast(), self.mr.len()) }
+    }
+}
+
+impl Drop for UserMem {
+    fn drop(&mut self) {
+        self.mr.close().unwrap();
+    }
+}
+
+fn heap_bytes(mr: &MemoryRegion) -> &[u8] {
+    // SAFETY: the heap mapping of the registration, alive with it.
+    unsafe { std::slice::from_raw_parts(mr.as_ptr(), mr.len()) }
+}
+
+fn sizes() -> Vec<usize> {
+    let mut v = vec![1usize, 2, 3, 7, 8, 63, 64, 65, 4095, 4096, 4097, 16383, 16384, 16385, 65536, 65537];
+    v.extend([(1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 << 20, 4 << 20]);
+    v
+}
+
+/// Rank 0 writes every size at an odd offset into rank 1's heap and user
+/// memory (checked by rank 1), then reads it back (checked by rank 0).
+fn rma_every_size(w: World) {
+    const LEN: usize = (4 << 20) + 64;
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(LEN, RW).unwrap();
+        let user = user_mem(&w, LEN, RW);
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        for (i, &n) in sizes().iter().enumerate() {
+            w.barrier();
+            let want = pattern(n, i as u64);
+            assert_eq!(&heap_bytes(&heap)[5..5 + n], &want[..], "heap, {n} bytes");
+            assert_eq!(&user.bytes()[5..5 + n], &want[..], "user memory, {n} bytes");
+            w.barrier();
+        }
+        w.barrier();
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let dest = w.addrs[1];
+        for (i, &n) in sizes().iter().enumerate() {
+            let data = pattern(n, i as u64);
+            for (j, &key) in k.iter().enumerate() {
+                w.ep.write(&data, dest, 5, key, 10 + j).unwrap();
+                let e = w.wait_ctx(10 + j).unwrap_or_else(|e| panic!("write {n}: {e:?}")).0;
+                assert_eq!(e.flags, FI_RMA | FI_WRITE);
+            }
+            w.barrier();
+            for (j, &key) in k.iter().enumerate() {
+                let mut back = vec![0u8; n];
+                w.ep.read(&mut back, dest, 5, key, 20 + j).unwrap();
+                let e = w.wait_ctx(20 + j).unwrap_or_else(|e| panic!("read {n}: {e:?}")).0;
+                assert_eq!(e.flags, FI_RMA | FI_READ);
+                assert!(back == data, "read back {n} bytes from region {j}");
+            }
+            w.barrier();
+        }
+        // Vector and msg forms, inject, and remote CQ data.
+        for (j, &key) in k.iter().enumerate() {
+            let (a, b) = (pattern(100, 1), pattern(5000, 2));
+            w.ep.writev(&[IoSlice::new(&a), IoSlice::new(&b)], dest, 0, key, 30).unwrap();
+            w.wait_ctx(30).unwrap();
+            let rma = [RmaIov { addr: 9000, len: 3000, key }, RmaIov { addr: 100, len: 2100, key }];
+            let mut x = vec![0u8; 2000];
+            let mut y = vec![0u8; 3100];
+            w.ep.readmsg(
+                &mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)],
+                &[RmaIov { addr: 0, len: 5100, key }],
+                dest,
+                31,
+                0,
+            )
+            .unwrap();
+            w.wait_ctx(31).unwrap();
+            assert_eq!(&x[..100], &a[..]);
+            assert_eq!(&x[100..], &b[..1900]);
+            assert_eq!(&y[..], &b[1900..]);
+            let dc = shmfab::FI_DELIVERY_COMPLETE | shmfab::FI_COMPLETION;
+            w.ep.writemsg(&[IoSlice::new(&a), IoSlice::new(&b)], &rma, dest, 32, 0, dc).unwrap();
+            w.wait_ctx(32).unwrap();
+            let ab = [a.clone(), b.clone()].concat();
+            let mut z = vec![0u8; 3000];
+            let mut z2 = vec![0u8; 2100];
+            w.ep.readv(&mut [IoSliceMut::new(&mut z)], dest, 9000, key, 33).unwrap();
+            w.wait_ctx(33).unwrap();
+            w.ep.read(&mut z2, dest, 100, key, 33).unwrap();
+            w.wait_ctx(33).unwrap();
+            assert_eq!(&z[..], &ab[..3000]);
+            assert_eq!(&z2[..], &ab[3000..]);
+            w.ep.inject_write(&a[..64], dest, 64, key).unwrap();
+            let mut q = vec![0u8; 64];
+            w.ep.read(&mut q, dest, 64, key, 34).unwrap();
+            w.wait_ctx(34).unwrap();
+            assert_eq!(q, a[..64]);
+            let _ = j;
+        }
+        let st = w.dom.rma_stats();
+        assert!(st.heap > 0, "{st:?}");
+        let cma = w.dom.config().cma;
+        if cma != shmfab::proto::CmaMode::Auto || !cma_works() {
+            assert_eq!(st.cma, 0, "{st:?}");
+            assert!(st.mailbox > 0, "{st:?}");
+        } else {
+            assert!(st.cma > 0 && st.mailbox == 0, "{st:?}");
+        }
+        w.ep.writedata(&[1, 2, 3], 0xfeed, dest, 0, k[0], 40).unwrap();
+        w.wait_ctx(40).unwrap();
+        w.ep.inject_writedata(&[4, 5], 0xbeef, dest, 0, k[1]).unwrap();
+        w.barrier();
+    }
+    if w.rank == 1 {
+        // The remote CQ data of both writedata calls, in order.
+        for (data, len) in [(0xfeed, 3), (0xbeef, 2)] {
+            let e = w.next().unwrap();
+            assert_eq!(e.flags, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA);
+            assert_eq!((e.data, e.len), (data, len));
+        }
+    }
+    w.barrier();
+}
+
+#[test]
+fn rma_every_size_single_copy() {
+    run("rma_every_size_single_copy", 2, &[], T, rma_every_size);
+}
+
+#[test]
+fn rma_every_size_cma_off() {
+    run("rma_every_size_cma_off", 2, &[("SHMFAB_CMA", "off")], T, rma_every_size);
+}
+
+#[test]
+fn rma_every_size_cma_refused() {
+    run("rma_every_size_cma_refused", 2, &[("SHMFAB_CMA", "fail")], T, rma_every_size);
+}
+
+/// Wrong keys, stale keys, ranges past the end and missing rights fail
+/// with an error completion at the initiator; the target's memory stays
+/// as it was.
+fn violations(w: World) {
+    const LEN: usize = 8192;
+    if w.rank == 1 {
+        let ro_heap = w.dom.alloc_shared(LEN, FI_REMOTE_READ).unwrap();
+        let wo_heap = w.dom.alloc_shared(LEN, FI_REMOTE_WRITE).unwrap();
+        let ro_user = user_mem(&w, LEN, FI_REMOTE_READ);
+        let wo_user = user_mem(&w, LEN, FI_REMOTE_WRITE);
+        let mut stale = w.dom.alloc_shared(LEN, RW).unwrap();
+        let stale_key = stale.key();
+        stale.close().unwrap();
+        // A new registration takes the freed slot: the stale key must not
+        // reach it.
+        let fresh = w.dom.alloc_shared(LEN, RW).unwrap();
+        share(
+            &w,
+            "keys",
+            &[ro_heap.key(), wo_heap.key(), ro_user.mr.key(), wo_user.mr.key(), stale_key, fresh.key()],
+            0,
+        );
+        w.barrier();
+        for b in [heap_bytes(&ro_heap), heap_bytes(&wo_heap), ro_user.bytes(), wo_user.bytes(), heap_bytes(&fresh)] {
+            assert!(b.iter().all(|&x| x == 0), "the target's memory was touched");
+        }
+        w.barrier();
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let dest = w.addrs[1];
+        let data = pattern(LEN, 7);
+        let expect_err = |what: &str, ctx: usize, kind: ErrorKind| {
+            let e = w.wait_ctx(ctx).expect_err(what);
+            assert_eq!(e.err, kind.errno(), "{what}: {e:?}");
+        };
+        let (ro_h, wo_h, ro_u, wo_u, stale, fresh) = (k[0], k[1], k[2], k[3], k[4], k[5]);
+        let mut back = vec![0u8; 16];
+        for (i, key) in [ro_h, ro_u].into_iter().enumerate() {
+            w.ep.write(&data[..16], dest, 0, key, 100 + i).unwrap();
+            expect_err("write to read-only", 100 + i, ErrorKind::Perm);
+            w.ep.atomic(AtomicType::Uint64, AtomicOp::Sum, &[1; 8], dest, 0, key, 110 + i).unwrap();
+            expect_err("atomic on read-only", 110 + i, ErrorKind::Perm);
+        }
+        for (i, key) in [wo_h, wo_u].into_iter().enumerate() {
+            w.ep.read(&mut back, dest, 0, key, 120 + i).unwrap();
+            expect_err("read from write-only", 120 + i, ErrorKind::Perm);
+            let mut r = [0u8; 8];
+            w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &[1; 8], &mut r, dest, 0, key, 130 + i).unwrap();
+            expect_err("fetch on write-only", 130 + i, ErrorKind::Perm);
+            // Past the end, and straddling it.
+            w.ep.write(&data[..16], dest, LEN as u64, key, 140 + i).unwrap();
+            expect_err("write past the end", 140 + i, ErrorKind::Inval);
+            w.ep.write(&data[..16], dest, LEN as u64 - 8, key, 150 + i).unwrap();
+            expect_err("write straddling the end", 150 + i, ErrorKind::Inval);
+            w.ep.write(&data[..16], dest, u64::MAX - 4, key, 160 + i).unwrap();
+            expect_err("write at an overflowing offset", 160 + i, ErrorKind::Inval);
+            // A wrong tag.
+            w.ep.write(&data[..16], dest, 0, key ^ 0x5a5a, 170 + i).unwrap();
+            expect_err("wrong key", 170 + i, ErrorKind::NoKey);
+            w.ep.write(&data[..16], dest, 0, key ^ (1 << 32), 180 + i).unwrap();
+            expect_err("key of another slot", 180 + i, ErrorKind::NoKey);
+            for bit in [48, 49, 55] {
+                w.ep.write(&data[..16], dest, 0, key ^ (1 << bit), 185 + i).unwrap();
+                expect_err("key naming another descriptor", 185 + i, ErrorKind::NoKey);
+            }
+        }
+        w.ep.write(&data[..16], dest, 0, stale, 190).unwrap();
+        expect_err("stale key", 190, ErrorKind::NoKey);
+        assert_ne!(stale, fresh);
+        w.barrier();
+        w.barrier();
+    }
+}
+
+#[test]
+fn rma_violations_single_copy() {
+    run("rma_violations_single_copy", 2, &[], T, violations);
+}
+
+#[test]
+fn rma_violations_cma_off() {
+    run("rma_violations_cma_off", 2, &[("SHMFAB_CMA", "off")], T, violations);
+}
+
+/// The reference: fi_atomic(3)'s definitions, written apart from the
+/// library's (integers widened to i128, then cut to their width).
+fn reference(dt: AtomicType, op: AtomicOp, old: u128, a: u128, c: u128) -> u128 {
+    use AtomicOp::*;
+    use AtomicType::*;
+    let bits = 8 * dt.size() as u32;
+    let mask = if bits == 128 { u128::MAX } else { (1u128 << bits) - 1 };
+    let signed = matches!(dt, Int8 | Int16 | Int32 | Int64);
+    let wide = |v: u128| -> i128 {
+        if signed && v >> (bits - 1) & 1 == 1 {
+            (v | !mask) as i128
+        } else {
+            v as i128
+        }
+    };
+    let cut = |v: i128| (v as u128) & mask;
+    let when = |cond: bool, x: u128| if cond { x } else { old };
+    match dt {
+        Float | Double => {
+            let f = |v: u128| if bits == 32 { f32::from_bits(v as u32) as f64 } else { f64::from_bits(v as u64) };
+            let back = |v: f64| if bits == 32 { (v as f32).to_bits() as u128 } else { v.to_bits() as u128 };
+            let (o, x, k) = (f(old), f(a), f(c));
+            let t = |b: bool| back(if b { 1.0 } else { 0.0 });
+            match op {
+                Min => when(x < o, a),
+                Max => when(x > o, a),
+                Sum => back(o + x),
+                Prod => back(o * x),
+                Lor => t(o != 0.0 || x != 0.0),
+                Land => t(o != 0.0 && x != 0.0),
+                Lxor => t((o != 0.0) ^ (x != 0.0)),
+                Read => old,
+                Write => a,
+                Cswap => when(k == o, a),
+                CswapNe => when(k != o, a),
+                CswapLe => when(k <= o, a),
+                CswapLt => when(k < o, a),
+                CswapGe => when(k >= o, a),
+                CswapGt => when(k > o, a),
+                _ => unreachable!(),
+            }
+        }
+        FloatComplex | DoubleComplex => {
+            let h = bits / 2;
+            let part = |v: u128, i: u32| {
+                let w = (v >> (i * h)) & ((1u128 << h) - 1);
+                if h == 32 {
+                    f32::from_bits(w as u32) as f64
+                } else {
+                    f64::from_bits(w as u64)
+                }
+            };
+            let enc = |v: f64| if h == 32 { (v as f32).to_bits() as u128 } else { v.to_bits() as u128 };
+            let pack = |re: f64, im: f64| enc(re) | enc(im) << h;
+            let (or, oi, xr, xi) = (part(old, 0), part(old, 1), part(a, 0), part(a, 1));
+            match op {
+                Sum => pack(or + xr, oi + xi),
+                Prod => pack(or * xr - oi * xi, or * xi + oi * xr),
+                Read => old,
+                Write => a,
+                Cswap => when(c == old, a),
+                CswapNe => when(c != old, a),
+                _ => unreachable!(),
+            }
+        }
+        _ => {
+            let (o, x, k) = (wide(old), wide(a), wide(c));
+            match op {
+                Min => cut(o.min(x)),
+                Max => cut(o.max(x)),
+                Sum => cut(o.wrapping_add(x)),
+                Prod => cut(o.wrapping_mul(x)),
+                Lor => (o != 0 || x != 0) as u128,
+                Land => (o != 0 && x != 0) as u128,
+                Lxor => ((o != 0) != (x != 0)) as u128,
+                Bor => old | a,
+                Band => old & a,
+                Bxor => old ^ a,
+                Read => old,
+                Write => a,
+                Cswap => when(k == o, a),
+                CswapNe => when(k != o, a),
+                CswapLe => when(k <= o, a),
+                CswapLt => when(k < o, a),
+                CswapGe => when(k >= o, a),
+                CswapGt => when(k > o, a),
+                Mswap => (a & c) | (old & !c & mask),
+            }
+        }
+    }
+}
+
+fn elem_bytes(dt: AtomicType, v: u128) -> Vec<u8> {
+    v.to_le_bytes()[..dt.size()].to_vec()
+}
+
+/// A value of `dt` from a seed: small integers (so that sums and
+/// products stay exact in floats), as bit patterns.
+fn sample(dt: AtomicType, s: i64) -> u128 {
+    use AtomicType::*;
+    match dt {
+        Float => (s as f32).to_bits() as u128,
+        Double => (s as f64).to_bits() as u128,
+        FloatComplex => (s as f32).to_bits() as u128 | ((s as f32 - 1.5).to_bits() as u128) << 32,
+        DoubleComplex => (s as f64).to_bits() as u128 | ((s as f64 + 0.5).to_bits() as u128) << 64,
+        _ => (s as i128 as u128) & ((1u128 << (8 * dt.size())) - 1),
+    }
+}
+
+/// Every valid (call, op, datatype) on rank 1's heap and user memory,
+/// from rank 0: the old value comes back and the new one is in place, as
+/// the local reference computes them; invalid ones are refused.
+fn atomics_all(w: World) {
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(4096, RW).unwrap();
+        let user = user_mem(&w, 4096, RW);
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        w.barrier();
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let dest = w.addrs[1];
+        let mut n = 0usize;
+        for &key in &k {
+            for dt in ALL_TYPES {
+                for op in ALL_OPS {
+                    for call in [AtomicCall::Write, AtomicCall::Fetch, AtomicCall::Compare] {
+                        let q = match call {
+                            AtomicCall::Write => w.ep.atomic_valid(dt, op),
+                            AtomicCall::Fetch => w.ep.fetch_atomic_valid(dt, op),
+                            AtomicCall::Compare => w.ep.compare_atomic_valid(dt, op),
+                        };
+                        let d = w.dom.query_atomic(dt, op, call);
+                        if !valid(call, dt, op) {
+                            assert_eq!(q.unwrap_err().kind(), ErrorKind::OpNotSupp, "{call:?} {op:?} {dt:?}");
+                            assert_eq!(d.unwrap_err().kind(), ErrorKind::OpNotSupp, "{call:?} {op:?} {dt:?}");
+                            // And the call itself refuses it.
+                            let (one, mut res) = (vec![0u8; dt.size()], vec![0u8; dt.size()]);
+                            let r = match call {
+                                AtomicCall::Write => w.ep.atomic(dt, op, &one, dest, 0, key, 9),
+                                AtomicCall::Fetch => w.ep.fetch_atomic(dt, op, &one, &mut res, dest, 0, key, 9),
+                                AtomicCall::Compare => {
+                                    w.ep.compare_atomic(dt, op, &one, &one, &mut res, dest, 0, key, 9)
+                                }
+                            };
+                            assert_eq!(r.unwrap_err().kind(), ErrorKind::OpNotSupp, "{call:?} {op:?} {dt:?}");
+                            continue;
+                        }
+                        let q = q.unwrap();
+                        assert!(q >= 1);
+                        assert_eq!(d.unwrap(), shmfab::AtomicAttr { size: dt.size(), count: q });
+                        for (init, opnd, cmp) in
+                            [(5i64, 3i64, 5i64), (-2, 7, 1), (4, 4, 9), (0, -6, 0), (-128, -1, -128), (100, 3, 101)]
+                        {
+                            let sz = dt.size();
+                            let off = 32 * (n % 100) as u64;
+                            n += 1;
+                            let (i0, a, c) = (sample(dt, init), sample(dt, opnd), sample(dt, cmp));
+                            // Two elements: the second with operands swapped.
+                            let mut ibuf = elem_bytes(dt, i0);
+                            ibuf.extend(elem_bytes(dt, a));
+                            w.ep.write(&ibuf, dest, off, key, 1).unwrap();
+                            w.wait_ctx(1).unwrap();
+                            let mut obuf = elem_bytes(dt, a);
+                            obuf.extend(elem_bytes(dt, i0));
+                            let mut cbuf = elem_bytes(dt, c);
+                            cbuf.extend(elem_bytes(dt, c));
+                            let mut res = vec![0u8; 2 * sz];
+                            match call {
+                                AtomicCall::Write => w.ep.atomic(dt, op, &obuf, dest, off, key, 2).unwrap(),
+                                AtomicCall::Fetch => {
+                                    w.ep.fetch_atomic(dt, op, &obuf, &mut res, dest, off, key, 2).unwrap()
+                                }
+                                AtomicCall::Compare => {
+                                    w.ep.compare_atomic(dt, op, &obuf, &cbuf, &mut res, dest, off, key, 2).unwrap()
+                                }
+                            }
+                            let e = w.wait_ctx(2).unwrap_or_else(|e| panic!("{call:?} {op:?} {dt:?}: {e:?}")).0;
+                            let want_flags = if call == AtomicCall::Write { FI_WRITE } else { FI_READ };
+                            assert_eq!(e.flags, shmfab::FI_ATOMIC | want_flags);
+                            let mut now = vec![0u8; 2 * sz];
+                            w.ep.read(&mut now, dest, off, key, 3).unwrap();
+                            w.wait_ctx(3).unwrap();
+                            let olds = [i0, a];
+                            let ops = [a, i0];
+                            for j in 0..2 {
+                                let want = reference(dt, op, olds[j], ops[j], c);
+                                let got = load_elem(&now[j * sz..(j + 1) * sz]);
+                                assert_eq!(got, want, "{call:?} {op:?} {dt:?} elem {j}: {init} {opnd} {cmp}");
+                                if call != AtomicCall::Write {
+                                    assert_eq!(load_elem(&res[j * sz..(j + 1) * sz]), olds[j], "fetched old value");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(n > 400);
+        w.barrier();
+    }
+}
+
+#[test]
+fn atomics_every_op_and_type() {
+    run("atomics_every_op_and_type", 2, &[], T, atomics_all);
+}
+
+#[test]
+fn atomics_every_op_and_type_cma_off() {
+    run("atomics_every_op_and_type_cma_off", 2, &[("SHMFAB_CMA", "off")], T, atomics_all);
+}
+
+/// `n` ranks each fetch-add 1 `per` times on one word of rank 0 (heap or
+/// user memory): the final value is exact and the fetched values are all
+/// distinct.
+fn fetch_adds(w: World, per: usize, heap: bool) {
+    let mem = (w.rank == 0).then(|| {
+        if heap {
+            (Some(w.dom.alloc_shared(64, RW).unwrap()), None)
+        } else {
+            (None, Some(user_mem(&w, 64, RW)))
+        }
+    });
+    let key = match &mem {
+        Some((Some(h), _)) => h.key(),
+        Some((_, Some(u))) => u.mr.key(),
+        _ => 0,
+    };
+    let key = share(&w, "key", &[key], 0)[0];
+    w.barrier();
+    let mut got = Vec::with_capacity(per);
+    let one = 1u64.to_le_bytes();
+    let mut r = [0u8; 8];
+    for i in 0..per {
+        w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &one, &mut r, w.addrs[0], 0, key, 7).unwrap();
+        if i % 256 == 255 || i == per - 1 {
+            // Completions are written at once; read them now and then.
+            while w.cq.read(&mut [shmfab::CqTaggedEntry::default(); 64]).is_ok() {}
+        }
+        got.push(u64::from_le_bytes(r));
+    }
+    put_file(&format!("{}.fetched", w.rank), &got.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" "));
+    w.barrier();
+    if w.rank == 0 {
+        let total = (w.size * per) as u64;
+        let mut all: Vec<u64> = (0..w.size)
+            .flat_map(|r| {
+                let s = std::fs::read_to_string(test_dir().join(format!("{r}.fetched"))).unwrap();
+                s.split_whitespace().map(|v| v.parse::<u64>().unwrap()).collect::<Vec<_>>()
+            })
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..total).collect::<Vec<_>>(), "fetched values are 0..{total}, each once");
+        let fin = match &mem {
+            Some((Some(h), _)) => u64::from_le_bytes(heap_bytes(h)[..8].try_into().unwrap()),
+            Some((_, Some(u))) => u.buf[0],
+            _ => unreachable!(),
+        };
+        assert_eq!(fin, total);
+    }
+    w.barrier();
+}
+
+#[test]
+fn fetch_add_8_ranks_100k_heap() {
+    run("fetch_add_8_ranks_100k_heap", 8, &[], Duration::from_secs(300), |w| fetch_adds(w, 100_000, true));
+}
+
+#[test]
+fn fetch_add_4_ranks_user_memory() {
+    run("fetch_add_4_ranks_user_memory", 4, &[], Duration::from_secs(300), |w| fetch_adds(w, 5_000, false));
+}
+
+/// A lock taken with CSWAP (0 -> rank + 1) and released with
+/// ATOMIC_WRITE guards a counter read and written with plain RMA.
+#[test]
+fn cswap_lock_guards_a_counter() {
+    run("cswap_lock_guards_a_counter", 4, &[], Duration::from_secs(300), |w| {
+        let mem = (w.rank == 0).then(|| w.dom.alloc_shared(128, RW).unwrap());
+        let key = share(&w, "key", &[mem.as_ref().map_or(0, |m| m.key())], 0)[0];
+        w.barrier();
+        let dest = w.addrs[0];
+        let me = (w.rank as u64 + 1).to_le_bytes();
+        let per = 1000;
+        for _ in 0..per {
+            let mut old = [0u8; 8];
+            loop {
+                w.ep.compare_atomic(AtomicType::Uint64, AtomicOp::Cswap, &me, &[0; 8], &mut old, dest, 0, key, 1)
+                    .unwrap();
+                w.wait_ctx(1).unwrap();
+                if old == [0; 8] {
+                    break;
+                }
+            }
+            let mut c = [0u8; 8];
+            w.ep.read(&mut c, dest, 64, key, 2).unwrap();
+            w.wait_ctx(2).unwrap();
+            let next = (u64::from_le_bytes(c) + 1).to_le_bytes();
+            w.ep.write(&next, dest, 64, key, 3).unwrap();
+            w.wait_ctx(3).unwrap();
+            w.ep.atomic(AtomicType::Uint64, AtomicOp::Write, &[0; 8], dest, 0, key, 4).unwrap();
+            w.wait_ctx(4).unwrap();
+        }
+        w.barrier();
+        if let Some(m) = &mem {
+            let c = u64::from_le_bytes(heap_bytes(m)[64..72].try_into().unwrap());
+            assert_eq!(c, (per * w.size) as u64);
+        }
+        w.barrier();
+    });
+}
+
+/// Counters bound to a registration with FI_REMOTE_WRITE / FI_REMOTE_READ
+/// count exactly the operations that landed (not the refused ones).
+fn remote_counters(w: World) {
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(1 << 20, RW).unwrap();
+        let user = user_mem(&w, 1 << 20, RW);
+        let (cw, cr) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        for mr in [&heap, &user.mr] {
+            mr.bind_counter(&cw, FI_REMOTE_WRITE).unwrap();
+            mr.bind_counter(&cr, FI_REMOTE_READ).unwrap();
+        }
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        w.barrier();
+        // Per region: 10 writes (one of 1 MiB), 3 atomics, 2 fetch-adds
+        // (count as both), 5 reads; the refused ones count nowhere.
+        let t0 = Instant::now();
+        let now = || (cw.read().unwrap(), cr.read().unwrap());
+        while now() != (2 * 15, 2 * 7) {
+            w.dom.progress().unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(20), "counters {:?}", now());
+        }
+        w.barrier();
+        assert_eq!(now(), (30, 14));
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let dest = w.addrs[1];
+        for &key in &k {
+            for i in 0..10 {
+                let n = if i == 0 { 1 << 20 } else { 100 };
+                w.ep.write(&pattern(n, i), dest, 0, key, 1).unwrap();
+                w.wait_ctx(1).unwrap();
+            }
+            w.ep.write(&[0; 8], dest, 1 << 20, key, 1).unwrap();
+            w.wait_ctx(1).unwrap_err();
+            for _ in 0..3 {
+                w.ep.atomic(AtomicType::Uint32, AtomicOp::Bor, &[1; 4], dest, 8, key, 2).unwrap();
+                w.wait_ctx(2).unwrap();
+            }
+            let mut r = [0u8; 8];
+            for _ in 0..2 {
+                w.ep.fetch_atomic(AtomicType::Int64, AtomicOp::Sum, &[1; 8], &mut r, dest, 16, key, 2).unwrap();
+                w.wait_ctx(2).unwrap();
+            }
+            for _ in 0..5 {
+                let mut b = vec![0u8; 4096];
+                w.ep.read(&mut b, dest, 4096, key, 3).unwrap();
+                w.wait_ctx(3).unwrap();
+            }
+        }
+        w.barrier();
+        w.barrier();
+    }
+    w.barrier();
+}
+
+#[test]
+fn remote_counters_exact() {
+    run("remote_counters_exact", 2, &[], T, remote_counters);
+}
+
+#[test]
+fn remote_counters_exact_cma_off() {
+    run("remote_counters_exact_cma_off", 2, &[("SHMFAB_CMA", "off")], T, remote_counters);
+}
+
+/// Rank 1 registers 128 MiB and dies by SIGKILL while rank 0 writes it
+/// over and over: rank 0 gets an error completion within seconds.
+fn target_dies(w: World) {
+    const LEN: usize = 128 << 20;
+    if w.rank == 1 {
+        let user = user_mem(&w, LEN, RW);
+        share(&w, "key", &[user.mr.key()], 0);
+        w.barrier();
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: plain syscall; this rank is expected to die so.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!();
+    }
+    let key = share(&w, "key", &[], 1)[0];
+    w.barrier();
+    let data = vec![0x5au8; LEN];
+    let t0 = Instant::now();
+    let mut i = 0usize;
+    loop {
+        w.ep.write(&data, w.addrs[1], 0, key, 50 + i).unwrap();
+        match w.wait_ctx(50 + i) {
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e.err, ErrorKind::Io.errno(), "{e:?}");
+                break;
+            }
+        }
+        i += 1;
+        assert!(t0.elapsed() < Duration::from_secs(20), "no error 20 s after the target died");
+    }
+}
+
+#[test]
+fn target_dies_during_large_rma() {
+    run_killing("target_dies_during_large_rma", 2, &[], T, &[1], target_dies);
+}
+
+#[test]
+fn target_dies_during_large_rma_cma_off() {
+    run_killing("target_dies_during_large_rma_cma_off", 2, &[("SHMFAB_CMA", "off")], T, &[1], target_dies);
+}
+
+/// A registration closed while a peer writes it in a loop: once `close`
+/// returns, the memory is never written again (the peer's writes fail
+/// with -FI_ENOKEY), and a new registration in the freed heap space is
+/// out of reach of the old key.
+fn close_while_in_use(w: World) {
+    const LEN: usize = 1 << 20;
+    if w.rank == 1 {
+        let mut heap = w.dom.alloc_shared(LEN, RW).unwrap();
+        let mut user = user_mem(&w, LEN, RW);
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        w.barrier();
+        let t0 = Instant::now();
+        while heap_bytes(&heap)[0] == 0 || user.bytes()[0] == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the writes never came");
+            w.dom.progress().unwrap();
+        }
+        heap.close().unwrap();
+        user.mr.close().unwrap();
+        user.buf.iter_mut().for_each(|x| *x = 0);
+        let fresh = w.dom.alloc_shared(LEN, RW).unwrap();
+        let t1 = Instant::now();
+        while t1.elapsed() < Duration::from_millis(300) {
+            w.dom.progress().unwrap();
+        }
+        // SAFETY: the buffer is no longer registered.
+        let ub = unsafe { std::slice::from_raw_parts(user.buf.as_ptr() as *const u8, LEN) };
+        assert!(ub.iter().all(|&b| b == 0), "user memory written after close returned");
+        assert!(heap_bytes(&fresh).iter().all(|&b| b == 0), "new heap registration written with an old key");
+        put_file("1.closed", "");
+        w.barrier();
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        w.barrier();
+        let data = vec![0xa5u8; LEN];
+        let mut failed = [false; 2];
+        let t0 = Instant::now();
+        while !test_dir().join("1.closed").exists() {
+            for (j, &key) in k.iter().enumerate() {
+                w.ep.write(&data, w.addrs[1], 0, key, 60 + j).unwrap();
+                if let Err(e) = w.wait_ctx(60 + j) {
+                    assert_eq!(e.err, ErrorKind::NoKey.errno(), "{e:?}");
+                    failed[j] = true;
+                } else {
+                    assert!(!failed[j], "a write succeeded after one failed for a closed key");
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30));
+        }
+        assert_eq!(failed, [true, true]);
+        w.barrier();
+    }
+}
+
+#[test]
+fn close_while_in_use_single_copy() {
+    run("close_while_in_use_single_copy", 2, &[], T, close_while_in_use);
+}
+
+#[test]
+fn close_while_in_use_cma_off() {
+    run("close_while_in_use_cma_off", 2, &[("SHMFAB_CMA", "off")], T, close_while_in_use);
+}
+
+/// One rank targets its own memory (loopback), by every path.
+fn loopback(w: World) {
+    let heap = w.dom.alloc_shared(4096, RW).unwrap();
+    let user = user_mem(&w, 4096, RW);
+    let me = w.addrs[0];
+    for key in [heap.key(), user.mr.key()] {
+        let d = pattern(3000, key);
+        w.ep.write(&d, me, 7, key, 1).unwrap();
+        w.wait_ctx(1).unwrap();
+        let mut b = vec![0u8; 3000];
+        w.ep.read(&mut b, me, 7, key, 2).unwrap();
+        w.wait_ctx(2).unwrap();
+        assert_eq!(b, d);
+        let mut r = [0u8; 8];
+        for i in 0..10u64 {
+            w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &2u64.to_le_bytes(), &mut r, me, 4088, key, 3)
+                .unwrap();
+            w.wait_ctx(3).unwrap();
+            assert_eq!(u64::from_le_bytes(r), 2 * i);
+        }
+    }
+    assert_eq!(&heap_bytes(&heap)[7..3007], &pattern(3000, heap.key())[..]);
+    assert_eq!(&user.bytes()[7..3007], &pattern(3000, user.mr.key())[..]);
+}
+
+#[test]
+fn loopback_rma() {
+    run("loopback_rma", 1, &[], T, loopback);
+}
+
+#[test]
+fn loopback_rma_cma_off() {
+    run("loopback_rma_cma_off", 1, &[("SHMFAB_CMA", "off")], T, loopback);
+}
+
+/// Rank 0 fills every mailbox slot of rank 1 (16 domains of its own, each
+/// waiting on a write that rank 1, asleep, does not serve yet) and dies:
+/// the slots its dead initiators held are reclaimed, and rank 2's writes
+/// through the mailbox still go through.
+#[test]
+fn mailbox_slots_of_dead_initiators_are_reclaimed() {
+    let env = [("SHMFAB_CMA", "off")];
+    run_killing("mailbox_slots_of_dead_initiators_are_reclaimed", 3, &env, T, &[0], |w| {
+        if w.rank == 1 {
+            let user = user_mem(&w, 4096, RW);
+            share(&w, "key", &[user.mr.key()], 0);
+            // Asleep (no progress) until rank 0 filled the mailbox and died.
+            let p = test_dir().join("0.filled");
+            let t0 = Instant::now();
+            while !p.exists() {
+                assert!(t0.elapsed() < Duration::from_secs(30));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            put_file("1.serving", "");
+            let t1 = Instant::now();
+            while !test_dir().join("2.done").exists() {
+                assert!(t1.elapsed() < Duration::from_secs(30), "rank 2 never got through");
+                w.dom.progress().unwrap();
+            }
+            assert_eq!(&user.bytes()[..4], &[9, 9, 9, 9]);
+        } else if w.rank == 0 {
+            let key = share(&w, "key", &[], 1)[0];
+            let b = std::fs::read(test_dir().join("1.addr")).unwrap();
+            let target = shmfab::Address::from_bytes(&b).unwrap();
+            for i in 0..17 {
+                std::thread::spawn(move || {
+                    let fabric = shmfab::Fabric::open().unwrap();
+                    let dom = fabric.domain().unwrap();
+                    let (_cq, av, ep) = common::open_endpoint(&dom);
+                    let a = av.insert(&[target]).unwrap()[0];
+                    let _ = ep.write(&[i as u8; 64], a, 0, key, 1);
+                    std::thread::sleep(Duration::from_secs(60));
+                });
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            put_file("0.filled", "");
+            // SAFETY: plain syscall; this rank is expected to die so.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        } else {
+            let key = share(&w, "key", &[], 1)[0];
+            let t0 = Instant::now();
+            while !test_dir().join("1.serving").exists() {
+                assert!(t0.elapsed() < Duration::from_secs(30));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for _ in 0..20 {
+                w.ep.write(&[9; 4], w.addrs[1], 0, key, 5).unwrap();
+                w.wait_ctx(5).unwrap();
+            }
+            put_file("2.done", "");
+        }
+    });
+}
+
+/// The atomic msg forms: several remote segments in one call, the old
+/// values of all of them, and remote CQ data.
+fn atomic_msgs(w: World) {
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(4096, RW).unwrap();
+        let user = user_mem(&w, 4096, RW);
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        w.barrier();
+        for _ in 0..2 {
+            let e = w.next().unwrap();
+            assert_eq!((e.flags & FI_REMOTE_CQ_DATA, e.data), (FI_REMOTE_CQ_DATA, 77));
+        }
+        for b in [heap_bytes(&heap), user.bytes()] {
+            let word = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+            assert_eq!((word(0), word(4), word(64)), (0xff, 12, 40));
+        }
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let dest = w.addrs[1];
+        let le = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        for &key in &k {
+            let iocs = [RmaIoc { addr: 0, count: 2, key }, RmaIoc { addr: 64, count: 1, key }];
+            w.ep.atomicmsg(AtomicType::Uint32, AtomicOp::Sum, &le(&[10, 11, 12]), &iocs, dest, 1, 0, 0).unwrap();
+            w.wait_ctx(1).unwrap();
+            let mut r = vec![0u8; 12];
+            w.ep.fetch_atomicmsg(AtomicType::Uint32, AtomicOp::Sum, &le(&[1, 1, 28]), &mut r, &iocs, dest, 2, 0, 0)
+                .unwrap();
+            w.wait_ctx(2).unwrap();
+            assert_eq!(r, le(&[10, 11, 12]));
+            let iocs1 = [RmaIoc { addr: 0, count: 1, key }];
+            w.ep.compare_atomicmsg(
+                AtomicType::Uint32,
+                AtomicOp::Cswap,
+                &le(&[0xff]),
+                &le(&[11]),
+                &mut r[..4],
+                &iocs1,
+                dest,
+                3,
+                77,
+                FI_REMOTE_CQ_DATA,
+            )
+            .unwrap();
+            w.wait_ctx(3).unwrap();
+            assert_eq!(&r[..4], &le(&[11])[..]);
+        }
+        w.barrier();
+    }
+    w.barrier();
+}
+
+#[test]
+fn atomic_msg_forms() {
+    run("atomic_msg_forms", 2, &[], T, atomic_msgs);
+}
+
+/// Counters bound to the target endpoint with FI_REMOTE_WRITE and
+/// FI_REMOTE_READ count what landed through its address, in any
+/// registration; a counter bound both to the endpoint and to the
+/// registration counts each operation once.
+fn endpoint_counters(w: World) {
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(8192, RW).unwrap();
+        let user = user_mem(&w, 8192, RW);
+        let (cw, cr) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        heap.bind_counter(&cw, FI_REMOTE_WRITE).unwrap();
+        let (cq, av, ep) =
+            (w.dom.cq_open(&shmfab::CqAttr::default()).unwrap(), w.dom.av_open().unwrap(), w.dom.endpoint().unwrap());
+        ep.bind_cq(&cq, shmfab::FI_TRANSMIT | shmfab::FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.bind_cntr(&cw, FI_REMOTE_WRITE).unwrap();
+        ep.bind_cntr(&cr, FI_REMOTE_READ).unwrap();
+        ep.enable().unwrap();
+        put_file("1.ep2", &ep.getname().to_bytes().iter().map(|b| b.to_string()).collect::<Vec<_>>().join(" "));
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        w.barrier();
+        let t0 = Instant::now();
+        let now = || (cw.read().unwrap(), cr.read().unwrap());
+        while now() != (12, 6) {
+            w.dom.progress().unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(20), "counters {:?}", now());
+        }
+        w.barrier();
+        assert_eq!(now(), (12, 6));
+        ep.close().unwrap();
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let s = std::fs::read_to_string(test_dir().join("1.ep2")).unwrap();
+        let b: Vec<u8> = s.split_whitespace().map(|v| v.parse().unwrap()).collect();
+        let dest = w.av.insert(&[shmfab::Address::from_bytes(&b).unwrap()]).unwrap()[0];
+        for &key in &k {
+            for _ in 0..4 {
+                w.ep.write(&[1; 64], dest, 0, key, 1).unwrap();
+                w.wait_ctx(1).unwrap();
+            }
+            for _ in 0..2 {
+                let mut b = [0u8; 64];
+                w.ep.read(&mut b, dest, 0, key, 2).unwrap();
+                w.wait_ctx(2).unwrap();
+            }
+            w.ep.atomic(AtomicType::Uint64, AtomicOp::Sum, &[1; 8], dest, 64, key, 3).unwrap();
+            w.wait_ctx(3).unwrap();
+            let mut r = [0u8; 8];
+            w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &[1; 8], &mut r, dest, 64, key, 3).unwrap();
+            w.wait_ctx(3).unwrap();
+        }
+        w.barrier();
+        w.barrier();
+    }
+}
+
+#[test]
+fn endpoint_remote_counters() {
+    run("endpoint_remote_counters", 2, &[], T, endpoint_counters);
+}
+
+#[test]
+fn endpoint_remote_counters_cma_off() {
+    run("endpoint_remote_counters_cma_off", 2, &[("SHMFAB_CMA", "off")], T, endpoint_counters);
+}
