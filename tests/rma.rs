@@ -976,3 +976,39 @@ fn endpoint_remote_counters() {
 fn endpoint_remote_counters_cma_off() {
     run("endpoint_remote_counters_cma_off", 2, &[("SHMFAB_CMA", "off")], T, endpoint_counters);
 }
+
+/// Every rank does atomics on the next rank's user memory at the same
+/// time, single copy off: every call waits for its target's progress
+/// engine, and each target is itself inside such a call. A rank waiting
+/// serves the requests on its own memory, or the ring of ranks would wait
+/// on each other for ever.
+fn crossed_mailboxes(w: World) {
+    const PER: usize = 2000;
+    let mem = user_mem(&w, 64, RW);
+    let next = (w.rank + 1) % w.size;
+    let key = share(&w, "key", &[mem.mr.key()], next)[0];
+    w.barrier();
+    let one = 1u64.to_le_bytes();
+    let mut r = [0u8; 8];
+    for i in 0..PER {
+        w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &one, &mut r, w.addrs[next], 0, key, 7).unwrap();
+        assert_eq!(u64::from_le_bytes(r), i as u64, "the fetched values of one initiator count up");
+        if i % 256 == 255 {
+            while w.cq.read(&mut [shmfab::CqTaggedEntry::default(); 64]).is_ok() {}
+        }
+    }
+    w.barrier();
+    assert_eq!(mem.buf[0], PER as u64, "the previous rank's adds all landed");
+    w.barrier();
+}
+
+#[test]
+fn crossed_mailboxes_never_wait_on_each_other() {
+    run(
+        "crossed_mailboxes_never_wait_on_each_other",
+        3,
+        &[("SHMFAB_CMA", "off")],
+        Duration::from_secs(60),
+        crossed_mailboxes,
+    );
+}
