@@ -590,7 +590,11 @@ fn compare_round(
     ucx_off: &mut Option<String>,
     st: &mut Status,
 ) -> Result<[Run; SYSTEMS], String> {
+    // One probe before each system, or before each size of the systems
+    // measured a process pair per size (fi_pingpong): it tags the figures
+    // that follow it.
     let mut probes = [None; SYSTEMS];
+    let mut fi_probes = [vec![None; sizes.len()], vec![None; sizes.len()]];
     probes[0] = placement_probe(exe);
     st.say("measuring shmfab ...");
     let ours = measure(sizes, Measures { lat: true, bw: true, rate: true }, st)?;
@@ -630,10 +634,10 @@ fn compare_round(
         }
         _ => none_for(sizes),
     };
-    probes[4] = placement_probe(exe);
     st.say("measuring libfabric shm (fi_pingpong) ...");
     let mut fi = none_for(sizes);
-    for f in fi.iter_mut() {
+    for (f, pr) in fi.iter_mut().zip(fi_probes[0].iter_mut()) {
+        *pr = placement_probe(exe);
         st.step(&format!("fi_pingpong, {}", bytes(f.size)));
         match bench::fi_pingpong(f.size, bench::iters_for(f.size).min(20000), None) {
             Ok(v) => f.half_rtt_us = Some(v),
@@ -642,9 +646,9 @@ fn compare_round(
     }
     let mut fi_ours = none_for(sizes);
     if let Some(dir) = &o.fi_provider {
-        probes[5] = placement_probe(exe);
         st.say("measuring fi_pingpong over shmfab's provider ...");
-        for f in fi_ours.iter_mut() {
+        for (f, pr) in fi_ours.iter_mut().zip(fi_probes[1].iter_mut()) {
+            *pr = placement_probe(exe);
             st.step(&format!("fi_pingpong -p shmfab, {}", bytes(f.size)));
             match bench::fi_pingpong(f.size, bench::iters_for(f.size).min(20000), Some(dir)) {
                 Ok(v) => f.half_rtt_us = Some(v),
@@ -652,18 +656,33 @@ fn compare_round(
             }
         }
     }
-    let mut figs = [ours, raw, ompi, ucx, fi, fi_ours].into_iter();
-    Ok(probes.map(|probe| Run { probe, figs: figs.next().expect("one per system") }))
+    let [fi_shm, fi_shmfab] = fi_probes;
+    let each = |p: Option<f64>| vec![p; sizes.len()];
+    Ok([
+        Run { probes: each(probes[0]), figs: ours },
+        Run { probes: each(probes[1]), figs: raw },
+        Run { probes: each(probes[2]), figs: ompi },
+        Run { probes: each(probes[3]), figs: ucx },
+        Run { probes: fi_shm, figs: fi },
+        Run { probes: fi_shmfab, figs: fi_ours },
+    ])
 }
 
-/// One system's figures of one round of `compare`, with the placement
-/// probe taken just before them.
+/// One system's figures of one round of `compare`, each with the
+/// placement probe taken before it.
 #[derive(Clone, Debug, Default)]
 struct Run {
-    /// Half round trip of the raw floor at 8 B (microseconds), measured
-    /// just before the system's figures: where the two CPUs sat then.
-    probe: Option<f64>,
+    /// Per figure: the half round trip of the raw floor at 8 B
+    /// (microseconds) measured before it, where the two CPUs sat then.
+    probes: Vec<Option<f64>>,
     figs: Vec<Figure>,
+}
+
+impl Run {
+    /// Whether any figure of the run belongs to `pl`.
+    fn touches(&self, pl: Placement, split: f64) -> bool {
+        self.probes.iter().any(|&p| pl.holds(p, split))
+    }
 }
 
 /// Rounds of the raw floor's 8 B ping-pong in a placement probe (a few
@@ -720,8 +739,8 @@ impl Placement {
     }
 }
 
-/// The medians of each system over the runs of one placement (a system
-/// with none there has no figures), and the median probe of those runs.
+/// The medians of each system's figures taken in one placement (a size
+/// with none there has no figure), and the median probe of those figures.
 fn placement_figures(
     per_sys: &[Vec<Run>; SYSTEMS],
     sizes: &[usize],
@@ -730,13 +749,22 @@ fn placement_figures(
 ) -> ([Vec<Figure>; SYSTEMS], Option<f64>) {
     let mut probes = Vec::new();
     let figs = per_sys.each_ref().map(|runs| {
-        let mine: Vec<Vec<Figure>> = runs.iter().filter(|r| pl.holds(r.probe, split)).map(|r| r.figs.clone()).collect();
-        probes.extend(runs.iter().filter(|r| pl.holds(r.probe, split)).filter_map(|r| r.probe));
-        if mine.is_empty() {
-            none_for(sizes)
-        } else {
-            median_figures(&mine)
+        let mut out = none_for(sizes);
+        for (i, f) in out.iter_mut().enumerate() {
+            let here: Vec<&Figure> = runs
+                .iter()
+                .filter(|r| r.probes.get(i).is_some_and(|&p| pl.holds(p, split)))
+                .filter_map(|r| r.figs.get(i))
+                .collect();
+            let pick = |get: fn(&Figure) -> Option<f64>| median(here.iter().filter_map(|f| get(f)).collect());
+            f.half_rtt_us = pick(|f| f.half_rtt_us);
+            f.bw_gbs = pick(|f| f.bw_gbs);
+            f.mmsgs = pick(|f| f.mmsgs);
         }
+        for r in runs {
+            probes.extend(r.probes.iter().flatten().filter(|&&p| pl.holds(Some(p), split)));
+        }
+        out
     });
     (figs, median(probes))
 }
@@ -749,19 +777,6 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     let m = v.len() / 2;
     Some(if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 })
-}
-
-/// Figure by figure, the median over rounds.
-fn median_figures(rounds: &[Vec<Figure>]) -> Vec<Figure> {
-    let pick = |i: usize, get: fn(&Figure) -> Option<f64>| median(rounds.iter().filter_map(|r| get(&r[i])).collect());
-    (0..rounds[0].len())
-        .map(|i| Figure {
-            size: rounds[0][i].size,
-            half_rtt_us: pick(i, |f| f.half_rtt_us),
-            bw_gbs: pick(i, |f| f.bw_gbs),
-            mmsgs: pick(i, |f| f.mmsgs),
-        })
-        .collect()
 }
 
 fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
@@ -795,7 +810,7 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     // The CPUs may change places during the run: each system's figures of
     // a round carry the 8 B raw probe taken just before them, and when
     // the probes fall in two groups each gets its own tables.
-    let split = placement_split(per_sys.iter().flatten().filter_map(|r| r.probe));
+    let split = placement_split(per_sys.iter().flatten().flat_map(|r| r.probes.iter().flatten().copied()));
     let places = match split {
         Some(_) => vec![Placement::Near, Placement::Far],
         None => vec![Placement::All],
@@ -804,7 +819,7 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     let mut first_plot = true;
     for pl in places {
         let (figs, probe) = placement_figures(&per_sys, &sizes, pl, split.unwrap_or(0.0));
-        let runs = per_sys.iter().map(|r| r.iter().filter(|r| pl.holds(r.probe, split.unwrap_or(0.0))).count());
+        let runs = per_sys.iter().map(|r| r.iter().filter(|r| r.touches(pl, split.unwrap_or(0.0))).count());
         let runs: Vec<String> = SYSTEM_NAMES.iter().zip(runs).map(|(n, k)| format!("{n} {k}")).collect();
         if figs[0].iter().all(|f| f.half_rtt_us.is_none()) {
             println!("\n{} placement: no run of shmfab there (runs: {})", pl.name(), runs.join(", "));
@@ -845,11 +860,11 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
         "\nmedians of {} rounds; ratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate",
         o.rounds
     );
-    let probes: Vec<f64> = per_sys.iter().flatten().filter_map(|r| r.probe).collect();
+    let probes: Vec<f64> = per_sys.iter().flatten().flat_map(|r| r.probes.iter().flatten().copied()).collect();
     if let (Some(lo), Some(hi)) = (probes.iter().copied().reduce(f64::min), probes.iter().copied().reduce(f64::max)) {
         let seen = if split.is_some() { "two placements" } else { "one placement" };
         println!(
-            "placement probes (8 B raw, before each system): {lo:.3}-{hi:.3} us over {} runs: {seen}",
+            "placement probes (8 B raw, before each system, and each size of fi_pingpong): {lo:.3}-{hi:.3} us, {} probes: {seen}",
             probes.len()
         );
     }
@@ -1329,13 +1344,13 @@ mod tests {
     #[test]
     fn each_placement_takes_the_medians_of_its_own_runs() {
         let one = |probe: f64, h: f64| Run {
-            probe: Some(probe),
+            probes: vec![Some(probe)],
             figs: vec![Figure { size: 8, half_rtt_us: Some(h), ..Default::default() }],
         };
         let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
         per_sys[0] = vec![one(0.04, 0.12), one(0.22, 0.31), one(0.05, 0.14), one(0.20, 0.33), one(0.045, 0.13)];
         per_sys[2] = vec![one(0.21, 0.2)];
-        let t = placement_split(per_sys.iter().flatten().filter_map(|r| r.probe)).unwrap();
+        let t = placement_split(per_sys.iter().flatten().flat_map(|r| r.probes.iter().flatten().copied())).unwrap();
         let (near, p) = placement_figures(&per_sys, &[8], Placement::Near, t);
         assert_eq!((near[0][0].half_rtt_us, p), (Some(0.13), Some(0.045)));
         assert_eq!(near[2][0].half_rtt_us, None, "Open MPI ran only while far");
@@ -1343,6 +1358,15 @@ mod tests {
         assert_eq!((far[0][0].half_rtt_us, far[2][0].half_rtt_us), (Some(0.32), Some(0.2)));
         assert_eq!(p, Some(0.21));
         assert_eq!(far[1][0].size, 8, "a system without runs still has its sizes");
+        // A run whose sizes were measured apart (fi_pingpong): each size
+        // goes where its own probe says.
+        let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
+        let f = |size, h| Figure { size, half_rtt_us: Some(h), ..Default::default() };
+        per_sys[4] = vec![Run { probes: vec![Some(0.04), Some(0.22)], figs: vec![f(8, 0.3), f(64, 0.9)] }];
+        let (near, _) = placement_figures(&per_sys, &[8, 64], Placement::Near, t);
+        let (far, _) = placement_figures(&per_sys, &[8, 64], Placement::Far, t);
+        assert_eq!((near[4][0].half_rtt_us, near[4][1].half_rtt_us), (Some(0.3), None));
+        assert_eq!((far[4][0].half_rtt_us, far[4][1].half_rtt_us), (None, Some(0.9)));
     }
 
     #[test]
@@ -1378,11 +1402,14 @@ mod tests {
     }
 
     #[test]
-    fn median_figures_take_each_field_over_the_rounds_that_have_it() {
+    fn figures_take_each_field_over_the_rounds_that_have_it() {
         let f = |h: Option<f64>, b: Option<f64>| Figure { size: 8, half_rtt_us: h, bw_gbs: b, mmsgs: None };
-        let rounds = vec![vec![f(Some(0.3), None)], vec![f(Some(0.1), Some(2.0))], vec![f(Some(0.2), None)]];
-        let m = median_figures(&rounds);
-        assert_eq!(m.len(), 1);
-        assert_eq!((m[0].size, m[0].half_rtt_us, m[0].bw_gbs, m[0].mmsgs), (8, Some(0.2), Some(2.0), None));
+        let run = |fig| Run { probes: vec![None], figs: vec![fig] };
+        let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
+        per_sys[0] = vec![run(f(Some(0.3), None)), run(f(Some(0.1), Some(2.0))), run(f(Some(0.2), None))];
+        let (m, p) = placement_figures(&per_sys, &[8], Placement::All, 0.0);
+        assert_eq!(m[0].len(), 1);
+        assert_eq!((m[0][0].size, m[0][0].half_rtt_us, m[0][0].bw_gbs, m[0][0].mmsgs), (8, Some(0.2), Some(2.0), None));
+        assert_eq!(p, None, "no probe taken");
     }
 }
