@@ -407,9 +407,20 @@ impl DomainInner {
             }
             crate::progress::progress_ep(ep, &mut ctx);
         }
-        if self.rma.own_if_any().is_some_and(|o| o.pending()) {
-            crate::rma::serve_domain(self, st);
+        if let Some(o) = self.rma.own_if_any() {
+            if o.pending() {
+                self.serve_rma(st);
+            }
         }
+    }
+
+    /// Requests wait in our RMA mailbox: out of line, so that the pass of a
+    /// domain without them pays one load (16 instructions per 8 B half
+    /// round trip and 15 per empty CQ read when inlined, scripts/profile.sh).
+    #[cold]
+    #[inline(never)]
+    fn serve_rma(&self, st: &mut DomainState) {
+        crate::rma::serve_domain(self, st);
     }
 
     /// Whether any enabled endpoint has inbound work waiting.

@@ -88,6 +88,10 @@ thread_local! {
 }
 static NEXT_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// The owner word of a [`Threading::Serialized`] lock: no thread's token
+/// (tokens count up from 1), so the owner check's slow test passes it.
+const ANY_THREAD: u64 = u64::MAX;
+
 /// A small number unique to the calling thread (never 0).
 #[inline]
 fn thread_token() -> u64 {
@@ -112,11 +116,11 @@ fn thread_token() -> u64 {
 /// mode only the re-entrant use is refused (the caller serialises).
 pub struct DomainLock<T> {
     safe: bool,
-    /// Domain mode: calls only from the owner thread.
-    pinned: bool,
     /// Safe mode: true while a guard exists.
     locked: AtomicBool,
-    /// Domain mode: token of the owning thread, 0 until first use.
+    /// Domain mode: token of the owning thread, 0 until first use;
+    /// Serialized mode: [`ANY_THREAD`] (the owner check then passes for
+    /// every thread, with no test of the mode on the owner's fast path).
     owner: std::sync::atomic::AtomicU64,
     /// Domain and Serialized modes: a guard exists (touched only by the
     /// owner thread, or by the one thread the caller lets in).
@@ -154,9 +158,8 @@ impl<T> DomainLock<T> {
     pub fn new(v: T, mode: Threading) -> Self {
         DomainLock {
             safe: mode == Threading::Safe,
-            pinned: mode == Threading::Domain,
             locked: AtomicBool::new(false),
-            owner: std::sync::atomic::AtomicU64::new(0),
+            owner: std::sync::atomic::AtomicU64::new(if mode == Threading::Serialized { ANY_THREAD } else { 0 }),
             busy: Cell::new(false),
             data: UnsafeCell::new(v),
         }
@@ -166,28 +169,10 @@ impl<T> DomainLock<T> {
     #[inline]
     pub fn lock(&self) -> Result<DomainGuard<'_, T>, LockError> {
         if !self.safe {
-            if self.pinned {
-                self.check_owner()?;
-            }
-            if self.busy.replace(true) {
-                return Err(LockError::Reentrant);
-            }
-            return Ok(DomainGuard { lock: self });
-        }
-        if !self.try_take() {
-            self.lock_slow();
-        }
-        Ok(DomainGuard { lock: self })
-    }
-
-    /// Domain mode: the calling thread is the owner (the first caller
-    /// becomes it).
-    #[inline(always)]
-    fn check_owner(&self) -> Result<(), LockError> {
-        {
             let me = thread_token();
             let o = self.owner.load(std::sync::atomic::Ordering::Acquire);
             if o != me
+                && o != ANY_THREAD
                 && (o != 0
                     || self
                         .owner
@@ -201,8 +186,15 @@ impl<T> DomainLock<T> {
             {
                 return Err(LockError::OtherThread);
             }
+            if self.busy.replace(true) {
+                return Err(LockError::Reentrant);
+            }
+            return Ok(DomainGuard { lock: self });
         }
-        Ok(())
+        if !self.try_take() {
+            self.lock_slow();
+        }
+        Ok(DomainGuard { lock: self })
     }
 
     #[inline]
