@@ -552,6 +552,12 @@ impl Endpoint {
         // A peek copies no data, and a discard takes none: their buffers are
         // ignored.
         let iovs = if peek || discard { Iovs::default() } else { iovs_from_mut(m.iov)? };
+        if peek {
+            // What has arrived is seen (a peek does not wait): a pass over
+            // the domain, so that what its other endpoints send us moves too.
+            let mut st = self.dom.lock()?;
+            self.dom.progress(&mut st);
+        }
         with_ep_src!(self, |ep, cx| {
             if !ep.enabled {
                 return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
@@ -582,10 +588,7 @@ impl Endpoint {
                 Some(p)
             };
             let r = PostedRecv { ctx: context, iovs, src, tag, ignore, multi: false, moff: 0, cqe: true };
-            let mut ctx = cx.ctx();
-            // What has arrived is seen: a peek does not wait.
-            crate::progress::progress_ep(ep, &mut ctx);
-            crate::progress::peek(ep, &mut ctx, &r, claim, discard);
+            crate::progress::peek(ep, &mut cx.ctx(), &r, claim, discard);
             Ok(())
         })
     }
@@ -621,7 +624,7 @@ impl Endpoint {
 
     /// fi_trecvmsg. Flags: FI_COMPLETION, and the probes of fi_tagged(3),
     /// which MPI's probe and matched receive use:
-    /// - FI_PEEK: after a progress pass, looks for the first unexpected
+    /// - FI_PEEK: after a progress pass over the domain, looks for the first unexpected
     ///   message this receive accepts (source if directed, tag and ignore
     ///   bits) without taking it. Found: a completion of `context` with the
     ///   message's length, tag, remote CQ data and source (buf NULL: no
