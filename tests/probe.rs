@@ -27,7 +27,9 @@ fn probe(w: &World, buf: &mut [u8], tag: u64, flags: u64, ctx: usize) -> Result<
     let mut m = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: ctx, tag, ignore: 0 };
     // SAFETY: the completion is waited for below, while buf lives.
     unsafe { w.ep.trecvmsg(&mut m, flags).unwrap() };
-    w.wait_ctx(ctx).map(|x| x.0)
+    let (e, src) = w.wait_ctx(ctx)?;
+    assert_eq!(src, w.addrs[0], "the source of what a peek or claim found");
+    Ok(e)
 }
 
 /// Peeks with `flags` until a message with `tag` is found (each miss is an
