@@ -131,6 +131,10 @@ pub mod prov {
     pub const FLUSHED: i32 = 6;
     /// The application cancelled the receive (fi_cancel).
     pub const CANCELED: i32 = 7;
+    /// A peek (FI_PEEK) found no matching message.
+    pub const NO_MSG: i32 = 8;
+    /// The sender of a claimed message failed before it could be received.
+    pub const CLAIM_LOST: i32 = 9;
 }
 
 /// Text of a provider errno, as fi_cq_strerror gives it.
@@ -143,6 +147,8 @@ pub fn strerror(prov_errno: i32) -> &'static str {
         prov::PEER_GONE => "peer process died or closed its endpoint",
         prov::FLUSHED => "endpoint closed before the receive completed: flushed",
         prov::CANCELED => "receive cancelled by the application",
+        prov::NO_MSG => "no message matched the peek",
+        prov::CLAIM_LOST => "the claimed message was lost with its sender",
         _ => "no provider error",
     }
 }

@@ -8,7 +8,7 @@
 
 use crate::domain::{Ctx, CtxSrc, Domain, DomainInner, Section};
 use crate::engine::complete::CntrKind;
-use crate::engine::matching::PostedRecv;
+use crate::engine::matching::{Dest, PostedRecv};
 use crate::engine::request::{Iov, Iovs};
 use crate::engine::request::{OpKind, Request, SEND_FLAGS};
 use crate::engine::EpState;
@@ -235,6 +235,8 @@ pub struct RecvMsg<'a, 'b> {
 }
 
 const RECV_FLAGS: u64 = FI_MULTI_RECV | FI_COMPLETION;
+/// The flags of peeks and claims (tagged receives only).
+const PROBE_FLAGS: u64 = FI_PEEK | FI_CLAIM | FI_DISCARD;
 
 impl Endpoint {
     /// This endpoint's address (24 bytes with [`Address::to_bytes`]).
@@ -484,6 +486,9 @@ impl Endpoint {
     #[inline(always)]
     fn rx(&self, m: &mut RecvMsg<'_, '_>, flags: u64, tagged: bool) -> Result<()> {
         if flags & !RECV_FLAGS != 0 {
+            if tagged && flags & PROBE_FLAGS != 0 && flags & !(RECV_FLAGS | PROBE_FLAGS) == 0 {
+                return self.probe(m, flags);
+            }
             return Err(Error::with(
                 ErrorKind::BadFlags,
                 format!("unsupported receive flags {:#x}", flags & !RECV_FLAGS),
@@ -529,6 +534,65 @@ impl Endpoint {
         })
     }
 
+    /// A tagged receive with FI_PEEK or FI_CLAIM (see [`Endpoint::trecvmsg`]).
+    #[cold]
+    #[inline(never)]
+    fn probe(&self, m: &mut RecvMsg<'_, '_>, flags: u64) -> Result<()> {
+        let (peek, claim, discard) = (flags & FI_PEEK != 0, flags & FI_CLAIM != 0, flags & FI_DISCARD != 0);
+        if flags & FI_MULTI_RECV != 0 || !(peek || claim) || (peek && claim && discard) {
+            return Err(Error::with(
+                ErrorKind::BadFlags,
+                "a peek or claim is FI_PEEK, FI_PEEK | FI_CLAIM, FI_PEEK | FI_DISCARD, FI_CLAIM or FI_CLAIM | FI_DISCARD",
+            ));
+        }
+        let (src_fi, tag, ignore, context) = (m.src, m.tag, m.ignore, m.context);
+        if claim && context == 0 {
+            return Err(Error::with(ErrorKind::Inval, "FI_CLAIM needs a context: the one its message is claimed with"));
+        }
+        // A peek copies no data, and a discard takes none: their buffers are
+        // ignored.
+        let iovs = if peek || discard { Iovs::default() } else { iovs_from_mut(m.iov)? };
+        if peek {
+            // What has arrived is seen (a peek does not wait): a pass over
+            // the domain, so that what its other endpoints send us moves too.
+            let mut st = self.dom.lock()?;
+            self.dom.progress(&mut st);
+        }
+        with_ep_src!(self, |ep, cx| {
+            if !ep.enabled {
+                return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
+            }
+            if ep.bind.rx_cq.is_none() {
+                return Err(Error::with(
+                    ErrorKind::NoCq,
+                    "peeks and claims report through a receive CQ: none is bound",
+                ));
+            }
+            if !peek {
+                let cqe = !ep.bind.rx_sel || flags & FI_COMPLETION != 0;
+                let d = Dest { ctx: context, iovs, cap: iovs.total(), buf: iovs.v[0].ptr, multi_release: false, cqe };
+                return crate::progress::claimed_rx(ep, &mut cx.ctx(), d, discard);
+            }
+            if claim && ep.matching.claims(context) {
+                return Err(Error::with(ErrorKind::Inval, "this context already holds a claimed message"));
+            }
+            let src = if src_fi == FI_ADDR_UNSPEC {
+                None
+            } else {
+                let p = ep.peers.of_with(|| cx.avs(), src_fi).map_err(|_| {
+                    Error::with(
+                        ErrorKind::AddrNotAvail,
+                        format!("source fi_addr {src_fi} is not in the address vector"),
+                    )
+                })?;
+                Some(p)
+            };
+            let r = PostedRecv { ctx: context, iovs, src, tag, ignore, multi: false, moff: 0, cqe: true };
+            crate::progress::peek(ep, &mut cx.ctx(), &r, claim, discard);
+            Ok(())
+        })
+    }
+
     /// fi_sendmsg. Flags: FI_COMPLETION, FI_REMOTE_CQ_DATA, FI_INJECT (the
     /// buffers may be reused on return; at most [`INJECT_SIZE`](crate::proto::INJECT_SIZE) bytes, else
     /// `-FI_EMSGSIZE`; the completion is written as for any send, unlike
@@ -558,7 +622,30 @@ impl Endpoint {
         self.rx(m, flags, false)
     }
 
-    /// fi_trecvmsg.
+    /// fi_trecvmsg. Flags: FI_COMPLETION, and the probes of fi_tagged(3),
+    /// which MPI's probe and matched receive use:
+    /// - FI_PEEK: after a progress pass over the domain, looks for the first unexpected
+    ///   message this receive accepts (source if directed, tag and ignore
+    ///   bits) without taking it. Found: a completion of `context` with the
+    ///   message's length, tag, remote CQ data and source (buf NULL: no
+    ///   data is copied, and the buffers are ignored). None: an error
+    ///   completion `-FI_ENOMSG`. Always written, whatever
+    ///   FI_SELECTIVE_COMPLETION says; counters do not count peeks.
+    /// - FI_PEEK | FI_CLAIM: as FI_PEEK, and the message found is claimed
+    ///   for `context`: no other receive or peek sees it any more.
+    ///   `-FI_EINVAL` if `context` already holds a claim.
+    /// - FI_CLAIM: receives the message claimed with `context` into the
+    ///   buffers, completing as a receive posted for it would (a message
+    ///   still arriving completes when it has; a rendezvous is read from the
+    ///   sender now). `-FI_EINVAL` if `context` holds no claim (never
+    ///   claimed, or received already).
+    /// - FI_DISCARD, with FI_PEEK or FI_CLAIM: the message found or claimed
+    ///   is dropped (a rendezvous's send completes at its sender); the
+    ///   completion of FI_PEEK | FI_DISCARD gives the message's length,
+    ///   that of FI_CLAIM | FI_DISCARD length 0.
+    ///
+    /// Peeks and claims need a receive CQ (`-FI_ENOCQ`); a claim's context
+    /// is not 0.
     ///
     /// # Safety
     /// As [`Endpoint::recvmsg`].

@@ -68,6 +68,8 @@ pub enum ErrorKind {
     NoKey,
     /// FI_EOVERRUN: queue overrun.
     Overrun,
+    /// FI_ENOMSG: no message of the kind wanted (a peek found none).
+    NoMsg,
 }
 
 /// One row per kind, in declaration order (`TABLE[k as usize].0 == k`: a
@@ -100,6 +102,7 @@ const TABLE: &[(ErrorKind, i32, &str)] = &[
     (ErrorKind::Trunc, 265, "Truncation error"),
     (ErrorKind::NoKey, 266, "Required key not available"),
     (ErrorKind::Overrun, 268, "Queue has been overrun"),
+    (ErrorKind::NoMsg, libc::ENOMSG, "No message of desired type"),
 ];
 
 impl ErrorKind {
@@ -292,7 +295,7 @@ mod tests {
     fn one_word_errors_keep_kind_and_detail() {
         assert_eq!(std::mem::size_of::<Error>(), 8);
         assert_eq!(std::mem::size_of::<Result<usize>>(), 16);
-        assert_eq!(TABLE.len(), ErrorKind::Overrun as usize + 1, "a row per kind");
+        assert_eq!(TABLE.len(), ErrorKind::NoMsg as usize + 1, "a row per kind");
         for (i, (k, _, _)) in TABLE.iter().enumerate() {
             assert_eq!(*k as usize, i);
             let (a, b) = (Error::new(*k), Error::with(*k, format!("detail {i}")));

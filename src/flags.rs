@@ -31,6 +31,14 @@ pub const FI_REMOTE_READ: u64 = 1 << 12;
 pub const FI_REMOTE_WRITE: u64 = 1 << 13;
 /// Multi-receive buffer.
 pub const FI_MULTI_RECV: u64 = 1 << 16;
+/// Receive flag (tagged): look for a matching unexpected message without
+/// taking it; the result is a completion (see [`crate::Endpoint::trecvmsg`]).
+pub const FI_PEEK: u64 = 1 << 19;
+/// Receive flag (tagged): with FI_PEEK, reserve the message found for a
+/// later FI_CLAIM receive with the same context; alone, that receive.
+pub const FI_CLAIM: u64 = 1 << 59;
+/// Receive flag (tagged): with FI_PEEK or FI_CLAIM, drop the message.
+pub const FI_DISCARD: u64 = 1 << 58;
 /// Remote CQ data present.
 pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
 /// Generate a completion (selective completion).

@@ -17,15 +17,15 @@ use crate::cma::{self, CmaError};
 use crate::cq::prov;
 use crate::domain::Ctx;
 use crate::engine::complete::{
-    complete_rx_ok, complete_send, emit_rx, finish_rx, unused_rx, ActiveRecv, Fail, PendingRx, RxCur, RxInfo, RxOk,
-    SplitRecv,
+    complete_rx_ok, complete_send, emit_rx, finish_rx, probe_entry, unused_rx, ActiveRecv, Fail, PendingRx, RxCur,
+    RxInfo, RxOk, SplitRecv,
 };
 use crate::engine::inbound::InRing;
-use crate::engine::matching::{Dest, Unexp, UnexpBody};
+use crate::engine::matching::{Dest, Discard, PostedRecv, Unexp, UnexpBody};
 use crate::engine::peers::Chan;
 use crate::engine::tx::{local_ranges, Ctrl, TxState};
 use crate::engine::EpState;
-use crate::error::ErrorKind;
+use crate::error::{Error, ErrorKind, Result};
 use crate::proto::MAX_MSG_SIZE;
 use crate::ring::{payload_capacity, RingView};
 use crate::sync::Ordering;
@@ -856,5 +856,83 @@ pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: De
             }
         }
         UnexpBody::Rts { msg_id, iovs, cma } => rendezvous(ep, ctx, u.peer, d, info, Rts { msg_id, iovs, cma }),
+        UnexpBody::Lost => {
+            let why = "the sender of the claimed message failed before it could be received".to_string();
+            finish_rx(
+                ep,
+                ctx,
+                u.peer,
+                0,
+                PendingRx { dest: d, info, err: Some((ErrorKind::Io, prov::CLAIM_LOST, why)) },
+            );
+        }
+    }
+}
+
+/// A peek (FI_PEEK, tagged receives): the first unexpected message that
+/// `r` accepts and nobody holds is reported in a completion of context
+/// `r.ctx` (its length, tag, remote CQ data and source; no data is copied:
+/// the entry's buf is NULL), then, with `claim`, reserved for the FI_CLAIM
+/// receive of that context, or with `discard`, dropped. When none is
+/// found, an `-FI_ENOMSG` error entry. The caller ran a pass first, so
+/// that what has arrived is seen; a bounce message still arriving is
+/// found too, with its full length.
+pub(crate) fn peek(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &PostedRecv, claim: bool, discard: bool) {
+    let Some(u) = ep.matching.find_free(true, r) else {
+        let why = "no unexpected message matches the peek".to_string();
+        probe_entry(ep, ctx, r.ctx, Err((ErrorKind::NoMsg, prov::NO_MSG, why)));
+        return;
+    };
+    let (id, p) = (u.id, u.peer);
+    let info = RxInfo { tagged: true, tag: u.tag, data: u.data, hflags: u.hflags, total: u.len, delivered: u.len };
+    probe_entry(ep, ctx, r.ctx, Ok((p, info)));
+    if claim {
+        ep.matching.claim(id, r.ctx);
+    } else if discard {
+        discard_unexp(ep, id);
+    }
+}
+
+/// The FI_CLAIM receive of context `d.ctx`: the message an earlier peek
+/// claimed with that context is delivered into `d` as if `d` had been
+/// posted for it (a bounce message still arriving completes when its last
+/// chunk comes; a rendezvous is read from the sender now), or with
+/// `discard` dropped, completing with length 0. `-FI_EINVAL` when the
+/// context holds no claim (never claimed, or already received).
+pub(crate) fn claimed_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, d: Dest, discard: bool) -> Result<()> {
+    let Some(id) = ep.matching.unclaim(d.ctx) else {
+        return Err(Error::with(
+            ErrorKind::Inval,
+            "no message is claimed with this context (no FI_PEEK | FI_CLAIM with it, or already received)",
+        ));
+    };
+    if discard {
+        let u = ep.matching.get(id).expect("a claimed message stays queued until received");
+        let info = RxInfo { tagged: true, tag: u.tag, data: u.data, hflags: u.hflags, total: u.len, delivered: 0 };
+        probe_entry(ep, ctx, d.ctx, Ok((u.peer, info)));
+        discard_unexp(ep, id);
+        return Ok(());
+    }
+    let u = ep.matching.take(id).expect("a claimed message stays queued until received");
+    deliver_unexp(ep, ctx, u, d, true);
+    Ok(())
+}
+
+/// Drops the unexpected message `id` (FI_DISCARD): its buffer is
+/// recycled, a rendezvous's sender gets its FIN (its send completes:
+/// nobody will read its buffer), and a bounce message still arriving
+/// leaves with its last chunk.
+fn discard_unexp(ep: &mut EpState, id: u64) {
+    let Some(Discard::Gone(u)) = ep.matching.discard(id) else {
+        return;
+    };
+    match u.body {
+        UnexpBody::Data { v, .. } => ep.matching.recycle_buf(v),
+        UnexpBody::Rts { msg_id, .. } => {
+            if ep.peers[u.peer].gone.is_none() {
+                ep.queue_ctrl(u.peer, Ctrl::new(CtrlKind::Fin, msg_id, 0));
+            }
+        }
+        UnexpBody::Lost => {}
     }
 }

@@ -10,9 +10,11 @@
 //! `rx_attr->op_flags`, FI_SETOPSFLAG); the `*msg` calls use their own.
 //! FI_TRANSMIT_COMPLETE and FI_INJECT_COMPLETE are what every shmfab send
 //! gives (see `info::TX_OP_FLAGS`) and are dropped before the library
-//! sees them. Not built yet: FI_PEEK, FI_CLAIM and FI_DISCARD
-//! (`-FI_ENOSYS`), FI_DELIVERY_COMPLETE (`-FI_EBADFLAGS`, never
-//! advertised), RMA and atomics (their ops tables return `-FI_ENOSYS`).
+//! sees them. FI_PEEK, FI_CLAIM and FI_DISCARD on `fi_trecvmsg` are the
+//! library's (`shmfab::Endpoint::trecvmsg`), a claim identified by its
+//! context pointer. Not built yet: FI_DELIVERY_COMPLETE (`-FI_EBADFLAGS`,
+//! never advertised), RMA and atomics (their ops tables return
+//! `-FI_ENOSYS`).
 
 use crate::sys;
 use crate::util::{self, nb1, nb10, nb11, nb12, nb13, nb14, nb16, nb2, nb3, nb4, nb5, nb6, nb7, nb8, nb9};
@@ -489,14 +491,15 @@ fn tx_flags(f: u64) -> Result<u64, isize> {
     Ok(f & !(sys::FI_TRANSMIT_COMPLETE | sys::FI_INJECT_COMPLETE | sys::FI_MORE))
 }
 
-/// Receive flags for the library: probes and claims are not built yet;
-/// FI_MORE (a hint) is dropped.
+/// Receive flags for the library: FI_MORE (a hint) is dropped; the rest,
+/// FI_PEEK, FI_CLAIM and FI_DISCARD among them (same values), go through.
+/// A claim is identified by its context: the library keys the claimed
+/// message by the context pointer, which fi_tagged(3) says is the same
+/// `struct fi_context` for the FI_PEEK | FI_CLAIM and for its FI_CLAIM
+/// (nothing is written into it).
 #[inline(always)]
-fn rx_flags(f: u64, tagged: bool) -> Result<u64, isize> {
-    if tagged && f & (sys::FI_PEEK | sys::FI_CLAIM | sys::FI_DISCARD) != 0 {
-        return Err(ENOSYS as isize);
-    }
-    Ok(f & !sys::FI_MORE)
+fn rx_flags(f: u64) -> u64 {
+    f & !sys::FI_MORE
 }
 
 impl Ep {
@@ -525,10 +528,7 @@ impl Ep {
         flags: u64,
         tagged: bool,
     ) -> isize {
-        let flags = match rx_flags(flags, tagged) {
-            Ok(f) => f,
-            Err(e) => return e,
-        };
+        let flags = rx_flags(flags);
         let mut m = RecvMsg { iov, src: self.src(src), context: ctx, tag, ignore };
         // SAFETY: caller's contract.
         let r = unsafe {

@@ -514,6 +514,42 @@ pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i
     rx_error(&ep.bind, ctx, d, i, (k, pe, detail));
 }
 
+/// The completion of a peek, or of a discard (FI_DISCARD), on a tagged
+/// receive: `Ok((p, info))` for a message from peer `p`, written with
+/// `info.delivered` as its length, NULL as its buffer, and its tag, data
+/// and source; `Err` an error entry (a peek that found nothing). Always
+/// written to the receive CQ (whatever FI_SELECTIVE_COMPLETION says: the
+/// entry is the operation's only result); no counter counts, since no data
+/// moved.
+pub(crate) fn probe_entry(
+    ep: &mut EpState,
+    ctx: &mut Ctx<'_>,
+    op_context: usize,
+    r: std::result::Result<(usize, RxInfo), Fail>,
+) {
+    let Some(cq) = ep.bind.rx_cq.and_then(|c| ctx.cqs.get_mut(c)) else {
+        return;
+    };
+    match r {
+        Ok((p, i)) => {
+            let src = ep.peers.src_addr(ctx.avs, p);
+            let e = CqTaggedEntry {
+                op_context,
+                flags: rx_flags(true, i.hflags, false),
+                len: i.delivered,
+                buf: 0,
+                data: if i.hflags & hdr_flags::REMOTE_CQ_DATA != 0 { i.data } else { 0 },
+                tag: i.tag,
+            };
+            cq.push_ext(e, src, Signal::Normal);
+        }
+        Err((k, pe, detail)) => cq.push_err(
+            CqErrEntry { op_context, flags: FI_RECV | FI_TAGGED, err: k.errno(), prov_errno: pe, ..Default::default() },
+            detail,
+        ),
+    }
+}
+
 /// A receive that never took a message ends (cancelled, or flushed when
 /// its endpoint closes): its error entry, `err` saying why.
 pub(crate) fn unused_rx(b: &Bindings, ctx: &mut Ctx<'_>, d: &Dest, tagged: bool, err: Fail) {

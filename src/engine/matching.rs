@@ -10,6 +10,11 @@
 //!   (multi-receive) until less than `min_multi_recv` bytes of it remain.
 //! - An untagged receive of an endpoint bound to an SRQ comes from the SRQ,
 //!   never from `posted[0]` (the API refuses to post there).
+//! - An unexpected message named in `holds` (claimed by a peek with
+//!   FI_CLAIM, or discarded while its chunks still arrive) stays in its
+//!   queue, so that its chunks still find it, but no receive or peek takes
+//!   it: only the FI_CLAIM receive of its context does (a discarded one
+//!   leaves once its last chunk came). A context holds one claim at most.
 
 use super::request::{Iov, Iovs};
 use crate::error::{Error, Result};
@@ -60,6 +65,9 @@ pub(crate) enum UnexpBody {
     Data { v: Vec<u8>, received: usize, msg_id: u64 },
     /// A rendezvous: the data stays with the sender until matched.
     Rts { msg_id: u64, iovs: Vec<(u64, u64)>, cma: bool },
+    /// A claimed message whose sender failed before it could be received
+    /// (its data is gone): its FI_CLAIM receive completes in error.
+    Lost,
 }
 
 pub(crate) struct Unexp {
@@ -77,9 +85,39 @@ impl Unexp {
     fn held(&self) -> usize {
         match &self.body {
             UnexpBody::Data { v, .. } => v.len(),
-            UnexpBody::Rts { .. } => 0,
+            UnexpBody::Rts { .. } | UnexpBody::Lost => 0,
         }
     }
+
+    /// Whether its data is still arriving (a bounce message).
+    pub fn arriving(&self) -> bool {
+        matches!(self.body, UnexpBody::Data { received, .. } if received < self.len)
+    }
+}
+
+/// Why an unexpected message is out of reach of receives and peeks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Hold {
+    /// Claimed (FI_PEEK | FI_CLAIM) under this receive context.
+    Claimed(usize),
+    /// Discarded while its chunks still arrive: they are dropped, and the
+    /// message leaves with the last one.
+    Discarded,
+}
+
+/// What [`Matching::discard`] did.
+pub(crate) enum Discard {
+    /// The message left the queue: the caller releases what it holds (a
+    /// rendezvous's sender waits for its FIN).
+    Gone(Unexp),
+    /// Still arriving: held as discarded until its last chunk.
+    Arriving,
+}
+
+/// Whether no hold names the unexpected message `id`.
+#[inline]
+fn free(holds: &[(u64, Hold)], id: u64) -> bool {
+    holds.is_empty() || !holds.iter().any(|h| h.0 == id)
 }
 
 /// Most spare unexpected-message buffers an endpoint keeps.
@@ -97,6 +135,9 @@ pub(crate) struct Matching {
     unexp_bytes: usize,
     /// Next unexpected message's id (never 0).
     next_unexp_id: u64,
+    /// Unexpected messages held back from matching, by id (see the module
+    /// docs); usually empty.
+    holds: Vec<(u64, Hold)>,
     /// FI_OPT_MIN_MULTI_RECV.
     pub min_multi_recv: usize,
     /// Buffers of delivered unexpected messages, kept for the next ones
@@ -115,6 +156,7 @@ impl Matching {
             unexp: [VecDeque::new(), VecDeque::new()],
             unexp_bytes: 0,
             next_unexp_id: 1,
+            holds: Vec::new(),
             min_multi_recv: 64,
             spare: Vec::new(),
             srq: None,
@@ -169,7 +211,8 @@ impl Matching {
         let q = tagged as usize;
         let ri = self.posted[q].len().checked_sub(1)?;
         let r = &self.posted[q][ri];
-        let ui = self.unexp[q].iter().position(|u| r.accepts(tagged, u.peer, u.tag))?;
+        let holds = &self.holds;
+        let ui = self.unexp[q].iter().position(|u| r.accepts(tagged, u.peer, u.tag) && free(holds, u.id))?;
         let u = self.unexp[q].remove(ui).expect("index from position");
         self.unexp_bytes -= u.held();
         let d = self.take_posted(q, ri, u.len);
@@ -340,6 +383,7 @@ impl Matching {
     /// `id` (of `total` bytes). Some(complete) when it fitted; None when
     /// the message is unknown or the chunk out of order.
     pub fn append_unexp(&mut self, id: u64, off: usize, bytes: &[u8], total: usize) -> Option<bool> {
+        let discarded = self.holds.contains(&(id, Hold::Discarded));
         let [a, b] = &mut self.unexp;
         let u = a.iter_mut().chain(b.iter_mut()).find(|u| u.id == id)?;
         let UnexpBody::Data { v, received, .. } = &mut u.body else {
@@ -348,28 +392,107 @@ impl Matching {
         if *received != off || off + bytes.len() > total {
             return None;
         }
-        v.extend_from_slice(bytes);
         *received += bytes.len();
-        self.unexp_bytes += bytes.len();
-        Some(*received == total)
+        let done = *received == total;
+        if discarded {
+            // Nobody will read it: counted, not kept; gone with its last chunk.
+            if done {
+                self.drop_unexp(id);
+            }
+        } else {
+            v.extend_from_slice(bytes);
+            self.unexp_bytes += bytes.len();
+        }
+        Some(done)
     }
 
-    /// Drops the unexpected message `id` (it can never complete).
+    /// Drops the unexpected message `id` (it can never complete). A
+    /// claimed one stays, lost, for its FI_CLAIM receive to report.
     pub fn drop_unexp(&mut self, id: u64) {
+        let claimed = self.holds.iter().any(|h| h.0 == id && matches!(h.1, Hold::Claimed(_)));
         for q in 0..2 {
             if let Some(i) = self.unexp[q].iter().position(|u| u.id == id) {
+                if claimed {
+                    self.unexp_bytes -= self.unexp[q][i].held();
+                    self.unexp[q][i].body = UnexpBody::Lost;
+                    return;
+                }
                 let u = self.unexp[q].remove(i).expect("index from position");
                 self.unexp_bytes -= u.held();
+                self.holds.retain(|h| h.0 != id);
             }
         }
     }
 
     /// Drops the unexpected rendezvous requests of peer `p` (gone: its
-    /// data went with it).
+    /// data went with it); claimed ones stay, lost.
     pub fn drop_rts_from(&mut self, p: usize) {
-        for q in &mut self.unexp {
-            q.retain(|u| !(u.peer == p && matches!(u.body, UnexpBody::Rts { .. })));
+        let ids: Vec<u64> = self
+            .unexp
+            .iter()
+            .flatten()
+            .filter(|u| u.peer == p && matches!(u.body, UnexpBody::Rts { .. }))
+            .map(|u| u.id)
+            .collect();
+        for id in ids {
+            self.drop_unexp(id);
         }
+    }
+
+    /// The first unexpected message of `tagged`'s queue that the receive
+    /// `r` accepts and nobody holds (a peek: it stays queued).
+    pub fn find_free(&self, tagged: bool, r: &PostedRecv) -> Option<&Unexp> {
+        self.unexp[tagged as usize].iter().find(|u| r.accepts(tagged, u.peer, u.tag) && free(&self.holds, u.id))
+    }
+
+    /// Whether `ctx` holds a claimed message.
+    pub fn claims(&self, ctx: usize) -> bool {
+        self.holds.iter().any(|h| h.1 == Hold::Claimed(ctx))
+    }
+
+    /// Claims the unexpected message `id` for the receive context `ctx`
+    /// (which holds no other: [`Matching::claims`]).
+    pub fn claim(&mut self, id: u64, ctx: usize) {
+        debug_assert!(!self.claims(ctx) && free(&self.holds, id));
+        self.holds.push((id, Hold::Claimed(ctx)));
+    }
+
+    /// The id of the message `ctx` claimed, released from the claim (the
+    /// caller takes or discards it at once).
+    pub fn unclaim(&mut self, ctx: usize) -> Option<u64> {
+        let i = self.holds.iter().position(|h| h.1 == Hold::Claimed(ctx))?;
+        Some(self.holds.swap_remove(i).0)
+    }
+
+    /// The unexpected message `id`, if queued.
+    pub fn get(&self, id: u64) -> Option<&Unexp> {
+        self.unexp.iter().flatten().find(|u| u.id == id)
+    }
+
+    /// Takes the unexpected message `id` out of its queue (it is received).
+    pub fn take(&mut self, id: u64) -> Option<Unexp> {
+        let (q, i) = (0..2).find_map(|q| Some((q, self.unexp[q].iter().position(|u| u.id == id)?)))?;
+        let u = self.unexp[q].remove(i).expect("index from position");
+        self.unexp_bytes -= u.held();
+        self.holds.retain(|h| h.0 != id);
+        Some(u)
+    }
+
+    /// Discards the unexpected message `id` (FI_DISCARD): out of the
+    /// queue, or, while its chunks still arrive, held until the last one
+    /// (its bytes so far freed at once). None when unknown.
+    pub fn discard(&mut self, id: u64) -> Option<Discard> {
+        if !self.get(id)?.arriving() {
+            return self.take(id).map(Discard::Gone);
+        }
+        self.holds.retain(|h| h.0 != id);
+        self.holds.push((id, Hold::Discarded));
+        let u = self.unexp.iter_mut().flatten().find(|u| u.id == id).expect("found above");
+        if let UnexpBody::Data { v, .. } = &mut u.body {
+            self.unexp_bytes -= v.len();
+            *v = Vec::new();
+        }
+        Some(Discard::Arriving)
     }
 
     /// Whether an untagged unexpected message waits (for an SRQ buffer).
@@ -547,6 +670,59 @@ mod tests {
         assert_eq!(gone[0].1.ctx, a.as_ptr() as usize);
         assert!(!m.directed_at(4));
         assert_eq!(m.posted_count(), 1);
+    }
+
+    #[test]
+    fn claimed_and_discarded_messages_are_out_of_reach() {
+        let mut m = Matching::new();
+        let a = m.queue_unexp(true, unexp(0, 5, &[1; 4]));
+        let b = m.queue_unexp(true, unexp(0, 5, &[2; 4]));
+        let mut buf = [0u8; 8];
+        let probe = recv(&mut buf, None, 5, 0, false);
+        assert_eq!(m.find_free(true, &probe).unwrap().id, a);
+        m.claim(a, 77);
+        assert!(m.claims(77) && !m.claims(78));
+        assert_eq!(m.find_free(true, &probe).unwrap().id, b, "a claimed message is invisible to peeks");
+        // A receive posted now takes b, not the claimed a.
+        m.post(true, recv(&mut buf, None, 5, 0, false), 4).unwrap();
+        assert_eq!(m.take_unexp_for_last(true).unwrap().0.id, b);
+        m.post(true, recv(&mut buf, None, 5, 0, false), 4).unwrap();
+        assert!(m.take_unexp_for_last(true).is_none(), "nor to receives");
+        m.pop_front(true);
+        // The claim's receive takes it; the context is then free again.
+        assert_eq!(m.unclaim(77), Some(a));
+        assert_eq!(m.unclaim(77), None, "a claim is received once");
+        assert_eq!(m.take(a).unwrap().id, a);
+        assert_eq!((m.unexp_count(), m.unexp_bytes()), (0, 0));
+
+        // A still-arriving message discarded: its bytes freed at once, its
+        // later chunks counted and dropped, gone with the last one.
+        let u = Unexp { body: UnexpBody::Data { v: Vec::new(), received: 0, msg_id: 3 }, len: 8, ..unexp(1, 5, &[]) };
+        let id = m.queue_unexp(true, u);
+        assert_eq!(m.append_unexp(id, 0, &[0; 4], 8), Some(false));
+        assert_eq!(m.unexp_bytes(), 4);
+        assert!(matches!(m.discard(id), Some(Discard::Arriving)));
+        assert_eq!(m.unexp_bytes(), 0);
+        assert!(m.find_free(true, &probe).is_none());
+        assert_eq!(m.append_unexp(id, 4, &[0; 4], 8), Some(true));
+        assert_eq!((m.unexp_count(), m.unexp_bytes()), (0, 0));
+
+        // A claimed message whose sender fails stays, lost, for its claim.
+        let id = m.queue_unexp(true, unexp(2, 5, &[3; 4]));
+        m.claim(id, 9);
+        m.drop_unexp(id);
+        assert_eq!((m.unexp_count(), m.unexp_bytes()), (1, 0));
+        let id2 = m.unclaim(9).unwrap();
+        assert!(matches!(m.take(id2).unwrap().body, UnexpBody::Lost));
+        // A claimed rendezvous too; an unclaimed one goes.
+        let rts =
+            |p| Unexp { body: UnexpBody::Rts { msg_id: 1, iovs: vec![], cma: true }, len: 1 << 20, ..unexp(p, 5, &[]) };
+        let c = m.queue_unexp(true, rts(4));
+        m.queue_unexp(true, rts(4));
+        m.claim(c, 10);
+        m.drop_rts_from(4);
+        assert_eq!(m.unexp_count(), 1);
+        assert!(matches!(m.get(c).unwrap().body, UnexpBody::Lost));
     }
 
     #[test]

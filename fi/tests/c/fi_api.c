@@ -393,11 +393,17 @@ static void test_errors(struct side *a, struct side *b)
 	EXPECT(fi_cancel(&b->ep->fid, (void *)0xb6), 0);
 	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAGAIN);
 
-	/* Probes and claims: not built yet. */
+	/* Probes and claims: test_probe. Flags that mean nothing, and a
+	 * claim of a context that claimed nothing. */
 	struct iovec iov = { data, sizeof(data) };
 	struct fi_msg_tagged m = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .tag = 1 };
-	EXPECT(fi_trecvmsg(b->ep, &m, FI_PEEK), -FI_ENOSYS);
-	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), -FI_ENOSYS);
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_DISCARD), -FI_EBADFLAGS);
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_PEEK | FI_CLAIM | FI_DISCARD), -FI_EBADFLAGS);
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), -FI_EINVAL); /* NULL context */
+	struct fi_context none;
+	m.context = &none;
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), -FI_EINVAL);
+	m.context = NULL;
 	/* RMA: not built yet. */
 	EXPECT(fi_write(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), -FI_ENOSYS);
 	EXPECT(fi_read(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), -FI_ENOSYS);
@@ -412,6 +418,110 @@ static void test_errors(struct side *a, struct side *b)
 	EXPECT(fi_sendmsg(a->ep, &mm, FI_TRANSMIT_COMPLETE | FI_INJECT | FI_MORE), 0);
 	read_tagged(a->cq, &e, NULL);
 	read_tagged(b->cq, &e, NULL);
+}
+
+/* One probe (fi_trecvmsg with `flags`, no buffer) on b and its
+ * completion: 1 with *e, or the negated error of its error entry, in *err. */
+static ssize_t probe(struct side *b, uint64_t tag, uint64_t flags, void *ctx, struct fi_cq_tagged_entry *e,
+		     struct fi_cq_err_entry *err)
+{
+	struct fi_msg_tagged m = { .iov_count = 0, .addr = FI_ADDR_UNSPEC, .tag = tag, .context = ctx };
+	ssize_t r = -FI_EAGAIN;
+
+	EXPECT(fi_trecvmsg(b->ep, &m, flags), 0);
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_read(b->cq, e, 1);
+	if (r == -FI_EAVAIL) {
+		memset(err, 0, sizeof(*err));
+		EXPECT(fi_cq_readerr(b->cq, err, 0), 1);
+		CHECK(err->op_context == ctx);
+		return -err->err;
+	}
+	EXPECT(r, 1);
+	CHECK(e->op_context == ctx);
+	return 1;
+}
+
+/* As probe, until a message is found (a miss is -FI_ENOMSG). */
+static void probe_found(struct side *b, uint64_t tag, uint64_t flags, void *ctx, struct fi_cq_tagged_entry *e)
+{
+	struct fi_cq_err_entry err;
+	ssize_t r;
+	int n = 0;
+
+	while ((r = probe(b, tag, flags, ctx, e, &err)) == -FI_ENOMSG && n++ < 100000)
+		;
+	EXPECT(r, 1);
+}
+
+/* FI_PEEK, FI_CLAIM and FI_DISCARD (fi_tagged(3); MPI_Probe, MPI_Improbe
+ * and MPI_Mrecv use them): a peek finds nothing (-FI_ENOMSG) or a message
+ * (length, tag, data, no buffer) and leaves it; a claimed message is out
+ * of reach of peeks and receives until the FI_CLAIM receive of its
+ * fi_context, which takes it once; claim and discard, peek and discard. */
+static void test_probe(struct side *a, struct side *b)
+{
+	static char big[30000], got[30000];
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err;
+	struct fi_context claim, claim2;
+	char buf[16] = { 0 };
+
+	CHECK(probe(b, 0x51, FI_PEEK, (void *)0xd1, &e, &err) == -FI_ENOMSG);
+	CHECK(err.flags == (FI_RECV | FI_TAGGED));
+	EXPECT(fi_tsenddata(a->ep, "probe me", 9, NULL, 0xd0d0, b->addr, 0x51, (void *)0xd2), 0);
+	read_tagged(a->cq, &e, NULL);
+	for (int k = 0; k < 2; k++) {
+		probe_found(b, 0x51, FI_PEEK, (void *)0xd3, &e);
+		CHECK(e.len == 9 && e.tag == 0x51 && e.data == 0xd0d0 && e.buf == NULL);
+		CHECK(e.flags == (FI_RECV | FI_TAGGED | FI_REMOTE_CQ_DATA));
+	}
+	CHECK(probe(b, 0x51, FI_PEEK | FI_CLAIM, &claim, &e, &err) == 1 && e.len == 9);
+	/* Claimed: no peek sees it, no receive takes it, the context claims no
+	 * other. */
+	CHECK(probe(b, 0x51, FI_PEEK, (void *)0xd4, &e, &err) == -FI_ENOMSG);
+	EXPECT(fi_trecv(b->ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, 0x51, 0, (void *)0xd5), 0);
+	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAGAIN);
+	struct fi_msg_tagged pm = { .iov_count = 0, .addr = FI_ADDR_UNSPEC, .tag = 0x51, .context = &claim };
+	EXPECT(fi_trecvmsg(b->ep, &pm, FI_PEEK | FI_CLAIM), -FI_EINVAL);
+	/* The claim's receive takes it, once. */
+	struct iovec iov = { got, sizeof(got) };
+	struct fi_msg_tagged m = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = &claim };
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.op_context == &claim && e.len == 9 && e.tag == 0x51 && e.data == 0xd0d0 && !strcmp(got, "probe me"));
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), -FI_EINVAL);
+	/* The receive posted meanwhile takes the next message. */
+	EXPECT(fi_tinject(a->ep, "next", 5, b->addr, 0x51), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xd5 && !strcmp(buf, "next"));
+
+	/* A message through the pool, in fragments: claimed with its full
+	 * length, received whole. */
+	for (size_t i = 0; i < sizeof(big); i++)
+		big[i] = (char)(i * 7 + 1);
+	EXPECT(fi_tsend(a->ep, big, sizeof(big), NULL, b->addr, 0x52, (void *)0xd6), 0);
+	probe_found(b, 0x52, FI_PEEK | FI_CLAIM, &claim2, &e);
+	CHECK(e.len == sizeof(big) && e.tag == 0x52);
+	memset(got, 0, sizeof(got));
+	m.context = &claim2;
+	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.op_context == &claim2 && e.len == sizeof(big) && !memcmp(got, big, sizeof(big)));
+	read_tagged(a->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xd6);
+
+	/* Claim then discard: completes with length 0. Peek and discard:
+	 * with the message's length. Both gone after. */
+	EXPECT(fi_tinject(a->ep, "drop", 5, b->addr, 0x53), 0);
+	probe_found(b, 0x53, FI_PEEK | FI_CLAIM, &claim, &e);
+	CHECK(probe(b, 0, FI_CLAIM | FI_DISCARD, &claim, &e, &err) == 1 && e.len == 0 && e.tag == 0x53);
+	CHECK(probe(b, 0x53, FI_PEEK, (void *)0xd7, &e, &err) == -FI_ENOMSG);
+	EXPECT(fi_tinject(a->ep, "drop2", 6, b->addr, 0x54), 0);
+	probe_found(b, 0x54, FI_PEEK | FI_DISCARD, (void *)0xd8, &e);
+	CHECK(e.len == 6 && e.tag == 0x54);
+	CHECK(probe(b, 0x54, FI_PEEK, (void *)0xd9, &e, &err) == -FI_ENOMSG);
+	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAGAIN);
 }
 
 static void test_cq_waits(void)
@@ -1139,6 +1249,7 @@ int main(int argc, char **argv)
 	test_av_and_names(&a);
 	test_tagged_and_data(&a, &b);
 	test_errors(&a, &b);
+	test_probe(&a, &b);
 	test_cq_formats(&a);
 	test_cq_waits();
 	test_trywait_epoll(&a);
