@@ -639,23 +639,7 @@ impl Endpoint {
         data: u64,
         flags: u64,
     ) -> Result<()> {
-        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
-        let (compare, result) = (None, None);
-        let call = AtomicCall::Write;
-        self.atomic_call(AtomicArgs {
-            call,
-            dt,
-            op,
-            buf,
-            compare,
-            result,
-            dest,
-            iocs: rma_ioc,
-            context,
-            data,
-            flags,
-            silent: false,
-        })
+        self.atomic_msg(AtomicCall::Write, dt, op, buf, None, None, rma_ioc, dest, context, data, flags)
     }
 
     /// fi_fetch_atomicmsg: as `atomicmsg`, the old values into `result`.
@@ -672,21 +656,7 @@ impl Endpoint {
         data: u64,
         flags: u64,
     ) -> Result<()> {
-        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
-        self.atomic_call(AtomicArgs {
-            call: AtomicCall::Fetch,
-            dt,
-            op,
-            buf,
-            compare: None,
-            result: Some(result),
-            dest,
-            iocs: rma_ioc,
-            context,
-            data,
-            flags,
-            silent: false,
-        })
+        self.atomic_msg(AtomicCall::Fetch, dt, op, buf, None, Some(result), rma_ioc, dest, context, data, flags)
     }
 
     /// fi_compare_atomicmsg: the compare family on the remote segments.
@@ -704,16 +674,37 @@ impl Endpoint {
         data: u64,
         flags: u64,
     ) -> Result<()> {
+        let result = Some(result);
+        self.atomic_msg(AtomicCall::Compare, dt, op, buf, Some(compare), result, rma_ioc, dest, context, data, flags)
+    }
+
+    /// The `*msg` forms of the atomic calls: `data` goes with
+    /// FI_REMOTE_CQ_DATA in `flags`.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic_msg(
+        &self,
+        call: AtomicCall,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        compare: Option<&[u8]>,
+        result: Option<&mut [u8]>,
+        iocs: &[RmaIoc],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
         let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
         self.atomic_call(AtomicArgs {
-            call: AtomicCall::Compare,
+            call,
             dt,
             op,
             buf,
-            compare: Some(compare),
-            result: Some(result),
+            compare,
+            result,
             dest,
-            iocs: rma_ioc,
+            iocs,
             context,
             data,
             flags,
