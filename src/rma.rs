@@ -233,8 +233,11 @@ impl Endpoint {
                     }
                 };
                 let res = match &local {
-                    Local::Out(v) => self.put(ctx, &t, r, v, done),
-                    Local::In(v) => self.get(ctx, &t, r, v, done),
+                    Local::Out(v) => {
+                        let src = sub_local(v.iter().map(|s| (s.as_ptr() as *mut u8, s.len())), done, r.len);
+                        self.transfer(ctx, &t, r, &src, true)
+                    }
+                    Local::In(v) => self.transfer(ctx, &t, r, &sub_local(v.iter().copied(), done, r.len), false),
                 };
                 if let Err(e) = res {
                     err = Some(e);
@@ -265,30 +268,32 @@ impl Endpoint {
         })
     }
 
-    /// Writes `r.len` bytes of `v` from byte `from` into the target.
-    fn put(
+    /// Moves `r.len` bytes between the target and `local` (the caller's
+    /// pieces for this segment): into the target when `write`, else out
+    /// of it.
+    fn transfer(
         &self,
         ctx: &Ctx<'_>,
         t: &Target,
         r: &RmaIov,
-        v: &[IoSlice<'_>],
-        from: usize,
+        local: &[(*mut u8, usize)],
+        write: bool,
     ) -> std::result::Result<(), Fail> {
-        let pin = t.file.pin(Key::decode(r.key), r.addr, r.len as u64, Need::Write).map_err(|(k, s)| fail(k, s))?;
+        let need = if write { Need::Write } else { Need::Read };
+        let pin = t.file.pin(Key::decode(r.key), r.addr, r.len as u64, need).map_err(|(k, s)| fail(k, s))?;
         let view = pin.view;
-        let src = sub_local(v.iter().map(|s| (s.as_ptr() as *mut u8, s.len())), from, r.len);
         let rs = ranges(&view, r.addr, r.len as u64);
         if view.kind == mr_kind::HEAP {
-            copy_heap(&t.file, &rs, &src, true);
+            copy_heap(&t.file, &rs, local, write);
             self.dom.rma.heap_ops.fetch_add(1, Ordering::Relaxed);
-        } else if !self.cma_write(ctx, t, &rs, &src)? {
+        } else if !self.cma(ctx, t, &rs, local, write)? {
             drop(pin);
             let mut at = 0usize;
-            let buf = gather(&src);
+            let mut buf = if write { gather(local) } else { vec![0u8; r.len] };
             while at < r.len {
                 let n = (r.len - at).min(MBOX_DATA);
                 let req = MboxReq {
-                    op: mbox_op::WRITE,
+                    op: if write { mbox_op::WRITE } else { mbox_op::READ },
                     ep_index: t.addr.ep_index,
                     key: r.key,
                     off: r.addr + at as u64,
@@ -296,78 +301,30 @@ impl Endpoint {
                     count: (at + n == r.len) as u32,
                     ..Default::default()
                 };
-                mbox_call(&self.dom, t, req, &buf[at..at + n], &mut [], true)?;
+                let piece = &mut buf[at..at + n];
+                if write {
+                    mbox_call(&self.dom, t, req, piece, &mut [], true)?;
+                } else {
+                    mbox_call(&self.dom, t, req, &[], piece, true)?;
+                }
                 at += n;
+            }
+            if !write {
+                scatter(local, &buf);
             }
             return Ok(());
         }
-        count_landed(&self.dom, t, view.cntr_rw, 0);
-        Ok(())
-    }
-
-    /// Reads `r.len` bytes of the target into `v` from byte `from`.
-    fn get(
-        &self,
-        ctx: &Ctx<'_>,
-        t: &Target,
-        r: &RmaIov,
-        v: &[(*mut u8, usize)],
-        from: usize,
-    ) -> std::result::Result<(), Fail> {
-        let pin = t.file.pin(Key::decode(r.key), r.addr, r.len as u64, Need::Read).map_err(|(k, s)| fail(k, s))?;
-        let view = pin.view;
-        let dst = sub_local(v.iter().copied(), from, r.len);
-        let rs = ranges(&view, r.addr, r.len as u64);
-        if view.kind == mr_kind::HEAP {
-            copy_heap(&t.file, &rs, &dst, false);
-            self.dom.rma.heap_ops.fetch_add(1, Ordering::Relaxed);
-        } else if !self.cma_read(ctx, t, &rs, &dst)? {
-            drop(pin);
-            let mut at = 0usize;
-            let mut buf = vec![0u8; r.len];
-            while at < r.len {
-                let n = (r.len - at).min(MBOX_DATA);
-                let req = MboxReq {
-                    op: mbox_op::READ,
-                    ep_index: t.addr.ep_index,
-                    key: r.key,
-                    off: r.addr + at as u64,
-                    len: n as u64,
-                    count: (at + n == r.len) as u32,
-                    ..Default::default()
-                };
-                mbox_call(&self.dom, t, req, &[], &mut buf[at..at + n], true)?;
-                at += n;
-            }
-            scatter(&dst, &buf);
-            return Ok(());
+        if write {
+            count_landed(&self.dom, t, view.cntr_rw, 0);
+        } else {
+            count_landed(&self.dom, t, view.cntr_rr, 1);
         }
-        count_landed(&self.dom, t, view.cntr_rr, 1);
         Ok(())
     }
 
-    /// Single-copy write; false when single copy is off or refused (the
-    /// caller then goes through the target's progress engine).
-    fn cma_write(
-        &self,
-        ctx: &Ctx<'_>,
-        t: &Target,
-        rs: &[(u64, u64)],
-        src: &[(*mut u8, usize)],
-    ) -> std::result::Result<bool, Fail> {
-        self.cma(ctx, t, rs, src, true)
-    }
-
-    fn cma_read(
-        &self,
-        ctx: &Ctx<'_>,
-        t: &Target,
-        rs: &[(u64, u64)],
-        dst: &[(*mut u8, usize)],
-    ) -> std::result::Result<bool, Fail> {
-        self.cma(ctx, t, rs, dst, false)
-    }
-
+    /// Single-copy transfer (`write`: into the target); false when single
+    /// copy is off or refused (the caller then goes through the target's
+    /// progress engine).
     fn cma(
         &self,
         ctx: &Ctx<'_>,
@@ -682,23 +639,7 @@ impl Endpoint {
         data: u64,
         flags: u64,
     ) -> Result<()> {
-        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
-        let (compare, result) = (None, None);
-        let call = AtomicCall::Write;
-        self.atomic_call(AtomicArgs {
-            call,
-            dt,
-            op,
-            buf,
-            compare,
-            result,
-            dest,
-            iocs: rma_ioc,
-            context,
-            data,
-            flags,
-            silent: false,
-        })
+        self.atomic_msg(AtomicCall::Write, dt, op, buf, None, None, rma_ioc, dest, context, data, flags)
     }
 
     /// fi_fetch_atomicmsg: as `atomicmsg`, the old values into `result`.
@@ -715,21 +656,7 @@ impl Endpoint {
         data: u64,
         flags: u64,
     ) -> Result<()> {
-        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
-        self.atomic_call(AtomicArgs {
-            call: AtomicCall::Fetch,
-            dt,
-            op,
-            buf,
-            compare: None,
-            result: Some(result),
-            dest,
-            iocs: rma_ioc,
-            context,
-            data,
-            flags,
-            silent: false,
-        })
+        self.atomic_msg(AtomicCall::Fetch, dt, op, buf, None, Some(result), rma_ioc, dest, context, data, flags)
     }
 
     /// fi_compare_atomicmsg: the compare family on the remote segments.
@@ -747,16 +674,37 @@ impl Endpoint {
         data: u64,
         flags: u64,
     ) -> Result<()> {
+        let result = Some(result);
+        self.atomic_msg(AtomicCall::Compare, dt, op, buf, Some(compare), result, rma_ioc, dest, context, data, flags)
+    }
+
+    /// The `*msg` forms of the atomic calls: `data` goes with
+    /// FI_REMOTE_CQ_DATA in `flags`.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic_msg(
+        &self,
+        call: AtomicCall,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        compare: Option<&[u8]>,
+        result: Option<&mut [u8]>,
+        iocs: &[RmaIoc],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
         let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
         self.atomic_call(AtomicArgs {
-            call: AtomicCall::Compare,
+            call,
             dt,
             op,
             buf,
-            compare: Some(compare),
-            result: Some(result),
+            compare,
+            result,
             dest,
-            iocs: rma_ioc,
+            iocs,
             context,
             data,
             flags,

@@ -17,6 +17,23 @@ use std::time::{Duration, Instant};
 const RW: u64 = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE;
 const T: Duration = Duration::from_secs(120);
 
+/// Two tests of `body` on `n` ranks (`killed` of them die by SIGKILL, as
+/// `run_killing` says): `$on` with single copy as the host allows it,
+/// `$off` with it off (through the target's progress engine).
+macro_rules! cma_on_and_off {
+    ($on:ident, $off:ident, $n:expr, $killed:expr, $body:expr) => {
+        #[test]
+        fn $on() {
+            run_killing(stringify!($on), $n, &[], T, $killed, $body);
+        }
+
+        #[test]
+        fn $off() {
+            run_killing(stringify!($off), $n, &[("SHMFAB_CMA", "off")], T, $killed, $body);
+        }
+    };
+}
+
 /// Publishes this rank's `vals` under `name`; returns rank `from`'s.
 fn share(w: &World, name: &str, vals: &[u64], from: usize) -> Vec<u64> {
     put_file(&format!("{}.{name}", w.rank), &vals.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" "));
@@ -180,15 +197,7 @@ fn rma_every_size(w: World) {
     w.barrier();
 }
 
-#[test]
-fn rma_every_size_single_copy() {
-    run("rma_every_size_single_copy", 2, &[], T, rma_every_size);
-}
-
-#[test]
-fn rma_every_size_cma_off() {
-    run("rma_every_size_cma_off", 2, &[("SHMFAB_CMA", "off")], T, rma_every_size);
-}
+cma_on_and_off!(rma_every_size_single_copy, rma_every_size_cma_off, 2, &[], rma_every_size);
 
 #[test]
 fn rma_every_size_cma_refused() {
@@ -269,15 +278,7 @@ fn violations(w: World) {
     }
 }
 
-#[test]
-fn rma_violations_single_copy() {
-    run("rma_violations_single_copy", 2, &[], T, violations);
-}
-
-#[test]
-fn rma_violations_cma_off() {
-    run("rma_violations_cma_off", 2, &[("SHMFAB_CMA", "off")], T, violations);
-}
+cma_on_and_off!(rma_violations_single_copy, rma_violations_cma_off, 2, &[], violations);
 
 /// The reference: fi_atomic(3)'s definitions, written apart from the
 /// library's (integers widened to i128, then cut to their width).
@@ -481,15 +482,7 @@ fn atomics_all(w: World) {
     }
 }
 
-#[test]
-fn atomics_every_op_and_type() {
-    run("atomics_every_op_and_type", 2, &[], T, atomics_all);
-}
-
-#[test]
-fn atomics_every_op_and_type_cma_off() {
-    run("atomics_every_op_and_type_cma_off", 2, &[("SHMFAB_CMA", "off")], T, atomics_all);
-}
+cma_on_and_off!(atomics_every_op_and_type, atomics_every_op_and_type_cma_off, 2, &[], atomics_all);
 
 /// `n` ranks each fetch-add 1 `per` times on one word of rank 0 (heap or
 /// user memory): the final value is exact and the fetched values are all
@@ -646,15 +639,7 @@ fn remote_counters(w: World) {
     w.barrier();
 }
 
-#[test]
-fn remote_counters_exact() {
-    run("remote_counters_exact", 2, &[], T, remote_counters);
-}
-
-#[test]
-fn remote_counters_exact_cma_off() {
-    run("remote_counters_exact_cma_off", 2, &[("SHMFAB_CMA", "off")], T, remote_counters);
-}
+cma_on_and_off!(remote_counters_exact, remote_counters_exact_cma_off, 2, &[], remote_counters);
 
 /// Rank 1 registers 128 MiB and dies by SIGKILL while rank 0 writes it
 /// over and over: rank 0 gets an error completion within seconds.
@@ -688,15 +673,7 @@ fn target_dies(w: World) {
     }
 }
 
-#[test]
-fn target_dies_during_large_rma() {
-    run_killing("target_dies_during_large_rma", 2, &[], T, &[1], target_dies);
-}
-
-#[test]
-fn target_dies_during_large_rma_cma_off() {
-    run_killing("target_dies_during_large_rma_cma_off", 2, &[("SHMFAB_CMA", "off")], T, &[1], target_dies);
-}
+cma_on_and_off!(target_dies_during_large_rma, target_dies_during_large_rma_cma_off, 2, &[1], target_dies);
 
 /// A registration closed while a peer writes it in a loop: once `close`
 /// returns, the memory is never written again (the peer's writes fail
@@ -751,15 +728,7 @@ fn close_while_in_use(w: World) {
     }
 }
 
-#[test]
-fn close_while_in_use_single_copy() {
-    run("close_while_in_use_single_copy", 2, &[], T, close_while_in_use);
-}
-
-#[test]
-fn close_while_in_use_cma_off() {
-    run("close_while_in_use_cma_off", 2, &[("SHMFAB_CMA", "off")], T, close_while_in_use);
-}
+cma_on_and_off!(close_while_in_use_single_copy, close_while_in_use_cma_off, 2, &[], close_while_in_use);
 
 /// One rank targets its own memory (loopback), by every path.
 fn loopback(w: World) {
@@ -786,15 +755,7 @@ fn loopback(w: World) {
     assert_eq!(&user.bytes()[7..3007], &pattern(3000, user.mr.key())[..]);
 }
 
-#[test]
-fn loopback_rma() {
-    run("loopback_rma", 1, &[], T, loopback);
-}
-
-#[test]
-fn loopback_rma_cma_off() {
-    run("loopback_rma_cma_off", 1, &[("SHMFAB_CMA", "off")], T, loopback);
-}
+cma_on_and_off!(loopback_rma, loopback_rma_cma_off, 1, &[], loopback);
 
 /// Rank 0 fills every mailbox slot of rank 1 (16 domains of its own, each
 /// waiting on a write that rank 1, asleep, does not serve yet) and dies:
@@ -967,15 +928,7 @@ fn endpoint_counters(w: World) {
     }
 }
 
-#[test]
-fn endpoint_remote_counters() {
-    run("endpoint_remote_counters", 2, &[], T, endpoint_counters);
-}
-
-#[test]
-fn endpoint_remote_counters_cma_off() {
-    run("endpoint_remote_counters_cma_off", 2, &[("SHMFAB_CMA", "off")], T, endpoint_counters);
-}
+cma_on_and_off!(endpoint_remote_counters, endpoint_remote_counters_cma_off, 2, &[], endpoint_counters);
 
 /// Every rank does atomics on the next rank's user memory at the same
 /// time, single copy off: every call waits for its target's progress

@@ -129,24 +129,10 @@ pub unsafe extern "C" fn open(
 unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(fid) }) else { return EINVAL };
-    // SAFETY: a wait set outlives its members (its close is refused while
-    // they are in it).
-    if let Some(w) = unsafe { c.wait.as_ref() } {
-        let r = w.leave_cntr(&c.cntr);
-        if r != 0 {
-            return r;
-        }
-    }
-    if let Err(e) = c.cntr.close() {
-        // SAFETY: as above.
-        if let Some(w) = unsafe { c.wait.as_ref() } {
-            w.rejoin_cntr(&c.cntr);
-        }
-        return util::err(e, sys::FI_LOG_CNTR, "fi_close(cntr)");
-    }
-    // SAFETY: as above (this member still counts in the set).
-    if let Some(w) = unsafe { c.wait.as_ref() } {
-        w.left();
+    // SAFETY: `wait` is null or the set the cntr was opened through.
+    let r = unsafe { crate::wait::close_member(c.wait, &c.cntr, || c.cntr.close(), "fi_close(cntr)") };
+    if r != 0 {
+        return r;
     }
     // SAFETY: the domain outlives its counters (refs).
     unsafe { &*c.dom }.refs.fetch_sub(1, Relaxed);

@@ -89,57 +89,84 @@ impl Wait {
         self.refs.fetch_add(1, Relaxed);
         Ok(c)
     }
+}
 
-    // A member closes in three steps: it leaves the library's set
-    // (`leave_*`), closes, and only then stops counting (`left`); a close
-    // the library refuses makes it join again (`rejoin_*`). The count
-    // drops only with a close that succeeded, so the set cannot close
-    // (and be freed) under a member that still points at it, even when
-    // joining again fails (that member then waits on its own until it
-    // closes: a member already out of the library's set leaves at once).
+/// A library object that can wait through a wait set: a CQ or a counter.
+pub trait Member {
+    /// Its log subsystem.
+    const SUBSYS: sys::fi_log_subsys;
+    /// Its name in log lines.
+    const NAME: &'static str;
+    /// The log line of a failure to leave.
+    const LEAVES: &'static str;
+    /// Leaves the library's set `s` (`join` false) or joins it.
+    fn join(&self, s: &shmfab::WaitSet, join: bool) -> shmfab::Result<()>;
+}
 
-    /// A member CQ leaves the library's set before it closes.
-    pub fn leave_cq(&self, cq: &shmfab::CompletionQueue) -> c_int {
-        let Some((_, s)) = self.set.get() else { return EINVAL };
-        match s.del_cq(cq) {
-            Ok(()) => 0,
-            Err(e) if e.kind() == shmfab::ErrorKind::NoEnt => 0,
-            Err(e) => util::err(e, sys::FI_LOG_CQ, "wait set: CQ leaves"),
+impl Member for shmfab::CompletionQueue {
+    const SUBSYS: sys::fi_log_subsys = sys::FI_LOG_CQ;
+    const NAME: &'static str = "CQ";
+    const LEAVES: &'static str = "wait set: CQ leaves";
+    fn join(&self, s: &shmfab::WaitSet, join: bool) -> shmfab::Result<()> {
+        if join {
+            s.add_cq(self)
+        } else {
+            s.del_cq(self)
         }
     }
+}
 
-    /// A CQ that left to close, but could not (still bound), joins again.
-    pub fn rejoin_cq(&self, cq: &shmfab::CompletionQueue) {
-        if let Some((_, s)) = self.set.get() {
-            if let Err(e) = s.add_cq(cq) {
-                util::log(sys::FI_LOG_WARN, sys::FI_LOG_CQ, &format!("wait set: CQ does not join again: {e}"));
-            }
+impl Member for shmfab::Counter {
+    const SUBSYS: sys::fi_log_subsys = sys::FI_LOG_CNTR;
+    const NAME: &'static str = "counter";
+    const LEAVES: &'static str = "wait set: counter leaves";
+    fn join(&self, s: &shmfab::WaitSet, join: bool) -> shmfab::Result<()> {
+        if join {
+            s.add_cntr(self)
+        } else {
+            s.del_cntr(self)
         }
     }
+}
 
-    /// A counter that left to close, but could not, joins again.
-    pub fn rejoin_cntr(&self, c: &shmfab::Counter) {
-        if let Some((_, s)) = self.set.get() {
-            if let Err(e) = s.add_cntr(c) {
-                util::log(sys::FI_LOG_WARN, sys::FI_LOG_CNTR, &format!("wait set: counter does not join again: {e}"));
-            }
+/// Closes `m`, a member of the wait set `w` (null: of none): 0, or the
+/// negative errno of the step that failed (`close` closes it, `what`
+/// names that close in the log).
+///
+/// A member closes in three steps: it leaves the library's set, closes,
+/// and only then stops counting; a close the library refuses (still
+/// bound) makes it join again. The count drops only with a close that
+/// succeeded, so the set cannot close (and be freed) under a member that
+/// still points at it, even when joining again fails (that member then
+/// waits on its own until it closes: a member already out of the
+/// library's set leaves at once).
+///
+/// # Safety
+/// `w` null or the live wait set `m` was opened through (a wait set
+/// outlives its members: its close is refused while they are in it).
+pub unsafe fn close_member<M: Member>(
+    w: *const Wait,
+    m: &M,
+    close: impl FnOnce() -> shmfab::Result<()>,
+    what: &str,
+) -> c_int {
+    // SAFETY: caller's contract.
+    let Some(w) = (unsafe { w.as_ref() }) else { return util::status(close(), M::SUBSYS, what) };
+    let Some((_, s)) = w.set.get() else { return EINVAL };
+    match m.join(s, false) {
+        Err(e) if e.kind() != shmfab::ErrorKind::NoEnt => {
+            return util::err(e, M::SUBSYS, M::LEAVES);
         }
+        _ => {}
     }
-
-    /// A member counter leaves the library's set before it closes.
-    pub fn leave_cntr(&self, c: &shmfab::Counter) -> c_int {
-        let Some((_, s)) = self.set.get() else { return EINVAL };
-        match s.del_cntr(c) {
-            Ok(()) => 0,
-            Err(e) if e.kind() == shmfab::ErrorKind::NoEnt => 0,
-            Err(e) => util::err(e, sys::FI_LOG_CNTR, "wait set: counter leaves"),
+    if let Err(e) = close() {
+        if let Err(e) = m.join(s, true) {
+            util::log(sys::FI_LOG_WARN, M::SUBSYS, &format!("wait set: {} does not join again: {e}", M::NAME));
         }
+        return util::err(e, M::SUBSYS, what);
     }
-
-    /// A member closed: it no longer counts.
-    pub fn left(&self) {
-        self.refs.fetch_sub(1, Relaxed);
-    }
+    w.refs.fetch_sub(1, Relaxed);
+    0
 }
 
 /// `fi_wait_open`.
