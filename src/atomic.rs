@@ -351,7 +351,7 @@ macro_rules! cas_loop {
 /// `p` must be valid for reads and writes of `dt.size()` bytes, aligned
 /// to that size (16-byte elements: to 8), and every other access to it
 /// while this runs must be another `apply` or an atomic of the same size.
-pub unsafe fn apply(dt: AtomicType, op: AtomicOp, p: *mut u8, a: u128, c: u128, lock: &AtomicU32) -> u128 {
+pub unsafe fn apply(dt: AtomicType, op: AtomicOp, p: *mut u8, a: u128, c: u128, lock: &crate::sync::AtomicU32) -> u128 {
     use AtomicOp::*;
     let int = dt.class() == Class::Int;
     match dt.size() {
@@ -435,7 +435,7 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

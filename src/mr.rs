@@ -42,7 +42,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use shm_layout::rma::*;
 use std::collections::HashMap;
 use std::fs::File;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -179,7 +179,7 @@ impl RmaFile {
     }
 
     /// The striped lock of 16-byte atomics at `at`.
-    pub fn lock(&self, at: u64) -> &AtomicU32 {
+    pub fn lock(&self, at: u64) -> &crate::sync::AtomicU32 {
         let i = ((at >> 4) as usize) % N_LOCKS;
         // SAFETY: inside the lock table; AtomicLock is one atomic word.
         unsafe { &(*(self.base().add(locks_offset(self.n_mr) + i * 64) as *const AtomicLock)).word }
@@ -194,7 +194,7 @@ impl RmaFile {
 
     /// Requests published to the mailbox so far (a count: the owner's
     /// progress looks at one word).
-    fn requests(&self) -> &AtomicU64 {
+    fn requests(&self) -> &crate::sync::AtomicU64 {
         &self.header().requests
     }
 
@@ -843,7 +843,7 @@ impl OwnRma {
     }
 
     /// The request counter initiators bump.
-    pub(crate) fn requests_of(f: &RmaFile) -> &AtomicU64 {
+    pub(crate) fn requests_of(f: &RmaFile) -> &crate::sync::AtomicU64 {
         f.requests()
     }
 
@@ -1016,7 +1016,7 @@ fn serve_one(own: &OwnRma, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layo
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

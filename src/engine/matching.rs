@@ -175,7 +175,7 @@ impl Matching {
     }
 
     /// Payload bytes held by unexpected messages.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub fn unexp_bytes(&self) -> usize {
         self.unexp_bytes
     }
