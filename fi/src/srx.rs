@@ -10,7 +10,7 @@
 //! the context opens from any `rx_attr` it returned.
 
 use crate::sys;
-use crate::util::{self, nb1, nb10, nb11, nb12, nb13, nb14, nb16, nb2, nb3, nb4, nb5, nb6, nb7, nb8, nb9};
+use crate::util::{self, nb1, nb2, nb3, nb4, nb5, nb6, nb7, nb8};
 use crate::util::{no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS, FI_ADDR_UNSPEC};
 use std::ffi::{c_int, c_void};
 use std::io::IoSliceMut;
@@ -91,51 +91,6 @@ static TAGGED_OPS: sys::fi_ops_tagged = sys::fi_ops_tagged {
     injectdata: Some(nb6),
 };
 
-static RMA_OPS: sys::fi_ops_rma = sys::fi_ops_rma {
-    size: std::mem::size_of::<sys::fi_ops_rma>(),
-    read: Some(nb8),
-    readv: Some(nb8),
-    readmsg: Some(nb3),
-    write: Some(nb8),
-    writev: Some(nb8),
-    writemsg: Some(nb3),
-    inject: Some(nb6),
-    writedata: Some(nb9),
-    injectdata: Some(nb7),
-};
-
-static ATOMIC_OPS: sys::fi_ops_atomic = sys::fi_ops_atomic {
-    size: std::mem::size_of::<sys::fi_ops_atomic>(),
-    write: Some(nb10),
-    writev: Some(nb10),
-    writemsg: Some(nb3),
-    inject: Some(nb8),
-    readwrite: Some(nb12),
-    readwritev: Some(nb13),
-    readwritemsg: Some(nb6),
-    compwrite: Some(nb14),
-    compwritev: Some(nb16),
-    compwritemsg: Some(nb9),
-    writevalid: Some(nb4),
-    readwritevalid: Some(nb4),
-    compwritevalid: Some(nb4),
-};
-
-static COLL_OPS: sys::fi_ops_collective = sys::fi_ops_collective {
-    size: std::mem::size_of::<sys::fi_ops_collective>(),
-    barrier: Some(nb3),
-    broadcast: Some(nb9),
-    alltoall: Some(nb10),
-    allreduce: Some(nb11),
-    allgather: Some(nb10),
-    reduce_scatter: Some(nb11),
-    reduce: Some(nb12),
-    scatter: Some(nb11),
-    gather: Some(nb11),
-    msg: Some(nb6),
-    barrier2: Some(nb4),
-};
-
 /// The shared receive context behind a fid.
 ///
 /// # Safety
@@ -192,10 +147,10 @@ pub unsafe extern "C" fn open(
             ops: util::ops(&EP_OPS),
             cm: util::ops(&CM_OPS),
             msg: util::ops(&MSG_OPS),
-            rma: util::ops(&RMA_OPS),
+            rma: util::ops(&util::NB_RMA_OPS),
             tagged: util::ops(&TAGGED_OPS),
-            atomic: util::ops(&ATOMIC_OPS),
-            collective: util::ops(&COLL_OPS),
+            atomic: util::ops(&util::NB_ATOMIC_OPS),
+            collective: util::ops(&util::NB_COLL_OPS),
         },
         dom: d,
         srq,

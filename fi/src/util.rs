@@ -229,6 +229,54 @@ pub fn fid(class: u32, context: *mut std::ffi::c_void, ops_table: &'static sys::
     sys::fid { fclass: class as usize, context, ops: ops(ops_table) }
 }
 
+/// RMA ops of an endpoint or shared context: not built yet.
+pub static NB_RMA_OPS: sys::fi_ops_rma = sys::fi_ops_rma {
+    size: std::mem::size_of::<sys::fi_ops_rma>(),
+    read: Some(nb8),
+    readv: Some(nb8),
+    readmsg: Some(nb3),
+    write: Some(nb8),
+    writev: Some(nb8),
+    writemsg: Some(nb3),
+    inject: Some(nb6),
+    writedata: Some(nb9),
+    injectdata: Some(nb7),
+};
+
+/// Atomic ops of an endpoint or shared context: not built yet.
+pub static NB_ATOMIC_OPS: sys::fi_ops_atomic = sys::fi_ops_atomic {
+    size: std::mem::size_of::<sys::fi_ops_atomic>(),
+    write: Some(nb10),
+    writev: Some(nb10),
+    writemsg: Some(nb3),
+    inject: Some(nb8),
+    readwrite: Some(nb12),
+    readwritev: Some(nb13),
+    readwritemsg: Some(nb6),
+    compwrite: Some(nb14),
+    compwritev: Some(nb16),
+    compwritemsg: Some(nb9),
+    writevalid: Some(nb4),
+    readwritevalid: Some(nb4),
+    compwritevalid: Some(nb4),
+};
+
+/// Collective ops of an endpoint or shared context: not offered.
+pub static NB_COLL_OPS: sys::fi_ops_collective = sys::fi_ops_collective {
+    size: std::mem::size_of::<sys::fi_ops_collective>(),
+    barrier: Some(nb3),
+    broadcast: Some(nb9),
+    alltoall: Some(nb10),
+    allreduce: Some(nb11),
+    allgather: Some(nb10),
+    reduce_scatter: Some(nb11),
+    reduce: Some(nb12),
+    scatter: Some(nb11),
+    gather: Some(nb11),
+    msg: Some(nb6),
+    barrier2: Some(nb4),
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
