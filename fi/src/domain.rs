@@ -8,9 +8,14 @@
 //! enters the domain beside the application), by `Threading::Safe`.
 //!
 //! Registration: shmfab needs none to send from or receive into any
-//! buffer (single copy reads any address of the peer), so a registration
-//! records the range, the access and the key, and the keys are kept
-//! unique in the domain; RMA, when it is built, will look them up.
+//! buffer (single copy reads any address of the peer). With provider keys
+//! (FI_MR_PROV_KEY, or FI_MR_BASIC before API 1.5) a registration is the
+//! library's (`shmfab::Domain::mr_regv`): its key is the library's, peers
+//! reach the memory with it at offsets from the start, and `fi_mr_bind`
+//! binds remote-event counters to it. With the application's keys, which
+//! the library cannot take, a registration records the range, the access
+//! and the key (kept unique in the domain) and serves local descriptors
+//! only.
 
 use crate::sys;
 use crate::util::{self, nb3, nb4, nb5, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EBUSY, EINVAL};
@@ -214,12 +219,14 @@ pub struct Mr {
     pub range: (usize, usize),
     /// FI_SEND, FI_RECV, FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE.
     pub access: u64,
+    /// The library's registration (provider keys), else None.
+    pub lib: Option<shmfab::MemoryRegion>,
 }
 
 static MR_FI_OPS: sys::fi_ops = sys::fi_ops {
     size: std::mem::size_of::<sys::fi_ops>(),
     close: Some(mr_close),
-    bind: Some(nb3),
+    bind: Some(mr_bind),
     control: Some(nb3),
     ops_open: Some(no_ops_open),
     tostr: Some(no_tostr),
@@ -236,7 +243,7 @@ const ACCESS: u64 =
 #[allow(clippy::too_many_arguments)]
 unsafe fn reg(
     fid: *mut sys::fid,
-    range: (usize, usize),
+    segs: &[(usize, usize)],
     access: u64,
     offset: u64,
     requested_key: u64,
@@ -249,10 +256,42 @@ unsafe fn reg(
     if out.is_null() || access & !ACCESS != 0 {
         return EINVAL;
     }
-    if flags != 0 {
+    if flags & !sys::FI_RMA_EVENT != 0 {
         return EBADFLAGS;
     }
-    let _ = offset; // FI_MR_VIRT_ADDR is not asked for: offsets are the application's.
+    let _ = offset; // FI_MR_VIRT_ADDR is not offered: remote addresses are offsets.
+    let range = (segs[0].0, segs.iter().map(|s| s.1).sum::<usize>());
+    if d.prov_keys {
+        let v: Vec<(*mut u8, usize)> = segs.iter().map(|&(p, l)| (p as *mut u8, l)).collect();
+        // SAFETY: fi_mr(3): the application keeps the memory valid until it
+        // closes the registration, and lets peers with the key access it as
+        // `access` allows.
+        let lib = match unsafe { d.dom.mr_regv(&v, access) } {
+            Ok(m) => m,
+            Err(e) => return util::err(e, sys::FI_LOG_MR, "fi_mr_reg"),
+        };
+        d.refs.fetch_add(1, Relaxed);
+        let key = lib.key();
+        let mut b = Box::new(Mr {
+            fid: sys::fid_mr {
+                fid: util::fid(sys::FI_CLASS_MR, context, &MR_FI_OPS),
+                mem_desc: std::ptr::null_mut(),
+                key,
+            },
+            dom: d,
+            range,
+            access,
+            lib: Some(lib),
+        });
+        b.fid.mem_desc = (&*b as *const Mr).cast_mut().cast();
+        // SAFETY: out is valid for a write (checked).
+        unsafe { *out = &mut Box::leak(b).fid };
+        return 0;
+    }
+    if segs.len() != 1 {
+        // The application's keys: one segment (mr_iov_limit).
+        return EINVAL;
+    }
     let mut keys = d.keys.lock().unwrap_or_else(|p| p.into_inner());
     let key = if d.prov_keys {
         loop {
@@ -274,6 +313,7 @@ unsafe fn reg(
         dom: d,
         range,
         access,
+        lib: None,
     });
     // The descriptor applications pass back with their buffers: the
     // registration itself (shmfab's calls ignore descriptors).
@@ -301,7 +341,7 @@ unsafe extern "C" fn mr_reg(
     context: *mut c_void,
 ) -> c_int {
     // SAFETY: libfabric's contract, passed on.
-    unsafe { reg(fid, (buf as usize, len), access, offset, requested_key, flags, out, context) }
+    unsafe { reg(fid, &[(buf as usize, len)], access, offset, requested_key, flags, out, context) }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -321,14 +361,24 @@ unsafe extern "C" fn mr_regv(
     out: *mut *mut sys::fid_mr,
     context: *mut c_void,
 ) -> c_int {
-    // mr_iov_limit is 1.
-    if count != 1 || iov.is_null() {
-        return EINVAL;
-    }
-    // SAFETY: iov holds count (1) entries (fi_mr(3)).
-    let v = unsafe { &*iov };
+    // SAFETY: iov holds count entries (fi_mr(3)).
+    let Some(segs) = (unsafe { segments(iov, count) }) else { return EINVAL };
     // SAFETY: libfabric's contract, passed on.
-    unsafe { reg(fid, (v.iov_base as usize, v.iov_len), access, offset, requested_key, flags, out, context) }
+    unsafe { reg(fid, &segs, access, offset, requested_key, flags, out, context) }
+}
+
+/// The segments of an iov array of `count` (1 to the library's limit,
+/// `crate::info::MR_IOV_LIMIT`) entries.
+///
+/// # Safety
+/// `iov` null or valid for `count` entries.
+unsafe fn segments(iov: *const sys::iovec, count: usize) -> Option<Vec<(usize, usize)>> {
+    if count == 0 || count > crate::info::MR_IOV_LIMIT || iov.is_null() {
+        return None;
+    }
+    // SAFETY: caller's contract.
+    let v = unsafe { std::slice::from_raw_parts(iov, count) };
+    Some(v.iter().map(|s| (s.iov_base as usize, s.iov_len)).collect())
 }
 
 /// `mr_regattr`: an entry of this module's ops tables.
@@ -344,17 +394,41 @@ unsafe extern "C" fn mr_regattr(
 ) -> c_int {
     // SAFETY: attr is null or valid (fi_mr(3)).
     let Some(a) = (unsafe { attr.as_ref() }) else { return EINVAL };
-    if a.iov_count != 1 || a.mr_iov.is_null() {
-        return EINVAL;
-    }
     if a.iface != sys::FI_HMEM_SYSTEM || a.auth_key_size != 0 {
         // Device memory and authorization keys: not offered (no FI_HMEM).
         return util::ENOSYS;
     }
-    // SAFETY: mr_iov holds iov_count (1) entries.
-    let v = unsafe { &*a.mr_iov };
+    // SAFETY: mr_iov holds iov_count entries (fi_mr(3)).
+    let Some(segs) = (unsafe { segments(a.mr_iov, a.iov_count) }) else { return EINVAL };
     // SAFETY: libfabric's contract, passed on.
-    unsafe { reg(fid, (v.iov_base as usize, v.iov_len), a.access, a.offset, a.requested_key, flags, out, a.context) }
+    unsafe { reg(fid, &segs, a.access, a.offset, a.requested_key, flags, out, a.context) }
+}
+
+/// `fi_mr_bind`: a counter of the same domain counts the remote
+/// operations that land in the registration (FI_REMOTE_WRITE: writes and
+/// atomics; FI_REMOTE_READ: reads and fetching atomics), through the
+/// library's `MemoryRegion::bind_counter`. Registrations with the
+/// application's keys are no library registration: `-FI_ENOSYS`.
+///
+/// # Safety
+/// libfabric's contract: the fids are live.
+unsafe extern "C" fn mr_bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64) -> c_int {
+    // SAFETY: libfabric passes our fid; bfid a live fid.
+    let Some(m) = (unsafe { util::ours::<Mr>(fid, sys::FI_CLASS_MR, &MR_FI_OPS) }) else { return EINVAL };
+    // SAFETY: as above.
+    let Some(c) = (unsafe { crate::cntr::of(bfid) }) else { return EINVAL };
+    let Some(lib) = m.lib.as_ref() else {
+        util::log(
+            sys::FI_LOG_WARN,
+            sys::FI_LOG_MR,
+            "fi_mr_bind: only registrations with provider keys (FI_MR_PROV_KEY) count remote events",
+        );
+        return util::ENOSYS;
+    };
+    match lib.bind_counter(&c.cntr, flags) {
+        Ok(()) => 0,
+        Err(e) => util::err(e, sys::FI_LOG_MR, "fi_mr_bind"),
+    }
 }
 
 /// `mr_close`: an entry of this module's ops tables.
@@ -369,7 +443,9 @@ unsafe extern "C" fn mr_close(fid: *mut sys::fid) -> c_int {
     };
     // SAFETY: the domain outlives its registrations (refs).
     let d = unsafe { &*m.dom };
-    d.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(&m.fid.key);
+    if m.lib.is_none() {
+        d.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(&m.fid.key);
+    }
     d.refs.fetch_sub(1, Relaxed);
     // SAFETY: made by Box::leak in `reg`; the application gives it up.
     drop(unsafe { Box::from_raw((m as *const Mr).cast_mut()) });

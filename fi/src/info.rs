@@ -54,6 +54,10 @@ pub const ADDRLEN: usize = shmfab::Address::SIZE;
 pub const CQ_CNT: usize = 1 << 16;
 /// Memory registrations a domain may hold (advertised).
 pub const MR_CNT: usize = 1 << 20;
+
+/// Segments a registration takes with provider keys (the library's limit;
+/// registrations with the application's keys take one).
+pub const MR_IOV_LIMIT: usize = shm_layout::rma::MR_SEGS;
 /// Bytes of provider error data a CQ error entry can carry.
 pub const MAX_ERR_DATA: usize = 256;
 /// This provider's version (`fabric_attr->prov_version`).
@@ -236,7 +240,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("domain_attr.max_ep_stx_ctx", d.max_ep_stx_ctx, 0)?;
         at_most("domain_attr.max_ep_srx_ctx", d.max_ep_srx_ctx, 1)?;
         at_most("domain_attr.cntr_cnt", d.cntr_cnt, lim.max_counters)?;
-        at_most("domain_attr.mr_iov_limit", d.mr_iov_limit, 1)?;
+        at_most("domain_attr.mr_iov_limit", d.mr_iov_limit, MR_IOV_LIMIT)?;
         at_most("domain_attr.mr_cnt", d.mr_cnt, MR_CNT)?;
         at_most("domain_attr.auth_key_size", d.auth_key_size, 0)?;
         within("domain_attr.caps", d.caps, sys::FI_LOCAL_COMM)?;
@@ -368,11 +372,12 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
         sys::FI_AV_UNSPEC => sys::FI_AV_TABLE,
         a => a,
     };
-    // No registration is ever required: from API 1.5 on, no mode bit; before,
-    // the application's choice of keys (FI_MR_SCALABLE) unless it asked for
-    // provider keys (FI_MR_BASIC).
+    // No registration is ever required: from API 1.5 on, no mode bit but
+    // FI_MR_PROV_KEY when the hints allow it (registrations are then the
+    // library's, reachable by peers); before, the application's choice of
+    // keys (FI_MR_SCALABLE) unless it asked for provider keys (FI_MR_BASIC).
     d.mr_mode = if version >= fi_version(1, 5) {
-        0
+        (hd.map_or(0, |x| x.mr_mode as u64) & sys::FI_MR_PROV_KEY) as c_int
     } else {
         match hd.map_or(0, |x| x.mr_mode) {
             m if m == sys::FI_MR_BASIC as c_int => m,
@@ -390,11 +395,16 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     d.max_ep_stx_ctx = 0;
     d.max_ep_srx_ctx = 1;
     d.cntr_cnt = lim.max_counters;
-    d.mr_iov_limit = 1;
+    let prov_keys = if version >= fi_version(1, 5) {
+        d.mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
+    } else {
+        d.mr_mode == sys::FI_MR_BASIC as c_int
+    };
+    d.mr_iov_limit = if prov_keys { MR_IOV_LIMIT } else { 1 };
     d.caps = sys::FI_LOCAL_COMM;
     d.mode = 0;
     d.max_err_data = MAX_ERR_DATA;
-    d.mr_cnt = MR_CNT;
+    d.mr_cnt = if prov_keys { shm_layout::rma::N_MR as usize } else { MR_CNT };
     // The open domain and fabric the hints named (checked ours), which
     // the info describes.
     d.domain = hd.map_or(std::ptr::null_mut(), |x| x.domain);

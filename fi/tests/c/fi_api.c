@@ -647,7 +647,58 @@ static void test_counters_and_mr(struct side *a, struct side *b)
 	CHECK(!strcmp(in, "mr"));
 	EXPECT(fi_close(&mr->fid), 0);
 	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 0, 7, 0, &mr2, NULL), 0);
+	/* The application's keys are no library registration: no counter. */
+	EXPECT(fi_cntr_open(domain, &attr, &c, NULL), 0);
+	EXPECT(fi_mr_bind(mr2, &c->fid, FI_REMOTE_WRITE), -FI_ENOSYS);
+	EXPECT(fi_close(&c->fid), 0);
 	EXPECT(fi_close(&mr2->fid), 0);
+}
+
+/* Provider keys (FI_MR_PROV_KEY): registrations are the library's. */
+static void test_mr_prov_keys(void)
+{
+	struct fi_info *h = hints(), *pi;
+	struct fid_domain *d;
+	struct fid_mr *m1, *m2, *m3, *m4;
+	struct fid_cntr *c;
+	struct fi_cntr_attr ca = { .events = FI_CNTR_EVENTS_COMP };
+	static char r1[4096], r2[8192];
+	struct iovec iov[5] = {
+		{ r1, 100 }, { r2, 200 }, { r1 + 200, 10 }, { r2 + 400, 10 }, { r1 + 300, 1 },
+	};
+
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY | FI_MR_LOCAL;
+	EXPECT(getinfo(h, &pi), 0);
+	CHECK(pi->domain_attr->mr_mode == FI_MR_PROV_KEY);
+	CHECK(pi->domain_attr->mr_iov_limit == 4);
+	EXPECT(fi_domain(fabric, pi, &d, NULL), 0);
+	EXPECT(fi_mr_reg(d, r1, sizeof(r1), FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 7, 0, &m1, NULL), 0);
+	EXPECT(fi_mr_reg(d, r2, sizeof(r2), FI_REMOTE_READ, 0, 7, 0, &m2, NULL), 0);
+	/* The provider's keys, not the requested one, and distinct. */
+	CHECK(fi_mr_key(m1) != fi_mr_key(m2) && fi_mr_desc(m1) != NULL);
+	EXPECT(fi_mr_regv(d, iov, 4, FI_REMOTE_WRITE, 0, 0, 0, &m3, NULL), 0);
+	EXPECT(fi_mr_regv(d, iov, 5, FI_REMOTE_WRITE, 0, 0, 0, &m4, NULL), -FI_EINVAL);
+	EXPECT(fi_mr_regv(d, iov, 0, FI_REMOTE_WRITE, 0, 0, 0, &m4, NULL), -FI_EINVAL);
+	struct fi_mr_attr ma = { .mr_iov = iov, .iov_count = 2, .access = FI_REMOTE_READ };
+	EXPECT(fi_mr_regattr(d, &ma, 0, &m4), 0);
+	CHECK(fi_mr_key(m4) != fi_mr_key(m3));
+	/* Unknown access bits are refused. */
+	struct fid_mr *bad;
+	EXPECT(fi_mr_reg(d, r1, 8, FI_REMOTE_READ | (1ULL << 60), 0, 0, 0, &bad, NULL), -FI_EINVAL);
+	/* Remote-event counters bind; other flags do not. */
+	EXPECT(fi_cntr_open(d, &ca, &c, NULL), 0);
+	EXPECT(fi_mr_bind(m1, &c->fid, FI_REMOTE_WRITE | FI_REMOTE_READ), 0);
+	EXPECT(fi_mr_bind(m2, &c->fid, FI_REMOTE_READ), 0);
+	CHECK(fi_mr_bind(m1, &c->fid, FI_SEND) < 0);
+	CHECK(fi_cntr_read(c) == 0);
+	EXPECT(fi_close(&d->fid), -FI_EBUSY);
+	EXPECT(fi_close(&m1->fid), 0);
+	EXPECT(fi_close(&m2->fid), 0);
+	EXPECT(fi_close(&m3->fid), 0);
+	EXPECT(fi_close(&m4->fid), 0);
+	EXPECT(fi_close(&c->fid), 0);
+	EXPECT(fi_close(&d->fid), 0);
+	fi_freeinfo(pi);
 }
 
 static void test_ops_flags(struct side *a, struct side *b)
@@ -1254,6 +1305,7 @@ int main(int argc, char **argv)
 	test_cq_waits();
 	test_trywait_epoll(&a);
 	test_counters_and_mr(&a, &b);
+	test_mr_prov_keys();
 	test_ops_flags(&a, &b);
 	test_srx(&a);
 	test_misc(&a, &b);
