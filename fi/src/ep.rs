@@ -1,7 +1,9 @@
 //! Reliable-datagram endpoints (`fi_endpoint`): binding (AV, CQs,
 //! counters, EQ), enable, `fi_getname`, the untagged (`fi_msg`) and tagged
 //! (`fi_tagged`) calls, `fi_cancel`, shared receive contexts (`srx.rs`), FI_OPT_MIN_MULTI_RECV and
-//! FI_GETOPSFLAG / FI_SETOPSFLAG, over the library's endpoint.
+//! FI_GETOPSFLAG / FI_SETOPSFLAG, the RMA calls (`fi_rma`: remote
+//! addresses are offsets in registrations with provider keys), over the
+//! library's endpoint.
 //!
 //! What libfabric says about flags, kept here: a receive's source address
 //! is used only with FI_DIRECTED_RECV (otherwise any source, whatever the
@@ -12,8 +14,8 @@
 //! gives (see `info::TX_OP_FLAGS`) and are dropped before the library
 //! sees them. FI_PEEK, FI_CLAIM and FI_DISCARD on `fi_trecvmsg` are the
 //! library's (`shmfab::Endpoint::trecvmsg`), a claim identified by its
-//! context pointer. Not built yet: FI_DELIVERY_COMPLETE (`-FI_EBADFLAGS`,
-//! never advertised), RMA and atomics (their ops tables return
+//! context pointer. Not built yet: FI_DELIVERY_COMPLETE on sends
+//! (`-FI_EBADFLAGS`, never advertised), atomics (their ops table returns
 //! `-FI_ENOSYS`).
 
 use crate::sys;
@@ -146,7 +148,7 @@ pub unsafe extern "C" fn open(
             ops: util::ops(&EP_OPS),
             cm: util::ops(&CM_OPS),
             msg: util::ops(&MSG_OPS),
-            rma: util::ops(&util::NB_RMA_OPS),
+            rma: util::ops(&RMA_OPS),
             tagged: util::ops(&TAGGED_OPS),
             atomic: util::ops(&util::NB_ATOMIC_OPS),
             collective: util::ops(&util::NB_COLL_OPS),
@@ -855,4 +857,202 @@ unsafe extern "C" fn tinjectdata(
     // SAFETY: libfabric passes our fid; buf holds len bytes.
     let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
     done(e.ep.tinjectdata(b, data, dest, tag), "fi_tinjectdata")
+}
+
+/// The endpoint's RMA calls (fi_rma(3)) over the library's: remote
+/// addresses are offsets in the registration (no FI_MR_VIRT_ADDR);
+/// descriptors are ignored (the library needs none). Every call is done
+/// when it returns; its completion (or error entry: a wrong key, range or
+/// right) is in the transmit CQ.
+static RMA_OPS: sys::fi_ops_rma = sys::fi_ops_rma {
+    size: std::mem::size_of::<sys::fi_ops_rma>(),
+    read: Some(rma_read),
+    readv: Some(rma_readv),
+    readmsg: Some(rma_readmsg),
+    write: Some(rma_write),
+    writev: Some(rma_writev),
+    writemsg: Some(rma_writemsg),
+    inject: Some(rma_inject),
+    writedata: Some(rma_writedata),
+    injectdata: Some(rma_injectdata),
+};
+
+/// The remote segments of an `*msg` call.
+///
+/// # Safety
+/// `v` null or valid for `n` entries.
+unsafe fn rma_iovs(v: *const sys::fi_rma_iov, n: usize) -> Option<Vec<shmfab::RmaIov>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    if v.is_null() {
+        return None;
+    }
+    // SAFETY: caller's contract.
+    let s = unsafe { std::slice::from_raw_parts(v, n) };
+    Some(s.iter().map(|r| shmfab::RmaIov { addr: r.addr, len: r.len, key: r.key }).collect())
+}
+
+/// `fi_read`.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as the call's man page says.
+unsafe extern "C" fn rma_read(
+    ep: *mut sys::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len writable bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes_mut(buf, len) }) else { return EINVAL as isize };
+    done(e.ep.read(b, src, addr, key, ctx as usize), "fi_read")
+}
+
+/// `fi_readv`.
+///
+/// # Safety
+/// As [`rma_read`].
+unsafe extern "C" fn rma_readv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; iov holds count writable segments.
+    let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
+    done(e.ep.readv(v, src, addr, key, ctx as usize), "fi_readv")
+}
+
+/// `fi_readmsg`.
+///
+/// # Safety
+/// As [`rma_read`].
+unsafe extern "C" fn rma_readmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    // SAFETY: libfabric passes our fid and a valid msg.
+    let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
+    // SAFETY: the msg's arrays hold their counts.
+    let (Some(v), Some(r)) =
+        (unsafe { slices_mut(m.msg_iov, m.iov_count) }, unsafe { rma_iovs(m.rma_iov, m.rma_iov_count) })
+    else {
+        return EINVAL as isize;
+    };
+    done(e.ep.readmsg(v, &r, m.addr, m.context as usize, flags & !sys::FI_MORE), "fi_readmsg")
+}
+
+/// `fi_write`.
+///
+/// # Safety
+/// As [`rma_read`].
+unsafe extern "C" fn rma_write(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    done(e.ep.write(b, dest, addr, key, ctx as usize), "fi_write")
+}
+
+/// `fi_writev`.
+///
+/// # Safety
+/// As [`rma_read`].
+unsafe extern "C" fn rma_writev(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; iov holds count segments.
+    let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices(iov, count) }) else { return EINVAL as isize };
+    done(e.ep.writev(v, dest, addr, key, ctx as usize), "fi_writev")
+}
+
+/// `fi_writemsg`.
+///
+/// # Safety
+/// As [`rma_read`].
+unsafe extern "C" fn rma_writemsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    // SAFETY: libfabric passes our fid and a valid msg.
+    let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
+    // SAFETY: the msg's arrays hold their counts.
+    let (Some(v), Some(r)) =
+        (unsafe { slices(m.msg_iov, m.iov_count) }, unsafe { rma_iovs(m.rma_iov, m.rma_iov_count) })
+    else {
+        return EINVAL as isize;
+    };
+    done(e.ep.writemsg(v, &r, m.addr, m.context as usize, m.data, flags & !sys::FI_MORE), "fi_writemsg")
+}
+
+/// `fi_inject_write`.
+///
+/// # Safety
+/// As [`rma_read`].
+unsafe extern "C" fn rma_inject(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    done(e.ep.inject_write(b, dest, addr, key), "fi_inject_write")
+}
+
+/// `fi_writedata`.
+///
+/// # Safety
+/// As [`rma_read`].
+unsafe extern "C" fn rma_writedata(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    done(e.ep.writedata(b, data, dest, addr, key, ctx as usize), "fi_writedata")
+}
+
+/// `fi_inject_writedata`.
+///
+/// # Safety
+/// As [`rma_read`].
+unsafe extern "C" fn rma_injectdata(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+    addr: u64,
+    key: u64,
+) -> isize {
+    // SAFETY: libfabric passes our fid; buf holds len bytes.
+    let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
+    done(e.ep.inject_writedata(b, data, dest, addr, key), "fi_inject_writedata")
 }

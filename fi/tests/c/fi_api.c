@@ -404,9 +404,19 @@ static void test_errors(struct side *a, struct side *b)
 	m.context = &none;
 	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), -FI_EINVAL);
 	m.context = NULL;
-	/* RMA: not built yet. */
-	EXPECT(fi_write(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), -FI_ENOSYS);
-	EXPECT(fi_read(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), -FI_ENOSYS);
+	/* RMA to a key nothing registered (test_rma for the rest): taken,
+	 * and completed with an error entry. */
+	EXPECT(fi_write(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), 0);
+	EXPECT(fi_read(a->ep, data, 8, NULL, b->addr, 0, 0, NULL), 0);
+	for (int k = 0; k < 2; k++) {
+		struct fi_cq_err_entry ee = { 0 };
+		ssize_t r = -FI_EAGAIN;
+		for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+			r = fi_cq_read(a->cq, &e, 1);
+		EXPECT(r, -FI_EAVAIL);
+		EXPECT(fi_cq_readerr(a->cq, &ee, 0), 1);
+		CHECK(ee.err != 0);
+	}
 	/* Delivery complete is not what a shmfab send gives. */
 	struct fi_msg mm = { .msg_iov = &iov, .iov_count = 1, .addr = b->addr };
 	EXPECT(fi_sendmsg(a->ep, &mm, FI_DELIVERY_COMPLETE), -FI_EBADFLAGS);
@@ -697,6 +707,102 @@ static void test_mr_prov_keys(void)
 	EXPECT(fi_close(&m3->fid), 0);
 	EXPECT(fi_close(&m4->fid), 0);
 	EXPECT(fi_close(&c->fid), 0);
+	EXPECT(fi_close(&d->fid), 0);
+	fi_freeinfo(pi);
+}
+
+/* fi_write / fi_read to a registered buffer of another endpoint, and
+ * back; a wrong key gives an error completion and leaves the target as it
+ * was. */
+static void test_rma(void)
+{
+	struct fi_info *h = hints(), *pi;
+	struct fid_domain *d;
+	struct fid_av *v;
+	struct fid_cq *cq[2];
+	struct fid_ep *ep[2];
+	struct fid_mr *mr;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry ee = { 0 };
+	fi_addr_t to[2];
+	static const size_t sizes[] = { 1, 8, 100, 4096, 70000, 1 << 20 };
+	enum { N = 1 << 20 };
+	static char target[N], src[N], back[N];
+
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	EXPECT(getinfo(h, &pi), 0);
+	EXPECT(fi_domain(fabric, pi, &d, NULL), 0);
+	EXPECT(fi_av_open(d, &aa, &v, NULL), 0);
+	for (int i = 0; i < 2; i++) {
+		char name[64];
+		size_t len = sizeof(name);
+		EXPECT(fi_cq_open(d, &ca, &cq[i], NULL), 0);
+		EXPECT(fi_endpoint(d, pi, &ep[i], NULL), 0);
+		EXPECT(fi_ep_bind(ep[i], &v->fid, 0), 0);
+		EXPECT(fi_ep_bind(ep[i], &cq[i]->fid, FI_TRANSMIT | FI_RECV), 0);
+		EXPECT(fi_enable(ep[i]), 0);
+		EXPECT(fi_getname(&ep[i]->fid, name, &len), 0);
+		EXPECT(fi_av_insert(v, name, 1, &to[i], 0, NULL), 1);
+	}
+	EXPECT(fi_mr_reg(d, target, N, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
+	uint64_t key = fi_mr_key(mr);
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		size_t n = sizes[k], off = k * 3;
+		if (off + n > N)
+			off = 0;
+		for (size_t i = 0; i < n; i++)
+			src[i] = (char)(i * 7 + k);
+		EXPECT(fi_write(ep[0], src, n, NULL, to[1], off, key, &e), 0);
+		read_tagged(cq[0], &e, NULL);
+		CHECK(e.flags & FI_WRITE);
+		CHECK(!memcmp(target + off, src, n));
+		memset(back, 0, n);
+		EXPECT(fi_read(ep[0], back, n, NULL, to[1], off, key, &e), 0);
+		read_tagged(cq[0], &e, NULL);
+		CHECK(e.flags & FI_READ);
+		CHECK(!memcmp(back, src, n));
+	}
+	/* A wrong key: an error completion; the target is untouched. */
+	memset(target, 'T', 64);
+	memset(src, 'x', 64);
+	EXPECT(fi_write(ep[0], src, 64, NULL, to[1], 0, key ^ 0x5a5a0000, NULL), 0);
+	ssize_t r = -FI_EAGAIN;
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_read(cq[0], &e, 1);
+	EXPECT(r, -FI_EAVAIL);
+	EXPECT(fi_cq_readerr(cq[0], &ee, 0), 1);
+	CHECK(ee.err != 0);
+	for (int i = 0; i < 64; i++)
+		CHECK(target[i] == 'T');
+	/* Out of range: refused as well. */
+	EXPECT(fi_write(ep[0], src, 64, NULL, to[1], N - 8, key, NULL), 0);
+	r = -FI_EAGAIN;
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_read(cq[0], &e, 1);
+	EXPECT(r, -FI_EAVAIL);
+	EXPECT(fi_cq_readerr(cq[0], &ee, 0), 1);
+	/* writev, readmsg and inject. */
+	struct iovec wv[2] = { { src, 10 }, { src + 20, 10 } };
+	memcpy(src, "0123456789abcdefghijKLMNOPQRST", 30);
+	EXPECT(fi_writev(ep[0], wv, NULL, 2, to[1], 100, key, NULL), 0);
+	read_tagged(cq[0], &e, NULL);
+	CHECK(!memcmp(target + 100, "0123456789KLMNOPQRST", 20));
+	EXPECT(fi_inject_write(ep[0], "inj", 3, to[1], 200, key), 0);
+	CHECK(!memcmp(target + 200, "inj", 3));
+	struct iovec rv = { back, 3 };
+	struct fi_rma_iov ri = { 200, 3, key };
+	struct fi_msg_rma m = { .msg_iov = &rv, .iov_count = 1, .addr = to[1], .rma_iov = &ri, .rma_iov_count = 1 };
+	EXPECT(fi_readmsg(ep[0], &m, FI_COMPLETION), 0);
+	read_tagged(cq[0], &e, NULL);
+	CHECK(!memcmp(back, "inj", 3));
+	EXPECT(fi_close(&mr->fid), 0);
+	for (int i = 0; i < 2; i++) {
+		EXPECT(fi_close(&ep[i]->fid), 0);
+		EXPECT(fi_close(&cq[i]->fid), 0);
+	}
+	EXPECT(fi_close(&v->fid), 0);
 	EXPECT(fi_close(&d->fid), 0);
 	fi_freeinfo(pi);
 }
@@ -1306,6 +1412,7 @@ int main(int argc, char **argv)
 	test_trywait_epoll(&a);
 	test_counters_and_mr(&a, &b);
 	test_mr_prov_keys();
+	test_rma();
 	test_ops_flags(&a, &b);
 	test_srx(&a);
 	test_misc(&a, &b);
