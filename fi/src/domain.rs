@@ -68,7 +68,7 @@ static OPS: sys::fi_ops_domain = sys::fi_ops_domain {
     poll_open: Some(crate::poll::open),
     stx_ctx: Some(nb4),
     srx_ctx: Some(crate::srx::open),
-    query_atomic: Some(nb5),
+    query_atomic: Some(crate::atomic::query_atomic),
     query_collective: Some(nb4),
     endpoint2: Some(nb5),
 };

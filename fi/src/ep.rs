@@ -15,8 +15,7 @@
 //! sees them. FI_PEEK, FI_CLAIM and FI_DISCARD on `fi_trecvmsg` are the
 //! library's (`shmfab::Endpoint::trecvmsg`), a claim identified by its
 //! context pointer. Not built yet: FI_DELIVERY_COMPLETE on sends
-//! (`-FI_EBADFLAGS`, never advertised), atomics (their ops table returns
-//! `-FI_ENOSYS`).
+//! (`-FI_EBADFLAGS`, never advertised). Atomics: `atomic.rs`.
 
 use crate::sys;
 use crate::util::{self, nb1, nb2, nb3, nb4, nb5};
@@ -150,7 +149,7 @@ pub unsafe extern "C" fn open(
             msg: util::ops(&MSG_OPS),
             rma: util::ops(&RMA_OPS),
             tagged: util::ops(&TAGGED_OPS),
-            atomic: util::ops(&util::NB_ATOMIC_OPS),
+            atomic: util::ops(&crate::atomic::ATOMIC_OPS),
             collective: util::ops(&util::NB_COLL_OPS),
         },
         dom: d,
@@ -359,12 +358,21 @@ unsafe extern "C" fn setopt(fid: *mut sys::fid, level: c_int, name: c_int, val: 
 
 // ---- data transfer ------------------------------------------------------
 
+impl Ep {
+    /// The library's domain the endpoint belongs to.
+    pub(crate) fn domain(&self) -> &shmfab::Domain {
+        // SAFETY: the domain outlives its endpoints (its close is refused
+        // while refs > 0).
+        unsafe { &(*self.dom).dom }
+    }
+}
+
 /// The endpoint of a data call.
 ///
 /// # Safety
 /// `ep` a live fid.
 #[inline(always)]
-unsafe fn me<'a>(ep: *mut sys::fid_ep) -> Option<&'a Ep> {
+pub(crate) unsafe fn me<'a>(ep: *mut sys::fid_ep) -> Option<&'a Ep> {
     // SAFETY: caller's contract.
     unsafe { of(ep.cast()) }
 }
@@ -427,7 +435,7 @@ const DATA: sys::fi_log_subsys = sys::FI_LOG_EP_DATA;
 
 /// The result of a data call.
 #[inline(always)]
-fn done(r: shmfab::Result<()>, what: &str) -> isize {
+pub(crate) fn done(r: shmfab::Result<()>, what: &str) -> isize {
     match r {
         Ok(()) => 0,
         Err(e) => util::err(e, DATA, what) as isize,

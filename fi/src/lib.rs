@@ -36,6 +36,7 @@ pub mod sys {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 }
 
+pub mod atomic;
 pub mod av;
 pub mod cntr;
 pub mod cq;

@@ -7,6 +7,7 @@
  * first failed check and exits 1.
  */
 #include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -729,7 +730,7 @@ static void test_rma(void)
 	fi_addr_t to[2];
 	static const size_t sizes[] = { 1, 8, 100, 4096, 70000, 1 << 20 };
 	enum { N = 1 << 20 };
-	static char target[N], src[N], back[N];
+	static char target[N] __attribute__((aligned(64))), src[N], back[N];
 
 	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
 	EXPECT(getinfo(h, &pi), 0);
@@ -797,6 +798,54 @@ static void test_rma(void)
 	EXPECT(fi_readmsg(ep[0], &m, FI_COMPLETION), 0);
 	read_tagged(cq[0], &e, NULL);
 	CHECK(!memcmp(back, "inj", 3));
+
+	/* Atomics: fetch-add, compare-swap (taken and refused), max. */
+	uint64_t *w = (uint64_t *)(target + 512), one = 1, old = 0, cmp, nv;
+	*w = 41;
+	EXPECT(fi_fetch_atomic(ep[0], &one, 1, NULL, &old, NULL, to[1], 512, key, FI_UINT64, FI_SUM, NULL), 0);
+	read_tagged(cq[0], &e, NULL);
+	CHECK(old == 41 && *w == 42);
+	cmp = 42, nv = 7;
+	EXPECT(fi_compare_atomic(ep[0], &nv, 1, NULL, &cmp, NULL, &old, NULL, to[1], 512, key, FI_UINT64,
+				 FI_CSWAP, NULL), 0);
+	read_tagged(cq[0], &e, NULL);
+	CHECK(old == 42 && *w == 7);
+	cmp = 42, nv = 9;
+	EXPECT(fi_compare_atomic(ep[0], &nv, 1, NULL, &cmp, NULL, &old, NULL, to[1], 512, key, FI_UINT64,
+				 FI_CSWAP, NULL), 0);
+	read_tagged(cq[0], &e, NULL);
+	CHECK(old == 7 && *w == 7);
+	nv = 100;
+	EXPECT(fi_atomic(ep[0], &nv, 1, NULL, to[1], 512, key, FI_UINT64, FI_MAX, NULL), 0);
+	read_tagged(cq[0], &e, NULL);
+	CHECK(*w == 100);
+	EXPECT(fi_fetch_atomic(ep[0], NULL, 1, NULL, &old, NULL, to[1], 512, key, FI_UINT64, FI_ATOMIC_READ, NULL), 0);
+	read_tagged(cq[0], &e, NULL);
+	CHECK(old == 100);
+	/* A wrong key: an error completion, the word untouched. */
+	EXPECT(fi_fetch_atomic(ep[0], &one, 1, NULL, &old, NULL, to[1], 512, key ^ 0x5a5a0000, FI_UINT64, FI_SUM,
+			       NULL), 0);
+	r = -FI_EAGAIN;
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_read(cq[0], &e, 1);
+	EXPECT(r, -FI_EAVAIL);
+	EXPECT(fi_cq_readerr(cq[0], &ee, 0), 1);
+	CHECK(*w == 100);
+	/* The valid queries and fi_query_atomic. */
+	size_t cnt = 0;
+	EXPECT(fi_atomicvalid(ep[0], FI_UINT64, FI_SUM, &cnt), 0);
+	CHECK(cnt > 0);
+	cnt = 0;
+	EXPECT(fi_fetch_atomicvalid(ep[0], FI_DOUBLE, FI_MIN, &cnt), 0);
+	CHECK(cnt > 0);
+	EXPECT(fi_compare_atomicvalid(ep[0], FI_INT32, FI_CSWAP_GE, &cnt), 0);
+	EXPECT(fi_compare_atomicvalid(ep[0], FI_UINT64, FI_SUM, &cnt), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomicvalid(ep[0], FI_UINT64, FI_CSWAP, &cnt), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomicvalid(ep[0], FI_LONG_DOUBLE, FI_SUM, &cnt), -FI_EOPNOTSUPP);
+	struct fi_atomic_attr at;
+	EXPECT(fi_query_atomic(d, FI_INT32, FI_CSWAP, &at, FI_COMPARE_ATOMIC), 0);
+	CHECK(at.size == 4 && at.count > 0);
+	EXPECT(fi_query_atomic(d, FI_INT32, FI_CSWAP, &at, 0), -FI_EOPNOTSUPP);
 	EXPECT(fi_close(&mr->fid), 0);
 	for (int i = 0; i < 2; i++) {
 		EXPECT(fi_close(&ep[i]->fid), 0);
