@@ -10,18 +10,55 @@ use std::ffi::{c_char, c_int, CStr};
 /// The provider's name (`-p shmfab`).
 pub const NAME: &CStr = c"shmfab";
 
-/// Primary capabilities: untagged and tagged messages.
-pub const CAPS_PRIMARY: u64 = sys::FI_MSG | sys::FI_TAGGED;
+/// Primary capabilities: untagged and tagged messages, RMA and atomics.
+pub const CAPS_PRIMARY: u64 = sys::FI_MSG | sys::FI_TAGGED | sys::FI_RMA | sys::FI_ATOMIC;
 /// Secondary capabilities offered.
-pub const CAPS_SECONDARY: u64 =
-    sys::FI_SEND | sys::FI_RECV | sys::FI_DIRECTED_RECV | sys::FI_MULTI_RECV | sys::FI_SOURCE | sys::FI_LOCAL_COMM;
+pub const CAPS_SECONDARY: u64 = sys::FI_SEND
+    | sys::FI_RECV
+    | sys::FI_DIRECTED_RECV
+    | sys::FI_MULTI_RECV
+    | sys::FI_SOURCE
+    | sys::FI_LOCAL_COMM
+    | sys::FI_READ
+    | sys::FI_WRITE
+    | sys::FI_REMOTE_READ
+    | sys::FI_REMOTE_WRITE
+    | sys::FI_RMA_EVENT;
+/// Capabilities of one-sided operations: they need the library's
+/// registrations, whose keys the provider chooses (FI_MR_PROV_KEY, or
+/// FI_MR_BASIC before API 1.5).
+pub const RMA_CAPS: u64 = sys::FI_RMA
+    | sys::FI_ATOMIC
+    | sys::FI_READ
+    | sys::FI_WRITE
+    | sys::FI_REMOTE_READ
+    | sys::FI_REMOTE_WRITE
+    | sys::FI_RMA_EVENT;
+
+/// Whether a hint's `mr_mode` lets the provider choose the keys (from
+/// API 1.5 FI_MR_PROV_KEY; before, FI_MR_BASIC or FI_MR_UNSPEC, which
+/// leaves the choice to the provider).
+pub fn prov_keys_allowed(version: u32, mr_mode: c_int) -> bool {
+    if version >= fi_version(1, 5) {
+        mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
+    } else {
+        mr_mode == sys::FI_MR_BASIC as c_int || mr_mode == sys::FI_MR_UNSPEC as c_int
+    }
+}
 /// Every capability offered.
 pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
 /// Capabilities that concern the transmit side.
-const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM;
+const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM | sys::FI_READ | sys::FI_WRITE;
 /// Capabilities that concern the receive side.
-pub const RX_CAPS: u64 =
-    CAPS_PRIMARY | sys::FI_RECV | sys::FI_DIRECTED_RECV | sys::FI_MULTI_RECV | sys::FI_SOURCE | sys::FI_LOCAL_COMM;
+pub const RX_CAPS: u64 = CAPS_PRIMARY
+    | sys::FI_RECV
+    | sys::FI_DIRECTED_RECV
+    | sys::FI_MULTI_RECV
+    | sys::FI_SOURCE
+    | sys::FI_LOCAL_COMM
+    | sys::FI_REMOTE_READ
+    | sys::FI_REMOTE_WRITE
+    | sys::FI_RMA_EVENT;
 /// Default transmit operation flags the endpoint honours
 /// (`FI_TRANSMIT_COMPLETE` and `FI_INJECT_COMPLETE` hold for every send:
 /// a send completes once its data is in the receiver's memory, its ring,
@@ -157,7 +194,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("tx_attr.inject_size", t.inject_size, shmfab::proto::INJECT_SIZE)?;
         at_most("tx_attr.size", t.size, lim.tx_size)?;
         at_most("tx_attr.iov_limit", t.iov_limit, shm_iov())?;
-        at_most("tx_attr.rma_iov_limit", t.rma_iov_limit, 0)?;
+        at_most("tx_attr.rma_iov_limit", t.rma_iov_limit, shm_iov())?;
     }
     // SAFETY: null or valid (caller's contract).
     if let Some(r) = unsafe { h.rx_attr.as_ref() } {
@@ -167,6 +204,19 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         within("rx_attr.comp_order", r.comp_order, 0)?;
         at_most("rx_attr.size", r.size, lim.rx_size)?;
         at_most("rx_attr.iov_limit", r.iov_limit, shm_iov())?;
+    }
+    // SAFETY: null or valid (caller's contract).
+    // SAFETY: null or valid (caller's contract).
+    let all = caps
+        | unsafe { h.tx_attr.as_ref() }.map_or(0, |t| t.caps)
+        | unsafe { h.rx_attr.as_ref() }.map_or(0, |r| r.caps);
+    // SAFETY: null or valid (caller's contract).
+    if let Some(d) = unsafe { h.domain_attr.as_ref() } {
+        if all & RMA_CAPS != 0 && !prov_keys_allowed(version, d.mr_mode) {
+            return Err(no(
+                "RMA and atomics need provider keys: domain_attr.mr_mode FI_MR_PROV_KEY (FI_MR_BASIC before API 1.5)",
+            ));
+        }
     }
     // SAFETY: null or valid (caller's contract).
     if let Some(e) = unsafe { h.ep_attr.as_ref() } {
@@ -297,10 +347,15 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     let ht = h.and_then(|h| unsafe { h.tx_attr.as_ref() });
     let hr = h.and_then(|h| unsafe { h.rx_attr.as_ref() });
     let shared = he.is_some_and(|x| x.rx_ctx_cnt == SHARED_CONTEXT);
+    // One-sided operations only with keys the provider chooses: left out
+    // of the default capabilities when the hints' mr_mode does not allow
+    // them (asking for them then fails in `check`).
+    let rma_ok = hd.map_or(true, |x| prov_keys_allowed(version, x.mr_mode));
+    let offered = if rma_ok { CAPS } else { CAPS & !RMA_CAPS };
     let caps = match h.map_or(0, |h| h.caps) {
         // With a shared receive context, only what it serves.
-        0 if shared => CAPS & !SRX_UNSERVED,
-        0 => CAPS,
+        0 if shared => offered & !SRX_UNSERVED,
+        0 => offered,
         c => c,
     };
     i.caps = caps;
@@ -331,7 +386,7 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     t.inject_size = shmfab::proto::INJECT_SIZE;
     t.size = lim.tx_size;
     t.iov_limit = shm_iov();
-    t.rma_iov_limit = 0;
+    t.rma_iov_limit = if caps & RMA_CAPS != 0 { shm_iov() } else { 0 };
     r.caps = caps & RX_CAPS;
     r.op_flags = hr.map_or(0, |x| x.op_flags);
     r.msg_order = MSG_ORDER;
@@ -377,10 +432,15 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     // library's, reachable by peers); before, the application's choice of
     // keys (FI_MR_SCALABLE) unless it asked for provider keys (FI_MR_BASIC).
     d.mr_mode = if version >= fi_version(1, 5) {
-        (hd.map_or(0, |x| x.mr_mode as u64) & sys::FI_MR_PROV_KEY) as c_int
+        if rma_ok {
+            sys::FI_MR_PROV_KEY as c_int
+        } else {
+            0
+        }
     } else {
         match hd.map_or(0, |x| x.mr_mode) {
             m if m == sys::FI_MR_BASIC as c_int => m,
+            m if m == sys::FI_MR_UNSPEC as c_int && caps & RMA_CAPS != 0 => sys::FI_MR_BASIC as c_int,
             _ => sys::FI_MR_SCALABLE as c_int,
         }
     };

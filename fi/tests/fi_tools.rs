@@ -39,7 +39,8 @@ fn fi_info_lists_the_provider_and_its_attributes() {
     let t = text(&o);
     assert!(o.status.success(), "fi_info -v failed:\n{t}");
     for want in [
-        "caps: [ FI_MSG, FI_TAGGED, FI_RECV, FI_SEND, FI_MULTI_RECV, FI_LOCAL_COMM, FI_SOURCE, FI_DIRECTED_RECV ]",
+        "caps: [ FI_MSG, FI_RMA, FI_TAGGED, FI_ATOMIC, FI_READ, FI_WRITE, FI_RECV, FI_SEND, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_MULTI_RECV, FI_LOCAL_COMM, FI_RMA_EVENT, FI_SOURCE, FI_DIRECTED_RECV ]",
+        "mr_mode: [ FI_MR_PROV_KEY ]",
         "inject_size: 4096",
         "iov_limit: 4",
         "max_ep_srx_ctx: 1",
@@ -50,7 +51,7 @@ fn fi_info_lists_the_provider_and_its_attributes() {
     ] {
         assert!(t.contains(want), "no {want:?} in:\n{t}");
     }
-    for never in ["FI_RMA", "FI_ATOMIC", "FI_REMOTE_COMM", "FI_SHARED_AV"] {
+    for never in ["FI_REMOTE_COMM", "FI_SHARED_AV", "FI_MR_VIRT_ADDR"] {
         assert!(!t.contains(never), "{never} advertised:\n{t}");
     }
 }
@@ -62,14 +63,14 @@ fn fi_info_hints_shmfab_cannot_meet_find_nothing() {
         &["-c", "FI_MSG|FI_TAGGED", "-t", "FI_EP_RDM"][..],
         &["-c", "FI_TAGGED|FI_DIRECTED_RECV"],
         &["-a", "FI_FORMAT_UNSPEC"],
+        &["-c", "FI_RMA"],
+        &["-c", "FI_ATOMIC"],
     ] {
         let o = fi_info(&[&["-p", "shmfab"], ok].concat(), &shm);
         assert!(o.status.success() && text(&o).contains("provider: shmfab"), "{ok:?} refused:\n{}", text(&o));
     }
     for refused in [
-        &["-c", "FI_RMA"][..],
-        &["-c", "FI_ATOMIC"],
-        &["-c", "FI_MSG|FI_REMOTE_COMM"],
+        &["-c", "FI_MSG|FI_REMOTE_COMM"][..],
         &["-t", "FI_EP_MSG"],
         &["-t", "FI_EP_DGRAM"],
         &["-a", "FI_SOCKADDR_IN"],

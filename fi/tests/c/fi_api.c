@@ -732,8 +732,32 @@ static void test_rma(void)
 	enum { N = 1 << 20 };
 	static char target[N] __attribute__((aligned(64))), src[N], back[N];
 
+	/* RMA and atomics need provider keys: refused without them. */
+	h->caps |= FI_RMA | FI_ATOMIC;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->caps |= FI_RMA | FI_REMOTE_WRITE;
+	h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_LOCAL;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	/* Without them in the hints, the default capabilities leave them out. */
+	h = hints();
+	h->caps = 0;
+	EXPECT(getinfo(h, &pi), 0);
+	CHECK(!(pi->caps & (FI_RMA | FI_ATOMIC)) && pi->domain_attr->mr_mode == 0);
+	fi_freeinfo(pi);
+	h = hints();
+	h->caps = 0;
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+	EXPECT(getinfo(h, &pi), 0);
+	CHECK((pi->caps & (FI_RMA | FI_ATOMIC | FI_RMA_EVENT)) == (FI_RMA | FI_ATOMIC | FI_RMA_EVENT));
+	CHECK(pi->domain_attr->mr_mode == FI_MR_PROV_KEY);
+	fi_freeinfo(pi);
+	h = hints();
+	h->caps |= FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_RMA_EVENT;
 	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
 	EXPECT(getinfo(h, &pi), 0);
+	CHECK(pi->domain_attr->mr_mode == FI_MR_PROV_KEY && (pi->caps & FI_RMA) && (pi->tx_attr->caps & FI_ATOMIC));
+	CHECK(pi->tx_attr->rma_iov_limit > 0);
 	EXPECT(fi_domain(fabric, pi, &d, NULL), 0);
 	EXPECT(fi_av_open(d, &aa, &v, NULL), 0);
 	for (int i = 0; i < 2; i++) {
@@ -773,6 +797,7 @@ static void test_rma(void)
 	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
 		r = fi_cq_read(cq[0], &e, 1);
 	EXPECT(r, -FI_EAVAIL);
+	memset(&ee, 0, sizeof(ee)); /* err_data: the provider's, each time */
 	EXPECT(fi_cq_readerr(cq[0], &ee, 0), 1);
 	CHECK(ee.err != 0);
 	for (int i = 0; i < 64; i++)
@@ -783,6 +808,7 @@ static void test_rma(void)
 	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
 		r = fi_cq_read(cq[0], &e, 1);
 	EXPECT(r, -FI_EAVAIL);
+	memset(&ee, 0, sizeof(ee)); /* err_data: the provider's, each time */
 	EXPECT(fi_cq_readerr(cq[0], &ee, 0), 1);
 	/* writev, readmsg and inject. */
 	struct iovec wv[2] = { { src, 10 }, { src + 20, 10 } };
@@ -829,6 +855,7 @@ static void test_rma(void)
 	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
 		r = fi_cq_read(cq[0], &e, 1);
 	EXPECT(r, -FI_EAVAIL);
+	memset(&ee, 0, sizeof(ee)); /* err_data: the provider's, each time */
 	EXPECT(fi_cq_readerr(cq[0], &ee, 0), 1);
 	CHECK(*w == 100);
 	/* The valid queries and fi_query_atomic. */
