@@ -773,6 +773,13 @@ static void test_rma(void)
 	}
 	EXPECT(fi_mr_reg(d, target, N, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
 	uint64_t key = fi_mr_key(mr);
+	/* Remote-event counters on the registration (FI_RMA_EVENT). */
+	struct fid_cntr *cw, *cr;
+	struct fi_cntr_attr cat = { .events = FI_CNTR_EVENTS_COMP };
+	EXPECT(fi_cntr_open(d, &cat, &cw, NULL), 0);
+	EXPECT(fi_cntr_open(d, &cat, &cr, NULL), 0);
+	EXPECT(fi_mr_bind(mr, &cw->fid, FI_REMOTE_WRITE), 0);
+	EXPECT(fi_mr_bind(mr, &cr->fid, FI_REMOTE_READ), 0);
 	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
 		size_t n = sizes[k], off = k * 3;
 		if (off + n > N)
@@ -789,6 +796,9 @@ static void test_rma(void)
 		CHECK(e.flags & FI_READ);
 		CHECK(!memcmp(back, src, n));
 	}
+	/* Each write and each read landed once. */
+	CHECK(fi_cntr_read(cw) == sizeof(sizes) / sizeof(sizes[0]));
+	CHECK(fi_cntr_read(cr) == sizeof(sizes) / sizeof(sizes[0]));
 	/* A wrong key: an error completion; the target is untouched. */
 	memset(target, 'T', 64);
 	memset(src, 'x', 64);
@@ -810,6 +820,8 @@ static void test_rma(void)
 	EXPECT(r, -FI_EAVAIL);
 	memset(&ee, 0, sizeof(ee)); /* err_data: the provider's, each time */
 	EXPECT(fi_cq_readerr(cq[0], &ee, 0), 1);
+	/* The refused writes counted nothing. */
+	CHECK(fi_cntr_read(cw) == sizeof(sizes) / sizeof(sizes[0]));
 	/* writev, readmsg and inject. */
 	struct iovec wv[2] = { { src, 10 }, { src + 20, 10 } };
 	memcpy(src, "0123456789abcdefghijKLMNOPQRST", 30);
@@ -874,6 +886,8 @@ static void test_rma(void)
 	CHECK(at.size == 4 && at.count > 0);
 	EXPECT(fi_query_atomic(d, FI_INT32, FI_CSWAP, &at, 0), -FI_EOPNOTSUPP);
 	EXPECT(fi_close(&mr->fid), 0);
+	EXPECT(fi_close(&cw->fid), 0);
+	EXPECT(fi_close(&cr->fid), 0);
 	for (int i = 0; i < 2; i++) {
 		EXPECT(fi_close(&ep[i]->fid), 0);
 		EXPECT(fi_close(&cq[i]->fid), 0);
