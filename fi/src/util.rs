@@ -229,7 +229,8 @@ pub fn fid(class: u32, context: *mut std::ffi::c_void, ops_table: &'static sys::
     sys::fid { fclass: class as usize, context, ops: ops(ops_table) }
 }
 
-/// RMA ops of an endpoint or shared context: not built yet.
+/// RMA ops of a shared receive context (which transmits nothing; an
+/// endpoint's are `ep.rs`'s): `-FI_ENOSYS`.
 pub static NB_RMA_OPS: sys::fi_ops_rma = sys::fi_ops_rma {
     size: std::mem::size_of::<sys::fi_ops_rma>(),
     read: Some(nb8),
@@ -243,7 +244,8 @@ pub static NB_RMA_OPS: sys::fi_ops_rma = sys::fi_ops_rma {
     injectdata: Some(nb7),
 };
 
-/// Atomic ops of an endpoint or shared context: not built yet.
+/// Atomic ops of a shared receive context (an endpoint's are in
+/// `atomic.rs`): `-FI_ENOSYS`.
 pub static NB_ATOMIC_OPS: sys::fi_ops_atomic = sys::fi_ops_atomic {
     size: std::mem::size_of::<sys::fi_ops_atomic>(),
     write: Some(nb10),
