@@ -345,13 +345,24 @@ macro_rules! cas_loop {
 
 /// Applies `op` to the element at `p` as one atomic operation and
 /// returns the old value. 16-byte elements take `lock` (the striped lock
-/// of this address in the target's RMA file) for their read-modify-write.
+/// of this address in the target's RMA file) for their read-modify-write,
+/// writing `me` in it: the caller's pid in the file owner's PID namespace,
+/// or [`shm_layout::rma::PID_UNKNOWN`] (a holder that dies holding the
+/// lock is taken over only when both its pid and ours are known).
 ///
 /// # Safety
 /// `p` must be valid for reads and writes of `dt.size()` bytes, aligned
 /// to that size (16-byte elements: to 8), and every other access to it
 /// while this runs must be another `apply` or an atomic of the same size.
-pub unsafe fn apply(dt: AtomicType, op: AtomicOp, p: *mut u8, a: u128, c: u128, lock: &crate::sync::AtomicU32) -> u128 {
+pub unsafe fn apply(
+    dt: AtomicType,
+    op: AtomicOp,
+    p: *mut u8,
+    a: u128,
+    c: u128,
+    lock: &crate::sync::AtomicU32,
+    me: u32,
+) -> u128 {
     use AtomicOp::*;
     let int = dt.class() == Class::Int;
     match dt.size() {
@@ -373,7 +384,8 @@ pub unsafe fn apply(dt: AtomicType, op: AtomicOp, p: *mut u8, a: u128, c: u128, 
             }
         }
         _ => {
-            let me = my_pid();
+            use shm_layout::rma::PID_UNKNOWN;
+            let me = me.max(1);
             let mut spins = 0u64;
             loop {
                 match lock.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
@@ -385,6 +397,8 @@ pub unsafe fn apply(dt: AtomicType, op: AtomicOp, p: *mut u8, a: u128, c: u128, 
                         // may hold a torn value).
                         if spins.is_multiple_of(1 << 16)
                             && holder != 0
+                            && holder != PID_UNKNOWN
+                            && me != PID_UNKNOWN
                             && !pid_alive(holder)
                             && lock.compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
                         {
@@ -486,7 +500,9 @@ mod tests {
         let t0 = std::time::Instant::now();
         let one = 1f64.to_bits() as u128;
         // SAFETY: a live, aligned, private 16-byte element.
-        let old = unsafe { apply(AtomicType::DoubleComplex, AtomicOp::Sum, word.as_mut_ptr().cast(), one, 0, &lock) };
+        let old = unsafe {
+            apply(AtomicType::DoubleComplex, AtomicOp::Sum, word.as_mut_ptr().cast(), one, 0, &lock, my_pid())
+        };
         assert_eq!(old, 0);
         assert_eq!(f64::from_bits(word[0]), 1.0);
         assert_eq!(lock.load(Ordering::Relaxed), 0);
@@ -504,7 +520,15 @@ mod tests {
                     for _ in 0..10_000 {
                         // SAFETY: an aligned live word used only through atomics.
                         unsafe {
-                            apply(AtomicType::Double, AtomicOp::Sum, w.as_ptr().cast(), 1f64.to_bits() as u128, 0, &l)
+                            apply(
+                                AtomicType::Double,
+                                AtomicOp::Sum,
+                                w.as_ptr().cast(),
+                                1f64.to_bits() as u128,
+                                0,
+                                &l,
+                                my_pid(),
+                            )
                         };
                     }
                 })

@@ -5,7 +5,13 @@
 //! **The RMA file.** A domain's registrations live in a file apart from
 //! its region (`shm_layout::rma`), made on the first registration, with
 //! no name (as anonymous regions: `O_TMPFILE`, opened by peers through
-//! `/proc/<pid>/fd/<fd>` after the same checks). It holds the
+//! `/proc/<pid>/fd/<fd>` after the same checks), or, when the domain's
+//! region is named (`SHMFAB_REGIONS=named`, for ranks in other PID
+//! namespaces), named after it with `.rma` added and locked by its owner
+//! as a named region is (`shmfab clean` removes a dead owner's). Pids that
+//! peers leave in the file (mailbox claims, locks of 16-byte atomics) are
+//! judged only by processes of the owner's PID namespace; single copy is
+//! not tried with a target of another namespace. It holds the
 //! registration table, the striped locks of 16-byte atomics, the
 //! mailbox, and the shared heap.
 //!
@@ -58,6 +64,14 @@ pub const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 pub(crate) struct RmaFile {
     map: MmapRaw,
     file: File,
+    /// Our own named file's name (`SHMFAB_REGIONS=named`), unlinked on
+    /// drop by the process that made it; None for anonymous files and for
+    /// peers' files.
+    name: Option<(String, u32)>,
+    /// Our pid as this file's claimers and locks hold it: our pid when we
+    /// run in the owner's PID namespace, else [`PID_UNKNOWN`] (then we
+    /// never judge others' pids either: they are of another namespace).
+    pub me: u32,
     n_mr: u32,
     n_mbox: u32,
     heap_off: usize,
@@ -77,20 +91,54 @@ fn heap_setting() -> Result<usize> {
 }
 
 impl RmaFile {
-    /// Makes the RMA file of a domain whose region has `job` and `token`.
-    fn create(job: u32, token: u32) -> Result<RmaFile> {
+    /// Makes the RMA file of a domain whose region has `job` and `token`:
+    /// with no name, or (`named`: the domain's region is named, for ranks
+    /// in other PID namespaces) named after the region with `.rma` added,
+    /// locked by its owner as a named region is, so `shmfab clean` tells
+    /// a dead owner's file by its free lock and removes it.
+    fn create(job: u32, token: u32, named: bool) -> Result<RmaFile> {
         let dir = crate::region::shm_dir()?;
-        let name = format!("shmfab.{}.{job:08x}.{token:08x}.rma", crate::region::uid());
-        let fd = crate::region::create_anonymous(&dir, &name)?;
-        let file = File::from(fd);
+        let name = rma_name(job, token);
+        let file = if named {
+            let fd = crate::region::open_shm(&name, true).map_err(|e| {
+                Error::with(
+                    ErrorKind::from_errno(e.raw_os_error()),
+                    format!("cannot create {}: {e}", crate::region::shm_path(&name)),
+                )
+            })?;
+            let file = File::from(fd);
+            if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                let _ = crate::region::unlink_shm(&name);
+                return Err(Error::with(ErrorKind::from_errno(e.raw_os_error()), format!("cannot lock {name}: {e}")));
+            }
+            file
+        } else {
+            File::from(crate::region::create_anonymous(&dir, &name)?)
+        };
+        let owned = named.then(|| (name.clone(), std::process::id()));
+        let unlink = |e: Error| {
+            if named {
+                let _ = crate::region::unlink_shm(&name);
+            }
+            e
+        };
         let heap_len = heap_setting()?.div_ceil(shm_layout::PAGE) * shm_layout::PAGE;
         let heap_off = heap_offset(N_MR, N_MBOX);
         let total = heap_off + heap_len;
-        file.set_len(total as u64)?;
+        file.set_len(total as u64).map_err(|e| unlink(e.into()))?;
         rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, heap_off as u64)
-            .map_err(|e| Error::with(ErrorKind::from_errno(e.raw_os_error()), format!("RMA file: {e}")))?;
-        let map = MmapOptions::new().len(total).map_raw(&file)?;
-        let f = RmaFile { map, file, n_mr: N_MR, n_mbox: N_MBOX, heap_off, heap_len };
+            .map_err(|e| unlink(Error::with(ErrorKind::from_errno(e.raw_os_error()), format!("RMA file: {e}"))))?;
+        let map = MmapOptions::new().len(total).map_raw(&file).map_err(|e| unlink(e.into()))?;
+        let f = RmaFile {
+            map,
+            file,
+            name: owned,
+            me: crate::atomic::my_pid(),
+            n_mr: N_MR,
+            n_mbox: N_MBOX,
+            heap_off,
+            heap_len,
+        };
         let h = f.base() as *mut RmaHeader;
         // SAFETY: our fresh mapping of at least one page; nobody maps it
         // yet (magic is published last).
@@ -104,17 +152,29 @@ impl RmaFile {
             std::ptr::addr_of_mut!((*h).heap_off).write(heap_off as u64);
             std::ptr::addr_of_mut!((*h).heap_len).write(heap_len as u64);
             std::ptr::addr_of_mut!((*h).total).write(total as u64);
+            std::ptr::addr_of_mut!((*h).pid_ns).write(crate::job::pid_ns());
             // SYNC: publishes the header to the acquire load in attach().
             (*h).magic.store(RMA_MAGIC, Ordering::Release);
         }
         Ok(f)
     }
 
-    /// Maps a peer's RMA file: descriptor `fd` of process `pid`, which
-    /// must belong to the domain region of `job` and `token`.
-    fn attach(pid: u32, fd: u32, job: u32, token: u32) -> Result<RmaFile> {
-        let id = crate::region::RegionId { pid, fd, job, token };
-        let file = crate::region::open_anonymous(&id, &crate::region::shm_dir()?)?;
+    /// Maps a peer's RMA file: descriptor `fd` of process `pid`, or the
+    /// named file of its region (`named`), which must belong to the domain
+    /// region of `job` and `token`.
+    fn attach(pid: u32, fd: u32, job: u32, token: u32, named: bool) -> Result<RmaFile> {
+        let file = if named {
+            let name = rma_name(job, token);
+            File::from(crate::region::open_shm(&name, false).map_err(|e| {
+                Error::with(
+                    ErrorKind::from_errno(e.raw_os_error()),
+                    format!("cannot open the peer's RMA file {}: {e}", crate::region::shm_path(&name)),
+                )
+            })?)
+        } else {
+            let id = crate::region::RegionId { pid, fd, job, token };
+            crate::region::open_anonymous(&id, &crate::region::shm_dir()?)?
+        };
         let st = rustix::fs::fstat(&file)?;
         let bad = |why: &str| Error::with(ErrorKind::Inval, format!("RMA file of pid {pid} (fd {fd}): {why}"));
         if st.st_uid != crate::region::uid() || st.st_mode & 0o077 != 0 {
@@ -142,6 +202,10 @@ impl RmaFile {
                 std::ptr::addr_of!((*h).total).read_volatile(),
             )
         };
+        // SAFETY: as above.
+        let their_ns = unsafe { std::ptr::addr_of!((*h).pid_ns).read_volatile() };
+        let our_ns = crate::job::pid_ns();
+        let me = if their_ns != 0 && our_ns != 0 && their_ns != our_ns { PID_UNKNOWN } else { crate::atomic::my_pid() };
         if magic != RMA_MAGIC || ver != RMA_VERSION {
             return Err(bad("not an RMA file of this layout (bad key?)"));
         }
@@ -154,7 +218,7 @@ impl RmaFile {
         if total != size as u64 || hoff.checked_add(hlen) != Some(total) {
             return Err(bad("size does not match its header"));
         }
-        Ok(RmaFile { map, file, n_mr, n_mbox, heap_off: hoff as usize, heap_len: hlen as usize })
+        Ok(RmaFile { map, file, name: None, me, n_mr, n_mbox, heap_off: hoff as usize, heap_len: hlen as usize })
     }
 
     fn base(&self) -> *mut u8 {
@@ -266,6 +330,24 @@ impl Drop for Pin<'_> {
         // SYNC: pairs with the acquire loads of close's drain wait.
         self.e.ctl.fetch_sub(2, Ordering::Release);
     }
+}
+
+impl Drop for RmaFile {
+    fn drop(&mut self) {
+        // Only the process that made a named file unlinks it (a child
+        // forked without exec drops a copy of its parent's).
+        if let Some((name, pid)) = &self.name {
+            if *pid == std::process::id() {
+                let _ = crate::region::unlink_shm(name);
+            }
+        }
+    }
+}
+
+/// The name of the RMA file of the domain region of `job` and `token`
+/// (this user's): the region's name with `.rma` added.
+fn rma_name(job: u32, token: u32) -> String {
+    format!("{}.rma", crate::region::region_name(crate::region::uid(), job, token))
 }
 
 impl RmaFile {
@@ -460,7 +542,7 @@ impl RmaDomain {
             return Ok(o);
         }
         let h = dom.region.header();
-        let file = RmaFile::create(h.job, h.token)?;
+        let file = RmaFile::create(h.job, h.token, dom.region.id().named())?;
         let free = vec![(0, file.heap_len as u64)];
         let o = OwnRma {
             file: Arc::new(file),
@@ -485,9 +567,6 @@ impl RmaDomain {
     /// The RMA file that `key` names in the domain of `addr` (ours when
     /// the address is in our own domain).
     pub fn file_of(&self, dom: &DomainInner, addr: &shm_layout::Address, key: Key) -> Result<Arc<RmaFile>> {
-        if addr.fd == shm_layout::Address::NAMED {
-            return Err(Error::with(ErrorKind::OpNotSupp, "RMA needs anonymous regions (SHMFAB_REGIONS=named is set)"));
-        }
         if crate::region::RegionId::of(addr) == dom.region.id() {
             if let Some(o) = self.own.get() {
                 if o.file.fd() == key.fd {
@@ -501,7 +580,8 @@ impl RmaDomain {
         if let Some(f) = peers.get(&k) {
             return Ok(f.clone());
         }
-        let f = Arc::new(RmaFile::attach(addr.pid, key.fd, addr.job, addr.token)?);
+        let named = addr.fd == shm_layout::Address::NAMED;
+        let f = Arc::new(RmaFile::attach(addr.pid, key.fd, addr.job, addr.token, named)?);
         peers.insert(k, f.clone());
         Ok(f)
     }
@@ -999,7 +1079,7 @@ fn serve_one(own: &OwnRma, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layo
                 let a = load_elem(&data[i * sz..(i + 1) * sz]);
                 let c = load_elem(&data[(n + i) * sz..(n + i + 1) * sz]);
                 // SAFETY: an aligned element inside the pinned registration.
-                let old = unsafe { apply(dt, op, base.add(i * sz), a, c, f.lock(rs[0].0 + (i * sz) as u64)) };
+                let old = unsafe { apply(dt, op, base.add(i * sz), a, c, f.lock(rs[0].0 + (i * sz) as u64), f.me) };
                 store_elem(&mut data[i * sz..(i + 1) * sz], old);
             }
             if op != AtomicOp::Read {

@@ -784,12 +784,17 @@ fn scan_named(job: Option<u32>) -> Vec<RegionInfo> {
         // never initialised.
         let f = File::open(&path).ok();
         let hdr = f.as_ref().and_then(header_words);
-        let init = hdr.as_ref().filter(|h| h.magic == MAGIC);
+        // A named domain's RMA file (`<region>.rma`, crate::mr): its owner
+        // locks it before publishing its magic, as a region's.
+        let rma = rest.ends_with(".rma");
+        let init = hdr.as_ref().filter(|h| !rma && h.magic == MAGIC);
+        let rma_init = rma && hdr.as_ref().is_some_and(|h| h.magic == shm_layout::rma::RMA_MAGIC);
         // The lock is looked at after the header was read: its creator
         // locks before it publishes magic, so magic seen and then no lock
         // means the owner is gone.
         let alive = f.as_ref().is_some_and(locked)
             || match init {
+                _ if rma_init => false,
                 Some(h) => owner_alive(h.pid, h.start),
                 // Not initialised: alive while young (its creator may be
                 // between open and the magic store), dead after 30 s.

@@ -33,7 +33,7 @@ use crate::flags::*;
 use crate::mr::{count_remote, ranges, Key, Need, OwnRma, RmaFile};
 use crate::proto::CmaMode;
 use crate::region::{Region, RegionId};
-use shm_layout::rma::{mbox_op, mbox_state, mr_kind, MboxReq, MBOX_DATA};
+use shm_layout::rma::{mbox_op, mbox_state, mr_kind, MboxReq, MBOX_DATA, PID_UNKNOWN};
 use shm_layout::Address;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
@@ -153,7 +153,7 @@ impl Endpoint {
             }
         }
         let own = RegionId::of(&addr) == dom.region.id();
-        let region = if own || addr.fd == Address::NAMED {
+        let region = if own {
             None
         } else {
             let id = RegionId::of(&addr);
@@ -171,7 +171,11 @@ impl Endpoint {
         };
         let file = match dom.rma.file_of(dom, &addr, Key::decode(key)) {
             Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::OpNotSupp => return Err(e),
+            // A target that died before we mapped its RMA file: its
+            // descriptor or name is gone with it.
+            Err(e) if region.as_ref().is_some_and(|r| !r.alive()) => {
+                return Ok(Err(fail(ErrorKind::Io, format!("the target process is gone: {e}"))))
+            }
             Err(e) => return Ok(Err(fail(ErrorKind::NoKey, format!("key {key:#x}: {e}")))),
         };
         let t = Target { addr, region, file };
@@ -333,7 +337,9 @@ impl Endpoint {
         local: &[(*mut u8, usize)],
         write: bool,
     ) -> std::result::Result<bool, Fail> {
-        if ctx.cfg.cma == CmaMode::Off {
+        // A target in another PID namespace: its pid names nothing here
+        // (or another process), so no single copy with it.
+        if ctx.cfg.cma == CmaMode::Off || t.region(&self.dom).foreign_pids() {
             return Ok(false);
         }
         // Pieces of 1 MiB: a target that dies is noticed between them.
@@ -798,7 +804,8 @@ impl Endpoint {
             let c = atomic::load_elem(&io[len + i * sz..len + (i + 1) * sz]);
             // SAFETY: an aligned element inside the pinned heap
             // registration, which peers reach only through `apply`.
-            let old = unsafe { atomic::apply(dt, op, base.add(i * sz), a, c, t.file.lock(off + (i * sz) as u64)) };
+            let old =
+                unsafe { atomic::apply(dt, op, base.add(i * sz), a, c, t.file.lock(off + (i * sz) as u64), t.file.me) };
             atomic::store_elem(&mut io[i * sz..(i + 1) * sz], old);
         }
         if op != AtomicOp::Read {
@@ -937,7 +944,7 @@ fn mbox_call(
     let r = t.region(dom);
     let own: Option<&OwnRma> = dom.rma.own_if_any();
     let counters = dom.counters();
-    let me = atomic::my_pid();
+    let me = f.me;
     let mut last_check = Instant::now();
     let mut spins = 0u32;
     let pause = |spins: &mut u32, last: &mut Instant| -> std::result::Result<(), Fail> {
@@ -1035,7 +1042,9 @@ fn mbox_call(
 /// Frees the mailbox slots of initiators that died between claiming a
 /// slot and freeing it (else a few crashed peers would block the mailbox
 /// for good): a slot claimed, or answered and never read, whose claimer's
-/// pid no longer exists. A published request (REQ) is left to the owner,
+/// pid no longer exists. Only pids of the file owner's PID namespace are
+/// judged, by a process of that namespace (see `RmaFile::me`); a claim
+/// by a process of another namespace is never taken over. A published request (REQ) is left to the owner,
 /// who answers it; the slot is freed at the next look.
 fn reclaim_dead(f: &RmaFile) {
     for i in 0..shm_layout::rma::N_MBOX as usize {
@@ -1043,7 +1052,12 @@ fn reclaim_dead(f: &RmaFile) {
         // SAFETY: a slot of the mapped mailbox; state and claimer are atomic.
         let (st, who) = unsafe { (&(*s).state, (*s).claimer.load(Ordering::Relaxed)) };
         let cur = st.load(Ordering::Acquire);
-        if (cur == mbox_state::CLAIMED || cur == mbox_state::DONE) && who != 0 && !atomic::pid_alive(who) {
+        if (cur == mbox_state::CLAIMED || cur == mbox_state::DONE)
+            && who != 0
+            && who != PID_UNKNOWN
+            && f.me != PID_UNKNOWN
+            && !atomic::pid_alive(who)
+        {
             // Claimers store their pid after claiming and 0 before freeing,
             // so a slot just claimed (claimer still 0) is never taken here.
             // SAFETY: as above.

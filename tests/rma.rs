@@ -204,6 +204,19 @@ fn rma_every_size_cma_refused() {
     run("rma_every_size_cma_refused", 2, &[("SHMFAB_CMA", "fail")], T, rma_every_size);
 }
 
+/// Named regions (ranks in other PID namespaces): each domain's RMA file
+/// is named after its region, peers open it by name, and it goes with its
+/// owner (the harness checks nothing of the job is left).
+#[test]
+fn rma_every_size_named_regions() {
+    run("rma_every_size_named_regions", 2, &[("SHMFAB_REGIONS", "named")], T, rma_every_size);
+}
+
+#[test]
+fn atomics_all_named_regions() {
+    run("atomics_all_named_regions", 2, &[("SHMFAB_REGIONS", "named")], T, atomics_all);
+}
+
 /// Wrong keys, stale keys, ranges past the end and missing rights fail
 /// with an error completion at the initiator; the target's memory stays
 /// as it was.
@@ -674,6 +687,13 @@ fn target_dies(w: World) {
 }
 
 cma_on_and_off!(target_dies_during_large_rma, target_dies_during_large_rma_cma_off, 2, &[1], target_dies);
+
+/// The same with named regions: the dead target's named RMA file is left,
+/// judged dead (its lock is free) and removed by `clean_dead`.
+#[test]
+fn target_dies_during_large_rma_named_regions() {
+    run_killing("target_dies_during_large_rma_named_regions", 2, &[("SHMFAB_REGIONS", "named")], T, &[1], target_dies);
+}
 
 /// A registration closed while a peer writes it in a loop: once `close`
 /// returns, the memory is never written again (the peer's writes fail

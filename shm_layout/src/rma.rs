@@ -22,7 +22,12 @@ use crate::PAGE;
 /// Magic of an RMA file (published last, with release).
 pub const RMA_MAGIC: u64 = u64::from_le_bytes(*b"SHMFABRM");
 /// Layout version of the RMA file.
-pub const RMA_VERSION: u32 = 1;
+pub const RMA_VERSION: u32 = 2;
+/// What an initiator writes where its pid goes (a mailbox slot's
+/// claimer, a 16-byte atomic's lock) when it runs in another PID
+/// namespace than the file's owner: a pid no process of the owner's
+/// namespace can check, so such a claim or lock is never taken over.
+pub const PID_UNKNOWN: u32 = u32::MAX;
 /// Registration slots per domain.
 pub const N_MR: u32 = 1024;
 /// Mailbox slots per domain.
@@ -57,6 +62,9 @@ pub struct RmaHeader {
     pub heap_len: u64,
     /// Size of the whole file.
     pub total: u64,
+    /// The owner's PID namespace (inode of /proc/self/ns/pid; 0 unknown):
+    /// the pids in claimers and locks are of this namespace.
+    pub pid_ns: u64,
     /// Requests published to the mailbox so far: initiators add one after
     /// each (release), the owner's progress compares it with what it
     /// served (one load per pass).
@@ -180,7 +188,8 @@ pub struct MboxSlot {
     /// [`mbox_state`]; REQ is published with release by the initiator,
     /// DONE by the owner.
     pub state: AtomicU32,
-    /// Pid of the initiator that claimed it (to free slots of the dead).
+    /// Pid of the initiator that claimed it (to free slots of the dead),
+    /// in the owner's PID namespace, or [`PID_UNKNOWN`].
     pub claimer: AtomicU32,
     /// The request.
     pub req: MboxReq,

@@ -56,6 +56,10 @@ pub fn inspect(job: Option<u32>) -> Result<String> {
                 boot(&mut out, r);
                 continue;
             }
+            if r.name.ends_with(".rma") {
+                let _ = writeln!(out, "  RMA file {} ({state}, {} KiB, named)", r.name, r.size / 1024);
+                continue;
+            }
             let how = if r.named { "named".to_string() } else { format!("anonymous, {}", r.id.path()) };
             let _ = writeln!(out, "  region {} (pid {} {state}, {} KiB, {how})", r.name, r.pid, r.size / 1024);
             match Region::attach(&r.id) {
