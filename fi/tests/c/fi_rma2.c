@@ -554,6 +554,15 @@ static void test_violations(void)
 		CHECK(dst[0] == 'R' && dst[63] == 'R');
 		EXPECT(ask(C_SAME, reg, 0, 4096, 'R', 0), -1);
 	}
+	/* Refused at the call: injects over inject_size, atomics of no
+	 * element or of more than the query's count. */
+	EXPECT(fi_inject_write(ep, src, inject_size + 1, peer, 0, key[USER]), -FI_EMSGSIZE);
+	EXPECT(fi_inject_writedata(ep, src, inject_size + 1, 5, peer, 0, key[USER]), -FI_EMSGSIZE);
+	size_t most = 0;
+	EXPECT(fi_atomicvalid(ep, FI_UINT8, FI_SUM, &most), 0);
+	CHECK(most > 0 && most + 1 <= BIG);
+	EXPECT(fi_atomic(ep, src, most + 1, NULL, peer, 0, key[USER], FI_UINT8, FI_SUM, ctx), -FI_EMSGSIZE);
+	EXPECT(fi_atomic(ep, src, 0, NULL, peer, 0, key[USER], FI_UINT8, FI_SUM, ctx), -FI_EINVAL);
 	/* No remote CQ data from the refused writedata; nothing counted. */
 	EXPECT(ask(C_NODATA, 0, 0, 0, 0, 0), 0);
 	check_counters("after the violations");
