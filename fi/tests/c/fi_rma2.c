@@ -17,7 +17,9 @@
  * bounds and access violations (an error completion, the target
  * untouched, nothing counted); the remote-event counters bound with
  * fi_mr_bind; both ranks fetch-adding one word (final value exact, the
- * fetched values distinct) and a compare-swap lock guarding a counter.
+ * fetched values distinct) and a compare-swap lock guarding a counter;
+ * RMA and atomics on the shared heap while its owner is blocked in
+ * read(2), never calling libfabric (the heap needs no work from it).
  *
  * Usage: fi_rma2 [auto]  (auto: FI_PROGRESS_AUTO domains). Run by
  * fi/tests/rma2.rs with FI_PROVIDER_PATH set and SHMFAB_CMA as each run
@@ -198,6 +200,7 @@ enum {
 	C_RACE,    /* fetch-add race on the u64 at off of reg: "go", then "finished" */
 	C_LOCK,    /* compare-swap lock race on reg: "go", then "finished" */
 	C_ENTRIES, /* CQ entries (other than remote CQ data) seen unasked: 0 */
+	C_QUIET,   /* "go", then no progress at all until the next byte */
 };
 
 struct cmd {
@@ -320,6 +323,12 @@ static void serve(void)
 			put(&v, sizeof(v)); /* go */
 			race_fetch_adds(self, key[c.reg], c.off, race_vals + RACE_N);
 			break; /* finished */
+		case C_QUIET: {
+			char byte;
+			put(&v, sizeof(v));
+			get(&byte, 1); /* blocked: no call into libfabric */
+			break;
+		}
 		case C_LOCK:
 			put(&v, sizeof(v));
 			lock_race(self, key[c.reg], (int)c.len);
@@ -566,6 +575,44 @@ static void test_violations(void)
 	/* No remote CQ data from the refused writedata; nothing counted. */
 	EXPECT(ask(C_NODATA, 0, 0, 0, 0, 0), 0);
 	check_counters("after the violations");
+}
+
+/* The shared heap needs no work from its owner: RMA and atomics on it
+ * complete while rank 1 is blocked in read(2). */
+static void test_heap_needs_no_target(void)
+{
+	size_t n = 1 << 20;
+	uint64_t one = 1, old = 0, cmpv = 6, nv = 9;
+	int64_t go;
+	struct cmd c = { C_QUIET, 0, 0, 0, 0, 0 };
+	EXPECT(ask(C_FILL, HEAP, 0, 4096 + n + 8, 0, 0), 0);
+	put(&c, sizeof(c));
+	get(&go, sizeof(go));
+	fill_pattern(src, n, 99);
+	EXPECT(fi_write(ep, src, n, NULL, peer, 4096, key[HEAP], src), 0);
+	wait_ok(src, FI_WRITE);
+	memset(dst, 0, n);
+	EXPECT(fi_read(ep, dst, n, NULL, peer, 4096, key[HEAP], dst), 0);
+	wait_ok(dst, FI_READ);
+	CHECK(!memcmp(src, dst, n));
+	for (int i = 0; i < 5; i++) {
+		EXPECT(fi_fetch_atomic(ep, &one, 1, NULL, &old, NULL, peer, 64, key[HEAP], FI_UINT64, FI_SUM, &old), 0);
+		wait_ok(&old, FI_ATOMIC);
+		CHECK(old == (uint64_t)i);
+	}
+	EXPECT(fi_atomic(ep, &one, 1, NULL, peer, 64, key[HEAP], FI_UINT64, FI_SUM, &one), 0);
+	wait_ok(&one, FI_ATOMIC);
+	EXPECT(fi_compare_atomic(ep, &nv, 1, NULL, &cmpv, NULL, &old, NULL, peer, 64, key[HEAP], FI_UINT64, FI_CSWAP,
+				 &old), 0);
+	wait_ok(&old, FI_ATOMIC);
+	CHECK(old == 6);
+	char byte = 'g';
+	put(&byte, 1);
+	get(&go, sizeof(go));
+	EXPECT(ask(C_VERIFY, HEAP, 4096, n, 99, 0), -1);
+	want_w += 1 + 5 + 1 + 1;
+	want_r += 1 + 5 + 1;
+	check_counters("with the target blocked");
 }
 
 /* ---- atomics ---- */
@@ -1165,6 +1212,7 @@ int main(int argc, char **argv)
 		test_rma();
 		double t1 = now();
 		test_violations();
+		test_heap_needs_no_target();
 		test_atomics();
 		double t2 = now();
 		test_fetch_add_race();
