@@ -831,7 +831,7 @@ impl Endpoint {
                 off: addr,
                 len: len as u64,
                 count: count as u32,
-                data: last as u64,
+                data: !last as u64,
                 ..Default::default()
             };
             let input = io.to_vec();

@@ -165,8 +165,9 @@ pub struct MboxReq {
     pub off: u64,
     /// Bytes of data (write, read) or of one operand array (atomic).
     pub len: u64,
-    /// CQ data; for an atomic, 1 on the segment that ends the operation
-    /// in its registration (the one the remote-event counters count), else 0.
+    /// CQ data; for an atomic, 0 on the segment that ends the operation
+    /// in its registration (the one the remote-event counters count), 1
+    /// on the others (0, the default, counts).
     pub data: u64,
     /// Status written by the owner: 0 or a positive errno.
     pub status: u32,
