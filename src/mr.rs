@@ -1082,11 +1082,14 @@ fn serve_one(own: &OwnRma, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layo
                 let old = unsafe { apply(dt, op, base.add(i * sz), a, c, f.lock(rs[0].0 + (i * sz) as u64), f.me) };
                 store_elem(&mut data[i * sz..(i + 1) * sz], old);
             }
-            if op != AtomicOp::Read {
+            // data: 0 on the operation's last segment in this
+            // registration, the one the counters count; 1 on the others.
+            let counted = req.data == 0;
+            if counted && op != AtomicOp::Read {
                 count_local(counters, v.cntr_rw);
                 count_ep_local(own, counters, req.ep_index, 0, v.cntr_rw);
             }
-            if req.fetch != 0 {
+            if counted && req.fetch != 0 {
                 count_local(counters, v.cntr_rr);
                 count_ep_local(own, counters, req.ep_index, 1, v.cntr_rr);
             }

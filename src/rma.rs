@@ -226,9 +226,17 @@ impl Endpoint {
         }
         self.with_rma(|ep, ctx| {
             let cqe = Self::rma_check(ep, flags, silent)?;
-            let mut err: Option<Fail> = None;
+            let need = if matches!(local, Local::Out(_)) { Need::Write } else { Need::Read };
+            let segs = rma_iov.iter().map(|r| (r.key, r.addr, r.len as u64));
+            let mut err: Option<Fail> = self.precheck(ep, ctx, dest, segs, need)?;
             let mut done = 0usize;
-            for r in rma_iov {
+            for (i, r) in rma_iov.iter().enumerate() {
+                if err.is_some() {
+                    break;
+                }
+                // The remote-event counters count an operation once per
+                // registration: at its last segment there.
+                let last = !rma_iov[i + 1..].iter().any(|x| x.key == r.key);
                 let t = match self.target(ep, ctx, dest, r.key)? {
                     Ok(t) => t,
                     Err(f) => {
@@ -239,9 +247,9 @@ impl Endpoint {
                 let res = match &local {
                     Local::Out(v) => {
                         let src = sub_local(v.iter().map(|s| (s.as_ptr() as *mut u8, s.len())), done, r.len);
-                        self.transfer(ctx, &t, r, &src, true)
+                        self.transfer(ctx, &t, r, &src, true, last)
                     }
-                    Local::In(v) => self.transfer(ctx, &t, r, &sub_local(v.iter().copied(), done, r.len), false),
+                    Local::In(v) => self.transfer(ctx, &t, r, &sub_local(v.iter().copied(), done, r.len), false, last),
                 };
                 if let Err(e) = res {
                     err = Some(e);
@@ -272,9 +280,39 @@ impl Endpoint {
         })
     }
 
+    /// Checks every remote segment (key, offset, bytes) of an operation
+    /// before any of it moves, so that an operation refused for one
+    /// segment leaves the target untouched in all of them: the first
+    /// refusal, or None. (A registration closed between this check and
+    /// the transfer still fails the operation, midway.)
+    fn precheck(
+        &self,
+        ep: &EpState,
+        ctx: &mut Ctx<'_>,
+        dest: FiAddr,
+        segs: impl Iterator<Item = (u64, u64, u64)> + Clone,
+        need: Need,
+    ) -> Result<Option<Fail>> {
+        if segs.clone().nth(1).is_none() {
+            return Ok(None); // one segment: its own transfer checks it first
+        }
+        for (key, addr, len) in segs {
+            let t = match self.target(ep, ctx, dest, key)? {
+                Ok(t) => t,
+                Err(f) => return Ok(Some(f)),
+            };
+            let pinned = t.file.pin(Key::decode(key), addr, len, need).map(drop);
+            if let Err((k, s)) = pinned {
+                return Ok(Some(fail(k, s)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Moves `r.len` bytes between the target and `local` (the caller's
     /// pieces for this segment): into the target when `write`, else out
-    /// of it.
+    /// of it. `last`: the operation's last segment in this registration,
+    /// which the remote-event counters count.
     fn transfer(
         &self,
         ctx: &Ctx<'_>,
@@ -282,6 +320,7 @@ impl Endpoint {
         r: &RmaIov,
         local: &[(*mut u8, usize)],
         write: bool,
+        last: bool,
     ) -> std::result::Result<(), Fail> {
         let need = if write { Need::Write } else { Need::Read };
         let pin = t.file.pin(Key::decode(r.key), r.addr, r.len as u64, need).map_err(|(k, s)| fail(k, s))?;
@@ -302,7 +341,7 @@ impl Endpoint {
                     key: r.key,
                     off: r.addr + at as u64,
                     len: n as u64,
-                    count: (at + n == r.len) as u32,
+                    count: (last && at + n == r.len) as u32,
                     ..Default::default()
                 };
                 let piece = &mut buf[at..at + n];
@@ -318,9 +357,9 @@ impl Endpoint {
             }
             return Ok(());
         }
-        if write {
+        if last && write {
             count_landed(&self.dom, t, view.cntr_rw, 0);
-        } else {
+        } else if last {
             count_landed(&self.dom, t, view.cntr_rr, 1);
         }
         Ok(())
@@ -567,7 +606,11 @@ impl Endpoint {
         };
         self.with_rma(|ep, ctx| {
             let cqe = Self::rma_check(ep, flags, silent)?;
-            let mut res = Ok(());
+            let segs = iocs.iter().map(|i| (i.key, i.addr, (i.count * sz) as u64));
+            let mut res = match self.precheck(ep, ctx, dest, segs, need)? {
+                Some(f) => Err(f),
+                None => Ok(()),
+            };
             let mut at = 0usize;
             let (mut out_small, mut out_big) = ([0u8; 32], Vec::new());
             let out: &mut [u8] = if len <= 32 {
@@ -576,7 +619,12 @@ impl Endpoint {
                 out_big.resize(len, 0);
                 &mut out_big
             };
-            for ioc in iocs {
+            for (i, ioc) in iocs.iter().enumerate() {
+                if res.is_err() {
+                    break;
+                }
+                // Counted once per registration, as in `rma`.
+                let last = !iocs[i + 1..].iter().any(|x| x.key == ioc.key);
                 let t = match self.target(ep, ctx, dest, ioc.key)? {
                     Ok(t) => t,
                     Err(f) => {
@@ -598,7 +646,7 @@ impl Endpoint {
                 if let Some(c) = compare {
                     operands[n..].copy_from_slice(&c[at..at + n]);
                 }
-                res = self.atomic_at(&t, dt, op, call, need, operands, ioc.count, ioc.addr, ioc.key);
+                res = self.atomic_at(&t, dt, op, call, need, operands, (ioc.count, last), ioc.addr, ioc.key);
                 if res.is_err() {
                     break;
                 }
@@ -758,6 +806,8 @@ impl Endpoint {
 
     /// Applies an atomic to `count` elements at `addr`; `io` holds the
     /// operands then the compares, and gets the old values at its start.
+    /// `last`: the operation's last segment in this registration, which
+    /// the remote-event counters count.
     #[allow(clippy::too_many_arguments)]
     fn atomic_at(
         &self,
@@ -767,7 +817,7 @@ impl Endpoint {
         call: AtomicCall,
         need: Need,
         io: &mut [u8],
-        count: usize,
+        (count, last): (usize, bool),
         addr: u64,
         key: u64,
     ) -> std::result::Result<(), Fail> {
@@ -787,6 +837,7 @@ impl Endpoint {
                 off: addr,
                 len: len as u64,
                 count: count as u32,
+                data: !last as u64,
                 ..Default::default()
             };
             let input = io.to_vec();
@@ -808,10 +859,10 @@ impl Endpoint {
                 unsafe { atomic::apply(dt, op, base.add(i * sz), a, c, t.file.lock(off + (i * sz) as u64), t.file.me) };
             atomic::store_elem(&mut io[i * sz..(i + 1) * sz], old);
         }
-        if op != AtomicOp::Read {
+        if last && op != AtomicOp::Read {
             count_landed(&self.dom, t, view.cntr_rw, 0);
         }
-        if call != AtomicCall::Write {
+        if last && call != AtomicCall::Write {
             count_landed(&self.dom, t, view.cntr_rr, 1);
         }
         Ok(())

@@ -985,3 +985,74 @@ fn crossed_mailboxes_never_wait_on_each_other() {
         crossed_mailboxes,
     );
 }
+
+/// Calls of several remote segments in one registration: the
+/// remote-event counters count each once (not once per segment), and one
+/// refused segment (out of range) refuses the whole call, the other
+/// segments untouched.
+fn multi_segment_calls(w: World) {
+    const LEN: usize = 4096;
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(LEN, RW).unwrap();
+        let user = user_mem(&w, LEN, RW);
+        let (cw, cr) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        for mr in [&heap, &user.mr] {
+            mr.bind_counter(&cw, FI_REMOTE_WRITE).unwrap();
+            mr.bind_counter(&cr, FI_REMOTE_READ).unwrap();
+        }
+        share(&w, "keys", &[heap.key(), user.mr.key()], 0);
+        w.barrier();
+        // Per region: writemsg, atomicmsg and fetch_atomicmsg write;
+        // readmsg and fetch_atomicmsg read; the refused two count nowhere.
+        let t0 = Instant::now();
+        let now = || (cw.read().unwrap(), cr.read().unwrap());
+        while now() != (2 * 3, 2 * 2) {
+            w.dom.progress().unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(20), "counters {:?}", now());
+            std::thread::yield_now();
+        }
+        w.barrier();
+        assert_eq!(now(), (6, 4));
+        for b in [heap_bytes(&heap), user.bytes()] {
+            assert_eq!(&b[0..32], &pattern(64, 1)[..32]);
+            assert_eq!(&b[64..96], &pattern(64, 1)[32..]);
+            assert!(b[128..160].iter().all(|&x| x == 0), "a refused writemsg wrote its first segment");
+            assert_eq!(&b[256..264], &[2, 0, 0, 0, 2, 0, 0, 0]);
+            assert!(b[512..516].iter().all(|&x| x == 0), "a refused atomicmsg applied its first segment");
+        }
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let dest = w.addrs[1];
+        let le = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let src = pattern(64, 1);
+        for &key in &k {
+            let segs = [RmaIov { addr: 0, len: 32, key }, RmaIov { addr: 64, len: 32, key }];
+            w.ep.writemsg(&[IoSlice::new(&src)], &segs, dest, 1, 0, 0).unwrap();
+            w.wait_ctx(1).unwrap();
+            let mut back = vec![0u8; 64];
+            w.ep.readmsg(&mut [IoSliceMut::new(&mut back)], &segs, dest, 2, 0).unwrap();
+            w.wait_ctx(2).unwrap();
+            assert_eq!(back, src);
+            let iocs = [RmaIoc { addr: 256, count: 1, key }, RmaIoc { addr: 260, count: 1, key }];
+            w.ep.atomicmsg(AtomicType::Uint32, AtomicOp::Sum, &le(&[1, 1]), &iocs, dest, 3, 0, 0).unwrap();
+            w.wait_ctx(3).unwrap();
+            let mut r = vec![0u8; 8];
+            w.ep.fetch_atomicmsg(AtomicType::Uint32, AtomicOp::Sum, &le(&[1, 1]), &mut r, &iocs, dest, 4, 0, 0)
+                .unwrap();
+            w.wait_ctx(4).unwrap();
+            assert_eq!(r, le(&[1, 1]));
+            // Refused: the second segment ends past the registration.
+            let bad = [RmaIov { addr: 128, len: 32, key }, RmaIov { addr: LEN as u64 - 8, len: 32, key }];
+            w.ep.writemsg(&[IoSlice::new(&src)], &bad, dest, 5, 0, 0).unwrap();
+            assert_eq!(w.wait_ctx(5).unwrap_err().err, ErrorKind::Inval.errno());
+            let bad = [RmaIoc { addr: 512, count: 1, key }, RmaIoc { addr: LEN as u64 - 2, count: 1, key }];
+            w.ep.atomicmsg(AtomicType::Uint32, AtomicOp::Sum, &le(&[1, 1]), &bad, dest, 6, 0, 0).unwrap();
+            assert_eq!(w.wait_ctx(6).unwrap_err().err, ErrorKind::Inval.errno());
+        }
+        w.barrier();
+        w.barrier();
+    }
+    w.barrier();
+}
+
+cma_on_and_off!(multi_segment_calls_count_once, multi_segment_calls_count_once_cma_off, 2, &[], multi_segment_calls);

@@ -53,7 +53,7 @@ static FI_OPS: sys::fi_ops = sys::fi_ops {
     close: Some(close),
     bind: Some(bind),
     control: Some(nb3),
-    ops_open: Some(no_ops_open),
+    ops_open: Some(crate::ext::domain_ops_open),
     tostr: Some(no_tostr),
     ops_set: Some(no_ops_set),
 };
@@ -233,7 +233,8 @@ static MR_FI_OPS: sys::fi_ops = sys::fi_ops {
     ops_set: Some(no_ops_set),
 };
 
-const ACCESS: u64 =
+/// The access bits a registration takes.
+pub(crate) const ACCESS: u64 =
     sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE;
 
 /// Registers one range.
@@ -270,22 +271,8 @@ unsafe fn reg(
             Ok(m) => m,
             Err(e) => return util::err(e, sys::FI_LOG_MR, "fi_mr_reg"),
         };
-        d.refs.fetch_add(1, Relaxed);
-        let key = lib.key();
-        let mut b = Box::new(Mr {
-            fid: sys::fid_mr {
-                fid: util::fid(sys::FI_CLASS_MR, context, &MR_FI_OPS),
-                mem_desc: std::ptr::null_mut(),
-                key,
-            },
-            dom: d,
-            range,
-            access,
-            lib: Some(lib),
-        });
-        b.fid.mem_desc = (&*b as *const Mr).cast_mut().cast();
         // SAFETY: out is valid for a write (checked).
-        unsafe { *out = &mut Box::leak(b).fid };
+        unsafe { *out = lib_mr(d, lib, range, access, context) };
         return 0;
     }
     if segs.len() != 1 {
@@ -321,6 +308,37 @@ unsafe fn reg(
     // SAFETY: out is valid for a write (checked).
     unsafe { *out = &mut Box::leak(b).fid };
     0
+}
+
+/// A registration of the library's (`lib`, covering `range`) as the
+/// `fid_mr` the application holds; the domain counts it among its open
+/// objects until `fi_close`.
+pub(crate) fn lib_mr(
+    d: &Domain,
+    lib: shmfab::MemoryRegion,
+    range: (usize, usize),
+    access: u64,
+    context: *mut c_void,
+) -> *mut sys::fid_mr {
+    d.refs.fetch_add(1, Relaxed);
+    let key = lib.key();
+    let mut b = Box::new(Mr {
+        fid: sys::fid_mr { fid: util::fid(sys::FI_CLASS_MR, context, &MR_FI_OPS), mem_desc: std::ptr::null_mut(), key },
+        dom: d,
+        range,
+        access,
+        lib: Some(lib),
+    });
+    // The descriptor applications pass back with their buffers: the
+    // registration itself (shmfab's calls ignore descriptors).
+    b.fid.mem_desc = (&*b as *const Mr).cast_mut().cast();
+    &mut Box::leak(b).fid
+}
+
+/// Whether registrations of this domain are the library's (provider
+/// keys): only those can be shared-heap memory (`crate::ext`).
+pub(crate) fn has_prov_keys(d: &Domain) -> bool {
+    d.prov_keys
 }
 
 #[allow(clippy::too_many_arguments)]

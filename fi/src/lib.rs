@@ -43,6 +43,7 @@ pub mod cq;
 pub mod domain;
 pub mod ep;
 pub mod eq;
+pub mod ext;
 pub mod fabric;
 pub mod info;
 pub mod poll;

@@ -173,12 +173,15 @@ pub struct MboxReq {
     pub off: u64,
     /// Bytes of data (write, read) or of one operand array (atomic).
     pub len: u64,
-    /// CQ data.
+    /// CQ data; for an atomic, 0 on the segment that ends the operation
+    /// in its registration (the one the remote-event counters count), 1
+    /// on the others (0, the default, counts).
     pub data: u64,
     /// Status written by the owner: 0 or a positive errno.
     pub status: u32,
     /// Elements of an atomic; for a write or read, 1 on the piece that
-    /// ends the operation (the one the remote-event counters count), else 0.
+    /// ends the operation in its registration (the one the remote-event
+    /// counters count), else 0.
     pub count: u32,
 }
 
