@@ -381,8 +381,11 @@ impl RmaFile {
                 access: std::ptr::addr_of!(e.access).read_volatile(),
                 len: std::ptr::addr_of!(e.len).read_volatile(),
                 nseg: std::ptr::addr_of!(e.nseg).read_volatile() as usize,
-                cntr_rw: std::ptr::addr_of!(e.cntr_rw).read_volatile(),
-                cntr_rr: std::ptr::addr_of!(e.cntr_rr).read_volatile(),
+                // Relaxed: an index of a counter that exists before the
+                // bind that names it; an access racing a bind may count
+                // or not.
+                cntr_rw: e.cntr_rw.load(Ordering::Relaxed),
+                cntr_rr: e.cntr_rr.load(Ordering::Relaxed),
                 seg: std::ptr::addr_of!(e.seg).read_volatile(),
             }
         };
@@ -740,8 +743,8 @@ fn register(
         std::ptr::addr_of_mut!((*p).access).write_volatile(access);
         std::ptr::addr_of_mut!((*p).len).write_volatile(len);
         std::ptr::addr_of_mut!((*p).nseg).write_volatile(nseg as u32);
-        std::ptr::addr_of_mut!((*p).cntr_rw).write_volatile(0);
-        std::ptr::addr_of_mut!((*p).cntr_rr).write_volatile(0);
+        (*p).cntr_rw.store(0, Ordering::Relaxed);
+        (*p).cntr_rr.store(0, Ordering::Relaxed);
         std::ptr::addr_of_mut!((*p).seg).write_volatile(seg);
     }
     st.views[slot] = Some((tag, MrView { kind, access, len, nseg, cntr_rw: 0, cntr_rr: 0, seg }));
@@ -812,20 +815,16 @@ impl MemoryRegion {
                 v.cntr_rr = c.id as u32 + 1;
             }
         }
+        // The registration stays open: accesses in progress go on, and an
+        // access racing the bind may count or not (Relaxed: the index of
+        // a counter that exists already; read after the pin's acquire).
         let e = own.file.entry(k.slot);
-        let tag = drain(e);
-        let p = e as *const MrEntry as *mut MrEntry;
-        // SAFETY: the entry is closed and drained: no pin reads its fields.
-        unsafe {
-            if flags & FI_REMOTE_WRITE != 0 {
-                std::ptr::addr_of_mut!((*p).cntr_rw).write_volatile(c.id as u32 + 1);
-            }
-            if flags & FI_REMOTE_READ != 0 {
-                std::ptr::addr_of_mut!((*p).cntr_rr).write_volatile(c.id as u32 + 1);
-            }
+        if flags & FI_REMOTE_WRITE != 0 {
+            e.cntr_rw.store(c.id as u32 + 1, Ordering::Relaxed);
         }
-        // SYNC: re-opens with the same tag; pairs with the acquire CAS in pin.
-        e.ctl.store((tag as u64) << 32 | 1, Ordering::Release);
+        if flags & FI_REMOTE_READ != 0 {
+            e.cntr_rr.store(c.id as u32 + 1, Ordering::Relaxed);
+        }
         Ok(())
     }
 

@@ -654,6 +654,48 @@ fn remote_counters(w: World) {
 
 cma_on_and_off!(remote_counters_exact, remote_counters_exact_cma_off, 2, &[], remote_counters);
 
+/// Binding counters to a registration while a peer writes it: no access
+/// fails (a bind used to close the registration for an instant, so a
+/// racing access got FI_ENOKEY), and once the last bind is done every
+/// write lands on the last bound counter.
+fn bind_during_traffic(w: World) {
+    const N: u64 = 20_000;
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(4096, RW).unwrap();
+        let (a, b) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        share(&w, "key", &[heap.key()], 0);
+        w.barrier();
+        for i in 0..400 {
+            heap.bind_counter(if i % 2 == 0 { &a } else { &b }, FI_REMOTE_WRITE).unwrap();
+            std::thread::yield_now();
+        }
+        heap.bind_counter(&a, FI_REMOTE_WRITE).unwrap();
+        let before = a.read().unwrap() + b.read().unwrap();
+        w.barrier(); // the last bind is done
+        w.barrier(); // rank 0 wrote N more
+        assert!(before <= N, "{before} counted of {N}");
+        assert_eq!(a.read().unwrap() + b.read().unwrap(), before + N);
+    } else {
+        let key = share(&w, "key", &[], 1)[0];
+        w.barrier();
+        for i in 0..N {
+            w.ep.write(&i.to_le_bytes(), w.addrs[1], 0, key, 1).unwrap();
+            w.wait_ctx(1).unwrap_or_else(|e| panic!("write {i} failed while the target bound a counter: {e:?}"));
+        }
+        w.barrier();
+        for i in 0..N {
+            w.ep.write(&i.to_le_bytes(), w.addrs[1], 0, key, 1).unwrap();
+            w.wait_ctx(1).unwrap();
+        }
+        w.barrier();
+    }
+}
+
+#[test]
+fn binding_a_counter_while_a_peer_writes() {
+    run("binding_a_counter_while_a_peer_writes", 2, &[], T, bind_during_traffic);
+}
+
 /// Rank 1 registers 128 MiB and dies by SIGKILL while rank 0 writes it
 /// over and over: rank 0 gets an error completion within seconds.
 fn target_dies(w: World) {

@@ -103,10 +103,12 @@ pub struct MrEntry {
     pub len: u64,
     /// Segments used.
     pub nseg: u32,
-    /// Counter index + 1 counting remote writes (0: none).
-    pub cntr_rw: u32,
-    /// Counter index + 1 counting remote reads (0: none).
-    pub cntr_rr: u32,
+    /// Counter index + 1 counting remote writes (0: none). Atomic: a
+    /// bind changes it while the registration is open and in use.
+    pub cntr_rw: AtomicU32,
+    /// Counter index + 1 counting remote reads (0: none). Atomic, as
+    /// `cntr_rw`.
+    pub cntr_rr: AtomicU32,
     /// Unused.
     pub reserved: u32,
     /// (address or heap offset, length) of each segment.
