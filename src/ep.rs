@@ -783,6 +783,21 @@ impl Endpoint {
     /// its CQ as `FI_ECANCELED` error entries; queued sends are dropped
     /// without completions.
     pub fn close(&self) -> Result<()> {
+        self.close_with(false)
+    }
+
+    /// Closes the endpoint as fi_endpoint(3)'s fi_close does: outstanding
+    /// operations are dropped with no completions. The endpoint's own
+    /// receives not completed, matched or still posted, are dropped (their
+    /// buffers are free once this returns); SRQ buffers it dequeued but
+    /// did not fill go back to the front of their SRQ, still posted there
+    /// (a message waiting at another bound endpoint takes them at once).
+    /// Receives that completed are reported as with [`Endpoint::close`].
+    pub fn close_discard(&self) -> Result<()> {
+        self.close_with(true)
+    }
+
+    fn close_with(&self, discard: bool) -> Result<()> {
         if self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
@@ -791,13 +806,17 @@ impl Endpoint {
             return Ok(());
         }
         self.dom.with_ep(&mut st, self.idx, |ep, ctx| {
-            crate::progress::flush_rx(ep, ctx);
+            crate::progress::flush_rx(ep, ctx, discard);
             Ok(())
         })?;
         let Some(ep) = st.set_ep(self.idx, None) else {
             return Ok(());
         };
         st.unbind_ep(self.idx, &ep);
+        if let Some(s) = ep.matching.srq.filter(|_| discard) {
+            // Buffers given back serve the other endpoints' waiting messages.
+            while crate::srq::serve(&self.dom, &mut st, s)? {}
+        }
         crate::mr::publish_ep(&self.dom, self.idx, None, None);
         ep.sec.close();
         // Give the section's pages back; a reopen starts from zeroed memory.
@@ -828,6 +847,40 @@ mod tests {
         ep.bind_av(av).unwrap();
         ep.enable().unwrap();
         ep
+    }
+
+    /// `close` flushes the receives still posted as `FI_ECANCELED` entries;
+    /// `close_discard` drops them with no entry (fi_close's rule).
+    #[test]
+    fn close_discard_drops_posted_receives_silently() {
+        std::env::set_var("SHMFAB_JOB_ID", format!("ep-discard-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let cq = dom.cq_open(&CqAttr::default()).unwrap();
+        let av = dom.av_open().unwrap();
+        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+        for discard in [false, true] {
+            let ep = open(&dom, &cq, &av);
+            // SAFETY: a and b outlive the endpoint, closed below.
+            unsafe {
+                ep.recv(&mut a, FI_ADDR_UNSPEC, 1).unwrap();
+                ep.trecv(&mut b, FI_ADDR_UNSPEC, 5, 0, 2).unwrap();
+            }
+            if discard {
+                ep.close_discard().unwrap();
+            } else {
+                ep.close().unwrap();
+            }
+            dom.progress().unwrap();
+            let mut e = [CqTaggedEntry::default()];
+            if !discard {
+                for ctx in [1, 2] {
+                    assert_eq!(cq.read(&mut e).unwrap_err().kind(), ErrorKind::Avail);
+                    let x = cq.readerr().unwrap();
+                    assert_eq!((x.op_context, x.err), (ctx, ErrorKind::Canceled.errno()));
+                }
+            }
+            assert_eq!(cq.read(&mut e).unwrap_err(), Error::AGAIN);
+        }
     }
 
     /// A passive endpoint (the World's barrier endpoint outside barriers)

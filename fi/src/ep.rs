@@ -164,7 +164,10 @@ pub unsafe extern "C" fn open(
     0
 }
 
-/// `close`: an entry of this module's ops tables.
+/// `fi_close`: outstanding operations are discarded with no completions
+/// (fi_endpoint(3)): the endpoint's receives not completed are dropped,
+/// and buffers of a shared receive context it had taken but not filled
+/// stay posted to the context (`Endpoint::close_discard`).
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made, and every
@@ -172,7 +175,7 @@ pub unsafe extern "C" fn open(
 unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
-    if let Err(err) = e.ep.close() {
+    if let Err(err) = e.ep.close_discard() {
         return util::err(err, sys::FI_LOG_EP_CTRL, "fi_close(ep)");
     }
     // SAFETY: the domain outlives its endpoints (refs).

@@ -1068,6 +1068,36 @@ static void test_srx(struct side *a)
 	fi_freeinfo(si);
 }
 
+/* fi_close(ep) discards outstanding operations with no completions
+ * (fi_endpoint(3)): receives posted, tagged, untagged and multi-receive,
+ * leave no entry in the CQ the endpoint shared with another one. */
+static void test_close_discards(void)
+{
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cq_tagged_entry e;
+	struct fid_cq *cq;
+	struct fid_ep *ep[2];
+	char buf[3][64];
+	struct iovec iov = { .iov_base = buf[2], .iov_len = sizeof(buf[2]) };
+	struct fi_msg m = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = (void *)0xd3 };
+
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	for (int i = 0; i < 2; i++) {
+		EXPECT(fi_endpoint(domain, info, &ep[i], NULL), 0);
+		EXPECT(fi_ep_bind(ep[i], &av->fid, 0), 0);
+		EXPECT(fi_ep_bind(ep[i], &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+		EXPECT(fi_enable(ep[i]), 0);
+	}
+	EXPECT(fi_recv(ep[0], buf[0], 64, NULL, FI_ADDR_UNSPEC, (void *)0xd1), 0);
+	EXPECT(fi_trecv(ep[0], buf[1], 64, NULL, FI_ADDR_UNSPEC, 4, 0, (void *)0xd2), 0);
+	EXPECT(fi_recvmsg(ep[0], &m, FI_MULTI_RECV), 0);
+	EXPECT(fi_close(&ep[0]->fid), 0);
+	for (int i = 0; i < 1000; i++)
+		EXPECT(fi_cq_read(cq, &e, 1), -FI_EAGAIN);
+	EXPECT(fi_close(&ep[1]->fid), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+}
+
 /* Multi-receive buffers, selective completion with the endpoint's
  * default flags, a send counter, AV removal, automatic progress. */
 static void test_misc(struct side *a, struct side *b)
@@ -1505,6 +1535,7 @@ int main(int argc, char **argv)
 	test_rma();
 	test_ops_flags(&a, &b);
 	test_srx(&a);
+	test_close_discards();
 	test_misc(&a, &b);
 	test_poll(&a, &b);
 	test_wait_set(&a);
