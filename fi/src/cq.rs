@@ -2,7 +2,8 @@
 //! readerr (into the caller's `err_data` buffer when it gives one, as
 //! API 1.5 and later define), sread and sreadfrom with a threshold
 //! condition, signal, strerror, and `fi_control` FI_GETWAIT /
-//! FI_GETWAITOBJ, and FI_WAIT_SET (`wait.rs`), over the library's CQ.
+//! FI_GETWAITOBJ, FI_WAIT_SET and FI_WAIT_MUTEX_COND (`wait.rs`), over
+//! the library's CQ.
 //!
 //! The library's entry types are `#[repr(C)]` copies of libfabric's
 //! (checked below at compile time), so reads go straight into the
@@ -32,6 +33,9 @@ pub struct Cq {
     /// What the application holds.
     pub fid: sys::fid_cq,
     dom: *const crate::domain::Domain,
+    /// FI_WAIT_MUTEX_COND: the pthread objects and their relay watch on
+    /// the library CQ's fd (dropped before the CQ: field order).
+    cond: Option<(std::sync::Arc<crate::wait::PCond>, crate::wait::Watch)>,
     /// The library's CQ.
     pub cq: shmfab::CompletionQueue,
     format: CqFormat,
@@ -123,8 +127,9 @@ pub unsafe extern "C" fn open(
         // Through the wait set named (opened by it, below).
         sys::FI_WAIT_SET => WaitObj::Unspec,
         // FI_WAIT_MUTEX_COND: the library's mutex and condvar are Rust's,
-        // not the pthread objects FI_GETWAIT must hand out.
-        sys::FI_WAIT_MUTEX_COND => return ENOSYS,
+        // not the pthread objects FI_GETWAIT must hand out: an FD CQ whose
+        // fd the relay turns into broadcasts (`wait::PCond`).
+        sys::FI_WAIT_MUTEX_COND => WaitObj::Fd,
         _ => return EINVAL,
     };
     let wait_cond = match a.wait_cond {
@@ -146,10 +151,27 @@ pub unsafe extern "C" fn open(
             Err(e) => return util::err(e, sys::FI_LOG_CQ, "fi_cq_open"),
         }
     };
+    let cond = if a.wait_obj == sys::FI_WAIT_MUTEX_COND {
+        let pc = crate::wait::PCond::new();
+        let w = match cq.wait_fd().map_err(|e| util::err(e, sys::FI_LOG_CQ, "fi_cq_open")) {
+            Ok(fd) => crate::wait::watch(fd, &pc),
+            Err(e) => Err(e),
+        };
+        match w {
+            Ok(w) => Some((pc, w)),
+            Err(e) => {
+                let _ = cq.close();
+                return e;
+            }
+        }
+    } else {
+        None
+    };
     d.refs.fetch_add(1, Relaxed);
     let b = Box::new(Cq {
         fid: sys::fid_cq { fid: util::fid(sys::FI_CLASS_CQ, context, &FI_OPS), ops: util::ops(&OPS) },
         dom: d,
+        cond,
         cq,
         format,
         wait_obj: a.wait_obj,
@@ -434,7 +456,11 @@ unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entr
 unsafe extern "C" fn signal(cq: *mut sys::fid_cq) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL };
-    util::status(c.cq.signal(), sys::FI_LOG_CQ, "fi_cq_signal")
+    let r = c.cq.signal();
+    if let Some((pc, _)) = &c.cond {
+        pc.broadcast();
+    }
+    util::status(r, sys::FI_LOG_CQ, "fi_cq_signal")
 }
 
 /// `strerror`: an entry of this module's ops tables.
@@ -462,7 +488,8 @@ unsafe extern "C" fn strerror(
 }
 
 /// `fi_control` on a CQ: FI_GETWAIT (the fd of FI_WAIT_FD, the
-/// `struct fi_wait_pollfd` of FI_WAIT_POLLFD) and FI_GETWAITOBJ.
+/// `struct fi_wait_pollfd` of FI_WAIT_POLLFD, the `struct fi_mutex_cond`
+/// of FI_WAIT_MUTEX_COND) and FI_GETWAITOBJ.
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made, and every
@@ -487,6 +514,14 @@ unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, arg: *mut c_voi
                     0
                 },
                 Err(e) => util::err(e, sys::FI_LOG_CQ, "FI_GETWAIT"),
+            },
+            sys::FI_WAIT_MUTEX_COND => match &c.cond {
+                Some((pc, _)) => {
+                    // SAFETY: arg is a struct fi_mutex_cond (fi_control(3)).
+                    unsafe { pc.get(arg) };
+                    0
+                }
+                None => ENOSYS,
             },
             sys::FI_WAIT_POLLFD => {
                 // SAFETY: arg is a struct fi_wait_pollfd whose fd array

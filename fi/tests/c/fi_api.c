@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int checks;
@@ -579,13 +580,178 @@ static void test_cq_waits(void)
 	CHECK(wo == FI_WAIT_POLLFD);
 	EXPECT(fi_close(&cq->fid), 0);
 
-	ca.wait_obj = FI_WAIT_MUTEX_COND; /* no pthread objects to give out */
-	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_ENOSYS);
 	ca.wait_obj = FI_WAIT_SET; /* names no wait set */
 	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_EINVAL);
-	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_FD }; /* not built */
+	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_POLLFD }; /* not built */
 	struct fid_wait *ws;
 	EXPECT(fi_wait_open(fabric, &wa, &ws), -FI_ENOSYS);
+}
+
+/* What another thread does after a pause, while the main thread waits on
+ * a wait object (outside the provider: FI_THREAD_DOMAIN holds). */
+struct later {
+	struct side *from; /* sends "late" to `to` */
+	fi_addr_t to;
+	struct fid_cntr *cntr; /* else adds 1 to it */
+};
+
+static void *later_run(void *arg)
+{
+	struct later *l = arg;
+	usleep(50000);
+	if (l->from)
+		EXPECT(fi_send(l->from->ep, "late", 5, NULL, l->to, NULL), 0);
+	else
+		EXPECT(fi_cntr_add(l->cntr, 1), 0);
+	return NULL;
+}
+
+/* fi_trywait(3)'s protocol on a FI_WAIT_MUTEX_COND object: under its
+ * mutex, fi_trywait, then pthread_cond_wait until `done` (10 s at most);
+ * `l` runs in another thread meanwhile. Returns whether it woke in time. */
+static int cond_wait_for(struct fid *obj, struct fid *tw, struct later *l, int (*done)(void *), void *arg)
+{
+	struct fi_mutex_cond mc = { 0 };
+	struct timespec until;
+	pthread_t t;
+	int r = 0;
+
+	EXPECT(fi_control(obj, FI_GETWAIT, &mc), 0);
+	CHECK(mc.mutex && mc.cond);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 10;
+	CHECK(pthread_mutex_lock(mc.mutex) == 0);
+	EXPECT(fi_trywait(fabric, &tw, 1), 0);
+	CHECK(pthread_create(&t, NULL, later_run, l) == 0);
+	while (!done(arg) && r == 0)
+		r = pthread_cond_timedwait(mc.cond, mc.mutex, &until);
+	CHECK(pthread_mutex_unlock(mc.mutex) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+	return r == 0;
+}
+
+static int woken; /* set by the checks below: the wait ended */
+static int wake_once(void *arg)
+{
+	(void)arg;
+	return woken++ > 0; /* the first check (before any wait) is false */
+}
+
+/* FI_WAIT_MUTEX_COND on CQs and counters: FI_GETWAIT gives the pthread
+ * mutex and condition, broadcast when an event comes after fi_trywait;
+ * sread and fi_cntr_wait block as for the other wait objects. */
+static void test_mutex_cond(struct side *a)
+{
+	struct side m;
+	struct fi_cq_tagged_entry e;
+	struct fid_cntr *c;
+	struct fi_cntr_attr na = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_MUTEX_COND };
+	enum fi_wait_obj wo;
+	char buf[8] = { 0 };
+	uint64_t v;
+
+	open_side_waiting(&m, FI_CQ_FORMAT_TAGGED, FI_WAIT_MUTEX_COND);
+	EXPECT(fi_control(&m.cq->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_MUTEX_COND);
+	EXPECT(fi_cq_sread(m.cq, &e, 1, NULL, 10), -FI_EAGAIN); /* timeout */
+	EXPECT(fi_recv(m.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xc1), 0);
+	struct later l = { .from = a, .to = m.addr };
+	woken = 0;
+	CHECK(cond_wait_for(&m.cq->fid, &m.cq->fid, &l, wake_once, NULL));
+	EXPECT(fi_trywait(fabric, (struct fid **)&m.cq, 1), -FI_EAGAIN); /* it is there */
+	read_tagged(m.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xc1 && !strcmp(buf, "late"));
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_recv(m.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xc2), 0);
+	EXPECT(fi_send(a->ep, "sread", 6, NULL, m.addr, NULL), 0);
+	EXPECT(fi_cq_sread(m.cq, &e, 1, NULL, 10000), 1);
+	CHECK(e.op_context == (void *)0xc2 && !strcmp(buf, "sread"));
+	read_tagged(a->cq, &e, NULL);
+	close_side(&m);
+
+	EXPECT(fi_cntr_open(domain, &na, &c, NULL), 0);
+	EXPECT(fi_control(&c->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_MUTEX_COND);
+	l = (struct later){ .cntr = c };
+	woken = 0;
+	CHECK(cond_wait_for(&c->fid, &c->fid, &l, wake_once, NULL));
+	v = fi_cntr_read(c);
+	CHECK(v == 1);
+	EXPECT(fi_cntr_wait(c, 1, 1000), 0);
+	EXPECT(fi_cntr_wait(c, 2, 10), -FI_ETIMEDOUT);
+	EXPECT(fi_close(&c->fid), 0);
+}
+
+/* Wait sets with FI_WAIT_FD (an fd from the opening on, readable once a
+ * member has an event after fi_trywait on the set) and with
+ * FI_WAIT_MUTEX_COND. */
+static void test_wait_set_objects(struct side *a)
+{
+	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_FD };
+	struct fid_wait *ws;
+	struct fid *tw;
+	struct side w;
+	struct fi_cq_tagged_entry e;
+	struct epoll_event ev = { .events = EPOLLIN }, got;
+	enum fi_wait_obj wo;
+	char name[64], in[8];
+	size_t len;
+	int fd = -1, ep;
+
+	EXPECT(fi_wait_open(fabric, &wa, &ws), 0);
+	tw = &ws->fid;
+	EXPECT(fi_control(&ws->fid, FI_GETWAIT, &fd), 0); /* before any member */
+	EXPECT(fi_control(&ws->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_FD && fd >= 0 && (ep = epoll_create1(0)) >= 0);
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+	EXPECT(fi_trywait(fabric, &tw, 1), 0); /* no member: nothing to read */
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_SET, .wait_set = ws };
+	EXPECT(fi_cq_open(domain, &ca, &w.cq, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &w.ep, NULL), 0);
+	EXPECT(fi_ep_bind(w.ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(w.ep, &w.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(w.ep), 0);
+	len = sizeof(name);
+	EXPECT(fi_getname(&w.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &w.addr, 0, NULL), 1);
+	EXPECT(fi_recv(w.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0x3c), 0);
+	EXPECT(fi_trywait(fabric, &tw, 1), 0);
+	CHECK(epoll_wait(ep, &got, 1, 50) == 0); /* quiet */
+	EXPECT(fi_send(a->ep, "fdset", 6, NULL, w.addr, NULL), 0);
+	CHECK(epoll_wait(ep, &got, 1, 10000) == 1);
+	EXPECT(fi_trywait(fabric, &tw, 1), -FI_EAGAIN);
+	read_tagged(w.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x3c && !strcmp(in, "fdset"));
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_trywait(fabric, &tw, 1), 0);
+	CHECK(epoll_wait(ep, &got, 1, 50) == 0); /* emptied by trywait */
+	EXPECT(fi_close(&ws->fid), -FI_EBUSY);
+	close_side(&w);
+	EXPECT(fi_close(&ws->fid), 0);
+	close(ep);
+
+	wa.wait_obj = FI_WAIT_MUTEX_COND;
+	EXPECT(fi_wait_open(fabric, &wa, &ws), 0);
+	tw = &ws->fid;
+	ca.wait_set = ws;
+	EXPECT(fi_cq_open(domain, &ca, &w.cq, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &w.ep, NULL), 0);
+	EXPECT(fi_ep_bind(w.ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(w.ep, &w.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(w.ep), 0);
+	len = sizeof(name);
+	EXPECT(fi_getname(&w.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &w.addr, 0, NULL), 1);
+	EXPECT(fi_recv(w.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0x3d), 0);
+	struct later l = { .from = a, .to = w.addr };
+	woken = 0;
+	CHECK(cond_wait_for(&ws->fid, tw, &l, wake_once, NULL));
+	EXPECT(fi_wait(ws, 0), 0);
+	read_tagged(w.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x3d && !strcmp(in, "late"));
+	read_tagged(a->cq, &e, NULL);
+	close_side(&w);
+	EXPECT(fi_close(&ws->fid), 0);
 }
 
 /* An epoll loop over a CQ's FI_WAIT_FD, with fi_trywait before blocking. */
@@ -1539,6 +1705,8 @@ int main(int argc, char **argv)
 	test_misc(&a, &b);
 	test_poll(&a, &b);
 	test_wait_set(&a);
+	test_mutex_cond(&a);
+	test_wait_set_objects(&a);
 	test_eq();
 
 	/* The first thread used the domain above; another one now. */
