@@ -305,6 +305,30 @@ impl SharedRecvQueue {
         })
     }
 
+    /// fi_cancel on a shared receive context: the first buffer still
+    /// posted whose cookie is `cookie` leaves the queue and completes as an
+    /// `FI_ECANCELED` error entry in the receive CQ (and counter) of the
+    /// endpoint bound first, as libfabric's shared receive contexts report
+    /// it (the SRQ has no CQ of its own). Returns whether one was found: a
+    /// buffer already dequeued completes as usual, and with no endpoint
+    /// bound there is nowhere to report, so nothing is cancelled.
+    pub fn cancel(&self, cookie: usize) -> Result<bool> {
+        let (dom, id) = (&self.dom, self.id);
+        self.with(|st| {
+            let q = st.srqs.get_mut(id).expect("checked");
+            let Some(&ei) = q.eps.first() else { return Ok(false) };
+            let Some(i) = q.posted.iter().position(|b| b.cookie == cookie) else { return Ok(false) };
+            let b = q.posted.remove(i).expect("index from position");
+            let d = q.dest_of(&b);
+            q.release(&d.iovs);
+            dom.with_ep(st, ei, |ep, ctx| {
+                let why = (ErrorKind::Canceled, crate::cq::prov::CANCELED, "receive cancelled".to_string());
+                crate::engine::complete::unused_rx(&ep.bind, ctx, &d, false, why);
+                Ok(true)
+            })
+        })
+    }
+
     /// Posts a one-segment buffer.
     ///
     /// # Safety

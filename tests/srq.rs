@@ -2,7 +2,7 @@
 //! shared by several endpoints, the iov fill rules, cookies, per-connection
 //! order, truncation, the low-watermark event, resize under load, flush at
 //! endpoint close (and give-back at a discarding close), back-pressure when the SRQ is empty, solicited wait, and
-//! the object rules (Busy close, refused posts).
+//! the object rules (Busy close, refused posts, cancel).
 
 mod common;
 use common::{pattern, run, World};
@@ -722,8 +722,24 @@ fn srq_object_rules() {
     unsafe { ep.trecv(&mut t, FI_ADDR_UNSPEC, 9, 0, 77).unwrap() };
     ep.tinject(b"tag!", me, 9).unwrap();
     assert_eq!(next(&dom, &cq).unwrap().0.op_context, 77);
+    // fi_cancel: a posted buffer completes as FI_ECANCELED in the bound
+    // endpoint's CQ, once; an unknown cookie cancels nothing.
+    assert_eq!(srq.query().unwrap().posted, 2);
+    assert!(srq.cancel(3).unwrap());
+    assert!(!srq.cancel(3).unwrap(), "cancelled once");
+    assert!(!srq.cancel(99).unwrap());
+    let x = next(&dom, &cq).unwrap_err();
+    assert_eq!((x.op_context, x.err), (3, ErrorKind::Canceled.errno()));
+    assert!(stays_empty(&dom, &cq, 10));
+    assert_eq!(srq.query().unwrap().posted, 1);
+    ep.inject(b"after", me).unwrap();
+    let (e, _) = next(&dom, &cq).unwrap();
+    assert_eq!((e.op_context, e.len), (2, 5), "the buffer left takes the next message");
+    // SAFETY: c outlives the endpoint (its buffer is never filled).
+    unsafe { srq.post(&mut c, 4).unwrap() };
     assert_eq!(srq.close().unwrap_err().kind(), ErrorKind::Busy, "endpoint bound");
     ep.close().unwrap();
+    assert!(!srq.cancel(4).unwrap(), "no endpoint bound: nowhere to report");
     assert!(stays_empty(&dom, &cq, 10), "posted buffers are not flushed by an endpoint");
     srq.close().unwrap();
     // SAFETY: the post is refused.

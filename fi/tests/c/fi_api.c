@@ -1200,6 +1200,24 @@ static void test_srx(struct side *a)
 	CHECK(e.op_context == (void *)0x52 && !strcmp(buf[1], "to zero"));
 	read_tagged(a->cq, &e, NULL);
 	read_tagged(a->cq, &e, NULL);
+	/* fi_cancel on the context: a posted buffer completes once as
+	 * FI_ECANCELED in the CQ of the endpoint bound first; the next
+	 * message takes the buffer posted after it. */
+	struct fi_cq_err_entry err;
+	EXPECT(fi_recv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, (void *)0x53), 0);
+	EXPECT(fi_recv(srx, buf[1], 16, NULL, FI_ADDR_UNSPEC, (void *)0x54), 0);
+	EXPECT(fi_cancel(&srx->fid, (void *)0x53), 0);
+	EXPECT(fi_cancel(&srx->fid, (void *)0x53), 0); /* nothing left: no entry */
+	EXPECT(fi_cq_read(s[0].cq, &e, 1), -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	EXPECT(fi_cq_readerr(s[0].cq, &err, 0), 1);
+	CHECK(err.err == FI_ECANCELED && err.op_context == (void *)0x53);
+	EXPECT(fi_cq_read(s[0].cq, &e, 1), -FI_EAGAIN);
+	EXPECT(fi_cq_read(s[1].cq, &e, 1), -FI_EAGAIN);
+	EXPECT(fi_send(a->ep, "after", 6, NULL, s[1].addr, NULL), 0);
+	read_tagged(s[1].cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x54 && !strcmp(buf[1], "after"));
+	read_tagged(a->cq, &e, NULL);
 	EXPECT(fi_close(&srx->fid), -FI_EBUSY); /* endpoints are bound to it */
 	for (int i = 0; i < 2; i++)
 		close_side(&s[i]);
