@@ -140,6 +140,13 @@ pub unsafe extern "C" fn open(
         Ok(e) => e,
         Err(e) => return util::err(e, sys::FI_LOG_EP_CTRL, "fi_endpoint"),
     };
+    // FI_SOURCE_ERR (fi_cq(3)): receives from addresses not in the AV are
+    // error entries carrying the address (only on request: `info`).
+    if caps & sys::FI_SOURCE_ERR != 0 {
+        if let Err(e) = ep.set_source_err(true) {
+            return util::err(e, sys::FI_LOG_EP_CTRL, "fi_endpoint");
+        }
+    }
     d.refs.fetch_add(1, Relaxed);
     let b = Box::new(Ep {
         fid: sys::fid_ep {

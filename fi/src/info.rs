@@ -45,8 +45,12 @@ pub fn prov_keys_allowed(version: u32, mr_mode: c_int) -> bool {
         mr_mode == sys::FI_MR_BASIC as c_int || mr_mode == sys::FI_MR_UNSPEC as c_int
     }
 }
-/// Every capability offered.
+/// The capabilities offered by default (hints naming none).
 pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
+/// Capabilities offered only when the hints ask for them: FI_SOURCE_ERR
+/// turns completions from unknown sources into error entries, which an
+/// application that did not ask would not expect.
+pub const CAPS_ON_REQUEST: u64 = sys::FI_SOURCE_ERR;
 /// Capabilities that concern the transmit side.
 const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM | sys::FI_READ | sys::FI_WRITE;
 /// Capabilities that concern the receive side.
@@ -172,7 +176,7 @@ unsafe fn cstr<'a>(s: *const c_char) -> Option<&'a [u8]> {
 /// `h` must be a valid `fi_info` whose attribute pointers are null or valid.
 unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> {
     let caps = h.caps;
-    within("caps", caps, CAPS)?;
+    within("caps", caps, CAPS | CAPS_ON_REQUEST)?;
     if h.addr_format != sys::FI_FORMAT_UNSPEC {
         return Err(no("addr_format: shmfab's addresses are its own (FI_FORMAT_UNSPEC)"));
     }
@@ -198,7 +202,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     }
     // SAFETY: null or valid (caller's contract).
     if let Some(r) = unsafe { h.rx_attr.as_ref() } {
-        within("rx_attr.caps", r.caps, RX_CAPS)?;
+        within("rx_attr.caps", r.caps, RX_CAPS | CAPS_ON_REQUEST)?;
         within("rx_attr.op_flags", r.op_flags, RX_OP_FLAGS)?;
         within("rx_attr.msg_order", r.msg_order, MSG_ORDER)?;
         within("rx_attr.comp_order", r.comp_order, 0)?;
@@ -210,6 +214,9 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     let all = caps
         | unsafe { h.tx_attr.as_ref() }.map_or(0, |t| t.caps)
         | unsafe { h.rx_attr.as_ref() }.map_or(0, |r| r.caps);
+    if all & sys::FI_SOURCE_ERR != 0 && all & sys::FI_SOURCE == 0 {
+        return Err(no("FI_SOURCE_ERR must be paired with FI_SOURCE"));
+    }
     // SAFETY: null or valid (caller's contract).
     if let Some(d) = unsafe { h.domain_attr.as_ref() } {
         if all & RMA_CAPS != 0 && !prov_keys_allowed(version, d.mr_mode) {
@@ -387,7 +394,7 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     t.size = lim.tx_size;
     t.iov_limit = shm_iov();
     t.rma_iov_limit = if caps & RMA_CAPS != 0 { shm_iov() } else { 0 };
-    r.caps = caps & RX_CAPS;
+    r.caps = caps & (RX_CAPS | CAPS_ON_REQUEST);
     r.op_flags = hr.map_or(0, |x| x.op_flags);
     r.msg_order = MSG_ORDER;
     r.comp_order = sys::FI_ORDER_NONE;

@@ -125,7 +125,7 @@ pub unsafe extern "C" fn open(
     // `info::SRX_UNSERVED` are never in an info that asked for
     // FI_SHARED_CONTEXT. The context itself serves untagged, undirected,
     // single buffers; the other posts on it are -FI_ENOSYS.
-    if a.caps & !crate::info::RX_CAPS != 0 || a.op_flags & !sys::FI_COMPLETION != 0 {
+    if a.caps & !(crate::info::RX_CAPS | crate::info::CAPS_ON_REQUEST) != 0 || a.op_flags & !sys::FI_COMPLETION != 0 {
         return ENOSYS;
     }
     if a.iov_limit > shmfab::srq::SRQ_MAX_IOV {

@@ -1282,6 +1282,86 @@ static void test_close_discards(void)
 	EXPECT(fi_close(&cq->fid), 0);
 }
 
+/* FI_SOURCE_ERR (fi_cq(3)): only on request, paired with FI_SOURCE; a
+ * message from an address not in the AV is an FI_EADDRNOTAVAIL error
+ * entry whose err_data is that address, which fi_av_insert takes; the
+ * next message from it then has its fi_addr. */
+static void test_source_err(struct side *a)
+{
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err;
+	struct fi_info *h, *si;
+	struct fid_av *av2;
+	struct side s;
+	char name[64], aname[64], buf[16], data[64];
+	size_t len = sizeof(name), alen = sizeof(aname);
+	fi_addr_t src, fa;
+
+	CHECK(!(info->caps & FI_SOURCE_ERR)); /* not a default */
+	h = hints();
+	h->caps |= FI_SOURCE_ERR;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA); /* without FI_SOURCE */
+	h = hints();
+	h->caps |= FI_SOURCE | FI_SOURCE_ERR;
+	EXPECT(getinfo(h, &si), 0);
+	CHECK((si->caps & (FI_SOURCE | FI_SOURCE_ERR)) == (FI_SOURCE | FI_SOURCE_ERR));
+	CHECK(si->rx_attr->caps & FI_SOURCE_ERR);
+
+	EXPECT(fi_av_open(domain, &aa, &av2, NULL), 0);
+	EXPECT(fi_cq_open(domain, &ca, &s.cq, NULL), 0);
+	EXPECT(fi_endpoint(domain, si, &s.ep, NULL), 0);
+	EXPECT(fi_ep_bind(s.ep, &av2->fid, 0), 0);
+	EXPECT(fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(s.ep), 0);
+	EXPECT(fi_getname(&s.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &s.addr, 0, NULL), 1); /* a knows s */
+	EXPECT(fi_getname(&a->ep->fid, aname, &alen), 0);
+
+	EXPECT(fi_recv(s.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xe1), 0);
+	EXPECT(fi_send(a->ep, "who?", 5, NULL, s.addr, NULL), 0);
+	int r = -FI_EAGAIN;
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_readfrom(s.cq, &e, 1, &src);
+	EXPECT(r, -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	err.err_data = data;
+	err.err_data_size = sizeof(data);
+	EXPECT(fi_cq_readerr(s.cq, &err, 0), 1);
+	CHECK(err.err == FI_EADDRNOTAVAIL && err.op_context == (void *)0xe1 && err.len == 5);
+	CHECK(err.err_data_size == alen && !memcmp(data, aname, alen));
+	CHECK(!strcmp(buf, "who?")); /* received whole */
+	EXPECT(fi_av_insert(av2, data, 1, &fa, 0, NULL), 1);
+	EXPECT(fi_recv(s.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xe2), 0);
+	EXPECT(fi_send(a->ep, "known", 6, NULL, s.addr, NULL), 0);
+	src = FI_ADDR_NOTAVAIL;
+	r = -FI_EAGAIN;
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_readfrom(s.cq, &e, 1, &src);
+	EXPECT(r, 1);
+	CHECK(e.op_context == (void *)0xe2 && src == fa && !strcmp(buf, "known"));
+	/* The provider's own err_data buffer, when the caller gives none. */
+	EXPECT(fi_av_remove(av2, &fa, 1, 0), 0);
+	EXPECT(fi_recv(s.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xe3), 0);
+	EXPECT(fi_send(a->ep, "gone", 5, NULL, s.addr, NULL), 0);
+	r = -FI_EAGAIN;
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_read(s.cq, &e, 1);
+	EXPECT(r, -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	EXPECT(fi_cq_readerr(s.cq, &err, 0), 1);
+	CHECK(err.err == FI_EADDRNOTAVAIL && err.op_context == (void *)0xe3);
+	CHECK(err.err_data && err.err_data_size == alen && !memcmp(err.err_data, aname, alen));
+	for (int i = 0; i < 3; i++)
+		read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_close(&s.ep->fid), 0);
+	EXPECT(fi_close(&s.cq->fid), 0);
+	EXPECT(fi_close(&av2->fid), 0);
+	EXPECT(fi_av_remove(av, &s.addr, 1, 0), 0);
+	fi_freeinfo(si);
+}
+
 /* Multi-receive buffers, selective completion with the endpoint's
  * default flags, a send counter, AV removal, automatic progress. */
 static void test_misc(struct side *a, struct side *b)
@@ -1720,6 +1800,7 @@ int main(int argc, char **argv)
 	test_ops_flags(&a, &b);
 	test_srx(&a);
 	test_close_discards();
+	test_source_err(&a);
 	test_misc(&a, &b);
 	test_poll(&a, &b);
 	test_wait_set(&a);
