@@ -1,6 +1,7 @@
 //! Completion queues (`fi_cq_open`): every entry format, read, readfrom,
 //! readerr (into the caller's `err_data` buffer when it gives one, as
-//! API 1.5 and later define), sread and sreadfrom with a threshold
+//! API 1.5 and later define, else into the CQ's own; at most the domain's
+//! `max_err_data` bytes either way), sread and sreadfrom with a threshold
 //! condition, signal, strerror, and `fi_control` FI_GETWAIT /
 //! FI_GETWAITOBJ, FI_WAIT_SET and FI_WAIT_MUTEX_COND (`wait.rs`), over
 //! the library's CQ.
@@ -47,6 +48,11 @@ pub struct Cq {
     wait: *const crate::wait::Wait,
     /// Before API 1.5 `fi_cq_err_entry` ends at `err_data`.
     api_version: u32,
+    /// The provider's error-data buffer (`info::MAX_ERR_DATA` bytes and a
+    /// NUL), where `err_data` points when the caller gives no buffer:
+    /// valid until the next `readerr` (fi_cq(3)), and never more than the
+    /// domain's `max_err_data`.
+    err_buf: std::sync::Mutex<Box<[u8]>>,
 }
 
 static FI_OPS: sys::fi_ops = sys::fi_ops {
@@ -178,6 +184,7 @@ pub unsafe extern "C" fn open(
         threshold: wait_cond == WaitCond::Threshold,
         wait,
         api_version: d.api_version,
+        err_buf: std::sync::Mutex::new(vec![0u8; crate::info::MAX_ERR_DATA + 1].into_boxed_slice()),
     });
     // SAFETY: attr is the caller's attributes, valid for writes (fi_cq(3):
     // the provider fills in what it chose); `a` is not used after this.
@@ -408,14 +415,25 @@ unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entr
         (c.api_version >= crate::info::fi_version(1, 5) && b.err_data_size > 0 && !b.err_data.is_null())
             .then_some((b.err_data, b.err_data_size))
     };
-    // With the caller's buffer the text is copied while the library holds
-    // the CQ: another thread's readerr (FI_THREAD_SAFE) replaces the CQ's
-    // own copy, which a copy made after the call could read freed.
+    // The error data is copied while the library holds the CQ: another
+    // thread's readerr (FI_THREAD_SAFE) replaces the CQ's own copy, which
+    // a copy made after the call could read freed. At most max_err_data
+    // bytes (fi_domain(3)), into the caller's buffer or into this CQ's.
+    let max = crate::info::MAX_ERR_DATA;
+    let mut own = None;
     let got = match user {
         // SAFETY: fi_cq(3): err_data points at err_data_size writable bytes
         // of the caller's.
-        Some((p, room)) => c.cq.readerr_into(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), room) }),
-        None => c.cq.readerr().map(|e| (e, 0)),
+        Some((p, room)) => c.cq.readerr_into(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), room.min(max)) }),
+        None => {
+            let mut b = c.err_buf.lock().unwrap_or_else(|p| p.into_inner());
+            let r = c.cq.readerr_into(&mut b[..max]);
+            if let Ok((_, n)) = r {
+                b[n] = 0; // a text reads as a C string
+                own = Some(b.as_mut_ptr());
+            }
+            r
+        }
     };
     let (e, copied) = match got {
         Ok(x) => x,
@@ -438,9 +456,9 @@ unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entr
             // above.
             Some(_) => b.err_data_size = copied,
             None => {
-                b.err_data = e.err_data as *mut c_void;
+                b.err_data = own.map_or(std::ptr::null_mut(), |p| p.cast());
                 if c.api_version >= crate::info::fi_version(1, 5) {
-                    b.err_data_size = e.err_data_size;
+                    b.err_data_size = copied;
                 }
             }
         }

@@ -99,7 +99,10 @@ pub const MR_CNT: usize = 1 << 20;
 /// Segments a registration takes with provider keys (the library's limit;
 /// registrations with the application's keys take one).
 pub const MR_IOV_LIMIT: usize = shm_layout::rma::MR_SEGS;
-/// Bytes of provider error data a CQ error entry can carry.
+/// Bytes of provider error data a CQ error entry can carry
+/// (`domain_attr.max_err_data`): `fi_cq_readerr` never returns more (a
+/// longer text is cut, `cq.rs`), and hints asking for more get
+/// `-FI_ENODATA`.
 pub const MAX_ERR_DATA: usize = 256;
 /// This provider's version (`fabric_attr->prov_version`).
 pub const PROV_VERSION: u32 = fi_version(0, 1);
@@ -300,6 +303,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("domain_attr.mr_iov_limit", d.mr_iov_limit, MR_IOV_LIMIT)?;
         at_most("domain_attr.mr_cnt", d.mr_cnt, MR_CNT)?;
         at_most("domain_attr.auth_key_size", d.auth_key_size, 0)?;
+        at_most("domain_attr.max_err_data", d.max_err_data, MAX_ERR_DATA)?;
         within("domain_attr.caps", d.caps, sys::FI_LOCAL_COMM)?;
     }
     // SAFETY: null or valid (caller's contract).

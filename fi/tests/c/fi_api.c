@@ -103,6 +103,20 @@ static void test_hints(void)
 	CHECK(i->ep_attr->mem_tag_format == 0xffff);
 	fi_freeinfo(i);
 
+	/* max_err_data: what fi_cq_readerr may return at most; hints asking
+	 * for more are refused. */
+	h = hints();
+	EXPECT(getinfo(h, &i), 0);
+	size_t max_err = i->domain_attr->max_err_data;
+	CHECK(max_err > 0);
+	fi_freeinfo(i);
+	h = hints();
+	h->domain_attr->max_err_data = max_err;
+	EXPECT(getinfo(h, NULL), 0);
+	h = hints();
+	h->domain_attr->max_err_data = max_err + 1;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+
 	h = hints();
 	h->caps |= FI_RMA;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
@@ -391,6 +405,9 @@ static void test_errors(struct side *a, struct side *b)
 	CHECK(err.err == FI_ECANCELED && err.op_context == (void *)0xb6);
 	CHECK(err.err_data != NULL && err.err_data_size > 0);
 	CHECK(strstr((const char *)err.err_data, "cancel") != NULL);
+	/* Never more than the domain's max_err_data, a C string there. */
+	CHECK(err.err_data_size <= info->domain_attr->max_err_data);
+	CHECK(strlen((const char *)err.err_data) == err.err_data_size);
 	/* Cancelling what is not pending succeeds and does nothing. */
 	EXPECT(fi_cancel(&b->ep->fid, (void *)0xb6), 0);
 	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAGAIN);
