@@ -40,7 +40,7 @@ pub struct Wait {
     /// FI_WAIT_MUTEX_COND: the pthread objects FI_GETWAIT gives.
     pcond: Option<std::sync::Arc<PCond>>,
     /// FI_WAIT_MUTEX_COND: the relay's watch of the library set's fd (made
-    /// with the set; dropped before the set closes).
+    /// with the set; dropped when it closes, before its fd does).
     watch: std::sync::Mutex<Option<Watch>>,
     /// The library's set and the domain it was made on (by the first
     /// member; the set holds one of the domain's `refs` until it closes).
@@ -288,12 +288,13 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     if w.refs.load(Relaxed) != 0 {
         return EBUSY;
     }
-    // The relay lets go of the set's fd before it closes.
-    drop(w.watch.lock().unwrap_or_else(|p| p.into_inner()).take());
     if let Some((d, s)) = w.set.get() {
         if let Err(e) = s.close() {
             return util::err(e, sys::FI_LOG_DOMAIN, "fi_close(wait)");
         }
+        // The relay lets go of the set's fd (still open: the library's
+        // handle holds it until the set is dropped below).
+        drop(w.watch.lock().unwrap_or_else(|p| p.into_inner()).take());
         // SAFETY: the key is the address of the domain the set was made
         // on, alive until this reference (taken in `set_for`) goes.
         unsafe { &*(*d as *const crate::domain::Domain) }.refs.fetch_sub(1, Relaxed);
