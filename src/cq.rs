@@ -14,7 +14,6 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::{FiAddr, FI_ADDR_NOTAVAIL};
 use std::collections::VecDeque;
-use std::ffi::CString;
 
 /// Entry format of a CQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -108,8 +107,9 @@ pub struct CqErrEntry {
     pub err: i32,
     /// Provider errno (see [`strerror`]).
     pub prov_errno: i32,
-    /// NUL-terminated description owned by the CQ, valid until the next
-    /// `readerr` on it.
+    /// Error data owned by the CQ, valid until the next `readerr` on it:
+    /// a NUL-terminated description, or (`FI_EADDRNOTAVAIL` with
+    /// [`prov::UNKNOWN_SOURCE`]) the source's raw address.
     pub err_data: usize,
     /// Bytes of `err_data`.
     pub err_data_size: usize,
@@ -135,6 +135,9 @@ pub mod prov {
     pub const NO_MSG: i32 = 8;
     /// The sender of a claimed message failed before it could be received.
     pub const CLAIM_LOST: i32 = 9;
+    /// FI_SOURCE_ERR: the message came from an address not in the AV (the
+    /// entry's error data is that address).
+    pub const UNKNOWN_SOURCE: i32 = 10;
 }
 
 /// Text of a provider errno, as fi_cq_strerror gives it.
@@ -149,6 +152,7 @@ pub fn strerror(prov_errno: i32) -> &'static str {
         prov::CANCELED => "receive cancelled by the application",
         prov::NO_MSG => "no message matched the peek",
         prov::CLAIM_LOST => "the claimed message was lost with its sender",
+        prov::UNKNOWN_SOURCE => "message received from an address not in the address vector (error data: the address)",
         _ => "no provider error",
     }
 }
@@ -353,12 +357,14 @@ pub(crate) struct CqState {
     hard_cap: usize,
     /// Successful completions with their source fi_addr.
     pub entries: EntryQueue,
-    /// Error completions with their detail text.
-    pub errors: VecDeque<(CqErrEntry, String)>,
+    /// Error completions with their error data.
+    pub errors: VecDeque<(CqErrEntry, ErrData)>,
     /// Set once an entry was lost; fatal.
     pub overrun: bool,
-    /// Keeps the last error's text alive for `err_data`.
-    pub last_err: CString,
+    /// Keeps the last error's data alive for `err_data`: its first
+    /// `last_err_len` bytes (a text is followed by a NUL).
+    pub last_err: Vec<u8>,
+    last_err_len: usize,
     pub wait_obj: WaitObj,
     pub wait_cond: WaitCond,
     /// The eventfd of an FD wait object.
@@ -396,7 +402,8 @@ impl CqState {
             entries: EntryQueue::default(),
             errors: VecDeque::new(),
             overrun: false,
-            last_err: CString::default(),
+            last_err: Vec::new(),
+            last_err_len: 0,
             wait_obj: attr.wait_obj,
             wait_cond: attr.wait_cond,
             fd: None,
@@ -513,6 +520,12 @@ impl CqState {
     }
 
     pub fn push_err(&mut self, e: CqErrEntry, detail: String) {
+        self.push_err_data(e, ErrData::Text(detail))
+    }
+
+    /// As `push_err`, with raw error data (FI_SOURCE_ERR's address).
+    pub fn push_err_data(&mut self, e: CqErrEntry, detail: impl Into<ErrData>) {
+        let detail = detail.into();
         // Entries after this one queue behind it, as reads must see them.
         self.sink.cap = self.sink.len;
         if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
@@ -566,15 +579,50 @@ impl CqState {
         let Some((mut e, detail)) = self.errors.pop_front() else {
             return Err(if self.overrun { Error::new(ErrorKind::Overrun) } else { Error::AGAIN });
         };
-        self.last_err = CString::new(detail.replace('\0', " ")).unwrap_or_default();
+        (self.last_err, self.last_err_len) = match detail {
+            ErrData::Text(t) => {
+                let mut v = t.replace('\0', " ").into_bytes();
+                let n = v.len();
+                v.push(0);
+                (v, n)
+            }
+            ErrData::Raw(v) => {
+                let n = v.len();
+                (v, n)
+            }
+        };
         e.err_data = self.last_err.as_ptr() as usize;
-        e.err_data_size = self.last_err.as_bytes().len();
+        e.err_data_size = self.last_err_len;
         Ok(e)
+    }
+
+    /// The last error's data, for [`CqErrEntry::err_data`].
+    pub fn last_err_data(&self) -> &[u8] {
+        &self.last_err[..self.last_err_len]
     }
 
     /// Text of the last error read, for [`CqErrEntry::err_data`].
     pub fn last_err_text(&self) -> String {
-        self.last_err.to_string_lossy().into_owned()
+        String::from_utf8_lossy(self.last_err_data()).into_owned()
+    }
+}
+
+/// The error data of an error entry: a text (NUL-terminated where
+/// `err_data` points), or raw bytes (FI_SOURCE_ERR's source address).
+pub(crate) enum ErrData {
+    Text(String),
+    Raw(Vec<u8>),
+}
+
+impl From<String> for ErrData {
+    fn from(t: String) -> ErrData {
+        ErrData::Text(t)
+    }
+}
+
+impl From<Vec<u8>> for ErrData {
+    fn from(v: Vec<u8>) -> ErrData {
+        ErrData::Raw(v)
     }
 }
 
@@ -856,7 +904,7 @@ impl CompletionQueue {
     pub fn readerr_into(&self, data: &mut [u8]) -> Result<(CqErrEntry, usize)> {
         self.with(false, |c| {
             let e = c.readerr()?;
-            let text = c.last_err.as_bytes();
+            let text = c.last_err_data();
             let n = text.len().min(data.len());
             data[..n].copy_from_slice(&text[..n]);
             Ok((e, n))

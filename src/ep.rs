@@ -389,6 +389,23 @@ impl Endpoint {
         })
     }
 
+    /// FI_SOURCE_ERR (fi_cq(3)): when on, a message received from an
+    /// address that is not in the endpoint's AV completes as an error entry
+    /// of kind `AddrNotAvail` (prov_errno [`prov::UNKNOWN_SOURCE`]) with
+    /// the entry's usual fields, its `err_data` the sender's raw address
+    /// ([`Address::SIZE`] bytes, which [`AddressVector::insert`] takes),
+    /// instead of a completion whose source is `FI_ADDR_NOTAVAIL`. The
+    /// data was received whole either way. Off by default.
+    ///
+    /// [`prov::UNKNOWN_SOURCE`]: crate::cq::prov::UNKNOWN_SOURCE
+    /// [`AddressVector::insert`]: crate::AddressVector::insert
+    pub fn set_source_err(&self, on: bool) -> Result<()> {
+        with_ep!(self, |ep, _ctx| {
+            ep.matching.set_source_err(on);
+            Ok(())
+        })
+    }
+
     /// Enables the endpoint: needs an AV, and a CQ or counter per direction.
     pub fn enable(&self) -> Result<()> {
         with_ep!(self, |ep, _ctx| {
@@ -783,6 +800,21 @@ impl Endpoint {
     /// its CQ as `FI_ECANCELED` error entries; queued sends are dropped
     /// without completions.
     pub fn close(&self) -> Result<()> {
+        self.close_with(false)
+    }
+
+    /// Closes the endpoint as fi_endpoint(3)'s fi_close does: outstanding
+    /// operations are dropped with no completions. The endpoint's own
+    /// receives not completed, matched or still posted, are dropped (their
+    /// buffers are free once this returns); SRQ buffers it dequeued but
+    /// did not fill go back to the front of their SRQ, still posted there
+    /// (a message waiting at another bound endpoint takes them at once).
+    /// Receives that completed are reported as with [`Endpoint::close`].
+    pub fn close_discard(&self) -> Result<()> {
+        self.close_with(true)
+    }
+
+    fn close_with(&self, discard: bool) -> Result<()> {
         if self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
@@ -791,13 +823,17 @@ impl Endpoint {
             return Ok(());
         }
         self.dom.with_ep(&mut st, self.idx, |ep, ctx| {
-            crate::progress::flush_rx(ep, ctx);
+            crate::progress::flush_rx(ep, ctx, discard);
             Ok(())
         })?;
         let Some(ep) = st.set_ep(self.idx, None) else {
             return Ok(());
         };
         st.unbind_ep(self.idx, &ep);
+        if let Some(s) = ep.matching.srq.filter(|_| discard) {
+            // Buffers given back serve the other endpoints' waiting messages.
+            while crate::srq::serve(&self.dom, &mut st, s)? {}
+        }
         crate::mr::publish_ep(&self.dom, self.idx, None, None);
         ep.sec.close();
         // Give the section's pages back; a reopen starts from zeroed memory.
@@ -828,6 +864,82 @@ mod tests {
         ep.bind_av(av).unwrap();
         ep.enable().unwrap();
         ep
+    }
+
+    /// `close` flushes the receives still posted as `FI_ECANCELED` entries;
+    /// `close_discard` drops them with no entry (fi_close's rule).
+    #[test]
+    fn close_discard_drops_posted_receives_silently() {
+        std::env::set_var("SHMFAB_JOB_ID", format!("ep-discard-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let cq = dom.cq_open(&CqAttr::default()).unwrap();
+        let av = dom.av_open().unwrap();
+        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+        for discard in [false, true] {
+            let ep = open(&dom, &cq, &av);
+            // SAFETY: a and b outlive the endpoint, closed below.
+            unsafe {
+                ep.recv(&mut a, FI_ADDR_UNSPEC, 1).unwrap();
+                ep.trecv(&mut b, FI_ADDR_UNSPEC, 5, 0, 2).unwrap();
+            }
+            if discard {
+                ep.close_discard().unwrap();
+            } else {
+                ep.close().unwrap();
+            }
+            dom.progress().unwrap();
+            let mut e = [CqTaggedEntry::default()];
+            if !discard {
+                for ctx in [1, 2] {
+                    assert_eq!(cq.read(&mut e).unwrap_err().kind(), ErrorKind::Avail);
+                    let x = cq.readerr().unwrap();
+                    assert_eq!((x.op_context, x.err), (ctx, ErrorKind::Canceled.errno()));
+                }
+            }
+            assert_eq!(cq.read(&mut e).unwrap_err(), Error::AGAIN);
+        }
+    }
+
+    /// FI_SOURCE_ERR: a message from an address the receiver's AV lacks
+    /// is an `AddrNotAvail` error entry whose error data is the sender's
+    /// address; once inserted, the next one completes with its fi_addr.
+    /// Without it, the source is FI_ADDR_NOTAVAIL.
+    #[test]
+    fn source_err_reports_unknown_senders() {
+        std::env::set_var("SHMFAB_JOB_ID", format!("ep-srcerr-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let (cq, tx_cq) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
+        let (av, tx_av) = (dom.av_open().unwrap(), dom.av_open().unwrap());
+        let rx = open(&dom, &cq, &av);
+        let tx = open(&dom, &tx_cq, &tx_av);
+        let to = tx_av.insert(&[rx.getname()]).unwrap()[0];
+        let mut b = [0u8; 8];
+        let mut e = [CqTaggedEntry::default()];
+        let mut src = [0u64];
+        // SAFETY (each receive): b outlives the completions read below.
+        unsafe { rx.recv(&mut b, FI_ADDR_UNSPEC, 1).unwrap() };
+        tx.inject(b"plain", to).unwrap();
+        dom.progress().unwrap();
+        assert_eq!(cq.readfrom(&mut e, &mut src).unwrap(), 1);
+        assert_eq!((e[0].op_context, src[0]), (1, crate::FI_ADDR_NOTAVAIL), "without FI_SOURCE_ERR");
+        rx.set_source_err(true).unwrap();
+        unsafe { rx.recv(&mut b, FI_ADDR_UNSPEC, 2).unwrap() };
+        tx.inject(b"who", to).unwrap();
+        dom.progress().unwrap();
+        assert_eq!(cq.readfrom(&mut e, &mut src).unwrap_err().kind(), ErrorKind::Avail);
+        let mut data = [0u8; 64];
+        let (x, n) = cq.readerr_into(&mut data).unwrap();
+        assert_eq!((x.op_context, x.len, x.err), (2, 3, ErrorKind::AddrNotAvail.errno()));
+        assert_eq!(x.prov_errno, crate::cq::prov::UNKNOWN_SOURCE);
+        assert_eq!(&data[..n], &tx.getname().to_bytes()[..], "the error data is the sender's address");
+        assert_eq!(&b[..3], b"who", "received whole");
+        let from = av.insert(&[Address::from_bytes(&data[..n]).unwrap()]).unwrap()[0];
+        unsafe { rx.recv(&mut b, FI_ADDR_UNSPEC, 3).unwrap() };
+        tx.inject(b"known", to).unwrap();
+        dom.progress().unwrap();
+        assert_eq!(cq.readfrom(&mut e, &mut src).unwrap(), 1);
+        assert_eq!((e[0].op_context, src[0]), (3, from));
+        assert_eq!(tx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "injects complete nothing");
     }
 
     /// A passive endpoint (the World's barrier endpoint outside barriers)

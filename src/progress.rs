@@ -809,7 +809,14 @@ const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// buffers the endpoint dequeued are thereby reported exactly once. Last,
 /// every receive still posted completes as `FI_ECANCELED` too, so the
 /// application knows which buffers are free again.
-pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
+///
+/// With `discard` (fi_endpoint(3)'s fi_close: outstanding operations are
+/// dropped without completions), the endpoint's own unfinished receives,
+/// matched or still posted, are dropped silently, and the SRQ buffers it
+/// dequeued but did not fill go back to the front of their SRQ, still
+/// posted there (they were posted to the SRQ, which stays open); receives
+/// that completed and were only held for order are written as usual.
+pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, discard: bool) {
     ep.matching.closing = true;
     let t0 = std::time::Instant::now();
     let splitting = |ep: &EpState| ep.peers.iter().any(|p| p.gone.is_none() && p.rx.splitting());
@@ -818,6 +825,8 @@ pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
         std::thread::yield_now();
     }
     let cancel = || (ErrorKind::Canceled, prov::FLUSHED, "endpoint closed before the receive completed".to_string());
+    // SRQ buffers given back (discard), in dequeue order per peer.
+    let mut back = Vec::new();
     for p in 0..ep.peers.len() {
         let (order, mut parts) = ep.peers[p].rx.drain_all();
         for (key, pend) in order {
@@ -831,12 +840,27 @@ pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>) {
                     _ => continue,
                 },
             };
+            // Unfinished, with discard: an SRQ buffer (every untagged
+            // receive of an SRQ endpoint is one) goes back, the endpoint's
+            // own receive is dropped.
+            if discard && pr.err.as_ref().is_some_and(|e| e.1 == prov::FLUSHED) {
+                if !pr.info.tagged && ep.matching.srq.is_some() {
+                    back.push(pr.dest);
+                }
+                continue;
+            }
             emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
         }
     }
-    // Then the receives still posted, unmatched: their buffers are free.
+    if let Some(q) = ep.matching.srq.and_then(|s| ctx.srqs.get_mut(s)) {
+        q.give_back(&back);
+    }
+    // Then the receives still posted, unmatched: their buffers are free
+    // (dropped silently with discard).
     for (tagged, d) in ep.matching.take_all_posted() {
-        unused_rx(&ep.bind, ctx, &d, tagged, cancel());
+        if !discard {
+            unused_rx(&ep.bind, ctx, &d, tagged, cancel());
+        }
     }
 }
 

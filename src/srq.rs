@@ -20,7 +20,9 @@
 //!   ([`SharedRecvQueue::read_event`], [`SharedRecvQueue::wait_event`]);
 //!   [`SharedRecvQueue::set_low_watermark`] arms it again.
 //! - An endpoint closed with buffers it dequeued but has not completed
-//!   flushes them to its CQ as `FI_ECANCELED` error entries. Closing the SRQ
+//!   flushes them to its CQ as `FI_ECANCELED` error entries; one closed
+//!   with [`crate::Endpoint::close_discard`] puts them back at the front
+//!   of the queue instead, still posted. Closing the SRQ
 //!   while endpoints are bound to it is `Busy`.
 
 use crate::domain::{Domain, DomainInner};
@@ -173,6 +175,21 @@ impl SrqState {
         Dest { ctx: b.cookie, iovs, cap: total, buf: b.segs[0].ptr, multi_release: false, cqe: true }
     }
 
+    /// Buffers an endpoint dequeued and closed without filling (a close
+    /// that discards, see `progress::flush_rx`) go back to the front of the
+    /// queue, in their order, still posted: no completion is written for
+    /// them. They may take the queue past its maximum for a while (posts
+    /// are then refused until it drains).
+    pub fn give_back(&mut self, dests: &[Dest]) {
+        for d in dests.iter().rev() {
+            let segs = d.iovs.segs();
+            let mut b = SrqBuf { cookie: d.ctx, n: segs.len(), segs: [Iov::default(); SRQ_MAX_IOV] };
+            b.segs[..segs.len()].copy_from_slice(segs);
+            self.release(&d.iovs);
+            self.posted.push_front(b);
+        }
+    }
+
     /// A completed (or flushed) receive gives back its segment list.
     #[inline]
     pub fn release(&mut self, iovs: &Iovs) {
@@ -199,6 +216,31 @@ impl Domain {
         let id = st.srqs.insert(SrqState::new(attr));
         Ok(SharedRecvQueue { dom: self.inner.clone(), id, closed: false.into() })
     }
+}
+
+/// A message waiting unexpected at an endpoint bound to SRQ `id` (they wait
+/// only while the queue is empty) takes the oldest buffer, if one is
+/// posted; returns whether one did. Called after a buffer is posted (or
+/// given back).
+pub(crate) fn serve(dom: &DomainInner, st: &mut crate::domain::DomainState, id: usize) -> Result<bool> {
+    let Some(q) = st.srqs.get(id).filter(|q| !q.posted.is_empty()) else {
+        return Ok(false);
+    };
+    let n = q.eps.len();
+    let start = if n == 0 { 0 } else { q.next_ep % n };
+    for k in 0..n {
+        let ei = st.srqs.get(id).expect("checked").eps[(start + k) % n];
+        if st.eps[ei].as_ref().is_some_and(|e| e.matching.has_untagged_unexp()) {
+            st.srqs.get_mut(id).expect("checked").next_ep = (start + k + 1) % n;
+            return dom.with_ep(st, ei, |ep, ctx| {
+                let dest = ctx.srqs.get_mut(id).expect("checked").take().expect("checked non-empty");
+                let u = ep.matching.pop_untagged_unexp().expect("checked non-empty");
+                crate::progress::deliver_unexp(ep, ctx, u, dest, false);
+                Ok(true)
+            });
+        }
+    }
+    Ok(false)
 }
 
 fn check_depth(max: usize) -> Result<()> {
@@ -258,23 +300,32 @@ impl SharedRecvQueue {
                 return Err(Error::with(ErrorKind::Again, format!("all {} SRQ buffers are posted", q.max)));
             }
             q.posted.push_back(b);
-            // A message waiting unexpected at a bound endpoint (they wait
-            // only while the queue is empty) takes the oldest buffer now.
-            let n = q.eps.len();
-            let start = if n == 0 { 0 } else { q.next_ep % n };
-            for k in 0..n {
-                let ei = q.eps[(start + k) % n];
-                if st.eps[ei].as_ref().is_some_and(|e| e.matching.has_untagged_unexp()) {
-                    st.srqs.get_mut(id).expect("checked").next_ep = (start + k + 1) % n;
-                    return dom.with_ep(st, ei, |ep, ctx| {
-                        let dest = ctx.srqs.get_mut(id).expect("checked").take().expect("just posted");
-                        let u = ep.matching.pop_untagged_unexp().expect("checked non-empty");
-                        crate::progress::deliver_unexp(ep, ctx, u, dest, false);
-                        Ok(())
-                    });
-                }
-            }
+            serve(dom, st, id)?;
             Ok(())
+        })
+    }
+
+    /// fi_cancel on a shared receive context: the first buffer still
+    /// posted whose cookie is `cookie` leaves the queue and completes as an
+    /// `FI_ECANCELED` error entry in the receive CQ (and counter) of the
+    /// endpoint bound first, as libfabric's shared receive contexts report
+    /// it (the SRQ has no CQ of its own). Returns whether one was found: a
+    /// buffer already dequeued completes as usual, and with no endpoint
+    /// bound there is nowhere to report, so nothing is cancelled.
+    pub fn cancel(&self, cookie: usize) -> Result<bool> {
+        let (dom, id) = (&self.dom, self.id);
+        self.with(|st| {
+            let q = st.srqs.get_mut(id).expect("checked");
+            let Some(&ei) = q.eps.first() else { return Ok(false) };
+            let Some(i) = q.posted.iter().position(|b| b.cookie == cookie) else { return Ok(false) };
+            let b = q.posted.remove(i).expect("index from position");
+            let d = q.dest_of(&b);
+            q.release(&d.iovs);
+            dom.with_ep(st, ei, |ep, ctx| {
+                let why = (ErrorKind::Canceled, crate::cq::prov::CANCELED, "receive cancelled".to_string());
+                crate::engine::complete::unused_rx(&ep.bind, ctx, &d, false, why);
+                Ok(true)
+            })
         })
     }
 

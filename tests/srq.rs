@@ -1,8 +1,8 @@
 //! Shared receive queues across processes: several senders into one SRQ
 //! shared by several endpoints, the iov fill rules, cookies, per-connection
 //! order, truncation, the low-watermark event, resize under load, flush at
-//! endpoint close, back-pressure when the SRQ is empty, solicited wait, and
-//! the object rules (Busy close, refused posts).
+//! endpoint close (and give-back at a discarding close), back-pressure when the SRQ is empty, solicited wait, and
+//! the object rules (Busy close, refused posts, cancel).
 
 mod common;
 use common::{pattern, run, World};
@@ -558,6 +558,63 @@ fn endpoint_close_flushes_dequeued_buffers() {
     });
 }
 
+/// `close_discard` (fi_close's rule: outstanding operations are dropped
+/// silently) puts the SRQ buffers the endpoint dequeued but did not fill
+/// back at the front of the SRQ: no completion for them, the SRQ counts
+/// them posted again, and the next message (to the other endpoint) takes
+/// the oldest of them.
+#[test]
+fn endpoint_close_discard_gives_dequeued_buffers_back() {
+    let env = [("SHMFAB_CMA", "off"), ("SHMFAB_MAX_EPS", "8"), ("SHMFAB_PEER_CHECK_MS", "20")];
+    run("endpoint_close_discard_gives_dequeued_buffers_back", 2, &env, Duration::from_secs(60), |w| {
+        const BIG: usize = 32 << 20;
+        if w.rank == 0 {
+            let side = srq_side(&w, 2, SrqAttr { max_recv: 8, low_watermark: 0 });
+            w.tell(1, &side.addrs());
+            let mut bufs = vec![vec![0u8; BIG]; 5];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive every completion read below.
+                unsafe { side.srq.post(b, 100 + i).unwrap() };
+            }
+            w.barrier();
+            let t0 = Instant::now();
+            while side.srq.query().unwrap().posted > 2 {
+                assert!(t0.elapsed() < Duration::from_secs(20), "messages never matched");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut side = side;
+            let ep0 = side.eps.remove(0);
+            ep0.close_discard().unwrap();
+            assert!(stays_empty(&w.dom, &side.cq, 100), "a given-back buffer completed");
+            let q = side.srq.query().unwrap();
+            assert_eq!((q.posted, q.endpoints), (5, 1), "the three dequeued buffers are posted again");
+            w.barrier();
+            // The oldest buffer given back takes the next message.
+            let (e, _) = next(&w.dom, &side.cq).unwrap();
+            assert_eq!((e.op_context, e.len), (100, 16));
+            assert_eq!(parse(&bufs[0][..16]), (1, 1, 7));
+            assert_eq!(side.srq.query().unwrap().posted, 4);
+            assert!(stays_empty(&w.dom, &side.cq, 50));
+            drop(ep0);
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            let big: Vec<Vec<u8>> = (0..3).map(|k| message(1, 0, k, BIG)).collect();
+            w.barrier();
+            for (k, b) in big.iter().enumerate() {
+                send_retry(&w, &w.ep, b, eps[0], k);
+            }
+            for k in 0..3 {
+                let e = w.wait_ctx(k).unwrap_err();
+                assert_eq!(e.err, ErrorKind::Io.errno(), "send {k}");
+            }
+            w.barrier();
+            w.retry(|| w.ep.inject(&header(1, 1, 7), eps[1]));
+            w.barrier();
+        }
+    });
+}
+
 #[test]
 fn empty_srq_gives_back_pressure_then_everything() {
     let env = [("SHMFAB_UNEXP_MAX", "65536")];
@@ -665,8 +722,24 @@ fn srq_object_rules() {
     unsafe { ep.trecv(&mut t, FI_ADDR_UNSPEC, 9, 0, 77).unwrap() };
     ep.tinject(b"tag!", me, 9).unwrap();
     assert_eq!(next(&dom, &cq).unwrap().0.op_context, 77);
+    // fi_cancel: a posted buffer completes as FI_ECANCELED in the bound
+    // endpoint's CQ, once; an unknown cookie cancels nothing.
+    assert_eq!(srq.query().unwrap().posted, 2);
+    assert!(srq.cancel(3).unwrap());
+    assert!(!srq.cancel(3).unwrap(), "cancelled once");
+    assert!(!srq.cancel(99).unwrap());
+    let x = next(&dom, &cq).unwrap_err();
+    assert_eq!((x.op_context, x.err), (3, ErrorKind::Canceled.errno()));
+    assert!(stays_empty(&dom, &cq, 10));
+    assert_eq!(srq.query().unwrap().posted, 1);
+    ep.inject(b"after", me).unwrap();
+    let (e, _) = next(&dom, &cq).unwrap();
+    assert_eq!((e.op_context, e.len), (2, 5), "the buffer left takes the next message");
+    // SAFETY: c outlives the endpoint (its buffer is never filled).
+    unsafe { srq.post(&mut c, 4).unwrap() };
     assert_eq!(srq.close().unwrap_err().kind(), ErrorKind::Busy, "endpoint bound");
     ep.close().unwrap();
+    assert!(!srq.cancel(4).unwrap(), "no endpoint bound: nowhere to report");
     assert!(stays_empty(&dom, &cq, 10), "posted buffers are not flushed by an endpoint");
     srq.close().unwrap();
     // SAFETY: the post is refused.

@@ -15,6 +15,9 @@ pub struct Cntr {
     /// What the application holds.
     pub fid: sys::fid_cntr,
     dom: *const crate::domain::Domain,
+    /// FI_WAIT_MUTEX_COND: the pthread objects and their relay watch on
+    /// the library counter's fd (dropped before the counter: field order).
+    cond: Option<(std::sync::Arc<crate::wait::PCond>, crate::wait::Watch)>,
     /// The library's counter.
     pub cntr: shmfab::Counter,
     wait_obj: sys::fi_wait_obj,
@@ -91,8 +94,11 @@ pub unsafe extern "C" fn open(
         sys::FI_WAIT_FD => WaitObj::Fd,
         // Through the wait set named (opened by it, below).
         sys::FI_WAIT_SET => WaitObj::Unspec,
+        // An FD counter whose fd the relay turns into broadcasts of the
+        // pthread condition FI_GETWAIT hands out (`wait::PCond`).
+        sys::FI_WAIT_MUTEX_COND => WaitObj::Fd,
         // Not offered by the library for counters.
-        sys::FI_WAIT_MUTEX_COND | sys::FI_WAIT_POLLFD => return ENOSYS,
+        sys::FI_WAIT_POLLFD => return ENOSYS,
         _ => return EINVAL,
     };
     let (cntr, wait) = if a.wait_obj == sys::FI_WAIT_SET {
@@ -108,10 +114,27 @@ pub unsafe extern "C" fn open(
             Err(e) => return util::err(e, sys::FI_LOG_CNTR, "fi_cntr_open"),
         }
     };
+    let cond = if a.wait_obj == sys::FI_WAIT_MUTEX_COND {
+        let pc = crate::wait::PCond::new();
+        let w = match cntr.wait_fd().map_err(|e| util::err(e, sys::FI_LOG_CNTR, "fi_cntr_open")) {
+            Ok(fd) => crate::wait::watch(fd, &pc),
+            Err(e) => Err(e),
+        };
+        match w {
+            Ok(w) => Some((pc, w)),
+            Err(e) => {
+                let _ = cntr.close();
+                return e;
+            }
+        }
+    } else {
+        None
+    };
     d.refs.fetch_add(1, Relaxed);
     let b = Box::new(Cntr {
         fid: sys::fid_cntr { fid: util::fid(sys::FI_CLASS_CNTR, context, &FI_OPS), ops: util::ops(&OPS) },
         dom: d,
+        cond,
         cntr,
         wait_obj: a.wait_obj,
         wait,
@@ -235,8 +258,8 @@ unsafe extern "C" fn wait(c: *mut sys::fid_cntr, threshold: u64, ms: c_int) -> c
     util::status(c.cntr.wait(threshold, t), sys::FI_LOG_CNTR, "fi_cntr_wait")
 }
 
-/// `fi_control` on a counter: FI_GETWAIT (the fd of FI_WAIT_FD) and
-/// FI_GETWAITOBJ.
+/// `fi_control` on a counter: FI_GETWAIT (the fd of FI_WAIT_FD, the
+/// `struct fi_mutex_cond` of FI_WAIT_MUTEX_COND) and FI_GETWAITOBJ.
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made, and every
@@ -260,6 +283,14 @@ unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, arg: *mut c_voi
                 0
             },
             Err(e) => util::err(e, sys::FI_LOG_CNTR, "FI_GETWAIT"),
+        },
+        sys::FI_GETWAIT if c.wait_obj == sys::FI_WAIT_MUTEX_COND => match &c.cond {
+            Some((pc, _)) => {
+                // SAFETY: arg is a struct fi_mutex_cond (fi_control(3)).
+                unsafe { pc.get(arg) };
+                0
+            }
+            None => ENOSYS,
         },
         _ => ENOSYS,
     }

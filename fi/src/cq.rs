@@ -1,8 +1,10 @@
 //! Completion queues (`fi_cq_open`): every entry format, read, readfrom,
 //! readerr (into the caller's `err_data` buffer when it gives one, as
-//! API 1.5 and later define), sread and sreadfrom with a threshold
+//! API 1.5 and later define, else into the CQ's own; at most the domain's
+//! `max_err_data` bytes either way), sread and sreadfrom with a threshold
 //! condition, signal, strerror, and `fi_control` FI_GETWAIT /
-//! FI_GETWAITOBJ, and FI_WAIT_SET (`wait.rs`), over the library's CQ.
+//! FI_GETWAITOBJ, FI_WAIT_SET and FI_WAIT_MUTEX_COND (`wait.rs`), over
+//! the library's CQ.
 //!
 //! The library's entry types are `#[repr(C)]` copies of libfabric's
 //! (checked below at compile time), so reads go straight into the
@@ -32,6 +34,9 @@ pub struct Cq {
     /// What the application holds.
     pub fid: sys::fid_cq,
     dom: *const crate::domain::Domain,
+    /// FI_WAIT_MUTEX_COND: the pthread objects and their relay watch on
+    /// the library CQ's fd (dropped before the CQ: field order).
+    cond: Option<(std::sync::Arc<crate::wait::PCond>, crate::wait::Watch)>,
     /// The library's CQ.
     pub cq: shmfab::CompletionQueue,
     format: CqFormat,
@@ -43,6 +48,11 @@ pub struct Cq {
     wait: *const crate::wait::Wait,
     /// Before API 1.5 `fi_cq_err_entry` ends at `err_data`.
     api_version: u32,
+    /// The provider's error-data buffer (`info::MAX_ERR_DATA` bytes and a
+    /// NUL), where `err_data` points when the caller gives no buffer:
+    /// valid until the next `readerr` (fi_cq(3)), and never more than the
+    /// domain's `max_err_data`.
+    err_buf: std::sync::Mutex<Box<[u8]>>,
 }
 
 static FI_OPS: sys::fi_ops = sys::fi_ops {
@@ -123,8 +133,9 @@ pub unsafe extern "C" fn open(
         // Through the wait set named (opened by it, below).
         sys::FI_WAIT_SET => WaitObj::Unspec,
         // FI_WAIT_MUTEX_COND: the library's mutex and condvar are Rust's,
-        // not the pthread objects FI_GETWAIT must hand out.
-        sys::FI_WAIT_MUTEX_COND => return ENOSYS,
+        // not the pthread objects FI_GETWAIT must hand out: an FD CQ whose
+        // fd the relay turns into broadcasts (`wait::PCond`).
+        sys::FI_WAIT_MUTEX_COND => WaitObj::Fd,
         _ => return EINVAL,
     };
     let wait_cond = match a.wait_cond {
@@ -146,16 +157,34 @@ pub unsafe extern "C" fn open(
             Err(e) => return util::err(e, sys::FI_LOG_CQ, "fi_cq_open"),
         }
     };
+    let cond = if a.wait_obj == sys::FI_WAIT_MUTEX_COND {
+        let pc = crate::wait::PCond::new();
+        let w = match cq.wait_fd().map_err(|e| util::err(e, sys::FI_LOG_CQ, "fi_cq_open")) {
+            Ok(fd) => crate::wait::watch(fd, &pc),
+            Err(e) => Err(e),
+        };
+        match w {
+            Ok(w) => Some((pc, w)),
+            Err(e) => {
+                let _ = cq.close();
+                return e;
+            }
+        }
+    } else {
+        None
+    };
     d.refs.fetch_add(1, Relaxed);
     let b = Box::new(Cq {
         fid: sys::fid_cq { fid: util::fid(sys::FI_CLASS_CQ, context, &FI_OPS), ops: util::ops(&OPS) },
         dom: d,
+        cond,
         cq,
         format,
         wait_obj: a.wait_obj,
         threshold: wait_cond == WaitCond::Threshold,
         wait,
         api_version: d.api_version,
+        err_buf: std::sync::Mutex::new(vec![0u8; crate::info::MAX_ERR_DATA + 1].into_boxed_slice()),
     });
     // SAFETY: attr is the caller's attributes, valid for writes (fi_cq(3):
     // the provider fills in what it chose); `a` is not used after this.
@@ -386,14 +415,25 @@ unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entr
         (c.api_version >= crate::info::fi_version(1, 5) && b.err_data_size > 0 && !b.err_data.is_null())
             .then_some((b.err_data, b.err_data_size))
     };
-    // With the caller's buffer the text is copied while the library holds
-    // the CQ: another thread's readerr (FI_THREAD_SAFE) replaces the CQ's
-    // own copy, which a copy made after the call could read freed.
+    // The error data is copied while the library holds the CQ: another
+    // thread's readerr (FI_THREAD_SAFE) replaces the CQ's own copy, which
+    // a copy made after the call could read freed. At most max_err_data
+    // bytes (fi_domain(3)), into the caller's buffer or into this CQ's.
+    let max = crate::info::MAX_ERR_DATA;
+    let mut own = None;
     let got = match user {
         // SAFETY: fi_cq(3): err_data points at err_data_size writable bytes
         // of the caller's.
-        Some((p, room)) => c.cq.readerr_into(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), room) }),
-        None => c.cq.readerr().map(|e| (e, 0)),
+        Some((p, room)) => c.cq.readerr_into(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), room.min(max)) }),
+        None => {
+            let mut b = c.err_buf.lock().unwrap_or_else(|p| p.into_inner());
+            let r = c.cq.readerr_into(&mut b[..max]);
+            if let Ok((_, n)) = r {
+                b[n] = 0; // a text reads as a C string
+                own = Some(b.as_mut_ptr());
+            }
+            r
+        }
     };
     let (e, copied) = match got {
         Ok(x) => x,
@@ -416,9 +456,9 @@ unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entr
             // above.
             Some(_) => b.err_data_size = copied,
             None => {
-                b.err_data = e.err_data as *mut c_void;
+                b.err_data = own.map_or(std::ptr::null_mut(), |p| p.cast());
                 if c.api_version >= crate::info::fi_version(1, 5) {
-                    b.err_data_size = e.err_data_size;
+                    b.err_data_size = copied;
                 }
             }
         }
@@ -434,7 +474,11 @@ unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entr
 unsafe extern "C" fn signal(cq: *mut sys::fid_cq) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL };
-    util::status(c.cq.signal(), sys::FI_LOG_CQ, "fi_cq_signal")
+    let r = c.cq.signal();
+    if let Some((pc, _)) = &c.cond {
+        pc.broadcast();
+    }
+    util::status(r, sys::FI_LOG_CQ, "fi_cq_signal")
 }
 
 /// `strerror`: an entry of this module's ops tables.
@@ -462,7 +506,8 @@ unsafe extern "C" fn strerror(
 }
 
 /// `fi_control` on a CQ: FI_GETWAIT (the fd of FI_WAIT_FD, the
-/// `struct fi_wait_pollfd` of FI_WAIT_POLLFD) and FI_GETWAITOBJ.
+/// `struct fi_wait_pollfd` of FI_WAIT_POLLFD, the `struct fi_mutex_cond`
+/// of FI_WAIT_MUTEX_COND) and FI_GETWAITOBJ.
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made, and every
@@ -487,6 +532,14 @@ unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, arg: *mut c_voi
                     0
                 },
                 Err(e) => util::err(e, sys::FI_LOG_CQ, "FI_GETWAIT"),
+            },
+            sys::FI_WAIT_MUTEX_COND => match &c.cond {
+                Some((pc, _)) => {
+                    // SAFETY: arg is a struct fi_mutex_cond (fi_control(3)).
+                    unsafe { pc.get(arg) };
+                    0
+                }
+                None => ENOSYS,
             },
             sys::FI_WAIT_POLLFD => {
                 // SAFETY: arg is a struct fi_wait_pollfd whose fd array

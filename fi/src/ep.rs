@@ -140,6 +140,13 @@ pub unsafe extern "C" fn open(
         Ok(e) => e,
         Err(e) => return util::err(e, sys::FI_LOG_EP_CTRL, "fi_endpoint"),
     };
+    // FI_SOURCE_ERR (fi_cq(3)): receives from addresses not in the AV are
+    // error entries carrying the address (only on request: `info`).
+    if caps & sys::FI_SOURCE_ERR != 0 {
+        if let Err(e) = ep.set_source_err(true) {
+            return util::err(e, sys::FI_LOG_EP_CTRL, "fi_endpoint");
+        }
+    }
     d.refs.fetch_add(1, Relaxed);
     let b = Box::new(Ep {
         fid: sys::fid_ep {
@@ -164,7 +171,10 @@ pub unsafe extern "C" fn open(
     0
 }
 
-/// `close`: an entry of this module's ops tables.
+/// `fi_close`: outstanding operations are discarded with no completions
+/// (fi_endpoint(3)): the endpoint's receives not completed are dropped,
+/// and buffers of a shared receive context it had taken but not filled
+/// stay posted to the context (`Endpoint::close_discard`).
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made, and every
@@ -172,7 +182,7 @@ pub unsafe extern "C" fn open(
 unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
-    if let Err(err) = e.ep.close() {
+    if let Err(err) = e.ep.close_discard() {
         return util::err(err, sys::FI_LOG_EP_CTRL, "fi_close(ep)");
     }
     // SAFETY: the domain outlives its endpoints (refs).

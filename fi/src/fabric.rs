@@ -56,10 +56,11 @@ unsafe extern "C" fn nb3_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> 
     util::ENOSYS
 }
 
-/// `fi_trywait` over CQs and counters (with an FD wait object; wait sets
-/// are not built yet: `-FI_EINVAL` for any other fid): `0` when the caller
-/// may block on their fds, `-FI_EAGAIN` when it should read them first.
-/// The library's `Domain::trywait_with`, once per domain of the fids.
+/// `fi_trywait` over CQs, counters and wait sets (`-FI_EINVAL` for any
+/// other fid): `0` when the caller may block on their wait objects,
+/// `-FI_EAGAIN` when it should read them first. The library's
+/// `Domain::trywait_with`, once per domain of the CQs and counters, and
+/// once per wait set (`wait::Wait::trywait`).
 ///
 /// # Safety
 /// libfabric's contract: `fids` holds `count` live fids.
@@ -83,6 +84,11 @@ unsafe extern "C" fn trywait(_: *mut sys::fid_fabric, fids: *mut *mut sys::fid, 
                 (c.domain(), Some(&c.cq), None)
             } else if let Some(c) = crate::cntr::of(f) {
                 (c.domain(), None, Some(&c.cntr))
+            } else if let Some(w) = crate::wait::of(f) {
+                match w.trywait() {
+                    0 => continue,
+                    r => return r,
+                }
             } else {
                 return EINVAL;
             }

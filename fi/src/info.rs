@@ -45,8 +45,12 @@ pub fn prov_keys_allowed(version: u32, mr_mode: c_int) -> bool {
         mr_mode == sys::FI_MR_BASIC as c_int || mr_mode == sys::FI_MR_UNSPEC as c_int
     }
 }
-/// Every capability offered.
+/// The capabilities offered by default (hints naming none).
 pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
+/// Capabilities offered only when the hints ask for them: FI_SOURCE_ERR
+/// turns completions from unknown sources into error entries, which an
+/// application that did not ask would not expect.
+pub const CAPS_ON_REQUEST: u64 = sys::FI_SOURCE_ERR;
 /// Capabilities that concern the transmit side.
 const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM | sys::FI_READ | sys::FI_WRITE;
 /// Capabilities that concern the receive side.
@@ -95,7 +99,10 @@ pub const MR_CNT: usize = 1 << 20;
 /// Segments a registration takes with provider keys (the library's limit;
 /// registrations with the application's keys take one).
 pub const MR_IOV_LIMIT: usize = shm_layout::rma::MR_SEGS;
-/// Bytes of provider error data a CQ error entry can carry.
+/// Bytes of provider error data a CQ error entry can carry
+/// (`domain_attr.max_err_data`): `fi_cq_readerr` never returns more (a
+/// longer text is cut, `cq.rs`), and hints asking for more get
+/// `-FI_ENODATA`.
 pub const MAX_ERR_DATA: usize = 256;
 /// This provider's version (`fabric_attr->prov_version`).
 pub const PROV_VERSION: u32 = fi_version(0, 1);
@@ -172,7 +179,7 @@ unsafe fn cstr<'a>(s: *const c_char) -> Option<&'a [u8]> {
 /// `h` must be a valid `fi_info` whose attribute pointers are null or valid.
 unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> {
     let caps = h.caps;
-    within("caps", caps, CAPS)?;
+    within("caps", caps, CAPS | CAPS_ON_REQUEST)?;
     if h.addr_format != sys::FI_FORMAT_UNSPEC {
         return Err(no("addr_format: shmfab's addresses are its own (FI_FORMAT_UNSPEC)"));
     }
@@ -198,7 +205,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     }
     // SAFETY: null or valid (caller's contract).
     if let Some(r) = unsafe { h.rx_attr.as_ref() } {
-        within("rx_attr.caps", r.caps, RX_CAPS)?;
+        within("rx_attr.caps", r.caps, RX_CAPS | CAPS_ON_REQUEST)?;
         within("rx_attr.op_flags", r.op_flags, RX_OP_FLAGS)?;
         within("rx_attr.msg_order", r.msg_order, MSG_ORDER)?;
         within("rx_attr.comp_order", r.comp_order, 0)?;
@@ -210,6 +217,9 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     let all = caps
         | unsafe { h.tx_attr.as_ref() }.map_or(0, |t| t.caps)
         | unsafe { h.rx_attr.as_ref() }.map_or(0, |r| r.caps);
+    if all & sys::FI_SOURCE_ERR != 0 && all & sys::FI_SOURCE == 0 {
+        return Err(no("FI_SOURCE_ERR must be paired with FI_SOURCE"));
+    }
     // SAFETY: null or valid (caller's contract).
     if let Some(d) = unsafe { h.domain_attr.as_ref() } {
         if all & RMA_CAPS != 0 && !prov_keys_allowed(version, d.mr_mode) {
@@ -293,6 +303,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("domain_attr.mr_iov_limit", d.mr_iov_limit, MR_IOV_LIMIT)?;
         at_most("domain_attr.mr_cnt", d.mr_cnt, MR_CNT)?;
         at_most("domain_attr.auth_key_size", d.auth_key_size, 0)?;
+        at_most("domain_attr.max_err_data", d.max_err_data, MAX_ERR_DATA)?;
         within("domain_attr.caps", d.caps, sys::FI_LOCAL_COMM)?;
     }
     // SAFETY: null or valid (caller's contract).
@@ -387,7 +398,7 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     t.size = lim.tx_size;
     t.iov_limit = shm_iov();
     t.rma_iov_limit = if caps & RMA_CAPS != 0 { shm_iov() } else { 0 };
-    r.caps = caps & RX_CAPS;
+    r.caps = caps & (RX_CAPS | CAPS_ON_REQUEST);
     r.op_flags = hr.map_or(0, |x| x.op_flags);
     r.msg_order = MSG_ORDER;
     r.comp_order = sys::FI_ORDER_NONE;

@@ -5,7 +5,9 @@
 //! received the message. The library's queue holds untagged receives
 //! only: tagged receives stay each endpoint's own, and the tagged calls
 //! on the context return `-FI_ENOSYS`, as do directed and multi-receive
-//! buffers, which the queue does not take. So `fi_getinfo` never offers
+//! buffers, which the queue does not take. `fi_cancel` on the context
+//! cancels a buffer still posted (its entry goes to the CQ of the
+//! endpoint bound first). So `fi_getinfo` never offers
 //! those capabilities with FI_SHARED_CONTEXT (`info::SRX_UNSERVED`), and
 //! the context opens from any `rx_attr` it returned.
 
@@ -41,7 +43,7 @@ static FI_OPS: sys::fi_ops = sys::fi_ops {
 
 static EP_OPS: sys::fi_ops_ep = sys::fi_ops_ep {
     size: std::mem::size_of::<sys::fi_ops_ep>(),
-    cancel: Some(nb2),
+    cancel: Some(cancel),
     getopt: Some(nb5),
     setopt: Some(nb5),
     tx_ctx: Some(nb5),
@@ -123,7 +125,7 @@ pub unsafe extern "C" fn open(
     // `info::SRX_UNSERVED` are never in an info that asked for
     // FI_SHARED_CONTEXT. The context itself serves untagged, undirected,
     // single buffers; the other posts on it are -FI_ENOSYS.
-    if a.caps & !crate::info::RX_CAPS != 0 || a.op_flags & !sys::FI_COMPLETION != 0 {
+    if a.caps & !(crate::info::RX_CAPS | crate::info::CAPS_ON_REQUEST) != 0 || a.op_flags & !sys::FI_COMPLETION != 0 {
         return ENOSYS;
     }
     if a.iov_limit > shmfab::srq::SRQ_MAX_IOV {
@@ -176,6 +178,24 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: made by Box::leak in `open`; the application gives it up.
     drop(unsafe { Box::from_raw((s as *const Srx).cast_mut()) });
     0
+}
+
+/// `fi_cancel` on the context: a buffer still posted under `context`
+/// completes as an `FI_ECANCELED` error entry in the receive CQ of the
+/// endpoint bound to the context first (the context has no CQ of its own;
+/// libfabric's shared contexts report there too). A buffer a message took
+/// already completes as usual, and with no endpoint bound nothing is
+/// cancelled; the call succeeds either way (fi_endpoint(3)).
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made.
+unsafe extern "C" fn cancel(fid: *mut sys::fid, context: *mut c_void) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(s) = (unsafe { of(fid) }) else { return EINVAL as isize };
+    match s.srq.cancel(context as usize) {
+        Ok(_) => 0,
+        Err(e) => util::err(e, sys::FI_LOG_EP_CTRL, "fi_cancel(srx)") as isize,
+    }
 }
 
 /// `fi_control`: FI_ENABLE (nothing to do: the context takes buffers

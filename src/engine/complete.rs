@@ -474,6 +474,29 @@ pub(crate) fn complete_rx_ok(
     cq.push_ext(e, src, sig);
 }
 
+/// FI_SOURCE_ERR (fi_cq(3)): a message received whole from a source the
+/// AV does not hold completes as an `FI_EADDRNOTAVAIL` error entry with
+/// the entry's fields, its error data the source's raw address (which
+/// `fi_av_insert` takes). Only `emit_rx` completes receives of such an
+/// endpoint (`Matching::front_plain` is off for it).
+#[cold]
+#[inline(never)]
+fn unknown_source(cq: &mut CqState, addr: crate::Address, ok: &RxOk) {
+    let has_data = ok.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
+    let e = CqErrEntry {
+        op_context: ok.op_context,
+        flags: rx_flags(ok.tagged, ok.hflags, ok.multi_release),
+        len: ok.len,
+        buf: ok.buf,
+        data: if has_data { ok.data } else { 0 },
+        tag: if ok.tagged { ok.tag } else { 0 },
+        err: ErrorKind::AddrNotAvail.errno(),
+        prov_errno: prov::UNKNOWN_SOURCE,
+        ..Default::default()
+    };
+    cq.push_err_data(e, addr.to_bytes().to_vec());
+}
+
 /// Writes a finished receive's completion (success, truncation or error).
 #[inline]
 pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, err: Option<Fail>) {
@@ -507,8 +530,15 @@ pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i
             tag: i.tag,
             multi_release: d.multi_release,
         };
+        let entry = d.cqe || d.multi_release;
+        if ep.matching.source_err() && entry && ep.peers.src_addr(ctx.avs, p) == FI_ADDR_NOTAVAIL {
+            if let Some(cq) = ep.bind.rx_cq.and_then(|c| ctx.cqs.get_mut(c)) {
+                ep.bind.count(ctx.counters, CntrKind::Recv, Val::Success);
+                return unknown_source(cq, ep.peers[p].addr, &ok);
+            }
+        }
         let cq = ep.bind.rx_cq.and_then(|c| ctx.cqs.get_mut(c));
-        complete_rx_ok(&ep.bind, &mut ep.peers, ctx.counters, ctx.avs, cq, p, &ok, d.cqe || d.multi_release);
+        complete_rx_ok(&ep.bind, &mut ep.peers, ctx.counters, ctx.avs, cq, p, &ok, entry);
         return;
     };
     rx_error(&ep.bind, ctx, d, i, (k, pe, detail));

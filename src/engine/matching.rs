@@ -147,6 +147,9 @@ pub(crate) struct Matching {
     pub srq: Option<usize>,
     /// The endpoint is closing: takes no more SRQ buffers.
     pub closing: bool,
+    /// FI_SOURCE_ERR: every receive completes through `emit_rx`, which
+    /// checks its source ([`Matching::front_plain`] is off).
+    source_err: bool,
 }
 
 impl Matching {
@@ -161,7 +164,19 @@ impl Matching {
             spare: Vec::new(),
             srq: None,
             closing: false,
+            source_err: false,
         }
+    }
+
+    /// Turns FI_SOURCE_ERR on or off.
+    pub fn set_source_err(&mut self, on: bool) {
+        self.source_err = on;
+    }
+
+    /// Whether FI_SOURCE_ERR is on.
+    #[inline]
+    pub fn source_err(&self) -> bool {
+        self.source_err
     }
 
     /// Receives posted (both queues).
@@ -251,7 +266,7 @@ impl Matching {
     /// takes it.
     #[inline(always)]
     pub fn front_plain(&self, tagged: bool, p: usize, tag: u64, len: usize) -> Option<(usize, Iov, bool)> {
-        if !tagged && self.srq.is_some() {
+        if (!tagged && self.srq.is_some()) || self.source_err {
             return None;
         }
         let r = self.posted[tagged as usize].front()?;
@@ -736,7 +751,15 @@ mod tests {
         m.pop_front(true);
         m.post(false, recv(&mut b, None, 0, 0, true), 4).unwrap();
         assert!(m.front_plain(false, 0, 0, 8).is_none(), "multi-receive");
+        m.pop_front(false);
+        m.post(false, recv(&mut b, None, 0, 0, false), 4).unwrap();
+        m.post(true, recv(&mut a, None, 1, 0, false), 4).unwrap();
+        assert!(m.front_plain(false, 0, 0, 8).is_some() && m.front_plain(true, 0, 1, 8).is_some());
+        m.set_source_err(true);
+        assert!(m.front_plain(false, 0, 0, 8).is_none() && m.front_plain(true, 0, 1, 8).is_none(), "FI_SOURCE_ERR");
+        m.set_source_err(false);
         m.srq = Some(0);
         assert!(m.front_plain(false, 0, 0, 8).is_none(), "SRQ endpoint");
+        assert!(m.front_plain(true, 0, 1, 8).is_some(), "tagged receives stay the endpoint's");
     }
 }

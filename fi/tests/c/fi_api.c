@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int checks;
@@ -101,6 +102,20 @@ static void test_hints(void)
 	EXPECT(getinfo(h, &i), 0);
 	CHECK(i->ep_attr->mem_tag_format == 0xffff);
 	fi_freeinfo(i);
+
+	/* max_err_data: what fi_cq_readerr may return at most; hints asking
+	 * for more are refused. */
+	h = hints();
+	EXPECT(getinfo(h, &i), 0);
+	size_t max_err = i->domain_attr->max_err_data;
+	CHECK(max_err > 0);
+	fi_freeinfo(i);
+	h = hints();
+	h->domain_attr->max_err_data = max_err;
+	EXPECT(getinfo(h, NULL), 0);
+	h = hints();
+	h->domain_attr->max_err_data = max_err + 1;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
 
 	h = hints();
 	h->caps |= FI_RMA;
@@ -390,6 +405,9 @@ static void test_errors(struct side *a, struct side *b)
 	CHECK(err.err == FI_ECANCELED && err.op_context == (void *)0xb6);
 	CHECK(err.err_data != NULL && err.err_data_size > 0);
 	CHECK(strstr((const char *)err.err_data, "cancel") != NULL);
+	/* Never more than the domain's max_err_data, a C string there. */
+	CHECK(err.err_data_size <= info->domain_attr->max_err_data);
+	CHECK(strlen((const char *)err.err_data) == err.err_data_size);
 	/* Cancelling what is not pending succeeds and does nothing. */
 	EXPECT(fi_cancel(&b->ep->fid, (void *)0xb6), 0);
 	EXPECT(fi_cq_read(b->cq, &e, 1), -FI_EAGAIN);
@@ -579,13 +597,178 @@ static void test_cq_waits(void)
 	CHECK(wo == FI_WAIT_POLLFD);
 	EXPECT(fi_close(&cq->fid), 0);
 
-	ca.wait_obj = FI_WAIT_MUTEX_COND; /* no pthread objects to give out */
-	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_ENOSYS);
 	ca.wait_obj = FI_WAIT_SET; /* names no wait set */
 	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), -FI_EINVAL);
-	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_FD }; /* not built */
+	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_POLLFD }; /* not built */
 	struct fid_wait *ws;
 	EXPECT(fi_wait_open(fabric, &wa, &ws), -FI_ENOSYS);
+}
+
+/* What another thread does after a pause, while the main thread waits on
+ * a wait object (outside the provider: FI_THREAD_DOMAIN holds). */
+struct later {
+	struct side *from; /* sends "late" to `to` */
+	fi_addr_t to;
+	struct fid_cntr *cntr; /* else adds 1 to it */
+};
+
+static void *later_run(void *arg)
+{
+	struct later *l = arg;
+	usleep(50000);
+	if (l->from)
+		EXPECT(fi_send(l->from->ep, "late", 5, NULL, l->to, NULL), 0);
+	else
+		EXPECT(fi_cntr_add(l->cntr, 1), 0);
+	return NULL;
+}
+
+/* fi_trywait(3)'s protocol on a FI_WAIT_MUTEX_COND object: under its
+ * mutex, fi_trywait, then pthread_cond_wait until `done` (10 s at most);
+ * `l` runs in another thread meanwhile. Returns whether it woke in time. */
+static int cond_wait_for(struct fid *obj, struct fid *tw, struct later *l, int (*done)(void *), void *arg)
+{
+	struct fi_mutex_cond mc = { 0 };
+	struct timespec until;
+	pthread_t t;
+	int r = 0;
+
+	EXPECT(fi_control(obj, FI_GETWAIT, &mc), 0);
+	CHECK(mc.mutex && mc.cond);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 10;
+	CHECK(pthread_mutex_lock(mc.mutex) == 0);
+	EXPECT(fi_trywait(fabric, &tw, 1), 0);
+	CHECK(pthread_create(&t, NULL, later_run, l) == 0);
+	while (!done(arg) && r == 0)
+		r = pthread_cond_timedwait(mc.cond, mc.mutex, &until);
+	CHECK(pthread_mutex_unlock(mc.mutex) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+	return r == 0;
+}
+
+static int woken; /* set by the checks below: the wait ended */
+static int wake_once(void *arg)
+{
+	(void)arg;
+	return woken++ > 0; /* the first check (before any wait) is false */
+}
+
+/* FI_WAIT_MUTEX_COND on CQs and counters: FI_GETWAIT gives the pthread
+ * mutex and condition, broadcast when an event comes after fi_trywait;
+ * sread and fi_cntr_wait block as for the other wait objects. */
+static void test_mutex_cond(struct side *a)
+{
+	struct side m;
+	struct fi_cq_tagged_entry e;
+	struct fid_cntr *c;
+	struct fi_cntr_attr na = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_MUTEX_COND };
+	enum fi_wait_obj wo;
+	char buf[8] = { 0 };
+	uint64_t v;
+
+	open_side_waiting(&m, FI_CQ_FORMAT_TAGGED, FI_WAIT_MUTEX_COND);
+	EXPECT(fi_control(&m.cq->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_MUTEX_COND);
+	EXPECT(fi_cq_sread(m.cq, &e, 1, NULL, 10), -FI_EAGAIN); /* timeout */
+	EXPECT(fi_recv(m.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xc1), 0);
+	struct later l = { .from = a, .to = m.addr };
+	woken = 0;
+	CHECK(cond_wait_for(&m.cq->fid, &m.cq->fid, &l, wake_once, NULL));
+	EXPECT(fi_trywait(fabric, (struct fid **)&m.cq, 1), -FI_EAGAIN); /* it is there */
+	read_tagged(m.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xc1 && !strcmp(buf, "late"));
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_recv(m.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xc2), 0);
+	EXPECT(fi_send(a->ep, "sread", 6, NULL, m.addr, NULL), 0);
+	EXPECT(fi_cq_sread(m.cq, &e, 1, NULL, 10000), 1);
+	CHECK(e.op_context == (void *)0xc2 && !strcmp(buf, "sread"));
+	read_tagged(a->cq, &e, NULL);
+	close_side(&m);
+
+	EXPECT(fi_cntr_open(domain, &na, &c, NULL), 0);
+	EXPECT(fi_control(&c->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_MUTEX_COND);
+	l = (struct later){ .cntr = c };
+	woken = 0;
+	CHECK(cond_wait_for(&c->fid, &c->fid, &l, wake_once, NULL));
+	v = fi_cntr_read(c);
+	CHECK(v == 1);
+	EXPECT(fi_cntr_wait(c, 1, 1000), 0);
+	EXPECT(fi_cntr_wait(c, 2, 10), -FI_ETIMEDOUT);
+	EXPECT(fi_close(&c->fid), 0);
+}
+
+/* Wait sets with FI_WAIT_FD (an fd from the opening on, readable once a
+ * member has an event after fi_trywait on the set) and with
+ * FI_WAIT_MUTEX_COND. */
+static void test_wait_set_objects(struct side *a)
+{
+	struct fi_wait_attr wa = { .wait_obj = FI_WAIT_FD };
+	struct fid_wait *ws;
+	struct fid *tw;
+	struct side w;
+	struct fi_cq_tagged_entry e;
+	struct epoll_event ev = { .events = EPOLLIN }, got;
+	enum fi_wait_obj wo;
+	char name[64], in[8];
+	size_t len;
+	int fd = -1, ep;
+
+	EXPECT(fi_wait_open(fabric, &wa, &ws), 0);
+	tw = &ws->fid;
+	EXPECT(fi_control(&ws->fid, FI_GETWAIT, &fd), 0); /* before any member */
+	EXPECT(fi_control(&ws->fid, FI_GETWAITOBJ, &wo), 0);
+	CHECK(wo == FI_WAIT_FD && fd >= 0 && (ep = epoll_create1(0)) >= 0);
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+	EXPECT(fi_trywait(fabric, &tw, 1), 0); /* no member: nothing to read */
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_SET, .wait_set = ws };
+	EXPECT(fi_cq_open(domain, &ca, &w.cq, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &w.ep, NULL), 0);
+	EXPECT(fi_ep_bind(w.ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(w.ep, &w.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(w.ep), 0);
+	len = sizeof(name);
+	EXPECT(fi_getname(&w.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &w.addr, 0, NULL), 1);
+	EXPECT(fi_recv(w.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0x3c), 0);
+	EXPECT(fi_trywait(fabric, &tw, 1), 0);
+	CHECK(epoll_wait(ep, &got, 1, 50) == 0); /* quiet */
+	EXPECT(fi_send(a->ep, "fdset", 6, NULL, w.addr, NULL), 0);
+	CHECK(epoll_wait(ep, &got, 1, 10000) == 1);
+	EXPECT(fi_trywait(fabric, &tw, 1), -FI_EAGAIN);
+	read_tagged(w.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x3c && !strcmp(in, "fdset"));
+	read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_trywait(fabric, &tw, 1), 0);
+	CHECK(epoll_wait(ep, &got, 1, 50) == 0); /* emptied by trywait */
+	EXPECT(fi_close(&ws->fid), -FI_EBUSY);
+	close_side(&w);
+	EXPECT(fi_close(&ws->fid), 0);
+	close(ep);
+
+	wa.wait_obj = FI_WAIT_MUTEX_COND;
+	EXPECT(fi_wait_open(fabric, &wa, &ws), 0);
+	tw = &ws->fid;
+	ca.wait_set = ws;
+	EXPECT(fi_cq_open(domain, &ca, &w.cq, NULL), 0);
+	EXPECT(fi_endpoint(domain, info, &w.ep, NULL), 0);
+	EXPECT(fi_ep_bind(w.ep, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(w.ep, &w.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(w.ep), 0);
+	len = sizeof(name);
+	EXPECT(fi_getname(&w.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &w.addr, 0, NULL), 1);
+	EXPECT(fi_recv(w.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)0x3d), 0);
+	struct later l = { .from = a, .to = w.addr };
+	woken = 0;
+	CHECK(cond_wait_for(&ws->fid, tw, &l, wake_once, NULL));
+	EXPECT(fi_wait(ws, 0), 0);
+	read_tagged(w.cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x3d && !strcmp(in, "late"));
+	read_tagged(a->cq, &e, NULL);
+	close_side(&w);
+	EXPECT(fi_close(&ws->fid), 0);
 }
 
 /* An epoll loop over a CQ's FI_WAIT_FD, with fi_trywait before blocking. */
@@ -1034,6 +1217,24 @@ static void test_srx(struct side *a)
 	CHECK(e.op_context == (void *)0x52 && !strcmp(buf[1], "to zero"));
 	read_tagged(a->cq, &e, NULL);
 	read_tagged(a->cq, &e, NULL);
+	/* fi_cancel on the context: a posted buffer completes once as
+	 * FI_ECANCELED in the CQ of the endpoint bound first; the next
+	 * message takes the buffer posted after it. */
+	struct fi_cq_err_entry err;
+	EXPECT(fi_recv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, (void *)0x53), 0);
+	EXPECT(fi_recv(srx, buf[1], 16, NULL, FI_ADDR_UNSPEC, (void *)0x54), 0);
+	EXPECT(fi_cancel(&srx->fid, (void *)0x53), 0);
+	EXPECT(fi_cancel(&srx->fid, (void *)0x53), 0); /* nothing left: no entry */
+	EXPECT(fi_cq_read(s[0].cq, &e, 1), -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	EXPECT(fi_cq_readerr(s[0].cq, &err, 0), 1);
+	CHECK(err.err == FI_ECANCELED && err.op_context == (void *)0x53);
+	EXPECT(fi_cq_read(s[0].cq, &e, 1), -FI_EAGAIN);
+	EXPECT(fi_cq_read(s[1].cq, &e, 1), -FI_EAGAIN);
+	EXPECT(fi_send(a->ep, "after", 6, NULL, s[1].addr, NULL), 0);
+	read_tagged(s[1].cq, &e, NULL);
+	CHECK(e.op_context == (void *)0x54 && !strcmp(buf[1], "after"));
+	read_tagged(a->cq, &e, NULL);
 	EXPECT(fi_close(&srx->fid), -FI_EBUSY); /* endpoints are bound to it */
 	for (int i = 0; i < 2; i++)
 		close_side(&s[i]);
@@ -1065,6 +1266,116 @@ static void test_srx(struct side *a)
 	CHECK(!(si->rx_attr->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV)));
 	EXPECT(fi_srx_context(domain, si->rx_attr, &srx, NULL), 0);
 	EXPECT(fi_close(&srx->fid), 0);
+	fi_freeinfo(si);
+}
+
+/* fi_close(ep) discards outstanding operations with no completions
+ * (fi_endpoint(3)): receives posted, tagged, untagged and multi-receive,
+ * leave no entry in the CQ the endpoint shared with another one. */
+static void test_close_discards(void)
+{
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cq_tagged_entry e;
+	struct fid_cq *cq;
+	struct fid_ep *ep[2];
+	char buf[3][64];
+	struct iovec iov = { .iov_base = buf[2], .iov_len = sizeof(buf[2]) };
+	struct fi_msg m = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = (void *)0xd3 };
+
+	EXPECT(fi_cq_open(domain, &ca, &cq, NULL), 0);
+	for (int i = 0; i < 2; i++) {
+		EXPECT(fi_endpoint(domain, info, &ep[i], NULL), 0);
+		EXPECT(fi_ep_bind(ep[i], &av->fid, 0), 0);
+		EXPECT(fi_ep_bind(ep[i], &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+		EXPECT(fi_enable(ep[i]), 0);
+	}
+	EXPECT(fi_recv(ep[0], buf[0], 64, NULL, FI_ADDR_UNSPEC, (void *)0xd1), 0);
+	EXPECT(fi_trecv(ep[0], buf[1], 64, NULL, FI_ADDR_UNSPEC, 4, 0, (void *)0xd2), 0);
+	EXPECT(fi_recvmsg(ep[0], &m, FI_MULTI_RECV), 0);
+	EXPECT(fi_close(&ep[0]->fid), 0);
+	for (int i = 0; i < 1000; i++)
+		EXPECT(fi_cq_read(cq, &e, 1), -FI_EAGAIN);
+	EXPECT(fi_close(&ep[1]->fid), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+}
+
+/* FI_SOURCE_ERR (fi_cq(3)): only on request, paired with FI_SOURCE; a
+ * message from an address not in the AV is an FI_EADDRNOTAVAIL error
+ * entry whose err_data is that address, which fi_av_insert takes; the
+ * next message from it then has its fi_addr. */
+static void test_source_err(struct side *a)
+{
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err;
+	struct fi_info *h, *si;
+	struct fid_av *av2;
+	struct side s;
+	char name[64], aname[64], buf[16], data[64];
+	size_t len = sizeof(name), alen = sizeof(aname);
+	fi_addr_t src, fa;
+
+	CHECK(!(info->caps & FI_SOURCE_ERR)); /* not a default */
+	h = hints();
+	h->caps |= FI_SOURCE_ERR;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA); /* without FI_SOURCE */
+	h = hints();
+	h->caps |= FI_SOURCE | FI_SOURCE_ERR;
+	EXPECT(getinfo(h, &si), 0);
+	CHECK((si->caps & (FI_SOURCE | FI_SOURCE_ERR)) == (FI_SOURCE | FI_SOURCE_ERR));
+	CHECK(si->rx_attr->caps & FI_SOURCE_ERR);
+
+	EXPECT(fi_av_open(domain, &aa, &av2, NULL), 0);
+	EXPECT(fi_cq_open(domain, &ca, &s.cq, NULL), 0);
+	EXPECT(fi_endpoint(domain, si, &s.ep, NULL), 0);
+	EXPECT(fi_ep_bind(s.ep, &av2->fid, 0), 0);
+	EXPECT(fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(s.ep), 0);
+	EXPECT(fi_getname(&s.ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(av, name, 1, &s.addr, 0, NULL), 1); /* a knows s */
+	EXPECT(fi_getname(&a->ep->fid, aname, &alen), 0);
+
+	EXPECT(fi_recv(s.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xe1), 0);
+	EXPECT(fi_send(a->ep, "who?", 5, NULL, s.addr, NULL), 0);
+	int r = -FI_EAGAIN;
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_readfrom(s.cq, &e, 1, &src);
+	EXPECT(r, -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	err.err_data = data;
+	err.err_data_size = sizeof(data);
+	EXPECT(fi_cq_readerr(s.cq, &err, 0), 1);
+	CHECK(err.err == FI_EADDRNOTAVAIL && err.op_context == (void *)0xe1 && err.len == 5);
+	CHECK(err.err_data_size == alen && !memcmp(data, aname, alen));
+	CHECK(!strcmp(buf, "who?")); /* received whole */
+	EXPECT(fi_av_insert(av2, data, 1, &fa, 0, NULL), 1);
+	EXPECT(fi_recv(s.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xe2), 0);
+	EXPECT(fi_send(a->ep, "known", 6, NULL, s.addr, NULL), 0);
+	src = FI_ADDR_NOTAVAIL;
+	r = -FI_EAGAIN;
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_readfrom(s.cq, &e, 1, &src);
+	EXPECT(r, 1);
+	CHECK(e.op_context == (void *)0xe2 && src == fa && !strcmp(buf, "known"));
+	/* The provider's own err_data buffer, when the caller gives none. */
+	EXPECT(fi_av_remove(av2, &fa, 1, 0), 0);
+	EXPECT(fi_recv(s.ep, buf, sizeof(buf), NULL, FI_ADDR_UNSPEC, (void *)0xe3), 0);
+	EXPECT(fi_send(a->ep, "gone", 5, NULL, s.addr, NULL), 0);
+	r = -FI_EAGAIN;
+	for (int i = 0; i < 1000000 && r == -FI_EAGAIN; i++)
+		r = fi_cq_read(s.cq, &e, 1);
+	EXPECT(r, -FI_EAVAIL);
+	memset(&err, 0, sizeof(err));
+	EXPECT(fi_cq_readerr(s.cq, &err, 0), 1);
+	CHECK(err.err == FI_EADDRNOTAVAIL && err.op_context == (void *)0xe3);
+	CHECK(err.err_data && err.err_data_size == alen && !memcmp(err.err_data, aname, alen));
+	for (int i = 0; i < 3; i++)
+		read_tagged(a->cq, &e, NULL);
+	EXPECT(fi_close(&s.ep->fid), 0);
+	EXPECT(fi_close(&s.cq->fid), 0);
+	EXPECT(fi_close(&av2->fid), 0);
+	EXPECT(fi_av_remove(av, &s.addr, 1, 0), 0);
 	fi_freeinfo(si);
 }
 
@@ -1505,9 +1816,13 @@ int main(int argc, char **argv)
 	test_rma();
 	test_ops_flags(&a, &b);
 	test_srx(&a);
+	test_close_discards();
+	test_source_err(&a);
 	test_misc(&a, &b);
 	test_poll(&a, &b);
 	test_wait_set(&a);
+	test_mutex_cond(&a);
+	test_wait_set_objects(&a);
 	test_eq();
 
 	/* The first thread used the domain above; another one now. */
