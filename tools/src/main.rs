@@ -601,6 +601,10 @@ fn rma_mem_name(m: RmaMem) -> &'static str {
 
 /// `shmfab bench rma`: shmfab's one-sided figures alone.
 fn cmd_bench_rma(a: &BenchArgs) -> Result<(), String> {
+    let l = shmfab::internal::job::Launch::detect().map_err(|e| e.to_string())?;
+    if l.launcher != shmfab::Launcher::Single {
+        return Err("shmfab bench rma starts its own peer: run it without a launcher".into());
+    }
     let sizes = a.sizes.get();
     println!("shmfab {} one-sided, between two processes ({} CPUs)", env!("CARGO_PKG_VERSION"), bench::ncpus());
     let mut st = Status::new(sizes.len() + 1);
