@@ -700,6 +700,74 @@ pub fn raw_futex_wakeups(exe: &std::path::Path, args: &[&str], tries: usize, gap
     Ok(out)
 }
 
+/// The raw floor of the two-rank fetch-add rate: two processes, one per
+/// CPU, each doing `n` `lock xadd`s of 1 on one word of a shared page and
+/// nothing else. Returns millions of fetch-adds per second for the two
+/// together (from both being ready until both are done); checks the
+/// word's final value. `exe` is re-run as the peer, as for
+/// [`raw_pingpong`].
+pub fn raw_fetch_adds(exe: &std::path::Path, args: &[&str], n: usize) -> Result<f64> {
+    let name = format!(
+        "{}{}.rawfadd.{}",
+        shmfab::internal::region::PREFIX,
+        shmfab::internal::region::uid(),
+        std::process::id()
+    );
+    let page = RawPage::create(&name)?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).env("SHMFAB_RAW_PEER", &name).env("SHMFAB_RAW_SIZE", "0").env("SHMFAB_RAW_MODE", "fadd");
+    cmd.env("SHMFAB_RAW_ITERS", n.to_string()).stdin(Stdio::null());
+    if ncpus() >= 2 {
+        bind_cpu(0);
+        cmd.env(CPU_ENV, "1");
+    }
+    let mut child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the raw peer: {e}")))?;
+    let started = raw_fadd_side(&page, n);
+    // The peer raised the ready count before its loop and the done count
+    // after it: wait for its done.
+    let done = page.fadd_words().2;
+    let t_wait = Instant::now();
+    while done.load(std::sync::atomic::Ordering::Acquire) < 2 {
+        if t_wait.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::with(ErrorKind::TimedOut, "raw fetch-add peer did not finish"));
+        }
+        std::hint::spin_loop();
+    }
+    let el = started.map(|t| t.elapsed());
+    let st = child.wait()?;
+    let total = page.fadd_words().0.load(std::sync::atomic::Ordering::Acquire);
+    let Some(el) = el.filter(|_| st.success() && total == 2 * n as u64) else {
+        return Err(Error::with(ErrorKind::Io, format!("raw fetch-add: the word holds {total}, not {}", 2 * n)));
+    };
+    Ok(2.0 * n as f64 / el.as_secs_f64() / 1e6)
+}
+
+/// One side of [`raw_fetch_adds`]: says it is ready, waits for the other,
+/// does its `n` fetch-adds, says it is done. Returns when both were
+/// ready (None: the other never came).
+fn raw_fadd_side(page: &RawPage, n: usize) -> Option<Instant> {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    let (word, ready, done) = page.fadd_words();
+    ready.fetch_add(1, AcqRel);
+    let t0 = Instant::now();
+    while ready.load(Acquire) < 2 {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return None;
+        }
+        std::hint::spin_loop();
+    }
+    let start = Instant::now();
+    for _ in 0..n {
+        word.fetch_add(1, AcqRel);
+    }
+    // SYNC: release pairs with the acquire loads of `done` in
+    // raw_fetch_adds, which then reads the word.
+    done.fetch_add(1, AcqRel);
+    Some(start)
+}
+
 /// The raw floor's peer side. Returns the exit code.
 pub fn raw_peer_main() -> i32 {
     if let Err(e) = bind_from_env() {
@@ -718,6 +786,9 @@ pub fn raw_peer_main() -> i32 {
     let Ok(page) = RawPage::open(&name) else {
         return 1;
     };
+    if std::env::var("SHMFAB_RAW_MODE").as_deref() == Ok("fadd") {
+        return if raw_fadd_side(&page, iters).is_some() { 0 } else { 1 };
+    }
     if std::env::var("SHMFAB_RAW_MODE").as_deref() == Ok("futex") {
         for i in 1..=iters as u64 {
             let want = (i & 0xffff_ffff) as u32;
@@ -785,6 +856,19 @@ impl RawPage {
         // SAFETY: offset 32 is inside the mapping and 4-aligned; the futex
         // mode sends payloads only in direction 1 (the second page).
         unsafe { &*(self.map.as_mut_ptr().add(32) as *const std::sync::atomic::AtomicU32) }
+    }
+
+    /// The fetch-add mode's words, each on a line of its own: the word
+    /// both sides add to, the ready count and the done count.
+    fn fadd_words(
+        &self,
+    ) -> (&std::sync::atomic::AtomicU64, &std::sync::atomic::AtomicU64, &std::sync::atomic::AtomicU64) {
+        // SAFETY: offsets 128, 192 and 256 are inside the mapping and
+        // 8-aligned; the fetch-add mode uses no flag or payload.
+        unsafe {
+            let at = |o: usize| &*(self.map.as_mut_ptr().add(o) as *const std::sync::atomic::AtomicU64);
+            (at(128), at(192), at(256))
+        }
     }
 
     fn flag(&self, dir: usize) -> &std::sync::atomic::AtomicU64 {

@@ -644,6 +644,10 @@ fn cmd_bench_rma(a: &BenchArgs) -> Result<(), String> {
         fmt(ours.fadd.latency_us, 3),
         fmt(ours.fadd.mops, 2)
     );
+    match bench::raw_fetch_adds(&exe()?, &[], a.iters.unwrap_or(bench::FADD_OPS)) {
+        Ok(m) => println!("raw floor of the fetch-add rate: two processes doing lock xadd on one word, {m:.2} Mops/s"),
+        Err(e) => println!("raw fetch-add floor: {e}"),
+    }
     if let Some(p) = probe {
         println!("raw floor {p:.3} us at 8 B (placement probe, before the run)");
     }
@@ -656,7 +660,7 @@ fn cmd_bench_rma(a: &BenchArgs) -> Result<(), String> {
 
 /// The one-sided systems of `compare`: (JSON name, index of the probe
 /// group: 0 shmfab, 1 Open MPI's default osc, 2 Open MPI with osc sm).
-const RMA_SYSTEMS: [(&str, usize); 11] = [
+const RMA_SYSTEMS: [(&str, usize); 12] = [
     ("shmfab-put", 0),
     ("shmfab-get", 0),
     ("shmfab-put-cma", 0),
@@ -668,10 +672,12 @@ const RMA_SYSTEMS: [(&str, usize); 11] = [
     ("openmpi-osc-sm-put", 2),
     ("openmpi-osc-sm-get", 2),
     ("openmpi-osc-sm-fetch-add", 2),
+    ("raw-fetch-add", 0),
 ];
 
-/// Index in [`RMA_SYSTEMS`] of each fetch-add system.
-const RMA_FADD: [usize; 3] = [4, 7, 10];
+/// Index in [`RMA_SYSTEMS`] of each fetch-add system (the last: the raw
+/// floor, two processes doing bare `lock xadd`s on one shared word).
+const RMA_FADD: [usize; 4] = [4, 7, 10, 11];
 
 /// One round of the one-sided systems: each system's run (its figures
 /// as [`Figure`]s: latency in `half_rtt_us`, Mops/s in `mmsgs`; the
@@ -712,6 +718,11 @@ fn rma_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> R
         }
         Err(e) => st.warn(&format!("shmfab one-sided: {e}")),
     }
+    match bench::raw_fetch_adds(exe, &[], bench::FADD_OPS) {
+        Ok(m) => runs[11].figs = vec![Figure { size: 8, mmsgs: Some(m), ..Default::default() }],
+        Err(e) => st.warn(&format!("raw fetch-add floor: {e}")),
+    }
+    paths[11] = "lock xadd".to_string();
     if let Some(bin) = &o.osu_rma {
         for (g, osc) in [(1, None), (2, Some("sm"))] {
             probes[g] = placement_probe(exe);
@@ -881,7 +892,7 @@ fn rma_tables(figs: &[Vec<Figure>], paths: &[String]) -> String {
         let _ = writeln!(o);
     }
     let fadd = |k: usize| figs[k].first().copied().unwrap_or_default();
-    let (us, om, sm) = (fadd(4), fadd(7), fadd(10));
+    let (us, om, sm, raw) = (fadd(4), fadd(7), fadd(10), fadd(11));
     let _ = writeln!(
         o,
         "fetch-add, 8 B (u64 SUM), on one word of the target: latency of one rank alone; rate of both ranks at once"
@@ -891,6 +902,7 @@ fn rma_tables(figs: &[Vec<Figure>], paths: &[String]) -> String {
         (format!("shmfab ({})", paths[4]), us),
         (format!("Open MPI ({})", paths[7]), om),
         (format!("Open MPI ({})", paths[10]), sm),
+        ("raw floor (lock xadd)".to_string(), raw),
     ] {
         let _ = writeln!(
             o,
@@ -1687,6 +1699,7 @@ mod tests {
             none_for(&[8, 4096]),
             none_for(&[8, 4096]),
             none_for(&[8]),
+            vec![Figure { size: 8, half_rtt_us: None, bw_gbs: None, mmsgs: Some(150.0) }],
         ]
     }
 
@@ -1696,6 +1709,7 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .chain((0..6).map(|k| if k < 3 { "osc rdma" } else { "osc sm" }.to_string()))
+            .chain(["lock xadd".to_string()])
             .collect();
         let t = rma_tables(&rma_figs(), &paths);
         let row = t.lines().find(|l| l.trim_start().starts_with("8 |")).unwrap();
@@ -1705,16 +1719,22 @@ mod tests {
         assert!(t.contains("fetch-add rate shmfab / Open MPI 2.40x (osc rdma)"), "{t}");
         let f = t.lines().find(|l| l.contains("shmfab (heap)")).unwrap();
         assert!(f.contains("0.100") && f.contains("12.00"), "{f}");
+        // The raw floor: its rate, and shmfab's 12 against its 150.
+        let f = t.lines().find(|l| l.contains("raw floor (lock xadd)")).unwrap();
+        assert!(f.contains("150.00") && f.contains("0.08x"), "{f}");
     }
 
     #[test]
     fn rma_json_rows_name_system_path_and_fields() {
-        let paths = ["heap", "heap", "cma", "cma", "heap", "osc rdma", "osc rdma", "osc rdma", "-", "-", "-"];
+        let paths =
+            ["heap", "heap", "cma", "cma", "heap", "osc rdma", "osc rdma", "osc rdma", "-", "-", "-", "lock xadd"];
         let named: Vec<(&str, String, Vec<Figure>)> =
             RMA_SYSTEMS.iter().zip(paths).zip(rma_figs()).map(|((s, p), f)| (s.0, p.to_string(), f)).collect();
         let v = serde_json::to_value(rma_rows(&named, Placement::Near)).unwrap();
         let rows = v.as_array().unwrap();
-        assert_eq!(rows.len(), 8 * 2 + 3);
+        assert_eq!(rows.len(), 8 * 2 + 4);
+        let raw = rows.last().unwrap();
+        assert_eq!((raw["system"].as_str(), raw["mops"].as_f64()), (Some("raw-fetch-add"), Some(150.0)));
         assert_eq!(
             rows[0],
             serde_json::json!({"size": 8, "system": "shmfab-put", "placement": "near", "path": "heap",

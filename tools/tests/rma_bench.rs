@@ -37,6 +37,10 @@ fn bench_rows(tag: &str, env: &[(&str, &str)]) -> Vec<serde_json::Value> {
     assert!(o.status.success(), "stdout:\n{}\nstderr:\n{}", text(&o.stdout), text(&o.stderr));
     let out = text(&o.stdout);
     assert!(out.contains("fetch-add (8 B, u64 SUM, heap)"), "{out}");
+    // The raw floor of the fetch-add rate ran (it checks the word's total).
+    let raw = out.lines().find(|l| l.starts_with("raw floor of the fetch-add rate")).unwrap_or_else(|| panic!("{out}"));
+    let mops: f64 = raw.rsplit(", ").next().unwrap().trim_end_matches(" Mops/s").parse().unwrap();
+    assert!(mops > 0.0, "{raw}");
     serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&json.0).unwrap())
         .unwrap()
         .as_array()
