@@ -7,16 +7,23 @@
 # when the checkout has it). Prints the
 # tables with shmfab's ratio to each; a peer that cannot run is left out
 # with the reason ("ucx: unavailable (...)").
-# Usage: scripts/compare.sh [--sizes 8,64,...] [--rounds N] [--json FILE] [--plot FILE.svg]
+# Then the one-sided part: put and get latency and bandwidth by size
+# (shmfab's shared heap and single copy) and fetch-add on one word with 2
+# ranks, against Open MPI's MPI_Put/MPI_Get/MPI_Fetch_and_op on a window
+# from MPI_Win_allocate (mpi_tests/osu_rma.c), with the osc component Open
+# MPI picks (osc rdma here) and with osc sm. --only p2p skips it, --only
+# rma runs it alone (about 40 s a round).
+# Usage: scripts/compare.sh [--sizes 8,64,...] [--rounds N] [--only p2p|rma] [--json FILE] [--plot FILE.svg]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh peers
 cargo build --release --quiet -p shmfab-tools --bin shmfab
 mkdir -p mpi_tests/bin
 mpicc -O2 -o mpi_tests/bin/osu_style mpi_tests/osu_style.c
+mpicc -O2 -o mpi_tests/bin/osu_rma mpi_tests/osu_rma.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi=()
 if [ -x scripts/fi-build.sh ]; then
   fi=(--fi-provider "$(scripts/fi-build.sh)")
 fi
-exec target/release/shmfab compare --osu mpi_tests/bin/osu_style "${fi[@]}" "$@"
+exec target/release/shmfab compare --osu mpi_tests/bin/osu_style --osu-rma mpi_tests/bin/osu_rma "${fi[@]}" "$@"

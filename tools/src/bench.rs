@@ -36,6 +36,11 @@ const CMD_QUIT: u32 = 3;
 const CMD_WAKE: u32 = 4;
 const CMD_IDLE: u32 = 5;
 const T_WAKE: u64 = 7;
+const CMD_RMA_SETUP: u32 = 6;
+const CMD_RMA_FILL: u32 = 7;
+const CMD_RMA_CHECK: u32 = 8;
+const CMD_FADD: u32 = 9;
+const T_RMA: u64 = 8;
 
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the node.
 pub fn mono_ns() -> u64 {
@@ -228,6 +233,8 @@ pub struct Link {
     /// The peer process we started (None when a launcher started it).
     child: Option<Child>,
     buf: Vec<u8>,
+    /// The one-sided runs' state, after [`Link::rma_setup`].
+    rma: Option<RmaSide>,
 }
 
 impl Link {
@@ -245,7 +252,7 @@ impl Link {
             cmd.env(CPU_ENV, "1");
         }
         let child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the peer: {e}")))?;
-        let mut link = Link { ends, peer: 0, child: Some(child), buf: vec![0u8; MAX_SIZE] };
+        let mut link = Link { ends, peer: 0, child: Some(child), buf: vec![0u8; MAX_SIZE], rma: None };
         let mut hello = [0u8; shm_layout::Address::SIZE];
         // SAFETY: hello lives until the completion read just below.
         unsafe { link.ends.ep.trecv(&mut hello, FI_ADDR_UNSPEC, T_HELLO, 0, 1)? };
@@ -408,7 +415,7 @@ impl Link {
         }
         let ends = open_ends()?;
         w.ep.inject(&ends.ep.getname().to_bytes(), w.addr(1))?;
-        let mut link = Link { ends, peer: 0, child: None, buf: vec![0u8; MAX_SIZE] };
+        let mut link = Link { ends, peer: 0, child: None, buf: vec![0u8; MAX_SIZE], rma: None };
         let mut hello = [0u8; shm_layout::Address::SIZE];
         // SAFETY: hello lives until the completion read just below.
         unsafe { link.ends.ep.trecv(&mut hello, FI_ADDR_UNSPEC, T_HELLO, 0, 1)? };
@@ -480,6 +487,7 @@ fn serve(addr: &[u8]) -> Result<()> {
     let mut buf = vec![0u8; MAX_SIZE];
     let sbuf = payload(MAX_SIZE);
     let mut bufs: Vec<Vec<u8>> = Vec::new();
+    let mut rma: Option<PeerRma> = None;
     loop {
         let mut c = [0u8; 24];
         // SAFETY: c lives until the completion below.
@@ -563,6 +571,39 @@ fn serve(addr: &[u8]) -> Result<()> {
                 }
                 let used = cpu_ns() - c0;
                 ends.send(&used.to_le_bytes(), parent, T_PONG)?;
+            }
+            CMD_RMA_SETUP => {
+                let r = PeerRma::new(&ends, size)?;
+                let mut keys = [0u8; 16];
+                keys[..8].copy_from_slice(&r.heap.key().to_le_bytes());
+                keys[8..].copy_from_slice(&r.user_mr.key().to_le_bytes());
+                rma = Some(r);
+                ends.send(&keys, parent, T_RMA)?;
+            }
+            CMD_RMA_FILL | CMD_RMA_CHECK => {
+                let r = rma.as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "RMA command before setup"))?;
+                let mem = r.mem(window == 1);
+                if size > r.len {
+                    return Err(Error::with(ErrorKind::Inval, "RMA command out of range"));
+                }
+                let want = rma_pattern(size, iters as u64);
+                let ok = if kind == CMD_RMA_FILL {
+                    // SAFETY: the registration's memory, `size` bytes of
+                    // it (checked above); the initiator reads it only
+                    // after our answer below.
+                    unsafe { std::ptr::copy_nonoverlapping(want.as_ptr(), mem, size) };
+                    true
+                } else {
+                    // SAFETY: as above; the initiator's writes completed
+                    // before it sent this command.
+                    unsafe { std::slice::from_raw_parts(mem, size) == &want[..] }
+                };
+                ends.send(&[u8::from(ok), 0, 0, 0], parent, T_RMA)?;
+            }
+            CMD_FADD => {
+                let r = rma.as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "RMA command before setup"))?;
+                let ok = r.fetch_adds(&ends, iters)?;
+                ends.send(&[u8::from(ok), 0, 0, 0], parent, T_RMA)?;
             }
             CMD_QUIT => return Ok(()),
             _ => return Err(Error::with(ErrorKind::Inval, format!("unknown command {kind}"))),
@@ -659,6 +700,74 @@ pub fn raw_futex_wakeups(exe: &std::path::Path, args: &[&str], tries: usize, gap
     Ok(out)
 }
 
+/// The raw floor of the two-rank fetch-add rate: two processes, one per
+/// CPU, each doing `n` `lock xadd`s of 1 on one word of a shared page and
+/// nothing else. Returns millions of fetch-adds per second for the two
+/// together (from both being ready until both are done); checks the
+/// word's final value. `exe` is re-run as the peer, as for
+/// [`raw_pingpong`].
+pub fn raw_fetch_adds(exe: &std::path::Path, args: &[&str], n: usize) -> Result<f64> {
+    let name = format!(
+        "{}{}.rawfadd.{}",
+        shmfab::internal::region::PREFIX,
+        shmfab::internal::region::uid(),
+        std::process::id()
+    );
+    let page = RawPage::create(&name)?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).env("SHMFAB_RAW_PEER", &name).env("SHMFAB_RAW_SIZE", "0").env("SHMFAB_RAW_MODE", "fadd");
+    cmd.env("SHMFAB_RAW_ITERS", n.to_string()).stdin(Stdio::null());
+    if ncpus() >= 2 {
+        bind_cpu(0);
+        cmd.env(CPU_ENV, "1");
+    }
+    let mut child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the raw peer: {e}")))?;
+    let started = raw_fadd_side(&page, n);
+    // The peer raised the ready count before its loop and the done count
+    // after it: wait for its done.
+    let done = page.fadd_words().2;
+    let t_wait = Instant::now();
+    while done.load(std::sync::atomic::Ordering::Acquire) < 2 {
+        if t_wait.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::with(ErrorKind::TimedOut, "raw fetch-add peer did not finish"));
+        }
+        std::hint::spin_loop();
+    }
+    let el = started.map(|t| t.elapsed());
+    let st = child.wait()?;
+    let total = page.fadd_words().0.load(std::sync::atomic::Ordering::Acquire);
+    let Some(el) = el.filter(|_| st.success() && total == 2 * n as u64) else {
+        return Err(Error::with(ErrorKind::Io, format!("raw fetch-add: the word holds {total}, not {}", 2 * n)));
+    };
+    Ok(2.0 * n as f64 / el.as_secs_f64() / 1e6)
+}
+
+/// One side of [`raw_fetch_adds`]: says it is ready, waits for the other,
+/// does its `n` fetch-adds, says it is done. Returns when both were
+/// ready (None: the other never came).
+fn raw_fadd_side(page: &RawPage, n: usize) -> Option<Instant> {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    let (word, ready, done) = page.fadd_words();
+    ready.fetch_add(1, AcqRel);
+    let t0 = Instant::now();
+    while ready.load(Acquire) < 2 {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return None;
+        }
+        std::hint::spin_loop();
+    }
+    let start = Instant::now();
+    for _ in 0..n {
+        word.fetch_add(1, AcqRel);
+    }
+    // SYNC: release pairs with the acquire loads of `done` in
+    // raw_fetch_adds, which then reads the word.
+    done.fetch_add(1, AcqRel);
+    Some(start)
+}
+
 /// The raw floor's peer side. Returns the exit code.
 pub fn raw_peer_main() -> i32 {
     if let Err(e) = bind_from_env() {
@@ -677,6 +786,9 @@ pub fn raw_peer_main() -> i32 {
     let Ok(page) = RawPage::open(&name) else {
         return 1;
     };
+    if std::env::var("SHMFAB_RAW_MODE").as_deref() == Ok("fadd") {
+        return if raw_fadd_side(&page, iters).is_some() { 0 } else { 1 };
+    }
     if std::env::var("SHMFAB_RAW_MODE").as_deref() == Ok("futex") {
         for i in 1..=iters as u64 {
             let want = (i & 0xffff_ffff) as u32;
@@ -746,6 +858,19 @@ impl RawPage {
         unsafe { &*(self.map.as_mut_ptr().add(32) as *const std::sync::atomic::AtomicU32) }
     }
 
+    /// The fetch-add mode's words, each on a line of its own: the word
+    /// both sides add to, the ready count and the done count.
+    fn fadd_words(
+        &self,
+    ) -> (&std::sync::atomic::AtomicU64, &std::sync::atomic::AtomicU64, &std::sync::atomic::AtomicU64) {
+        // SAFETY: offsets 128, 192 and 256 are inside the mapping and
+        // 8-aligned; the fetch-add mode uses no flag or payload.
+        unsafe {
+            let at = |o: usize| &*(self.map.as_mut_ptr().add(o) as *const std::sync::atomic::AtomicU64);
+            (at(128), at(192), at(256))
+        }
+    }
+
     fn flag(&self, dir: usize) -> &std::sync::atomic::AtomicU64 {
         // SAFETY: offset dir * 4096 is inside the 8 KiB mapping and 8-aligned.
         unsafe { &*(self.map.as_mut_ptr().add(dir * 4096) as *const std::sync::atomic::AtomicU64) }
@@ -789,6 +914,513 @@ impl Drop for RawPage {
             let _ = rustix::shm::unlink(self.name.as_str());
         }
     }
+}
+
+/// Bytes one RMA run moves, about: its operations are this over the size.
+const RMA_BYTES: usize = 128 << 20;
+
+/// Operations of one RMA run of `size` bytes (the latency run, and the
+/// streamed run after it); `rma_iters` in mpi_tests/osu_rma.c is the same.
+pub fn rma_iters(size: usize) -> usize {
+    (RMA_BYTES / size.max(1)).clamp(20, 100_000)
+}
+
+/// Operations of one streamed window, whose completions are then waited
+/// for together (as one MPI_Win_flush after a window of MPI_Put).
+pub const RMA_WINDOW: usize = 64;
+
+/// Fetch-adds of each rank in the two-rank rate run (the one-rank latency
+/// run does half as many); FADD_OPS in mpi_tests/osu_rma.c.
+pub const FADD_OPS: usize = 200_000;
+
+/// The data of the RMA checks: byte i is `i * 7 + 3 + seed` (`pattern` in
+/// mpi_tests/osu_rma.c).
+pub fn rma_pattern(size: usize, seed: u64) -> Vec<u8> {
+    (0..size).map(|i| (i as u64).wrapping_mul(7).wrapping_add(3 + seed) as u8).collect()
+}
+
+/// One one-sided measurement: latency is the mean time of one operation
+/// until it is complete (a put's data in the target's memory, a get's in
+/// ours, a fetch-add's old value in ours), operations one after another;
+/// bandwidth and rate come from a streamed run (windows of
+/// [`RMA_WINDOW`] operations, then their completions).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RmaFigure {
+    /// Bytes per operation.
+    pub size: usize,
+    /// Microseconds per operation, one at a time.
+    pub latency_us: Option<f64>,
+    /// Streaming bandwidth, GB/s (10^9 bytes per second).
+    pub bw_gbs: Option<f64>,
+    /// Millions of operations per second.
+    pub mops: Option<f64>,
+}
+
+/// Which registration of the target an RMA run reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmaMem {
+    /// Memory from `Domain::alloc_shared`: a copy into the mapped heap.
+    Heap,
+    /// An ordinary buffer registered with `mr_reg`: single copy
+    /// (process_vm_writev/readv), or the target's progress engine where
+    /// single copy is off or refused.
+    User,
+}
+
+/// The path that operations took, from the initiator's
+/// [`shmfab::RmaStats`] before and after them: `heap`, `cma`, `mailbox`,
+/// or `mixed`.
+pub fn rma_path(before: shmfab::RmaStats, after: shmfab::RmaStats) -> &'static str {
+    let d = (after.heap - before.heap, after.cma - before.cma, after.mailbox - before.mailbox);
+    match d {
+        (_, 0, 0) => "heap",
+        (0, _, 0) => "cma",
+        (0, 0, _) => "mailbox",
+        _ => "mixed",
+    }
+}
+
+/// Offset of the fetch-add word in the heap registration of a target set
+/// up for `len` bytes: a line of its own after the data.
+fn fadd_word(len: usize) -> u64 {
+    (len.div_ceil(64) * 64) as u64
+}
+
+/// An endpoint and CQ of their own for the one-sided operations (the
+/// tagged commands keep theirs), bound to the link's AV.
+struct RmaEp {
+    ep: Endpoint,
+    cq: CompletionQueue,
+    /// Where [`RmaEp::wait`] reads entries to, made once: an array of them
+    /// zeroed on each wait was half the instructions of a measured 8 B put.
+    entries: std::cell::RefCell<Vec<CqTaggedEntry>>,
+}
+
+impl RmaEp {
+    fn open(ends: &Ends) -> Result<RmaEp> {
+        let cq = ends.dom.cq_open(&CqAttr { size: 4 * RMA_WINDOW, ..Default::default() })?;
+        let ep = ends.dom.endpoint()?;
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV)?;
+        ep.bind_av(&ends.av)?;
+        ep.enable()?;
+        Ok(RmaEp { ep, cq, entries: std::cell::RefCell::new(vec![CqTaggedEntry::default(); RMA_WINDOW]) })
+    }
+
+    /// Waits for `n` completions (one-sided operations only come here);
+    /// an error entry is the error. Errors out after 30 s.
+    fn wait(&self, n: usize) -> Result<()> {
+        let mut got = 0;
+        let mut e = self.entries.borrow_mut();
+        let t0 = Instant::now();
+        let mut spins = 0u32;
+        while got < n {
+            match self.cq.read(&mut e[..(n - got).min(RMA_WINDOW)]) {
+                Ok(k) => got += k,
+                Err(x) if x.kind() == ErrorKind::Again => {
+                    spins += 1;
+                    if spins.is_multiple_of(4096) && t0.elapsed() > Duration::from_secs(30) {
+                        return Err(Error::with(ErrorKind::TimedOut, "RMA completions did not come"));
+                    }
+                }
+                Err(x) if x.kind() == ErrorKind::Avail => {
+                    let err = self.cq.readerr()?;
+                    return Err(Error::with(ErrorKind::from_errno(err.err), format!("RMA error entry: {err:?}")));
+                }
+                Err(x) => return Err(x),
+            }
+        }
+        Ok(())
+    }
+
+    /// `n` fetch-adds of 1 (u64, SUM) on the word at `off` of registration
+    /// `key` of `dest`, each waited for. Ok(false) when the old values
+    /// fetched do not rise strictly one after another (each must see the
+    /// ones before it); `first` is what the first must be, when known.
+    fn fetch_adds(&self, dest: FiAddr, key: u64, off: u64, n: usize, first: Option<u64>) -> Result<bool> {
+        let one = 1u64.to_ne_bytes();
+        let mut old = [0u8; 8];
+        let mut prev: Option<u64> = None;
+        let mut ok = true;
+        for i in 0..n {
+            self.ep.fetch_atomic(
+                shmfab::AtomicType::Uint64,
+                shmfab::AtomicOp::Sum,
+                &one,
+                &mut old,
+                dest,
+                off,
+                key,
+                0,
+            )?;
+            self.wait(1)?;
+            let v = u64::from_ne_bytes(old);
+            let exact = match (first, prev) {
+                (Some(f), _) => v == f + i as u64,
+                (None, Some(p)) => v > p,
+                (None, None) => true,
+            };
+            ok &= exact;
+            prev = Some(v);
+        }
+        Ok(ok)
+    }
+}
+
+/// The target's side of the RMA runs: a heap registration (the data, then
+/// the fetch-add word) and an ordinary registered buffer of the same
+/// length.
+struct PeerRma {
+    heap: shmfab::MemoryRegion,
+    /// Closed (on drop) before `user`, its memory, goes.
+    user_mr: shmfab::MemoryRegion,
+    user: Vec<u64>,
+    len: usize,
+    /// Our own endpoint for the fetch-adds of the two-rank run, and our
+    /// own address in the AV.
+    ep: Option<(RmaEp, FiAddr)>,
+}
+
+impl PeerRma {
+    fn new(ends: &Ends, len: usize) -> Result<PeerRma> {
+        let rw = shmfab::FI_REMOTE_READ | shmfab::FI_REMOTE_WRITE | shmfab::FI_READ | shmfab::FI_WRITE;
+        let heap = ends.dom.alloc_shared(fadd_word(len) as usize + 64, rw)?;
+        let mut user = vec![0u64; len.div_ceil(8).max(1)];
+        // SAFETY: `user` outlives the registration: user_mr is dropped
+        // (closed) first, by field order, and the Vec is never resized.
+        let user_mr = unsafe { ends.dom.mr_reg(user.as_mut_ptr().cast(), len.max(1), rw)? };
+        Ok(PeerRma { heap, user_mr, user, len, ep: None })
+    }
+
+    /// The start of the heap data (`user`: of the ordinary buffer).
+    fn mem(&mut self, user: bool) -> *mut u8 {
+        if user {
+            self.user.as_mut_ptr().cast()
+        } else {
+            self.heap.as_ptr()
+        }
+    }
+
+    /// Our half of a two-rank fetch-add run: `n` on our own word, through
+    /// the same calls as the initiator's.
+    fn fetch_adds(&mut self, ends: &Ends, n: usize) -> Result<bool> {
+        if self.ep.is_none() {
+            let me = ends.av.insert_bytes(&ends.ep.getname().to_bytes())?;
+            self.ep = Some((RmaEp::open(ends)?, me));
+        }
+        let (ep, me) = self.ep.as_ref().expect("set above");
+        ep.fetch_adds(*me, self.heap.key(), fadd_word(self.len), n, None)
+    }
+}
+
+/// The initiator's state of the RMA runs.
+struct RmaSide {
+    ep: RmaEp,
+    /// The peer's heap and ordinary registrations.
+    heap_key: u64,
+    user_key: u64,
+    len: usize,
+    /// Fetch-adds done on the word so far (its value).
+    fadds: u64,
+}
+
+impl Link {
+    /// Has the peer register `len` bytes of shared heap and `len` bytes of
+    /// ordinary memory for [`Link::rma_op`] and [`Link::fetch_add`] (sizes
+    /// up to `len`; [`MAX_SIZE`] at most).
+    pub fn rma_setup(&mut self, len: usize) -> Result<()> {
+        let mut keys = [0u8; 16];
+        // SAFETY: keys lives until the completion read just below.
+        unsafe { self.ends.ep.trecv(&mut keys, self.peer, T_RMA, 0, 4)? };
+        self.command(CMD_RMA_SETUP, len, 0, 0)?;
+        self.ends.wait_recvs(1)?;
+        let k = |i: usize| u64::from_le_bytes(keys[i..i + 8].try_into().expect("8 bytes"));
+        let ep = RmaEp::open(&self.ends)?;
+        self.rma = Some(RmaSide { ep, heap_key: k(0), user_key: k(8), len, fadds: 0 });
+        Ok(())
+    }
+
+    /// Whether the first `size` bytes of the peer's `mem` hold
+    /// [`rma_pattern`]`(size, seed)` (what [`Link::rma_op`] checks after
+    /// its puts).
+    pub fn rma_check(&mut self, mem: RmaMem, size: usize, seed: u64) -> Result<bool> {
+        self.rma_ask(CMD_RMA_CHECK, mem, size, seed)
+    }
+
+    /// A command to the peer about its RMA memory, and its yes/no answer.
+    fn rma_ask(&mut self, kind: u32, mem: RmaMem, size: usize, seed: u64) -> Result<bool> {
+        let mut ans = [0u8; 4];
+        // SAFETY: ans lives until the completion read just below.
+        unsafe { self.ends.ep.trecv(&mut ans, self.peer, T_RMA, 0, 4)? };
+        self.command(kind, size, usize::from(mem == RmaMem::User), seed as usize)?;
+        self.ends.wait_recvs(1)?;
+        Ok(ans[0] == 1)
+    }
+
+    /// Puts (`put`) or gets of `size` bytes at offset 0 of the peer's
+    /// `mem`: `n` ([`rma_iters`] in the comparison) one at a time (the latency: each call, then its
+    /// completion read from the CQ; the data is where it goes when the
+    /// completion is there), then as many streamed. Checks the data: the
+    /// peer compares its memory with the puts' pattern (`seed`), and the
+    /// gets' data with the pattern the peer wrote first; a mismatch is an
+    /// error. Returns the figure and the path the operations took
+    /// ([`rma_path`]).
+    pub fn rma_op(
+        &mut self,
+        put: bool,
+        mem: RmaMem,
+        size: usize,
+        seed: u64,
+        n: usize,
+    ) -> Result<(RmaFigure, &'static str)> {
+        let len = self.rma.as_ref().map_or(0, |r| r.len);
+        if size == 0 || size > len {
+            return Err(Error::with(ErrorKind::Inval, format!("RMA of {size} bytes: set up for 1 to {len}")));
+        }
+        let want = rma_pattern(size, seed);
+        if !put && !self.rma_ask(CMD_RMA_FILL, mem, size, seed)? {
+            return Err(Error::with(ErrorKind::Io, "the peer did not fill its memory"));
+        }
+        let r = self.rma.as_ref().expect("checked above");
+        let key = if mem == RmaMem::Heap { r.heap_key } else { r.user_key };
+        let mut got = vec![0u8; size];
+        let n = n.max(1);
+        let one = |i: usize, got: &mut [u8]| {
+            if put {
+                r.ep.ep.write(&want, self.peer, 0, key, i)
+            } else {
+                r.ep.ep.read(got, self.peer, 0, key, i)
+            }
+        };
+        let s0 = self.ends.dom.rma_stats();
+        let warm = n / 10 + 1;
+        let mut t0 = Instant::now();
+        for i in 0..warm + n {
+            if i == warm {
+                t0 = Instant::now();
+            }
+            one(i, &mut got)?;
+            r.ep.wait(1)?;
+        }
+        let lat = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+        if !put && got != want {
+            return Err(Error::with(ErrorKind::Io, format!("get of {size} bytes brought other data")));
+        }
+        got.fill(0);
+        let mut el = Duration::ZERO;
+        for (todo, timed) in [(warm, false), (n, true)] {
+            let t0 = Instant::now();
+            let mut left = todo;
+            while left > 0 {
+                let k = left.min(RMA_WINDOW);
+                for i in 0..k {
+                    one(i, &mut got)?;
+                }
+                r.ep.wait(k)?;
+                left -= k;
+            }
+            if timed {
+                el = t0.elapsed();
+            }
+        }
+        let path = rma_path(s0, self.ends.dom.rma_stats());
+        if !put && got != want {
+            return Err(Error::with(ErrorKind::Io, format!("streamed get of {size} bytes brought other data")));
+        }
+        if put && !self.rma_ask(CMD_RMA_CHECK, mem, size, seed)? {
+            return Err(Error::with(ErrorKind::Io, format!("put of {size} bytes: the data did not arrive")));
+        }
+        let s = el.as_secs_f64();
+        let fig = RmaFigure {
+            size,
+            latency_us: Some(lat),
+            bw_gbs: Some(n as f64 * size as f64 / s / 1e9),
+            mops: Some(n as f64 / s / 1e6),
+        };
+        Ok((fig, path))
+    }
+
+    /// Fetch-adds (8 bytes, u64 SUM) on the word in the peer's shared
+    /// heap: the latency of ours alone (`n / 2`, one at a time, the peer
+    /// idle), then the rate of both processes at once (`n` each, the peer
+    /// on its own word through the same calls), in millions per second for
+    /// the two together; `n` is [`FADD_OPS`] in the comparison. Checks
+    /// that each fetched value follows the one before and the word's final
+    /// value (read with an atomic read) counts every fetch-add.
+    pub fn fetch_add(&mut self, n: usize) -> Result<(RmaFigure, &'static str)> {
+        let Some(r) = self.rma.as_ref() else {
+            return Err(Error::with(ErrorKind::Inval, "fetch-add before rma_setup"));
+        };
+        let (key, off) = (r.heap_key, fadd_word(r.len));
+        let each = n.max(2);
+        let n = each / 2;
+        let warm = n / 10 + 1;
+        let s0 = self.ends.dom.rma_stats();
+        let first = r.fadds;
+        if !r.ep.fetch_adds(self.peer, key, off, warm, Some(first))? {
+            return Err(Error::with(ErrorKind::Io, "fetch-add: values out of sequence"));
+        }
+        let t0 = Instant::now();
+        let ok = r.ep.fetch_adds(self.peer, key, off, n, Some(first + warm as u64))?;
+        let lat = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+        if !ok {
+            return Err(Error::with(ErrorKind::Io, "fetch-add: values out of sequence"));
+        }
+        let mut total = first + (warm + n) as u64;
+        let mut el = Duration::ZERO;
+        for (k, timed) in [(each / 10 + 1, false), (each, true)] {
+            let mut ans = [0u8; 4];
+            // SAFETY: ans lives until the completion read below.
+            unsafe { self.ends.ep.trecv(&mut ans, self.peer, T_RMA, 0, 4)? };
+            let t0 = Instant::now();
+            self.command(CMD_FADD, 0, 0, k)?;
+            let r = self.rma.as_ref().expect("checked above");
+            let ours = r.ep.fetch_adds(self.peer, key, off, k, None)?;
+            self.ends.wait_recvs(1)?;
+            if timed {
+                el = t0.elapsed();
+            }
+            if !ours || ans[0] != 1 {
+                return Err(Error::with(ErrorKind::Io, "fetch-add of two ranks: values out of sequence"));
+            }
+            total += 2 * k as u64;
+        }
+        let r = self.rma.as_mut().expect("checked above");
+        let mut v = [0u8; 8];
+        r.ep.ep.fetch_atomic(
+            shmfab::AtomicType::Uint64,
+            shmfab::AtomicOp::Read,
+            &[],
+            &mut v,
+            self.peer,
+            off,
+            key,
+            0,
+        )?;
+        r.ep.wait(1)?;
+        if u64::from_ne_bytes(v) != total {
+            return Err(Error::with(
+                ErrorKind::Io,
+                format!("fetch-add: the word holds {}, {total} were done", u64::from_ne_bytes(v)),
+            ));
+        }
+        r.fadds = total;
+        let path = rma_path(s0, self.ends.dom.rma_stats());
+        let fig = RmaFigure {
+            size: 8,
+            latency_us: Some(lat),
+            bw_gbs: None,
+            mops: Some(2.0 * each as f64 / el.as_secs_f64() / 1e6),
+        };
+        Ok((fig, path))
+    }
+}
+
+/// Open MPI's one-sided figures, from mpi_tests/osu_rma.c.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MpiRma {
+    /// MPI_Put by size.
+    pub put: Vec<RmaFigure>,
+    /// MPI_Get by size.
+    pub get: Vec<RmaFigure>,
+    /// MPI_Fetch_and_op: latency of one rank, rate of two.
+    pub fadd: RmaFigure,
+    /// The osc component that ran (`rdma`, `sm`, ...).
+    pub osc: String,
+}
+
+/// Runs the project's one-sided MPI program (`bin`, mpi_tests/osu_rma.c
+/// built with mpicc) under `mpirun -np 2` over the vader BTL, with osc
+/// component `osc` (None: the one Open MPI picks; which one that was is
+/// read from its verbose output: osc rdma and pt2pt say "<name> component
+/// destroying window", osc sm says nothing).
+pub fn openmpi_rma(bin: &std::path::Path, sizes: &[usize], osc: Option<&str>) -> Result<MpiRma> {
+    let list = sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "-np",
+        "2",
+        "--allow-run-as-root",
+        "--bind-to",
+        "core",
+        "--mca",
+        "pml",
+        "ob1",
+        "--mca",
+        "btl",
+        "self,vader",
+    ]);
+    match osc {
+        Some(o) => cmd.args(["--mca", "osc", o]),
+        None => cmd.args(["--mca", "osc_base_verbose", "100"]),
+    };
+    cmd.arg(bin).arg(&list);
+    let out = output_within(cmd, MPI_LIMIT)?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if let Some(l) = stdout.lines().find(|l| l.starts_with("error ")) {
+        return Err(Error::with(ErrorKind::Io, format!("osu_rma: {l}")));
+    }
+    if !out.status.success() {
+        return Err(Error::with(ErrorKind::Io, mpirun_reason(&String::from_utf8_lossy(&out.stderr))));
+    }
+    let mut r = parse_rma(&stdout, sizes);
+    if r.put.iter().all(|f| f.latency_us.is_none()) || r.fadd.mops.is_none() {
+        return Err(Error::with(ErrorKind::Io, "osu_rma printed no figures"));
+    }
+    r.osc = match osc {
+        Some(o) => o.to_string(),
+        None => osc_named(&String::from_utf8_lossy(&out.stderr)),
+    };
+    Ok(r)
+}
+
+/// The osc component Open MPI's verbose output names (`rdma component
+/// destroying window`), or `sm?` when none does (osc sm prints nothing).
+fn osc_named(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| {
+            let i = l.find(" component destroying window")?;
+            l[..i].rsplit(' ').next().map(str::to_string)
+        })
+        .unwrap_or_else(|| "sm?".to_string())
+}
+
+/// The figures in osu_rma's output (`put_lat|put_bw|put_mops|get_...
+/// SIZE VALUE`, `fadd_lat 8 US`, `fadd_rate 8 MOPS`), one per size asked
+/// for.
+fn parse_rma(stdout: &str, sizes: &[usize]) -> MpiRma {
+    let none: Vec<RmaFigure> = sizes.iter().map(|&size| RmaFigure { size, ..Default::default() }).collect();
+    let mut r = MpiRma {
+        put: none.clone(),
+        get: none,
+        fadd: RmaFigure { size: 8, ..Default::default() },
+        ..Default::default()
+    };
+    for line in stdout.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() != 3 {
+            continue;
+        }
+        let (Ok(size), Ok(v)) = (w[1].parse::<usize>(), w[2].parse::<f64>()) else {
+            continue;
+        };
+        let Some((op, what)) = w[0].split_once('_') else { continue };
+        let f = match op {
+            "put" => r.put.iter_mut().find(|f| f.size == size),
+            "get" => r.get.iter_mut().find(|f| f.size == size),
+            "fadd" => Some(&mut r.fadd),
+            _ => None,
+        };
+        if let Some(f) = f {
+            match what {
+                "lat" => f.latency_us = Some(v),
+                "bw" => f.bw_gbs = Some(v),
+                "mops" | "rate" => f.mops = Some(v),
+                _ => {}
+            }
+        }
+    }
+    r
 }
 
 /// Longest an osu-style MPI run may take before it is stopped (a whole
@@ -1106,6 +1738,31 @@ mod tests {
         let t0 = Instant::now();
         stop_gently(&mut child);
         assert!(child.try_wait().unwrap().is_some() && t0.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn osu_rma_output_parses_and_names_its_osc_component() {
+        let out = "put_lat 8 0.1\nput_bw 8 0.3\nput_mops 8 40\nget_lat 8 0.2\nget_lat 64 0.25\n\
+                   put_lat 99 1\nfadd_lat 8 0.19\nfadd_rate 8 5.5\nnoise\nfoo_lat 8 1\n";
+        let r = parse_rma(out, &[8, 64]);
+        assert_eq!(r.put[0], RmaFigure { size: 8, latency_us: Some(0.1), bw_gbs: Some(0.3), mops: Some(40.0) });
+        assert_eq!(r.put[1], RmaFigure { size: 64, ..Default::default() });
+        assert_eq!((r.get[0].latency_us, r.get[1].latency_us), (Some(0.2), Some(0.25)));
+        assert_eq!(r.fadd, RmaFigure { size: 8, latency_us: Some(0.19), bw_gbs: None, mops: Some(5.5) });
+        assert_eq!(osc_named("[vm:11402] rdma component destroying window with id 3\n"), "rdma");
+        assert_eq!(osc_named("[vm:1] mca: base: close: unloading component monitoring\n"), "sm?");
+    }
+
+    #[test]
+    fn rma_iterations_and_patterns() {
+        assert_eq!((rma_iters(8), rma_iters(4 << 20), rma_iters(64 << 10)), (100_000, 32, 2048));
+        assert_eq!(rma_pattern(3, 0), [3, 10, 17]);
+        assert_ne!(rma_pattern(64, 1), rma_pattern(64, 2));
+        let s = |heap, cma, mailbox| shmfab::RmaStats { heap, cma, mailbox };
+        assert_eq!(rma_path(s(1, 2, 3), s(5, 2, 3)), "heap");
+        assert_eq!(rma_path(s(1, 2, 3), s(1, 4, 3)), "cma");
+        assert_eq!(rma_path(s(1, 2, 3), s(1, 2, 4)), "mailbox");
+        assert_eq!(rma_path(s(1, 2, 3), s(2, 3, 3)), "mixed");
     }
 
     #[test]

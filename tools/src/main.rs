@@ -6,7 +6,7 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
-use shmfab_tools::bench::{self, Figure, Link};
+use shmfab_tools::bench::{self, Figure, Link, RmaMem};
 use shmfab_tools::status::Status;
 use std::path::{Path, PathBuf};
 
@@ -77,6 +77,10 @@ enum What {
     All,
     /// Wake-up latency of a receiver asleep in sread, and a blocked rank's CPU
     Wakeup,
+    /// One-sided: put and get latency and bandwidth by size into the
+    /// peer's shared heap and into its ordinary registered memory (single
+    /// copy), and the fetch-add latency and two-rank rate on one word
+    Rma,
 }
 
 #[derive(Debug, Args)]
@@ -98,6 +102,19 @@ struct BenchArgs {
     /// With --compare: the osu-style MPI program (default: built here with mpicc)
     #[arg(long, value_name = "PATH", requires = "compare")]
     osu: Option<PathBuf>,
+    /// With rma: operations per run (default: by size, about 128 MiB
+    /// moved, 20 to 100000; fetch-add: 200000 per rank)
+    #[arg(long, value_name = "N", value_parser = in_range(1, 10_000_000))]
+    iters: Option<usize>,
+}
+
+/// Which part of `compare` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Part {
+    /// Two-sided: half round trip, bandwidth, message rate
+    P2p,
+    /// One-sided: put, get, fetch-add
+    Rma,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -122,6 +139,13 @@ struct CompareArgs {
     /// comparison
     #[arg(long, value_name = "DIR")]
     fi_provider: Option<PathBuf>,
+    /// The one-sided MPI program (mpi_tests/osu_rma.c built with mpicc;
+    /// without it, Open MPI's one-sided figures are left out)
+    #[arg(long, value_name = "PATH")]
+    osu_rma: Option<PathBuf>,
+    /// Run only this part (default: both)
+    #[arg(long, value_enum, value_name = "PART")]
+    only: Option<Part>,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -413,16 +437,22 @@ fn fmt(v: Option<f64>, prec: usize) -> String {
 
 /// The osu-style MPI program, built here with mpicc when none was given.
 const OSU_SOURCE: &str = include_str!("../../mpi_tests/osu_style.c");
+const OSU_RMA_SOURCE: &str = include_str!("../../mpi_tests/osu_rma.c");
 
 fn osu_binary(given: Option<&Path>) -> Option<PathBuf> {
+    mpi_binary(given, "osu_style", OSU_SOURCE)
+}
+
+/// `given`, or the MPI program `source` built here with mpicc as `name`.
+fn mpi_binary(given: Option<&Path>, name: &str, source: &str) -> Option<PathBuf> {
     if let Some(p) = given {
         return Some(p.to_path_buf());
     }
     let dir = std::env::temp_dir().join(format!("shmfab-osu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).ok()?;
-    let src = dir.join("osu_style.c");
-    let bin = dir.join("osu_style");
-    std::fs::write(&src, OSU_SOURCE).ok()?;
+    let src = dir.join(format!("{name}.c"));
+    let bin = dir.join(name);
+    std::fs::write(&src, source).ok()?;
     let ok = std::process::Command::new("mpicc").args(["-O2", "-o"]).arg(&bin).arg(&src).status().ok()?.success();
     if !ok {
         eprintln!("mpicc failed: Open MPI left out of the comparison");
@@ -437,6 +467,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<(), String> {
     }
     if a.compare {
         let osu = osu_binary(a.osu.as_deref());
+        let osu_rma = mpi_binary(None, "osu_rma", OSU_RMA_SOURCE);
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
         let c = CompareArgs {
@@ -446,11 +477,14 @@ fn cmd_bench(a: &BenchArgs) -> Result<(), String> {
             rounds: a.rounds,
             plot: None,
             fi_provider: None,
+            osu_rma,
+            only: None,
         };
         return cmd_compare(&c);
     }
     let m = match a.what {
         What::Wakeup => return cmd_wakeup(a),
+        What::Rma => return cmd_bench_rma(a),
         What::Pingpong => Measures { lat: true, bw: false, rate: false },
         What::Bw => Measures { lat: false, bw: true, rate: false },
         What::Msgrate => Measures { lat: false, bw: false, rate: true },
@@ -509,6 +543,389 @@ fn cmd_wakeup(a: &BenchArgs) -> Result<(), String> {
         write_json(p, &w)?;
     }
     Ok(())
+}
+
+/// shmfab's one-sided figures: put and get by size into the peer's
+/// shared heap and into its ordinary registered memory, and fetch-add.
+#[derive(Clone, Debug)]
+struct OursRma {
+    /// Put heap, get heap, put ordinary memory, get ordinary memory.
+    figs: [Vec<bench::RmaFigure>; 4],
+    /// The path each took ([`bench::rma_path`]).
+    paths: [&'static str; 4],
+    fadd: bench::RmaFigure,
+    fadd_path: &'static str,
+}
+
+/// Measures [`OursRma`] between this process and a peer it starts
+/// (`iters`: operations per run instead of [`bench::rma_iters`] and
+/// [`bench::FADD_OPS`]).
+fn measure_rma(sizes: &[usize], iters: Option<usize>, st: &mut Status) -> Result<OursRma, String> {
+    let e = |e: shmfab::Error| e.to_string();
+    let mut link = Link::spawn(&exe()?, &[]).map_err(e)?;
+    let len = sizes.iter().copied().max().unwrap_or(8).max(8);
+    link.rma_setup(len).map_err(e)?;
+    let mut out =
+        OursRma { figs: Default::default(), paths: ["-"; 4], fadd: bench::RmaFigure::default(), fadd_path: "-" };
+    let mut seed = 0;
+    for &size in sizes {
+        st.step(&format!("shmfab one-sided, {}", bytes(size)));
+        let n = iters.unwrap_or_else(|| bench::rma_iters(size));
+        for (k, (put, mem)) in
+            [(true, RmaMem::Heap), (false, RmaMem::Heap), (true, RmaMem::User), (false, RmaMem::User)]
+                .into_iter()
+                .enumerate()
+        {
+            seed += 1;
+            let (f, path) = link.rma_op(put, mem, size, seed, n).map_err(|x| {
+                format!("{} {} of {size} bytes: {x}", if put { "put" } else { "get" }, rma_mem_name(mem))
+            })?;
+            out.figs[k].push(f);
+            out.paths[k] = path;
+        }
+    }
+    st.step("shmfab fetch-add");
+    let (f, path) = link.fetch_add(iters.unwrap_or(bench::FADD_OPS)).map_err(|x| format!("fetch-add: {x}"))?;
+    out.fadd = f;
+    out.fadd_path = path;
+    link.quit().map_err(e)?;
+    Ok(out)
+}
+
+fn rma_mem_name(m: RmaMem) -> &'static str {
+    match m {
+        RmaMem::Heap => "into the shared heap",
+        RmaMem::User => "into ordinary registered memory",
+    }
+}
+
+/// `shmfab bench rma`: shmfab's one-sided figures alone.
+fn cmd_bench_rma(a: &BenchArgs) -> Result<(), String> {
+    let l = shmfab::internal::job::Launch::detect().map_err(|e| e.to_string())?;
+    if l.launcher != shmfab::Launcher::Single {
+        return Err("shmfab bench rma starts its own peer: run it without a launcher".into());
+    }
+    let sizes = a.sizes.get();
+    println!("shmfab {} one-sided, between two processes ({} CPUs)", env!("CARGO_PKG_VERSION"), bench::ncpus());
+    let mut st = Status::new(sizes.len() + 1);
+    let probe = placement_probe(&exe()?);
+    let ours = measure_rma(&sizes, a.iters, &mut st)?;
+    st.finish();
+    println!(
+        "latency: one operation, then its completion read from the CQ (a put's data is in the target's memory, a get's here)"
+    );
+    println!(
+        "{:>8} | {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} {:>8}",
+        "size", "put heap", "get heap", "put user", "get user", "put heap", "get heap", "put user", "get user"
+    );
+    println!("{:>8} | {:^39} | {:^35}", "(bytes)", "latency (us)", "bandwidth (GB/s)");
+    for (i, size) in sizes.iter().enumerate() {
+        let f = |k: usize| ours.figs[k][i];
+        println!(
+            "{:>8} | {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} {:>8}",
+            size,
+            fmt(f(0).latency_us, 3),
+            fmt(f(1).latency_us, 3),
+            fmt(f(2).latency_us, 3),
+            fmt(f(3).latency_us, 3),
+            fmt(f(0).bw_gbs, 2),
+            fmt(f(1).bw_gbs, 2),
+            fmt(f(2).bw_gbs, 2),
+            fmt(f(3).bw_gbs, 2),
+        );
+    }
+    println!(
+        "paths (put/get): shared heap {}/{}, ordinary registered memory {}/{}",
+        ours.paths[0], ours.paths[1], ours.paths[2], ours.paths[3]
+    );
+    println!(
+        "fetch-add (8 B, u64 SUM, {}): {} us one rank alone, {} Mops/s two ranks on the one word",
+        ours.fadd_path,
+        fmt(ours.fadd.latency_us, 3),
+        fmt(ours.fadd.mops, 2)
+    );
+    match bench::raw_fetch_adds(&exe()?, &[], a.iters.unwrap_or(bench::FADD_OPS)) {
+        Ok(m) => println!("raw floor of the fetch-add rate: two processes doing lock xadd on one word, {m:.2} Mops/s"),
+        Err(e) => println!("raw fetch-add floor: {e}"),
+    }
+    if let Some(p) = probe {
+        println!("raw floor {p:.3} us at 8 B (placement probe, before the run)");
+    }
+    if let Some(p) = &a.json {
+        let rows = rma_rows(&ours_rma_named(&ours), Placement::All);
+        write_json(p, &rows)?;
+    }
+    Ok(())
+}
+
+/// The one-sided systems of `compare`: (JSON name, index of the probe
+/// group: 0 shmfab, 1 Open MPI's default osc, 2 Open MPI with osc sm).
+const RMA_SYSTEMS: [(&str, usize); 12] = [
+    ("shmfab-put", 0),
+    ("shmfab-get", 0),
+    ("shmfab-put-cma", 0),
+    ("shmfab-get-cma", 0),
+    ("shmfab-fetch-add", 0),
+    ("openmpi-put", 1),
+    ("openmpi-get", 1),
+    ("openmpi-fetch-add", 1),
+    ("openmpi-osc-sm-put", 2),
+    ("openmpi-osc-sm-get", 2),
+    ("openmpi-osc-sm-fetch-add", 2),
+    ("raw-fetch-add", 0),
+];
+
+/// Index in [`RMA_SYSTEMS`] of each fetch-add system (the last: the raw
+/// floor, two processes doing bare `lock xadd`s on one shared word).
+const RMA_FADD: [usize; 4] = [4, 7, 10, 11];
+
+/// One round of the one-sided systems: each system's run (its figures
+/// as [`Figure`]s: latency in `half_rtt_us`, Mops/s in `mmsgs`; the
+/// fetch-add systems have one, at 8 B), and the path or component each
+/// took.
+struct RmaRound {
+    runs: Vec<Run>,
+    paths: Vec<String>,
+}
+
+fn as_figure(f: &bench::RmaFigure) -> Figure {
+    Figure { size: f.size, half_rtt_us: f.latency_us, bw_gbs: f.bw_gbs, mmsgs: f.mops }
+}
+
+/// `shmfab compare`'s one-sided round: shmfab, Open MPI with the osc
+/// component it picks, and Open MPI with osc sm, each after a placement
+/// probe.
+fn rma_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> Result<RmaRound, String> {
+    let n = RMA_SYSTEMS.len();
+    let mut runs: Vec<Run> = (0..n)
+        .map(|k| {
+            let len = if RMA_FADD.contains(&k) { 1 } else { sizes.len() };
+            Run { probes: vec![None; len], figs: Vec::new() }
+        })
+        .collect();
+    let mut paths = vec![String::new(); n];
+    let mut probes = [None; 3];
+    probes[0] = placement_probe(exe);
+    st.say("measuring shmfab one-sided ...");
+    match measure_rma(sizes, None, st) {
+        Ok(ours) => {
+            for k in 0..4 {
+                runs[k].figs = ours.figs[k].iter().map(as_figure).collect();
+                paths[k] = ours.paths[k].to_string();
+            }
+            runs[4].figs = vec![as_figure(&ours.fadd)];
+            paths[4] = ours.fadd_path.to_string();
+        }
+        Err(e) => st.warn(&format!("shmfab one-sided: {e}")),
+    }
+    match bench::raw_fetch_adds(exe, &[], bench::FADD_OPS) {
+        Ok(m) => runs[11].figs = vec![Figure { size: 8, mmsgs: Some(m), ..Default::default() }],
+        Err(e) => st.warn(&format!("raw fetch-add floor: {e}")),
+    }
+    paths[11] = "lock xadd".to_string();
+    if let Some(bin) = &o.osu_rma {
+        for (g, osc) in [(1, None), (2, Some("sm"))] {
+            probes[g] = placement_probe(exe);
+            let name = osc.map_or("the osc component it picks".to_string(), |c| format!("osc {c}"));
+            st.say(&format!("measuring Open MPI one-sided ({name}) ..."));
+            st.step(&format!("Open MPI one-sided ({name})"));
+            match bench::openmpi_rma(bin, sizes, osc) {
+                Ok(r) => {
+                    let base = if g == 1 { 5 } else { 8 };
+                    runs[base].figs = r.put.iter().map(as_figure).collect();
+                    runs[base + 1].figs = r.get.iter().map(as_figure).collect();
+                    runs[base + 2].figs = vec![as_figure(&r.fadd)];
+                    for p in &mut paths[base..base + 3] {
+                        *p = format!("osc {}", r.osc);
+                    }
+                }
+                Err(e) => st.warn(&format!("Open MPI one-sided ({name}): {e}")),
+            }
+        }
+    }
+    for (k, r) in runs.iter_mut().enumerate() {
+        let p = probes[RMA_SYSTEMS[k].1];
+        r.probes.iter_mut().for_each(|x| *x = p);
+        if r.figs.is_empty() {
+            r.figs = if RMA_FADD.contains(&k) { none_for(&[8]) } else { none_for(sizes) };
+        }
+    }
+    Ok(RmaRound { runs, paths })
+}
+
+/// Progress steps of one one-sided round.
+fn rma_steps(sizes: &[usize], osu_rma: bool) -> usize {
+    sizes.len() + 1 + 2 * usize::from(osu_rma)
+}
+
+/// The medians of the one-sided systems' figures in one placement: by
+/// size for put and get, at 8 B for fetch-add; and the median probe.
+fn rma_placement_figures(
+    rounds: &[RmaRound],
+    sizes: &[usize],
+    pl: Placement,
+    split: f64,
+) -> (Vec<Vec<Figure>>, Option<f64>) {
+    let mut probes = Vec::new();
+    let figs = (0..RMA_SYSTEMS.len())
+        .map(|k| {
+            let runs: Vec<Run> = rounds.iter().map(|r| r.runs[k].clone()).collect();
+            let s: &[usize] = if RMA_FADD.contains(&k) { &[8] } else { sizes };
+            let ([f], p) = placement_figures(&[runs], s, pl, split);
+            probes.extend(p);
+            f
+        })
+        .collect();
+    (figs, median(probes))
+}
+
+/// One row of the one-sided figures' JSON.
+#[derive(Debug, PartialEq, Serialize)]
+struct RmaRow<'a> {
+    size: usize,
+    system: &'a str,
+    placement: &'a str,
+    /// shmfab: the path the operations took (heap, cma, mailbox); Open
+    /// MPI: the osc component (osc rdma, osc sm).
+    path: String,
+    latency_us: Option<f64>,
+    bw_gbs: Option<f64>,
+    mops: Option<f64>,
+}
+
+/// The rows of the one-sided systems (name, path, figures), in order.
+fn rma_rows<'a>(systems: &[(&'a str, String, Vec<Figure>)], pl: Placement) -> Vec<RmaRow<'a>> {
+    let r6 = |v: Option<f64>| v.map(|x| round_to(x, 6));
+    systems
+        .iter()
+        .flat_map(|(system, path, figs)| {
+            figs.iter().map(move |f| RmaRow {
+                size: f.size,
+                system,
+                placement: pl.name(),
+                path: path.clone(),
+                latency_us: r6(f.half_rtt_us),
+                bw_gbs: r6(f.bw_gbs),
+                mops: r6(f.mmsgs),
+            })
+        })
+        .collect()
+}
+
+/// shmfab's systems of [`RMA_SYSTEMS`] with their paths and figures.
+fn ours_rma_named(o: &OursRma) -> Vec<(&'static str, String, Vec<Figure>)> {
+    let mut v: Vec<_> =
+        (0..4).map(|k| (RMA_SYSTEMS[k].0, o.paths[k].to_string(), o.figs[k].iter().map(as_figure).collect())).collect();
+    v.push((RMA_SYSTEMS[4].0, o.fadd_path.to_string(), vec![as_figure(&o.fadd)]));
+    v
+}
+
+/// The path or component each one-sided system took over the rounds
+/// (the last one seen; `-` when none ran).
+fn rma_paths(rounds: &[RmaRound]) -> Vec<String> {
+    (0..RMA_SYSTEMS.len())
+        .map(|k| rounds.iter().rev().map(|r| r.paths[k].clone()).find(|p| !p.is_empty()).unwrap_or_else(|| "-".into()))
+        .collect()
+}
+
+/// `compare`'s one-sided tables: latency and bandwidth of put and get by
+/// size (shmfab's shared heap and single copy; Open MPI with its default
+/// osc component and with osc sm; shmfab's heap ratio to each), then
+/// fetch-add, then the ratios the target of issue 16 names.
+fn rma_tables(figs: &[Vec<Figure>], paths: &[String]) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let ompi = paths[5].clone();
+    let _ = writeln!(
+        o,
+        "one-sided. latency: one operation, then its completion (shmfab: the call, then its CQ entry; Open MPI: \
+         MPI_Put/MPI_Get, then MPI_Win_flush): a put's data is in the target's memory, a get's here"
+    );
+    let _ = writeln!(
+        o,
+        "Open MPI: {ompi} (its default here), and osc sm; shmfab: heap = alloc_shared, cma = mr_reg'd memory ({})",
+        paths[2]
+    );
+    for (title, get, prec) in [
+        ("latency (us)", (|f: &Figure| f.half_rtt_us) as fn(&Figure) -> Option<f64>, 3),
+        ("bandwidth (GB/s)", |f: &Figure| f.bw_gbs, 2),
+    ] {
+        let _ = writeln!(
+            o,
+            "{:>8} | {:>8} {:>8} {:>8} {:>6} {:>8} {:>6} | {:>8} {:>8} {:>8} {:>6} {:>8} {:>6}",
+            "size",
+            "put heap",
+            "put cma",
+            "ompi",
+            "/ompi",
+            "ompi-sm",
+            "/sm",
+            "get heap",
+            "get cma",
+            "ompi",
+            "/ompi",
+            "ompi-sm",
+            "/sm"
+        );
+        let _ = writeln!(
+            o,
+            "{}",
+            format!("{:>8} | {:^56} | {:^56}", "(bytes)", format!("put {title}"), format!("get {title}")).trim_end()
+        );
+        for i in 0..figs[0].len() {
+            let _ = write!(o, "{:>8}", figs[0][i].size);
+            for (heap, cma, om, sm) in [(0, 2, 5, 8), (1, 3, 6, 9)] {
+                let v = |k: usize| figs[k].get(i).and_then(get);
+                let _ = write!(
+                    o,
+                    " | {:>8} {:>8} {:>8} {:>6} {:>8} {:>6}",
+                    fmt(v(heap), prec),
+                    fmt(v(cma), prec),
+                    fmt(v(om), prec),
+                    ratio(v(heap), v(om)),
+                    fmt(v(sm), prec),
+                    ratio(v(heap), v(sm))
+                );
+            }
+            let _ = writeln!(o);
+        }
+        let _ = writeln!(o);
+    }
+    let fadd = |k: usize| figs[k].first().copied().unwrap_or_default();
+    let (us, om, sm, raw) = (fadd(4), fadd(7), fadd(10), fadd(11));
+    let _ = writeln!(
+        o,
+        "fetch-add, 8 B (u64 SUM), on one word of the target: latency of one rank alone; rate of both ranks at once"
+    );
+    let _ = writeln!(o, "{:>24} | {:>8} {:>6} | {:>8} {:>6}", "", "us", "ratio", "Mops/s", "ratio");
+    for (name, f) in [
+        (format!("shmfab ({})", paths[4]), us),
+        (format!("Open MPI ({})", paths[7]), om),
+        (format!("Open MPI ({})", paths[10]), sm),
+        ("raw floor (lock xadd)".to_string(), raw),
+    ] {
+        let _ = writeln!(
+            o,
+            "{:>24} | {:>8} {:>6} | {:>8} {:>6}",
+            name,
+            fmt(f.half_rtt_us, 3),
+            ratio(us.half_rtt_us, f.half_rtt_us),
+            fmt(f.mmsgs, 2),
+            ratio(us.mmsgs, f.mmsgs)
+        );
+    }
+    let put8 = |k: usize| figs[k].iter().find(|f| f.size == 8).and_then(|f| f.half_rtt_us);
+    let _ = writeln!(
+        o,
+        "target (issue 16, 2x better): 8 B put latency shmfab / Open MPI {} ({}), {} (osc sm); fetch-add rate shmfab / Open MPI {} ({}), {} (osc sm)",
+        ratio(put8(0), put8(5)),
+        paths[5],
+        ratio(put8(0), put8(8)),
+        ratio(us.mmsgs, om.mmsgs),
+        paths[7],
+        ratio(us.mmsgs, sm.mmsgs),
+    );
+    o
 }
 
 /// One row of the figures JSON: a system's figures for one size (absent
@@ -741,12 +1158,12 @@ impl Placement {
 
 /// The medians of each system's figures taken in one placement (a size
 /// with none there has no figure), and the median probe of those figures.
-fn placement_figures(
-    per_sys: &[Vec<Run>; SYSTEMS],
+fn placement_figures<const N: usize>(
+    per_sys: &[Vec<Run>; N],
     sizes: &[usize],
     pl: Placement,
     split: f64,
-) -> ([Vec<Figure>; SYSTEMS], Option<f64>) {
+) -> ([Vec<Figure>; N], Option<f64>) {
     let mut probes = Vec::new();
     let figs = per_sys.each_ref().map(|runs| {
         let mut out = none_for(sizes);
@@ -797,12 +1214,21 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     let ucx_first = ucx_off.is_none();
     // The systems take turns, round after round, so that a slow spell of
     // the machine touches each of them; each figure is the median.
+    let (p2p, rma) = (o.only != Some(Part::Rma), o.only != Some(Part::P2p));
     let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
-    let mut st = Status::new(o.rounds * round_steps(&sizes, o.osu.is_some(), ucx_first, o.fi_provider.is_some()));
+    let mut rma_runs: Vec<RmaRound> = Vec::new();
+    let steps = usize::from(p2p) * round_steps(&sizes, o.osu.is_some(), ucx_first, o.fi_provider.is_some())
+        + usize::from(rma) * rma_steps(&sizes, o.osu_rma.is_some());
+    let mut st = Status::new(o.rounds * steps);
     for r in 0..o.rounds {
         st.say(&format!("round {} of {}", r + 1, o.rounds));
-        for (all, one) in per_sys.iter_mut().zip(compare_round(o, &sizes, &exe, &mut ucx_off, &mut st)?) {
-            all.push(one);
+        if p2p {
+            for (all, one) in per_sys.iter_mut().zip(compare_round(o, &sizes, &exe, &mut ucx_off, &mut st)?) {
+                all.push(one);
+            }
+        }
+        if rma {
+            rma_runs.push(rma_round(o, &sizes, &exe, &mut st)?);
         }
     }
     st.finish();
@@ -810,14 +1236,21 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     // The CPUs may change places during the run: each system's figures of
     // a round carry the 8 B raw probe taken just before them, and when
     // the probes fall in two groups each gets its own tables.
-    let split = placement_split(per_sys.iter().flatten().flat_map(|r| r.probes.iter().flatten().copied()));
+    let all_probes = || {
+        per_sys
+            .iter()
+            .flatten()
+            .chain(rma_runs.iter().flat_map(|r| r.runs.iter()))
+            .flat_map(|r| r.probes.iter().flatten().copied())
+    };
+    let split = placement_split(all_probes());
     let places = match split {
         Some(_) => vec![Placement::Near, Placement::Far],
         None => vec![Placement::All],
     };
-    let mut rows_out = Vec::new();
+    let mut rows_out: Vec<serde_json::Value> = Vec::new();
     let mut first_plot = true;
-    for pl in places {
+    for &pl in places.iter().filter(|_| p2p) {
         let (figs, probe) = placement_figures(&per_sys, &sizes, pl, split.unwrap_or(0.0));
         let runs = per_sys.iter().map(|r| r.iter().filter(|r| r.touches(pl, split.unwrap_or(0.0))).count());
         let runs: Vec<String> = SYSTEM_NAMES.iter().zip(runs).map(|(n, k)| format!("{n} {k}")).collect();
@@ -840,7 +1273,7 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
         }
         rows_out.extend(rows(&named(&figs)).into_iter().map(|mut r| {
             r.placement = pl.name();
-            r
+            serde_json::to_value(r).expect("plain fields")
         }));
         if let Some(p) = &o.plot {
             let date = utc_date(std::time::SystemTime::now());
@@ -856,19 +1289,38 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
             println!("picture: {}", path.display());
         }
     }
+    let paths = rma_paths(&rma_runs);
+    for &pl in places.iter().filter(|_| rma) {
+        let (figs, probe) = rma_placement_figures(&rma_runs, &sizes, pl, split.unwrap_or(0.0));
+        if figs[0].iter().all(|f| f.half_rtt_us.is_none()) {
+            println!("\n{} placement: no one-sided run of shmfab there", pl.name());
+            continue;
+        }
+        println!();
+        if pl != Placement::All {
+            println!("{} placement, one-sided:", pl.name());
+        }
+        print!("{}", rma_tables(&figs, &paths));
+        if let Some(p) = probe {
+            println!("raw floor {p:.3} us at 8 B (the median placement probe before these figures)");
+        }
+        let named: Vec<(&str, String, Vec<Figure>)> =
+            RMA_SYSTEMS.iter().zip(&paths).zip(figs).map(|((s, p), f)| (s.0, p.clone(), f)).collect();
+        rows_out.extend(rma_rows(&named, pl).into_iter().map(|r| serde_json::to_value(r).expect("plain fields")));
+    }
     println!(
         "\nmedians of {} rounds; ratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate",
         o.rounds
     );
-    let probes: Vec<f64> = per_sys.iter().flatten().flat_map(|r| r.probes.iter().flatten().copied()).collect();
+    let probes: Vec<f64> = all_probes().collect();
     if let (Some(lo), Some(hi)) = (probes.iter().copied().reduce(f64::min), probes.iter().copied().reduce(f64::max)) {
         let seen = if split.is_some() { "two placements" } else { "one placement" };
         println!(
-            "placement probes (8 B raw, before each system, and each size of fi_pingpong): {lo:.3}-{hi:.3} us, {} probes: {seen}",
+            "placement probes (8 B raw, before each system, and each size of fi_pingpong): {lo:.3}-{hi:.3} us, {} figures probed: {seen}",
             probes.len()
         );
     }
-    if let Some(line) = ucx_note(ucx_off.as_deref(), ucx_rounds) {
+    if let Some(line) = ucx_note(ucx_off.as_deref(), ucx_rounds).filter(|_| p2p) {
         println!("{line}");
     }
     if let Some(p) = &o.json {
@@ -1214,6 +1666,88 @@ mod tests {
         ] {
             let e = parse(bad).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn compare_takes_only_one_part() {
+        let parse = |v: &[&str]| Cli::try_parse_from(std::iter::once("shmfab").chain(v.iter().copied()));
+        let Cmd::Compare(c) = parse(&["compare", "--only", "rma", "--osu-rma", "x"]).unwrap().cmd else { panic!() };
+        assert_eq!((c.only, c.osu_rma), (Some(Part::Rma), Some("x".into())));
+        let Cmd::Compare(c) = parse(&["compare"]).unwrap().cmd else { panic!() };
+        assert_eq!(c.only, None);
+        assert!(parse(&["compare", "--only", "both"]).is_err());
+        let Cmd::Bench(b) = parse(&["bench", "rma", "--iters", "50"]).unwrap().cmd else { panic!() };
+        assert_eq!((b.what, b.iters), (What::Rma, Some(50)));
+    }
+
+    /// One-sided figures of every system at 8 B and 4 KiB (Open MPI's
+    /// sm component without any).
+    fn rma_figs() -> Vec<Vec<Figure>> {
+        let f = |size, l: f64, b: f64| Figure { size, half_rtt_us: Some(l), bw_gbs: Some(b), mmsgs: Some(1.0) };
+        let two = |l: f64, b: f64| vec![f(8, l, b), f(4096, l * 4.0, b * 100.0)];
+        let fadd = |l: f64, r: f64| vec![Figure { size: 8, half_rtt_us: Some(l), bw_gbs: None, mmsgs: Some(r) }];
+        vec![
+            two(0.05, 0.2),
+            two(0.06, 0.2),
+            two(1.0, 0.01),
+            two(1.1, 0.01),
+            fadd(0.1, 12.0),
+            two(0.1, 0.3),
+            two(0.2, 0.1),
+            fadd(0.3, 5.0),
+            none_for(&[8, 4096]),
+            none_for(&[8, 4096]),
+            none_for(&[8]),
+            vec![Figure { size: 8, half_rtt_us: None, bw_gbs: None, mmsgs: Some(150.0) }],
+        ]
+    }
+
+    #[test]
+    fn rma_tables_give_the_targets_ratios() {
+        let paths: Vec<String> = ["heap", "heap", "cma", "cma", "heap"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain((0..6).map(|k| if k < 3 { "osc rdma" } else { "osc sm" }.to_string()))
+            .chain(["lock xadd".to_string()])
+            .collect();
+        let t = rma_tables(&rma_figs(), &paths);
+        let row = t.lines().find(|l| l.trim_start().starts_with("8 |")).unwrap();
+        // put: heap 0.05 against osc rdma's 0.1: 0.50x; osc sm: dashes.
+        assert!(row.contains("0.050") && row.contains("0.50x") && row.contains("0.30x"), "{row}");
+        assert!(t.contains("8 B put latency shmfab / Open MPI 0.50x (osc rdma), - (osc sm)"), "{t}");
+        assert!(t.contains("fetch-add rate shmfab / Open MPI 2.40x (osc rdma)"), "{t}");
+        let f = t.lines().find(|l| l.contains("shmfab (heap)")).unwrap();
+        assert!(f.contains("0.100") && f.contains("12.00"), "{f}");
+        // The raw floor: its rate, and shmfab's 12 against its 150.
+        let f = t.lines().find(|l| l.contains("raw floor (lock xadd)")).unwrap();
+        assert!(f.contains("150.00") && f.contains("0.08x"), "{f}");
+    }
+
+    #[test]
+    fn rma_json_rows_name_system_path_and_fields() {
+        let paths =
+            ["heap", "heap", "cma", "cma", "heap", "osc rdma", "osc rdma", "osc rdma", "-", "-", "-", "lock xadd"];
+        let named: Vec<(&str, String, Vec<Figure>)> =
+            RMA_SYSTEMS.iter().zip(paths).zip(rma_figs()).map(|((s, p), f)| (s.0, p.to_string(), f)).collect();
+        let v = serde_json::to_value(rma_rows(&named, Placement::Near)).unwrap();
+        let rows = v.as_array().unwrap();
+        assert_eq!(rows.len(), 8 * 2 + 4);
+        let raw = rows.last().unwrap();
+        assert_eq!((raw["system"].as_str(), raw["mops"].as_f64()), (Some("raw-fetch-add"), Some(150.0)));
+        assert_eq!(
+            rows[0],
+            serde_json::json!({"size": 8, "system": "shmfab-put", "placement": "near", "path": "heap",
+                "latency_us": 0.05, "bw_gbs": 0.2, "mops": 1.0})
+        );
+        let fadd = rows.iter().find(|r| r["system"] == "openmpi-fetch-add").unwrap();
+        assert_eq!(
+            (fadd["size"].as_u64(), fadd["mops"].as_f64(), fadd["path"].as_str()),
+            (Some(8), Some(5.0), Some("osc rdma"))
+        );
+        let names: Vec<&str> = RMA_SYSTEMS.iter().map(|s| s.0).collect();
+        for want in ["shmfab-put", "openmpi-put", "shmfab-fetch-add", "openmpi-fetch-add", "shmfab-get-cma"] {
+            assert!(names.contains(&want), "{want}");
         }
     }
 
