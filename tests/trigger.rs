@@ -333,6 +333,33 @@ fn reporting(w: World) {
         [(14, FI_SEND | FI_MSG), (13, FI_SEND | FI_TAGGED)]
     );
     assert_eq!(done.read().unwrap(), 2, "a triggered operation has no completion counter");
+
+    // Failures count on the completion counter's error value, and still
+    // write nothing to the CQ: a write with a key that names nothing, and
+    // a send whose endpoint closed while it waited.
+    let bad = [RmaIov { addr: 0, len: 8, key: 0xdead_0000 }];
+    let short = [IoSlice::new(&data[..8])];
+    let op = DeferredOp::Write { ep: &tx, iov: &short, rma_iov: &bad, dest: me, context: 15, data: 0, flags: 0 };
+    let wk = DeferredWork { threshold: 3, triggering: &go, completion: Some(&done), op };
+    // SAFETY: as above.
+    unsafe { w.dom.queue_work(wk).unwrap() };
+    let gone = w.dom.endpoint().unwrap();
+    gone.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    gone.bind_av(&w.av).unwrap();
+    gone.enable().unwrap();
+    let msg = SendMsg { iov: &iov, dest: me, context: 16, data: 0, tag: 0 };
+    let wk = DeferredWork {
+        threshold: 3,
+        triggering: &go,
+        completion: Some(&done),
+        op: DeferredOp::Send { ep: &gone, msg, flags: 0 },
+    };
+    // SAFETY: as above.
+    unsafe { w.dom.queue_work(wk).unwrap() };
+    gone.close().unwrap();
+    go.add(1).unwrap();
+    assert_eq!((done.read().unwrap(), done.readerr().unwrap()), (2, 2));
+    assert!(drain(&cq).is_empty(), "failed deferred work wrote CQ entries");
 }
 
 #[test]
@@ -692,4 +719,54 @@ fn auto(w: World) {
 #[test]
 fn auto_progress_fires_while_the_application_sleeps() {
     run("auto_progress_fires_while_the_application_sleeps", 2, &[("SHMFAB_THREADING", "safe")], T, auto);
+}
+
+/// Deferred sends that find no room (rank 1 does not drain its ring for a
+/// while, and the transmit queue holds 2 sends) keep their place: later
+/// passes issue them, in order, and every one completes.
+fn no_room(w: World) {
+    const N: usize = 4000;
+    if w.rank == 1 {
+        w.barrier();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut bufs = vec![[0u8; 8]; N];
+        for (i, b) in bufs.iter_mut().enumerate() {
+            // SAFETY: bufs outlives the receives, completed below.
+            unsafe { w.ep.recv(b, w.addrs[0], i).unwrap() };
+        }
+        for i in 0..N {
+            w.ok(i);
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert_eq!(u64::from_le_bytes(*b), i as u64, "message {i} out of order");
+        }
+        w.barrier();
+        return;
+    }
+    let (go, done) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    let vals: Vec<[u8; 8]> = (0..N as u64).map(|i| i.to_le_bytes()).collect();
+    let iovs: Vec<[IoSlice<'_>; 1]> = vals.iter().map(|v| [IoSlice::new(v)]).collect();
+    for iov in &iovs {
+        let msg = SendMsg { iov, dest: w.addrs[1], context: 0, data: 0, tag: 0 };
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &go,
+            completion: Some(&done),
+            op: DeferredOp::Send { ep: &w.ep, msg, flags: 0 },
+        };
+        // SAFETY: vals and iovs outlive the sends (done counts them all below).
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    w.barrier();
+    go.add(1).unwrap();
+    let left = w.dom.queued_work().unwrap();
+    assert!(left > 0, "all {N} sends issued at once: the test needs a smaller queue");
+    done.wait(N as u64, Some(Duration::from_secs(60))).unwrap();
+    assert_eq!((done.readerr().unwrap(), w.dom.queued_work().unwrap()), (0, 0));
+    w.barrier();
+}
+
+#[test]
+fn deferred_sends_without_room_wait_their_turn() {
+    run("deferred_sends_without_room_wait_their_turn", 2, &[("SHMFAB_TX_SIZE", "2")], T, no_room);
 }
