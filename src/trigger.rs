@@ -386,6 +386,11 @@ impl Triggers {
         let w = self.lists.get_mut(c)?.remove(&key)?;
         if self.lists[c].is_empty() {
             self.armed.retain(|&a| a != c);
+            if self.armed.is_empty() {
+                // Nothing left to retry (the blocked work was cancelled,
+                // flushed, or ran).
+                self.blocked = false;
+            }
         }
         self.deferred.remove(&w.id);
         Some(w)
@@ -1042,5 +1047,68 @@ impl Triggered<'_> {
         flags: u64,
     ) -> Result<()> {
         self.submit(DeferredOp::CompareAtomic { ep: self.ep, msg: m, compare, result, flags })
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn work(id: u64, trig: usize, deferred: bool) -> Work {
+        Work {
+            id,
+            ep: None,
+            trig,
+            completion: None,
+            deferred,
+            flags: 0,
+            op: Op::Cntr { id: 0, value: 1, set: false },
+            _owned: None,
+        }
+    }
+
+    /// The lists keep (threshold, submission) order; a counter is armed
+    /// exactly while its list holds work; only deferred work is indexed
+    /// for cancel; `due` compares the head with success plus error.
+    #[test]
+    fn lists_order_arm_and_index() {
+        let mut t = Triggers::default();
+        t.insert(work(0, 2, true), 5);
+        t.insert(work(1, 2, false), 3);
+        t.insert(work(2, 2, true), 3);
+        t.insert(work(3, 0, true), 1);
+        assert_eq!(t.armed, [2, 0]);
+        let order: Vec<u64> = t.lists[2].values().map(|w| w.id).collect();
+        assert_eq!(order, [1, 2, 0], "threshold, then submission");
+        assert_eq!(t.deferred.len(), 3, "triggered operations are not indexed for cancel");
+        // SAFETY: a counter is atomics only; all zero is a valid value.
+        let counters: Vec<shm_layout::Counter> = (0..3).map(|_| unsafe { std::mem::zeroed() }).collect();
+        assert!(!t.due(&counters));
+        counters[2].value.v.store(2, Ordering::Relaxed);
+        assert!(!t.due(&counters));
+        counters[2].err.v.store(1, Ordering::Relaxed);
+        assert!(t.due(&counters), "errors count towards the threshold");
+        t.blocked = true;
+        assert!(t.remove(2, (3, 1)).is_some());
+        assert!(t.remove(2, (3, 1)).is_none(), "removed twice");
+        t.remove(2, (3, 2)).unwrap();
+        t.remove(2, (5, 0)).unwrap();
+        assert_eq!(t.armed, [0]);
+        assert!(t.blocked, "work is left");
+        t.remove(0, (1, 3)).unwrap();
+        assert!(t.armed.is_empty() && t.deferred.is_empty());
+        assert!(!t.blocked, "nothing left to retry");
+    }
+
+    #[test]
+    fn dw_encodes_counter_and_quiet() {
+        assert!(Dw::NONE.is_none() && Dw::new(None, false).is_none());
+        let d = Dw::new(Some(0), true);
+        assert!(!d.is_none() && d.quiet());
+        assert_eq!(d.cntr(), Some(0));
+        let d = Dw::new(Some(41), false);
+        assert_eq!((d.cntr(), d.quiet()), (Some(41), false));
+        let d = Dw::new(None, true);
+        assert_eq!((d.is_none(), d.cntr(), d.quiet()), (false, None, true));
     }
 }
