@@ -614,12 +614,24 @@ fn remote_write_counter_fires_work_through_the_mailbox() {
 /// when that rank's remote-write counter reaches k / 4 + 1, and writes k
 /// into slot k of rank (k + 1) % 4's heap, which moves that rank's counter
 /// (FI_RMA_EVENT). Rank 0 starts it with an add of its own.
+///
+/// With `SHMFAB_CMA=off` the targets are user memory, reached through the
+/// target's mailbox: each write then waits, inside its initiator's
+/// progress pass, for the target's pass to serve it, which counts the
+/// target's counter and fires its next write from that same pass.
 fn chain(w: World) {
     const N: usize = 1000;
-    let heap = w.dom.alloc_shared(8 * N, RW).unwrap();
+    let mailbox = std::env::var("SHMFAB_CMA").is_ok_and(|v| v == "off");
+    let mut user = vec![0u64; N];
+    let mut mr = if mailbox {
+        // SAFETY: `user` outlives the registration, closed at the end.
+        unsafe { w.dom.mr_reg(user.as_mut_ptr().cast(), 8 * N, RW).unwrap() }
+    } else {
+        w.dom.alloc_shared(8 * N, RW).unwrap()
+    };
     let (hits, done) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
-    heap.bind_counter(&hits, FI_REMOTE_WRITE).unwrap();
-    let keys = share(&w, "key", &[heap.key()], (w.rank + 1) % w.size);
+    mr.bind_counter(&hits, FI_REMOTE_WRITE).unwrap();
+    let keys = share(&w, "key", &[mr.key()], (w.rank + 1) % w.size);
     let next = w.addrs[(w.rank + 1) % w.size];
     let mine: Vec<usize> = (0..N).filter(|k| k % w.size == w.rank).collect();
     let vals: Vec<[u8; 8]> = mine.iter().map(|&k| (k as u64 + 1).to_le_bytes()).collect();
@@ -650,19 +662,38 @@ fn chain(w: World) {
     wait_value(&w, &hits, want_hits, "hits");
     eprintln!("rank {}: {} hops of the chain in {:?}", w.rank, mine.len(), t0.elapsed());
     w.barrier();
-    // Slot k of our heap holds k + 1 for every k whose op targets us.
+    // Slot k of our memory holds k + 1 for every k whose op targets us.
     let prev = (w.rank + w.size - 1) % w.size;
     for k in (0..N).filter(|k| k % w.size == prev) {
-        assert_eq!(heap_u64(&heap, 8 * k), k as u64 + 1, "slot {k}");
+        let got = if mailbox {
+            // SAFETY: our buffer; the writes to it are done (barrier).
+            unsafe { std::ptr::read_volatile(&user[k]) }
+        } else {
+            heap_u64(&mr, 8 * k)
+        };
+        assert_eq!(got, k as u64 + 1, "slot {k}");
     }
     assert_eq!(done.readerr().unwrap(), 0);
     assert_eq!(w.dom.queued_work().unwrap(), 0);
     w.barrier();
+    mr.close().unwrap();
+    drop(user);
 }
 
 #[test]
 fn chain_of_1000_across_4_ranks() {
     run("chain_of_1000_across_4_ranks", 4, &[], Duration::from_secs(180), chain);
+}
+
+#[test]
+fn chain_of_1000_across_4_ranks_through_the_mailbox() {
+    run(
+        "chain_of_1000_across_4_ranks_through_the_mailbox",
+        4,
+        &[("SHMFAB_CMA", "off")],
+        Duration::from_secs(180),
+        chain,
+    );
 }
 
 /// With auto progress, rank 1's deferred write fires when rank 0's write
