@@ -721,6 +721,8 @@ impl Domain {
         }
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let weak = Arc::downgrade(&self.inner);
+        // Triggered work due wakes the thread (see `trigger::Watch`).
+        let watch = self.inner.trig.watch(self.inner.counters());
         let st = stop.clone();
         let h = std::thread::Builder::new()
             .name("shmfab-progress".into())
@@ -741,10 +743,8 @@ impl Domain {
                             let before = (cq_entries(&s), counters_digest(&s, inner.counters()));
                             inner.progress(&mut s);
                             let after = (cq_entries(&s), counters_digest(&s, inner.counters()));
-                            // While work waits on a counter, nap briefly: a
-                            // count that rang before this thread announced
-                            // its sleep is seen within 1 ms.
-                            let busy = s.eps.iter().flatten().any(|e| e.tx.any_busy()) || inner.trig.pending();
+                            // Work held back for room is retried after a nap.
+                            let busy = s.eps.iter().flatten().any(|e| e.tx.any_busy()) || s.trig.blocked();
                             (busy, after.0 > before.0 || after.1 != before.1)
                         }
                         Err(_) => (false, false),
@@ -770,7 +770,9 @@ impl Domain {
                     // `st` was set and we returned above.
                     let db = unsafe { &*(db as *const shm_layout::Doorbell) };
                     let slice = if busy { Duration::from_millis(1) } else { Duration::from_millis(50) };
-                    slept = !crate::doorbell::wait(db, || st.load(Acquire), Some(slice));
+                    // SAFETY (`due`): as for the doorbell just above; the
+                    // counter table lies in the same region.
+                    slept = !crate::doorbell::wait(db, || st.load(Acquire) || unsafe { watch.due() }, Some(slice));
                 }
             })
             .map_err(|e| Error::with(ErrorKind::NoMem, format!("cannot start the progress thread: {e}")))?;

@@ -23,7 +23,7 @@
 //! earlier work on that counter that is due).
 //!
 //! **Who fires it.** The progress pass ends with one relaxed load of the
-//! domain's "work pending" flag ([`TrigFlag`]); only when it is set does it
+//! domain's "work pending" flag (`TrigFlag`); only when it is set does it
 //! look at the counters that have work waiting (one list per counter,
 //! sorted by (threshold, submission)), comparing each one's value with the
 //! threshold at the head of its list. So work fires after whatever moved
@@ -33,7 +33,9 @@
 //! own [`Counter::add`] / [`Counter::set`] (which fire due work at once
 //! when the domain lock is free). With auto progress
 //! ([`Domain::start_progress_thread`]) no call of the application is
-//! needed: its thread naps at most 1 ms while work is pending.
+//! needed: its thread's sleep re-checks the heads of the lists after it
+//! announced itself on the doorbell, so every count that rings (a peer's,
+//! an `add`) wakes it.
 //!
 //! **Re-entrancy.** Work runs inside the progress pass, under the domain
 //! lock the pass holds: the operation bodies are the lock-free halves of
@@ -254,24 +256,69 @@ pub struct DeferredWork<'a> {
 }
 
 /// The domain's "work pending" flag: the one word a progress pass looks at
-/// (relaxed) before anything of this module. Set and cleared under the
-/// domain lock; read without it by [`Counter::add`]/[`Counter::set`] (a
-/// stale false only defers firing to the next progress pass) and by the
-/// auto-progress thread (which naps at most 1 ms while it is set).
+/// (relaxed) before anything of this module, and the head threshold of
+/// each counter's list, for the auto-progress thread's sleep ([`Watch`]).
+/// Both written under the domain lock when the lists change; the flag is
+/// read without it by [`Counter::add`]/[`Counter::set`] as a hint (a stale
+/// false only defers firing to the next progress pass).
 #[derive(Default)]
-pub(crate) struct TrigFlag(AtomicBool);
+pub(crate) struct TrigFlag {
+    pending: AtomicBool,
+    /// (counter index, threshold at the head of its list), per armed
+    /// counter.
+    heads: Arc<std::sync::Mutex<Vec<(usize, u64)>>>,
+}
 
 impl TrigFlag {
     /// Whether work waits on some counter.
     #[inline(always)]
     pub fn pending(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.pending.load(Ordering::Relaxed)
     }
 
-    fn put(&self, v: bool) {
-        // Relaxed: written under the domain lock; readers outside it only
-        // use it as a hint (see the type's docs).
-        self.0.store(v, Ordering::Relaxed);
+    /// Publishes the state of `t` (after it changed).
+    fn publish(&self, t: &Triggers) {
+        // Relaxed: written under the domain lock; see the type's docs.
+        self.pending.store(!t.armed.is_empty(), Ordering::Relaxed);
+        let mut h = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        h.clear();
+        h.extend(t.armed.iter().filter_map(|&c| t.lists[c].first_key_value().map(|(&(th, _), _)| (c, th))));
+    }
+
+    /// A check of due work for a thread that holds no reference to the
+    /// domain (the auto-progress thread's sleep), over `counters`.
+    pub fn watch(&self, counters: &[shm_layout::Counter]) -> Watch {
+        Watch { heads: self.heads.clone(), counters: counters.as_ptr(), n: counters.len() }
+    }
+}
+
+/// See [`TrigFlag::watch`].
+pub(crate) struct Watch {
+    heads: Arc<std::sync::Mutex<Vec<(usize, u64)>>>,
+    counters: *const shm_layout::Counter,
+    n: usize,
+}
+
+// SAFETY: the counter table is atomics in a shared mapping; `due`'s
+// contract says when it may be read.
+unsafe impl Send for Watch {}
+
+impl Watch {
+    /// Whether work waiting on some counter is due: what the
+    /// auto-progress thread re-checks after it announced its sleep, so a
+    /// count whose doorbell ring found no sleeper yet is not slept through
+    /// (the doorbell's fences order the two, as for inbound messages).
+    ///
+    /// # Safety
+    /// The domain's region (its counter table) must still be mapped.
+    pub unsafe fn due(&self) -> bool {
+        let h = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        if h.is_empty() {
+            return false;
+        }
+        // SAFETY: per the contract, the table of `n` counters is mapped.
+        let counters = unsafe { std::slice::from_raw_parts(self.counters, self.n) };
+        h.iter().any(|&(c, t)| counters.get(c).is_some_and(|x| t <= value(x)))
     }
 }
 
@@ -657,7 +704,7 @@ fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -
     st.trig.next += 1;
     let (id, c) = (w.id, w.trig);
     st.trig.insert(w, threshold);
-    dom.trig.put(true);
+    dom.trig.publish(&st.trig);
     if threshold <= value(&dom.counters()[c]) {
         fire(dom, st);
     }
@@ -676,7 +723,7 @@ pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
     st.trig.firing = true;
     st.trig.blocked = false;
     let counters = dom.counters();
-    let mut rang = false;
+    let (mut rang, mut touched) = (false, false);
     loop {
         let mut any = false;
         let mut i = 0;
@@ -687,6 +734,7 @@ pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
                     break;
                 }
                 let w = st.trig.remove(c, (t, id)).expect("the head just seen");
+                touched = true;
                 match run(dom, st, w) {
                     Fired::Done { cntr_op } => {
                         any = true;
@@ -714,7 +762,9 @@ pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
         }
     }
     st.trig.firing = false;
-    dom.trig.put(!st.trig.armed.is_empty());
+    if touched {
+        dom.trig.publish(&st.trig);
+    }
     if rang {
         // Counter operations: wake whoever sleeps on one of our counters.
         crate::doorbell::ring(&dom.region.header().doorbell);
@@ -893,7 +943,7 @@ impl Domain {
         let Some(&(c, t)) = st.trig.deferred.get(&id.0) else { return Ok(false) };
         let w = st.trig.remove(c, (t, id.0)).expect("indexed work is queued");
         release(&mut st, &w);
-        self.inner.trig.put(!st.trig.armed.is_empty());
+        self.inner.trig.publish(&st.trig);
         Ok(true)
     }
 
@@ -916,7 +966,7 @@ impl Domain {
             let w = st.trig.remove(c, k).expect("indexed work is queued");
             release(&mut st, &w);
         }
-        dom.trig.put(!st.trig.armed.is_empty());
+        dom.trig.publish(&st.trig);
         Ok(keys.len())
     }
 
