@@ -1162,3 +1162,46 @@ mod tests {
         assert_eq!((d.is_none(), d.cntr(), d.quiet()), (false, None, true));
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::engine::complete::{count, Val};
+    use loom::sync::Arc;
+    use shm_layout::{Counter, Doorbell, PaddedU64};
+
+    /// A peer's count on a counter that work waits on (the release add,
+    /// then the doorbell's ring, as `mr::count_remote` does) against the
+    /// auto-progress thread going to sleep (announce, then `Watch::due`):
+    /// the thread never sleeps through the count (a lost wake-up shows as
+    /// a model that never ends).
+    #[test]
+    fn loom_a_count_that_makes_work_due_wakes_the_sleeper() {
+        loom::model(|| {
+            let db = Arc::new(Doorbell {
+                futex: crate::sync::AtomicU32::new(0),
+                sleepers: crate::sync::AtomicU32::new(0),
+                watchers: crate::sync::AtomicU32::new(0),
+            });
+            let c = Arc::new(Counter {
+                value: PaddedU64 { v: crate::sync::AtomicU64::new(0) },
+                err: PaddedU64 { v: crate::sync::AtomicU64::new(0) },
+            });
+            // Work waits on counter 0 at threshold 1 (the heads are
+            // published before the sleeper looks, under the domain lock).
+            let heads = std::sync::Arc::new(std::sync::Mutex::new(vec![(0usize, 1u64)]));
+            let watch = Watch { heads, counters: &*c, n: 1 };
+            let (d2, c2) = (db.clone(), c.clone());
+            let peer = loom::thread::spawn(move || {
+                count(&c2, Val::Success, 1);
+                crate::doorbell::ring(&d2);
+            });
+            // SAFETY: the counter lives in `c`, alive for the model.
+            while !unsafe { watch.due() } {
+                // SAFETY: as above.
+                crate::doorbell::wait(&db, || unsafe { watch.due() }, None);
+            }
+            peer.join().unwrap();
+        });
+    }
+}
