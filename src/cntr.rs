@@ -90,6 +90,11 @@ impl Counter {
         Ok(&self.dom.counters()[self.id])
     }
 
+    /// The counter's index, checked open.
+    pub(crate) fn live_id(&self) -> Result<usize> {
+        self.shm().map(|_| self.id)
+    }
+
     fn progress(&self) -> Result<()> {
         let mut st = self.dom.lock()?;
         self.dom.progress(&mut st);
@@ -116,6 +121,7 @@ impl Counter {
     /// awake, and the progress thread rings for what it counts.
     fn changed(&self) {
         crate::doorbell::ring(&self.dom.region.header().doorbell);
+        crate::trigger::after_app_change(&self.dom);
     }
 
     /// Adds to the success value (waking its waiters).

@@ -101,6 +101,7 @@ impl Fabric {
             avs: Table::new(),
             srqs: Table::new(),
             regions: HashMap::new(),
+            trig: Default::default(),
         };
         Ok(Domain {
             inner: Arc::new(DomainInner {
@@ -112,6 +113,7 @@ impl Fabric {
                 progress_thread: std::sync::Mutex::new(None),
                 threading,
                 rma: Default::default(),
+                trig: Default::default(),
             }),
         })
     }
@@ -152,6 +154,8 @@ pub(crate) struct DomainInner {
     pub threading: Threading,
     /// Memory registrations, the shared heap, the mailbox (`crate::mr`).
     pub rma: crate::mr::RmaDomain,
+    /// Whether triggered or deferred work waits (`crate::trigger`).
+    pub trig: crate::trigger::TrigFlag,
 }
 
 impl Drop for DomainInner {
@@ -191,6 +195,8 @@ pub(crate) struct DomainState {
     pub srqs: Table<SrqState>,
     /// Peer regions mapped so far, by name (first contact maps them).
     pub regions: region::RegionMap,
+    /// Triggered operations and deferred work waiting on counters.
+    pub trig: crate::trigger::Triggers,
 }
 
 impl DomainState {
@@ -412,6 +418,10 @@ impl DomainInner {
             }
             crate::progress::progress_ep(ep, &mut ctx);
         }
+        // One relaxed load when no work waits on a counter.
+        if self.trig.pending() {
+            crate::trigger::fire(self, st);
+        }
     }
 
     /// Requests wait in our RMA mailbox: out of line, so that the pass of a
@@ -429,6 +439,7 @@ impl DomainInner {
     fn has_inbound(&self, st: &DomainState) -> bool {
         st.eps.iter().flatten().any(|ep| ep.polled() && ep.inbound_ready())
             || self.rma.own_if_any().is_some_and(|o| o.pending())
+            || (self.trig.pending() && st.trig.due(self.counters()))
     }
 
     /// Whether any enabled endpoint has something pending with a peer not
@@ -449,7 +460,7 @@ impl DomainInner {
     /// peer-check period while something is pending with a live peer;
     /// else long.
     fn sleep_cap(&self, st: &DomainState) -> Duration {
-        if st.eps.iter().flatten().any(|e| e.local_work()) {
+        if st.eps.iter().flatten().any(|e| e.local_work()) || st.trig.blocked() {
             Duration::from_millis(1)
         } else if self.waits_on_peers(st) {
             self.cfg.peer_check
@@ -710,6 +721,8 @@ impl Domain {
         }
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let weak = Arc::downgrade(&self.inner);
+        // Triggered work due wakes the thread (see `trigger::Watch`).
+        let watch = self.inner.trig.watch(self.inner.counters());
         let st = stop.clone();
         let h = std::thread::Builder::new()
             .name("shmfab-progress".into())
@@ -730,7 +743,9 @@ impl Domain {
                             let before = (cq_entries(&s), counters_digest(&s, inner.counters()));
                             inner.progress(&mut s);
                             let after = (cq_entries(&s), counters_digest(&s, inner.counters()));
-                            (s.eps.iter().flatten().any(|e| e.tx.any_busy()), after.0 > before.0 || after.1 != before.1)
+                            // Work held back for room is retried after a nap.
+                            let busy = s.eps.iter().flatten().any(|e| e.tx.any_busy()) || s.trig.blocked();
+                            (busy, after.0 > before.0 || after.1 != before.1)
                         }
                         Err(_) => (false, false),
                     };
@@ -755,7 +770,9 @@ impl Domain {
                     // `st` was set and we returned above.
                     let db = unsafe { &*(db as *const shm_layout::Doorbell) };
                     let slice = if busy { Duration::from_millis(1) } else { Duration::from_millis(50) };
-                    slept = !crate::doorbell::wait(db, || st.load(Acquire), Some(slice));
+                    // SAFETY (`due`): as for the doorbell just above; the
+                    // counter table lies in the same region.
+                    slept = !crate::doorbell::wait(db, || st.load(Acquire) || unsafe { watch.due() }, Some(slice));
                 }
             })
             .map_err(|e| Error::with(ErrorKind::NoMem, format!("cannot start the progress thread: {e}")))?;

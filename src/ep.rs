@@ -7,7 +7,7 @@
 //! completion is reported, as in libfabric. `inject` copies and is safe.
 
 use crate::domain::{Ctx, CtxSrc, Domain, DomainInner, Section};
-use crate::engine::complete::CntrKind;
+use crate::engine::complete::{CntrKind, Dw};
 use crate::engine::matching::{Dest, PostedRecv};
 use crate::engine::request::{Iov, Iovs};
 use crate::engine::request::{OpKind, Request, SEND_FLAGS};
@@ -462,6 +462,7 @@ impl Endpoint {
             data: m.data,
             flags,
             silent: false,
+            dw: Dw::NONE,
         })
     }
 
@@ -497,7 +498,18 @@ impl Endpoint {
     ) -> Result<()> {
         // The one-buffer calls with FI_INJECT are the inject calls.
         let silent = flags & FI_INJECT != 0;
-        self.submit(Request { kind, one: Iov::of(buf), iov: None, dest, context, tag, data, flags, silent })
+        self.submit(Request {
+            kind,
+            one: Iov::of(buf),
+            iov: None,
+            dest,
+            context,
+            tag,
+            data,
+            flags,
+            silent,
+            dw: Dw::NONE,
+        })
     }
 
     #[inline(always)]

@@ -24,7 +24,7 @@
 
 use crate::atomic::{self, AtomicCall, AtomicOp, AtomicType};
 use crate::domain::{Ctx, DomainInner};
-use crate::engine::complete::{complete_send, Fail, SendDone};
+use crate::engine::complete::{complete_send, Dw, Fail, SendDone};
 use crate::engine::request::OpKind;
 use crate::engine::EpState;
 use crate::ep::Endpoint;
@@ -66,19 +66,40 @@ pub struct RmaIoc {
 }
 
 /// What an atomic call asks for.
-struct AtomicArgs<'a, 'b> {
-    call: AtomicCall,
-    dt: AtomicType,
-    op: AtomicOp,
-    buf: &'a [u8],
-    compare: Option<&'a [u8]>,
-    result: Option<&'b mut [u8]>,
-    dest: FiAddr,
-    iocs: &'a [RmaIoc],
-    context: usize,
-    data: Option<u64>,
-    flags: u64,
-    silent: bool,
+pub(crate) struct AtomicArgs<'a, 'b> {
+    pub call: AtomicCall,
+    pub dt: AtomicType,
+    pub op: AtomicOp,
+    pub buf: &'a [u8],
+    pub compare: Option<&'a [u8]>,
+    pub result: Option<&'b mut [u8]>,
+    pub dest: FiAddr,
+    pub iocs: &'a [RmaIoc],
+    pub context: usize,
+    pub data: Option<u64>,
+    pub flags: u64,
+    pub silent: bool,
+}
+
+/// Checks the arguments of an atomic call: a valid combination, buffers
+/// of the elements the remote segments name, segments not too long.
+pub(crate) fn atomic_args(a: &AtomicArgs<'_, '_>) -> Result<()> {
+    let AtomicArgs { call, dt, op, buf, compare, result, iocs, .. } = a;
+    let max = valid_count(*call, *dt, *op)?;
+    let count: usize = iocs.iter().map(|i| i.count).sum();
+    let len = count * dt.size();
+    let operand_ok = buf.len() == len || *op == AtomicOp::Read && buf.is_empty();
+    let result_ok = result.as_ref().is_none_or(|r| r.len() == len);
+    if count == 0 || !operand_ok || !result_ok || compare.is_some_and(|c| c.len() != len) {
+        return Err(Error::with(
+            ErrorKind::Inval,
+            format!("atomic: buffers must hold {count} elements of {dt:?} ({len} bytes)"),
+        ));
+    }
+    if iocs.iter().any(|i| i.count > max) {
+        return Err(Error::with(ErrorKind::MsgSize, format!("atomic: at most {max} elements per remote segment")));
+    }
+    Ok(())
 }
 
 /// Flags the RMA and atomic `*msg` calls take.
@@ -109,9 +130,11 @@ impl Target {
 }
 
 /// How an operation moves data at the initiator.
-enum Local<'a> {
+pub(crate) enum Local<'a> {
     /// Write: the caller's segments to send.
     Out(&'a [IoSlice<'a>]),
+    /// Write: segments kept by deferred work (read when it fires).
+    OutRaw(&'a [(*mut u8, usize)]),
     /// Read: the caller's segments to fill.
     In(Segs),
 }
@@ -120,7 +143,7 @@ enum Local<'a> {
 /// has one): the heap path of a small operation allocates nothing. Before,
 /// a Vec here and one in `sub_local` were about 300 of the 1,400
 /// instructions of an 8 B put (tools/examples/rma_ops.rs under callgrind).
-enum Segs {
+pub(crate) enum Segs {
     /// The first `.1` entries are the segments.
     Few([(*mut u8, usize); Segs::INLINE], usize),
     /// More than [`Segs::INLINE`].
@@ -181,6 +204,28 @@ impl Endpoint {
         self.with_state(f)
     }
 
+    /// This endpoint as the initiator of the bodies run under the lock.
+    fn ini(&self) -> Initiator<'_> {
+        Initiator { dom: &self.dom, idx: self.index() }
+    }
+}
+
+/// The initiator of one-sided operations, for the bodies that run under
+/// the domain lock: an endpoint's calls take the lock first; deferred and
+/// triggered work (`crate::trigger`) runs them from a progress pass, which
+/// holds it already.
+#[derive(Clone, Copy)]
+pub(crate) struct Initiator<'a> {
+    pub dom: &'a DomainInner,
+    /// The endpoint's section index.
+    pub idx: usize,
+}
+
+impl Initiator<'_> {
+    fn index(&self) -> usize {
+        self.idx
+    }
+
     /// The target of `dest` for `key`: Err (the call fails) for an
     /// fi_addr the AV does not hold; Ok(Err) (an error completion) when
     /// the target cannot be reached by that key (a key naming no RMA file
@@ -198,7 +243,7 @@ impl Endpoint {
         let addr = av
             .lookup(dest)
             .ok_or_else(|| Error::with(ErrorKind::NoEnt, format!("fi_addr {dest} is not in the address vector")))?;
-        let dom = &self.dom;
+        let dom = self.dom;
         let fd = Key::decode(key).fd;
         if let Ok(c) = dom.rma.tcache.lock() {
             if let Some((i, f, t)) = c.as_ref() {
@@ -241,7 +286,7 @@ impl Endpoint {
     }
 
     /// Checks the endpoint and decides whether a CQ entry is due.
-    fn rma_check(ep: &EpState, flags: u64, silent: bool) -> Result<bool> {
+    pub(crate) fn rma_check(ep: &EpState, flags: u64, silent: bool) -> Result<bool> {
         if !ep.enabled {
             return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
         }
@@ -255,31 +300,25 @@ impl Endpoint {
         Ok(cqe)
     }
 
-    /// The RMA calls' one body.
+    /// The RMA calls' one body, under the domain lock (arguments checked
+    /// by [`rma_args`]); `dw` says how deferred work reports.
     #[allow(clippy::too_many_arguments)]
-    fn rma(
+    pub(crate) fn rma_body(
         &self,
+        ep: &mut EpState,
+        ctx: &mut Ctx<'_>,
         kind: OpKind,
-        local: Local<'_>,
+        local: &Local<'_>,
         rma_iov: &[RmaIov],
         dest: FiAddr,
         context: usize,
         data: Option<u64>,
         flags: u64,
         silent: bool,
+        dw: Dw,
     ) -> Result<()> {
-        let llen = match &local {
-            Local::Out(v) => v.iter().map(|s| s.len()).sum::<usize>(),
-            Local::In(v) => v.iter().map(|s| s.1).sum(),
-        };
-        let rlen = rma_iov.iter().map(|r| r.len).sum::<usize>();
-        if llen != rlen {
-            return Err(Error::with(ErrorKind::Inval, format!("local {llen} bytes, remote {rlen} bytes")));
-        }
-        if silent && llen > RMA_INJECT_SIZE {
-            return Err(Error::with(ErrorKind::MsgSize, format!("inject takes at most {RMA_INJECT_SIZE} bytes")));
-        }
-        self.with_rma(|ep, ctx| {
+        let llen = local_len(local);
+        {
             let cqe = Self::rma_check(ep, flags, silent)?;
             let need = if matches!(local, Local::Out(_)) { Need::Write } else { Need::Read };
             let segs = rma_iov.iter().map(|r| (r.key, r.addr, r.len as u64));
@@ -299,10 +338,13 @@ impl Endpoint {
                         break;
                     }
                 };
-                let res = match &local {
+                let res = match local {
                     Local::Out(v) => {
                         let src = sub_local(v.iter().map(|s| (s.as_ptr() as *mut u8, s.len())), done, r.len);
                         self.transfer(ctx, &t, r, &src, true, last)
+                    }
+                    Local::OutRaw(v) => {
+                        self.transfer(ctx, &t, r, &sub_local(v.iter().copied(), done, r.len), true, last)
                     }
                     Local::In(v) => self.transfer(ctx, &t, r, &sub_local(v.iter().copied(), done, r.len), false, last),
                 };
@@ -323,16 +365,16 @@ impl Endpoint {
                                 len: llen as u64,
                                 ..Default::default()
                             };
-                            mbox_call(&self.dom, &t, req, &[], &mut [], false).err()
+                            mbox_call(self.dom, &t, req, &[], &mut [], false).err()
                         }
                         Err(f) => Some(f),
                     };
                 }
             }
-            let done = SendDone { kind, ctx: context, tag: 0, cqe, silent };
+            let done = SendDone { kind, ctx: context, tag: 0, cqe, silent, dw };
             complete_send(&ep.bind, ctx, done, err);
             Ok(())
-        })
+        }
     }
 
     /// Checks every remote segment (key, offset, bytes) of an operation
@@ -401,9 +443,9 @@ impl Endpoint {
                 };
                 let piece = &mut buf[at..at + n];
                 if write {
-                    mbox_call(&self.dom, t, req, piece, &mut [], true)?;
+                    mbox_call(self.dom, t, req, piece, &mut [], true)?;
                 } else {
-                    mbox_call(&self.dom, t, req, &[], piece, true)?;
+                    mbox_call(self.dom, t, req, &[], piece, true)?;
                 }
                 at += n;
             }
@@ -413,9 +455,9 @@ impl Endpoint {
             return Ok(());
         }
         if last && write {
-            count_landed(&self.dom, t, view.cntr_rw, 0);
+            count_landed(self.dom, t, view.cntr_rw, 0);
         } else if last {
-            count_landed(&self.dom, t, view.cntr_rr, 1);
+            count_landed(self.dom, t, view.cntr_rr, 1);
         }
         Ok(())
     }
@@ -433,7 +475,7 @@ impl Endpoint {
     ) -> std::result::Result<bool, Fail> {
         // A target in another PID namespace: its pid names nothing here
         // (or another process), so no single copy with it.
-        if ctx.cfg.cma == CmaMode::Off || t.region(&self.dom).foreign_pids() {
+        if ctx.cfg.cma == CmaMode::Off || t.region(self.dom).foreign_pids() {
             return Ok(false);
         }
         // Pieces of 1 MiB: a target that dies is noticed between them.
@@ -453,7 +495,7 @@ impl Endpoint {
                 Ok(k) if k == n => {}
                 Ok(k) => return Err(fail(ErrorKind::Io, format!("single copy moved {k} of {n} bytes"))),
                 Err(crate::cma::CmaError::Refused(e)) => {
-                    if e == libc::ESRCH || !t.region(&self.dom).alive() {
+                    if e == libc::ESRCH || !t.region(self.dom).alive() {
                         return Err(fail(ErrorKind::Io, "the target process is gone"));
                     }
                     if at > 0 {
@@ -463,7 +505,7 @@ impl Endpoint {
                 }
                 Err(crate::cma::CmaError::Fault(e)) => {
                     let why =
-                        if t.region(&self.dom).alive() { "bad target memory" } else { "the target process is gone" };
+                        if t.region(self.dom).alive() { "bad target memory" } else { "the target process is gone" };
                     return Err(fail(ErrorKind::Io, format!("single copy failed (errno {e}): {why}")));
                 }
             }
@@ -471,6 +513,51 @@ impl Endpoint {
         }
         self.dom.rma.cma_ops.fetch_add(1, Ordering::Relaxed);
         Ok(true)
+    }
+}
+
+/// Bytes of the local side of an RMA call.
+fn local_len(local: &Local<'_>) -> usize {
+    match local {
+        Local::Out(v) => v.iter().map(|s| s.len()).sum::<usize>(),
+        Local::OutRaw(v) => v.iter().map(|s| s.1).sum(),
+        Local::In(v) => v.iter().map(|s| s.1).sum(),
+    }
+}
+
+/// Checks the sizes of an RMA call: the local and remote sides the same,
+/// an inject call small enough.
+pub(crate) fn rma_args(local: &Local<'_>, rma_iov: &[RmaIov], silent: bool) -> Result<()> {
+    let llen = local_len(local);
+    let rlen = rma_iov.iter().map(|r| r.len).sum::<usize>();
+    if llen != rlen {
+        return Err(Error::with(ErrorKind::Inval, format!("local {llen} bytes, remote {rlen} bytes")));
+    }
+    if silent && llen > RMA_INJECT_SIZE {
+        return Err(Error::with(ErrorKind::MsgSize, format!("inject takes at most {RMA_INJECT_SIZE} bytes")));
+    }
+    Ok(())
+}
+
+impl Endpoint {
+    /// The RMA calls' one path: checks, then the body under the lock.
+    #[allow(clippy::too_many_arguments)]
+    fn rma(
+        &self,
+        kind: OpKind,
+        local: Local<'_>,
+        rma_iov: &[RmaIov],
+        dest: FiAddr,
+        context: usize,
+        data: Option<u64>,
+        flags: u64,
+        silent: bool,
+    ) -> Result<()> {
+        rma_args(&local, rma_iov, silent)?;
+        let ini = self.ini();
+        self.with_rma(|ep, ctx| {
+            ini.rma_body(ep, ctx, kind, &local, rma_iov, dest, context, data, flags, silent, Dw::NONE)
+        })
     }
 
     /// fi_write: `buf` to offset `addr` of the registration `key` of
@@ -634,104 +721,9 @@ impl Endpoint {
     }
 
     fn atomic_call(&self, a: AtomicArgs<'_, '_>) -> Result<()> {
-        let AtomicArgs { call, dt, op, buf, compare, result, dest, iocs, context, data, flags, silent } = a;
-        let max = valid_count(call, dt, op)?;
-        let sz = dt.size();
-        let count: usize = iocs.iter().map(|i| i.count).sum();
-        let len = count * sz;
-        let operand_ok = buf.len() == len || op == AtomicOp::Read && buf.is_empty();
-        let result_ok = result.as_ref().is_none_or(|r| r.len() == len);
-        if count == 0 || !operand_ok || !result_ok || compare.is_some_and(|c| c.len() != len) {
-            return Err(Error::with(
-                ErrorKind::Inval,
-                format!("atomic: buffers must hold {count} elements of {dt:?} ({len} bytes)"),
-            ));
-        }
-        if iocs.iter().any(|i| i.count > max) {
-            return Err(Error::with(ErrorKind::MsgSize, format!("atomic: at most {max} elements per remote segment")));
-        }
-        let kind = match call {
-            AtomicCall::Write => OpKind::Atomic,
-            AtomicCall::Fetch => OpKind::FetchAtomic,
-            AtomicCall::Compare => OpKind::CompareAtomic,
-        };
-        let need = match (call, op) {
-            (_, AtomicOp::Read) => Need::Read,
-            (AtomicCall::Write, _) => Need::Write,
-            _ => Need::ReadWrite,
-        };
-        self.with_rma(|ep, ctx| {
-            let cqe = Self::rma_check(ep, flags, silent)?;
-            let segs = iocs.iter().map(|i| (i.key, i.addr, (i.count * sz) as u64));
-            let mut res = match self.precheck(ep, ctx, dest, segs, need)? {
-                Some(f) => Err(f),
-                None => Ok(()),
-            };
-            let mut at = 0usize;
-            let (mut out_small, mut out_big) = ([0u8; 32], Vec::new());
-            let out: &mut [u8] = if len <= 32 {
-                &mut out_small[..len]
-            } else {
-                out_big.resize(len, 0);
-                &mut out_big
-            };
-            for (i, ioc) in iocs.iter().enumerate() {
-                if res.is_err() {
-                    break;
-                }
-                // Counted once per registration, as in `rma`.
-                let last = !iocs[i + 1..].iter().any(|x| x.key == ioc.key);
-                let t = match self.target(ep, ctx, dest, ioc.key)? {
-                    Ok(t) => t,
-                    Err(f) => {
-                        res = Err(f);
-                        break;
-                    }
-                };
-                let n = ioc.count * sz;
-                let (mut small, mut big) = ([0u8; 64], Vec::new());
-                let operands: &mut [u8] = if 2 * n <= 64 {
-                    &mut small[..2 * n]
-                } else {
-                    big.resize(2 * n, 0);
-                    &mut big
-                };
-                if !buf.is_empty() {
-                    operands[..n].copy_from_slice(&buf[at..at + n]);
-                }
-                if let Some(c) = compare {
-                    operands[n..].copy_from_slice(&c[at..at + n]);
-                }
-                res = self.atomic_at(&t, dt, op, call, need, operands, (ioc.count, last), ioc.addr, ioc.key);
-                if res.is_err() {
-                    break;
-                }
-                out[at..at + n].copy_from_slice(&operands[..n]);
-                at += n;
-            }
-            if res.is_ok() {
-                if let Some(r) = result {
-                    r.copy_from_slice(out);
-                }
-                if let Some(d) = data {
-                    res = match self.target(ep, ctx, dest, iocs[0].key)? {
-                        Ok(t) => {
-                            let req = MboxReq {
-                                op: mbox_op::CQ_DATA,
-                                ep_index: t.addr.ep_index,
-                                data: d,
-                                len: len as u64,
-                                ..Default::default()
-                            };
-                            mbox_call(&self.dom, &t, req, &[], &mut [], false)
-                        }
-                        Err(f) => Err(f),
-                    };
-                }
-            }
-            complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent }, res.err());
-            Ok(())
-        })
+        atomic_args(&a)?;
+        let ini = self.ini();
+        self.with_rma(|ep, ctx| ini.atomic_body(ep, ctx, a, Dw::NONE))
     }
 
     /// fi_atomicmsg: `op` with the elements of `buf` on the remote
@@ -859,6 +851,99 @@ impl Endpoint {
             silent,
         })
     }
+}
+
+impl Initiator<'_> {
+    /// The atomic calls' one body, under the domain lock (arguments
+    /// checked by [`atomic_args`]); `dw` says how deferred work reports.
+    pub(crate) fn atomic_body(&self, ep: &mut EpState, ctx: &mut Ctx<'_>, a: AtomicArgs<'_, '_>, dw: Dw) -> Result<()> {
+        let AtomicArgs { call, dt, op, buf, compare, result, dest, iocs, context, data, flags, silent } = a;
+        let sz = dt.size();
+        let count: usize = iocs.iter().map(|i| i.count).sum();
+        let len = count * sz;
+        let kind = match call {
+            AtomicCall::Write => OpKind::Atomic,
+            AtomicCall::Fetch => OpKind::FetchAtomic,
+            AtomicCall::Compare => OpKind::CompareAtomic,
+        };
+        let need = match (call, op) {
+            (_, AtomicOp::Read) => Need::Read,
+            (AtomicCall::Write, _) => Need::Write,
+            _ => Need::ReadWrite,
+        };
+        {
+            let cqe = Self::rma_check(ep, flags, silent)?;
+            let segs = iocs.iter().map(|i| (i.key, i.addr, (i.count * sz) as u64));
+            let mut res = match self.precheck(ep, ctx, dest, segs, need)? {
+                Some(f) => Err(f),
+                None => Ok(()),
+            };
+            let mut at = 0usize;
+            let (mut out_small, mut out_big) = ([0u8; 32], Vec::new());
+            let out: &mut [u8] = if len <= 32 {
+                &mut out_small[..len]
+            } else {
+                out_big.resize(len, 0);
+                &mut out_big
+            };
+            for (i, ioc) in iocs.iter().enumerate() {
+                if res.is_err() {
+                    break;
+                }
+                // Counted once per registration, as in `rma`.
+                let last = !iocs[i + 1..].iter().any(|x| x.key == ioc.key);
+                let t = match self.target(ep, ctx, dest, ioc.key)? {
+                    Ok(t) => t,
+                    Err(f) => {
+                        res = Err(f);
+                        break;
+                    }
+                };
+                let n = ioc.count * sz;
+                let (mut small, mut big) = ([0u8; 64], Vec::new());
+                let operands: &mut [u8] = if 2 * n <= 64 {
+                    &mut small[..2 * n]
+                } else {
+                    big.resize(2 * n, 0);
+                    &mut big
+                };
+                if !buf.is_empty() {
+                    operands[..n].copy_from_slice(&buf[at..at + n]);
+                }
+                if let Some(c) = compare {
+                    operands[n..].copy_from_slice(&c[at..at + n]);
+                }
+                res = self.atomic_at(&t, dt, op, call, need, operands, (ioc.count, last), ioc.addr, ioc.key);
+                if res.is_err() {
+                    break;
+                }
+                out[at..at + n].copy_from_slice(&operands[..n]);
+                at += n;
+            }
+            if res.is_ok() {
+                if let Some(r) = result {
+                    r.copy_from_slice(out);
+                }
+                if let Some(d) = data {
+                    res = match self.target(ep, ctx, dest, iocs[0].key)? {
+                        Ok(t) => {
+                            let req = MboxReq {
+                                op: mbox_op::CQ_DATA,
+                                ep_index: t.addr.ep_index,
+                                data: d,
+                                len: len as u64,
+                                ..Default::default()
+                            };
+                            mbox_call(self.dom, &t, req, &[], &mut [], false)
+                        }
+                        Err(f) => Err(f),
+                    };
+                }
+            }
+            complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent, dw }, res.err());
+            Ok(())
+        }
+    }
 
     /// Applies an atomic to `count` elements at `addr`; `io` holds the
     /// operands then the compares, and gets the old values at its start.
@@ -897,7 +982,7 @@ impl Endpoint {
                 ..Default::default()
             };
             let input = io.to_vec();
-            return mbox_call(&self.dom, t, req, &input, &mut io[..len], true);
+            return mbox_call(self.dom, t, req, &input, &mut io[..len], true);
         }
         let rs = ranges(&view, addr, len as u64);
         let off = rs[0].0;
@@ -916,10 +1001,10 @@ impl Endpoint {
             atomic::store_elem(&mut io[i * sz..(i + 1) * sz], old);
         }
         if last && op != AtomicOp::Read {
-            count_landed(&self.dom, t, view.cntr_rw, 0);
+            count_landed(self.dom, t, view.cntr_rw, 0);
         }
         if last && call != AtomicCall::Write {
-            count_landed(&self.dom, t, view.cntr_rr, 1);
+            count_landed(self.dom, t, view.cntr_rr, 1);
         }
         Ok(())
     }

@@ -168,6 +168,57 @@ impl Bindings {
     }
 }
 
+/// How an operation of the domain's deferred work queue (or a triggered
+/// one) reports its completion, besides or instead of its endpoint
+/// (fi_trigger(3)): its completion counter, counted by one (on the error
+/// value for a failure), and whether the endpoint hears of it at all
+/// (deferred work reports to its endpoint's CQ and counter only when asked
+/// with FI_COMPLETION). [`Dw::NONE`] (an ordinary operation) is 0: one
+/// test on the completion paths.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Dw(u32);
+
+impl Dw {
+    /// An ordinary operation: its endpoint reports it.
+    pub const NONE: Dw = Dw(0);
+    const QUIET: u32 = 1 << 31;
+
+    /// Completion counter `cntr` (an index of the domain's counter table,
+    /// below 2^31), and `quiet`: no endpoint CQ entry or counter.
+    pub fn new(cntr: Option<usize>, quiet: bool) -> Dw {
+        Dw(cntr.map_or(0, |c| c as u32 + 1) | if quiet { Self::QUIET } else { 0 })
+    }
+
+    /// Whether this is an ordinary operation.
+    #[inline(always)]
+    pub fn is_none(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether the endpoint hears nothing of the completion.
+    pub fn quiet(self) -> bool {
+        self.0 & Self::QUIET != 0
+    }
+
+    /// The completion counter's index.
+    pub fn cntr(self) -> Option<usize> {
+        ((self.0 & !Self::QUIET) as usize).checked_sub(1)
+    }
+}
+
+/// Counts a deferred operation's completion on its completion counter
+/// (the success value, or the error value when it failed).
+#[cold]
+#[inline(never)]
+fn count_deferred(b: &Bindings, counters: &[shm_layout::Counter], dw: Dw, failed: bool) {
+    if let Some(c) = dw.cntr().and_then(|c| counters.get(c)) {
+        count(c, if failed { Val::Error } else { Val::Success }, 1);
+        if let Some(db) = b.wake {
+            crate::doorbell::ring_own(db);
+        }
+    }
+}
+
 /// What a transmit's completion needs to know of it.
 #[derive(Clone, Copy)]
 pub(crate) struct SendDone {
@@ -178,12 +229,20 @@ pub(crate) struct SendDone {
     pub cqe: bool,
     /// An inject call: no entry even on error (counters only).
     pub silent: bool,
+    /// Deferred work's reporting ([`Dw::NONE`] for an ordinary operation).
+    pub dw: Dw,
 }
 
 /// A transmit completed (or failed): its counter, and its CQ entry when
 /// one is due.
 #[inline]
 pub(crate) fn complete_send(b: &Bindings, ctx: &mut Ctx<'_>, op: SendDone, err: Option<Fail>) {
+    if !op.dw.is_none() {
+        count_deferred(b, ctx.counters, op.dw, err.is_some());
+        if op.dw.quiet() {
+            return;
+        }
+    }
     if let Some(k) = op.kind.counter() {
         b.count(ctx.counters, k, if err.is_some() { Val::Error } else { Val::Success });
     }
@@ -209,6 +268,12 @@ pub(crate) fn complete_send(b: &Bindings, ctx: &mut Ctx<'_>, op: SendDone, err: 
 /// an inject call nothing more), with the CQ entry out of line.
 #[inline(always)]
 pub(crate) fn complete_send_ok(b: &Bindings, src: &mut crate::domain::CtxSrc<'_>, op: SendDone) {
+    if !op.dw.is_none() {
+        count_deferred(b, src.counters(), op.dw, false);
+        if op.dw.quiet() {
+            return;
+        }
+    }
     if let Some(k) = op.kind.counter() {
         b.count(src.counters(), k, Val::Success);
     }

@@ -7,7 +7,7 @@
 //! collectives are schedules of them, and the C provider's `fi_msg*`
 //! structs map onto them.
 
-use super::complete::CntrKind;
+use super::complete::{CntrKind, Dw};
 use crate::flags::*;
 use shm_layout::MAX_IOV;
 
@@ -100,6 +100,8 @@ pub(crate) struct Request<'a> {
     /// an error (counters still count). A send with FI_INJECT alone
     /// completes as any send.
     pub silent: bool,
+    /// Deferred work's reporting ([`Dw::NONE`] for an ordinary call).
+    pub dw: Dw,
 }
 
 impl Request<'_> {

@@ -12,7 +12,7 @@
 //! - Headers leave in `txq` order; completions are written from the front
 //!   of `inflight` only (send order per peer).
 
-use super::complete::{complete_send, complete_send_ok, Fail, SendDone};
+use super::complete::{complete_send, complete_send_ok, Dw, Fail, SendDone};
 use super::matching::Dest;
 use super::peers::{Chan, Peer};
 use super::request::{Iovs, OpKind, Request};
@@ -59,13 +59,15 @@ pub(crate) struct TxOp {
     pub silent: bool,
     /// Set when the receiver reported a failure.
     pub err: Option<Fail>,
+    /// Deferred work's reporting (see [`Dw`]).
+    pub dw: Dw,
 }
 
 impl TxOp {
     /// What its completion needs.
     #[inline]
     pub fn done(&self) -> SendDone {
-        SendDone { kind: self.kind, ctx: self.ctx, tag: self.tag, cqe: self.cqe, silent: self.silent }
+        SendDone { kind: self.kind, ctx: self.ctx, tag: self.tag, cqe: self.cqe, silent: self.silent, dw: self.dw }
     }
 
     fn hdr(&self, kind: u8, len: u32) -> MsgHdr {
@@ -296,7 +298,7 @@ impl EpState {
             return Err(unsupported(r.kind));
         }
         let cqe = !r.silent && (!self.bind.tx_sel || r.flags & crate::flags::FI_COMPLETION != 0);
-        let done = SendDone { kind: r.kind, ctx: r.context, tag: r.tag, cqe, silent: r.silent };
+        let done = SendDone { kind: r.kind, ctx: r.context, tag: r.tag, cqe, silent: r.silent, dw: r.dw };
         if r.iov.is_none_or(|v| v.n == 1) {
             // SAFETY: the caller's buffer, valid for reads for the call
             // (and until completion, which is now on this path).
@@ -322,6 +324,7 @@ impl EpState {
             inject,
             silent: r.silent,
             err: None,
+            dw: r.dw,
         };
         self.post_tx(&mut src.ctx(), r.dest, op)
     }
@@ -639,6 +642,7 @@ mod tests {
             inject: false,
             silent: false,
             err: None,
+            dw: Dw::NONE,
         }
     }
 

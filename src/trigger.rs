@@ -1,0 +1,1211 @@
+//! Triggered operations and the domain's deferred work queue
+//! (fi_trigger(3)).
+//!
+//! Work waits on a counter: it runs once the counter's success plus error
+//! values reach its threshold. Two ways in:
+//! - **Triggered operations** ([`Endpoint::triggered`]): an endpoint's
+//!   data operation (send, tagged send, RMA read or write, atomic, fetch
+//!   and compare atomic) carrying a [`Trigger`]; the C provider's FI_TRIGGER
+//!   flag with an `fi_triggered_context` (FI_TRIGGER_THRESHOLD) maps onto
+//!   it. Once issued it completes as the same call made then would (CQ
+//!   entry, endpoint counter).
+//! - **Deferred work** ([`Domain::queue_work`], [`Domain::cancel_work`],
+//!   [`Domain::flush_work`]: `fi_control`'s FI_QUEUE_WORK, FI_CANCEL_WORK
+//!   and FI_FLUSH_WORK): any of those operations, or a counter set or add,
+//!   with a completion counter counted by one when the operation completes
+//!   (its error value when it fails). The endpoint hears of it (CQ entry,
+//!   endpoint counter) only with FI_COMPLETION in the operation's flags;
+//!   counter operations change their target counter only.
+//!
+//! Work on one counter runs in the order of its thresholds, then of its
+//! submission, also when the counter jumps past several thresholds at once;
+//! work whose threshold is met at submission runs at once (after any
+//! earlier work on that counter that is due).
+//!
+//! **Who fires it.** The progress pass ends with one relaxed load of the
+//! domain's "work pending" flag (`TrigFlag`); only when it is set does it
+//! look at the counters that have work waiting (one list per counter,
+//! sorted by (threshold, submission)), comparing each one's value with the
+//! threshold at the head of its list. So work fires after whatever moved
+//! its counter: a completion counted in the pass, a peer's RMA on an
+//! FI_RMA_EVENT counter (it rings our doorbell), a counter operation of
+//! other work (chains run to their end in one pass), or the application's
+//! own [`Counter::add`] / [`Counter::set`] (which fire due work at once
+//! when the domain lock is free). With auto progress
+//! ([`Domain::start_progress_thread`]) no call of the application is
+//! needed: its thread's sleep re-checks the heads of the lists after it
+//! announced itself on the doorbell, so every count that rings (a peer's,
+//! an `add`) wakes it.
+//!
+//! **Re-entrancy.** Work runs inside the progress pass, under the domain
+//! lock the pass holds: the operation bodies are the lock-free halves of
+//! the endpoint's calls (`EpState::submit`, `rma::Initiator`), never the
+//! calls themselves (which would take the lock again). A body that runs a
+//! progress pass of its own (a send waiting for room) does not fire work
+//! from it (the `firing` mark); the outer loop looks again once it is
+//! back. An RMA to memory a peer serves through its mailbox waits for the
+//! answer inside the pass, serving our own mailbox meanwhile as the
+//! endpoint's call does, so two ranks firing RMA at each other both move.
+//!
+//! ```
+//! use shmfab::{DeferredOp, DeferredWork, Fabric};
+//! # std::env::set_var("SHMFAB_JOB_ID", format!("doctest-trig-{}", std::process::id()));
+//! let dom = Fabric::open()?.domain()?;
+//! let (go, done, out) = (dom.cntr_open()?, dom.cntr_open()?, dom.cntr_open()?);
+//! // When `go` reaches 2, add 5 to `out`.
+//! let w = DeferredWork { threshold: 2, triggering: &go, completion: None, op: DeferredOp::CntrAdd { cntr: &out, value: 5 } };
+//! // SAFETY: a counter operation names no buffer.
+//! unsafe { dom.queue_work(w)? };
+//! go.add(1)?;
+//! assert_eq!(out.read()?, 0);
+//! go.add(1)?;
+//! assert_eq!(out.read()?, 5);
+//! # let _ = done;
+//! # Ok::<(), shmfab::Error>(())
+//! ```
+
+use crate::atomic::{AtomicCall, AtomicOp, AtomicType};
+use crate::cntr::Counter;
+use crate::domain::{CtxSrc, Domain, DomainInner, DomainState};
+use crate::engine::complete::{complete_send, count, set, Dw, SendDone, Val};
+use crate::engine::request::{Iov, Iovs, OpKind, Request, SEND_FLAGS};
+use crate::ep::{Endpoint, RecvMsg, SendMsg};
+use crate::error::{Error, ErrorKind, Result};
+use crate::flags::*;
+use crate::rma::{AtomicArgs, Initiator, Local, RmaIoc, RmaIov, RMA_FLAGS};
+use std::collections::BTreeMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A threshold trigger (FI_TRIGGER_THRESHOLD, `struct
+/// fi_trigger_threshold`): the operation waits until the success plus
+/// error values of `cntr` reach `threshold`.
+#[derive(Clone, Copy)]
+pub struct Trigger<'a> {
+    /// The counter to watch (of the endpoint's domain).
+    pub cntr: &'a Counter,
+    /// The value it must reach.
+    pub threshold: u64,
+}
+
+/// Queued deferred work, for [`Domain::cancel_work`] (the C provider keeps
+/// it in the `fi_deferred_work`'s context).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkId(u64);
+
+impl WorkId {
+    /// The id as an integer (submission order: later work, larger id).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// The operation of a deferred work request (`enum fi_op_type` with its
+/// `fi_op_*` struct). Buffers are read or written when the work fires,
+/// not at submission (with FI_INJECT in the flags, the data to send is
+/// copied at submission instead).
+pub enum DeferredOp<'a> {
+    /// FI_OP_RECV: not supported (`-FI_ENOSYS` once the endpoint is checked).
+    Recv {
+        /// The endpoint.
+        ep: &'a Endpoint,
+        /// The receive.
+        msg: RecvMsg<'a, 'a>,
+        /// Its flags.
+        flags: u64,
+    },
+    /// FI_OP_TRECV: not supported, as `Recv`.
+    Trecv {
+        /// The endpoint.
+        ep: &'a Endpoint,
+        /// The receive.
+        msg: RecvMsg<'a, 'a>,
+        /// Its flags.
+        flags: u64,
+    },
+    /// FI_OP_SEND: [`Endpoint::sendmsg`].
+    Send {
+        /// The endpoint.
+        ep: &'a Endpoint,
+        /// The send.
+        msg: SendMsg<'a>,
+        /// Its flags (those of `sendmsg`).
+        flags: u64,
+    },
+    /// FI_OP_TSEND: [`Endpoint::tsendmsg`].
+    Tsend {
+        /// The endpoint.
+        ep: &'a Endpoint,
+        /// The send.
+        msg: SendMsg<'a>,
+        /// Its flags.
+        flags: u64,
+    },
+    /// FI_OP_WRITE: [`Endpoint::writemsg`].
+    Write {
+        /// The endpoint.
+        ep: &'a Endpoint,
+        /// Local segments.
+        iov: &'a [IoSlice<'a>],
+        /// Remote segments (same total).
+        rma_iov: &'a [RmaIov],
+        /// Target.
+        dest: FiAddr,
+        /// Operation context.
+        context: usize,
+        /// Remote CQ data (with FI_REMOTE_CQ_DATA).
+        data: u64,
+        /// Flags (those of `writemsg`).
+        flags: u64,
+    },
+    /// FI_OP_READ: [`Endpoint::readmsg`].
+    Read {
+        /// The endpoint.
+        ep: &'a Endpoint,
+        /// Local segments to fill.
+        iov: &'a mut [IoSliceMut<'a>],
+        /// Remote segments (same total).
+        rma_iov: &'a [RmaIov],
+        /// Target.
+        dest: FiAddr,
+        /// Operation context.
+        context: usize,
+        /// Flags.
+        flags: u64,
+    },
+    /// FI_OP_ATOMIC: [`Endpoint::atomicmsg`].
+    Atomic {
+        /// The endpoint.
+        ep: &'a Endpoint,
+        /// The atomic.
+        msg: AtomicMsg<'a>,
+        /// Flags.
+        flags: u64,
+    },
+    /// FI_OP_FETCH_ATOMIC: [`Endpoint::fetch_atomicmsg`].
+    FetchAtomic {
+        /// The endpoint.
+        ep: &'a Endpoint,
+        /// The atomic.
+        msg: AtomicMsg<'a>,
+        /// The old values (as many bytes as `msg.buf` names).
+        result: &'a mut [u8],
+        /// Flags.
+        flags: u64,
+    },
+    /// FI_OP_COMPARE_ATOMIC: [`Endpoint::compare_atomicmsg`].
+    CompareAtomic {
+        /// The endpoint.
+        ep: &'a Endpoint,
+        /// The atomic.
+        msg: AtomicMsg<'a>,
+        /// The compare operands.
+        compare: &'a [u8],
+        /// The old values.
+        result: &'a mut [u8],
+        /// Flags.
+        flags: u64,
+    },
+    /// FI_OP_CNTR_SET: sets the success value of `cntr` to `value`.
+    CntrSet {
+        /// The counter.
+        cntr: &'a Counter,
+        /// Its new value.
+        value: u64,
+    },
+    /// FI_OP_CNTR_ADD: adds `value` to the success value of `cntr`.
+    CntrAdd {
+        /// The counter.
+        cntr: &'a Counter,
+        /// What to add.
+        value: u64,
+    },
+}
+
+/// An atomic operation's description (`struct fi_msg_atomic`).
+#[derive(Clone, Copy)]
+pub struct AtomicMsg<'a> {
+    /// Datatype.
+    pub dt: AtomicType,
+    /// Operation.
+    pub op: AtomicOp,
+    /// Operands (empty for a fetching FI_ATOMIC_READ).
+    pub buf: &'a [u8],
+    /// Remote segments.
+    pub rma_ioc: &'a [RmaIoc],
+    /// Target.
+    pub dest: FiAddr,
+    /// Operation context.
+    pub context: usize,
+    /// Remote CQ data (with FI_REMOTE_CQ_DATA).
+    pub data: u64,
+}
+
+/// A deferred work request (`struct fi_deferred_work`).
+pub struct DeferredWork<'a> {
+    /// The value `triggering` must reach (success plus error values).
+    pub threshold: u64,
+    /// The counter watched.
+    pub triggering: &'a Counter,
+    /// Counted by one when the operation completes (its error value when
+    /// it fails). None for counter operations (which must not name one).
+    pub completion: Option<&'a Counter>,
+    /// What to do.
+    pub op: DeferredOp<'a>,
+}
+
+/// The domain's "work pending" flag: the one word a progress pass looks at
+/// (relaxed) before anything of this module, and the head threshold of
+/// each counter's list, for the auto-progress thread's sleep ([`Watch`]).
+/// Both written under the domain lock when the lists change; the flag is
+/// read without it by [`Counter::add`]/[`Counter::set`] as a hint (a stale
+/// false only defers firing to the next progress pass).
+#[derive(Default)]
+pub(crate) struct TrigFlag {
+    pending: AtomicBool,
+    /// (counter index, threshold at the head of its list), per armed
+    /// counter.
+    heads: Arc<std::sync::Mutex<Vec<(usize, u64)>>>,
+}
+
+impl TrigFlag {
+    /// Whether work waits on some counter.
+    #[inline(always)]
+    pub fn pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Publishes the state of `t` (after it changed).
+    fn publish(&self, t: &Triggers) {
+        // Relaxed: written under the domain lock; see the type's docs.
+        self.pending.store(!t.armed.is_empty(), Ordering::Relaxed);
+        let mut h = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        h.clear();
+        h.extend(t.armed.iter().filter_map(|&c| t.lists[c].first_key_value().map(|(&(th, _), _)| (c, th))));
+    }
+
+    /// A check of due work for a thread that holds no reference to the
+    /// domain (the auto-progress thread's sleep), over `counters`.
+    pub fn watch(&self, counters: &[shm_layout::Counter]) -> Watch {
+        Watch { heads: self.heads.clone(), counters: counters.as_ptr(), n: counters.len() }
+    }
+}
+
+/// See [`TrigFlag::watch`].
+pub(crate) struct Watch {
+    heads: Arc<std::sync::Mutex<Vec<(usize, u64)>>>,
+    counters: *const shm_layout::Counter,
+    n: usize,
+}
+
+// SAFETY: the counter table is atomics in a shared mapping; `due`'s
+// contract says when it may be read.
+unsafe impl Send for Watch {}
+
+impl Watch {
+    /// Whether work waiting on some counter is due: what the
+    /// auto-progress thread re-checks after it announced its sleep, so a
+    /// count whose doorbell ring found no sleeper yet is not slept through
+    /// (the doorbell's fences order the two, as for inbound messages).
+    ///
+    /// # Safety
+    /// The domain's region (its counter table) must still be mapped.
+    pub unsafe fn due(&self) -> bool {
+        let h = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        if h.is_empty() {
+            return false;
+        }
+        // SAFETY: per the contract, the table of `n` counters is mapped.
+        let counters = unsafe { std::slice::from_raw_parts(self.counters, self.n) };
+        h.iter().any(|&(c, t)| counters.get(c).is_some_and(|x| t <= value(x)))
+    }
+}
+
+/// What work does when it fires, with everything it needs kept (the
+/// caller's buffers as raw segments, valid until completion by the
+/// submission's contract).
+enum Op {
+    Msg {
+        kind: OpKind,
+        iovs: Iovs,
+        dest: FiAddr,
+        context: usize,
+        tag: u64,
+        data: u64,
+    },
+    Rma {
+        kind: OpKind,
+        segs: Vec<(*mut u8, usize)>,
+        rma_iov: Vec<RmaIov>,
+        dest: FiAddr,
+        context: usize,
+        data: Option<u64>,
+    },
+    Atomic {
+        call: AtomicCall,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: (*const u8, usize),
+        compare: Option<(*const u8, usize)>,
+        result: Option<(*mut u8, usize)>,
+        iocs: Vec<RmaIoc>,
+        dest: FiAddr,
+        context: usize,
+        data: Option<u64>,
+    },
+    Cntr {
+        id: usize,
+        value: u64,
+        set: bool,
+    },
+}
+
+/// One piece of queued work.
+struct Work {
+    id: u64,
+    /// The endpoint (section index, generation) of a data operation.
+    ep: Option<(usize, u32)>,
+    /// The counter it waits on.
+    trig: usize,
+    /// Completion counter (deferred work).
+    completion: Option<usize>,
+    /// Deferred work (cancel and flush apply, completions per `Dw`); else
+    /// a triggered operation of its endpoint.
+    deferred: bool,
+    /// The operation's flags.
+    flags: u64,
+    op: Op,
+    /// The data copied at submission (FI_INJECT): the segments point here.
+    _owned: Option<Box<[u8]>>,
+}
+
+// SAFETY: the raw segments name the submitter's buffers, which its
+// (unsafe) submission promised valid until the work completes, from any
+// thread that drives the domain; nothing else in Work is thread-bound.
+unsafe impl Send for Work {}
+
+/// The queued work of a domain (in [`DomainState`], under its lock).
+#[derive(Default)]
+pub(crate) struct Triggers {
+    /// By counter index: the work waiting on it, by (threshold, id).
+    lists: Vec<BTreeMap<(u64, u64), Work>>,
+    /// The counters whose list is not empty.
+    armed: Vec<usize>,
+    /// Deferred work by id: its place (counter, threshold), for cancel.
+    deferred: std::collections::HashMap<u64, (usize, u64)>,
+    /// The next work id (submission order).
+    next: u64,
+    /// Set while work fires: a progress pass run by a firing operation
+    /// fires nothing (the firing loop looks again after it).
+    firing: bool,
+    /// Work that could not be issued at its last try (`-FI_EAGAIN`): the
+    /// next pass retries it; sleepers nap briefly.
+    blocked: bool,
+}
+
+impl Triggers {
+    /// Whether work is held back for room (see `blocked`).
+    pub fn blocked(&self) -> bool {
+        self.blocked
+    }
+
+    /// Whether work waiting on some counter is due now.
+    pub fn due(&self, counters: &[shm_layout::Counter]) -> bool {
+        self.armed.iter().any(|&c| self.lists[c].first_key_value().is_some_and(|((t, _), _)| *t <= value(&counters[c])))
+    }
+
+    fn insert(&mut self, w: Work, threshold: u64) {
+        let c = w.trig;
+        if self.lists.len() <= c {
+            self.lists.resize_with(c + 1, BTreeMap::new);
+        }
+        if self.lists[c].is_empty() {
+            self.armed.push(c);
+        }
+        if w.deferred {
+            self.deferred.insert(w.id, (c, threshold));
+        }
+        self.lists[c].insert((threshold, w.id), w);
+    }
+
+    fn remove(&mut self, c: usize, key: (u64, u64)) -> Option<Work> {
+        let w = self.lists.get_mut(c)?.remove(&key)?;
+        if self.lists[c].is_empty() {
+            self.armed.retain(|&a| a != c);
+            if self.armed.is_empty() {
+                // Nothing left to retry (the blocked work was cancelled,
+                // flushed, or ran).
+                self.blocked = false;
+            }
+        }
+        self.deferred.remove(&w.id);
+        Some(w)
+    }
+}
+
+/// The value a trigger compares: success plus error.
+fn value(c: &shm_layout::Counter) -> u64 {
+    // SYNC: pairs with the release writes in engine::complete::{count,
+    // set} (and a peer's, for remote-event counters): what the completion
+    // that moved the counter published is visible to the work it fires.
+    c.value.v.load(Ordering::Acquire).wrapping_add(c.err.v.load(Ordering::Acquire))
+}
+
+/// The counters a piece of work holds bound (so they cannot close under
+/// it): its trigger, its completion counter, a counter operation's target.
+fn held(w: &Work) -> impl Iterator<Item = usize> {
+    let target = match w.op {
+        Op::Cntr { id, .. } => Some(id),
+        _ => None,
+    };
+    std::iter::once(w.trig).chain(w.completion).chain(target)
+}
+
+fn release(st: &mut DomainState, w: &Work) {
+    for c in held(w) {
+        st.cntrs.unbind(c);
+    }
+}
+
+/// The counter of `c` in `dom`, checked open.
+fn cntr_of(dom: &Arc<DomainInner>, st: &DomainState, c: &Counter) -> Result<usize> {
+    if !Arc::ptr_eq(&c.dom, dom) {
+        return Err(Error::with(ErrorKind::Inval, "counter of another domain"));
+    }
+    let id = c.live_id()?;
+    if st.cntrs.get(id).is_none() {
+        return Err(Error::with(ErrorKind::Inval, "counter is closed"));
+    }
+    Ok(id)
+}
+
+/// The endpoint of `ep` in `dom`, checked open and enabled: (index,
+/// generation).
+fn ep_of(dom: &Arc<DomainInner>, st: &DomainState, ep: &Endpoint) -> Result<(usize, u32)> {
+    if !Arc::ptr_eq(&ep.dom, dom) {
+        return Err(Error::with(ErrorKind::Inval, "endpoint of another domain"));
+    }
+    let generation = ep.getname().generation;
+    match st.eps.get(ep.idx).and_then(|e| e.as_deref()) {
+        Some(s) if s.addr.generation == generation => {
+            if !s.enabled {
+                return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
+            }
+            Ok((ep.idx, generation))
+        }
+        _ => Err(Error::with(ErrorKind::Inval, "endpoint is closed")),
+    }
+}
+
+fn bad_flags(flags: u64, allowed: u64) -> Result<()> {
+    if flags & !allowed != 0 {
+        return Err(Error::with(ErrorKind::BadFlags, format!("unsupported flags {:#x}", flags & !allowed)));
+    }
+    Ok(())
+}
+
+/// Copies `segs` into one owned buffer (FI_INJECT at submission).
+fn copy_in(segs: &[(*mut u8, usize)]) -> Box<[u8]> {
+    let mut v = Vec::with_capacity(segs.iter().map(|s| s.1).sum());
+    for &(p, l) in segs {
+        // SAFETY: the caller's segments, valid for reads for the call.
+        v.extend_from_slice(unsafe { std::slice::from_raw_parts(p, l) });
+    }
+    v.into_boxed_slice()
+}
+
+/// Checks an operation and makes it a piece of work (its endpoint's
+/// state is checked by the caller); `deferred` for the work queue.
+fn make(dom: &Arc<DomainInner>, st: &DomainState, op: DeferredOp<'_>, deferred: bool) -> Result<(Work, Option<usize>)> {
+    let mk = |ep: Option<(usize, u32)>, flags: u64, op: Op, owned: Option<Box<[u8]>>| Work {
+        id: 0,
+        ep,
+        trig: 0,
+        completion: None,
+        deferred,
+        flags,
+        op,
+        _owned: owned,
+    };
+    let tagged = matches!(op, DeferredOp::Tsend { .. });
+    let is_set = matches!(op, DeferredOp::CntrSet { .. });
+    Ok(match op {
+        DeferredOp::Recv { ep, .. } | DeferredOp::Trecv { ep, .. } => {
+            ep_of(dom, st, ep)?;
+            return Err(Error::with(ErrorKind::NoSys, "deferred and triggered receives are not supported"));
+        }
+        DeferredOp::Send { ep, msg, flags } | DeferredOp::Tsend { ep, msg, flags } => {
+            let e = ep_of(dom, st, ep)?;
+            bad_flags(flags, SEND_FLAGS)?;
+            if msg.iov.len() > shm_layout::MAX_IOV {
+                return Err(Error::with(ErrorKind::Inval, format!("at most {} iov segments", shm_layout::MAX_IOV)));
+            }
+            let segs: Vec<(*mut u8, usize)> = msg.iov.iter().map(|s| (s.as_ptr() as *mut u8, s.len())).collect();
+            let len: usize = segs.iter().map(|s| s.1).sum();
+            if len > crate::proto::MAX_MSG_SIZE {
+                return Err(Error::with(ErrorKind::MsgSize, format!("{len} bytes is over the message size limit")));
+            }
+            if flags & FI_INJECT != 0 && len > crate::proto::INJECT_SIZE {
+                return Err(Error::with(
+                    ErrorKind::MsgSize,
+                    format!("inject takes at most {} bytes", crate::proto::INJECT_SIZE),
+                ));
+            }
+            let owned = (flags & FI_INJECT != 0).then(|| copy_in(&segs));
+            let mut iovs = Iovs::default();
+            match &owned {
+                Some(b) => {
+                    iovs.v[0] = Iov { ptr: b.as_ptr() as usize, len: b.len() };
+                    iovs.n = 1;
+                }
+                None => {
+                    for (i, &(p, l)) in segs.iter().enumerate() {
+                        iovs.v[i] = Iov { ptr: p as usize, len: l };
+                    }
+                    iovs.n = segs.len();
+                }
+            }
+            let kind = if tagged { OpKind::Tagged } else { OpKind::Msg };
+            let (dest, context, tag, data) = (msg.dest, msg.context, msg.tag, msg.data);
+            (mk(Some(e), flags, Op::Msg { kind, iovs, dest, context, tag, data }, owned), None)
+        }
+        DeferredOp::Write { ep, iov, rma_iov, dest, context, data, flags } => {
+            let e = ep_of(dom, st, ep)?;
+            bad_flags(flags, RMA_FLAGS)?;
+            crate::rma::rma_args(&Local::Out(iov), rma_iov, false)?;
+            let mut segs: Vec<(*mut u8, usize)> = iov.iter().map(|s| (s.as_ptr() as *mut u8, s.len())).collect();
+            let owned = (flags & FI_INJECT != 0).then(|| copy_in(&segs));
+            if let Some(b) = &owned {
+                segs = vec![(b.as_ptr() as *mut u8, b.len())];
+            }
+            let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
+            let op = Op::Rma { kind: OpKind::Write, segs, rma_iov: rma_iov.to_vec(), dest, context, data };
+            (mk(Some(e), flags, op, owned), None)
+        }
+        DeferredOp::Read { ep, iov, rma_iov, dest, context, flags } => {
+            let segs: Vec<(*mut u8, usize)> = iov.iter_mut().map(|s| (s.as_mut_ptr(), s.len())).collect();
+            (read(dom, st, ep, segs, rma_iov, dest, context, flags, deferred)?, None)
+        }
+        DeferredOp::Atomic { ep, msg, flags } => {
+            atomic(dom, st, ep, msg, None, None, flags, AtomicCall::Write, deferred)?
+        }
+        DeferredOp::FetchAtomic { ep, msg, result, flags } => {
+            atomic(dom, st, ep, msg, None, Some(result), flags, AtomicCall::Fetch, deferred)?
+        }
+        DeferredOp::CompareAtomic { ep, msg, compare, result, flags } => {
+            atomic(dom, st, ep, msg, Some(compare), Some(result), flags, AtomicCall::Compare, deferred)?
+        }
+        DeferredOp::CntrSet { cntr, value } | DeferredOp::CntrAdd { cntr, value } => {
+            let id = cntr_of(dom, st, cntr)?;
+            (mk(None, 0, Op::Cntr { id, value, set: is_set }, None), Some(id))
+        }
+    })
+}
+
+/// The read half of [`make`]: `segs` to fill.
+#[allow(clippy::too_many_arguments)]
+fn read(
+    dom: &Arc<DomainInner>,
+    st: &DomainState,
+    ep: &Endpoint,
+    segs: Vec<(*mut u8, usize)>,
+    rma_iov: &[RmaIov],
+    dest: FiAddr,
+    context: usize,
+    flags: u64,
+    deferred: bool,
+) -> Result<Work> {
+    let e = ep_of(dom, st, ep)?;
+    bad_flags(flags, RMA_FLAGS & !FI_REMOTE_CQ_DATA & !FI_INJECT)?;
+    crate::rma::rma_args(&Local::OutRaw(&segs), rma_iov, false)?;
+    let op = Op::Rma { kind: OpKind::Read, segs, rma_iov: rma_iov.to_vec(), dest, context, data: None };
+    Ok(Work { id: 0, ep: Some(e), trig: 0, completion: None, deferred, flags, op, _owned: None })
+}
+
+/// The atomic half of [`make`].
+#[allow(clippy::too_many_arguments)]
+fn atomic(
+    dom: &Arc<DomainInner>,
+    st: &DomainState,
+    ep: &Endpoint,
+    m: AtomicMsg<'_>,
+    compare: Option<&[u8]>,
+    result: Option<&mut [u8]>,
+    flags: u64,
+    call: AtomicCall,
+    deferred: bool,
+) -> Result<(Work, Option<usize>)> {
+    let e = ep_of(dom, st, ep)?;
+    bad_flags(flags, RMA_FLAGS)?;
+    let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(m.data);
+    let result = result.map(|r| (r.as_mut_ptr(), r.len()));
+    // Checked as the call checks them (a result slice of the right length
+    // stands in for the caller's).
+    let mut probe = vec![0u8; result.map_or(0, |r| r.1)];
+    let args = AtomicArgs {
+        call,
+        dt: m.dt,
+        op: m.op,
+        buf: m.buf,
+        compare,
+        result: result.map(|_| &mut probe[..]),
+        dest: m.dest,
+        iocs: m.rma_ioc,
+        context: m.context,
+        data,
+        flags,
+        silent: false,
+    };
+    crate::rma::atomic_args(&args)?;
+    // FI_INJECT: the operands (and compares) are copied now.
+    let owned = (flags & FI_INJECT != 0).then(|| {
+        let mut v = m.buf.to_vec();
+        v.extend_from_slice(compare.unwrap_or_default());
+        v.into_boxed_slice()
+    });
+    let (buf, compare) = match &owned {
+        Some(b) => {
+            let n = m.buf.len();
+            (((b.as_ptr()), n), compare.map(|c| (b[n..].as_ptr(), c.len())))
+        }
+        None => ((m.buf.as_ptr(), m.buf.len()), compare.map(|c| (c.as_ptr(), c.len()))),
+    };
+    let op = Op::Atomic {
+        call,
+        dt: m.dt,
+        op: m.op,
+        buf,
+        compare,
+        result,
+        iocs: m.rma_ioc.to_vec(),
+        dest: m.dest,
+        context: m.context,
+        data,
+    };
+    Ok((Work { id: 0, ep: Some(e), trig: 0, completion: None, deferred, flags, op, _owned: owned }, None))
+}
+
+/// Queues `w` on counter `trig` at `threshold` (binding its counters), and
+/// fires what is due on that counter at once.
+fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -> Result<u64> {
+    w.id = st.trig.next;
+    // Bound first: a counter closed meanwhile is refused before anything
+    // is queued, and none of them closes while the work waits.
+    let ids: Vec<usize> = held(&w).collect();
+    for (i, &c) in ids.iter().enumerate() {
+        if let Err(e) = st.cntrs.bind(c) {
+            for &b in &ids[..i] {
+                st.cntrs.unbind(b);
+            }
+            return Err(e);
+        }
+    }
+    st.trig.next += 1;
+    let (id, c) = (w.id, w.trig);
+    st.trig.insert(w, threshold);
+    dom.trig.publish(&st.trig);
+    if threshold <= value(&dom.counters()[c]) {
+        fire(dom, st);
+    }
+    Ok(id)
+}
+
+/// Fires the due work of every counter, in (threshold, submission) order
+/// per counter, until none is due (chains included). Out of line: the
+/// progress pass calls it only when its flag says work is pending.
+#[cold]
+#[inline(never)]
+pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
+    if st.trig.firing {
+        return;
+    }
+    st.trig.firing = true;
+    st.trig.blocked = false;
+    let counters = dom.counters();
+    let (mut rang, mut touched) = (false, false);
+    loop {
+        let mut any = false;
+        let mut i = 0;
+        while i < st.trig.armed.len() {
+            let c = st.trig.armed[i];
+            while let Some((&(t, id), _)) = st.trig.lists[c].first_key_value() {
+                if t > value(&counters[c]) {
+                    break;
+                }
+                let w = st.trig.remove(c, (t, id)).expect("the head just seen");
+                touched = true;
+                match run(dom, st, w) {
+                    Fired::Done { cntr_op } => {
+                        any = true;
+                        rang |= cntr_op;
+                    }
+                    Fired::Again(w) => {
+                        // No room to issue it: it keeps its place; the
+                        // next pass tries again, and later work on this
+                        // counter waits behind it.
+                        st.trig.insert(*w, t);
+                        st.trig.blocked = true;
+                        break;
+                    }
+                }
+            }
+            // `remove` may have taken counter `c` out of `armed` (its list
+            // emptied) and `insert` put it back at the end: go on from the
+            // same place unless `c` is still here.
+            if st.trig.armed.get(i) == Some(&c) {
+                i += 1;
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    st.trig.firing = false;
+    if touched {
+        dom.trig.publish(&st.trig);
+    }
+    if rang {
+        // Counter operations: wake whoever sleeps on one of our counters.
+        crate::doorbell::ring(&dom.region.header().doorbell);
+    }
+}
+
+enum Fired {
+    /// Ran (or failed, reported): `cntr_op` for a counter operation.
+    Done { cntr_op: bool },
+    /// Could not be issued for lack of room (`-FI_EAGAIN`): put it back.
+    Again(Box<Work>),
+}
+
+/// Runs one piece of work, under the domain lock.
+fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
+    let counters = dom.counters();
+    if let Op::Cntr { id, value, set: is_set } = w.op {
+        if is_set {
+            set(&counters[id], Val::Success, value);
+        } else {
+            count(&counters[id], Val::Success, value);
+        }
+        release(st, &w);
+        return Fired::Done { cntr_op: true };
+    }
+    // Deferred work reports to its endpoint only with FI_COMPLETION.
+    let quiet = w.deferred && w.flags & FI_COMPLETION == 0;
+    let dw = if w.deferred { Dw::new(w.completion, quiet) } else { Dw::NONE };
+    let (idx, generation) = w.ep.expect("data operations name their endpoint");
+    let ptr = match st.eps.get(idx).and_then(|e| e.as_ref()) {
+        Some(e) if e.addr.generation == generation => e.ptr(),
+        _ => {
+            // The endpoint closed while the work waited: it fails (on the
+            // completion counter; the endpoint's CQ is gone).
+            if let Some(c) = w.completion {
+                count(&counters[c], Val::Error, 1);
+            }
+            release(st, &w);
+            return Fired::Done { cntr_op: false };
+        }
+    };
+    let res = {
+        let mut src = CtxSrc::new(dom, st);
+        // SAFETY: as in ep.rs's `with_ep_src!`: the endpoint is open (its
+        // slot holds this generation, checked above under the lock we
+        // hold), and neither the context source nor anything made from it
+        // reaches the endpoint slots, so this is the only reference.
+        let ep = unsafe { &mut *ptr.as_ptr() };
+        let ini = Initiator { dom, idx };
+        let res = match &w.op {
+            Op::Msg { kind, iovs, dest, context, tag, data } => {
+                let r = Request {
+                    kind: *kind,
+                    one: iovs.v[0],
+                    iov: Some(iovs),
+                    dest: *dest,
+                    context: *context,
+                    tag: *tag,
+                    data: *data,
+                    flags: w.flags,
+                    silent: quiet,
+                    dw,
+                };
+                ep.submit(&mut src, &r)
+            }
+            Op::Rma { kind, segs, rma_iov, dest, context, data } => {
+                let local = if *kind == OpKind::Write {
+                    Local::OutRaw(segs)
+                } else {
+                    Local::In(segs.iter().copied().collect())
+                };
+                let flags = w.flags & !FI_INJECT;
+                ini.rma_body(ep, &mut src.ctx(), *kind, &local, rma_iov, *dest, *context, *data, flags, quiet, dw)
+            }
+            Op::Atomic { call, dt, op, buf, compare, result, iocs, dest, context, data } => {
+                // SAFETY: the submitter's buffers (or our copy), valid
+                // until the work completes by the submission's contract.
+                let (buf, compare, result) = unsafe {
+                    (
+                        std::slice::from_raw_parts(buf.0, buf.1),
+                        compare.map(|c| std::slice::from_raw_parts(c.0, c.1)),
+                        result.map(|r| std::slice::from_raw_parts_mut(r.0, r.1)),
+                    )
+                };
+                let a = AtomicArgs {
+                    call: *call,
+                    dt: *dt,
+                    op: *op,
+                    buf,
+                    compare,
+                    result,
+                    dest: *dest,
+                    iocs,
+                    context: *context,
+                    data: *data,
+                    flags: w.flags & !FI_INJECT,
+                    silent: quiet,
+                };
+                ini.atomic_body(ep, &mut src.ctx(), a, dw)
+            }
+            Op::Cntr { .. } => unreachable!("handled above"),
+        };
+        match res {
+            Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(Box::new(w)),
+            Err(e) => {
+                // Refused when issued (an address not in the AV, ...): an
+                // error completion, as for a failure after issue.
+                let (kind, context, tag) = match &w.op {
+                    Op::Msg { kind, context, tag, .. } => (*kind, *context, *tag),
+                    Op::Rma { kind, context, .. } => (*kind, *context, 0),
+                    Op::Atomic { call, context, .. } => (atomic_kind(*call), *context, 0),
+                    Op::Cntr { .. } => unreachable!("handled above"),
+                };
+                let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw };
+                complete_send(&ep.bind, &mut src.ctx(), done, Some((e.kind(), 0, e.to_string())));
+                Err(e)
+            }
+            Ok(()) => Ok(()),
+        }
+    };
+    let _ = res;
+    release(st, &w);
+    Fired::Done { cntr_op: false }
+}
+
+fn atomic_kind(call: AtomicCall) -> OpKind {
+    match call {
+        AtomicCall::Write => OpKind::Atomic,
+        AtomicCall::Fetch => OpKind::FetchAtomic,
+        AtomicCall::Compare => OpKind::CompareAtomic,
+    }
+}
+
+/// Fires due work after the application changed a counter (`add`, `set`):
+/// nothing unless work is pending; skipped when the lock is not ours to
+/// take now (another thread's domain, a call in progress): the next
+/// progress pass fires it then.
+pub(crate) fn after_app_change(dom: &DomainInner) {
+    if dom.trig.pending() {
+        if let Ok(mut st) = dom.lock() {
+            fire(dom, &mut st);
+        }
+    }
+}
+
+impl Domain {
+    /// FI_QUEUE_WORK: queues `w` on the domain's deferred work queue; it
+    /// runs once `w.triggering` (success plus error values) reaches
+    /// `w.threshold` (at once if it has). The objects it names are checked
+    /// first (counters and endpoint of this domain and open, the endpoint
+    /// enabled, flags, sizes); then an operation shmfab cannot defer
+    /// (receives) is `-FI_ENOSYS`. The counters it names cannot close
+    /// while it waits (`Busy`).
+    ///
+    /// # Safety
+    /// The buffers the operation names must stay valid (and those it sends
+    /// from unchanged) until it completes or is cancelled; they are read
+    /// or written when it fires (with FI_INJECT, the data to send is
+    /// copied now).
+    pub unsafe fn queue_work(&self, w: DeferredWork<'_>) -> Result<WorkId> {
+        let dom = &self.inner;
+        let mut st = dom.lock()?;
+        let trig = cntr_of(dom, &st, w.triggering)?;
+        let completion = w.completion.map(|c| cntr_of(dom, &st, c)).transpose()?;
+        let cntr_op = matches!(w.op, DeferredOp::CntrSet { .. } | DeferredOp::CntrAdd { .. });
+        if cntr_op && completion.is_some() {
+            return Err(Error::with(ErrorKind::Inval, "counter operations take no completion counter"));
+        }
+        let (mut work, _) = make(dom, &st, w.op, true)?;
+        work.trig = trig;
+        work.completion = completion;
+        queue(dom, &mut st, work, w.threshold).map(WorkId)
+    }
+
+    /// FI_CANCEL_WORK: takes queued work off the queue; it never runs.
+    /// `Ok(false)` if it is no longer queued (it ran, or was cancelled or
+    /// flushed).
+    pub fn cancel_work(&self, id: WorkId) -> Result<bool> {
+        let mut st = self.inner.lock()?;
+        let Some(&(c, t)) = st.trig.deferred.get(&id.0) else { return Ok(false) };
+        let w = st.trig.remove(c, (t, id.0)).expect("indexed work is queued");
+        release(&mut st, &w);
+        self.inner.trig.publish(&st.trig);
+        Ok(true)
+    }
+
+    /// FI_FLUSH_WORK: cancels every queued work request, or (with
+    /// `triggering`) those waiting on that counter; returns how many.
+    /// Triggered operations of endpoints are not deferred work: they stay.
+    pub fn flush_work(&self, triggering: Option<&Counter>) -> Result<usize> {
+        let dom = &self.inner;
+        let mut st = dom.lock()?;
+        let only = triggering.map(|c| cntr_of(dom, &st, c)).transpose()?;
+        let mut keys: Vec<(usize, (u64, u64))> = st
+            .trig
+            .deferred
+            .iter()
+            .filter(|(_, (c, _))| only.is_none_or(|o| o == *c))
+            .map(|(&id, &(c, t))| (c, (t, id)))
+            .collect();
+        keys.sort_unstable();
+        for &(c, k) in &keys {
+            let w = st.trig.remove(c, k).expect("indexed work is queued");
+            release(&mut st, &w);
+        }
+        dom.trig.publish(&st.trig);
+        Ok(keys.len())
+    }
+
+    /// Deferred work and triggered operations queued (not yet fired).
+    pub fn queued_work(&self) -> Result<usize> {
+        let st = self.inner.lock()?;
+        Ok(st.trig.lists.iter().map(|l| l.len()).sum())
+    }
+}
+
+/// An endpoint's data operations with a [`Trigger`]
+/// ([`Endpoint::triggered`]). Each queues the operation until the
+/// trigger's counter reaches its threshold; it then completes as the call
+/// made at that moment would (a CQ entry per the endpoint's completion
+/// rules, its endpoint counter). Arguments are checked at submission.
+pub struct Triggered<'a> {
+    ep: &'a Endpoint,
+    trig: Trigger<'a>,
+}
+
+impl Endpoint {
+    /// This endpoint's operations with `trigger` (FI_TRIGGER with an
+    /// `fi_triggered_context` of type FI_TRIGGER_THRESHOLD).
+    pub fn triggered<'a>(&'a self, trigger: Trigger<'a>) -> Triggered<'a> {
+        Triggered { ep: self, trig: trigger }
+    }
+}
+
+impl Triggered<'_> {
+    fn submit(&self, op: DeferredOp<'_>) -> Result<()> {
+        self.submit_with(|dom, st| make(dom, st, op, false).map(|w| w.0))
+    }
+
+    fn submit_with(&self, make: impl FnOnce(&Arc<DomainInner>, &DomainState) -> Result<Work>) -> Result<()> {
+        let dom = &self.ep.dom;
+        let mut st = dom.lock()?;
+        let trig = cntr_of(dom, &st, self.trig.cntr)?;
+        let mut w = make(dom, &st)?;
+        // A triggered operation reports as its call would: its endpoint
+        // must be able to.
+        let ep = st.eps[self.ep.idx].as_deref().expect("checked open by make");
+        let needs_cq = !ep.bind.tx_sel || w.flags & FI_COMPLETION != 0;
+        if needs_cq && !ep.bind.can_report_tx() {
+            return Err(Error::with(ErrorKind::NoCq, "no transmit CQ or counter bound"));
+        }
+        w.trig = trig;
+        queue(dom, &mut st, w, self.trig.threshold).map(|_| ())
+    }
+
+    /// [`Endpoint::sendmsg`], triggered.
+    ///
+    /// # Safety
+    /// The iov buffers must stay valid and unchanged until the send
+    /// completes (with FI_INJECT: they are copied now).
+    pub unsafe fn sendmsg(&self, m: SendMsg<'_>, flags: u64) -> Result<()> {
+        self.submit(DeferredOp::Send { ep: self.ep, msg: m, flags })
+    }
+
+    /// [`Endpoint::tsendmsg`], triggered.
+    ///
+    /// # Safety
+    /// As [`Triggered::sendmsg`].
+    pub unsafe fn tsendmsg(&self, m: SendMsg<'_>, flags: u64) -> Result<()> {
+        self.submit(DeferredOp::Tsend { ep: self.ep, msg: m, flags })
+    }
+
+    /// [`Endpoint::writemsg`], triggered.
+    ///
+    /// # Safety
+    /// The local buffers must stay valid and unchanged until the write
+    /// completes (with FI_INJECT: they are copied now).
+    pub unsafe fn writemsg(
+        &self,
+        iov: &[IoSlice<'_>],
+        rma_iov: &[RmaIov],
+        dest: FiAddr,
+        context: usize,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
+        self.submit(DeferredOp::Write { ep: self.ep, iov, rma_iov, dest, context, data, flags })
+    }
+
+    /// [`Endpoint::readmsg`], triggered.
+    ///
+    /// # Safety
+    /// The local buffers must stay valid and untouched until the read
+    /// completes.
+    pub unsafe fn readmsg(
+        &self,
+        iov: &mut [IoSliceMut<'_>],
+        rma_iov: &[RmaIov],
+        dest: FiAddr,
+        context: usize,
+        flags: u64,
+    ) -> Result<()> {
+        let segs: Vec<(*mut u8, usize)> = iov.iter_mut().map(|s| (s.as_mut_ptr(), s.len())).collect();
+        self.submit_with(|dom, st| read(dom, st, self.ep, segs, rma_iov, dest, context, flags, false))
+    }
+
+    /// [`Endpoint::atomicmsg`], triggered.
+    ///
+    /// # Safety
+    /// The operands must stay valid and unchanged until the atomic
+    /// completes (with FI_INJECT: they are copied now).
+    pub unsafe fn atomicmsg(&self, m: AtomicMsg<'_>, flags: u64) -> Result<()> {
+        self.submit(DeferredOp::Atomic { ep: self.ep, msg: m, flags })
+    }
+
+    /// [`Endpoint::fetch_atomicmsg`], triggered.
+    ///
+    /// # Safety
+    /// As [`Triggered::atomicmsg`]; `result` must stay valid and untouched
+    /// until the atomic completes.
+    pub unsafe fn fetch_atomicmsg(&self, m: AtomicMsg<'_>, result: &mut [u8], flags: u64) -> Result<()> {
+        self.submit(DeferredOp::FetchAtomic { ep: self.ep, msg: m, result, flags })
+    }
+
+    /// [`Endpoint::compare_atomicmsg`], triggered.
+    ///
+    /// # Safety
+    /// As [`Triggered::fetch_atomicmsg`], for `compare` too.
+    pub unsafe fn compare_atomicmsg(
+        &self,
+        m: AtomicMsg<'_>,
+        compare: &[u8],
+        result: &mut [u8],
+        flags: u64,
+    ) -> Result<()> {
+        self.submit(DeferredOp::CompareAtomic { ep: self.ep, msg: m, compare, result, flags })
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn work(id: u64, trig: usize, deferred: bool) -> Work {
+        Work {
+            id,
+            ep: None,
+            trig,
+            completion: None,
+            deferred,
+            flags: 0,
+            op: Op::Cntr { id: 0, value: 1, set: false },
+            _owned: None,
+        }
+    }
+
+    /// The lists keep (threshold, submission) order; a counter is armed
+    /// exactly while its list holds work; only deferred work is indexed
+    /// for cancel; `due` compares the head with success plus error.
+    #[test]
+    fn lists_order_arm_and_index() {
+        let mut t = Triggers::default();
+        t.insert(work(0, 2, true), 5);
+        t.insert(work(1, 2, false), 3);
+        t.insert(work(2, 2, true), 3);
+        t.insert(work(3, 0, true), 1);
+        assert_eq!(t.armed, [2, 0]);
+        let order: Vec<u64> = t.lists[2].values().map(|w| w.id).collect();
+        assert_eq!(order, [1, 2, 0], "threshold, then submission");
+        assert_eq!(t.deferred.len(), 3, "triggered operations are not indexed for cancel");
+        // SAFETY: a counter is atomics only; all zero is a valid value.
+        let counters: Vec<shm_layout::Counter> = (0..3).map(|_| unsafe { std::mem::zeroed() }).collect();
+        assert!(!t.due(&counters));
+        counters[2].value.v.store(2, Ordering::Relaxed);
+        assert!(!t.due(&counters));
+        counters[2].err.v.store(1, Ordering::Relaxed);
+        assert!(t.due(&counters), "errors count towards the threshold");
+        t.blocked = true;
+        assert!(t.remove(2, (3, 1)).is_some());
+        assert!(t.remove(2, (3, 1)).is_none(), "removed twice");
+        t.remove(2, (3, 2)).unwrap();
+        t.remove(2, (5, 0)).unwrap();
+        assert_eq!(t.armed, [0]);
+        assert!(t.blocked, "work is left");
+        t.remove(0, (1, 3)).unwrap();
+        assert!(t.armed.is_empty() && t.deferred.is_empty());
+        assert!(!t.blocked, "nothing left to retry");
+    }
+
+    #[test]
+    fn dw_encodes_counter_and_quiet() {
+        assert!(Dw::NONE.is_none() && Dw::new(None, false).is_none());
+        let d = Dw::new(Some(0), true);
+        assert!(!d.is_none() && d.quiet());
+        assert_eq!(d.cntr(), Some(0));
+        let d = Dw::new(Some(41), false);
+        assert_eq!((d.cntr(), d.quiet()), (Some(41), false));
+        let d = Dw::new(None, true);
+        assert_eq!((d.is_none(), d.cntr(), d.quiet()), (false, None, true));
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::engine::complete::{count, Val};
+    use loom::sync::Arc;
+    use shm_layout::{Counter, Doorbell, PaddedU64};
+
+    /// A peer's count on a counter that work waits on (the release add,
+    /// then the doorbell's ring, as `mr::count_remote` does) against the
+    /// auto-progress thread going to sleep (announce, then `Watch::due`):
+    /// the thread never sleeps through the count (a lost wake-up shows as
+    /// a model that never ends).
+    #[test]
+    fn loom_a_count_that_makes_work_due_wakes_the_sleeper() {
+        loom::model(|| {
+            let db = Arc::new(Doorbell {
+                futex: crate::sync::AtomicU32::new(0),
+                sleepers: crate::sync::AtomicU32::new(0),
+                watchers: crate::sync::AtomicU32::new(0),
+            });
+            let c = Arc::new(Counter {
+                value: PaddedU64 { v: crate::sync::AtomicU64::new(0) },
+                err: PaddedU64 { v: crate::sync::AtomicU64::new(0) },
+            });
+            // Work waits on counter 0 at threshold 1 (the heads are
+            // published before the sleeper looks, under the domain lock).
+            let heads = std::sync::Arc::new(std::sync::Mutex::new(vec![(0usize, 1u64)]));
+            let watch = Watch { heads, counters: &*c, n: 1 };
+            let (d2, c2) = (db.clone(), c.clone());
+            let peer = loom::thread::spawn(move || {
+                count(&c2, Val::Success, 1);
+                crate::doorbell::ring(&d2);
+            });
+            // SAFETY: the counter lives in `c`, alive for the model.
+            while !unsafe { watch.due() } {
+                // SAFETY: as above.
+                crate::doorbell::wait(&db, || unsafe { watch.due() }, None);
+            }
+            peer.join().unwrap();
+        });
+    }
+}

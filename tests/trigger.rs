@@ -1,0 +1,803 @@
+//! Triggered operations and the deferred work queue (fi_trigger(3)):
+//! firing order (equal thresholds, a counter jumping past several, a
+//! threshold already met), cancel and flush, reporting (no CQ entry and no
+//! endpoint counter without FI_COMPLETION), every operation type fired
+//! (through the target's mailbox too), work fired by a peer's RMA on an
+//! FI_RMA_EVENT counter, a chain of 1,000 deferred writes across 4 ranks,
+//! and work that fires with auto progress while the application sleeps.
+
+mod common;
+use common::{pattern, put_file, run, test_dir, World};
+use shmfab::{
+    AtomicMsg, AtomicOp, AtomicType, CompletionQueue, Counter, CqAttr, CqTaggedEntry, DeferredOp, DeferredWork,
+    ErrorKind, MemoryRegion, RecvMsg, RmaIoc, RmaIov, SendMsg, Trigger, FI_ADDR_UNSPEC, FI_ATOMIC, FI_COMPLETION,
+    FI_INJECT, FI_MSG, FI_READ, FI_RECV, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_RMA, FI_SEND, FI_TAGGED, FI_TRANSMIT,
+    FI_WRITE,
+};
+use std::io::{IoSlice, IoSliceMut};
+use std::time::{Duration, Instant};
+
+const RW: u64 = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE;
+const T: Duration = Duration::from_secs(120);
+
+/// Publishes this rank's `vals` under `name`; returns rank `from`'s.
+fn share(w: &World, name: &str, vals: &[u64], from: usize) -> Vec<u64> {
+    put_file(&format!("{}.{name}", w.rank), &vals.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" "));
+    let p = test_dir().join(format!("{from}.{name}"));
+    let t0 = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(&p) {
+            return s.split_whitespace().map(|v| v.parse().unwrap()).collect();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "rank {from} never published {name}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn heap_bytes(mr: &MemoryRegion) -> &[u8] {
+    // SAFETY: the heap mapping of the registration, alive with it.
+    unsafe { std::slice::from_raw_parts(mr.as_ptr(), mr.len()) }
+}
+
+/// The u64 at byte `off` of a heap registration, read as a peer may write
+/// it (volatile: no call of ours orders it).
+fn heap_u64(mr: &MemoryRegion, off: usize) -> u64 {
+    assert!(off + 8 <= mr.len());
+    // SAFETY: inside the mapping; 8-byte aligned offsets only.
+    unsafe { std::ptr::read_volatile(mr.as_ptr().add(off) as *const u64) }
+}
+
+/// Waits (driving progress) until `c` reads `want`.
+fn wait_value(w: &World, c: &Counter, want: u64, what: &str) {
+    let t0 = Instant::now();
+    while c.read().unwrap() != want {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{what}: counter at {} not {want}", c.read().unwrap());
+        w.dom.wait(Some(Duration::from_millis(1)));
+    }
+}
+
+/// Every completion `cq` holds now (after a progress pass).
+fn drain(cq: &CompletionQueue) -> Vec<CqTaggedEntry> {
+    let mut out = Vec::new();
+    let mut e = [CqTaggedEntry::default(); 16];
+    while let Ok(n) = cq.read(&mut e) {
+        out.extend_from_slice(&e[..n]);
+    }
+    out
+}
+
+fn cntr_add<'a>(go: &'a Counter, threshold: u64, out: &'a Counter, value: u64) -> DeferredWork<'a> {
+    DeferredWork { threshold, triggering: go, completion: None, op: DeferredOp::CntrAdd { cntr: out, value } }
+}
+
+fn cntr_set<'a>(go: &'a Counter, threshold: u64, out: &'a Counter, value: u64) -> DeferredWork<'a> {
+    DeferredWork { threshold, triggering: go, completion: None, op: DeferredOp::CntrSet { cntr: out, value } }
+}
+
+/// Triggered tagged sends to ourselves, tag = submission index, fire in
+/// (threshold, submission) order: equal thresholds in submission order, a
+/// jump past several thresholds in threshold order, a threshold already
+/// met at once. Deferred counter operations keep the same order.
+fn ordering(w: World) {
+    let me = w.addrs[0];
+    let go = w.dom.cntr_open().unwrap();
+    let mut rbuf = [[0u8; 8]; 8];
+    for (i, b) in rbuf.iter_mut().enumerate() {
+        // SAFETY: the buffers outlive the receives, completed below.
+        unsafe { w.ep.trecv(b, FI_ADDR_UNSPEC, 0, u64::MAX, 100 + i).unwrap() };
+    }
+    let thresholds = [3u64, 1, 3, 2, 1, 5];
+    let payload: Vec<[u8; 8]> = (0..8u64).map(|i| i.to_le_bytes()).collect();
+    for (i, &t) in thresholds.iter().enumerate() {
+        let iov = [IoSlice::new(&payload[i])];
+        let m = SendMsg { iov: &iov, dest: me, context: 200 + i, data: 0, tag: i as u64 };
+        // SAFETY: `payload` outlives the sends (their completions are read below).
+        unsafe { w.ep.triggered(Trigger { cntr: &go, threshold: t }).tsendmsg(m, 0).unwrap() };
+    }
+    assert_eq!(w.dom.queued_work().unwrap(), 6);
+    let recvd = |n: usize| -> Vec<u64> {
+        let mut tags = Vec::new();
+        let t0 = Instant::now();
+        while tags.len() < n {
+            for e in drain(&w.cq) {
+                if e.flags & FI_RECV != 0 {
+                    tags.push(e.tag);
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "got {tags:?}, want {n}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        for e in drain(&w.cq) {
+            assert_eq!(e.flags & FI_RECV, 0, "an extra receive: {e:?}");
+        }
+        tags
+    };
+    assert!(drain(&w.cq).is_empty(), "nothing fires below its threshold");
+    go.add(1).unwrap();
+    assert_eq!(recvd(2), [1, 4], "threshold 1, in submission order");
+    go.add(3).unwrap(); // 1 -> 4: past 2 and 3 at once
+    assert_eq!(recvd(3), [3, 0, 2], "threshold 2, then the two of 3 in submission order");
+    assert_eq!(w.dom.queued_work().unwrap(), 1);
+    go.set(5).unwrap();
+    assert_eq!(recvd(1), [5]);
+    // Already met: runs at once (the call itself fires it).
+    let iov = [IoSlice::new(&payload[6])];
+    let m = SendMsg { iov: &iov, dest: me, context: 206, data: 0, tag: 6 };
+    // SAFETY: as above.
+    unsafe { w.ep.triggered(Trigger { cntr: &go, threshold: 2 }).tsendmsg(m, 0).unwrap() };
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    assert_eq!(recvd(1), [6]);
+    for (i, b) in rbuf.iter().take(7).enumerate() {
+        let tag = u64::from_le_bytes(*b);
+        assert!(tag < 7, "receive {i} got {tag}");
+    }
+
+    // Deferred counter operations: equal thresholds in submission order
+    // (set 10 then add 1: 11, not 10); a jump past two thresholds in
+    // threshold order (add 5 at 1, then set 100 at 2: 100, not 105).
+    let (g, out) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    // SAFETY: counter operations name no buffer.
+    unsafe {
+        w.dom.queue_work(cntr_set(&g, 1, &out, 10)).unwrap();
+        w.dom.queue_work(cntr_add(&g, 1, &out, 1)).unwrap();
+    }
+    g.add(1).unwrap();
+    assert_eq!(out.read().unwrap(), 11);
+    // SAFETY: as above.
+    unsafe {
+        w.dom.queue_work(cntr_set(&g, 3, &out, 100)).unwrap();
+        w.dom.queue_work(cntr_add(&g, 2, &out, 5)).unwrap();
+    }
+    g.add(2).unwrap();
+    assert_eq!(out.read().unwrap(), 100);
+    // The trigger counts errors too (success plus error values).
+    // SAFETY: as above.
+    unsafe { w.dom.queue_work(cntr_add(&g, 4, &out, 1)).unwrap() };
+    g.adderr(1).unwrap();
+    assert_eq!(out.read().unwrap(), 101);
+}
+
+#[test]
+fn ordering_by_threshold_then_submission() {
+    run("ordering_by_threshold_then_submission", 1, &[], T, ordering);
+}
+
+/// Cancel and flush: cancelled and flushed work never runs; a flush by
+/// counter leaves the work on other counters; counters held by work cannot
+/// close; requests are checked at submission (objects first, then
+/// -FI_ENOSYS for what is not supported).
+fn cancel_flush(w: World) {
+    let (a, b, out) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    // SAFETY: counter operations name no buffer.
+    let ids: Vec<_> = unsafe {
+        [cntr_add(&a, 1, &out, 1), cntr_add(&a, 1, &out, 10), cntr_add(&b, 1, &out, 100), cntr_add(&b, 2, &out, 1000)]
+            .into_iter()
+            .map(|wk| w.dom.queue_work(wk).unwrap())
+            .collect()
+    };
+    // SAFETY: as above.
+    let late = unsafe { w.dom.queue_work(cntr_add(&a, 5, &out, 10_000)).unwrap() };
+    assert!(w.dom.cancel_work(ids[1]).unwrap());
+    assert!(!w.dom.cancel_work(ids[1]).unwrap(), "cancelled twice");
+    assert_eq!(w.dom.flush_work(Some(&b)).unwrap(), 2);
+    assert_eq!(w.dom.queued_work().unwrap(), 2);
+    b.close().unwrap(); // the flush released it
+    let b = w.dom.cntr_open().unwrap();
+    assert_eq!(a.close().unwrap_err().kind(), ErrorKind::Busy, "work waits on a");
+    a.add(1).unwrap();
+    b.add(2).unwrap();
+    assert_eq!(out.read().unwrap(), 1, "only the first add ran");
+    assert!(!w.dom.cancel_work(ids[0]).unwrap(), "work that ran is no longer queued");
+    assert_eq!(w.dom.flush_work(None).unwrap(), 1);
+    assert!(!w.dom.cancel_work(late).unwrap());
+    a.add(10).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!(out.read().unwrap(), 1, "flushed work never runs");
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+
+    // Checks at submission.
+    let other = w.fabric.domain().unwrap();
+    let foreign = other.cntr_open().unwrap();
+    // SAFETY: counter operations name no buffer; the receives are refused.
+    unsafe {
+        let e = w.dom.queue_work(cntr_add(&foreign, 1, &out, 1)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Inval, "{e}");
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &a,
+            completion: Some(&b),
+            op: DeferredOp::CntrAdd { cntr: &out, value: 1 },
+        };
+        assert_eq!(
+            w.dom.queue_work(wk).unwrap_err().kind(),
+            ErrorKind::Inval,
+            "counter ops take no completion counter"
+        );
+        let mut buf = [0u8; 8];
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 0, tag: 0, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &a,
+            completion: Some(&b),
+            op: DeferredOp::Recv { ep: &w.ep, msg, flags: 0 },
+        };
+        assert_eq!(w.dom.queue_work(wk).unwrap_err().kind(), ErrorKind::NoSys);
+        let closed = w.dom.endpoint().unwrap();
+        closed.close().unwrap();
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 0, tag: 0, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &a,
+            completion: Some(&b),
+            op: DeferredOp::Recv { ep: &closed, msg, flags: 0 },
+        };
+        assert_eq!(w.dom.queue_work(wk).unwrap_err().kind(), ErrorKind::Inval, "the endpoint is checked first");
+        let iov = [IoSlice::new(&buf)];
+        let msg = SendMsg { iov: &iov, dest: w.addrs[0], context: 0, data: 0, tag: 0 };
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &a,
+            completion: Some(&b),
+            op: DeferredOp::Send { ep: &w.ep, msg, flags: 1 << 60 },
+        };
+        assert_eq!(w.dom.queue_work(wk).unwrap_err().kind(), ErrorKind::BadFlags);
+    }
+    assert_eq!(w.dom.queued_work().unwrap(), 0, "refused work is not queued");
+    a.close().unwrap();
+}
+
+#[test]
+fn cancel_and_flush() {
+    run("cancel_and_flush", 1, &[], T, cancel_flush);
+}
+
+/// Deferred sends report only on their completion counter unless they ask
+/// with FI_COMPLETION (then their endpoint's CQ and counter too); a
+/// triggered send reports as a send; work fires on a counter a local
+/// completion moved.
+fn reporting(w: World) {
+    let me = w.addrs[0];
+    let cq = w.dom.cq_open(&CqAttr::default()).unwrap();
+    let tx = w.dom.endpoint().unwrap();
+    let sent = w.dom.cntr_open().unwrap();
+    tx.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    tx.bind_cntr(&sent, FI_SEND).unwrap();
+    tx.bind_av(&w.av).unwrap();
+    tx.enable().unwrap();
+    let (go, done) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    let data = pattern(100, 1);
+    let mut rb = vec![0u8; 100];
+    // SAFETY: rb outlives the receive.
+    unsafe { w.ep.recv(&mut rb, FI_ADDR_UNSPEC, 1).unwrap() };
+    let iov = [IoSlice::new(&data)];
+    let msg = SendMsg { iov: &iov, dest: me, context: 11, data: 0, tag: 0 };
+    let wk = DeferredWork {
+        threshold: 1,
+        triggering: &go,
+        completion: Some(&done),
+        op: DeferredOp::Send { ep: &tx, msg, flags: 0 },
+    };
+    // SAFETY: data outlives the send (its completion counter is read below).
+    unsafe { w.dom.queue_work(wk).unwrap() };
+    go.add(1).unwrap();
+    w.ok(1);
+    assert_eq!(rb, data);
+    wait_value(&w, &done, 1, "deferred send");
+    assert_eq!(sent.read().unwrap(), 0, "no endpoint counter without FI_COMPLETION");
+    assert!(drain(&cq).is_empty(), "no CQ entry without FI_COMPLETION");
+
+    // With FI_COMPLETION: both.
+    // SAFETY: as above.
+    unsafe { w.ep.recv(&mut rb, FI_ADDR_UNSPEC, 2).unwrap() };
+    let msg = SendMsg { iov: &iov, dest: me, context: 12, data: 0, tag: 0 };
+    let wk = DeferredWork {
+        threshold: 2,
+        triggering: &go,
+        completion: Some(&done),
+        op: DeferredOp::Send { ep: &tx, msg, flags: FI_COMPLETION },
+    };
+    // SAFETY: as above.
+    unsafe { w.dom.queue_work(wk).unwrap() };
+    go.add(1).unwrap();
+    w.ok(2);
+    wait_value(&w, &done, 2, "deferred send with FI_COMPLETION");
+    assert_eq!(sent.read().unwrap(), 1);
+    let e = drain(&cq);
+    assert_eq!(e.len(), 1);
+    assert_eq!((e[0].op_context, e[0].flags), (12, FI_SEND | FI_MSG));
+
+    // A triggered send completes as a send (CQ entry, counter), and its
+    // trigger is the send counter, moved by the completion just read: the
+    // inject below completes in a pass, which then fires the tagged send.
+    // SAFETY: as above.
+    unsafe { w.ep.trecv(&mut rb, FI_ADDR_UNSPEC, 7, 0, 3).unwrap() };
+    let msg = SendMsg { iov: &iov, dest: me, context: 13, data: 0, tag: 7 };
+    // SAFETY: as above.
+    unsafe { tx.triggered(Trigger { cntr: &sent, threshold: 2 }).tsendmsg(msg, FI_INJECT).unwrap() };
+    assert_eq!(w.dom.queued_work().unwrap(), 1);
+    let small = [9u8; 8];
+    // SAFETY: small outlives the send, completed below.
+    unsafe { tx.send(&small, me, 14).unwrap() };
+    let mut b8 = [0u8; 8];
+    // SAFETY: b8 outlives the receive.
+    unsafe { w.ep.recv(&mut b8, FI_ADDR_UNSPEC, 4).unwrap() };
+    w.ok(4);
+    w.ok(3);
+    assert_eq!(rb, data);
+    wait_value(&w, &sent, 3, "triggered send's counter");
+    let e = drain(&cq);
+    assert_eq!(
+        e.iter().map(|e| (e.op_context, e.flags)).collect::<Vec<_>>(),
+        [(14, FI_SEND | FI_MSG), (13, FI_SEND | FI_TAGGED)]
+    );
+    assert_eq!(done.read().unwrap(), 2, "a triggered operation has no completion counter");
+
+    // Failures count on the completion counter's error value, and still
+    // write nothing to the CQ: a write with a key that names nothing, and
+    // a send whose endpoint closed while it waited.
+    let bad = [RmaIov { addr: 0, len: 8, key: 0xdead_0000 }];
+    let short = [IoSlice::new(&data[..8])];
+    let op = DeferredOp::Write { ep: &tx, iov: &short, rma_iov: &bad, dest: me, context: 15, data: 0, flags: 0 };
+    let wk = DeferredWork { threshold: 3, triggering: &go, completion: Some(&done), op };
+    // SAFETY: as above.
+    unsafe { w.dom.queue_work(wk).unwrap() };
+    let gone = w.dom.endpoint().unwrap();
+    gone.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    gone.bind_av(&w.av).unwrap();
+    gone.enable().unwrap();
+    let msg = SendMsg { iov: &iov, dest: me, context: 16, data: 0, tag: 0 };
+    let wk = DeferredWork {
+        threshold: 3,
+        triggering: &go,
+        completion: Some(&done),
+        op: DeferredOp::Send { ep: &gone, msg, flags: 0 },
+    };
+    // SAFETY: as above.
+    unsafe { w.dom.queue_work(wk).unwrap() };
+    gone.close().unwrap();
+    go.add(1).unwrap();
+    assert_eq!((done.read().unwrap(), done.readerr().unwrap()), (2, 2));
+    assert!(drain(&cq).is_empty(), "failed deferred work wrote CQ entries");
+}
+
+#[test]
+fn deferred_work_reports_only_when_asked() {
+    run("deferred_work_reports_only_when_asked", 1, &[], T, reporting);
+}
+
+/// Rank 0 fires every operation type at rank 1 (heap memory and user
+/// memory, so the mailbox path runs inside rank 0's progress pass when
+/// single copy is off): as deferred work on a completion counter, then as
+/// triggered operations of its endpoint.
+fn every_op(w: World) {
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(4096, RW).unwrap();
+        let mut user = vec![0u64; 512];
+        // SAFETY: `user` outlives the registration, closed at the end.
+        let mut umr = unsafe { w.dom.mr_reg(user.as_mut_ptr().cast(), 4096, RW).unwrap() };
+        // Operands the reads and atomics see.
+        let init = |b: &mut [u8]| {
+            b[1024..1032].copy_from_slice(&40u64.to_le_bytes());
+            b[1032..1040].copy_from_slice(&7u64.to_le_bytes());
+            b[2048..2048 + 64].copy_from_slice(&pattern(64, 3));
+        };
+        // SAFETY: our own heap mapping; no peer writes it yet.
+        init(unsafe { std::slice::from_raw_parts_mut(heap.as_ptr(), 4096) });
+        // SAFETY: as above, our own buffer.
+        init(unsafe { std::slice::from_raw_parts_mut(user.as_mut_ptr().cast::<u8>(), 4096) });
+        let mut rx = [[0u8; 32]; 4];
+        for (i, b) in rx.iter_mut().enumerate() {
+            // SAFETY: rx outlives the receives, completed below. Per pass
+            // one send and one tagged send.
+            unsafe {
+                if i % 2 == 0 {
+                    w.ep.recv(b, FI_ADDR_UNSPEC, 50 + i).unwrap()
+                } else {
+                    w.ep.trecv(b, FI_ADDR_UNSPEC, 0, u64::MAX, 50 + i).unwrap()
+                }
+            };
+        }
+        share(&w, "keys", &[heap.key(), umr.key()], 0);
+        for i in 0..4 {
+            w.ok(50 + i);
+        }
+        w.barrier();
+        let user_b = || {
+            // SAFETY: our buffer; the peer is done (barrier).
+            unsafe { std::slice::from_raw_parts(user.as_ptr().cast::<u8>(), 4096) }
+        };
+        for (r, b) in [(0, heap_bytes(&heap)), (1, user_b())] {
+            // Two writes per region: deferred (at 0), triggered (at 512).
+            for base in [0usize, 512] {
+                assert_eq!(&b[base..base + 100], &pattern(100, 1 + r)[..], "region {r} write at {base}");
+            }
+            // 40, + 3 per pass (atomic, inject atomic, fetch-add); cswap
+            // 7 -> 9 -> 11.
+            assert_eq!(u64::from_le_bytes(b[1024..1032].try_into().unwrap()), 40 + 2 * 3, "region {r} sums");
+            assert_eq!(u64::from_le_bytes(b[1032..1040].try_into().unwrap()), 11, "region {r} cswaps");
+        }
+        let mut tags: Vec<u8> = rx.iter().map(|b| b[0]).collect();
+        tags.sort();
+        assert_eq!(tags, [1, 2, 3, 4]);
+        w.barrier();
+        umr.close().unwrap();
+        return;
+    }
+    let k = share(&w, "keys", &[], 1);
+    let dest = w.addrs[1];
+    let (go, done) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    let sends: Vec<Vec<u8>> = (1..=4u8).map(|i| vec![i; 32]).collect();
+    let writes: Vec<Vec<u8>> = (0..2u64).map(|r| pattern(100, 1 + r)).collect();
+    let one = 1u64.to_le_bytes();
+    let (seven, nine, eleven) = (7u64.to_le_bytes(), 9u64.to_le_bytes(), 11u64.to_le_bytes());
+    // Results, per (pass, region): read 64 B, fetch 8 B, compare 8 B.
+    let mut reads = vec![[0u8; 64]; 4];
+    let mut fetched = [[0u8; 8]; 4];
+    let mut compared = [[0u8; 8]; 4];
+    let iocs: Vec<([RmaIoc; 1], [RmaIoc; 1])> =
+        k.iter().map(|&key| ([RmaIoc { addr: 1024, count: 1, key }], [RmaIoc { addr: 1032, count: 1, key }])).collect();
+    let (r0, r1) = reads.split_at_mut(2);
+    let (f0, f1) = fetched.split_at_mut(2);
+    let (c0, c1) = compared.split_at_mut(2);
+    for (pass, (rd, fe, co)) in [(r0, f0, c0), (r1, f1, c1)].into_iter().enumerate() {
+        let threshold = 1 + pass as u64;
+        let base = 512 * pass as u64;
+        let ctx = |i: usize| 1000 * (pass + 1) + i;
+        let s0 = [IoSlice::new(&sends[2 * pass])];
+        let s1 = [IoSlice::new(&sends[2 * pass + 1])];
+        let m0 = SendMsg { iov: &s0, dest, context: ctx(0), data: 0, tag: 0 };
+        let m1 = SendMsg { iov: &s1, dest, context: ctx(1), data: 0, tag: 5 };
+        submit(&w, &go, &done, threshold, pass == 0, DeferredOp::Send { ep: &w.ep, msg: m0, flags: 0 });
+        submit(&w, &go, &done, threshold, pass == 0, DeferredOp::Tsend { ep: &w.ep, msg: m1, flags: 0 });
+        let (cmp, new) = if pass == 0 { (&seven, &nine) } else { (&nine, &eleven) };
+        for (r, ((&key, (sum_ioc, cas_ioc)), ((rbuf, f), c))) in
+            k.iter().zip(&iocs).zip(rd.iter_mut().zip(fe.iter_mut()).zip(co.iter_mut())).enumerate()
+        {
+            let wiov = [IoSlice::new(&writes[r])];
+            let wr = [RmaIov { addr: base, len: 100, key }];
+            let op = DeferredOp::Write {
+                ep: &w.ep,
+                iov: &wiov,
+                rma_iov: &wr,
+                dest,
+                context: ctx(10 + r),
+                data: 0,
+                flags: 0,
+            };
+            submit(&w, &go, &done, threshold, pass == 0, op);
+            let mut riov = [IoSliceMut::new(rbuf)];
+            let rr = [RmaIov { addr: 2048, len: 64, key }];
+            let op = DeferredOp::Read { ep: &w.ep, iov: &mut riov, rma_iov: &rr, dest, context: ctx(20 + r), flags: 0 };
+            submit(&w, &go, &done, threshold, pass == 0, op);
+            let op =
+                DeferredOp::Atomic { ep: &w.ep, msg: am(AtomicOp::Sum, sum_ioc, &one, dest, ctx(30 + r)), flags: 0 };
+            submit(&w, &go, &done, threshold, pass == 0, op);
+            let msg = am(AtomicOp::Sum, sum_ioc, &one, dest, ctx(40 + r));
+            submit(&w, &go, &done, threshold, pass == 0, DeferredOp::Atomic { ep: &w.ep, msg, flags: FI_INJECT });
+            let msg = am(AtomicOp::Sum, sum_ioc, &one, dest, ctx(50 + r));
+            let op = DeferredOp::FetchAtomic { ep: &w.ep, msg, result: f, flags: 0 };
+            submit(&w, &go, &done, threshold, pass == 0, op);
+            let msg = am(AtomicOp::Cswap, cas_ioc, new, dest, ctx(60 + r));
+            let op = DeferredOp::CompareAtomic { ep: &w.ep, msg, compare: cmp, result: c, flags: 0 };
+            submit(&w, &go, &done, threshold, pass == 0, op);
+        }
+    }
+    let per_pass = 2 + 2 * 6;
+    assert_eq!(w.dom.queued_work().unwrap(), 2 * per_pass);
+    std::thread::sleep(Duration::from_millis(20));
+    w.dom.progress().unwrap();
+    assert_eq!(done.read().unwrap(), 0, "nothing fired below the threshold");
+    // Deferred pass: the completion counter counts each, the CQ holds none.
+    go.add(1).unwrap();
+    wait_value(&w, &done, per_pass as u64, "deferred work of every type");
+    assert_eq!(done.readerr().unwrap(), 0);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(drain(&w.cq).is_empty(), "deferred work wrote CQ entries");
+    // Triggered pass: each completes on the CQ with its call's flags.
+    go.add(1).unwrap();
+    let mut seen = Vec::new();
+    for c in [0, 1, 10, 11, 20, 21, 30, 31, 40, 41, 50, 51, 60, 61] {
+        let e = w.ok(2000 + c);
+        seen.push(e.flags);
+    }
+    assert_eq!(seen[0], FI_SEND | FI_MSG);
+    assert_eq!(seen[1], FI_SEND | FI_TAGGED);
+    assert_eq!(seen[2], FI_RMA | FI_WRITE);
+    assert_eq!(seen[4], FI_RMA | FI_READ);
+    assert_eq!(seen[6], FI_ATOMIC | FI_WRITE);
+    assert_eq!(seen[10], FI_ATOMIC | FI_READ);
+    assert_eq!(seen[12], FI_ATOMIC | FI_READ);
+    assert_eq!(done.read().unwrap(), per_pass as u64, "triggered operations have no completion counter");
+    for (i, r) in reads.iter().enumerate() {
+        assert_eq!(&r[..], &pattern(64, 3)[..], "read {i}");
+    }
+    // Fetches: deferred pass saw 40 + 1 (atomic) + 1 (inject atomic) = 42
+    // before its fetch-add, the triggered pass 42 + 1 + 2 = 45.
+    for r in 0..2 {
+        assert_eq!(u64::from_le_bytes(fetched[r]), 42, "fetch, deferred, region {r}");
+        assert_eq!(u64::from_le_bytes(fetched[2 + r]), 45, "fetch, triggered, region {r}");
+        assert_eq!(u64::from_le_bytes(compared[r]), 7, "cswap, deferred, region {r}");
+        assert_eq!(u64::from_le_bytes(compared[2 + r]), 9, "cswap, triggered, region {r}");
+    }
+    w.barrier();
+    w.barrier();
+}
+
+fn am<'a>(op: AtomicOp, ioc: &'a [RmaIoc], buf: &'a [u8], dest: u64, context: usize) -> AtomicMsg<'a> {
+    AtomicMsg { dt: AtomicType::Uint64, op, buf, rma_ioc: ioc, dest, context, data: 0 }
+}
+
+/// Queues `op` as deferred work (`deferred`) or as a triggered operation
+/// of its endpoint, at `threshold` of `go`.
+fn submit<'a>(w: &'a World, go: &'a Counter, done: &'a Counter, threshold: u64, deferred: bool, op: DeferredOp<'a>) {
+    if deferred {
+        let wk = DeferredWork { threshold, triggering: go, completion: Some(done), op };
+        // SAFETY: every buffer lives until the end of the rank's body,
+        // after the completions are counted.
+        unsafe { w.dom.queue_work(wk).unwrap() };
+        return;
+    }
+    let t = w.ep.triggered(Trigger { cntr: go, threshold });
+    // SAFETY: as above.
+    unsafe {
+        match op {
+            DeferredOp::Send { msg, flags, .. } => t.sendmsg(msg, flags),
+            DeferredOp::Tsend { msg, flags, .. } => t.tsendmsg(msg, flags),
+            DeferredOp::Write { iov, rma_iov, dest, context, data, flags, .. } => {
+                t.writemsg(iov, rma_iov, dest, context, data, flags)
+            }
+            DeferredOp::Read { iov, rma_iov, dest, context, flags, .. } => {
+                t.readmsg(iov, rma_iov, dest, context, flags)
+            }
+            DeferredOp::Atomic { msg, flags, .. } => t.atomicmsg(msg, flags),
+            DeferredOp::FetchAtomic { msg, result, flags, .. } => t.fetch_atomicmsg(msg, result, flags),
+            DeferredOp::CompareAtomic { msg, compare, result, flags, .. } => {
+                t.compare_atomicmsg(msg, compare, result, flags)
+            }
+            _ => unreachable!("no other op here"),
+        }
+        .unwrap()
+    }
+}
+
+#[test]
+fn every_op_type_fired() {
+    run("every_op_type_fired", 2, &[], T, every_op);
+}
+
+#[test]
+fn every_op_type_fired_through_the_mailbox() {
+    run("every_op_type_fired_through_the_mailbox", 2, &[("SHMFAB_CMA", "off")], T, every_op);
+}
+
+/// Work on rank 1 waits on an FI_RMA_EVENT counter of its registration
+/// (user memory: counted by rank 0's single copy, or by rank 1's mailbox
+/// service with single copy off); rank 0's third write fires it.
+fn remote_event(w: World) {
+    if w.rank == 1 {
+        let mut user = vec![0u64; 512];
+        // SAFETY: `user` outlives the registration, closed at the end.
+        let mut mr = unsafe { w.dom.mr_reg(user.as_mut_ptr().cast(), 4096, RW).unwrap() };
+        let (hits, out) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        mr.bind_counter(&hits, FI_REMOTE_WRITE).unwrap();
+        // SAFETY: counter operations name no buffer.
+        unsafe { w.dom.queue_work(cntr_add(&hits, 3, &out, 1)).unwrap() };
+        share(&w, "keys", &[mr.key()], 0);
+        out.wait(1, Some(Duration::from_secs(60))).unwrap();
+        assert_eq!(hits.read().unwrap(), 3);
+        w.barrier();
+        mr.close().unwrap();
+        drop(user);
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        for i in 0..3u64 {
+            w.ep.write(&i.to_le_bytes(), w.addrs[1], 8 * i, k[0], 1).unwrap();
+            w.ok(1);
+        }
+        w.barrier();
+    }
+}
+
+#[test]
+fn remote_write_counter_fires_work() {
+    run("remote_write_counter_fires_work", 2, &[], T, remote_event);
+}
+
+#[test]
+fn remote_write_counter_fires_work_through_the_mailbox() {
+    run("remote_write_counter_fires_work_through_the_mailbox", 2, &[("SHMFAB_CMA", "off")], T, remote_event);
+}
+
+/// A chain of 1,000 deferred writes across 4 ranks: op k runs on rank k % 4
+/// when that rank's remote-write counter reaches k / 4 + 1, and writes k
+/// into slot k of rank (k + 1) % 4's heap, which moves that rank's counter
+/// (FI_RMA_EVENT). Rank 0 starts it with an add of its own.
+///
+/// With `SHMFAB_CMA=off` the targets are user memory, reached through the
+/// target's mailbox: each write then waits, inside its initiator's
+/// progress pass, for the target's pass to serve it, which counts the
+/// target's counter and fires its next write from that same pass.
+fn chain(w: World) {
+    const N: usize = 1000;
+    let mailbox = std::env::var("SHMFAB_CMA").is_ok_and(|v| v == "off");
+    let mut user = vec![0u64; N];
+    let mut mr = if mailbox {
+        // SAFETY: `user` outlives the registration, closed at the end.
+        unsafe { w.dom.mr_reg(user.as_mut_ptr().cast(), 8 * N, RW).unwrap() }
+    } else {
+        w.dom.alloc_shared(8 * N, RW).unwrap()
+    };
+    let (hits, done) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    mr.bind_counter(&hits, FI_REMOTE_WRITE).unwrap();
+    let keys = share(&w, "key", &[mr.key()], (w.rank + 1) % w.size);
+    let next = w.addrs[(w.rank + 1) % w.size];
+    let mine: Vec<usize> = (0..N).filter(|k| k % w.size == w.rank).collect();
+    let vals: Vec<[u8; 8]> = mine.iter().map(|&k| (k as u64 + 1).to_le_bytes()).collect();
+    let iovs: Vec<[IoSlice<'_>; 1]> = vals.iter().map(|v| [IoSlice::new(v)]).collect();
+    let rmas: Vec<[RmaIov; 1]> = mine.iter().map(|&k| [RmaIov { addr: 8 * k as u64, len: 8, key: keys[0] }]).collect();
+    for (i, &k) in mine.iter().enumerate() {
+        let op = DeferredOp::Write {
+            ep: &w.ep,
+            iov: &iovs[i],
+            rma_iov: &rmas[i],
+            dest: next,
+            context: k,
+            data: 0,
+            flags: 0,
+        };
+        let wk = DeferredWork { threshold: (k / w.size) as u64 + 1, triggering: &hits, completion: Some(&done), op };
+        // SAFETY: vals, iovs and rmas live until the chain is over (below).
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    w.barrier();
+    let t0 = Instant::now();
+    if w.rank == 0 {
+        hits.add(1).unwrap();
+    }
+    done.wait(mine.len() as u64, Some(Duration::from_secs(90))).unwrap();
+    // Every op of the rank before us wrote to us (and rank 0 added one).
+    let want_hits = (N / w.size) as u64 + (w.rank == 0) as u64;
+    wait_value(&w, &hits, want_hits, "hits");
+    eprintln!("rank {}: {} hops of the chain in {:?}", w.rank, mine.len(), t0.elapsed());
+    w.barrier();
+    // Slot k of our memory holds k + 1 for every k whose op targets us.
+    let prev = (w.rank + w.size - 1) % w.size;
+    for k in (0..N).filter(|k| k % w.size == prev) {
+        let got = if mailbox {
+            // SAFETY: our buffer; the writes to it are done (barrier).
+            unsafe { std::ptr::read_volatile(&user[k]) }
+        } else {
+            heap_u64(&mr, 8 * k)
+        };
+        assert_eq!(got, k as u64 + 1, "slot {k}");
+    }
+    assert_eq!(done.readerr().unwrap(), 0);
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    w.barrier();
+    mr.close().unwrap();
+    drop(user);
+}
+
+#[test]
+fn chain_of_1000_across_4_ranks() {
+    run("chain_of_1000_across_4_ranks", 4, &[], Duration::from_secs(180), chain);
+}
+
+#[test]
+fn chain_of_1000_across_4_ranks_through_the_mailbox() {
+    run(
+        "chain_of_1000_across_4_ranks_through_the_mailbox",
+        4,
+        &[("SHMFAB_CMA", "off")],
+        Duration::from_secs(180),
+        chain,
+    );
+}
+
+/// With auto progress, rank 1's deferred write fires when rank 0's write
+/// lands in rank 1's heap while rank 1's application only sleeps (it calls
+/// nothing of shmfab until rank 0 says it saw the result).
+fn auto(w: World) {
+    let heap = w.dom.alloc_shared(4096, RW).unwrap();
+    let peer = 1 - w.rank;
+    if w.rank == 1 {
+        let (hits, done) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        heap.bind_counter(&hits, FI_REMOTE_WRITE).unwrap();
+        let k = share(&w, "key", &[heap.key()], peer);
+        let val = 0xfeed_u64.to_le_bytes();
+        let iov = [IoSlice::new(&val)];
+        let rma = [RmaIov { addr: 64, len: 8, key: k[0] }];
+        let op = DeferredOp::Write {
+            ep: &w.ep,
+            iov: &iov,
+            rma_iov: &rma,
+            dest: w.addrs[peer],
+            context: 0,
+            data: 0,
+            flags: 0,
+        };
+        let wk = DeferredWork { threshold: 1, triggering: &hits, completion: Some(&done), op };
+        // SAFETY: val, iov and rma outlive the work (the app waits below).
+        unsafe { w.dom.queue_work(wk).unwrap() };
+        w.dom.start_progress_thread().unwrap();
+        w.barrier();
+        // Sleep: only look at our heap, where rank 0 writes 1 once it saw
+        // the fired write.
+        let t0 = Instant::now();
+        while heap_u64(&heap, 0) != 1 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the work did not fire while the application slept");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(done.read().unwrap(), 1);
+    } else {
+        let k = share(&w, "key", &[heap.key()], peer);
+        w.barrier();
+        w.ep.write(&7u64.to_le_bytes(), w.addrs[peer], 8, k[0], 1).unwrap();
+        w.ok(1);
+        let t0 = Instant::now();
+        while heap_u64(&heap, 64) != 0xfeed {
+            assert!(t0.elapsed() < Duration::from_secs(30), "rank 1's deferred write never came");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        w.ep.write(&1u64.to_le_bytes(), w.addrs[peer], 0, k[0], 2).unwrap();
+        w.ok(2);
+    }
+    w.barrier();
+}
+
+#[test]
+fn auto_progress_fires_while_the_application_sleeps() {
+    run("auto_progress_fires_while_the_application_sleeps", 2, &[("SHMFAB_THREADING", "safe")], T, auto);
+}
+
+/// Deferred sends that find no room (rank 1 does not drain its ring for a
+/// while, and the transmit queue holds 2 sends) keep their place: later
+/// passes issue them, in order, and every one completes.
+fn no_room(w: World) {
+    const N: usize = 4000;
+    if w.rank == 1 {
+        w.barrier();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut bufs = vec![[0u8; 8]; N];
+        for (i, b) in bufs.iter_mut().enumerate() {
+            // SAFETY: bufs outlives the receives, completed below.
+            unsafe { w.ep.recv(b, w.addrs[0], i).unwrap() };
+        }
+        for i in 0..N {
+            w.ok(i);
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert_eq!(u64::from_le_bytes(*b), i as u64, "message {i} out of order");
+        }
+        w.barrier();
+        return;
+    }
+    let (go, done) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    let vals: Vec<[u8; 8]> = (0..N as u64).map(|i| i.to_le_bytes()).collect();
+    let iovs: Vec<[IoSlice<'_>; 1]> = vals.iter().map(|v| [IoSlice::new(v)]).collect();
+    for iov in &iovs {
+        let msg = SendMsg { iov, dest: w.addrs[1], context: 0, data: 0, tag: 0 };
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &go,
+            completion: Some(&done),
+            op: DeferredOp::Send { ep: &w.ep, msg, flags: 0 },
+        };
+        // SAFETY: vals and iovs outlive the sends (done counts them all below).
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    w.barrier();
+    go.add(1).unwrap();
+    let left = w.dom.queued_work().unwrap();
+    assert!(left > 0, "all {N} sends issued at once: the test needs a smaller queue");
+    done.wait(N as u64, Some(Duration::from_secs(60))).unwrap();
+    assert_eq!((done.readerr().unwrap(), w.dom.queued_work().unwrap()), (0, 0));
+    w.barrier();
+}
+
+#[test]
+fn deferred_sends_without_room_wait_their_turn() {
+    run("deferred_sends_without_room_wait_their_turn", 2, &[("SHMFAB_TX_SIZE", "2")], T, no_room);
+}
