@@ -36,7 +36,7 @@ pub struct CntrAttr {
 
 impl crate::table::Object for CntrState {
     const NAME: &'static str = "counter";
-    const BOUND_BY: &'static str = "endpoints, once per direction, or poll or wait sets";
+    const BOUND_BY: &'static str = "endpoints or memory registrations, once per direction, or poll or wait sets";
 }
 
 /// A counter.
@@ -198,12 +198,19 @@ impl Counter {
         })
     }
 
+    /// Whether [`Counter::close`] closed it (read under the domain lock,
+    /// which close holds while it sets this).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Index of the counter in the domain region's counter table.
     pub fn index(&self) -> usize {
         self.id
     }
 
-    /// Closes the counter; `Busy` while endpoints are bound to it.
+    /// Closes the counter; `Busy` while endpoints or memory registrations
+    /// ([`crate::MemoryRegion::bind_counter`]) are bound to it.
     pub fn close(&self) -> Result<()> {
         let mut st = self.dom.lock()?;
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {

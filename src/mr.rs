@@ -599,6 +599,11 @@ pub struct MemoryRegion {
     ptr: *mut u8,
     len: usize,
     closed: bool,
+    /// The counters bound to count remote writes (`[0]`) and reads
+    /// (`[1]`), as index + 1 (0: none); each holds one binding in the
+    /// domain's counter table (so closing such a counter is `Busy`),
+    /// released on rebind and on close.
+    cntr: Mutex<[u32; 2]>,
 }
 
 // SAFETY: the handle holds plain numbers and a pointer to memory the
@@ -670,7 +675,15 @@ impl Domain {
         let len = segs.iter().map(|s| s.1).sum::<usize>();
         let a = access_bits(access)?;
         let key = register(&self.inner, mr_kind::USER, a, len as u64, segs.len(), seg)?;
-        Ok(MemoryRegion { dom: self.inner.clone(), key, heap: None, ptr: segs[0].0, len, closed: false })
+        Ok(MemoryRegion {
+            dom: self.inner.clone(),
+            key,
+            heap: None,
+            ptr: segs[0].0,
+            len,
+            closed: false,
+            cntr: Mutex::new([0; 2]),
+        })
     }
 
     /// Allocates `len` bytes of shared heap (zeroed) and registers them
@@ -714,7 +727,15 @@ impl Domain {
         let mut seg = [[0u64; 2]; MR_SEGS];
         seg[0] = [off, len as u64];
         let key = register(&self.inner, mr_kind::HEAP, a, len as u64, 1, seg).map_err(fail)?;
-        Ok(MemoryRegion { dom: self.inner.clone(), key, heap: Some((off, len as u64)), ptr, len, closed: false })
+        Ok(MemoryRegion {
+            dom: self.inner.clone(),
+            key,
+            heap: Some((off, len as u64)),
+            ptr,
+            len,
+            closed: false,
+            cntr: Mutex::new([0; 2]),
+        })
     }
 }
 
@@ -796,8 +817,15 @@ impl MemoryRegion {
     /// Binds a counter of the same domain to count the remote operations
     /// that land in this region (fi_mr_bind with FI_RMA_EVENT):
     /// `FI_REMOTE_WRITE` (writes and atomics), `FI_REMOTE_READ` (reads and
-    /// fetching atomics), or both.
+    /// fetching atomics), or both. A new bind for a direction replaces the
+    /// counter bound before. The counter stays bound until the region is
+    /// closed (or another counter replaces it): closing it meanwhile is
+    /// `Busy`, as for a counter bound to an endpoint. `Inval` when the
+    /// region or the counter is closed.
     pub fn bind_counter(&self, c: &crate::Counter, flags: u64) -> Result<()> {
+        if self.closed {
+            return Err(Error::with(ErrorKind::Inval, "the registration is closed"));
+        }
         if !Arc::ptr_eq(&c.dom, &self.dom) {
             return Err(Error::with(ErrorKind::Inval, "the counter belongs to another domain"));
         }
@@ -805,25 +833,45 @@ impl MemoryRegion {
             return Err(Error::with(ErrorKind::BadFlags, "bind flags must be FI_REMOTE_READ and/or FI_REMOTE_WRITE"));
         }
         let own = self.dom.rma.own(&self.dom)?;
+        let idx1 = c.id as u32 + 1;
+        let dirs = [(flags & FI_REMOTE_WRITE != 0), (flags & FI_REMOTE_READ != 0)];
+        {
+            // Lock order: the domain, then this region's record, then the
+            // RMA state (as close).
+            let mut dst = self.dom.lock()?;
+            // Counter::close sets its flag under the domain lock: a closed
+            // counter's index may name another counter by now.
+            if c.is_closed() {
+                return Err(Error::with(ErrorKind::Inval, "the counter is closed"));
+            }
+            let mut b = self.cntr.lock().map_err(|_| Error::with(ErrorKind::Other, "registration poisoned"))?;
+            for (w, _) in dirs.iter().enumerate().filter(|d| *d.1) {
+                dst.cntrs.bind(c.id)?;
+                if b[w] != 0 {
+                    dst.cntrs.unbind(b[w] as usize - 1);
+                }
+                b[w] = idx1;
+            }
+        }
         let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
         let k = Key::decode(self.key);
         if let Some((_, v)) = st.views[k.slot].as_mut() {
-            if flags & FI_REMOTE_WRITE != 0 {
-                v.cntr_rw = c.id as u32 + 1;
+            if dirs[0] {
+                v.cntr_rw = idx1;
             }
-            if flags & FI_REMOTE_READ != 0 {
-                v.cntr_rr = c.id as u32 + 1;
+            if dirs[1] {
+                v.cntr_rr = idx1;
             }
         }
         // The registration stays open: accesses in progress go on, and an
         // access racing the bind may count or not (Relaxed: the index of
         // a counter that exists already; read after the pin's acquire).
         let e = own.file.entry(k.slot);
-        if flags & FI_REMOTE_WRITE != 0 {
-            e.cntr_rw.store(c.id as u32 + 1, Ordering::Relaxed);
+        if dirs[0] {
+            e.cntr_rw.store(idx1, Ordering::Relaxed);
         }
-        if flags & FI_REMOTE_READ != 0 {
-            e.cntr_rr.store(c.id as u32 + 1, Ordering::Relaxed);
+        if dirs[1] {
+            e.cntr_rr.store(idx1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -847,8 +895,23 @@ impl MemoryRegion {
         if let Some((off, len)) = self.heap {
             st.release(off, len);
         }
-        Ok(())
+        drop(st);
+        let b = std::mem::take(&mut *self.cntr.lock().unwrap_or_else(|p| p.into_inner()));
+        unbind_counters(&self.dom, &b)
     }
+}
+
+/// Releases the counter bindings `b` (index + 1, 0: none) a registration
+/// held.
+fn unbind_counters(dom: &DomainInner, b: &[u32]) -> Result<()> {
+    if b.iter().all(|&i| i == 0) {
+        return Ok(());
+    }
+    let mut dst = dom.lock()?;
+    for &i in b.iter().filter(|&&i| i != 0) {
+        dst.cntrs.unbind(i as usize - 1);
+    }
+    Ok(())
 }
 
 impl Drop for MemoryRegion {

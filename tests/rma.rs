@@ -1098,3 +1098,64 @@ fn multi_segment_calls(w: World) {
 }
 
 cma_on_and_off!(multi_segment_calls_count_once, multi_segment_calls_count_once_cma_off, 2, &[], multi_segment_calls);
+
+/// A counter bound to a registration cannot be closed (`Busy`, as when
+/// bound to an endpoint) until the registration is closed or binds
+/// another counter; a counter opened after a refused close does not take
+/// the bound one's slot, so it counts nothing of the registration.
+#[test]
+fn counter_bound_to_a_registration_is_busy() {
+    run("counter_bound_to_a_registration_is_busy", 1, &[], T, |w| {
+        for user in [false, true] {
+            let mut um = user.then(|| user_mem(&w, 4096, RW));
+            let mut heap = (!user).then(|| w.dom.alloc_shared(4096, RW).unwrap());
+            let mr: &MemoryRegion = um.as_ref().map(|u| &u.mr).or(heap.as_ref()).unwrap();
+            let a = w.dom.cntr_open().unwrap();
+            mr.bind_counter(&a, FI_REMOTE_WRITE | FI_REMOTE_READ).unwrap();
+            assert_eq!(a.close().unwrap_err().kind(), ErrorKind::Busy);
+            let b = w.dom.cntr_open().unwrap();
+            assert_ne!(b.index(), a.index());
+            w.ep.write(&[1u8; 8], w.addrs[0], 0, mr.key(), 1).unwrap();
+            w.wait_ctx(1).unwrap();
+            assert_eq!((a.read().unwrap(), b.read().unwrap()), (1, 0));
+            // Rebinding the write direction to b releases a's write
+            // binding only: a stays bound for reads.
+            mr.bind_counter(&b, FI_REMOTE_WRITE).unwrap();
+            assert_eq!(a.close().unwrap_err().kind(), ErrorKind::Busy);
+            mr.bind_counter(&b, FI_REMOTE_READ).unwrap();
+            a.close().unwrap();
+            assert_eq!(b.close().unwrap_err().kind(), ErrorKind::Busy);
+            match (um.as_mut(), heap.as_mut()) {
+                (Some(u), _) => u.mr.close().unwrap(),
+                (_, Some(h)) => h.close().unwrap(),
+                _ => unreachable!(),
+            }
+            b.close().unwrap();
+        }
+    });
+}
+
+/// bind_counter refuses a closed registration (whose slot a newer one may
+/// hold) and a closed counter (whose index a newer one may hold).
+#[test]
+fn bind_counter_refuses_closed_objects() {
+    run("bind_counter_refuses_closed_objects", 1, &[], T, |w| {
+        let mut old = w.dom.alloc_shared(4096, RW).unwrap();
+        let c = w.dom.cntr_open().unwrap();
+        old.close().unwrap();
+        let fresh = w.dom.alloc_shared(4096, RW).unwrap();
+        assert_eq!(old.bind_counter(&c, FI_REMOTE_WRITE).unwrap_err().kind(), ErrorKind::Inval);
+        w.ep.write(&[1u8; 8], w.addrs[0], 0, fresh.key(), 1).unwrap();
+        w.wait_ctx(1).unwrap();
+        assert_eq!(c.read().unwrap(), 0, "the closed registration's bind reached the fresh one");
+        let c2 = w.dom.cntr_open().unwrap();
+        c2.close().unwrap();
+        assert_eq!(fresh.bind_counter(&c2, FI_REMOTE_READ).unwrap_err().kind(), ErrorKind::Inval);
+        // c2's index is free again: a new counter takes it and must not be
+        // bound by the refused call.
+        let c3 = w.dom.cntr_open().unwrap();
+        assert_eq!(c3.index(), c2.index());
+        c3.close().unwrap();
+        c.close().unwrap();
+    });
+}
