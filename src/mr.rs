@@ -36,9 +36,12 @@
 //!
 //! **Close while in use.** Closing clears the open bit (no new pins) and
 //! waits until the pins in progress are released (at most
-//! [`DRAIN_LIMIT`]: an initiator that died holding a pin never releases
-//! it, and can write nothing more either), then frees the slot; heap
-//! memory returns to the allocator only then.
+//! [`DRAIN_LIMIT`]), then frees the slot; heap memory returns to the
+//! allocator only then. Pins left after [`DRAIN_LIMIT`] (an initiator
+//! stopped, or dead, in the middle of an access) make close `Busy`: the
+//! slot and heap range are quarantined, given to nobody until the pins
+//! are gone (looked at on every registration and close), and a pin's
+//! release touches its entry only while the entry holds its tag.
 
 use crate::domain::{Domain, DomainInner};
 use crate::error::{Error, ErrorKind, Result};
@@ -322,13 +325,27 @@ impl Need {
 /// A pin on a registration: released on drop.
 pub(crate) struct Pin<'a> {
     e: &'a MrEntry,
+    /// The tag the pin was taken under: the release touches the entry
+    /// only while it still holds this tag and a pin.
+    tag: u32,
     pub view: MrView,
 }
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        // SYNC: pairs with the acquire loads of close's drain wait.
-        self.e.ctl.fetch_sub(2, Ordering::Release);
+        // A CAS loop, not a blind fetch_sub: should the slot hold another
+        // registration by now (it never should: a slot with pins is
+        // quarantined, not reused; but the word is shared memory), the
+        // release leaves it alone.
+        let mut c = self.e.ctl.load(Ordering::Relaxed);
+        while (c >> 32) as u32 == self.tag && (c as u32) >> 1 != 0 {
+            // SYNC: release pairs with the acquire loads of close's drain
+            // wait and of OwnSt::reclaim.
+            match self.e.ctl.compare_exchange_weak(c, c - 2, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(x) => c = x,
+            }
+        }
     }
 }
 
@@ -389,7 +406,7 @@ impl RmaFile {
                 seg: std::ptr::addr_of!(e.seg).read_volatile(),
             }
         };
-        let pin = Pin { e, view };
+        let pin = Pin { e, tag: key.tag, view };
         let v = &pin.view;
         if v.access & need.bits() != need.bits() {
             return Err((
@@ -497,9 +514,52 @@ struct OwnSt {
     views: Vec<Option<(u32, MrView)>>,
     /// Our own copy of the endpoint counters the header publishes.
     ep_cntr: Vec<[u32; 2]>,
+    /// Closed registrations whose pins outlived [`DRAIN_LIMIT`]: their
+    /// slots (still `used`) and heap ranges go to nobody until the pins
+    /// are gone ([`OwnSt::reclaim`]).
+    quarantine: Vec<Quarantined>,
+}
+
+/// A closed registration that peers still pin (see [`OwnSt::quarantine`]).
+struct Quarantined {
+    slot: usize,
+    /// Its tag: the entry's `ctl` keeps it (open bit clear) until reclaimed.
+    tag: u32,
+    /// Its heap range, if shared heap.
+    heap: Option<(u64, u64)>,
+    /// The counters it held bound (index + 1, 0: none): released at reclaim.
+    cntr: [u32; 2],
 }
 
 impl OwnSt {
+    /// Frees the quarantined slots (and heap ranges) whose pins are gone;
+    /// returns the counter bindings they held (index + 1) for the caller to
+    /// release under the domain lock.
+    fn reclaim(&mut self, f: &RmaFile) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.quarantine.len() {
+            let q = &self.quarantine[i];
+            let e = f.entry(q.slot);
+            // SYNC: acquire pairs with the release CAS of Pin::drop: what
+            // the last access did is done once its pin is gone.
+            if pinned(e.ctl.load(Ordering::Acquire), q.tag) {
+                i += 1;
+                continue;
+            }
+            let q = self.quarantine.swap_remove(i);
+            // SYNC: pairs with the acquire loads in pin (a zero tag never
+            // matches); the slot is reused only after this store.
+            e.ctl.store(0, Ordering::Release);
+            self.used[q.slot] = false;
+            if let Some((off, len)) = q.heap {
+                self.release(off, len);
+            }
+            out.extend(q.cntr.iter().filter(|&&c| c != 0));
+        }
+        out
+    }
+
     /// A fresh tag: random (the OS-seeded generator), never 0.
     fn tag(&mut self) -> u32 {
         loop {
@@ -554,6 +614,7 @@ impl RmaDomain {
                 free,
                 views: vec![None; N_MR as usize],
                 ep_cntr: vec![[0; 2]; MAX_EP_CNTR],
+                quarantine: Vec::new(),
             }),
             served: AtomicU64::new(0),
         };
@@ -599,6 +660,8 @@ pub struct MemoryRegion {
     ptr: *mut u8,
     len: usize,
     closed: bool,
+    /// Closed with pins left (`Busy`): its slot is in the quarantine.
+    quarantined: bool,
     /// The counters bound to count remote writes (`[0]`) and reads
     /// (`[1]`), as index + 1 (0: none); each holds one binding in the
     /// domain's counter table (so closing such a counter is `Busy`),
@@ -682,6 +745,7 @@ impl Domain {
             ptr: segs[0].0,
             len,
             closed: false,
+            quarantined: false,
             cntr: Mutex::new([0; 2]),
         })
     }
@@ -694,6 +758,8 @@ impl Domain {
     pub fn alloc_shared(&self, len: usize, access: u64) -> Result<MemoryRegion> {
         let a = access_bits(access)?;
         let own = self.inner.rma.own(&self.inner)?;
+        // Before allocating: quarantined heap ranges may be free by now.
+        reclaim(&self.inner, own)?;
         let off = own
             .st
             .lock()
@@ -734,6 +800,7 @@ impl Domain {
             ptr,
             len,
             closed: false,
+            quarantined: false,
             cntr: Mutex::new([0; 2]),
         })
     }
@@ -748,6 +815,7 @@ fn register(
     seg: [[u64; 2]; MR_SEGS],
 ) -> Result<u64> {
     let own = dom.rma.own(dom)?;
+    reclaim(dom, own)?;
     let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
     let slot =
         st.used.iter().position(|u| !u).ok_or_else(|| {
@@ -774,17 +842,52 @@ fn register(
     Ok(Key { fd: own.file.fd(), slot, tag }.encode())
 }
 
-/// Closes entry `e` to new pins and waits (at most [`DRAIN_LIMIT`]) for
-/// the pins in progress; returns its tag.
-fn drain(e: &MrEntry) -> u32 {
-    let c = e.ctl.fetch_and(!1, Ordering::AcqRel);
+/// Whether `ctl` holds registration `tag` with pins.
+fn pinned(ctl: u64, tag: u32) -> bool {
+    (ctl >> 32) as u32 == tag && (ctl as u32) >> 1 != 0
+}
+
+/// Waits (at most [`DRAIN_LIMIT`]) until entry `e` holds no pin of
+/// registration `tag`; whether it got there.
+fn wait_unpinned(e: &MrEntry, tag: u32) -> bool {
     let t0 = Instant::now();
-    // SYNC: acquire pairs with the release of Pin::drop: what a pinned
+    // SYNC: acquire pairs with the release CAS of Pin::drop: what a pinned
     // access did is done once its pin is gone.
-    while (e.ctl.load(Ordering::Acquire) as u32) >> 1 != 0 && t0.elapsed() < DRAIN_LIMIT {
-        std::thread::yield_now();
+    while pinned(e.ctl.load(Ordering::Acquire), tag) {
+        if t0.elapsed() >= DRAIN_LIMIT {
+            return false;
+        }
+        if t0.elapsed() < Duration::from_millis(1) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
-    (c >> 32) as u32
+    true
+}
+
+/// Frees the quarantined slots of `own` whose pins are gone and releases
+/// the counter bindings they held.
+fn reclaim(dom: &DomainInner, own: &OwnRma) -> Result<()> {
+    let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
+    if st.quarantine.is_empty() {
+        return Ok(());
+    }
+    let b = st.reclaim(&own.file);
+    drop(st);
+    unbind_counters(dom, &b)
+}
+
+fn still_pinned() -> Error {
+    Error::with(
+        ErrorKind::Busy,
+        format!(
+            "a peer's access to the registration begun before the close is still in progress after {DRAIN_LIMIT:?} \
+             (an initiator stopped or dead in the middle of it): the key is refused to new accesses, but that \
+             access may still write the memory; keep the memory valid and call close again (the registration's \
+             slot and shared-heap range go to nobody until the access is over)"
+        ),
+    )
 }
 
 impl MemoryRegion {
@@ -876,28 +979,73 @@ impl MemoryRegion {
         Ok(())
     }
 
-    /// Closes the registration: its key fails from now on; returns once
-    /// accesses in progress are over (at most [`DRAIN_LIMIT`]).
+    /// Closes the registration (fi_close): its key fails from now on
+    /// (new accesses get `FI_ENOKEY` at the initiator, the memory
+    /// untouched). Then waits (at most [`DRAIN_LIMIT`]) for the peers'
+    /// accesses already in progress, and:
+    /// - `Ok`: none is left; no peer reads or writes the memory any more:
+    ///   it may be freed or reused.
+    /// - `Busy`: a peer still holds the registration after [`DRAIN_LIMIT`]
+    ///   (stopped by a signal or a debugger, or dead, in the middle of an
+    ///   access). Its access may still write the memory when it resumes:
+    ///   keep the memory valid, and call `close` again (each call waits
+    ///   up to [`DRAIN_LIMIT`] again) until it gives `Ok`. The
+    ///   registration's slot, shared-heap range and counter bindings are
+    ///   kept out of use meanwhile, and freed when the access is over
+    ///   (looked at on every registration and close of the domain) even
+    ///   if this handle is dropped. An initiator that died holding the
+    ///   registration writes nothing more, but shmfab cannot tell it
+    ///   from a stopped one: such a slot stays out of use.
     pub fn close(&mut self) -> Result<()> {
         if self.closed {
-            return Ok(());
+            return if self.quarantined { self.close_again() } else { Ok(()) };
         }
         self.closed = true;
         let own = self.dom.rma.own(&self.dom)?;
         let k = Key::decode(self.key);
         let e = own.file.entry(k.slot);
-        drain(e);
-        // SYNC: pairs with the acquire loads in pin (a zero tag never matches).
-        e.ctl.store(0, Ordering::Release);
+        e.ctl.fetch_and(!1, Ordering::AcqRel);
+        let drained = wait_unpinned(e, k.tag);
+        let b = std::mem::take(&mut *self.cntr.lock().unwrap_or_else(|p| p.into_inner()));
         let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
-        st.used[k.slot] = false;
         st.views[k.slot] = None;
-        if let Some((off, len)) = self.heap {
-            st.release(off, len);
+        let mut unbind = st.reclaim(&own.file);
+        if drained {
+            // SYNC: pairs with the acquire loads in pin (a zero tag never matches).
+            e.ctl.store(0, Ordering::Release);
+            st.used[k.slot] = false;
+            if let Some((off, len)) = self.heap {
+                st.release(off, len);
+            }
+            unbind.extend(b.iter().filter(|&&c| c != 0));
+        } else {
+            st.quarantine.push(Quarantined { slot: k.slot, tag: k.tag, heap: self.heap, cntr: b });
+            self.quarantined = true;
         }
         drop(st);
-        let b = std::mem::take(&mut *self.cntr.lock().unwrap_or_else(|p| p.into_inner()));
-        unbind_counters(&self.dom, &b)
+        unbind_counters(&self.dom, &unbind)?;
+        if drained {
+            Ok(())
+        } else {
+            Err(still_pinned())
+        }
+    }
+
+    /// A close after `Busy`: waits again for the pins to go.
+    fn close_again(&mut self) -> Result<()> {
+        let own = self.dom.rma.own(&self.dom)?;
+        let k = Key::decode(self.key);
+        wait_unpinned(own.file.entry(k.slot), k.tag);
+        let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
+        let unbind = st.reclaim(&own.file);
+        let still = st.quarantine.iter().any(|q| q.slot == k.slot && q.tag == k.tag);
+        drop(st);
+        unbind_counters(&self.dom, &unbind)?;
+        if still {
+            return Err(still_pinned());
+        }
+        self.quarantined = false;
+        Ok(())
     }
 }
 
@@ -916,7 +1064,11 @@ fn unbind_counters(dom: &DomainInner, b: &[u32]) -> Result<()> {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        let _ = self.close();
+        // A quarantined registration (close said Busy) is not waited for
+        // again: it is freed when its pins are gone.
+        if !self.quarantined {
+            let _ = self.close();
+        }
     }
 }
 
@@ -1198,6 +1350,70 @@ mod tests {
         mr.close().unwrap();
     }
 
+    /// A close that finds a peer's pin left after DRAIN_LIMIT is Busy and
+    /// gives the slot, the heap range and the counter binding to nobody
+    /// until the pin goes; a second close then succeeds.
+    #[test]
+    fn close_with_a_pin_left_quarantines_the_registration() {
+        let fabric = crate::Fabric::open().unwrap();
+        let dom = fabric.domain().unwrap();
+        let rw = FI_REMOTE_READ | FI_REMOTE_WRITE;
+        let mut mr = dom.alloc_shared(4096, rw).unwrap();
+        let own = dom.inner.rma.own_if_any().unwrap();
+        let k = Key::decode(mr.key());
+        let c = dom.cntr_open().unwrap();
+        mr.bind_counter(&c, FI_REMOTE_WRITE).unwrap();
+        // A peer's access in progress (stopped in the middle of it).
+        let pin = own.file.pin(k, 0, 8, Need::Write).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(mr.close().unwrap_err().kind(), ErrorKind::Busy);
+        assert!(t0.elapsed() >= DRAIN_LIMIT);
+        assert_eq!(own.file.pin(k, 0, 8, Need::Write).err().map(|e| e.0), Some(ErrorKind::NoKey));
+        assert_eq!(c.close().unwrap_err().kind(), ErrorKind::Busy, "the binding went with the close");
+        let other = dom.alloc_shared(4096, rw).unwrap();
+        assert_ne!(Key::decode(other.key()).slot, k.slot, "a pinned slot was reused");
+        assert_ne!(other.as_ptr(), mr.as_ptr(), "a pinned heap range was reused");
+        drop(pin);
+        mr.close().unwrap();
+        c.close().unwrap();
+        let again = dom.alloc_shared(4096, rw).unwrap();
+        assert_eq!((Key::decode(again.key()).slot, again.as_ptr()), (k.slot, mr.as_ptr()));
+        assert!(own.file.pin(Key::decode(again.key()), 0, 8, Need::Write).is_ok());
+
+        // Dropped after Busy: freed by the next registration once unpinned.
+        let mut mr = again;
+        let k = Key::decode(mr.key());
+        let pin = own.file.pin(k, 0, 8, Need::Read).unwrap();
+        assert_eq!(mr.close().unwrap_err().kind(), ErrorKind::Busy);
+        let p = mr.as_ptr();
+        drop(mr);
+        drop(pin);
+        let third = dom.alloc_shared(4096, rw).unwrap();
+        assert_eq!((Key::decode(third.key()).slot, third.as_ptr()), (k.slot, p));
+    }
+
+    /// The release of a pin leaves the entry alone once it holds another
+    /// tag (a peer's late unpin cannot corrupt a reused slot).
+    #[test]
+    fn a_late_unpin_leaves_another_registration_alone() {
+        let fabric = crate::Fabric::open().unwrap();
+        let dom = fabric.domain().unwrap();
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: buf outlives the registration (closed below).
+        let mut mr = unsafe { dom.mr_reg(buf.as_mut_ptr(), 4096, FI_REMOTE_READ).unwrap() };
+        let own = dom.inner.rma.own_if_any().unwrap();
+        let k = Key::decode(mr.key());
+        let e = own.file.entry(k.slot);
+        let pin = own.file.pin(k, 0, 8, Need::Read).unwrap();
+        let mine = e.ctl.load(Ordering::Relaxed);
+        let forged = ((k.tag ^ 1) as u64) << 32 | 2 | 1;
+        e.ctl.store(forged, Ordering::Relaxed);
+        drop(pin);
+        assert_eq!(e.ctl.load(Ordering::Relaxed), forged);
+        e.ctl.store(mine - 2, Ordering::Relaxed);
+        mr.close().unwrap();
+    }
+
     #[test]
     fn keys_round_trip() {
         let k = Key { fd: 0xbeef, slot: 1023, tag: 0xdead_beef };
@@ -1206,7 +1422,8 @@ mod tests {
 
     #[test]
     fn heap_allocator_merges() {
-        let mut st = OwnSt { used: vec![], free: vec![(0, 16 * 4096)], views: vec![], ep_cntr: vec![] };
+        let mut st =
+            OwnSt { used: vec![], free: vec![(0, 16 * 4096)], views: vec![], ep_cntr: vec![], quarantine: vec![] };
         let a = st.alloc(1).unwrap();
         let b = st.alloc(5000).unwrap();
         let c = st.alloc(4096).unwrap();

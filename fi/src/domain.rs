@@ -461,6 +461,21 @@ unsafe extern "C" fn mr_close(fid: *mut sys::fid) -> c_int {
     };
     // SAFETY: the domain outlives its registrations (refs).
     let d = unsafe { &*m.dom };
+    let mp = (m as *const Mr).cast_mut();
+    // SAFETY: made by Box::leak in `reg`; fi_close excludes other calls on
+    // the registration (libfabric's contract).
+    if let Some(lib) = unsafe { (*mp).lib.as_mut() } {
+        if let Err(e) = lib.close() {
+            if e.kind() == shmfab::ErrorKind::Busy {
+                // A peer's access begun before the close outlasted the
+                // library's drain limit: the key is refused already, the
+                // memory may still be written; the registration stays
+                // the application's to close again (fi_mr(3): -FI_EBUSY
+                // while resources are still associated with it).
+                return util::err(e, sys::FI_LOG_MR, "fi_close(mr)");
+            }
+        }
+    }
     if m.lib.is_none() {
         d.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(&m.fid.key);
     }
