@@ -87,6 +87,34 @@ unsafe impl Send for RmaFile {}
 // SAFETY: as above.
 unsafe impl Sync for RmaFile {}
 
+/// Keys hold 16 bits of the RMA file's descriptor: it must lie below this.
+const FD_LIMIT: i32 = 1 << 16;
+
+/// `file` at a descriptor below `limit` ([`FD_LIMIT`]: keys hold 16 bits
+/// of it): as it is, or duplicated to the lowest free descriptor from 3
+/// (the high one is closed; a lock taken on the file stays: it belongs to
+/// the open file, which the duplicate shares). Fails clearly when no
+/// descriptor below `limit` is free.
+fn low_fd(file: File, limit: i32) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    if fd < limit {
+        return Ok(file);
+    }
+    let d = rustix::io::fcntl_dupfd_cloexec(&file, 3)
+        .map_err(|e| Error::with(ErrorKind::from_errno(e.raw_os_error()), format!("RMA file: {e}")))?;
+    if d.as_raw_fd() >= limit {
+        return Err(Error::with(
+            ErrorKind::NoSpc,
+            format!(
+                "the RMA file got descriptor {fd} and no descriptor below {limit} is free (keys hold 16 bits of it): \
+                 close descriptors, or register memory before opening many files"
+            ),
+        ));
+    }
+    Ok(File::from(d))
+}
+
 fn heap_setting() -> Result<usize> {
     let get = |n: &str| std::env::var(n).ok();
     let v = crate::proto::parse_env(&get, "SHMFAB_HEAP_SIZE", 4096, 1 << 40, crate::proto::Rule::MultipleOf(4096))?;
@@ -125,6 +153,7 @@ impl RmaFile {
             }
             e
         };
+        let file = low_fd(file, FD_LIMIT).map_err(unlink)?;
         let heap_len = heap_setting()?.div_ceil(shm_layout::PAGE) * shm_layout::PAGE;
         let heap_off = heap_offset(N_MR, N_MBOX);
         let total = heap_off + heap_len;
@@ -1412,6 +1441,34 @@ mod tests {
         assert_eq!(e.ctl.load(Ordering::Relaxed), forged);
         e.ctl.store(mine - 2, Ordering::Relaxed);
         mr.close().unwrap();
+    }
+
+    /// A file at a descriptor at or above the limit keys can hold moves to
+    /// a lower one, or fails clearly when none is free (the limit is
+    /// 65536; this host's RLIMIT_NOFILE may not reach it, so the test
+    /// lowers it).
+    #[test]
+    fn rma_file_descriptors_fit_keys() {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let f = File::open("/dev/null").unwrap();
+        // SAFETY: dup2 onto a descriptor far above those the test uses;
+        // the File takes ownership of the new descriptor.
+        let high = unsafe {
+            let d = libc::dup2(f.as_raw_fd(), 900);
+            assert_eq!(d, 900);
+            File::from_raw_fd(d)
+        };
+        let low = low_fd(high, 800).unwrap();
+        assert!(low.as_raw_fd() < 800, "{}", low.as_raw_fd());
+        // SAFETY: fd 900 was closed by low_fd (its File dropped): a probe.
+        assert_eq!(unsafe { libc::fcntl(900, libc::F_GETFD) }, -1);
+        // SAFETY: as above.
+        let high = unsafe { File::from_raw_fd(libc::dup2(f.as_raw_fd(), 900)) };
+        let e = low_fd(high, 3).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoSpc, "{e}");
+        let ok = File::open("/dev/null").unwrap();
+        let n = ok.as_raw_fd();
+        assert_eq!(low_fd(ok, FD_LIMIT).unwrap().as_raw_fd(), n);
     }
 
     #[test]
