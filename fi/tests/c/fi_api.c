@@ -1068,6 +1068,72 @@ static void test_rma(void)
 	EXPECT(fi_query_atomic(d, FI_INT32, FI_CSWAP, &at, FI_COMPARE_ATOMIC), 0);
 	CHECK(at.size == 4 && at.count > 0);
 	EXPECT(fi_query_atomic(d, FI_INT32, FI_CSWAP, &at, 0), -FI_EOPNOTSUPP);
+
+	/* fi_inject_atomic: applied when the call returns, no completion. */
+	*w = 5;
+	nv = 3;
+	EXPECT(fi_inject_atomic(ep[0], &nv, 1, to[1], 512, key, FI_UINT64, FI_SUM), 0);
+	CHECK(*w == 8);
+	EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+
+	/* The RMA and atomic calls without flags take the endpoint's default
+	 * op_flags, as fi_send does: with FI_SELECTIVE_COMPLETION, a
+	 * completion exactly when the defaults hold FI_COMPLETION. */
+	{
+		struct fid_cq *scq;
+		struct fid_ep *sep;
+		uint64_t of = FI_TRANSMIT, one64 = 1, got = 0;
+		EXPECT(fi_cq_open(d, &ca, &scq, NULL), 0);
+		pi->tx_attr->op_flags = FI_COMPLETION;
+		EXPECT(fi_endpoint(d, pi, &sep, NULL), 0);
+		pi->tx_attr->op_flags = 0;
+		EXPECT(fi_ep_bind(sep, &v->fid, 0), 0);
+		EXPECT(fi_ep_bind(sep, &scq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION), 0);
+		EXPECT(fi_enable(sep), 0);
+		EXPECT(fi_control(&sep->fid, FI_GETOPSFLAG, &of), 0);
+		CHECK(of == FI_COMPLETION);
+		struct iovec sv = { src, 4 };
+		memcpy(src, "sel!", 4);
+		for (int pass = 0; pass < 2; pass++) {
+			void *cx = (void *)(uintptr_t)(0x5e10 + pass);
+			int want = pass == 0; /* FI_COMPLETION in the defaults */
+#define SEL(call)                                                              \
+	do {                                                                   \
+		EXPECT(call, 0);                                               \
+		if (want) {                                                    \
+			read_tagged(scq, &e, NULL);                            \
+			CHECK(e.op_context == cx);                             \
+		} else {                                                       \
+			EXPECT(fi_cq_read(scq, &e, 1), -FI_EAGAIN);            \
+		}                                                              \
+	} while (0)
+			SEL(fi_write(sep, src, 4, NULL, to[1], 600, key, cx));
+			SEL(fi_writev(sep, &sv, NULL, 1, to[1], 604, key, cx));
+			SEL(fi_read(sep, back, 4, NULL, to[1], 600, key, cx));
+			CHECK(!memcmp(back, "sel!", 4));
+			struct iovec bv = { back, 4 };
+			SEL(fi_readv(sep, &bv, NULL, 1, to[1], 604, key, cx));
+			SEL(fi_writedata(sep, src, 4, NULL, 0xda7a, to[1], 608, key, cx));
+			read_tagged(cq[1], &e, NULL); /* the remote CQ data */
+			CHECK(e.data == 0xda7a);
+			*w = 0;
+			SEL(fi_atomic(sep, &one64, 1, NULL, to[1], 512, key, FI_UINT64, FI_SUM, cx));
+			SEL(fi_fetch_atomic(sep, &one64, 1, NULL, &got, NULL, to[1], 512, key, FI_UINT64, FI_SUM,
+					    cx));
+			CHECK(got == 1 && *w == 2);
+			struct fi_ioc io = { &one64, 1 };
+			SEL(fi_atomicv(sep, &io, NULL, 1, to[1], 512, key, FI_UINT64, FI_SUM, cx));
+			cmp = 3, nv = 9;
+			SEL(fi_compare_atomic(sep, &nv, 1, NULL, &cmp, NULL, &got, NULL, to[1], 512, key, FI_UINT64,
+					      FI_CSWAP, cx));
+			CHECK(got == 3 && *w == 9);
+#undef SEL
+			of = FI_TRANSMIT; /* no default flag: no completion */
+			EXPECT(fi_control(&sep->fid, FI_SETOPSFLAG, &of), 0);
+		}
+		EXPECT(fi_close(&sep->fid), 0);
+		EXPECT(fi_close(&scq->fid), 0);
+	}
 	EXPECT(fi_close(&mr->fid), 0);
 	EXPECT(fi_close(&cw->fid), 0);
 	EXPECT(fi_close(&cr->fid), 0);
