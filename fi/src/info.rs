@@ -25,8 +25,10 @@ pub const CAPS_SECONDARY: u64 = sys::FI_SEND
     | sys::FI_REMOTE_WRITE
     | sys::FI_RMA_EVENT;
 /// Capabilities of one-sided operations: they need the library's
-/// registrations, whose keys the provider chooses (FI_MR_PROV_KEY, or
-/// FI_MR_BASIC before API 1.5).
+/// registrations, whose keys the provider chooses (FI_MR_PROV_KEY), and
+/// remote addresses that are offsets (not offered before API 1.5, where
+/// provider keys come only with FI_MR_BASIC, whose remote addresses are
+/// virtual addresses).
 pub const RMA_CAPS: u64 = sys::FI_RMA
     | sys::FI_ATOMIC
     | sys::FI_READ
@@ -35,15 +37,15 @@ pub const RMA_CAPS: u64 = sys::FI_RMA
     | sys::FI_REMOTE_WRITE
     | sys::FI_RMA_EVENT;
 
-/// Whether a hint's `mr_mode` lets the provider choose the keys (from
-/// API 1.5 FI_MR_PROV_KEY; before, FI_MR_BASIC or FI_MR_UNSPEC, which
-/// leaves the choice to the provider).
-pub fn prov_keys_allowed(version: u32, mr_mode: c_int) -> bool {
-    if version >= fi_version(1, 5) {
-        mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
-    } else {
-        mr_mode == sys::FI_MR_BASIC as c_int || mr_mode == sys::FI_MR_UNSPEC as c_int
-    }
+/// Whether one-sided operations can be offered under API `version` and a
+/// hint's `mr_mode`: from API 1.5, when it has FI_MR_PROV_KEY (the
+/// provider chooses the keys; no FI_MR_VIRT_ADDR, remote addresses are
+/// offsets). Never before 1.5: FI_MR_BASIC, the only mode with provider
+/// keys then, means virtual addresses as remote addresses (FI_MR_BASIC =
+/// FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY), which shmfab
+/// would take for offsets.
+pub fn rma_allowed(version: u32, mr_mode: c_int) -> bool {
+    version >= fi_version(1, 5) && mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
 }
 /// The capabilities offered by default (hints naming none).
 pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
@@ -220,12 +222,13 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     if all & sys::FI_SOURCE_ERR != 0 && all & sys::FI_SOURCE == 0 {
         return Err(no("FI_SOURCE_ERR must be paired with FI_SOURCE"));
     }
+    if all & RMA_CAPS != 0 && version < fi_version(1, 5) {
+        return Err(no("RMA and atomics: offered from API 1.5 (FI_MR_BASIC's remote addresses are virtual addresses)"));
+    }
     // SAFETY: null or valid (caller's contract).
     if let Some(d) = unsafe { h.domain_attr.as_ref() } {
-        if all & RMA_CAPS != 0 && !prov_keys_allowed(version, d.mr_mode) {
-            return Err(no(
-                "RMA and atomics need provider keys: domain_attr.mr_mode FI_MR_PROV_KEY (FI_MR_BASIC before API 1.5)",
-            ));
+        if all & RMA_CAPS != 0 && !rma_allowed(version, d.mr_mode) {
+            return Err(no("RMA and atomics need provider keys: domain_attr.mr_mode FI_MR_PROV_KEY"));
         }
     }
     // SAFETY: null or valid (caller's contract).
@@ -361,7 +364,7 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     // One-sided operations only with keys the provider chooses: left out
     // of the default capabilities when the hints' mr_mode does not allow
     // them (asking for them then fails in `check`).
-    let rma_ok = hd.map_or(true, |x| prov_keys_allowed(version, x.mr_mode));
+    let rma_ok = version >= fi_version(1, 5) && hd.map_or(true, |x| rma_allowed(version, x.mr_mode));
     let offered = if rma_ok { CAPS } else { CAPS & !RMA_CAPS };
     let caps = match h.map_or(0, |h| h.caps) {
         // With a shared receive context, only what it serves.
@@ -441,7 +444,8 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     // No registration is ever required: from API 1.5 on, no mode bit but
     // FI_MR_PROV_KEY when the hints allow it (registrations are then the
     // library's, reachable by peers); before, the application's choice of
-    // keys (FI_MR_SCALABLE) unless it asked for provider keys (FI_MR_BASIC).
+    // keys (FI_MR_SCALABLE) unless it asked for provider keys (FI_MR_BASIC:
+    // the library's registrations, with no one-sided operation offered).
     d.mr_mode = if version >= fi_version(1, 5) {
         if rma_ok {
             sys::FI_MR_PROV_KEY as c_int
@@ -451,7 +455,6 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     } else {
         match hd.map_or(0, |x| x.mr_mode) {
             m if m == sys::FI_MR_BASIC as c_int => m,
-            m if m == sys::FI_MR_UNSPEC as c_int && caps & RMA_CAPS != 0 => sys::FI_MR_BASIC as c_int,
             _ => sys::FI_MR_SCALABLE as c_int,
         }
     };

@@ -915,6 +915,30 @@ static void test_rma(void)
 	enum { N = 1 << 20 };
 	static char target[N] __attribute__((aligned(64))), src[N], back[N];
 
+	/* Before API 1.5, FI_MR_BASIC means virtual addresses as remote
+	 * addresses, which shmfab does not take (offsets): no RMA or atomics
+	 * then, asked for or not. */
+	{
+		struct fi_info *o = NULL;
+		h->caps |= FI_RMA;
+		EXPECT(fi_getinfo(FI_VERSION(1, 4), NULL, NULL, 0, h, &o), -FI_ENODATA);
+		h->domain_attr->mr_mode = FI_MR_BASIC;
+		EXPECT(fi_getinfo(FI_VERSION(1, 4), NULL, NULL, 0, h, &o), -FI_ENODATA);
+		h->caps = FI_MSG | FI_ATOMIC;
+		h->domain_attr->mr_mode = FI_MR_UNSPEC;
+		EXPECT(fi_getinfo(FI_VERSION(1, 4), NULL, NULL, 0, h, &o), -FI_ENODATA);
+		for (int m = 0; m < 2; m++) {
+			h->caps = 0;
+			h->domain_attr->mr_mode = m ? FI_MR_BASIC : FI_MR_UNSPEC;
+			EXPECT(fi_getinfo(FI_VERSION(1, 4), NULL, NULL, 0, h, &o), 0);
+			CHECK(o && !(o->caps & (FI_RMA | FI_ATOMIC | FI_RMA_EVENT)));
+			CHECK(!(o->tx_attr->caps & (FI_RMA | FI_ATOMIC)) && o->tx_attr->rma_iov_limit == 0);
+			CHECK(o->domain_attr->mr_mode == (m ? FI_MR_BASIC : FI_MR_SCALABLE));
+			fi_freeinfo(o);
+		}
+		fi_freeinfo(h);
+		h = hints();
+	}
 	/* RMA and atomics need provider keys: refused without them. */
 	h->caps |= FI_RMA | FI_ATOMIC;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
