@@ -839,6 +839,14 @@ static void test_counters_and_mr(struct side *a, struct side *b)
 	read_tagged(b->cq, &e, NULL);
 	read_tagged(a->cq, &e, NULL);
 	CHECK(!strcmp(in, "mr"));
+	{
+		uint8_t raw[8];
+		uint64_t base = 1, mapped = 0;
+		size_t ks = sizeof(raw);
+		EXPECT(fi_mr_raw_attr(mr, &base, raw, &ks, 0), 0);
+		EXPECT(fi_mr_map_raw(domain, base, raw, ks, &mapped, 0), 0);
+		CHECK(mapped == 7 && base == 0);
+	}
 	EXPECT(fi_close(&mr->fid), 0);
 	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 0, 7, 0, &mr2, NULL), 0);
 	/* The application's keys are no library registration: no counter. */
@@ -885,6 +893,29 @@ static void test_mr_prov_keys(void)
 	EXPECT(fi_mr_bind(m2, &c->fid, FI_REMOTE_READ), 0);
 	CHECK(fi_mr_bind(m1, &c->fid, FI_SEND) < 0);
 	CHECK(fi_cntr_read(c) == 0);
+	/* A counter bound to a registration cannot be closed before it. */
+	EXPECT(fi_close(&c->fid), -FI_EBUSY);
+	/* Raw keys (fi_mr(3): safe with any registration, any valid key):
+	 * 8 bytes, base address 0 (remote addresses are offsets); mapped
+	 * back, the key itself. */
+	{
+		uint8_t raw[16];
+		uint64_t base = 99, mapped = 0;
+		size_t ks = 4;
+		EXPECT(fi_mr_raw_attr(m1, &base, raw, &ks, 0), -FI_ETOOSMALL);
+		CHECK(ks == 8 && ks == pi->domain_attr->mr_key_size);
+		ks = sizeof(raw);
+		EXPECT(fi_mr_raw_attr(m1, &base, raw, &ks, 0), 0);
+		CHECK(ks == 8 && base == 0);
+		EXPECT(fi_mr_raw_attr(m1, &base, raw, &ks, 1), -FI_EBADFLAGS);
+		EXPECT(fi_mr_map_raw(d, base, raw, 8, &mapped, 0), 0);
+		CHECK(mapped == fi_mr_key(m1));
+		EXPECT(fi_mr_map_raw(d, base, raw, 4, &mapped, 0), -FI_EINVAL);
+		EXPECT(fi_mr_unmap_key(d, mapped), 0);
+		/* Registrations are enabled at once (no FI_MR_RMA_EVENT mode):
+		 * fi_mr_enable has nothing to do. */
+		EXPECT(fi_mr_enable(m1), 0);
+	}
 	EXPECT(fi_close(&d->fid), -FI_EBUSY);
 	EXPECT(fi_close(&m1->fid), 0);
 	EXPECT(fi_close(&m2->fid), 0);
