@@ -340,7 +340,12 @@ unsafe fn reg(
     if flags & !sys::FI_RMA_EVENT != 0 {
         return EBADFLAGS;
     }
-    let _ = offset; // FI_MR_VIRT_ADDR is not offered: remote addresses are offsets.
+    // fi_mr(3): "len: Must be > 0"; "offset: reserved for future use and
+    // must be 0" (remote addresses are offsets from the registration's
+    // start either way: no FI_MR_VIRT_ADDR).
+    if offset != 0 || segs.iter().map(|s| s.1).sum::<usize>() == 0 {
+        return EINVAL;
+    }
     let range = (segs[0].0, segs.iter().map(|s| s.1).sum::<usize>());
     if d.prov_keys {
         let v: Vec<(*mut u8, usize)> = segs.iter().map(|&(p, l)| (p as *mut u8, l)).collect();

@@ -76,9 +76,39 @@ pub const RX_CAPS: u64 = CAPS_PRIMARY
 pub const TX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_INJECT | sys::FI_INJECT_COMPLETE | sys::FI_TRANSMIT_COMPLETE;
 /// Default receive operation flags the endpoint honours.
 pub const RX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_MULTI_RECV;
-/// Message ordering kept: a peer's sends are matched in the order they
-/// were posted (send after send).
-pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS;
+/// Message ordering kept, transmit and receive side (fi_endpoint(3)):
+/// - send after send: a peer's sends are matched in the order they were
+///   posted (one ring per sender, in order);
+/// - among RMA and atomic operations (RAR, RAW, WAR, WAW, and their
+///   RMA_* and ATOMIC_* forms), at any size (`max_order_*_size` -1): every
+///   RMA or atomic call is done when it returns (the data is in the
+///   target's memory, or read from it; through the target's progress
+///   engine the call waits for it), so the next one starts after it;
+/// - send after read and send after write: likewise, a send posted after
+///   an RMA or atomic call starts after that call's data landed.
+///
+/// Not kept: read or write after send (RAS, WAS): a send goes through the
+/// target's ring and is matched and copied later, while a later RMA call
+/// lands at once. Completions are not ordered (comp_order NONE): remote
+/// CQ data of a write may reach the target's CQ after a later send's
+/// completion. These orders rest on the library's RMA and atomic calls
+/// being complete on return (`shmfab::rma`); should they ever complete
+/// later, this must shrink to FI_ORDER_SAS.
+pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS
+    | sys::FI_ORDER_RAR
+    | sys::FI_ORDER_RAW
+    | sys::FI_ORDER_WAR
+    | sys::FI_ORDER_WAW
+    | sys::FI_ORDER_SAR
+    | sys::FI_ORDER_SAW
+    | sys::FI_ORDER_RMA_RAR
+    | sys::FI_ORDER_RMA_RAW
+    | sys::FI_ORDER_RMA_WAR
+    | sys::FI_ORDER_RMA_WAW
+    | sys::FI_ORDER_ATOMIC_RAR
+    | sys::FI_ORDER_ATOMIC_RAW
+    | sys::FI_ORDER_ATOMIC_WAR
+    | sys::FI_ORDER_ATOMIC_WAW;
 /// `ep_attr.mem_tag_format` offered when the hints give none: 64 tag
 /// bits (libfabric's `FI_TAG_GENERIC`, not in the 1.17 headers).
 pub const TAG_GENERIC: u64 = 0xAAAA_AAAA_AAAA_AAAA;
@@ -95,7 +125,9 @@ pub const ADDRLEN: usize = shmfab::Address::SIZE;
 /// Completion queues a domain may open (the library's table grows; this
 /// is the number advertised).
 pub const CQ_CNT: usize = 1 << 16;
-/// Memory registrations a domain may hold (advertised).
+/// Memory registrations with the application's keys a domain may hold
+/// (advertised; provider-key registrations are the library's, at most
+/// `shm_layout::rma::N_MR`).
 pub const MR_CNT: usize = 1 << 20;
 
 /// Segments a registration takes with provider keys (the library's limit;
@@ -241,9 +273,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         }
         at_most("ep_attr.max_msg_size", e.max_msg_size, shmfab::proto::MAX_MSG_SIZE)?;
         at_most("ep_attr.msg_prefix_size", e.msg_prefix_size, 0)?;
-        at_most("ep_attr.max_order_raw_size", e.max_order_raw_size, 0)?;
-        at_most("ep_attr.max_order_war_size", e.max_order_war_size, 0)?;
-        at_most("ep_attr.max_order_waw_size", e.max_order_waw_size, 0)?;
+        // max_order_{raw,war,waw}_size: any size is ordered (MSG_ORDER).
         at_most("ep_attr.tx_ctx_cnt", e.tx_ctx_cnt, 1)?;
         if e.rx_ctx_cnt != SHARED_CONTEXT {
             at_most("ep_attr.rx_ctx_cnt", e.rx_ctx_cnt, 1)?;
@@ -304,7 +334,15 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("domain_attr.max_ep_srx_ctx", d.max_ep_srx_ctx, 1)?;
         at_most("domain_attr.cntr_cnt", d.cntr_cnt, lim.max_counters)?;
         at_most("domain_attr.mr_iov_limit", d.mr_iov_limit, MR_IOV_LIMIT)?;
-        at_most("domain_attr.mr_cnt", d.mr_cnt, MR_CNT)?;
+        // Provider keys (the only mode of registrations with them: 1.5's
+        // FI_MR_PROV_KEY or 1.4's FI_MR_BASIC) are the library's
+        // registrations, of which a domain has N_MR.
+        let prov = if version >= fi_version(1, 5) {
+            d.mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
+        } else {
+            d.mr_mode == sys::FI_MR_BASIC as c_int
+        };
+        at_most("domain_attr.mr_cnt", d.mr_cnt, if prov { shm_layout::rma::N_MR as usize } else { MR_CNT })?;
         at_most("domain_attr.auth_key_size", d.auth_key_size, 0)?;
         at_most("domain_attr.max_err_data", d.max_err_data, MAX_ERR_DATA)?;
         within("domain_attr.caps", d.caps, sys::FI_LOCAL_COMM)?;
@@ -418,6 +456,11 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
         0 => TAG_GENERIC,
         f => f,
     };
+    // Every RMA or atomic call is ordered after the ones before it, at
+    // any size (-1), see MSG_ORDER.
+    e.max_order_raw_size = usize::MAX;
+    e.max_order_war_size = usize::MAX;
+    e.max_order_waw_size = usize::MAX;
     e.tx_ctx_cnt = 1;
     e.rx_ctx_cnt = match he.map_or(0, |x| x.rx_ctx_cnt) {
         SHARED_CONTEXT => SHARED_CONTEXT,

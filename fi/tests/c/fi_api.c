@@ -141,9 +141,50 @@ static void test_hints(void)
 	h = hints();
 	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	/* Orders involving sends before RMA do not hold (sends go through
+	 * rings, RMA lands at once): refused. */
 	h = hints();
-	h->tx_attr->msg_order = FI_ORDER_RAW;
+	h->tx_attr->msg_order = FI_ORDER_RAS;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->rx_attr->msg_order = FI_ORDER_WAS;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	/* Those of RMA and atomics among themselves and sends after them
+	 * hold (each RMA or atomic call is done when it returns), at any
+	 * size. */
+	h = hints();
+	h->caps |= FI_RMA | FI_ATOMIC;
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->tx_attr->msg_order = FI_ORDER_SAS | FI_ORDER_SAW | FI_ORDER_SAR | FI_ORDER_RAW | FI_ORDER_WAR |
+				FI_ORDER_WAW | FI_ORDER_RAR | FI_ORDER_RMA_RAW | FI_ORDER_ATOMIC_WAW;
+	h->rx_attr->msg_order = FI_ORDER_SAW | FI_ORDER_RAW;
+	h->ep_attr->max_order_raw_size = SIZE_MAX;
+	h->ep_attr->max_order_waw_size = 1 << 20;
+	EXPECT(getinfo(h, &i), 0);
+	CHECK((i->tx_attr->msg_order & (FI_ORDER_SAW | FI_ORDER_SAR | FI_ORDER_RAW | FI_ORDER_WAR | FI_ORDER_WAW)) ==
+	      (FI_ORDER_SAW | FI_ORDER_SAR | FI_ORDER_RAW | FI_ORDER_WAR | FI_ORDER_WAW));
+	CHECK(!(i->tx_attr->msg_order & (FI_ORDER_RAS | FI_ORDER_WAS)));
+	CHECK(i->ep_attr->max_order_raw_size == SIZE_MAX && i->ep_attr->max_order_war_size == SIZE_MAX &&
+	      i->ep_attr->max_order_waw_size == SIZE_MAX);
+	fi_freeinfo(i);
+	/* mr_cnt: provider keys are the library's registrations, 1024 of
+	 * them; the application's keys have no such limit. */
+	h = hints();
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	EXPECT(getinfo(h, &i), 0);
+	size_t mr_cnt = i->domain_attr->mr_cnt;
+	fi_freeinfo(i);
+	h = hints();
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->domain_attr->mr_cnt = mr_cnt;
+	EXPECT(getinfo(h, NULL), 0);
+	h = hints();
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->domain_attr->mr_cnt = mr_cnt + 1;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->domain_attr->mr_cnt = mr_cnt + 1;
+	EXPECT(getinfo(h, NULL), 0);
 	h = hints();
 	h->ep_attr->max_msg_size = (size_t)1 << 41;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
@@ -830,6 +871,8 @@ static void test_counters_and_mr(struct side *a, struct side *b)
 	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND | FI_RECV, 0, 7, 0, &mr, NULL), 0);
 	CHECK(fi_mr_key(mr) == 7 && fi_mr_desc(mr) != NULL);
 	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 0, 7, 0, &mr2, NULL), -FI_ENOKEY);
+	EXPECT(fi_mr_reg(domain, region, 0, FI_SEND, 0, 8, 0, &mr2, NULL), -FI_EINVAL);
+	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 1, 8, 0, &mr2, NULL), -FI_EINVAL);
 	/* A registered buffer's descriptor works in a send. */
 	struct fi_cq_tagged_entry e;
 	char in[8];
@@ -887,6 +930,13 @@ static void test_mr_prov_keys(void)
 	/* Unknown access bits are refused. */
 	struct fid_mr *bad;
 	EXPECT(fi_mr_reg(d, r1, 8, FI_REMOTE_READ | (1ULL << 60), 0, 0, 0, &bad, NULL), -FI_EINVAL);
+	/* fi_mr(3): len must be > 0; offset is reserved and must be 0. */
+	EXPECT(fi_mr_reg(d, r1, 0, FI_REMOTE_READ, 0, 0, 0, &bad, NULL), -FI_EINVAL);
+	EXPECT(fi_mr_reg(d, r1, 8, FI_REMOTE_READ, 8, 0, 0, &bad, NULL), -FI_EINVAL);
+	struct iovec z[2] = { { r1, 0 }, { r2, 0 } };
+	EXPECT(fi_mr_regv(d, z, 2, FI_REMOTE_READ, 0, 0, 0, &bad, NULL), -FI_EINVAL);
+	struct fi_mr_attr mo = { .mr_iov = iov, .iov_count = 1, .access = FI_REMOTE_READ, .offset = 4 };
+	EXPECT(fi_mr_regattr(d, &mo, 0, &bad), -FI_EINVAL);
 	/* Remote-event counters bind; other flags do not. */
 	EXPECT(fi_cntr_open(d, &ca, &c, NULL), 0);
 	EXPECT(fi_mr_bind(m1, &c->fid, FI_REMOTE_WRITE | FI_REMOTE_READ), 0);
