@@ -9,13 +9,23 @@
 //!
 //! Registration: shmfab needs none to send from or receive into any
 //! buffer (single copy reads any address of the peer). With provider keys
-//! (FI_MR_PROV_KEY, or FI_MR_BASIC before API 1.5) a registration is the
+//! (FI_MR_PROV_KEY; or FI_MR_BASIC before API 1.5, which offers no RMA:
+//! its remote addresses would be virtual addresses) a registration is the
 //! library's (`shmfab::Domain::mr_regv`): its key is the library's, peers
 //! reach the memory with it at offsets from the start, and `fi_mr_bind`
 //! binds remote-event counters to it. With the application's keys, which
 //! the library cannot take, a registration records the range, the access
 //! and the key (kept unique in the domain) and serves local descriptors
-//! only.
+//! only. Raw keys (`fi_mr_raw_attr`, `fi_mr_map_raw`) are a key's 8
+//! bytes with base address 0, for either kind.
+//!
+//! `fi_close` of a library registration is `-FI_EBUSY` when a peer's
+//! access begun before it (an initiator stopped or dead in the middle of
+//! it) outlasts the library's drain limit: the key is refused to new
+//! accesses already, but that access may still write the memory; the
+//! registration stays open for another `fi_close`, which waits again (see
+//! `shmfab::MemoryRegion::close`). Only a close that returns 0 means that
+//! no peer touches the memory any more.
 
 use crate::sys;
 use crate::util::{self, nb4, nb5, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EBUSY, EINVAL};
