@@ -744,8 +744,13 @@ impl Domain {
     /// domain's progress engine, at offsets from `ptr`.
     ///
     /// # Safety
-    /// The memory must stay valid until the region is closed, and peers
-    /// with the key may write it (FI_REMOTE_WRITE) at any time until then.
+    /// The memory must stay valid until [`MemoryRegion::close`] returns
+    /// `Ok`, and peers with the key may write it (FI_REMOTE_WRITE) at any
+    /// time until then. A close that returns `Busy` (a peer stopped in the
+    /// middle of an access) does not end this: the access may still land;
+    /// dropping the handle closes it, with the same caveat but no word of
+    /// it, so close explicitly before freeing memory peers may be
+    /// accessing.
     pub unsafe fn mr_reg(&self, ptr: *mut u8, len: usize, access: u64) -> Result<MemoryRegion> {
         // SAFETY: per this function's contract.
         unsafe { self.mr_regv(&[(ptr, len)], access) }
