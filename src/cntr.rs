@@ -216,7 +216,20 @@ impl Counter {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        let s = st.cntrs.close(self.id)?;
+        let s = match st.cntrs.close(self.id) {
+            Err(e) if e.kind() == ErrorKind::Busy => {
+                // A registration whose close was Busy holds its binding
+                // until its pins are gone: free those that are, and retry.
+                drop(st);
+                crate::mr::reclaim_quarantine(&self.dom)?;
+                st = self.dom.lock()?;
+                if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Ok(());
+                }
+                st.cntrs.close(self.id)?
+            }
+            r => r?,
+        };
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
         drop(st);
         if let (Some(fd), Some(b)) = (s.fd, self.dom.bridge.lock().unwrap_or_else(|p| p.into_inner()).as_ref()) {
