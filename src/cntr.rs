@@ -36,7 +36,7 @@ pub struct CntrAttr {
 
 impl crate::table::Object for CntrState {
     const NAME: &'static str = "counter";
-    const BOUND_BY: &'static str = "endpoints, once per direction, or poll or wait sets";
+    const BOUND_BY: &'static str = "endpoints or memory registrations, once per direction, or poll or wait sets";
 }
 
 /// A counter.
@@ -204,18 +204,38 @@ impl Counter {
         })
     }
 
+    /// Whether [`Counter::close`] closed it (read under the domain lock,
+    /// which close holds while it sets this).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Index of the counter in the domain region's counter table.
     pub fn index(&self) -> usize {
         self.id
     }
 
-    /// Closes the counter; `Busy` while endpoints are bound to it.
+    /// Closes the counter; `Busy` while endpoints or memory registrations
+    /// ([`crate::MemoryRegion::bind_counter`]) are bound to it.
     pub fn close(&self) -> Result<()> {
         let mut st = self.dom.lock()?;
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        let s = st.cntrs.close(self.id)?;
+        let s = match st.cntrs.close(self.id) {
+            Err(e) if e.kind() == ErrorKind::Busy => {
+                // A registration whose close was Busy holds its binding
+                // until its pins are gone: free those that are, and retry.
+                drop(st);
+                crate::mr::reclaim_quarantine(&self.dom)?;
+                st = self.dom.lock()?;
+                if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Ok(());
+                }
+                st.cntrs.close(self.id)?
+            }
+            r => r?,
+        };
         self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
         drop(st);
         if let (Some(fd), Some(b)) = (s.fd, self.dom.bridge.lock().unwrap_or_else(|p| p.into_inner()).as_ref()) {

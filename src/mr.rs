@@ -36,9 +36,12 @@
 //!
 //! **Close while in use.** Closing clears the open bit (no new pins) and
 //! waits until the pins in progress are released (at most
-//! [`DRAIN_LIMIT`]: an initiator that died holding a pin never releases
-//! it, and can write nothing more either), then frees the slot; heap
-//! memory returns to the allocator only then.
+//! [`DRAIN_LIMIT`]), then frees the slot; heap memory returns to the
+//! allocator only then. Pins left after [`DRAIN_LIMIT`] (an initiator
+//! stopped, or dead, in the middle of an access) make close `Busy`: the
+//! slot and heap range are quarantined, given to nobody until the pins
+//! are gone (looked at on every registration and close), and a pin's
+//! release touches its entry only while the entry holds its tag.
 
 use crate::domain::{Domain, DomainInner};
 use crate::error::{Error, ErrorKind, Result};
@@ -84,6 +87,34 @@ unsafe impl Send for RmaFile {}
 // SAFETY: as above.
 unsafe impl Sync for RmaFile {}
 
+/// Keys hold 16 bits of the RMA file's descriptor: it must lie below this.
+const FD_LIMIT: i32 = 1 << 16;
+
+/// `file` at a descriptor below `limit` ([`FD_LIMIT`]: keys hold 16 bits
+/// of it): as it is, or duplicated to the lowest free descriptor from 3
+/// (the high one is closed; a lock taken on the file stays: it belongs to
+/// the open file, which the duplicate shares). Fails clearly when no
+/// descriptor below `limit` is free.
+fn low_fd(file: File, limit: i32) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    if fd < limit {
+        return Ok(file);
+    }
+    let d = rustix::io::fcntl_dupfd_cloexec(&file, 3)
+        .map_err(|e| Error::with(ErrorKind::from_errno(e.raw_os_error()), format!("RMA file: {e}")))?;
+    if d.as_raw_fd() >= limit {
+        return Err(Error::with(
+            ErrorKind::NoSpc,
+            format!(
+                "the RMA file got descriptor {fd} and no descriptor below {limit} is free (keys hold 16 bits of it): \
+                 close descriptors, or register memory before opening many files"
+            ),
+        ));
+    }
+    Ok(File::from(d))
+}
+
 fn heap_setting() -> Result<usize> {
     let get = |n: &str| std::env::var(n).ok();
     let v = crate::proto::parse_env(&get, "SHMFAB_HEAP_SIZE", 4096, 1 << 40, crate::proto::Rule::MultipleOf(4096))?;
@@ -122,6 +153,7 @@ impl RmaFile {
             }
             e
         };
+        let file = low_fd(file, FD_LIMIT).map_err(unlink)?;
         let heap_len = heap_setting()?.div_ceil(shm_layout::PAGE) * shm_layout::PAGE;
         let heap_off = heap_offset(N_MR, N_MBOX);
         let total = heap_off + heap_len;
@@ -322,13 +354,27 @@ impl Need {
 /// A pin on a registration: released on drop.
 pub(crate) struct Pin<'a> {
     e: &'a MrEntry,
+    /// The tag the pin was taken under: the release touches the entry
+    /// only while it still holds this tag and a pin.
+    tag: u32,
     pub view: MrView,
 }
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        // SYNC: pairs with the acquire loads of close's drain wait.
-        self.e.ctl.fetch_sub(2, Ordering::Release);
+        // A CAS loop, not a blind fetch_sub: should the slot hold another
+        // registration by now (it never should: a slot with pins is
+        // quarantined, not reused; but the word is shared memory), the
+        // release leaves it alone.
+        let mut c = self.e.ctl.load(Ordering::Relaxed);
+        while (c >> 32) as u32 == self.tag && (c as u32) >> 1 != 0 {
+            // SYNC: release pairs with the acquire loads of close's drain
+            // wait and of OwnSt::reclaim.
+            match self.e.ctl.compare_exchange_weak(c, c - 2, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(x) => c = x,
+            }
+        }
     }
 }
 
@@ -389,7 +435,7 @@ impl RmaFile {
                 seg: std::ptr::addr_of!(e.seg).read_volatile(),
             }
         };
-        let pin = Pin { e, view };
+        let pin = Pin { e, tag: key.tag, view };
         let v = &pin.view;
         if v.access & need.bits() != need.bits() {
             return Err((
@@ -497,9 +543,52 @@ struct OwnSt {
     views: Vec<Option<(u32, MrView)>>,
     /// Our own copy of the endpoint counters the header publishes.
     ep_cntr: Vec<[u32; 2]>,
+    /// Closed registrations whose pins outlived [`DRAIN_LIMIT`]: their
+    /// slots (still `used`) and heap ranges go to nobody until the pins
+    /// are gone ([`OwnSt::reclaim`]).
+    quarantine: Vec<Quarantined>,
+}
+
+/// A closed registration that peers still pin (see [`OwnSt::quarantine`]).
+struct Quarantined {
+    slot: usize,
+    /// Its tag: the entry's `ctl` keeps it (open bit clear) until reclaimed.
+    tag: u32,
+    /// Its heap range, if shared heap.
+    heap: Option<(u64, u64)>,
+    /// The counters it held bound (index + 1, 0: none): released at reclaim.
+    cntr: [u32; 2],
 }
 
 impl OwnSt {
+    /// Frees the quarantined slots (and heap ranges) whose pins are gone;
+    /// returns the counter bindings they held (index + 1) for the caller to
+    /// release under the domain lock.
+    fn reclaim(&mut self, f: &RmaFile) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.quarantine.len() {
+            let q = &self.quarantine[i];
+            let e = f.entry(q.slot);
+            // SYNC: acquire pairs with the release CAS of Pin::drop: what
+            // the last access did is done once its pin is gone.
+            if pinned(e.ctl.load(Ordering::Acquire), q.tag) {
+                i += 1;
+                continue;
+            }
+            let q = self.quarantine.swap_remove(i);
+            // SYNC: pairs with the acquire loads in pin (a zero tag never
+            // matches); the slot is reused only after this store.
+            e.ctl.store(0, Ordering::Release);
+            self.used[q.slot] = false;
+            if let Some((off, len)) = q.heap {
+                self.release(off, len);
+            }
+            out.extend(q.cntr.iter().filter(|&&c| c != 0));
+        }
+        out
+    }
+
     /// A fresh tag: random (the OS-seeded generator), never 0.
     fn tag(&mut self) -> u32 {
         loop {
@@ -554,6 +643,7 @@ impl RmaDomain {
                 free,
                 views: vec![None; N_MR as usize],
                 ep_cntr: vec![[0; 2]; MAX_EP_CNTR],
+                quarantine: Vec::new(),
             }),
             served: AtomicU64::new(0),
         };
@@ -599,6 +689,13 @@ pub struct MemoryRegion {
     ptr: *mut u8,
     len: usize,
     closed: bool,
+    /// Closed with pins left (`Busy`): its slot is in the quarantine.
+    quarantined: bool,
+    /// The counters bound to count remote writes (`[0]`) and reads
+    /// (`[1]`), as index + 1 (0: none); each holds one binding in the
+    /// domain's counter table (so closing such a counter is `Busy`),
+    /// released on rebind and on close.
+    cntr: Mutex<[u32; 2]>,
 }
 
 // SAFETY: the handle holds plain numbers and a pointer to memory the
@@ -647,8 +744,13 @@ impl Domain {
     /// domain's progress engine, at offsets from `ptr`.
     ///
     /// # Safety
-    /// The memory must stay valid until the region is closed, and peers
-    /// with the key may write it (FI_REMOTE_WRITE) at any time until then.
+    /// The memory must stay valid until [`MemoryRegion::close`] returns
+    /// `Ok`, and peers with the key may write it (FI_REMOTE_WRITE) at any
+    /// time until then. A close that returns `Busy` (a peer stopped in the
+    /// middle of an access) does not end this: the access may still land;
+    /// dropping the handle closes it, with the same caveat but no word of
+    /// it, so close explicitly before freeing memory peers may be
+    /// accessing.
     pub unsafe fn mr_reg(&self, ptr: *mut u8, len: usize, access: u64) -> Result<MemoryRegion> {
         // SAFETY: per this function's contract.
         unsafe { self.mr_regv(&[(ptr, len)], access) }
@@ -670,7 +772,16 @@ impl Domain {
         let len = segs.iter().map(|s| s.1).sum::<usize>();
         let a = access_bits(access)?;
         let key = register(&self.inner, mr_kind::USER, a, len as u64, segs.len(), seg)?;
-        Ok(MemoryRegion { dom: self.inner.clone(), key, heap: None, ptr: segs[0].0, len, closed: false })
+        Ok(MemoryRegion {
+            dom: self.inner.clone(),
+            key,
+            heap: None,
+            ptr: segs[0].0,
+            len,
+            closed: false,
+            quarantined: false,
+            cntr: Mutex::new([0; 2]),
+        })
     }
 
     /// Allocates `len` bytes of shared heap (zeroed) and registers them
@@ -681,6 +792,8 @@ impl Domain {
     pub fn alloc_shared(&self, len: usize, access: u64) -> Result<MemoryRegion> {
         let a = access_bits(access)?;
         let own = self.inner.rma.own(&self.inner)?;
+        // Before allocating: quarantined heap ranges may be free by now.
+        reclaim(&self.inner, own)?;
         let off = own
             .st
             .lock()
@@ -714,7 +827,16 @@ impl Domain {
         let mut seg = [[0u64; 2]; MR_SEGS];
         seg[0] = [off, len as u64];
         let key = register(&self.inner, mr_kind::HEAP, a, len as u64, 1, seg).map_err(fail)?;
-        Ok(MemoryRegion { dom: self.inner.clone(), key, heap: Some((off, len as u64)), ptr, len, closed: false })
+        Ok(MemoryRegion {
+            dom: self.inner.clone(),
+            key,
+            heap: Some((off, len as u64)),
+            ptr,
+            len,
+            closed: false,
+            quarantined: false,
+            cntr: Mutex::new([0; 2]),
+        })
     }
 }
 
@@ -727,6 +849,7 @@ fn register(
     seg: [[u64; 2]; MR_SEGS],
 ) -> Result<u64> {
     let own = dom.rma.own(dom)?;
+    reclaim(dom, own)?;
     let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
     let slot =
         st.used.iter().position(|u| !u).ok_or_else(|| {
@@ -753,17 +876,61 @@ fn register(
     Ok(Key { fd: own.file.fd(), slot, tag }.encode())
 }
 
-/// Closes entry `e` to new pins and waits (at most [`DRAIN_LIMIT`]) for
-/// the pins in progress; returns its tag.
-fn drain(e: &MrEntry) -> u32 {
-    let c = e.ctl.fetch_and(!1, Ordering::AcqRel);
+/// Whether `ctl` holds registration `tag` with pins.
+fn pinned(ctl: u64, tag: u32) -> bool {
+    (ctl >> 32) as u32 == tag && (ctl as u32) >> 1 != 0
+}
+
+/// Waits (at most [`DRAIN_LIMIT`]) until entry `e` holds no pin of
+/// registration `tag`; whether it got there.
+fn wait_unpinned(e: &MrEntry, tag: u32) -> bool {
     let t0 = Instant::now();
-    // SYNC: acquire pairs with the release of Pin::drop: what a pinned
+    // SYNC: acquire pairs with the release CAS of Pin::drop: what a pinned
     // access did is done once its pin is gone.
-    while (e.ctl.load(Ordering::Acquire) as u32) >> 1 != 0 && t0.elapsed() < DRAIN_LIMIT {
-        std::thread::yield_now();
+    while pinned(e.ctl.load(Ordering::Acquire), tag) {
+        if t0.elapsed() >= DRAIN_LIMIT {
+            return false;
+        }
+        if t0.elapsed() < Duration::from_millis(1) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
-    (c >> 32) as u32
+    true
+}
+
+/// Frees the quarantined slots of `own` whose pins are gone and releases
+/// the counter bindings they held.
+fn reclaim(dom: &DomainInner, own: &OwnRma) -> Result<()> {
+    let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
+    if st.quarantine.is_empty() {
+        return Ok(());
+    }
+    let b = st.reclaim(&own.file);
+    drop(st);
+    unbind_counters(dom, &b)
+}
+
+/// Frees the quarantined registrations of `dom` whose pins are gone, if
+/// any (a counter bound to one is closed: it may be free by now).
+pub(crate) fn reclaim_quarantine(dom: &DomainInner) -> Result<()> {
+    match dom.rma.own_if_any() {
+        Some(own) => reclaim(dom, own),
+        None => Ok(()),
+    }
+}
+
+fn still_pinned() -> Error {
+    Error::with(
+        ErrorKind::Busy,
+        format!(
+            "a peer's access to the registration begun before the close is still in progress after {DRAIN_LIMIT:?} \
+             (an initiator stopped or dead in the middle of it): the key is refused to new accesses, but that \
+             access may still write the memory; keep the memory valid and call close again (the registration's \
+             slot and shared-heap range go to nobody until the access is over)"
+        ),
+    )
 }
 
 impl MemoryRegion {
@@ -796,8 +963,15 @@ impl MemoryRegion {
     /// Binds a counter of the same domain to count the remote operations
     /// that land in this region (fi_mr_bind with FI_RMA_EVENT):
     /// `FI_REMOTE_WRITE` (writes and atomics), `FI_REMOTE_READ` (reads and
-    /// fetching atomics), or both.
+    /// fetching atomics), or both. A new bind for a direction replaces the
+    /// counter bound before. The counter stays bound until the region is
+    /// closed (or another counter replaces it): closing it meanwhile is
+    /// `Busy`, as for a counter bound to an endpoint. `Inval` when the
+    /// region or the counter is closed.
     pub fn bind_counter(&self, c: &crate::Counter, flags: u64) -> Result<()> {
+        if self.closed {
+            return Err(Error::with(ErrorKind::Inval, "the registration is closed"));
+        }
         if !Arc::ptr_eq(&c.dom, &self.dom) {
             return Err(Error::with(ErrorKind::Inval, "the counter belongs to another domain"));
         }
@@ -805,55 +979,139 @@ impl MemoryRegion {
             return Err(Error::with(ErrorKind::BadFlags, "bind flags must be FI_REMOTE_READ and/or FI_REMOTE_WRITE"));
         }
         let own = self.dom.rma.own(&self.dom)?;
+        let idx1 = c.id as u32 + 1;
+        let dirs = [(flags & FI_REMOTE_WRITE != 0), (flags & FI_REMOTE_READ != 0)];
+        {
+            // Lock order: the domain, then this region's record, then the
+            // RMA state (as close).
+            let mut dst = self.dom.lock()?;
+            // Counter::close sets its flag under the domain lock: a closed
+            // counter's index may name another counter by now.
+            if c.is_closed() {
+                return Err(Error::with(ErrorKind::Inval, "the counter is closed"));
+            }
+            let mut b = self.cntr.lock().map_err(|_| Error::with(ErrorKind::Other, "registration poisoned"))?;
+            for (w, _) in dirs.iter().enumerate().filter(|d| *d.1) {
+                dst.cntrs.bind(c.id)?;
+                if b[w] != 0 {
+                    dst.cntrs.unbind(b[w] as usize - 1);
+                }
+                b[w] = idx1;
+            }
+        }
         let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
         let k = Key::decode(self.key);
         if let Some((_, v)) = st.views[k.slot].as_mut() {
-            if flags & FI_REMOTE_WRITE != 0 {
-                v.cntr_rw = c.id as u32 + 1;
+            if dirs[0] {
+                v.cntr_rw = idx1;
             }
-            if flags & FI_REMOTE_READ != 0 {
-                v.cntr_rr = c.id as u32 + 1;
+            if dirs[1] {
+                v.cntr_rr = idx1;
             }
         }
         // The registration stays open: accesses in progress go on, and an
         // access racing the bind may count or not (Relaxed: the index of
         // a counter that exists already; read after the pin's acquire).
         let e = own.file.entry(k.slot);
-        if flags & FI_REMOTE_WRITE != 0 {
-            e.cntr_rw.store(c.id as u32 + 1, Ordering::Relaxed);
+        if dirs[0] {
+            e.cntr_rw.store(idx1, Ordering::Relaxed);
         }
-        if flags & FI_REMOTE_READ != 0 {
-            e.cntr_rr.store(c.id as u32 + 1, Ordering::Relaxed);
+        if dirs[1] {
+            e.cntr_rr.store(idx1, Ordering::Relaxed);
         }
         Ok(())
     }
 
-    /// Closes the registration: its key fails from now on; returns once
-    /// accesses in progress are over (at most [`DRAIN_LIMIT`]).
+    /// Closes the registration (fi_close): its key fails from now on
+    /// (new accesses get `FI_ENOKEY` at the initiator, the memory
+    /// untouched). Then waits (at most [`DRAIN_LIMIT`]) for the peers'
+    /// accesses already in progress, and:
+    /// - `Ok`: none is left; no peer reads or writes the memory any more:
+    ///   it may be freed or reused.
+    /// - `Busy`: a peer still holds the registration after [`DRAIN_LIMIT`]
+    ///   (stopped by a signal or a debugger, or dead, in the middle of an
+    ///   access). Its access may still write the memory when it resumes:
+    ///   keep the memory valid, and call `close` again (each call waits
+    ///   up to [`DRAIN_LIMIT`] again) until it gives `Ok`. The
+    ///   registration's slot, shared-heap range and counter bindings are
+    ///   kept out of use meanwhile, and freed when the access is over
+    ///   (looked at on every registration and close of the domain) even
+    ///   if this handle is dropped. An initiator that died holding the
+    ///   registration writes nothing more, but shmfab cannot tell it
+    ///   from a stopped one: such a slot stays out of use.
     pub fn close(&mut self) -> Result<()> {
         if self.closed {
-            return Ok(());
+            return if self.quarantined { self.close_again() } else { Ok(()) };
         }
         self.closed = true;
         let own = self.dom.rma.own(&self.dom)?;
         let k = Key::decode(self.key);
         let e = own.file.entry(k.slot);
-        drain(e);
-        // SYNC: pairs with the acquire loads in pin (a zero tag never matches).
-        e.ctl.store(0, Ordering::Release);
+        e.ctl.fetch_and(!1, Ordering::AcqRel);
+        let drained = wait_unpinned(e, k.tag);
+        let b = std::mem::take(&mut *self.cntr.lock().unwrap_or_else(|p| p.into_inner()));
         let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
-        st.used[k.slot] = false;
         st.views[k.slot] = None;
-        if let Some((off, len)) = self.heap {
-            st.release(off, len);
+        let mut unbind = st.reclaim(&own.file);
+        if drained {
+            // SYNC: pairs with the acquire loads in pin (a zero tag never matches).
+            e.ctl.store(0, Ordering::Release);
+            st.used[k.slot] = false;
+            if let Some((off, len)) = self.heap {
+                st.release(off, len);
+            }
+            unbind.extend(b.iter().filter(|&&c| c != 0));
+        } else {
+            st.quarantine.push(Quarantined { slot: k.slot, tag: k.tag, heap: self.heap, cntr: b });
+            self.quarantined = true;
         }
+        drop(st);
+        unbind_counters(&self.dom, &unbind)?;
+        if drained {
+            Ok(())
+        } else {
+            Err(still_pinned())
+        }
+    }
+
+    /// A close after `Busy`: waits again for the pins to go.
+    fn close_again(&mut self) -> Result<()> {
+        let own = self.dom.rma.own(&self.dom)?;
+        let k = Key::decode(self.key);
+        wait_unpinned(own.file.entry(k.slot), k.tag);
+        let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
+        let unbind = st.reclaim(&own.file);
+        let still = st.quarantine.iter().any(|q| q.slot == k.slot && q.tag == k.tag);
+        drop(st);
+        unbind_counters(&self.dom, &unbind)?;
+        if still {
+            return Err(still_pinned());
+        }
+        self.quarantined = false;
         Ok(())
     }
 }
 
+/// Releases the counter bindings `b` (index + 1, 0: none) a registration
+/// held.
+fn unbind_counters(dom: &DomainInner, b: &[u32]) -> Result<()> {
+    if b.iter().all(|&i| i == 0) {
+        return Ok(());
+    }
+    let mut dst = dom.lock()?;
+    for &i in b.iter().filter(|&&i| i != 0) {
+        dst.cntrs.unbind(i as usize - 1);
+    }
+    Ok(())
+}
+
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        let _ = self.close();
+        // A quarantined registration (close said Busy) is not waited for
+        // again: it is freed when its pins are gone.
+        if !self.quarantined {
+            let _ = self.close();
+        }
     }
 }
 
@@ -1135,6 +1393,99 @@ mod tests {
         mr.close().unwrap();
     }
 
+    /// A close that finds a peer's pin left after DRAIN_LIMIT is Busy and
+    /// gives the slot, the heap range and the counter binding to nobody
+    /// until the pin goes; a second close then succeeds.
+    #[test]
+    fn close_with_a_pin_left_quarantines_the_registration() {
+        let fabric = crate::Fabric::open().unwrap();
+        let dom = fabric.domain().unwrap();
+        let rw = FI_REMOTE_READ | FI_REMOTE_WRITE;
+        let mut mr = dom.alloc_shared(4096, rw).unwrap();
+        let own = dom.inner.rma.own_if_any().unwrap();
+        let k = Key::decode(mr.key());
+        let c = dom.cntr_open().unwrap();
+        mr.bind_counter(&c, FI_REMOTE_WRITE).unwrap();
+        // A peer's access in progress (stopped in the middle of it).
+        let pin = own.file.pin(k, 0, 8, Need::Write).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(mr.close().unwrap_err().kind(), ErrorKind::Busy);
+        assert!(t0.elapsed() >= DRAIN_LIMIT);
+        assert_eq!(own.file.pin(k, 0, 8, Need::Write).err().map(|e| e.0), Some(ErrorKind::NoKey));
+        assert_eq!(c.close().unwrap_err().kind(), ErrorKind::Busy, "the binding went with the close");
+        let other = dom.alloc_shared(4096, rw).unwrap();
+        assert_ne!(Key::decode(other.key()).slot, k.slot, "a pinned slot was reused");
+        assert_ne!(other.as_ptr(), mr.as_ptr(), "a pinned heap range was reused");
+        drop(pin);
+        // The counter's close frees the unpinned registration first.
+        c.close().unwrap();
+        mr.close().unwrap();
+        let again = dom.alloc_shared(4096, rw).unwrap();
+        assert_eq!((Key::decode(again.key()).slot, again.as_ptr()), (k.slot, mr.as_ptr()));
+        assert!(own.file.pin(Key::decode(again.key()), 0, 8, Need::Write).is_ok());
+
+        // Dropped after Busy: freed by the next registration once unpinned.
+        let mut mr = again;
+        let k = Key::decode(mr.key());
+        let pin = own.file.pin(k, 0, 8, Need::Read).unwrap();
+        assert_eq!(mr.close().unwrap_err().kind(), ErrorKind::Busy);
+        let p = mr.as_ptr();
+        drop(mr);
+        drop(pin);
+        let third = dom.alloc_shared(4096, rw).unwrap();
+        assert_eq!((Key::decode(third.key()).slot, third.as_ptr()), (k.slot, p));
+    }
+
+    /// The release of a pin leaves the entry alone once it holds another
+    /// tag (a peer's late unpin cannot corrupt a reused slot).
+    #[test]
+    fn a_late_unpin_leaves_another_registration_alone() {
+        let fabric = crate::Fabric::open().unwrap();
+        let dom = fabric.domain().unwrap();
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: buf outlives the registration (closed below).
+        let mut mr = unsafe { dom.mr_reg(buf.as_mut_ptr(), 4096, FI_REMOTE_READ).unwrap() };
+        let own = dom.inner.rma.own_if_any().unwrap();
+        let k = Key::decode(mr.key());
+        let e = own.file.entry(k.slot);
+        let pin = own.file.pin(k, 0, 8, Need::Read).unwrap();
+        let mine = e.ctl.load(Ordering::Relaxed);
+        let forged = ((k.tag ^ 1) as u64) << 32 | 2 | 1;
+        e.ctl.store(forged, Ordering::Relaxed);
+        drop(pin);
+        assert_eq!(e.ctl.load(Ordering::Relaxed), forged);
+        e.ctl.store(mine - 2, Ordering::Relaxed);
+        mr.close().unwrap();
+    }
+
+    /// A file at a descriptor at or above the limit keys can hold moves to
+    /// a lower one, or fails clearly when none is free (the limit is
+    /// 65536; this host's RLIMIT_NOFILE may not reach it, so the test
+    /// lowers it).
+    #[test]
+    fn rma_file_descriptors_fit_keys() {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let f = File::open("/dev/null").unwrap();
+        // SAFETY: dup2 onto a descriptor far above those the test uses;
+        // the File takes ownership of the new descriptor.
+        let high = unsafe {
+            let d = libc::dup2(f.as_raw_fd(), 900);
+            assert_eq!(d, 900);
+            File::from_raw_fd(d)
+        };
+        let low = low_fd(high, 800).unwrap();
+        assert!(low.as_raw_fd() < 800, "{}", low.as_raw_fd());
+        // SAFETY: fd 900 was closed by low_fd (its File dropped): a probe.
+        assert_eq!(unsafe { libc::fcntl(900, libc::F_GETFD) }, -1);
+        // SAFETY: as above.
+        let high = unsafe { File::from_raw_fd(libc::dup2(f.as_raw_fd(), 900)) };
+        let e = low_fd(high, 3).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoSpc, "{e}");
+        let ok = File::open("/dev/null").unwrap();
+        let n = ok.as_raw_fd();
+        assert_eq!(low_fd(ok, FD_LIMIT).unwrap().as_raw_fd(), n);
+    }
+
     #[test]
     fn keys_round_trip() {
         let k = Key { fd: 0xbeef, slot: 1023, tag: 0xdead_beef };
@@ -1143,7 +1494,8 @@ mod tests {
 
     #[test]
     fn heap_allocator_merges() {
-        let mut st = OwnSt { used: vec![], free: vec![(0, 16 * 4096)], views: vec![], ep_cntr: vec![] };
+        let mut st =
+            OwnSt { used: vec![], free: vec![(0, 16 * 4096)], views: vec![], ep_cntr: vec![], quarantine: vec![] };
         let a = st.alloc(1).unwrap();
         let b = st.alloc(5000).unwrap();
         let c = st.alloc(4096).unwrap();

@@ -1098,3 +1098,136 @@ fn multi_segment_calls(w: World) {
 }
 
 cma_on_and_off!(multi_segment_calls_count_once, multi_segment_calls_count_once_cma_off, 2, &[], multi_segment_calls);
+
+/// A counter bound to a registration cannot be closed (`Busy`, as when
+/// bound to an endpoint) until the registration is closed or binds
+/// another counter; a counter opened after a refused close does not take
+/// the bound one's slot, so it counts nothing of the registration.
+#[test]
+fn counter_bound_to_a_registration_is_busy() {
+    run("counter_bound_to_a_registration_is_busy", 1, &[], T, |w| {
+        for user in [false, true] {
+            let mut um = user.then(|| user_mem(&w, 4096, RW));
+            let mut heap = (!user).then(|| w.dom.alloc_shared(4096, RW).unwrap());
+            let mr: &MemoryRegion = um.as_ref().map(|u| &u.mr).or(heap.as_ref()).unwrap();
+            let a = w.dom.cntr_open().unwrap();
+            mr.bind_counter(&a, FI_REMOTE_WRITE | FI_REMOTE_READ).unwrap();
+            assert_eq!(a.close().unwrap_err().kind(), ErrorKind::Busy);
+            let b = w.dom.cntr_open().unwrap();
+            assert_ne!(b.index(), a.index());
+            w.ep.write(&[1u8; 8], w.addrs[0], 0, mr.key(), 1).unwrap();
+            w.wait_ctx(1).unwrap();
+            assert_eq!((a.read().unwrap(), b.read().unwrap()), (1, 0));
+            // Rebinding the write direction to b releases a's write
+            // binding only: a stays bound for reads.
+            mr.bind_counter(&b, FI_REMOTE_WRITE).unwrap();
+            assert_eq!(a.close().unwrap_err().kind(), ErrorKind::Busy);
+            mr.bind_counter(&b, FI_REMOTE_READ).unwrap();
+            a.close().unwrap();
+            assert_eq!(b.close().unwrap_err().kind(), ErrorKind::Busy);
+            match (um.as_mut(), heap.as_mut()) {
+                (Some(u), _) => u.mr.close().unwrap(),
+                (_, Some(h)) => h.close().unwrap(),
+                _ => unreachable!(),
+            }
+            b.close().unwrap();
+        }
+    });
+}
+
+/// bind_counter refuses a closed registration (whose slot a newer one may
+/// hold) and a closed counter (whose index a newer one may hold).
+#[test]
+fn bind_counter_refuses_closed_objects() {
+    run("bind_counter_refuses_closed_objects", 1, &[], T, |w| {
+        let mut old = w.dom.alloc_shared(4096, RW).unwrap();
+        let c = w.dom.cntr_open().unwrap();
+        old.close().unwrap();
+        let fresh = w.dom.alloc_shared(4096, RW).unwrap();
+        assert_eq!(old.bind_counter(&c, FI_REMOTE_WRITE).unwrap_err().kind(), ErrorKind::Inval);
+        w.ep.write(&[1u8; 8], w.addrs[0], 0, fresh.key(), 1).unwrap();
+        w.wait_ctx(1).unwrap();
+        assert_eq!(c.read().unwrap(), 0, "the closed registration's bind reached the fresh one");
+        let c2 = w.dom.cntr_open().unwrap();
+        c2.close().unwrap();
+        assert_eq!(fresh.bind_counter(&c2, FI_REMOTE_READ).unwrap_err().kind(), ErrorKind::Inval);
+        // c2's index is free again: a new counter takes it and must not be
+        // bound by the refused call.
+        let c3 = w.dom.cntr_open().unwrap();
+        assert_eq!(c3.index(), c2.index());
+        c3.close().unwrap();
+        c.close().unwrap();
+    });
+}
+
+/// A close that a stopped initiator outlasts in the middle of a large
+/// single-copy write: either close says `Ok` and nothing is written after
+/// it, or it says `Busy` (the access may still land) and a later close
+/// says `Ok` once the initiator has resumed and let go; in both cases a
+/// registration made after the first close works (the late release of the
+/// pin corrupted the slot's next registration before).
+#[test]
+fn close_outlasted_by_a_stopped_initiator() {
+    run("close_outlasted_by_a_stopped_initiator", 2, &[], T, |w| {
+        const LEN: usize = 256 << 20;
+        if !cma_works() {
+            eprintln!("single copy refused on this host: nothing to test");
+            return;
+        }
+        if w.rank == 1 {
+            let mut buf = vec![0u8; LEN];
+            // SAFETY: buf outlives the registration (closed below, and the
+            // test waits until close says Ok before touching buf).
+            let mut mr = unsafe { w.dom.mr_reg(buf.as_mut_ptr(), LEN, RW).unwrap() };
+            let pid0 = share(&w, "key", &[mr.key()], 0)[0] as i32;
+            let t0 = Instant::now();
+            // SAFETY: a volatile read of our buffer, which the peer writes.
+            while unsafe { std::ptr::read_volatile(buf.as_ptr().add(LEN - 1)) } == 0 {
+                assert!(t0.elapsed() < Duration::from_secs(30), "the peer's first write never landed");
+                std::thread::yield_now();
+            }
+            std::thread::sleep(Duration::from_millis(30));
+            // SAFETY: plain signals to our peer rank.
+            unsafe { libc::kill(pid0, libc::SIGSTOP) };
+            std::thread::sleep(Duration::from_millis(20));
+            let first = mr.close();
+            let mut small = vec![0u64; 512];
+            // SAFETY: `small` outlives the registration (dropped after it).
+            let mr2 = unsafe { w.dom.mr_reg(small.as_mut_ptr().cast(), 4096, RW).unwrap() };
+            put_file("1.closed", "");
+            // SAFETY: as above.
+            unsafe { libc::kill(pid0, libc::SIGCONT) };
+            match first {
+                Ok(()) => eprintln!("close: Ok (no pin held when stopped)"),
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
+                    let t1 = Instant::now();
+                    while let Err(e) = mr.close() {
+                        assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
+                        assert!(t1.elapsed() < Duration::from_secs(30), "the resumed initiator never let go");
+                    }
+                    eprintln!("close: Busy, then Ok after {:?}", t1.elapsed());
+                }
+            }
+            // Close said Ok: nothing may write the buffer from now on.
+            buf.iter_mut().for_each(|b| *b = 0);
+            std::thread::sleep(Duration::from_millis(1000));
+            let dirty = buf.iter().filter(|&&b| b != 0).count();
+            assert_eq!(dirty, 0, "{dirty} bytes written after close said Ok");
+            w.ep.write(&[1u8; 8], w.addrs[1], 0, mr2.key(), 9).unwrap();
+            w.wait_ctx(9).unwrap();
+            assert_eq!(small[0], u64::from_le_bytes([1; 8]));
+            w.barrier();
+        } else {
+            let key = share(&w, "key", &[std::process::id() as u64], 1)[0];
+            let data = vec![0x5au8; LEN];
+            let mut i = 0;
+            while !test_dir().join("1.closed").exists() {
+                w.ep.write(&data, w.addrs[1], 0, key, 100 + i).unwrap();
+                let _ = w.wait_ctx(100 + i);
+                i += 1;
+            }
+            w.barrier();
+        }
+    });
+}

@@ -94,6 +94,9 @@ struct Call {
     context: usize,
     data: u64,
     flags: u64,
+    /// A call without a flags argument: the endpoint's default transmit
+    /// flags apply ([`crate::ep::rma_defaults`]), as for `fi_send`.
+    defaults: bool,
 }
 
 /// Runs one call on the library's endpoint.
@@ -110,7 +113,7 @@ unsafe fn run(ep: *mut sys::fid_ep, dt: sys::fi_datatype, op: sys::fi_op, c: Cal
     // SAFETY: as above.
     let cmp = unsafe { gather(&c.compare) };
     let mut res = vec![0u8; c.result.iter().map(|s| s.1).sum()];
-    let flags = c.flags & !sys::FI_MORE;
+    let flags = if c.defaults { crate::ep::rma_defaults(e) } else { c.flags & !sys::FI_MORE };
     let r = match c.call {
         AtomicCall::Write => e.ep.atomicmsg(dt, op, &buf, &c.remote, c.dest, c.context, c.data, flags),
         AtomicCall::Fetch => e.ep.fetch_atomicmsg(dt, op, &buf, &mut res, &c.remote, c.dest, c.context, c.data, flags),
@@ -181,6 +184,7 @@ unsafe extern "C" fn write(
         context: ctx as usize,
         data: 0,
         flags: 0,
+        defaults: true,
     };
     // SAFETY: libfabric's contract.
     unsafe { run(ep, dt, op, c, "fi_atomic") }
@@ -217,6 +221,7 @@ unsafe extern "C" fn writev(
         context: ctx as usize,
         data: 0,
         flags: 0,
+        defaults: true,
     };
     // SAFETY: libfabric's contract.
     unsafe { run(ep, dt, op, c, "fi_atomicv") }
@@ -246,6 +251,7 @@ unsafe extern "C" fn writemsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_atom
         context: m.context as usize,
         data: m.data,
         flags,
+        defaults: false,
     };
     // SAFETY: libfabric's contract.
     unsafe { run(ep, m.datatype, m.op, c, "fi_atomicmsg") }
@@ -313,6 +319,7 @@ unsafe extern "C" fn readwrite(
         context: ctx as usize,
         data: 0,
         flags: 0,
+        defaults: true,
     };
     // SAFETY: libfabric's contract.
     unsafe { run(ep, dt, op, c, "fi_fetch_atomic") }
@@ -355,6 +362,7 @@ unsafe extern "C" fn readwritev(
         context: ctx as usize,
         data: 0,
         flags: 0,
+        defaults: true,
     };
     // SAFETY: libfabric's contract.
     unsafe { run(ep, dt, op, c, "fi_fetch_atomicv") }
@@ -393,6 +401,7 @@ unsafe extern "C" fn readwritemsg(
         context: m.context as usize,
         data: m.data,
         flags,
+        defaults: false,
     };
     // SAFETY: libfabric's contract.
     unsafe { run(ep, m.datatype, m.op, c, "fi_fetch_atomicmsg") }
@@ -433,6 +442,7 @@ unsafe extern "C" fn compwrite(
         context: ctx as usize,
         data: 0,
         flags: 0,
+        defaults: true,
     };
     // SAFETY: libfabric's contract.
     unsafe { run(ep, dt, op, c, "fi_compare_atomic") }
@@ -481,6 +491,7 @@ unsafe extern "C" fn compwritev(
         context: ctx as usize,
         data: 0,
         flags: 0,
+        defaults: true,
     };
     // SAFETY: libfabric's contract.
     unsafe { run(ep, dt, op, c, "fi_compare_atomicv") }
@@ -524,6 +535,7 @@ unsafe extern "C" fn compwritemsg(
         context: m.context as usize,
         data: m.data,
         flags,
+        defaults: false,
     };
     // SAFETY: libfabric's contract.
     unsafe { run(ep, m.datatype, m.op, c, "fi_compare_atomicmsg") }

@@ -9,16 +9,26 @@
 //!
 //! Registration: shmfab needs none to send from or receive into any
 //! buffer (single copy reads any address of the peer). With provider keys
-//! (FI_MR_PROV_KEY, or FI_MR_BASIC before API 1.5) a registration is the
+//! (FI_MR_PROV_KEY; or FI_MR_BASIC before API 1.5, which offers no RMA:
+//! its remote addresses would be virtual addresses) a registration is the
 //! library's (`shmfab::Domain::mr_regv`): its key is the library's, peers
 //! reach the memory with it at offsets from the start, and `fi_mr_bind`
 //! binds remote-event counters to it. With the application's keys, which
 //! the library cannot take, a registration records the range, the access
 //! and the key (kept unique in the domain) and serves local descriptors
-//! only.
+//! only. Raw keys (`fi_mr_raw_attr`, `fi_mr_map_raw`) are a key's 8
+//! bytes with base address 0, for either kind.
+//!
+//! `fi_close` of a library registration is `-FI_EBUSY` when a peer's
+//! access begun before it (an initiator stopped or dead in the middle of
+//! it) outlasts the library's drain limit: the key is refused to new
+//! accesses already, but that access may still write the memory; the
+//! registration stays open for another `fi_close`, which waits again (see
+//! `shmfab::MemoryRegion::close`). Only a close that returns 0 means that
+//! no peer touches the memory any more.
 
 use crate::sys;
-use crate::util::{self, nb3, nb4, nb5, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EBUSY, EINVAL};
+use crate::util::{self, nb4, nb5, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EBUSY, EINVAL};
 use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -52,7 +62,7 @@ static FI_OPS: sys::fi_ops = sys::fi_ops {
     size: std::mem::size_of::<sys::fi_ops>(),
     close: Some(close),
     bind: Some(bind),
-    control: Some(nb3),
+    control: Some(control),
     ops_open: Some(crate::ext::domain_ops_open),
     tostr: Some(no_tostr),
     ops_set: Some(no_ops_set),
@@ -209,6 +219,86 @@ unsafe extern "C" fn bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64) -
     0
 }
 
+/// Bytes of a raw key (`fi_mr_raw_attr`): the key, little-endian; the
+/// same as `domain_attr.mr_key_size`.
+const RAW_KEY_SIZE: usize = 8;
+
+/// `fi_control` on a domain: `fi_mr_map_raw` (a raw key of
+/// `fi_mr_raw_attr` back to the key: its 8 bytes; base address 0, as
+/// remote addresses are offsets) and `fi_mr_unmap_key` (nothing to
+/// release: a mapped key is the key). fi_mr(3): both may be used with any
+/// valid key, whether or not FI_MR_RAW is set (it is not).
+///
+/// # Safety
+/// libfabric's contract: the fid is live, `arg` as the command says.
+unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, arg: *mut c_void) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    if unsafe { of(fid) }.is_none() || arg.is_null() {
+        return EINVAL;
+    }
+    match command as u32 {
+        sys::FI_MAP_RAW_MR => {
+            // SAFETY: arg is a struct fi_mr_map_raw (fi_domain.h).
+            let m = unsafe { &*arg.cast::<sys::fi_mr_map_raw>() };
+            if m.flags != 0 {
+                return EBADFLAGS;
+            }
+            if m.key_size != RAW_KEY_SIZE || m.raw_key.is_null() || m.key.is_null() || m.base_addr != 0 {
+                return EINVAL;
+            }
+            let mut b = [0u8; RAW_KEY_SIZE];
+            // SAFETY: raw_key holds key_size (checked: 8) bytes; key is
+            // valid for a write (fi_mr(3)).
+            unsafe {
+                std::ptr::copy_nonoverlapping(m.raw_key, b.as_mut_ptr(), RAW_KEY_SIZE);
+                *m.key = u64::from_le_bytes(b);
+            }
+            0
+        }
+        // The key to unmap (arg) was read above as non-null: nothing held.
+        sys::FI_UNMAP_KEY => 0,
+        _ => util::ENOSYS,
+    }
+}
+
+/// `fi_control` on a registration: `fi_mr_raw_attr` (its key as 8 raw
+/// bytes, base address 0; fi_mr(3): "safe to use with any memory region")
+/// and `fi_mr_enable` (registrations are enabled when made, no
+/// FI_MR_RMA_EVENT mode bit: nothing to do).
+///
+/// # Safety
+/// libfabric's contract: the fid is live, `arg` as the command says.
+unsafe extern "C" fn mr_control(fid: *mut sys::fid, command: c_int, arg: *mut c_void) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(m) = (unsafe { util::ours::<Mr>(fid, sys::FI_CLASS_MR, &MR_FI_OPS) }) else { return EINVAL };
+    match command as u32 {
+        sys::FI_ENABLE => 0,
+        sys::FI_GET_RAW_MR => {
+            // SAFETY: arg is null or a struct fi_mr_raw_attr (fi_domain.h).
+            let Some(a) = (unsafe { arg.cast::<sys::fi_mr_raw_attr>().as_ref() }) else { return EINVAL };
+            if a.flags != 0 {
+                return EBADFLAGS;
+            }
+            if a.key_size.is_null() || a.base_addr.is_null() {
+                return EINVAL;
+            }
+            // SAFETY: key_size and base_addr are valid for reads and
+            // writes (fi_mr(3)); raw_key holds the *key_size bytes given.
+            unsafe {
+                let room = *a.key_size;
+                *a.key_size = RAW_KEY_SIZE;
+                if room < RAW_KEY_SIZE || a.raw_key.is_null() {
+                    return util::ETOOSMALL;
+                }
+                std::ptr::copy_nonoverlapping(m.fid.key.to_le_bytes().as_ptr(), a.raw_key, RAW_KEY_SIZE);
+                *a.base_addr = 0;
+            }
+            0
+        }
+        _ => util::ENOSYS,
+    }
+}
+
 /// A memory registration.
 #[repr(C)]
 pub struct Mr {
@@ -227,7 +317,7 @@ static MR_FI_OPS: sys::fi_ops = sys::fi_ops {
     size: std::mem::size_of::<sys::fi_ops>(),
     close: Some(mr_close),
     bind: Some(mr_bind),
-    control: Some(nb3),
+    control: Some(mr_control),
     ops_open: Some(no_ops_open),
     tostr: Some(no_tostr),
     ops_set: Some(no_ops_set),
@@ -260,7 +350,12 @@ unsafe fn reg(
     if flags & !sys::FI_RMA_EVENT != 0 {
         return EBADFLAGS;
     }
-    let _ = offset; // FI_MR_VIRT_ADDR is not offered: remote addresses are offsets.
+    // fi_mr(3): "len: Must be > 0"; "offset: reserved for future use and
+    // must be 0" (remote addresses are offsets from the registration's
+    // start either way: no FI_MR_VIRT_ADDR).
+    if offset != 0 || segs.iter().map(|s| s.1).sum::<usize>() == 0 {
+        return EINVAL;
+    }
     let range = (segs[0].0, segs.iter().map(|s| s.1).sum::<usize>());
     if d.prov_keys {
         let v: Vec<(*mut u8, usize)> = segs.iter().map(|&(p, l)| (p as *mut u8, l)).collect();
@@ -461,6 +556,21 @@ unsafe extern "C" fn mr_close(fid: *mut sys::fid) -> c_int {
     };
     // SAFETY: the domain outlives its registrations (refs).
     let d = unsafe { &*m.dom };
+    let mp = (m as *const Mr).cast_mut();
+    // SAFETY: made by Box::leak in `reg`; fi_close excludes other calls on
+    // the registration (libfabric's contract).
+    if let Some(lib) = unsafe { (*mp).lib.as_mut() } {
+        if let Err(e) = lib.close() {
+            if e.kind() == shmfab::ErrorKind::Busy {
+                // A peer's access begun before the close outlasted the
+                // library's drain limit: the key is refused already, the
+                // memory may still be written; the registration stays
+                // the application's to close again (fi_mr(3): -FI_EBUSY
+                // while resources are still associated with it).
+                return util::err(e, sys::FI_LOG_MR, "fi_close(mr)");
+            }
+        }
+    }
     if m.lib.is_none() {
         d.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(&m.fid.key);
     }

@@ -895,6 +895,17 @@ static RMA_OPS: sys::fi_ops_rma = sys::fi_ops_rma {
     injectdata: Some(rma_injectdata),
 };
 
+/// The endpoint's default transmit flags (`tx_attr->op_flags`,
+/// FI_SETOPSFLAG) for its RMA and atomic calls without a flags argument,
+/// as `fi_send` takes them (fi_rma(3), fi_atomic(3)): FI_COMPLETION
+/// decides the completion under FI_SELECTIVE_COMPLETION; FI_INJECT,
+/// FI_INJECT_COMPLETE and FI_TRANSMIT_COMPLETE hold for every one-sided
+/// call anyway (each is done when it returns).
+#[inline(always)]
+pub(crate) fn rma_defaults(e: &Ep) -> u64 {
+    e.tx_flags.load(Relaxed) & !sys::FI_MORE
+}
+
 /// The remote segments of an `*msg` call.
 ///
 /// # Safety
@@ -928,7 +939,13 @@ unsafe extern "C" fn rma_read(
 ) -> isize {
     // SAFETY: libfabric passes our fid; buf holds len writable bytes.
     let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes_mut(buf, len) }) else { return EINVAL as isize };
-    done(e.ep.read(b, src, addr, key, ctx as usize), "fi_read")
+    let f = rma_defaults(e);
+    if f == 0 {
+        return done(e.ep.read(b, src, addr, key, ctx as usize), "fi_read");
+    }
+    let r = [shmfab::RmaIov { addr, len, key }];
+    // FI_INJECT means nothing to a read (the library's readmsg takes it).
+    done(e.ep.readmsg(&mut [IoSliceMut::new(b)], &r, src, ctx as usize, f & !sys::FI_INJECT), "fi_read")
 }
 
 /// `fi_readv`.
@@ -947,7 +964,12 @@ unsafe extern "C" fn rma_readv(
 ) -> isize {
     // SAFETY: libfabric passes our fid; iov holds count writable segments.
     let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
-    done(e.ep.readv(v, src, addr, key, ctx as usize), "fi_readv")
+    let f = rma_defaults(e);
+    if f == 0 {
+        return done(e.ep.readv(v, src, addr, key, ctx as usize), "fi_readv");
+    }
+    let r = [shmfab::RmaIov { addr, len: v.iter().map(|s| s.len()).sum(), key }];
+    done(e.ep.readmsg(v, &r, src, ctx as usize, f & !sys::FI_INJECT), "fi_readv")
 }
 
 /// `fi_readmsg`.
@@ -982,7 +1004,12 @@ unsafe extern "C" fn rma_write(
 ) -> isize {
     // SAFETY: libfabric passes our fid; buf holds len bytes.
     let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
-    done(e.ep.write(b, dest, addr, key, ctx as usize), "fi_write")
+    let f = rma_defaults(e);
+    if f == 0 {
+        return done(e.ep.write(b, dest, addr, key, ctx as usize), "fi_write");
+    }
+    let r = [shmfab::RmaIov { addr, len, key }];
+    done(e.ep.writemsg(&[IoSlice::new(b)], &r, dest, ctx as usize, 0, f), "fi_write")
 }
 
 /// `fi_writev`.
@@ -1001,7 +1028,12 @@ unsafe extern "C" fn rma_writev(
 ) -> isize {
     // SAFETY: libfabric passes our fid; iov holds count segments.
     let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices(iov, count) }) else { return EINVAL as isize };
-    done(e.ep.writev(v, dest, addr, key, ctx as usize), "fi_writev")
+    let f = rma_defaults(e);
+    if f == 0 {
+        return done(e.ep.writev(v, dest, addr, key, ctx as usize), "fi_writev");
+    }
+    let r = [shmfab::RmaIov { addr, len: v.iter().map(|s| s.len()).sum(), key }];
+    done(e.ep.writemsg(v, &r, dest, ctx as usize, 0, f), "fi_writev")
 }
 
 /// `fi_writemsg`.
@@ -1054,7 +1086,13 @@ unsafe extern "C" fn rma_writedata(
 ) -> isize {
     // SAFETY: libfabric passes our fid; buf holds len bytes.
     let (Some(e), Some(b)) = (unsafe { me(ep) }, unsafe { bytes(buf, len) }) else { return EINVAL as isize };
-    done(e.ep.writedata(b, data, dest, addr, key, ctx as usize), "fi_writedata")
+    let f = rma_defaults(e);
+    if f == 0 {
+        return done(e.ep.writedata(b, data, dest, addr, key, ctx as usize), "fi_writedata");
+    }
+    let r = [shmfab::RmaIov { addr, len, key }];
+    let f = f | sys::FI_REMOTE_CQ_DATA;
+    done(e.ep.writemsg(&[IoSlice::new(b)], &r, dest, ctx as usize, data, f), "fi_writedata")
 }
 
 /// `fi_inject_writedata`.

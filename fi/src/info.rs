@@ -25,8 +25,10 @@ pub const CAPS_SECONDARY: u64 = sys::FI_SEND
     | sys::FI_REMOTE_WRITE
     | sys::FI_RMA_EVENT;
 /// Capabilities of one-sided operations: they need the library's
-/// registrations, whose keys the provider chooses (FI_MR_PROV_KEY, or
-/// FI_MR_BASIC before API 1.5).
+/// registrations, whose keys the provider chooses (FI_MR_PROV_KEY), and
+/// remote addresses that are offsets (not offered before API 1.5, where
+/// provider keys come only with FI_MR_BASIC, whose remote addresses are
+/// virtual addresses).
 pub const RMA_CAPS: u64 = sys::FI_RMA
     | sys::FI_ATOMIC
     | sys::FI_READ
@@ -35,15 +37,15 @@ pub const RMA_CAPS: u64 = sys::FI_RMA
     | sys::FI_REMOTE_WRITE
     | sys::FI_RMA_EVENT;
 
-/// Whether a hint's `mr_mode` lets the provider choose the keys (from
-/// API 1.5 FI_MR_PROV_KEY; before, FI_MR_BASIC or FI_MR_UNSPEC, which
-/// leaves the choice to the provider).
-pub fn prov_keys_allowed(version: u32, mr_mode: c_int) -> bool {
-    if version >= fi_version(1, 5) {
-        mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
-    } else {
-        mr_mode == sys::FI_MR_BASIC as c_int || mr_mode == sys::FI_MR_UNSPEC as c_int
-    }
+/// Whether one-sided operations can be offered under API `version` and a
+/// hint's `mr_mode`: from API 1.5, when it has FI_MR_PROV_KEY (the
+/// provider chooses the keys; no FI_MR_VIRT_ADDR, remote addresses are
+/// offsets). Never before 1.5: FI_MR_BASIC, the only mode with provider
+/// keys then, means virtual addresses as remote addresses (FI_MR_BASIC =
+/// FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY), which shmfab
+/// would take for offsets.
+pub fn rma_allowed(version: u32, mr_mode: c_int) -> bool {
+    version >= fi_version(1, 5) && mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
 }
 /// The capabilities offered by default (hints naming none).
 pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
@@ -74,9 +76,39 @@ pub const RX_CAPS: u64 = CAPS_PRIMARY
 pub const TX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_INJECT | sys::FI_INJECT_COMPLETE | sys::FI_TRANSMIT_COMPLETE;
 /// Default receive operation flags the endpoint honours.
 pub const RX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_MULTI_RECV;
-/// Message ordering kept: a peer's sends are matched in the order they
-/// were posted (send after send).
-pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS;
+/// Message ordering kept, transmit and receive side (fi_endpoint(3)):
+/// - send after send: a peer's sends are matched in the order they were
+///   posted (one ring per sender, in order);
+/// - among RMA and atomic operations (RAR, RAW, WAR, WAW, and their
+///   RMA_* and ATOMIC_* forms), at any size (`max_order_*_size` -1): every
+///   RMA or atomic call is done when it returns (the data is in the
+///   target's memory, or read from it; through the target's progress
+///   engine the call waits for it), so the next one starts after it;
+/// - send after read and send after write: likewise, a send posted after
+///   an RMA or atomic call starts after that call's data landed.
+///
+/// Not kept: read or write after send (RAS, WAS): a send goes through the
+/// target's ring and is matched and copied later, while a later RMA call
+/// lands at once. Completions are not ordered (comp_order NONE): remote
+/// CQ data of a write may reach the target's CQ after a later send's
+/// completion. These orders rest on the library's RMA and atomic calls
+/// being complete on return (`shmfab::rma`); should they ever complete
+/// later, this must shrink to FI_ORDER_SAS.
+pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS
+    | sys::FI_ORDER_RAR
+    | sys::FI_ORDER_RAW
+    | sys::FI_ORDER_WAR
+    | sys::FI_ORDER_WAW
+    | sys::FI_ORDER_SAR
+    | sys::FI_ORDER_SAW
+    | sys::FI_ORDER_RMA_RAR
+    | sys::FI_ORDER_RMA_RAW
+    | sys::FI_ORDER_RMA_WAR
+    | sys::FI_ORDER_RMA_WAW
+    | sys::FI_ORDER_ATOMIC_RAR
+    | sys::FI_ORDER_ATOMIC_RAW
+    | sys::FI_ORDER_ATOMIC_WAR
+    | sys::FI_ORDER_ATOMIC_WAW;
 /// `ep_attr.mem_tag_format` offered when the hints give none: 64 tag
 /// bits (libfabric's `FI_TAG_GENERIC`, not in the 1.17 headers).
 pub const TAG_GENERIC: u64 = 0xAAAA_AAAA_AAAA_AAAA;
@@ -93,7 +125,9 @@ pub const ADDRLEN: usize = shmfab::Address::SIZE;
 /// Completion queues a domain may open (the library's table grows; this
 /// is the number advertised).
 pub const CQ_CNT: usize = 1 << 16;
-/// Memory registrations a domain may hold (advertised).
+/// Memory registrations with the application's keys a domain may hold
+/// (advertised; provider-key registrations are the library's, at most
+/// `shm_layout::rma::N_MR`).
 pub const MR_CNT: usize = 1 << 20;
 
 /// Segments a registration takes with provider keys (the library's limit;
@@ -220,12 +254,13 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     if all & sys::FI_SOURCE_ERR != 0 && all & sys::FI_SOURCE == 0 {
         return Err(no("FI_SOURCE_ERR must be paired with FI_SOURCE"));
     }
+    if all & RMA_CAPS != 0 && version < fi_version(1, 5) {
+        return Err(no("RMA and atomics: offered from API 1.5 (FI_MR_BASIC's remote addresses are virtual addresses)"));
+    }
     // SAFETY: null or valid (caller's contract).
     if let Some(d) = unsafe { h.domain_attr.as_ref() } {
-        if all & RMA_CAPS != 0 && !prov_keys_allowed(version, d.mr_mode) {
-            return Err(no(
-                "RMA and atomics need provider keys: domain_attr.mr_mode FI_MR_PROV_KEY (FI_MR_BASIC before API 1.5)",
-            ));
+        if all & RMA_CAPS != 0 && !rma_allowed(version, d.mr_mode) {
+            return Err(no("RMA and atomics need provider keys: domain_attr.mr_mode FI_MR_PROV_KEY"));
         }
     }
     // SAFETY: null or valid (caller's contract).
@@ -238,9 +273,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         }
         at_most("ep_attr.max_msg_size", e.max_msg_size, shmfab::proto::MAX_MSG_SIZE)?;
         at_most("ep_attr.msg_prefix_size", e.msg_prefix_size, 0)?;
-        at_most("ep_attr.max_order_raw_size", e.max_order_raw_size, 0)?;
-        at_most("ep_attr.max_order_war_size", e.max_order_war_size, 0)?;
-        at_most("ep_attr.max_order_waw_size", e.max_order_waw_size, 0)?;
+        // max_order_{raw,war,waw}_size: any size is ordered (MSG_ORDER).
         at_most("ep_attr.tx_ctx_cnt", e.tx_ctx_cnt, 1)?;
         if e.rx_ctx_cnt != SHARED_CONTEXT {
             at_most("ep_attr.rx_ctx_cnt", e.rx_ctx_cnt, 1)?;
@@ -301,7 +334,15 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("domain_attr.max_ep_srx_ctx", d.max_ep_srx_ctx, 1)?;
         at_most("domain_attr.cntr_cnt", d.cntr_cnt, lim.max_counters)?;
         at_most("domain_attr.mr_iov_limit", d.mr_iov_limit, MR_IOV_LIMIT)?;
-        at_most("domain_attr.mr_cnt", d.mr_cnt, MR_CNT)?;
+        // Provider keys (the only mode of registrations with them: 1.5's
+        // FI_MR_PROV_KEY or 1.4's FI_MR_BASIC) are the library's
+        // registrations, of which a domain has N_MR.
+        let prov = if version >= fi_version(1, 5) {
+            d.mr_mode as u64 & sys::FI_MR_PROV_KEY != 0
+        } else {
+            d.mr_mode == sys::FI_MR_BASIC as c_int
+        };
+        at_most("domain_attr.mr_cnt", d.mr_cnt, if prov { shm_layout::rma::N_MR as usize } else { MR_CNT })?;
         at_most("domain_attr.auth_key_size", d.auth_key_size, 0)?;
         at_most("domain_attr.max_err_data", d.max_err_data, MAX_ERR_DATA)?;
         within("domain_attr.caps", d.caps, sys::FI_LOCAL_COMM)?;
@@ -361,7 +402,7 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     // One-sided operations only with keys the provider chooses: left out
     // of the default capabilities when the hints' mr_mode does not allow
     // them (asking for them then fails in `check`).
-    let rma_ok = hd.map_or(true, |x| prov_keys_allowed(version, x.mr_mode));
+    let rma_ok = version >= fi_version(1, 5) && hd.map_or(true, |x| rma_allowed(version, x.mr_mode));
     let offered = if rma_ok { CAPS } else { CAPS & !RMA_CAPS };
     let caps = match h.map_or(0, |h| h.caps) {
         // With a shared receive context, only what it serves.
@@ -415,6 +456,11 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
         0 => TAG_GENERIC,
         f => f,
     };
+    // Every RMA or atomic call is ordered after the ones before it, at
+    // any size (-1), see MSG_ORDER.
+    e.max_order_raw_size = usize::MAX;
+    e.max_order_war_size = usize::MAX;
+    e.max_order_waw_size = usize::MAX;
     e.tx_ctx_cnt = 1;
     e.rx_ctx_cnt = match he.map_or(0, |x| x.rx_ctx_cnt) {
         SHARED_CONTEXT => SHARED_CONTEXT,
@@ -441,7 +487,8 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     // No registration is ever required: from API 1.5 on, no mode bit but
     // FI_MR_PROV_KEY when the hints allow it (registrations are then the
     // library's, reachable by peers); before, the application's choice of
-    // keys (FI_MR_SCALABLE) unless it asked for provider keys (FI_MR_BASIC).
+    // keys (FI_MR_SCALABLE) unless it asked for provider keys (FI_MR_BASIC:
+    // the library's registrations, with no one-sided operation offered).
     d.mr_mode = if version >= fi_version(1, 5) {
         if rma_ok {
             sys::FI_MR_PROV_KEY as c_int
@@ -451,7 +498,6 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     } else {
         match hd.map_or(0, |x| x.mr_mode) {
             m if m == sys::FI_MR_BASIC as c_int => m,
-            m if m == sys::FI_MR_UNSPEC as c_int && caps & RMA_CAPS != 0 => sys::FI_MR_BASIC as c_int,
             _ => sys::FI_MR_SCALABLE as c_int,
         }
     };

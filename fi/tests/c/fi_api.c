@@ -141,9 +141,50 @@ static void test_hints(void)
 	h = hints();
 	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	/* Orders involving sends before RMA do not hold (sends go through
+	 * rings, RMA lands at once): refused. */
 	h = hints();
-	h->tx_attr->msg_order = FI_ORDER_RAW;
+	h->tx_attr->msg_order = FI_ORDER_RAS;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->rx_attr->msg_order = FI_ORDER_WAS;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	/* Those of RMA and atomics among themselves and sends after them
+	 * hold (each RMA or atomic call is done when it returns), at any
+	 * size. */
+	h = hints();
+	h->caps |= FI_RMA | FI_ATOMIC;
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->tx_attr->msg_order = FI_ORDER_SAS | FI_ORDER_SAW | FI_ORDER_SAR | FI_ORDER_RAW | FI_ORDER_WAR |
+				FI_ORDER_WAW | FI_ORDER_RAR | FI_ORDER_RMA_RAW | FI_ORDER_ATOMIC_WAW;
+	h->rx_attr->msg_order = FI_ORDER_SAW | FI_ORDER_RAW;
+	h->ep_attr->max_order_raw_size = SIZE_MAX;
+	h->ep_attr->max_order_waw_size = 1 << 20;
+	EXPECT(getinfo(h, &i), 0);
+	CHECK((i->tx_attr->msg_order & (FI_ORDER_SAW | FI_ORDER_SAR | FI_ORDER_RAW | FI_ORDER_WAR | FI_ORDER_WAW)) ==
+	      (FI_ORDER_SAW | FI_ORDER_SAR | FI_ORDER_RAW | FI_ORDER_WAR | FI_ORDER_WAW));
+	CHECK(!(i->tx_attr->msg_order & (FI_ORDER_RAS | FI_ORDER_WAS)));
+	CHECK(i->ep_attr->max_order_raw_size == SIZE_MAX && i->ep_attr->max_order_war_size == SIZE_MAX &&
+	      i->ep_attr->max_order_waw_size == SIZE_MAX);
+	fi_freeinfo(i);
+	/* mr_cnt: provider keys are the library's registrations, 1024 of
+	 * them; the application's keys have no such limit. */
+	h = hints();
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	EXPECT(getinfo(h, &i), 0);
+	size_t mr_cnt = i->domain_attr->mr_cnt;
+	fi_freeinfo(i);
+	h = hints();
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->domain_attr->mr_cnt = mr_cnt;
+	EXPECT(getinfo(h, NULL), 0);
+	h = hints();
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->domain_attr->mr_cnt = mr_cnt + 1;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->domain_attr->mr_cnt = mr_cnt + 1;
+	EXPECT(getinfo(h, NULL), 0);
 	h = hints();
 	h->ep_attr->max_msg_size = (size_t)1 << 41;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
@@ -830,6 +871,8 @@ static void test_counters_and_mr(struct side *a, struct side *b)
 	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND | FI_RECV, 0, 7, 0, &mr, NULL), 0);
 	CHECK(fi_mr_key(mr) == 7 && fi_mr_desc(mr) != NULL);
 	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 0, 7, 0, &mr2, NULL), -FI_ENOKEY);
+	EXPECT(fi_mr_reg(domain, region, 0, FI_SEND, 0, 8, 0, &mr2, NULL), -FI_EINVAL);
+	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 1, 8, 0, &mr2, NULL), -FI_EINVAL);
 	/* A registered buffer's descriptor works in a send. */
 	struct fi_cq_tagged_entry e;
 	char in[8];
@@ -839,6 +882,14 @@ static void test_counters_and_mr(struct side *a, struct side *b)
 	read_tagged(b->cq, &e, NULL);
 	read_tagged(a->cq, &e, NULL);
 	CHECK(!strcmp(in, "mr"));
+	{
+		uint8_t raw[8];
+		uint64_t base = 1, mapped = 0;
+		size_t ks = sizeof(raw);
+		EXPECT(fi_mr_raw_attr(mr, &base, raw, &ks, 0), 0);
+		EXPECT(fi_mr_map_raw(domain, base, raw, ks, &mapped, 0), 0);
+		CHECK(mapped == 7 && base == 0);
+	}
 	EXPECT(fi_close(&mr->fid), 0);
 	EXPECT(fi_mr_reg(domain, region, sizeof(region), FI_SEND, 0, 7, 0, &mr2, NULL), 0);
 	/* The application's keys are no library registration: no counter. */
@@ -879,12 +930,42 @@ static void test_mr_prov_keys(void)
 	/* Unknown access bits are refused. */
 	struct fid_mr *bad;
 	EXPECT(fi_mr_reg(d, r1, 8, FI_REMOTE_READ | (1ULL << 60), 0, 0, 0, &bad, NULL), -FI_EINVAL);
+	/* fi_mr(3): len must be > 0; offset is reserved and must be 0. */
+	EXPECT(fi_mr_reg(d, r1, 0, FI_REMOTE_READ, 0, 0, 0, &bad, NULL), -FI_EINVAL);
+	EXPECT(fi_mr_reg(d, r1, 8, FI_REMOTE_READ, 8, 0, 0, &bad, NULL), -FI_EINVAL);
+	struct iovec z[2] = { { r1, 0 }, { r2, 0 } };
+	EXPECT(fi_mr_regv(d, z, 2, FI_REMOTE_READ, 0, 0, 0, &bad, NULL), -FI_EINVAL);
+	struct fi_mr_attr mo = { .mr_iov = iov, .iov_count = 1, .access = FI_REMOTE_READ, .offset = 4 };
+	EXPECT(fi_mr_regattr(d, &mo, 0, &bad), -FI_EINVAL);
 	/* Remote-event counters bind; other flags do not. */
 	EXPECT(fi_cntr_open(d, &ca, &c, NULL), 0);
 	EXPECT(fi_mr_bind(m1, &c->fid, FI_REMOTE_WRITE | FI_REMOTE_READ), 0);
 	EXPECT(fi_mr_bind(m2, &c->fid, FI_REMOTE_READ), 0);
 	CHECK(fi_mr_bind(m1, &c->fid, FI_SEND) < 0);
 	CHECK(fi_cntr_read(c) == 0);
+	/* A counter bound to a registration cannot be closed before it. */
+	EXPECT(fi_close(&c->fid), -FI_EBUSY);
+	/* Raw keys (fi_mr(3): safe with any registration, any valid key):
+	 * 8 bytes, base address 0 (remote addresses are offsets); mapped
+	 * back, the key itself. */
+	{
+		uint8_t raw[16];
+		uint64_t base = 99, mapped = 0;
+		size_t ks = 4;
+		EXPECT(fi_mr_raw_attr(m1, &base, raw, &ks, 0), -FI_ETOOSMALL);
+		CHECK(ks == 8 && ks == pi->domain_attr->mr_key_size);
+		ks = sizeof(raw);
+		EXPECT(fi_mr_raw_attr(m1, &base, raw, &ks, 0), 0);
+		CHECK(ks == 8 && base == 0);
+		EXPECT(fi_mr_raw_attr(m1, &base, raw, &ks, 1), -FI_EBADFLAGS);
+		EXPECT(fi_mr_map_raw(d, base, raw, 8, &mapped, 0), 0);
+		CHECK(mapped == fi_mr_key(m1));
+		EXPECT(fi_mr_map_raw(d, base, raw, 4, &mapped, 0), -FI_EINVAL);
+		EXPECT(fi_mr_unmap_key(d, mapped), 0);
+		/* Registrations are enabled at once (no FI_MR_RMA_EVENT mode):
+		 * fi_mr_enable has nothing to do. */
+		EXPECT(fi_mr_enable(m1), 0);
+	}
 	EXPECT(fi_close(&d->fid), -FI_EBUSY);
 	EXPECT(fi_close(&m1->fid), 0);
 	EXPECT(fi_close(&m2->fid), 0);
@@ -915,6 +996,30 @@ static void test_rma(void)
 	enum { N = 1 << 20 };
 	static char target[N] __attribute__((aligned(64))), src[N], back[N];
 
+	/* Before API 1.5, FI_MR_BASIC means virtual addresses as remote
+	 * addresses, which shmfab does not take (offsets): no RMA or atomics
+	 * then, asked for or not. */
+	{
+		struct fi_info *o = NULL;
+		h->caps |= FI_RMA;
+		EXPECT(fi_getinfo(FI_VERSION(1, 4), NULL, NULL, 0, h, &o), -FI_ENODATA);
+		h->domain_attr->mr_mode = FI_MR_BASIC;
+		EXPECT(fi_getinfo(FI_VERSION(1, 4), NULL, NULL, 0, h, &o), -FI_ENODATA);
+		h->caps = FI_MSG | FI_ATOMIC;
+		h->domain_attr->mr_mode = FI_MR_UNSPEC;
+		EXPECT(fi_getinfo(FI_VERSION(1, 4), NULL, NULL, 0, h, &o), -FI_ENODATA);
+		for (int m = 0; m < 2; m++) {
+			h->caps = 0;
+			h->domain_attr->mr_mode = m ? FI_MR_BASIC : FI_MR_UNSPEC;
+			EXPECT(fi_getinfo(FI_VERSION(1, 4), NULL, NULL, 0, h, &o), 0);
+			CHECK(o && !(o->caps & (FI_RMA | FI_ATOMIC | FI_RMA_EVENT)));
+			CHECK(!(o->tx_attr->caps & (FI_RMA | FI_ATOMIC)) && o->tx_attr->rma_iov_limit == 0);
+			CHECK(o->domain_attr->mr_mode == (m ? FI_MR_BASIC : FI_MR_SCALABLE));
+			fi_freeinfo(o);
+		}
+		fi_freeinfo(h);
+		h = hints();
+	}
 	/* RMA and atomics need provider keys: refused without them. */
 	h->caps |= FI_RMA | FI_ATOMIC;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
@@ -1068,6 +1173,72 @@ static void test_rma(void)
 	EXPECT(fi_query_atomic(d, FI_INT32, FI_CSWAP, &at, FI_COMPARE_ATOMIC), 0);
 	CHECK(at.size == 4 && at.count > 0);
 	EXPECT(fi_query_atomic(d, FI_INT32, FI_CSWAP, &at, 0), -FI_EOPNOTSUPP);
+
+	/* fi_inject_atomic: applied when the call returns, no completion. */
+	*w = 5;
+	nv = 3;
+	EXPECT(fi_inject_atomic(ep[0], &nv, 1, to[1], 512, key, FI_UINT64, FI_SUM), 0);
+	CHECK(*w == 8);
+	EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+
+	/* The RMA and atomic calls without flags take the endpoint's default
+	 * op_flags, as fi_send does: with FI_SELECTIVE_COMPLETION, a
+	 * completion exactly when the defaults hold FI_COMPLETION. */
+	{
+		struct fid_cq *scq;
+		struct fid_ep *sep;
+		uint64_t of = FI_TRANSMIT, one64 = 1, got = 0;
+		EXPECT(fi_cq_open(d, &ca, &scq, NULL), 0);
+		pi->tx_attr->op_flags = FI_COMPLETION;
+		EXPECT(fi_endpoint(d, pi, &sep, NULL), 0);
+		pi->tx_attr->op_flags = 0;
+		EXPECT(fi_ep_bind(sep, &v->fid, 0), 0);
+		EXPECT(fi_ep_bind(sep, &scq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION), 0);
+		EXPECT(fi_enable(sep), 0);
+		EXPECT(fi_control(&sep->fid, FI_GETOPSFLAG, &of), 0);
+		CHECK(of == FI_COMPLETION);
+		struct iovec sv = { src, 4 };
+		memcpy(src, "sel!", 4);
+		for (int pass = 0; pass < 2; pass++) {
+			void *cx = (void *)(uintptr_t)(0x5e10 + pass);
+			int want = pass == 0; /* FI_COMPLETION in the defaults */
+#define SEL(call)                                                              \
+	do {                                                                   \
+		EXPECT(call, 0);                                               \
+		if (want) {                                                    \
+			read_tagged(scq, &e, NULL);                            \
+			CHECK(e.op_context == cx);                             \
+		} else {                                                       \
+			EXPECT(fi_cq_read(scq, &e, 1), -FI_EAGAIN);            \
+		}                                                              \
+	} while (0)
+			SEL(fi_write(sep, src, 4, NULL, to[1], 600, key, cx));
+			SEL(fi_writev(sep, &sv, NULL, 1, to[1], 604, key, cx));
+			SEL(fi_read(sep, back, 4, NULL, to[1], 600, key, cx));
+			CHECK(!memcmp(back, "sel!", 4));
+			struct iovec bv = { back, 4 };
+			SEL(fi_readv(sep, &bv, NULL, 1, to[1], 604, key, cx));
+			SEL(fi_writedata(sep, src, 4, NULL, 0xda7a, to[1], 608, key, cx));
+			read_tagged(cq[1], &e, NULL); /* the remote CQ data */
+			CHECK(e.data == 0xda7a);
+			*w = 0;
+			SEL(fi_atomic(sep, &one64, 1, NULL, to[1], 512, key, FI_UINT64, FI_SUM, cx));
+			SEL(fi_fetch_atomic(sep, &one64, 1, NULL, &got, NULL, to[1], 512, key, FI_UINT64, FI_SUM,
+					    cx));
+			CHECK(got == 1 && *w == 2);
+			struct fi_ioc io = { &one64, 1 };
+			SEL(fi_atomicv(sep, &io, NULL, 1, to[1], 512, key, FI_UINT64, FI_SUM, cx));
+			cmp = 3, nv = 9;
+			SEL(fi_compare_atomic(sep, &nv, 1, NULL, &cmp, NULL, &got, NULL, to[1], 512, key, FI_UINT64,
+					      FI_CSWAP, cx));
+			CHECK(got == 3 && *w == 9);
+#undef SEL
+			of = FI_TRANSMIT; /* no default flag: no completion */
+			EXPECT(fi_control(&sep->fid, FI_SETOPSFLAG, &of), 0);
+		}
+		EXPECT(fi_close(&sep->fid), 0);
+		EXPECT(fi_close(&scq->fid), 0);
+	}
 	EXPECT(fi_close(&mr->fid), 0);
 	EXPECT(fi_close(&cw->fid), 0);
 	EXPECT(fi_close(&cr->fid), 0);
