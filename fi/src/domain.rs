@@ -52,7 +52,7 @@ static FI_OPS: sys::fi_ops = sys::fi_ops {
     size: std::mem::size_of::<sys::fi_ops>(),
     close: Some(close),
     bind: Some(bind),
-    control: Some(nb3),
+    control: Some(crate::trigger::domain_control),
     ops_open: Some(crate::ext::domain_ops_open),
     tostr: Some(no_tostr),
     ops_set: Some(no_ops_set),
