@@ -22,7 +22,9 @@
  * runs, a second cancel -FI_ENOENT) and FI_FLUSH_WORK (all, or by
  * triggering counter, leaving the others); work on each rank fired by
  * the other's remote writes (FI_RMA_EVENT counters): a chain of CHAIN
- * writes across the two processes, queued in advance; bad arguments.
+ * writes across the two processes, queued in advance; with
+ * FI_PROGRESS_AUTO, work on rank 1 fired by rank 0's write while rank 1
+ * sleeps in read(2), calling nothing; bad arguments.
  *
  * Usage: fi_trigger [auto]  (auto: FI_PROGRESS_AUTO domains). Run by
  * fi/tests/trigger.rs with FI_PROVIDER_PATH set. Prints "fi_trigger: N
@@ -74,7 +76,7 @@ static int checks, rank;
 	} while (0)
 
 #define MEM 65536
-#define CHAIN 200
+#define CHAIN 1000
 
 static struct fi_info *fi;
 static struct fid_fabric *fab;
@@ -178,6 +180,8 @@ enum {
 	C_TAKE,  /* waits for n receive completions: answers (tag, first word) of each */
 	C_CHAIN, /* queues the chain's work; answers 0, then waits for it to finish: answers the words */
 	C_FIRE,  /* queues a counter add on rw reaching val, answers 0; then waits for it: answers rw */
+	C_SLEEP, /* (auto progress) queues a write of val to the peer's word off fired by the next
+		  * remote write, answers 0, and blocks in read(2) until the next command */
 };
 
 struct cmd {
@@ -332,6 +336,33 @@ static void serve(void)
 			CHECK(fi_cntr_read(out) == 7);
 			v = (int64_t)(fi_cntr_read(rw) - base);
 			EXPECT(fi_close(&out->fid), 0);
+			break;
+		}
+		case C_SLEEP: {
+			static uint64_t val;
+			static struct iovec iov;
+			static struct fi_rma_iov riov;
+			static struct fi_op_rma o;
+			static struct fi_deferred_work w;
+			val = c.val;
+			iov = (struct iovec){ &val, 8 };
+			riov = (struct fi_rma_iov){ c.off * 8, 8, peer_key };
+			o = (struct fi_op_rma){ .ep = ep,
+						.msg = { .msg_iov = &iov,
+							 .iov_count = 1,
+							 .addr = peer,
+							 .rma_iov = &riov,
+							 .rma_iov_count = 1 } };
+			w = (struct fi_deferred_work){ .threshold = fi_cntr_read(rw) + 1,
+						       .triggering_cntr = rw,
+						       .op_type = FI_OP_WRITE };
+			w.op.rma = &o;
+			EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &w), 0);
+			put(&v, sizeof(v));
+			/* No libfabric call until the next command: the
+			 * progress thread must fire the work. */
+			get(&c, sizeof(c));
+			CHECK(c.op == C_WORDS && c.n == 0);
 			break;
 		}
 		default:
@@ -783,6 +814,24 @@ static void test_remote_event(void)
 	CHECK(r >= 2);
 }
 
+/* With auto progress: rank 1's work fires while rank 1 sleeps in read(2)
+ * (its progress thread serves our write, counts, and fires the write back). */
+static void test_fires_while_the_target_sleeps(void)
+{
+	uint64_t base = fi_cntr_read(rw), v = 1;
+	mem[3000] = 0;
+	EXPECT(ask(C_SLEEP, 3000, 0, 0xfeed), 0);
+	usleep(20000); /* let it fall asleep */
+	EXPECT(fi_inject_write(ep, &v, 8, peer, 41 * 8, peer_key), 0);
+	wait_cntr(rw, base + 1);
+	CHECK(mem[3000] == 0xfeed);
+	struct cmd c = { C_WORDS, 0, 0, 0 };
+	int64_t r;
+	put(&c, sizeof(c)); /* wakes rank 1 */
+	get(&r, sizeof(r));
+	CHECK(r == 0);
+}
+
 /* The chain: rank 0's write i lands in rank 1's memory, whose rw counter
  * fires rank 1's write i to rank 0, whose rw counter fires rank 0's
  * write i+1, all queued in advance. */
@@ -878,6 +927,8 @@ int main(int argc, char **argv)
 		test_bad_arguments();
 		test_chain();
 		test_remote_event();
+		if (autop)
+			test_fires_while_the_target_sleeps();
 		struct cmd c = { C_DONE, 0, 0, 0 };
 		put(&c, sizeof(c));
 	}
