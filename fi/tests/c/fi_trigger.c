@@ -689,6 +689,112 @@ static void test_cancel_flush(void)
 	EXPECT(fi_close(&out->fid), 0);
 }
 
+/* A cancelled data operation never runs; triggered operations are not
+ * deferred work: a flush leaves them. */
+static void test_cancel_data_and_flush_keeps_triggered(void)
+{
+	struct fid_cntr *go = cntr(), *done = cntr();
+	ask(C_FILL, 30, 2, 0);
+	uint64_t v = 0x4444, res = 99;
+	struct iovec iov = { &v, 8 };
+	struct fi_rma_iov rma = { 30 * 8, 8, peer_key };
+	struct fi_op_rma o = { ep, { .msg_iov = &iov, .iov_count = 1, .addr = peer, .rma_iov = &rma, .rma_iov_count = 1 },
+			       FI_COMPLETION };
+	struct fi_deferred_work w = { .threshold = 1, .triggering_cntr = go, .completion_cntr = done,
+				      .op_type = FI_OP_WRITE };
+	w.op.rma = &o;
+	EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &w), 0);
+	EXPECT(fi_control(&dom->fid, FI_CANCEL_WORK, &w), 0);
+	struct fi_triggered_context tc;
+	/* Word 31 += 1 once go reaches 1 (fetching into res). */
+	static uint64_t one = 1;
+	struct fi_ioc op = { &one, 1 }, r = { &res, 1 };
+	struct fi_rma_ioc ar = { 31 * 8, 1, peer_key };
+	struct fi_msg_atomic m = { .msg_iov = &op, .iov_count = 1, .addr = peer, .rma_iov = &ar,
+				   .rma_iov_count = 1, .datatype = FI_UINT64, .op = FI_SUM, .context = &tc };
+	tc.event_type = FI_TRIGGER_THRESHOLD;
+	tc.trigger.threshold.cntr = go;
+	tc.trigger.threshold.threshold = 1;
+	EXPECT(fi_fetch_atomicmsg(ep, &m, &r, NULL, 1, FI_TRIGGER), 0);
+	EXPECT(fi_control(&dom->fid, FI_FLUSH_WORK, NULL), 0);
+	EXPECT(fi_control(&dom->fid, FI_FLUSH_WORK, &go->fid), 0);
+	EXPECT(fi_cntr_add(go, 1), 0);
+	CHECK(next_ctx(NULL) == &tc);
+	no_completion();
+	uint64_t wv[2];
+	words(30, 2, wv);
+	CHECK(wv[0] == 0 && wv[1] == 1 && res == 0);
+	CHECK(fi_cntr_read(done) == 0 && fi_cntr_readerr(done) == 0);
+	EXPECT(fi_close(&go->fid), 0);
+	EXPECT(fi_close(&done->fid), 0);
+}
+
+/* A deferred operation that fails counts its completion counter's error
+ * value; an error CQ entry only with FI_COMPLETION. */
+static void test_deferred_failure(void)
+{
+	struct fid_cntr *go = cntr(), *done = cntr();
+	uint64_t v = 1;
+	struct iovec iov = { &v, 8 };
+	struct fi_rma_iov bad = { 0, 8, peer_key ^ 0x5a5a5a }; /* no such key */
+	struct fi_op_rma o[2] = {
+		{ ep, { .msg_iov = &iov, .iov_count = 1, .addr = peer, .rma_iov = &bad, .rma_iov_count = 1 }, 0 },
+		{ ep,
+		  { .msg_iov = &iov, .iov_count = 1, .addr = peer, .rma_iov = &bad, .rma_iov_count = 1, .context = &v },
+		  FI_COMPLETION },
+	};
+	struct fi_deferred_work w[2];
+	for (int i = 0; i < 2; i++) {
+		w[i] = (struct fi_deferred_work){ .threshold = 1, .triggering_cntr = go, .completion_cntr = done,
+						  .op_type = FI_OP_WRITE };
+		w[i].op.rma = &o[i];
+		EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &w[i]), 0);
+	}
+	EXPECT(fi_cntr_add(go, 1), 0);
+	double t0 = now();
+	while (fi_cntr_readerr(done) < 2) {
+		CHECK(now() - t0 < 10);
+		fi_cntr_wait(done, 1, 1);
+	}
+	CHECK(fi_cntr_read(done) == 0 && fi_cntr_readerr(done) == 2);
+	struct fi_cq_tagged_entry e;
+	t0 = now();
+	ssize_t r;
+	while ((r = fi_cq_read(cq, &e, 1)) == -FI_EAGAIN)
+		CHECK(now() - t0 < 10);
+	EXPECT(r, -FI_EAVAIL);
+	struct fi_cq_err_entry ee = { 0 };
+	EXPECT(fi_cq_readerr(cq, &ee, 0), 1);
+	CHECK(ee.op_context == &v && ee.err > 0);
+	no_completion();
+	EXPECT(fi_close(&go->fid), 0);
+	EXPECT(fi_close(&done->fid), 0);
+}
+
+/* Scattered operands with FI_INJECT: copied at submission. */
+static void test_inject_scattered_operands(void)
+{
+	struct fid_cntr *go = cntr();
+	ask(C_FILL, 32, 2, 10);
+	uint64_t a[3] = { 1, 0, 2 };
+	struct fi_ioc op[2] = { { &a[0], 1 }, { &a[2], 1 } };
+	struct fi_rma_ioc rma = { 32 * 8, 2, peer_key };
+	struct fi_triggered_context tc = { .event_type = FI_TRIGGER_THRESHOLD };
+	tc.trigger.threshold.cntr = go;
+	tc.trigger.threshold.threshold = 1;
+	struct fi_msg_atomic m = { .msg_iov = op, .iov_count = 2, .addr = peer, .rma_iov = &rma,
+				   .rma_iov_count = 1, .datatype = FI_UINT64, .op = FI_SUM, .context = &tc };
+	EXPECT(fi_atomicmsg(ep, &m, FI_TRIGGER), -FI_ENOSYS);
+	EXPECT(fi_atomicmsg(ep, &m, FI_TRIGGER | FI_INJECT), 0);
+	a[0] = a[2] = 100; /* too late: copied */
+	EXPECT(fi_cntr_add(go, 1), 0);
+	CHECK(next_ctx(NULL) == &tc);
+	uint64_t wv[2];
+	words(32, 2, wv);
+	CHECK(wv[0] == 11 && wv[1] == 12);
+	EXPECT(fi_close(&go->fid), 0);
+}
+
 /* A counter that work waits on cannot close: -FI_EBUSY, until the work
  * is gone. */
 static void test_busy_counter(void)
@@ -923,6 +1029,9 @@ int main(int argc, char **argv)
 		test_every_triggered_op();
 		test_every_deferred_op();
 		test_cancel_flush();
+		test_cancel_data_and_flush_keeps_triggered();
+		test_deferred_failure();
+		test_inject_scattered_operands();
 		test_busy_counter();
 		test_bad_arguments();
 		test_chain();
