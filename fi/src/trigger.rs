@@ -710,3 +710,68 @@ unsafe fn flush_work(d: &crate::domain::Domain, arg: *mut c_void) -> Result<(), 
     };
     lib(d.dom.flush_work(only), "fi_control(FI_FLUSH_WORK)").map(|_| ())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ioc(p: &mut [u64], count: usize) -> sys::fi_ioc {
+        sys::fi_ioc { addr: p.as_mut_ptr().cast(), count }
+    }
+
+    /// Adjacent segments are one buffer of the application's; scattered
+    /// ones are copied only when asked (FI_INJECT), else `-FI_ENOSYS`;
+    /// empty segments do not break adjacency; null arrays are refused.
+    #[test]
+    fn ioc_segments_become_one_buffer() {
+        let mut a = [1u64, 2, 3, 4];
+        let base = a.as_ptr() as usize;
+        let (lo, hi) = a.split_at_mut(2);
+        let adj = [ioc(lo, 2), ioc(&mut [], 0), ioc(hi, 2)];
+        // SAFETY: the segments point into `a`, alive for the test.
+        match unsafe { ioc_buf(adj.as_ptr(), 3, 8, false, "t") } {
+            Ok(Buf::App(p, n)) => assert_eq!((p as usize, n), (base, 32)),
+            _ => panic!("adjacent segments are the application's buffer"),
+        }
+        let mut b = [7u64, 0, 9];
+        let (x, rest) = b.split_at_mut(1);
+        let scattered = [ioc(x, 1), ioc(&mut rest[1..], 1)];
+        // SAFETY: as above.
+        assert!(matches!(unsafe { ioc_buf(scattered.as_ptr(), 2, 8, false, "t") }, Err(ENOSYS)));
+        // SAFETY: as above.
+        match unsafe { ioc_buf(scattered.as_ptr(), 2, 8, true, "t") } {
+            Ok(Buf::Copy(v)) => assert_eq!(v, [7u64.to_ne_bytes(), 9u64.to_ne_bytes()].concat()),
+            _ => panic!("scattered operands are copied with FI_INJECT"),
+        }
+        // SAFETY: null with a count is refused before any read.
+        assert!(matches!(unsafe { ioc_buf(std::ptr::null(), 1, 8, true, "t") }, Err(EINVAL)));
+        // SAFETY: no segment.
+        assert!(matches!(unsafe { ioc_buf(std::ptr::null(), 0, 8, false, "t") }, Ok(Buf::App(_, 0))));
+    }
+
+    #[test]
+    fn flags_for_the_library() {
+        assert_eq!(
+            send_flags(sys::FI_TRIGGER | sys::FI_MORE | sys::FI_TRANSMIT_COMPLETE | sys::FI_COMPLETION),
+            Ok(sys::FI_COMPLETION)
+        );
+        assert_eq!(send_flags(sys::FI_TRIGGER | sys::FI_DELIVERY_COMPLETE), Err(EBADFLAGS));
+        assert_eq!(rma_flags(sys::FI_TRIGGER | sys::FI_INJECT), sys::FI_INJECT);
+    }
+
+    /// A triggered context is checked before anything else is read.
+    #[test]
+    fn triggered_context_checks() {
+        // SAFETY: null is refused.
+        assert!(matches!(unsafe { trigger(std::ptr::null_mut()) }, Err(EINVAL)));
+        let mut t = sys::fi_triggered_context { event_type: sys::FI_TRIGGER_XPU, ..Default::default() };
+        // SAFETY: a valid struct.
+        assert!(matches!(unsafe { trigger((&mut t as *mut sys::fi_triggered_context).cast()) }, Err(ENOSYS)));
+        t.event_type = 9;
+        // SAFETY: as above.
+        assert!(matches!(unsafe { trigger((&mut t as *mut sys::fi_triggered_context).cast()) }, Err(EINVAL)));
+        t.event_type = sys::FI_TRIGGER_THRESHOLD;
+        // SAFETY: as above; its counter is null.
+        assert!(matches!(unsafe { trigger((&mut t as *mut sys::fi_triggered_context).cast()) }, Err(EINVAL)));
+    }
+}
