@@ -232,6 +232,10 @@ unsafe extern "C" fn writev(
 /// # Safety
 /// As [`write`].
 unsafe extern "C" fn writemsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_atomic, flags: u64) -> isize {
+    if flags & sys::FI_TRIGGER != 0 {
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::atomicmsg(ep, msg, flags) };
+    }
     // SAFETY: msg valid (fi_atomic(3)).
     let Some(m) = (unsafe { msg.as_ref() }) else { return EINVAL as isize };
     let sz = size(m.datatype, m.op);
@@ -380,6 +384,10 @@ unsafe extern "C" fn readwritemsg(
     result_count: usize,
     flags: u64,
 ) -> isize {
+    if flags & sys::FI_TRIGGER != 0 {
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::fetch_atomicmsg(ep, msg, resultv, result_count, flags) };
+    }
     // SAFETY: msg valid (fi_atomic(3)).
     let Some(m) = (unsafe { msg.as_ref() }) else { return EINVAL as isize };
     let sz = size(m.datatype, m.op);
@@ -513,6 +521,12 @@ unsafe extern "C" fn compwritemsg(
     result_count: usize,
     flags: u64,
 ) -> isize {
+    if flags & sys::FI_TRIGGER != 0 {
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe {
+            crate::trigger::compare_atomicmsg(ep, msg, comparev, compare_count, resultv, result_count, flags)
+        };
+    }
     // SAFETY: msg valid (fi_atomic(3)).
     let Some(m) = (unsafe { msg.as_ref() }) else { return EINVAL as isize };
     let sz = size(m.datatype, m.op);

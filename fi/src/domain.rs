@@ -232,6 +232,12 @@ const RAW_KEY_SIZE: usize = 8;
 /// # Safety
 /// libfabric's contract: the fid is live, `arg` as the command says.
 unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, arg: *mut c_void) -> c_int {
+    // The deferred work queue (fi_trigger(3)); FI_FLUSH_WORK takes a
+    // null argument.
+    if matches!(command as u32, sys::FI_QUEUE_WORK | sys::FI_CANCEL_WORK | sys::FI_FLUSH_WORK) {
+        // SAFETY: as given to us.
+        return unsafe { crate::trigger::domain_control(fid, command, arg) };
+    }
     // SAFETY: libfabric passes our fid.
     if unsafe { of(fid) }.is_none() || arg.is_null() {
         return EINVAL;

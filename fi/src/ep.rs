@@ -595,6 +595,12 @@ unsafe extern "C" fn recvv(
 /// libfabric's contract: the fid is one this provider made, and every
 /// pointer is valid as the call's man page says.
 unsafe extern "C" fn recvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    if flags & sys::FI_TRIGGER != 0 {
+        // SAFETY: libfabric's contract: msg null or valid.
+        let ctx = unsafe { msg.as_ref() }.map_or(std::ptr::null_mut(), |m| m.context);
+        // SAFETY: as above, passed on.
+        return unsafe { crate::trigger::recv(ep, ctx) };
+    }
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
     // SAFETY: msg_iov holds iov_count entries.
@@ -652,6 +658,10 @@ unsafe extern "C" fn sendv(
 /// libfabric's contract: the fid is one this provider made, and every
 /// pointer is valid as the call's man page says.
 unsafe extern "C" fn sendmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    if flags & sys::FI_TRIGGER != 0 {
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::sendmsg(ep, msg, flags) };
+    }
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
     // SAFETY: msg_iov holds iov_count entries.
@@ -758,6 +768,12 @@ unsafe extern "C" fn trecvv(
 /// libfabric's contract: the fid is one this provider made, and every
 /// pointer is valid as the call's man page says.
 unsafe extern "C" fn trecvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    if flags & sys::FI_TRIGGER != 0 {
+        // SAFETY: libfabric's contract: msg null or valid.
+        let ctx = unsafe { msg.as_ref() }.map_or(std::ptr::null_mut(), |m| m.context);
+        // SAFETY: as above, passed on.
+        return unsafe { crate::trigger::recv(ep, ctx) };
+    }
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
     // SAFETY: msg_iov holds iov_count entries.
@@ -817,6 +833,10 @@ unsafe extern "C" fn tsendv(
 /// libfabric's contract: the fid is one this provider made, and every
 /// pointer is valid as the call's man page says.
 unsafe extern "C" fn tsendmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    if flags & sys::FI_TRIGGER != 0 {
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::tsendmsg(ep, msg, flags) };
+    }
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
     // SAFETY: msg_iov holds iov_count entries.
@@ -977,6 +997,10 @@ unsafe extern "C" fn rma_readv(
 /// # Safety
 /// As [`rma_read`].
 unsafe extern "C" fn rma_readmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    if flags & sys::FI_TRIGGER != 0 {
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::readmsg(ep, msg, flags) };
+    }
     // SAFETY: libfabric passes our fid and a valid msg.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
     // SAFETY: the msg's arrays hold their counts.
@@ -1041,6 +1065,10 @@ unsafe extern "C" fn rma_writev(
 /// # Safety
 /// As [`rma_read`].
 unsafe extern "C" fn rma_writemsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    if flags & sys::FI_TRIGGER != 0 {
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::writemsg(ep, msg, flags) };
+    }
     // SAFETY: libfabric passes our fid and a valid msg.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
     // SAFETY: the msg's arrays hold their counts.

@@ -23,7 +23,8 @@ pub const CAPS_SECONDARY: u64 = sys::FI_SEND
     | sys::FI_WRITE
     | sys::FI_REMOTE_READ
     | sys::FI_REMOTE_WRITE
-    | sys::FI_RMA_EVENT;
+    | sys::FI_RMA_EVENT
+    | sys::FI_TRIGGER;
 /// Capabilities of one-sided operations: they need the library's
 /// registrations, whose keys the provider chooses (FI_MR_PROV_KEY), and
 /// remote addresses that are offsets (not offered before API 1.5, where
@@ -54,7 +55,7 @@ pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
 /// application that did not ask would not expect.
 pub const CAPS_ON_REQUEST: u64 = sys::FI_SOURCE_ERR;
 /// Capabilities that concern the transmit side.
-const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM | sys::FI_READ | sys::FI_WRITE;
+const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM | sys::FI_READ | sys::FI_WRITE | sys::FI_TRIGGER;
 /// Capabilities that concern the receive side.
 pub const RX_CAPS: u64 = CAPS_PRIMARY
     | sys::FI_RECV

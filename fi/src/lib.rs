@@ -48,6 +48,7 @@ pub mod fabric;
 pub mod info;
 pub mod poll;
 pub mod srx;
+pub mod trigger;
 pub mod util;
 pub mod wait;
 

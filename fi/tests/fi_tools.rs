@@ -39,7 +39,7 @@ fn fi_info_lists_the_provider_and_its_attributes() {
     let t = text(&o);
     assert!(o.status.success(), "fi_info -v failed:\n{t}");
     for want in [
-        "caps: [ FI_MSG, FI_RMA, FI_TAGGED, FI_ATOMIC, FI_READ, FI_WRITE, FI_RECV, FI_SEND, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_MULTI_RECV, FI_LOCAL_COMM, FI_RMA_EVENT, FI_SOURCE, FI_DIRECTED_RECV ]",
+        "caps: [ FI_MSG, FI_RMA, FI_TAGGED, FI_ATOMIC, FI_READ, FI_WRITE, FI_RECV, FI_SEND, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_MULTI_RECV, FI_TRIGGER, FI_LOCAL_COMM, FI_RMA_EVENT, FI_SOURCE, FI_DIRECTED_RECV ]",
         "mr_mode: [ FI_MR_PROV_KEY ]",
         "inject_size: 4096",
         "iov_limit: 4",
