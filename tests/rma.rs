@@ -286,6 +286,14 @@ fn violations(w: World) {
         w.ep.write(&data[..16], dest, 0, stale, 190).unwrap();
         expect_err("stale key", 190, ErrorKind::NoKey);
         assert_ne!(stale, fresh);
+        // Inject calls write no entry on success, but their errors are
+        // reported (fi_endpoint(3)), with no context.
+        w.ep.inject_write(&data[..16], dest, 0, stale).unwrap();
+        expect_err("inject_write with a stale key", 0, ErrorKind::NoKey);
+        w.ep.inject_atomic(AtomicType::Uint64, AtomicOp::Sum, &[1; 8], dest, 0, ro_h).unwrap();
+        expect_err("inject_atomic on read-only", 0, ErrorKind::Perm);
+        w.ep.inject_writedata(&data[..8], 5, dest, LEN as u64, wo_u).unwrap();
+        expect_err("inject_writedata past the end", 0, ErrorKind::Inval);
         w.barrier();
         w.barrier();
     }

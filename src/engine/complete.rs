@@ -227,7 +227,8 @@ pub(crate) struct SendDone {
     pub tag: u64,
     /// Writes a CQ entry on success.
     pub cqe: bool,
-    /// An inject call: no entry even on error (counters only).
+    /// An inject call: no entry on success; an error entry with no
+    /// context on error.
     pub silent: bool,
     /// Deferred work's reporting ([`Dw::NONE`] for an ordinary operation).
     pub dw: Dw,
@@ -254,8 +255,18 @@ pub(crate) fn complete_send(b: &Bindings, ctx: &mut Ctx<'_>, op: SendDone, err: 
     };
     let flags = op.kind.completion_flags();
     match err {
-        Some((k, pe, detail)) if !op.silent => cq.push_err(
-            CqErrEntry { op_context: op.ctx, flags, tag: op.tag, err: k.errno(), prov_errno: pe, ..Default::default() },
+        // An inject call's error too (fi_endpoint(3): the transmit CQ is
+        // there "in order that operations that complete in error may be
+        // reported"), with no context: the call took none.
+        Some((k, pe, detail)) => cq.push_err(
+            CqErrEntry {
+                op_context: if op.silent { 0 } else { op.ctx },
+                flags,
+                tag: op.tag,
+                err: k.errno(),
+                prov_errno: pe,
+                ..Default::default()
+            },
             detail,
         ),
         None if op.cqe => cq.push(CqTaggedEntry { op_context: op.ctx, flags, ..Default::default() }, NO_SRC),

@@ -96,9 +96,9 @@ pub(crate) struct Request<'a> {
     /// buffer may be reused on return (the payload is copied if it cannot
     /// leave at once).
     pub flags: u64,
-    /// An inject call (fi_inject and friends): no CQ entry, not even for
-    /// an error (counters still count). A send with FI_INJECT alone
-    /// completes as any send.
+    /// An inject call (fi_inject and friends): no CQ entry on success; an
+    /// error gives an error entry with no context (counters count both).
+    /// A send with FI_INJECT alone completes as any send.
     pub silent: bool,
     /// Deferred work's reporting ([`Dw::NONE`] for an ordinary call).
     pub dw: Dw,
