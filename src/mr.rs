@@ -418,7 +418,7 @@ impl RmaFile {
     }
 
     /// Pins the registration of `key` again for an access the caller
-    /// checked against `view`, its copy of what an earlier
+    /// (needing `need`) checked against `view`, its copy of what an earlier
     /// [`RmaFile::pin`] of the same key read and checked: only the CAS on
     /// the entry's control word (the key's tag and the open bit), none of
     /// the entry's fields read again. Those do not change while the
@@ -426,13 +426,17 @@ impl RmaFile {
     /// has a new tag), and the copy, not the shared entry (which a peer
     /// could rewrite), is what the access trusts.
     #[inline]
-    pub fn repin(&self, key: Key, view: &MrView) -> std::result::Result<Pin<'_>, (ErrorKind, String)> {
+    pub fn repin(&self, key: Key, view: &MrView, need: Need) -> std::result::Result<Pin<'_>, (ErrorKind, String)> {
         let e = self.entry(key.slot);
         let mut c = e.ctl.load(Ordering::Relaxed);
         loop {
             if (c >> 32) as u32 != key.tag || c & 1 == 0 || (c as u32) >> 1 >= 0x7fff_0000 {
-                // Closed, reused or pinned too often: the full pin says why.
-                return self.pin(key, 0, 0, Need::Read);
+                // Closed, reused or pinned too often: the full pin says
+                // why (or pins after all: the view stays the caller's).
+                return self.pin(key, 0, 0, need).map(|mut p| {
+                    p.view = *view;
+                    p
+                });
             }
             // SYNC: acquire pairs with the release store that opened the
             // entry (register), as in pin.

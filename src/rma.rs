@@ -414,10 +414,10 @@ impl Initiator<'_> {
         let file: &RmaFile = &t.file;
         let fits =
             |v: &MrView| v.access & need.bits() == need.bits() && off.checked_add(len).is_some_and(|e| e <= v.len);
-        let (pin, view) = match *cv {
-            Some((ck, v)) if ck == key && v.kind != mr_kind::HEAP => return Ok(None),
-            Some((ck, v)) if ck == key && fits(&v) => match file.repin(k, &v) {
-                Ok(p) => (p, v),
+        let pin = match cv.as_ref() {
+            Some((ck, v)) if *ck == key && v.kind != mr_kind::HEAP => return Ok(None),
+            Some((ck, v)) if *ck == key && fits(v) => match file.repin(k, v, need) {
+                Ok(p) => p,
                 Err((kind, why)) => {
                     *cv = None;
                     return Ok(Some(Err(fail(kind, why))));
@@ -425,16 +425,16 @@ impl Initiator<'_> {
             },
             _ => match file.pin(k, off, len, need) {
                 Ok(p) => {
-                    let v = p.view;
-                    *cv = Some((key, v));
-                    if v.kind != mr_kind::HEAP {
+                    *cv = Some((key, p.view));
+                    if p.view.kind != mr_kind::HEAP {
                         return Ok(None);
                     }
-                    (p, v)
+                    p
                 }
                 Err((kind, why)) => return Ok(Some(Err(fail(kind, why)))),
             },
         };
+        let view = &pin.view;
         // The view was checked by the full pin (one heap segment inside
         // the heap), the access against it above.
         let hoff = view.seg[0][0] + off;
@@ -760,8 +760,10 @@ impl Endpoint {
             (Local::In(v), [r]) => v.len() == 1 && v[0].1 == r.len,
             _ => false,
         };
-        if !one || silent {
+        if !one {
             rma_args(&local, rma_iov, silent)?;
+        } else if silent && rma_iov[0].len > RMA_INJECT_SIZE {
+            return Err(Error::with(ErrorKind::MsgSize, format!("inject takes at most {RMA_INJECT_SIZE} bytes")));
         }
         let ini = self.ini();
         self.with_rma(|ep, ctx| {
