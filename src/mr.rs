@@ -428,7 +428,10 @@ impl RmaFile {
     #[inline]
     pub fn repin(&self, key: Key, view: &MrView, need: Need) -> std::result::Result<Pin<'_>, (ErrorKind, String)> {
         let e = self.entry(key.slot);
-        let mut c = e.ctl.load(Ordering::Relaxed);
+        // First guess: open with no pins, so that the CAS is the one
+        // access to the line (a load first would fetch it shared, then
+        // the CAS again exclusive: two transfers when a peer pins too).
+        let mut c = (key.tag as u64) << 32 | 1;
         loop {
             if (c >> 32) as u32 != key.tag || c & 1 == 0 || (c as u32) >> 1 >= 0x7fff_0000 {
                 // Closed, reused or pinned too often: the full pin says

@@ -435,6 +435,11 @@ impl Initiator<'_> {
             },
         };
         let view = &pin.view;
+        // The counters bound now (a bind may come while the registration
+        // is open; an access racing it may count or not: Relaxed, as pin
+        // reads them), read while the pin's CAS has the entry's line here.
+        let e = file.entry(k.slot);
+        let cntr = (e.cntr_rw.load(Ordering::Relaxed), e.cntr_rr.load(Ordering::Relaxed));
         // The view was checked by the full pin (one heap segment inside
         // the heap), the access against it above.
         let hoff = view.seg[0][0] + off;
@@ -443,14 +448,11 @@ impl Initiator<'_> {
         };
         let res = body(h, file, hoff);
         if res.is_ok() {
-            // The counters bound now (a bind may come while the
-            // registration is open): Relaxed, as pin reads them.
-            let e = file.entry(k.slot);
             if count.0 {
-                count_landed(self.dom, t, e.cntr_rw.load(Ordering::Relaxed), 0);
+                count_landed(self.dom, t, cntr.0, 0);
             }
             if count.1 {
-                count_landed(self.dom, t, e.cntr_rr.load(Ordering::Relaxed), 1);
+                count_landed(self.dom, t, cntr.1, 1);
             }
             // Only ever changed under the cache's lock (held): no RMW.
             let s = &self.dom.rma.heap_ops;
