@@ -342,7 +342,7 @@ pub(crate) enum Need {
 }
 
 impl Need {
-    fn bits(self) -> u32 {
+    pub(crate) fn bits(self) -> u32 {
         match self {
             Need::Read => mr_access::REMOTE_READ,
             Need::Write => mr_access::REMOTE_WRITE,
@@ -366,7 +366,9 @@ impl Drop for Pin<'_> {
         // registration by now (it never should: a slot with pins is
         // quarantined, not reused; but the word is shared memory), the
         // release leaves it alone.
-        let mut c = self.e.ctl.load(Ordering::Relaxed);
+        // First guess: open with our pin alone (as repin guesses), so the
+        // CAS is the one access to the line.
+        let mut c = (self.tag as u64) << 32 | 3;
         while (c >> 32) as u32 == self.tag && (c as u32) >> 1 != 0 {
             // SYNC: release pairs with the acquire loads of close's drain
             // wait and of OwnSt::reclaim.
@@ -462,6 +464,40 @@ impl RmaFile {
         }
         Ok(pin)
     }
+
+    /// Pins the registration of `key` again for an access the caller
+    /// (needing `need`) checked against `view`, its copy of what an earlier
+    /// [`RmaFile::pin`] of the same key read and checked: only the CAS on
+    /// the entry's control word (the key's tag and the open bit), none of
+    /// the entry's fields read again. Those do not change while the
+    /// registration is open under this tag (a new registration in the slot
+    /// has a new tag), and the copy, not the shared entry (which a peer
+    /// could rewrite), is what the access trusts.
+    #[inline]
+    pub fn repin(&self, key: Key, view: &MrView, need: Need) -> std::result::Result<Pin<'_>, (ErrorKind, String)> {
+        let e = self.entry(key.slot);
+        // First guess: open with no pins, so that the CAS is the one
+        // access to the line (a load first would fetch it shared, then
+        // the CAS again exclusive: two transfers when a peer pins too).
+        let mut c = (key.tag as u64) << 32 | 1;
+        loop {
+            if (c >> 32) as u32 != key.tag || c & 1 == 0 || (c as u32) >> 1 >= 0x7fff_0000 {
+                // Closed, reused or pinned too often: the full pin says
+                // why (or pins after all: the view stays the caller's).
+                return self.pin(key, 0, 0, need).map(|mut p| {
+                    p.view = *view;
+                    p
+                });
+            }
+            // SYNC: acquire pairs with the release store that opened the
+            // entry (register), as in pin.
+            match e.ctl.compare_exchange_weak(c, c + 2, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(x) => c = x,
+            }
+        }
+        Ok(Pin { e, tag: key.tag, view: *view })
+    }
 }
 
 /// `[off, off + len)` of a registration's segments as (address, length)
@@ -505,9 +541,10 @@ impl std::ops::Deref for Ranges {
 pub(crate) struct RmaDomain {
     own: OnceLock<OwnRma>,
     peers: Mutex<HashMap<(u32, u32, u32), Arc<RmaFile>>>,
-    /// The last target an endpoint reached: (endpoint index, key's file
-    /// descriptor, target), checked against the AV's address on use.
-    pub tcache: Mutex<Option<(usize, u32, crate::rma::Target)>>,
+    /// The targets endpoints reached lately, with the registration each
+    /// last used and when its liveness was last checked (see
+    /// [`crate::rma::TargetCache`]); only used under the domain lock.
+    pub tcache: Mutex<crate::rma::TargetCache>,
     /// Operations this domain started, by path (see [`RmaStats`]).
     pub heap_ops: AtomicU64,
     pub cma_ops: AtomicU64,
@@ -677,6 +714,15 @@ impl RmaDomain {
         let f = Arc::new(RmaFile::attach(addr.pid, key.fd, addr.job, addr.token, named)?);
         peers.insert(k, f.clone());
         Ok(f)
+    }
+
+    /// Forgets the RMA files of the domain of `addr` (its owner found
+    /// dead): their mappings and descriptors go once no operation holds
+    /// them.
+    pub fn forget_peer(&self, addr: &shm_layout::Address) {
+        if let Ok(mut peers) = self.peers.lock() {
+            peers.retain(|&(pid, _, token), _| (pid, token) != (addr.pid, addr.token));
+        }
     }
 }
 

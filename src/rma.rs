@@ -30,7 +30,7 @@ use crate::engine::EpState;
 use crate::ep::Endpoint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::*;
-use crate::mr::{count_remote, ranges, Key, Need, OwnRma, RmaFile};
+use crate::mr::{count_remote, ranges, Key, MrView, Need, OwnRma, RmaFile};
 use crate::proto::CmaMode;
 use crate::region::{Region, RegionId};
 use shm_layout::rma::{mbox_op, mbox_state, mr_kind, MboxReq, MBOX_DATA, PID_UNKNOWN};
@@ -127,6 +127,59 @@ impl Target {
     fn region<'a>(&'a self, dom: &'a DomainInner) -> &'a Region {
         self.region.as_deref().unwrap_or(&dom.region)
     }
+}
+
+/// The targets a domain's endpoints reached lately (the domain's
+/// `RmaDomain::tcache`, used under the domain lock): the heap fast path
+/// finds its target, the registration it last used (a copy of its
+/// checked view) and the target's liveness here, with no `Arc` clone and
+/// no fresh read of the shared registration entry.
+#[derive(Default)]
+pub(crate) struct TargetCache {
+    /// At most [`TargetCache::SIZE`] entries, the most recent last.
+    ents: Vec<Cached>,
+    /// When each peer domain (owner pid, token) was last found alive
+    /// (coarse clock, ns): checked at most once per `peer_check`, also
+    /// for targets that fell out of `ents`.
+    alive_at: std::collections::HashMap<(u32, u32), u64>,
+}
+
+struct Cached {
+    /// The endpoint section that reached it.
+    ep: usize,
+    /// The key's file descriptor (which RMA file of the target domain).
+    fd: u32,
+    t: Target,
+    /// When the target's domain was last found alive (coarse clock, ns;
+    /// always "now" for our own domain).
+    alive_ns: u64,
+    /// The registration last used here: its key and our copy of what the
+    /// full pin read and checked ([`crate::mr::RmaFile::repin`] trusts it).
+    view: Option<(u64, MrView)>,
+}
+
+impl TargetCache {
+    /// Entries kept.
+    const SIZE: usize = 16;
+
+    fn find(&self, ep: usize, fd: u32, addr: &Address) -> Option<usize> {
+        self.ents.iter().rposition(|c| c.ep == ep && c.fd == fd && c.t.addr == *addr)
+    }
+
+    /// Drops every entry of the domain of `addr` (found dead).
+    fn forget(&mut self, addr: &Address) {
+        self.ents.retain(|c| (c.t.addr.pid, c.t.addr.token) != (addr.pid, addr.token));
+        self.alive_at.remove(&(addr.pid, addr.token));
+    }
+}
+
+/// A monotonic clock read cheaply (CLOCK_MONOTONIC_COARSE, a few ns, a
+/// tick's resolution): only the peer-check period is measured with it.
+fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// How an operation moves data at the initiator.
@@ -229,8 +282,7 @@ impl Initiator<'_> {
     /// The target of `dest` for `key`: Err (the call fails) for an
     /// fi_addr the AV does not hold; Ok(Err) (an error completion) when
     /// the target cannot be reached by that key (a key naming no RMA file
-    /// of that domain, a domain that is gone). The last target is cached
-    /// (checked against the AV's current address for `dest`).
+    /// of that domain, a domain that is gone, a target found dead).
     fn target(
         &self,
         ep: &EpState,
@@ -238,6 +290,27 @@ impl Initiator<'_> {
         dest: FiAddr,
         key: u64,
     ) -> Result<std::result::Result<Target, Fail>> {
+        let mut c = self.dom.rma.tcache.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA cache poisoned"))?;
+        Ok(self.lookup(ep, ctx, &mut c, dest, key)?.map(|e| e.t.clone()))
+    }
+
+    /// The cache entry of the target of `dest` for `key` (see
+    /// [`Initiator::target`]), made on first use; checked against the AV's
+    /// current address for `dest`. A peer's liveness is checked at most
+    /// once per `peer_check` (the target region's owner: pid and start
+    /// time, or its lock), before any access: a target found dead fails
+    /// the operation with FI_EIO, its entries leave the cache and its RMA
+    /// files the domain's map. So a write or atomic on a dead target's
+    /// heap fails within about `peer_check`, and single copy never goes to
+    /// a pid that was reused more than a period ago.
+    fn lookup<'c>(
+        &self,
+        ep: &EpState,
+        ctx: &mut Ctx<'_>,
+        c: &'c mut TargetCache,
+        dest: FiAddr,
+        key: u64,
+    ) -> Result<std::result::Result<&'c mut Cached, Fail>> {
         let av =
             ep.peers.av().and_then(|a| ctx.avs.get(a)).ok_or_else(|| Error::with(ErrorKind::NoEnt, "no AV bound"))?;
         let addr = av
@@ -245,13 +318,45 @@ impl Initiator<'_> {
             .ok_or_else(|| Error::with(ErrorKind::NoEnt, format!("fi_addr {dest} is not in the address vector")))?;
         let dom = self.dom;
         let fd = Key::decode(key).fd;
-        if let Ok(c) = dom.rma.tcache.lock() {
-            if let Some((i, f, t)) = c.as_ref() {
-                if *i == self.index() && *f == fd && t.addr == addr {
-                    return Ok(Ok(t.clone()));
+        let i = match c.find(self.index(), fd, &addr) {
+            Some(i) => i,
+            None => {
+                let t = match self.make_target(ctx, addr, key) {
+                    Ok(t) => t,
+                    Err(f) => return Ok(Err(f)),
+                };
+                // Our own domain is alive while we run: never checked.
+                let alive_ns = match t.region {
+                    None => u64::MAX,
+                    Some(_) => c.alive_at.get(&(addr.pid, addr.token)).copied().unwrap_or(0),
+                };
+                if c.ents.len() >= TargetCache::SIZE {
+                    c.ents.remove(0);
                 }
+                c.ents.push(Cached { ep: self.index(), fd, t, alive_ns, view: None });
+                c.ents.len() - 1
+            }
+        };
+        let e = &c.ents[i];
+        if e.alive_ns != u64::MAX {
+            let now = coarse_ns();
+            if now.saturating_sub(e.alive_ns) >= dom.cfg.peer_check.as_nanos() as u64 {
+                if !e.t.region.as_ref().is_some_and(|r| r.alive()) {
+                    c.forget(&addr);
+                    dom.rma.forget_peer(&addr);
+                    return Ok(Err(fail(ErrorKind::Io, "the target process is gone")));
+                }
+                c.alive_at.insert((addr.pid, addr.token), now);
+                c.ents[i].alive_ns = now;
             }
         }
+        Ok(Ok(&mut c.ents[i]))
+    }
+
+    /// A target not in the cache: its region (attached on first use) and
+    /// the RMA file `key` names in it.
+    fn make_target(&self, ctx: &mut Ctx<'_>, addr: Address, key: u64) -> std::result::Result<Target, Fail> {
+        let dom = self.dom;
         let own = RegionId::of(&addr) == dom.region.id();
         let region = if own {
             None
@@ -265,7 +370,7 @@ impl Initiator<'_> {
                         ctx.regions.insert(id, r.clone());
                         Some(r)
                     }
-                    Err(e) => return Ok(Err(fail(ErrorKind::Io, format!("the target's domain is gone: {e}")))),
+                    Err(e) => return Err(fail(ErrorKind::Io, format!("the target's domain is gone: {e}"))),
                 },
             }
         };
@@ -274,15 +379,87 @@ impl Initiator<'_> {
             // A target that died before we mapped its RMA file: its
             // descriptor or name is gone with it.
             Err(e) if region.as_ref().is_some_and(|r| !r.alive()) => {
-                return Ok(Err(fail(ErrorKind::Io, format!("the target process is gone: {e}"))))
+                return Err(fail(ErrorKind::Io, format!("the target process is gone: {e}")))
             }
-            Err(e) => return Ok(Err(fail(ErrorKind::NoKey, format!("key {key:#x}: {e}")))),
+            Err(e) => return Err(fail(ErrorKind::NoKey, format!("key {key:#x}: {e}"))),
         };
-        let t = Target { addr, region, file };
-        if let Ok(mut c) = dom.rma.tcache.lock() {
-            *c = Some((self.index(), fd, t.clone()));
+        Ok(Target { addr, region, file })
+    }
+
+    /// The shared-heap fast path of a one-segment operation of `len`
+    /// bytes at `off` of registration `key`: the cached target and its
+    /// cached registration view (checked here for rights and range, then
+    /// pinned by one CAS, [`RmaFile::repin`]), `body` given the heap
+    /// address (and the file and heap offset, for the atomics' locks);
+    /// then the remote-event counters (`count`: write, read). None when
+    /// the memory is not shared heap: the caller takes the generic path.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn heap_fast(
+        &self,
+        ep: &EpState,
+        ctx: &mut Ctx<'_>,
+        dest: FiAddr,
+        (key, off, len): (u64, u64, u64),
+        need: Need,
+        count: (bool, bool),
+        body: impl FnOnce(*mut u8, &RmaFile, u64) -> std::result::Result<(), Fail>,
+    ) -> Result<Option<std::result::Result<(), Fail>>> {
+        let mut g = self.dom.rma.tcache.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA cache poisoned"))?;
+        let Cached { t, view: cv, .. } = match self.lookup(ep, ctx, &mut g, dest, key)? {
+            Ok(c) => c,
+            Err(f) => return Ok(Some(Err(f))),
+        };
+        let k = Key::decode(key);
+        let file: &RmaFile = &t.file;
+        let fits =
+            |v: &MrView| v.access & need.bits() == need.bits() && off.checked_add(len).is_some_and(|e| e <= v.len);
+        let pin = match cv.as_ref() {
+            Some((ck, v)) if *ck == key && v.kind != mr_kind::HEAP => return Ok(None),
+            Some((ck, v)) if *ck == key && fits(v) => match file.repin(k, v, need) {
+                Ok(p) => p,
+                Err((kind, why)) => {
+                    *cv = None;
+                    return Ok(Some(Err(fail(kind, why))));
+                }
+            },
+            _ => match file.pin(k, off, len, need) {
+                Ok(p) => {
+                    *cv = Some((key, p.view));
+                    if p.view.kind != mr_kind::HEAP {
+                        return Ok(None);
+                    }
+                    p
+                }
+                Err((kind, why)) => return Ok(Some(Err(fail(kind, why)))),
+            },
+        };
+        let view = &pin.view;
+        // The counters bound now (a bind may come while the registration
+        // is open; an access racing it may count or not: Relaxed, as pin
+        // reads them), read while the pin's CAS has the entry's line here.
+        let e = file.entry(k.slot);
+        let cntr = (e.cntr_rw.load(Ordering::Relaxed), e.cntr_rr.load(Ordering::Relaxed));
+        // The view was checked by the full pin (one heap segment inside
+        // the heap), the access against it above.
+        let hoff = view.seg[0][0] + off;
+        let Some(h) = file.heap_at(hoff, len) else {
+            return Ok(Some(Err(fail(ErrorKind::Io, format!("key {key:#x}: corrupt registration")))));
+        };
+        let res = body(h, file, hoff);
+        if res.is_ok() {
+            if count.0 {
+                count_landed(self.dom, t, cntr.0, 0);
+            }
+            if count.1 {
+                count_landed(self.dom, t, cntr.1, 1);
+            }
+            // Only ever changed under the cache's lock (held): no RMW.
+            let s = &self.dom.rma.heap_ops;
+            s.store(s.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         }
-        Ok(Ok(t))
+        drop(pin);
+        Ok(Some(res))
     }
 
     /// Checks the endpoint and decides whether a CQ entry is due.
@@ -317,9 +494,34 @@ impl Initiator<'_> {
         silent: bool,
         dw: Dw,
     ) -> Result<()> {
+        let cqe = Self::rma_check(ep, flags, silent)?;
+        // One local and one remote segment of the same length, no remote
+        // CQ data: the shared-heap fast path, when the memory is heap.
+        if let (None, [r]) = (data, rma_iov) {
+            let one = match local {
+                Local::Out([b]) => Some((b.as_ptr() as *mut u8, b.len(), true)),
+                Local::OutRaw([b]) => Some((b.0, b.1, true)),
+                Local::In(v) if v.len() == 1 => Some((v[0].0, v[0].1, false)),
+                _ => None,
+            };
+            if let Some((lp, ll, write)) = one.filter(|o| o.1 == r.len) {
+                let need = if write { Need::Write } else { Need::Read };
+                let copy = |h: *mut u8, _: &RmaFile, _: u64| {
+                    // SAFETY: `h` holds `ll` bytes of the pinned heap
+                    // registration (checked by heap_fast), `lp` is the
+                    // caller's segment of `ll` bytes.
+                    unsafe { copy_small(lp, h, ll, write) };
+                    Ok(())
+                };
+                let seg = (r.key, r.addr, r.len as u64);
+                if let Some(res) = self.heap_fast(ep, ctx, dest, seg, need, (write, !write), copy)? {
+                    complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent, dw }, res.err());
+                    return Ok(());
+                }
+            }
+        }
         let llen = local_len(local);
         {
-            let cqe = Self::rma_check(ep, flags, silent)?;
             let need = if matches!(local, Local::Out(_)) { Need::Write } else { Need::Read };
             let segs = rma_iov.iter().map(|r| (r.key, r.addr, r.len as u64));
             let mut err: Option<Fail> = self.precheck(ep, ctx, dest, segs, need)?;
@@ -553,7 +755,18 @@ impl Endpoint {
         flags: u64,
         silent: bool,
     ) -> Result<()> {
-        rma_args(&local, rma_iov, silent)?;
+        // One local and one remote segment of the same length need no
+        // more checks unless the call is an inject (its size limit).
+        let one = match (&local, rma_iov) {
+            (Local::Out([b]), [r]) => b.len() == r.len,
+            (Local::In(v), [r]) => v.len() == 1 && v[0].1 == r.len,
+            _ => false,
+        };
+        if !one {
+            rma_args(&local, rma_iov, silent)?;
+        } else if silent && rma_iov[0].len > RMA_INJECT_SIZE {
+            return Err(Error::with(ErrorKind::MsgSize, format!("inject takes at most {RMA_INJECT_SIZE} bytes")));
+        }
         let ini = self.ini();
         self.with_rma(|ep, ctx| {
             ini.rma_body(ep, ctx, kind, &local, rma_iov, dest, context, data, flags, silent, Dw::NONE)
@@ -857,7 +1070,7 @@ impl Initiator<'_> {
     /// The atomic calls' one body, under the domain lock (arguments
     /// checked by [`atomic_args`]); `dw` says how deferred work reports.
     pub(crate) fn atomic_body(&self, ep: &mut EpState, ctx: &mut Ctx<'_>, a: AtomicArgs<'_, '_>, dw: Dw) -> Result<()> {
-        let AtomicArgs { call, dt, op, buf, compare, result, dest, iocs, context, data, flags, silent } = a;
+        let AtomicArgs { call, dt, op, buf, compare, mut result, dest, iocs, context, data, flags, silent } = a;
         let sz = dt.size();
         let count: usize = iocs.iter().map(|i| i.count).sum();
         let len = count * sz;
@@ -871,8 +1084,38 @@ impl Initiator<'_> {
             (AtomicCall::Write, _) => Need::Write,
             _ => Need::ReadWrite,
         };
+        let cqe = Self::rma_check(ep, flags, silent)?;
+        if let (None, [ioc]) = (data, iocs) {
+            // One remote segment, no remote CQ data: the shared-heap fast
+            // path, when the memory is heap (checked by atomic_args: the
+            // buffers hold `count` elements, or none for an operand).
+            let body = |h: *mut u8, f: &RmaFile, hoff: u64| {
+                if !hoff.is_multiple_of(sz.min(8) as u64) {
+                    let why = format!("atomic: offset {} is not aligned to {}", ioc.addr, sz.min(8));
+                    return Err(fail(ErrorKind::Inval, why));
+                }
+                for i in 0..ioc.count {
+                    let e = i * sz..(i + 1) * sz;
+                    let a = if buf.is_empty() { 0 } else { atomic::load_elem(&buf[e.clone()]) };
+                    let c = compare.map_or(0, |c| atomic::load_elem(&c[e.clone()]));
+                    // SAFETY: an aligned element inside the pinned heap
+                    // registration, which peers reach only through `apply`.
+                    let old =
+                        unsafe { atomic::apply(dt, op, h.add(i * sz), a, c, f.lock(hoff + (i * sz) as u64), f.me) };
+                    if let Some(r) = result.as_deref_mut() {
+                        atomic::store_elem(&mut r[e], old);
+                    }
+                }
+                Ok(())
+            };
+            let seg = (ioc.key, ioc.addr, len as u64);
+            let count = (op != AtomicOp::Read, call != AtomicCall::Write);
+            if let Some(res) = self.heap_fast(ep, ctx, dest, seg, need, count, body)? {
+                complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent, dw }, res.err());
+                return Ok(());
+            }
+        }
         {
-            let cqe = Self::rma_check(ep, flags, silent)?;
             let segs = iocs.iter().map(|i| (i.key, i.addr, (i.count * sz) as u64));
             let mut res = match self.precheck(ep, ctx, dest, segs, need)? {
                 Some(f) => Err(f),
@@ -1085,6 +1328,28 @@ fn scatter(dst: &[(*mut u8, usize)], mut data: &[u8]) {
         // SAFETY: the caller's segments, valid for writes for the call.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, l) };
         data = &data[l..];
+    }
+}
+
+/// Copies `n` bytes between the caller's `local` and the heap at `h`
+/// (`to_heap` gives the direction), the small sizes of one-sided calls
+/// as single loads and stores.
+///
+/// # Safety
+/// Both ranges are valid for `n` bytes (reads and writes as the direction
+/// needs); they may overlap.
+#[inline(always)]
+unsafe fn copy_small(local: *mut u8, h: *mut u8, n: usize, to_heap: bool) {
+    let (src, dst) = if to_heap { (local as *const u8, h) } else { (h as *const u8, local) };
+    // SAFETY: per the contract; unaligned loads and stores of the whole
+    // value, read before written (overlap is fine).
+    unsafe {
+        match n {
+            8 => dst.cast::<u64>().write_unaligned(src.cast::<u64>().read_unaligned()),
+            4 => dst.cast::<u32>().write_unaligned(src.cast::<u32>().read_unaligned()),
+            16 => dst.cast::<u128>().write_unaligned(src.cast::<u128>().read_unaligned()),
+            _ => std::ptr::copy(src, dst, n),
+        }
     }
 }
 

@@ -678,8 +678,9 @@ fn bind_during_traffic(w: World) {
             std::thread::yield_now();
         }
         heap.bind_counter(&a, FI_REMOTE_WRITE).unwrap();
+        w.barrier(); // the last bind is done, and rank 0's first N writes
         let before = a.read().unwrap() + b.read().unwrap();
-        w.barrier(); // the last bind is done
+        w.barrier(); // counted before rank 0 writes again
         w.barrier(); // rank 0 wrote N more
         assert!(before <= N, "{before} counted of {N}");
         assert_eq!(a.read().unwrap() + b.read().unwrap(), before + N);
@@ -690,6 +691,7 @@ fn bind_during_traffic(w: World) {
             w.ep.write(&i.to_le_bytes(), w.addrs[1], 0, key, 1).unwrap();
             w.wait_ctx(1).unwrap_or_else(|e| panic!("write {i} failed while the target bound a counter: {e:?}"));
         }
+        w.barrier();
         w.barrier();
         for i in 0..N {
             w.ep.write(&i.to_le_bytes(), w.addrs[1], 0, key, 1).unwrap();
@@ -1238,4 +1240,69 @@ fn close_outlasted_by_a_stopped_initiator() {
             w.barrier();
         }
     });
+}
+
+/// Rank 1 allocates shared heap and dies by SIGKILL while rank 0 writes
+/// it and fetch-adds on it in a loop (review finding 4 of issue 16): the
+/// heap stays mapped at rank 0, yet both kinds of operation fail with
+/// FI_EIO within a few seconds, and once they fail they keep failing.
+fn heap_of_a_dead_target(w: World) {
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(4096, RW).unwrap();
+        share(&w, "key", &[heap.key()], 0);
+        w.barrier();
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: plain syscall; this rank is expected to die so.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!();
+    }
+    let key = share(&w, "key", &[], 1)[0];
+    w.barrier();
+    let dest = w.addrs[1];
+    let t0 = Instant::now();
+    let (mut put_failed, mut fadd_failed) = (None, None);
+    let mut ctx = 100usize;
+    let mut ok_after_failure = 0;
+    while put_failed.is_none() || fadd_failed.is_none() || t0.elapsed() < Duration::from_millis(1500) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no error 10 s after the target died");
+        ctx += 1;
+        w.ep.write(&[7u8; 8], dest, 0, key, ctx).unwrap();
+        match w.wait_ctx(ctx) {
+            Ok(_) if put_failed.is_some() => ok_after_failure += 1,
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e.err, ErrorKind::Io.errno(), "{e:?}");
+                put_failed.get_or_insert(t0.elapsed());
+            }
+        }
+        ctx += 1;
+        let mut old = [0u8; 8];
+        w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &1u64.to_ne_bytes(), &mut old, dest, 64, key, ctx)
+            .unwrap();
+        match w.wait_ctx(ctx) {
+            Ok(_) if fadd_failed.is_some() => ok_after_failure += 1,
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e.err, ErrorKind::Io.errno(), "{e:?}");
+                fadd_failed.get_or_insert(t0.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(ok_after_failure, 0, "an operation on the dead target's heap succeeded after one had failed");
+    let (p, f) = (put_failed.unwrap(), fadd_failed.unwrap());
+    assert!(p < Duration::from_secs(5) && f < Duration::from_secs(5), "put failed after {p:?}, fetch-add after {f:?}");
+}
+
+#[test]
+fn heap_ops_on_a_dead_target_fail() {
+    run_killing("heap_ops_on_a_dead_target_fail", 2, &[], T, &[1], heap_of_a_dead_target);
+}
+
+/// The same with named regions: the dead target's RMA file keeps its name
+/// until cleaned, and could be mapped again.
+#[test]
+fn heap_ops_on_a_dead_target_fail_named_regions() {
+    let env = [("SHMFAB_REGIONS", "named")];
+    run_killing("heap_ops_on_a_dead_target_fail_named_regions", 2, &env, T, &[1], heap_of_a_dead_target);
 }

@@ -1315,6 +1315,105 @@ impl Link {
     }
 }
 
+/// 8-byte operations on the peer's shared heap in the forms a one-sided
+/// MPI layer over libfabric uses to complete them (`MPI_Put` then
+/// `MPI_Win_flush`: the data is in the target's memory when the flush
+/// returns), one at a time, microseconds each. Every shmfab RMA call is
+/// done when it returns (its data is where it goes), so `fi_inject_write`'s
+/// return already means delivered; the others count their completions on
+/// a transmit counter (no CQ), waited for by reading it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FlushForms {
+    /// `inject_write` (no completion to wait for).
+    pub put_inject_us: f64,
+    /// `write`, then the counter read until it counts it.
+    pub put_cntr_us: f64,
+    /// `read`, then the counter.
+    pub get_cntr_us: f64,
+    /// `fetch_atomic` (u64 SUM), then the counter.
+    pub fadd_cntr_us: f64,
+}
+
+impl Link {
+    /// Measures [`FlushForms`], `n` operations of each (after a tenth as
+    /// many warm-up ones), with their data checked: the puts' pattern in
+    /// the peer's heap, the gets' data, the fetched values rising one by
+    /// one.
+    pub fn rma_flush_forms(&mut self, n: usize, seed: u64) -> Result<FlushForms> {
+        let Some(r) = self.rma.as_ref() else {
+            return Err(Error::with(ErrorKind::Inval, "flush forms before rma_setup"));
+        };
+        let (key, off, peer) = (r.heap_key, fadd_word(r.len), self.peer);
+        let n = n.max(1);
+        let warm = n / 10 + 1;
+        let mut out = FlushForms::default();
+        let timed = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
+            for i in 0..warm {
+                f(i)?;
+            }
+            let t0 = Instant::now();
+            for i in 0..n {
+                f(warm + i)?;
+            }
+            Ok(t0.elapsed().as_secs_f64() * 1e6 / n as f64)
+        };
+        let want = rma_pattern(8, seed);
+        out.put_inject_us = timed(&mut |_| r.ep.ep.inject_write(&want, peer, 0, key))?;
+        if !self.rma_ask(CMD_RMA_CHECK, RmaMem::Heap, 8, seed)? {
+            return Err(Error::with(ErrorKind::Io, "inject puts: the data did not arrive"));
+        }
+        let r = self.rma.as_ref().expect("checked above");
+        let cntr = self.ends.dom.cntr_open()?;
+        let ep = self.ends.dom.endpoint()?;
+        ep.bind_cntr(&cntr, shmfab::FI_SEND | FI_RECV | shmfab::FI_WRITE | shmfab::FI_READ)?;
+        ep.bind_av(&self.ends.av)?;
+        ep.enable()?;
+        let t0 = Instant::now();
+        let wait = |k: usize| -> Result<()> {
+            let mut spins = 0u32;
+            while cntr.read()? < k as u64 {
+                spins += 1;
+                if spins.is_multiple_of(4096) {
+                    if cntr.readerr()? != 0 {
+                        return Err(Error::with(ErrorKind::Io, "an RMA failed (the counter's error count)"));
+                    }
+                    if t0.elapsed() > Duration::from_secs(60) {
+                        return Err(Error::with(ErrorKind::TimedOut, "RMA completions did not come"));
+                    }
+                }
+            }
+            Ok(())
+        };
+        let want = rma_pattern(8, seed + 1);
+        out.put_cntr_us = timed(&mut |i| {
+            ep.write(&want, peer, 0, key, 0)?;
+            wait(i + 1)
+        })?;
+        let mut got = [0u8; 8];
+        out.get_cntr_us = timed(&mut |i| {
+            ep.read(&mut got, peer, 0, key, 0)?;
+            wait(warm + n + i + 1)
+        })?;
+        if got[..] != want[..] {
+            return Err(Error::with(ErrorKind::Io, "counted gets brought other data"));
+        }
+        let first = r.fadds;
+        let (one, mut old) = (1u64.to_ne_bytes(), [0u8; 8]);
+        let mut in_order = true;
+        out.fadd_cntr_us = timed(&mut |i| {
+            ep.fetch_atomic(shmfab::AtomicType::Uint64, shmfab::AtomicOp::Sum, &one, &mut old, peer, off, key, 0)?;
+            wait(2 * (warm + n) + i + 1)?;
+            in_order &= u64::from_ne_bytes(old) == first + i as u64;
+            Ok(())
+        })?;
+        if !in_order {
+            return Err(Error::with(ErrorKind::Io, "counted fetch-adds: values out of sequence"));
+        }
+        self.rma.as_mut().expect("checked above").fadds = first + (warm + n) as u64;
+        Ok(out)
+    }
+}
+
 /// Open MPI's one-sided figures, from mpi_tests/osu_rma.c.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MpiRma {

@@ -555,6 +555,8 @@ struct OursRma {
     paths: [&'static str; 4],
     fadd: bench::RmaFigure,
     fadd_path: &'static str,
+    /// 8 B on the heap in the forms a one-sided MPI layer completes with.
+    forms: Option<bench::FlushForms>,
 }
 
 /// Measures [`OursRma`] between this process and a peer it starts
@@ -565,8 +567,13 @@ fn measure_rma(sizes: &[usize], iters: Option<usize>, st: &mut Status) -> Result
     let mut link = Link::spawn(&exe()?, &[]).map_err(e)?;
     let len = sizes.iter().copied().max().unwrap_or(8).max(8);
     link.rma_setup(len).map_err(e)?;
-    let mut out =
-        OursRma { figs: Default::default(), paths: ["-"; 4], fadd: bench::RmaFigure::default(), fadd_path: "-" };
+    let mut out = OursRma {
+        figs: Default::default(),
+        paths: ["-"; 4],
+        fadd: bench::RmaFigure::default(),
+        fadd_path: "-",
+        forms: None,
+    };
     let mut seed = 0;
     for &size in sizes {
         st.step(&format!("shmfab one-sided, {}", bytes(size)));
@@ -588,6 +595,9 @@ fn measure_rma(sizes: &[usize], iters: Option<usize>, st: &mut Status) -> Result
     let (f, path) = link.fetch_add(iters.unwrap_or(bench::FADD_OPS)).map_err(|x| format!("fetch-add: {x}"))?;
     out.fadd = f;
     out.fadd_path = path;
+    st.step("shmfab 8 B flushed as an MPI layer would");
+    let n = iters.unwrap_or_else(|| bench::rma_iters(8));
+    out.forms = Some(link.rma_flush_forms(n, seed + 1).map_err(|x| format!("flush forms: {x}"))?);
     link.quit().map_err(e)?;
     Ok(out)
 }
@@ -607,7 +617,7 @@ fn cmd_bench_rma(a: &BenchArgs) -> Result<(), String> {
     }
     let sizes = a.sizes.get();
     println!("shmfab {} one-sided, between two processes ({} CPUs)", env!("CARGO_PKG_VERSION"), bench::ncpus());
-    let mut st = Status::new(sizes.len() + 1);
+    let mut st = Status::new(sizes.len() + 2);
     let probe = placement_probe(&exe()?);
     let ours = measure_rma(&sizes, a.iters, &mut st)?;
     st.finish();
@@ -644,6 +654,17 @@ fn cmd_bench_rma(a: &BenchArgs) -> Result<(), String> {
         fmt(ours.fadd.latency_us, 3),
         fmt(ours.fadd.mops, 2)
     );
+    if let Some(f) = ours.forms {
+        println!(
+            "8 B on the heap, completed as an MPI one-sided layer would (every shmfab RMA is done when its call \
+             returns): put by inject_write {} us; with a transmit counter read until it counts: put {} us, get {} us, \
+             fetch-add {} us",
+            fmt(Some(f.put_inject_us), 3),
+            fmt(Some(f.put_cntr_us), 3),
+            fmt(Some(f.get_cntr_us), 3),
+            fmt(Some(f.fadd_cntr_us), 3)
+        );
+    }
     match bench::raw_fetch_adds(&exe()?, &[], a.iters.unwrap_or(bench::FADD_OPS)) {
         Ok(m) => println!("raw floor of the fetch-add rate: two processes doing lock xadd on one word, {m:.2} Mops/s"),
         Err(e) => println!("raw fetch-add floor: {e}"),
@@ -660,7 +681,7 @@ fn cmd_bench_rma(a: &BenchArgs) -> Result<(), String> {
 
 /// The one-sided systems of `compare`: (JSON name, index of the probe
 /// group: 0 shmfab, 1 Open MPI's default osc, 2 Open MPI with osc sm).
-const RMA_SYSTEMS: [(&str, usize); 12] = [
+const RMA_SYSTEMS: [(&str, usize); 16] = [
     ("shmfab-put", 0),
     ("shmfab-get", 0),
     ("shmfab-put-cma", 0),
@@ -673,11 +694,17 @@ const RMA_SYSTEMS: [(&str, usize); 12] = [
     ("openmpi-osc-sm-get", 2),
     ("openmpi-osc-sm-fetch-add", 2),
     ("raw-fetch-add", 0),
+    ("shmfab-put-inject", 0),
+    ("shmfab-put-cntr", 0),
+    ("shmfab-get-cntr", 0),
+    ("shmfab-fetch-add-cntr", 0),
 ];
 
-/// Index in [`RMA_SYSTEMS`] of each fetch-add system (the last: the raw
+/// Index in [`RMA_SYSTEMS`] of each system with one figure at 8 B: the
+/// fetch-adds, and shmfab's 8 B forms of [`bench::FlushForms`]
+/// (after the raw floor). Of the fetch-adds (the last: the raw
 /// floor, two processes doing bare `lock xadd`s on one shared word).
-const RMA_FADD: [usize; 4] = [4, 7, 10, 11];
+const RMA_FADD: [usize; 8] = [4, 7, 10, 11, 12, 13, 14, 15];
 
 /// One round of the one-sided systems: each system's run (its figures
 /// as [`Figure`]s: latency in `half_rtt_us`, Mops/s in `mmsgs`; the
@@ -715,6 +742,10 @@ fn rma_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> R
             }
             runs[4].figs = vec![as_figure(&ours.fadd)];
             paths[4] = ours.fadd_path.to_string();
+            for (k, f) in forms_figures(&ours) {
+                runs[k].figs = vec![f];
+                paths[k] = "heap".to_string();
+            }
         }
         Err(e) => st.warn(&format!("shmfab one-sided: {e}")),
     }
@@ -755,7 +786,7 @@ fn rma_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> R
 
 /// Progress steps of one one-sided round.
 fn rma_steps(sizes: &[usize], osu_rma: bool) -> usize {
-    sizes.len() + 1 + 2 * usize::from(osu_rma)
+    sizes.len() + 2 + 2 * usize::from(osu_rma)
 }
 
 /// The medians of the one-sided systems' figures in one placement: by
@@ -817,7 +848,16 @@ fn ours_rma_named(o: &OursRma) -> Vec<(&'static str, String, Vec<Figure>)> {
     let mut v: Vec<_> =
         (0..4).map(|k| (RMA_SYSTEMS[k].0, o.paths[k].to_string(), o.figs[k].iter().map(as_figure).collect())).collect();
     v.push((RMA_SYSTEMS[4].0, o.fadd_path.to_string(), vec![as_figure(&o.fadd)]));
+    v.extend(forms_figures(o).into_iter().map(|(k, f)| (RMA_SYSTEMS[k].0, "heap".to_string(), vec![f])));
     v
+}
+
+/// shmfab's 8 B forms of [`bench::FlushForms`] as figures, by index in
+/// [`RMA_SYSTEMS`] (a latency each, its rate for one rank beside it).
+fn forms_figures(o: &OursRma) -> Vec<(usize, Figure)> {
+    let Some(f) = o.forms else { return Vec::new() };
+    let fig = |us: f64| Figure { size: 8, half_rtt_us: Some(us), bw_gbs: None, mmsgs: Some(1.0 / us) };
+    vec![(12, fig(f.put_inject_us)), (13, fig(f.put_cntr_us)), (14, fig(f.get_cntr_us)), (15, fig(f.fadd_cntr_us))]
 }
 
 /// The path or component each one-sided system took over the rounds
@@ -915,6 +955,28 @@ fn rma_tables(figs: &[Vec<Figure>], paths: &[String]) -> String {
         );
     }
     let put8 = |k: usize| figs[k].iter().find(|f| f.size == 8).and_then(|f| f.half_rtt_us);
+    let one8 = |k: usize| figs.get(k).and_then(|v| v.first()).and_then(|f| f.half_rtt_us);
+    let _ = writeln!(
+        o,
+        "8 B in the form an MPI one-sided layer over libfabric would complete with (every shmfab RMA is done when \
+         its call returns), latency (us) and ratio to Open MPI's put+flush / fetch-and-op+flush:"
+    );
+    for (name, k, om, sm) in [
+        ("put by inject_write", 12, put8(5), put8(8)),
+        ("put + counter read", 13, put8(5), put8(8)),
+        ("get + counter read", 14, put8(6), put8(9)),
+        ("fetch-add + counter read", 15, om.half_rtt_us, sm.half_rtt_us),
+    ] {
+        let _ = writeln!(
+            o,
+            "{:>26} | {:>8} | {:>6} {} | {:>6} (osc sm)",
+            name,
+            fmt(one8(k), 3),
+            ratio(one8(k), om),
+            paths[5],
+            ratio(one8(k), sm)
+        );
+    }
     let _ = writeln!(
         o,
         "target (issue 16, 2x better): 8 B put latency shmfab / Open MPI {} ({}), {} (osc sm); fetch-add rate shmfab / Open MPI {} ({}), {} (osc sm)",
@@ -1700,6 +1762,10 @@ mod tests {
             none_for(&[8, 4096]),
             none_for(&[8]),
             vec![Figure { size: 8, half_rtt_us: None, bw_gbs: None, mmsgs: Some(150.0) }],
+            fadd(0.02, 50.0),
+            fadd(0.03, 33.0),
+            fadd(0.04, 25.0),
+            fadd(0.05, 20.0),
         ]
     }
 
@@ -1710,6 +1776,7 @@ mod tests {
             .map(|s| s.to_string())
             .chain((0..6).map(|k| if k < 3 { "osc rdma" } else { "osc sm" }.to_string()))
             .chain(["lock xadd".to_string()])
+            .chain((0..4).map(|_| "heap".to_string()))
             .collect();
         let t = rma_tables(&rma_figs(), &paths);
         let row = t.lines().find(|l| l.trim_start().starts_with("8 |")).unwrap();
@@ -1717,6 +1784,11 @@ mod tests {
         assert!(row.contains("0.050") && row.contains("0.50x") && row.contains("0.30x"), "{row}");
         assert!(t.contains("8 B put latency shmfab / Open MPI 0.50x (osc rdma), - (osc sm)"), "{t}");
         assert!(t.contains("fetch-add rate shmfab / Open MPI 2.40x (osc rdma)"), "{t}");
+        // The MPI-layer forms: inject put 0.02 against osc rdma's 0.1.
+        let f = t.lines().find(|l| l.contains("put by inject_write")).unwrap();
+        assert!(f.contains("0.020") && f.contains("0.20x"), "{f}");
+        let f = t.lines().find(|l| l.contains("fetch-add + counter read")).unwrap();
+        assert!(f.contains("0.050") && f.contains("0.17x"), "{f}");
         let f = t.lines().find(|l| l.contains("shmfab (heap)")).unwrap();
         assert!(f.contains("0.100") && f.contains("12.00"), "{f}");
         // The raw floor: its rate, and shmfab's 12 against its 150.
@@ -1726,14 +1798,30 @@ mod tests {
 
     #[test]
     fn rma_json_rows_name_system_path_and_fields() {
-        let paths =
-            ["heap", "heap", "cma", "cma", "heap", "osc rdma", "osc rdma", "osc rdma", "-", "-", "-", "lock xadd"];
+        let paths = [
+            "heap",
+            "heap",
+            "cma",
+            "cma",
+            "heap",
+            "osc rdma",
+            "osc rdma",
+            "osc rdma",
+            "-",
+            "-",
+            "-",
+            "lock xadd",
+            "heap",
+            "heap",
+            "heap",
+            "heap",
+        ];
         let named: Vec<(&str, String, Vec<Figure>)> =
             RMA_SYSTEMS.iter().zip(paths).zip(rma_figs()).map(|((s, p), f)| (s.0, p.to_string(), f)).collect();
         let v = serde_json::to_value(rma_rows(&named, Placement::Near)).unwrap();
         let rows = v.as_array().unwrap();
-        assert_eq!(rows.len(), 8 * 2 + 4);
-        let raw = rows.last().unwrap();
+        assert_eq!(rows.len(), 8 * 2 + 8);
+        let raw = rows.iter().find(|r| r["system"] == "raw-fetch-add").unwrap();
         assert_eq!((raw["system"].as_str(), raw["mops"].as_f64()), (Some("raw-fetch-add"), Some(150.0)));
         assert_eq!(
             rows[0],
