@@ -501,7 +501,10 @@ static void test_violations(void)
 		EXPECT(wait_err(ctx), FI_EINVAL);
 		EXPECT(fi_read(ep, dst, 64, NULL, peer, len - 8, key[reg], ctx), 0);
 		EXPECT(wait_err(ctx), FI_EINVAL);
+		/* An inject's error is reported too, with no context
+		 * (fi_endpoint(3)). */
 		EXPECT(fi_inject_write(ep, src, 8, peer, len - 4, key[reg]), 0);
+		EXPECT(wait_err(NULL), FI_EINVAL);
 		EXPECT(fi_fetch_atomic(ep, &one, 1, NULL, &res, NULL, peer, len - 4, key[reg], FI_UINT64, FI_SUM, ctx),
 		       0);
 		EXPECT(wait_err(ctx), FI_EINVAL);
