@@ -1206,10 +1206,18 @@ fn try_claim(word: &crate::sync::AtomicU64, me: u32) -> Option<SlotWord> {
     word.compare_exchange(w.0, c.0, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| c)
 }
 
-/// Frees our claim `c` (in state CLAIMED or DONE: only we may touch it).
+/// Frees our claim `c` (the slot in whatever state our claim left it):
+/// an RMW that frees only that claim (same generation and claimer), not a
+/// store, so that it is atomic with respect to a reclaimer's CAS (and
+/// loom, which lets a plain store slip between the read and the write of
+/// a racing RMW, tokio-rs/loom#254, models it faithfully).
 fn free_claim(word: &crate::sync::AtomicU64, c: SlotWord) {
-    // SYNC: pairs with the acquire CAS of the next claimer (try_claim).
-    word.store(c.freed().0, Ordering::Release);
+    let ours = |w: SlotWord| w.generation() == c.generation() && w.claimer() == c.claimer();
+    // SYNC: release pairs with the acquire CAS of the next claimer (try_claim).
+    let _ = word.fetch_update(Ordering::Release, Ordering::Relaxed, |w| {
+        let w = SlotWord(w);
+        (ours(w) && w.state() != mbox_state::FREE).then(|| w.freed().0)
+    });
 }
 
 /// Frees the slot whose word is `word` if it is claimed (CLAIMED, or DONE
@@ -1456,16 +1464,24 @@ mod loom_tests {
     const X: u32 = 10;
     const C: u32 = 20;
 
-    /// X claims a slot and dies; a reclaimer that judged X dead frees it;
-    /// C claims it meanwhile. Whatever the interleaving, C's live claim is
-    /// never freed under it (the reclaimer's CAS names X's very claim),
-    /// and a slot is never held by two claimers at once.
+    /// The review's race: X claims a slot, frees it and exits; C claims
+    /// it; a reclaimer that looked at X's claim (and judges X dead) frees
+    /// it late. Whatever the interleaving, C's live claim is never freed
+    /// under it (the reclaimer's CAS names X's very claim). (loom's
+    /// tokio-rs/loom#254 hides the failure of this one with the CAS
+    /// replaced by a store; the next model shows it.)
     #[test]
     fn loom_reclaim_never_frees_a_live_claim() {
         loom::model(|| {
             let word = Arc::new(AtomicU64::new(SlotWord::new(mbox_state::FREE, 0, 0).0));
             let wx = word.clone();
-            let x = loom::thread::spawn(move || try_claim(&wx, X).is_some());
+            let x = loom::thread::spawn(move || {
+                let c = try_claim(&wx, X);
+                if let Some(c) = c {
+                    free_claim(&wx, c);
+                }
+                c.is_some()
+            });
             let wr = word.clone();
             let r = loom::thread::spawn(move || {
                 // Two looks, as reclaim_dead's repeated passes.
@@ -1487,7 +1503,8 @@ mod loom_tests {
 
     /// A claimer that frees its slot and claims it again while a stale
     /// reclaimer holds the first claim's word: the new claim survives
-    /// (its generation differs).
+    /// (the whole word differs). Fails with the reclaimer's CAS replaced
+    /// by a store (checked).
     #[test]
     fn loom_generation_guards_reclaim() {
         loom::model(|| {
@@ -1500,7 +1517,7 @@ mod loom_tests {
             let second = try_claim(&word, C);
             let freed = r.join().unwrap();
             if let Some(c) = second {
-                assert_eq!(word.load(Ordering::Acquire), c.0);
+                assert_eq!(word.load(Ordering::Acquire), c.0, "freed {freed} first {first:?}");
             }
             // (If the reclaimer freed anything, it was X's first claim,
             // before X freed it itself: the same word X then stores.)
