@@ -566,8 +566,32 @@ pub struct RmaStats {
 pub(crate) struct OwnRma {
     pub file: Arc<RmaFile>,
     st: Mutex<OwnSt>,
-    /// Requests served (compared with the file's request count).
+    /// Requests served (compared with the file's request count); left
+    /// behind while `cq_queue` holds entries, so that the next progress
+    /// pass (which drains it) is not skipped.
     served: AtomicU64,
+    /// Remote CQ data taken out of the mailbox (its slot freed at once)
+    /// by a pass that could not reach the CQs (an initiator serving its
+    /// own mailbox while it waits), oldest first, at most
+    /// [`MAX_CQ_QUEUE`]: the next progress pass pushes it into the CQs.
+    cq_queue: Mutex<std::collections::VecDeque<CqData>>,
+}
+
+/// Most remote CQ data entries held in [`OwnRma`]'s queue; beyond, they
+/// stay in their mailbox slots until a progress pass.
+pub const MAX_CQ_QUEUE: usize = 1 << 16;
+
+/// Remote CQ data for one of our endpoints, checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CqData {
+    /// The target endpoint's section.
+    pub ep_index: u32,
+    /// The data.
+    pub data: u64,
+    /// Bytes of the operation.
+    pub len: u64,
+    /// Completion flags (from the request's `cq_kind`, never a peer's bits).
+    pub flags: u64,
 }
 
 struct OwnSt {
@@ -683,6 +707,7 @@ impl RmaDomain {
                 quarantine: Vec::new(),
             }),
             served: AtomicU64::new(0),
+            cq_queue: Mutex::new(Default::default()),
         };
         // Another thread may have made one meanwhile: keep the first.
         let _ = self.own.set(o);
@@ -1231,18 +1256,33 @@ impl OwnRma {
     }
 
     /// Serves the requests in our mailbox: the writes, reads and atomics
-    /// on our memory, and (when `cq_data` is given) remote CQ data for our
-    /// endpoints. Each request is checked as peers' requests are.
-    pub fn serve(&self, counters: &[shm_layout::Counter], mut cq_data: Option<&mut dyn FnMut(u32, u64, u64)>) {
+    /// on our memory, and remote CQ data for our endpoints, which any
+    /// pass takes out of the mailbox (the slot is freed at once) into our
+    /// queue; `cq_data`, given by a progress pass (which holds the CQs),
+    /// then receives the queue, oldest first. Each request is checked as
+    /// peers' requests are; remote CQ data needs a key naming an open
+    /// registration of ours with the right its kind needs (else it is
+    /// dropped: no initiator of ours sent it).
+    pub fn serve(&self, counters: &[shm_layout::Counter], cq_data: Option<&mut dyn FnMut(CqData)>) {
         let f = &self.file;
         let seen = f.requests().load(Ordering::Acquire);
         let mut all = true;
+        // The remote CQ data this scan takes, with its initiator's stamp:
+        // one initiator's entries can sit in slots out of their order (it
+        // claims whichever slot is free), so they are queued in stamp
+        // order. Its earlier entry is published before its later one is,
+        // so a scan that sees the later one sees the earlier one too
+        // (passes serve under the domain lock: one scan at a time).
+        let mut batch: Vec<(u64, CqData)> = Vec::new();
+        let room = self.cq_queue.lock().map_or(0, |q| MAX_CQ_QUEUE.saturating_sub(q.len()));
         for i in 0..f.n_mbox as usize {
             let s = f.slot(i);
-            // SAFETY: a slot of our mailbox; its state word is atomic.
-            let state = unsafe { &(*s).state };
-            // SYNC: acquire pairs with the initiator's release store of REQ.
-            if state.load(Ordering::Acquire) != mbox_state::REQ {
+            // SAFETY: a slot of our mailbox; its word is atomic.
+            let word = unsafe { &(*s).word };
+            // SYNC: acquire pairs with the initiator's release store of REQ
+            // (rma::publish).
+            let w = SlotWord(word.load(Ordering::Acquire));
+            if w.state() != mbox_state::REQ {
                 continue;
             }
             // SAFETY: published request (REQ); read once, then decoded.
@@ -1251,29 +1291,60 @@ impl OwnRma {
             let req = match MboxReq::decode(&raw, elem) {
                 Ok(r) => r,
                 Err(_) => {
-                    finish(s, libc::EPROTO as u32);
+                    finish(s, w, libc::EPROTO as u32);
                     continue;
                 }
             };
             if req.op == mbox_op::CQ_DATA {
-                match cq_data.as_mut() {
-                    Some(f) => {
-                        f(req.ep_index, req.data, req.len);
-                        // SAFETY: as above: our mailbox's slot.
-                        unsafe { (*s).claimer.store(0, Ordering::Relaxed) };
-                        // SYNC: pairs with the acquire CAS of the next claimer.
-                        state.store(mbox_state::FREE, Ordering::Release);
-                    }
-                    None => all = false,
+                if batch.len() >= room {
+                    all = false;
+                    continue;
                 }
+                if let Some(e) = self.cq_entry(&req) {
+                    batch.push((req.off, e));
+                }
+                // SYNC: pairs with the acquire CAS of the next claimer
+                // (rma::claim); a CAS, so that nothing but this claim's
+                // request is freed.
+                let _ = word.compare_exchange(w.0, w.freed().0, Ordering::Release, Ordering::Relaxed);
                 continue;
             }
             let st = serve_one(self, s, &req, counters);
-            finish(s, st);
+            finish(s, w, st);
+        }
+        let Ok(mut q) = self.cq_queue.lock() else { return };
+        batch.sort_by_key(|b| b.0);
+        q.extend(batch.into_iter().map(|b| b.1));
+        match cq_data {
+            Some(push) => q.drain(..).for_each(push),
+            None if !q.is_empty() => all = false,
+            None => {}
         }
         if all {
             self.served.store(seen, Ordering::Relaxed);
         }
+    }
+
+    /// Checks a remote CQ data request: its key names an open
+    /// registration of ours that grants what its kind did; the entry, or
+    /// None.
+    fn cq_entry(&self, req: &MboxReq) -> Option<CqData> {
+        let key = Key::decode(req.key);
+        let (flags, need) = match req.aop {
+            cq_kind::RMA_WRITE => (FI_RMA | FI_REMOTE_WRITE, mr_access::REMOTE_WRITE),
+            cq_kind::ATOMIC_WRITE => (FI_ATOMIC | FI_REMOTE_WRITE, mr_access::REMOTE_WRITE),
+            cq_kind::ATOMIC_READ => (FI_ATOMIC | FI_REMOTE_READ, mr_access::REMOTE_READ),
+            _ => return None,
+        };
+        if key.fd != self.file.fd() {
+            return None;
+        }
+        let st = self.st.lock().ok()?;
+        match st.views.get(key.slot) {
+            Some(Some((tag, v))) if *tag == key.tag && v.access & need == need => {}
+            _ => return None,
+        }
+        Some(CqData { ep_index: req.ep_index, data: req.data, len: req.len, flags: flags | FI_REMOTE_CQ_DATA })
     }
 }
 
@@ -1286,12 +1357,14 @@ fn count_ep_local(own: &OwnRma, counters: &[shm_layout::Counter], ep: u32, which
     }
 }
 
-fn finish(s: *mut MboxSlot, status: u32) {
+/// Answers the request of claim `w` (state REQ) in slot `s` of our mailbox.
+fn finish(s: *mut MboxSlot, w: SlotWord, status: u32) {
     // SAFETY: a slot of our mailbox in state REQ: the initiator waits for DONE.
     unsafe {
         std::ptr::addr_of_mut!((*s).req.status).write_volatile(status);
-        // SYNC: pairs with the initiator's acquire load waiting for DONE.
-        (*s).state.store(mbox_state::DONE, Ordering::Release);
+        // SYNC: pairs with the initiator's acquire load waiting for DONE
+        // (rma::wait_done).
+        (*s).word.store(w.with_state(mbox_state::DONE).0, Ordering::Release);
     }
 }
 
@@ -1423,16 +1496,17 @@ mod tests {
         // SAFETY: our own mapping; we play the peer that writes it.
         unsafe {
             std::ptr::addr_of_mut!((*e).access).write_volatile(mr_access::REMOTE_READ | mr_access::REMOTE_WRITE);
-            (*s).state.store(mbox_state::CLAIMED, Ordering::Relaxed);
+            let w = SlotWord::new(mbox_state::FREE, 0, 0).claimed_by(std::process::id());
+            (*s).word.store(w.0, Ordering::Relaxed);
             let req = MboxReq { op: mbox_op::WRITE, key: mr.key(), len: 16, count: 1, ..Default::default() };
             std::ptr::addr_of_mut!((*s).req).write_volatile(req);
             (&mut (*s).data)[..16].fill(0xff);
-            (*s).state.store(mbox_state::REQ, Ordering::Release);
+            (*s).word.store(w.with_state(mbox_state::REQ).0, Ordering::Release);
         }
         own.file.requests().fetch_add(1, Ordering::Release);
         own.serve(dom.inner.counters(), None);
         // SAFETY: as above.
-        let (state, status) = unsafe { ((*s).state.load(Ordering::Acquire), (*s).req.status) };
+        let (state, status) = unsafe { (SlotWord((*s).word.load(Ordering::Acquire)).state(), (*s).req.status) };
         assert_eq!(state, mbox_state::DONE);
         assert_eq!(status, libc::EPERM as u32);
         assert!(buf.iter().all(|&b| b == 0), "the forged right let a write through");
@@ -1530,6 +1604,45 @@ mod tests {
         let ok = File::open("/dev/null").unwrap();
         let n = ok.as_raw_fd();
         assert_eq!(low_fd(ok, FD_LIMIT).unwrap().as_raw_fd(), n);
+    }
+
+    /// Remote CQ data is taken only for a key naming an open registration
+    /// of ours with the right its kind needs; a pass without the CQs
+    /// frees its slot at once and queues it, flagged by its kind.
+    #[test]
+    fn cq_data_needs_a_key() {
+        let fabric = crate::Fabric::open().unwrap();
+        let dom = fabric.domain().unwrap();
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: buf outlives the registration (closed below).
+        let mut mr = unsafe { dom.mr_reg(buf.as_mut_ptr(), 4096, FI_REMOTE_READ).unwrap() };
+        let own = dom.inner.rma.own_if_any().unwrap();
+        let bad_tag = Key { tag: Key::decode(mr.key()).tag ^ 1, ..Key::decode(mr.key()) }.encode();
+        let cases = [
+            (mr.key(), cq_kind::ATOMIC_READ, Some(FI_ATOMIC | FI_REMOTE_READ | FI_REMOTE_CQ_DATA)),
+            (mr.key(), cq_kind::RMA_WRITE, None), // no remote write right
+            (bad_tag, cq_kind::ATOMIC_READ, None),
+            (mr.key(), 7, None), // unknown kind
+        ];
+        for (i, &(key, kind, want)) in cases.iter().enumerate() {
+            let s = own.file.slot(i);
+            let w = SlotWord::new(mbox_state::FREE, 0, 0).claimed_by(std::process::id());
+            // SAFETY: our own mapping; we play the peer that writes it.
+            unsafe {
+                let req =
+                    MboxReq { op: mbox_op::CQ_DATA, key, aop: kind, data: i as u64, len: 8, ..Default::default() };
+                std::ptr::addr_of_mut!((*s).req).write_volatile(req);
+                (*s).word.store(w.with_state(mbox_state::REQ).0, Ordering::Release);
+            }
+            own.file.requests().fetch_add(1, Ordering::Release);
+            own.serve(dom.inner.counters(), None);
+            // SAFETY: as above.
+            assert_eq!(SlotWord(unsafe { (*s).word.load(Ordering::Acquire) }), w.freed(), "case {i}: slot freed");
+            let q: Vec<CqData> = own.cq_queue.lock().unwrap().drain(..).collect();
+            let e = want.map(|flags| CqData { ep_index: 0, data: i as u64, len: 8, flags });
+            assert_eq!(q, e.into_iter().collect::<Vec<_>>(), "case {i}");
+        }
+        mr.close().unwrap();
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod common;
 use common::{pattern, put_file, run, run_killing, test_dir, World};
 use shmfab::atomic::{load_elem, valid, ALL_OPS, ALL_TYPES};
 use shmfab::{AtomicCall, AtomicOp, AtomicType, ErrorKind, MemoryRegion, RmaIoc, RmaIov};
-use shmfab::{FI_READ, FI_REMOTE_CQ_DATA, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_RMA, FI_WRITE};
+use shmfab::{CqTaggedEntry, FI_ATOMIC, FI_READ, FI_REMOTE_CQ_DATA, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_RMA, FI_WRITE};
 use std::io::{IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
 
@@ -1306,3 +1306,261 @@ fn heap_ops_on_a_dead_target_fail_named_regions() {
     let env = [("SHMFAB_REGIONS", "named")];
     run_killing("heap_ops_on_a_dead_target_fail_named_regions", 2, &env, T, &[1], heap_of_a_dead_target);
 }
+/// Reads the completions of this rank until it holds `tx` transmit
+/// completions of context `ctx` and `n` remote CQ data entries: the
+/// latter, in arrival order (errors fail the test).
+fn cq_data_entries(w: &World, ctx: usize, tx: usize, n: usize) -> Vec<CqTaggedEntry> {
+    let (mut got, mut done) = (Vec::new(), 0);
+    while got.len() < n || done < tx {
+        let e = w.next().unwrap_or_else(|e| panic!("rank {}: error completion {e:?}", w.rank));
+        if e.flags & FI_REMOTE_CQ_DATA != 0 {
+            got.push(e);
+        } else {
+            assert_eq!(e.op_context, ctx, "an unexpected completion {e:?}");
+            done += 1;
+        }
+    }
+    assert!(w.cq.read(&mut [CqTaggedEntry::default(); 4]).is_err(), "more completions than operations");
+    got
+}
+
+/// Calls `f` until it does not say -FI_EAGAIN, without driving progress
+/// otherwise (the call serves our own mailbox itself); the tries.
+fn again_without_progress(mut f: impl FnMut() -> shmfab::Result<()>) -> usize {
+    let t0 = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match f() {
+            Err(e) if e.kind() == ErrorKind::Again => {
+                assert!(t0.elapsed() < Duration::from_secs(30), "stuck on -FI_EAGAIN");
+            }
+            r => {
+                r.unwrap();
+                return tries;
+            }
+        }
+    }
+}
+
+/// Remote CQ data to ourselves, many more than the mailbox has slots,
+/// without reading the CQ in between (before: the 17th call spun forever
+/// on a mailbox full of our own CQ data, which only a progress pass with
+/// a CQ would free); then every entry, in order, with the flags of its
+/// kind (atomics: FI_ATOMIC, not FI_RMA; an ATOMIC_READ: FI_REMOTE_READ).
+fn writedata_to_self(w: World) {
+    const N: u64 = 40;
+    let heap = w.dom.alloc_shared(4096, RW).unwrap();
+    let user = user_mem(&w, 4096, RW);
+    let me = w.addrs[0];
+    for (k, key) in [heap.key(), user.mr.key()].into_iter().enumerate() {
+        for i in 0..N {
+            w.ep.writedata(&i.to_le_bytes(), 1000 * k as u64 + i, me, 8 * i, key, 1).unwrap();
+        }
+        let one = 1u64.to_le_bytes();
+        let iocs = [RmaIoc { addr: 512, count: 1, key }];
+        let mut r = [0u8; 8];
+        for i in 0..N {
+            w.ep.atomicmsg(AtomicType::Uint64, AtomicOp::Sum, &one, &iocs, me, 1, 5000 + i, FI_REMOTE_CQ_DATA).unwrap();
+        }
+        w.ep.fetch_atomicmsg(AtomicType::Uint64, AtomicOp::Read, &[], &mut r, &iocs, me, 1, 9, FI_REMOTE_CQ_DATA)
+            .unwrap();
+        assert_eq!(u64::from_le_bytes(r), N);
+        let got = cq_data_entries(&w, 1, 2 * N as usize + 1, 2 * N as usize + 1);
+        for (i, e) in got.iter().enumerate().take(N as usize) {
+            assert_eq!((e.data, e.len), (1000 * k as u64 + i as u64, 8), "entry {i}");
+            assert_eq!(e.flags, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA);
+        }
+        for (i, e) in got[N as usize..2 * N as usize].iter().enumerate() {
+            assert_eq!((e.data, e.len), (5000 + i as u64, 8), "atomic entry {i}");
+            assert_eq!(e.flags, FI_ATOMIC | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA);
+        }
+        assert_eq!(got[2 * N as usize].flags, FI_ATOMIC | FI_REMOTE_READ | FI_REMOTE_CQ_DATA);
+        assert_eq!(got[2 * N as usize].data, 9);
+    }
+    let b = heap_bytes(&heap);
+    for i in 0..N as usize {
+        assert_eq!(b[8 * i..8 * i + 8], (i as u64).to_le_bytes());
+        assert_eq!(user.bytes()[8 * i..8 * i + 8], (i as u64).to_le_bytes());
+    }
+}
+
+cma_on_and_off!(
+    writedata_to_self_without_progress,
+    writedata_to_self_without_progress_cma_off,
+    1,
+    &[],
+    writedata_to_self
+);
+
+/// Two ranks do many writedata to each other at once, neither reading its
+/// CQ until all are done (before: both spun forever once the other's
+/// mailbox was full); then every entry arrives, in order.
+fn writedata_crossed(w: World) {
+    const N: u64 = 60;
+    let user = user_mem(&w, 4096, RW);
+    let other = 1 - w.rank;
+    let key = share(&w, "key", &[user.mr.key()], other)[0];
+    w.barrier();
+    for i in 0..N {
+        again_without_progress(|| w.ep.writedata(&i.to_le_bytes(), i, w.addrs[other], 8 * i, key, 1));
+    }
+    let got = cq_data_entries(&w, 1, N as usize, N as usize);
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!((e.data, e.flags), (i as u64, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA), "entry {i}");
+    }
+    for i in 0..N as usize {
+        assert_eq!(user.bytes()[8 * i..8 * i + 8], (i as u64).to_le_bytes());
+    }
+    w.barrier();
+}
+
+cma_on_and_off!(
+    writedata_crossed_without_progress,
+    writedata_crossed_without_progress_cma_off,
+    2,
+    &[],
+    writedata_crossed
+);
+
+/// A target that runs no progress: once its mailbox is full of our CQ
+/// data, the next writedata fails with -FI_EAGAIN in bounded time having
+/// done nothing (its data not written); once the target reads its CQ, the
+/// retry goes through (before: the call spun forever holding the lock).
+fn full_mailbox_says_again(w: World) {
+    let slots = 16u64;
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(4096, RW).unwrap();
+        share(&w, "key", &[heap.key()], 1);
+        // No progress until rank 0 says it filled our mailbox (a file).
+        share(&w, "wait", &[], 0);
+        let got = cq_data_entries(&w, usize::MAX, 0, slots as usize);
+        for (i, e) in got.iter().enumerate() {
+            assert_eq!(e.data, i as u64);
+        }
+        w.barrier();
+        w.barrier(); // rank 0 retries meanwhile
+        assert_eq!(cq_data_entries(&w, usize::MAX, 0, 1)[0].data, slots);
+        assert_eq!(heap_bytes(&heap)[8 * slots as usize], 1);
+    } else {
+        let key = share(&w, "key", &[], 1)[0];
+        let dest = w.addrs[1];
+        for i in 0..slots {
+            w.ep.writedata(&[1], i, dest, 8 * i, key, 1).unwrap();
+        }
+        let t0 = Instant::now();
+        let r = w.ep.writedata(&[1], slots, dest, 8 * slots, key, 1);
+        assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::Again), "a 17th writedata into a full mailbox");
+        assert!(t0.elapsed() < Duration::from_secs(5), "bounded: {:?}", t0.elapsed());
+        let mut b = [0u8; 1];
+        w.ep.read(&mut b, dest, 8 * slots, key, 2).unwrap();
+        w.ok(2);
+        assert_eq!(b[0], 0, "the refused writedata wrote nothing");
+        share(&w, "wait", &[1], 0);
+        w.barrier();
+        w.retry(|| w.ep.writedata(&[1], slots, dest, 8 * slots, key, 1));
+        w.barrier();
+        for _ in 0..=slots {
+            w.ok(1);
+        }
+    }
+    w.barrier();
+}
+
+#[test]
+fn full_mailbox_says_again_not_spins() {
+    run("full_mailbox_says_again_not_spins", 2, &[], Duration::from_secs(60), full_mailbox_says_again);
+}
+
+/// Inject calls take at most inject_size bytes: inject_atomic and the msg
+/// forms with FI_INJECT say -FI_EMSGSIZE above it (before: inject_atomic
+/// took 8192 bytes, writemsg with FI_INJECT any length), leaving the
+/// target untouched; at the limit they work.
+fn inject_limits(w: World) {
+    let heap = w.dom.alloc_shared(16384, RW).unwrap();
+    let (me, key) = (w.addrs[0], heap.key());
+    let lim = shmfab::rma::RMA_INJECT_SIZE;
+    let big = vec![1u8; lim + 1];
+    let r = w.ep.inject_atomic(AtomicType::Uint8, AtomicOp::Sum, &big, me, 0, key);
+    assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::MsgSize));
+    let iocs = [RmaIoc { addr: 0, count: lim + 1, key }];
+    let r = w.ep.atomicmsg(AtomicType::Uint8, AtomicOp::Sum, &big, &iocs, me, 1, 0, shmfab::FI_INJECT);
+    assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::MsgSize));
+    let rma = [RmaIov { addr: 0, len: lim + 1, key }];
+    let r = w.ep.writemsg(&[IoSlice::new(&big)], &rma, me, 1, 0, shmfab::FI_INJECT);
+    assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::MsgSize));
+    assert!(heap_bytes(&heap).iter().all(|&b| b == 0), "a refused inject touched the target");
+    w.ep.inject_atomic(AtomicType::Uint8, AtomicOp::Sum, &big[..lim], me, 0, key).unwrap();
+    let rma = [RmaIov { addr: 8192, len: lim, key }];
+    w.ep.writemsg(&[IoSlice::new(&big[..lim])], &rma, me, 1, 0, shmfab::FI_INJECT).unwrap();
+    w.ok(1);
+    let b = heap_bytes(&heap);
+    assert!(b[..lim].iter().all(|&b| b == 1) && b[lim] == 0 && b[8192..8192 + lim].iter().all(|&b| b == 1));
+}
+
+#[test]
+fn inject_calls_take_at_most_inject_size() {
+    run("inject_calls_take_at_most_inject_size", 1, &[], Duration::from_secs(30), inject_limits);
+}
+
+/// FI_FENCE: a fenced write waits until this endpoint's earlier
+/// operations to that peer are complete: while a rendezvous send to it
+/// awaits the peer's receive, the fenced call says -FI_EAGAIN (an
+/// unfenced one goes through); once the send completes, it goes through
+/// (before: FI_FENCE was taken and did nothing).
+fn fenced_rma(w: World) {
+    const BIG: usize = 8 << 20;
+    let heap = w.dom.alloc_shared(4096, RW).unwrap();
+    let key = share(&w, "key", &[heap.key()], 1 - w.rank)[0];
+    w.barrier();
+    if w.rank == 0 {
+        let dest = w.addrs[1];
+        let msg = vec![7u8; BIG];
+        // SAFETY: msg outlives the send's completion (waited for below).
+        unsafe { w.ep.tsend(&msg, dest, 5, 50).unwrap() };
+        let rma = [RmaIov { addr: 0, len: 8, key }];
+        let one = [IoSlice::new(&[1u8; 8])];
+        let r = w.ep.writemsg(&one, &rma, dest, 51, 0, shmfab::FI_FENCE);
+        assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::Again), "fenced behind a pending rendezvous send");
+        let r = w.ep.atomicmsg(
+            AtomicType::Uint8,
+            AtomicOp::Sum,
+            &[1],
+            &[RmaIoc { addr: 8, count: 1, key }],
+            dest,
+            51,
+            0,
+            shmfab::FI_FENCE,
+        );
+        assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::Again));
+        assert!(heap_bytes_of(&w, dest, key) == [0u8; 16], "a refused fenced call wrote");
+        w.ep.writemsg(&one, &rma, dest, 52, 0, 0).unwrap();
+        w.ok(52);
+        w.barrier(); // rank 1 receives now
+        w.retry(|| w.ep.writemsg(&[IoSlice::new(&[2u8; 8])], &rma, dest, 53, 0, shmfab::FI_FENCE));
+        w.ok(50);
+        w.ok(53);
+    } else {
+        w.barrier();
+        let mut buf = vec![0u8; BIG];
+        // SAFETY: buf outlives the receive (waited for below).
+        unsafe { w.ep.trecv(&mut buf, w.addrs[0], 5, 0, 60).unwrap() };
+        w.ok(60);
+        assert!(buf.iter().all(|&b| b == 7));
+    }
+    w.barrier();
+    if w.rank == 1 {
+        assert_eq!(heap_bytes(&heap)[..9], [2, 2, 2, 2, 2, 2, 2, 2, 0]);
+    }
+    w.barrier();
+}
+
+/// 16 bytes at offset 0 of the registration `key` of `dest`, read.
+fn heap_bytes_of(w: &World, dest: shmfab::FiAddr, key: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    w.ep.read(&mut b, dest, 0, key, 99).unwrap();
+    w.ok(99);
+    b
+}
+
+cma_on_and_off!(fence_waits_for_earlier_sends, fence_waits_for_earlier_sends_cma_off, 2, &[], fenced_rma);

@@ -476,6 +476,11 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
         sys::FI_PROGRESS_UNSPEC => sys::FI_PROGRESS_AUTO,
         p => p,
     };
+    // FI_PROGRESS_MANUAL, and it means it for one-sided calls: atomics on
+    // memory registered with fi_mr_reg (not the shared heap), and RMA to it
+    // where single copy is refused, are done by the target's progress
+    // engine, and the initiator's call blocks until the target progresses
+    // (any call that progresses, or its auto-progress thread) or dies.
     d.data_progress = match hd.map_or(sys::FI_PROGRESS_UNSPEC, |x| x.data_progress) {
         sys::FI_PROGRESS_UNSPEC => sys::FI_PROGRESS_MANUAL,
         p => p,

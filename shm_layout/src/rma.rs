@@ -22,7 +22,7 @@ use crate::PAGE;
 /// Magic of an RMA file (published last, with release).
 pub const RMA_MAGIC: u64 = u64::from_le_bytes(*b"SHMFABRM");
 /// Layout version of the RMA file.
-pub const RMA_VERSION: u32 = 2;
+pub const RMA_VERSION: u32 = 3;
 /// What an initiator writes where its pid goes (a mailbox slot's
 /// claimer, a 16-byte atomic's lock) when it runs in another PID
 /// namespace than the file's owner: a pid no process of the owner's
@@ -130,7 +130,7 @@ pub struct AtomicLock {
     pub word: AtomicU32,
 }
 
-/// States of a mailbox slot.
+/// States of a mailbox slot (the low bits of [`MboxSlot::word`]).
 pub mod mbox_state {
     /// Free.
     pub const FREE: u32 = 0;
@@ -142,6 +142,58 @@ pub mod mbox_state {
     pub const DONE: u32 = 3;
 }
 
+/// The word of a mailbox slot: its state, a generation and its claimer,
+/// changed together (one CAS), so that whoever frees a slot of a dead
+/// claimer frees exactly the claim it judged, never a later one. Layout:
+/// `claimer << 32 | generation << 2 | state`; the generation (30 bits)
+/// grows at each claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotWord(pub u64);
+
+impl SlotWord {
+    /// The word of a slot in `state` at generation `generation` (taken
+    /// modulo 2^30), claimed by `claimer` (0 when free).
+    pub const fn new(state: u32, generation: u32, claimer: u32) -> SlotWord {
+        SlotWord((claimer as u64) << 32 | ((generation & 0x3fff_ffff) as u64) << 2 | (state & 3) as u64)
+    }
+    /// [`mbox_state`].
+    pub const fn state(self) -> u32 {
+        (self.0 & 3) as u32
+    }
+    /// Generation: the number of claims of the slot, modulo 2^30.
+    pub const fn generation(self) -> u32 {
+        ((self.0 >> 2) & 0x3fff_ffff) as u32
+    }
+    /// Pid of the claimer (0: none), in the owner's PID namespace, or
+    /// [`PID_UNKNOWN`].
+    pub const fn claimer(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+    /// The same claim in another state.
+    pub const fn with_state(self, state: u32) -> SlotWord {
+        SlotWord::new(state, self.generation(), self.claimer())
+    }
+    /// The word of this slot freed (same generation, no claimer).
+    pub const fn freed(self) -> SlotWord {
+        SlotWord::new(mbox_state::FREE, self.generation(), 0)
+    }
+    /// The word of a new claim of this (free) slot by `claimer`.
+    pub const fn claimed_by(self, claimer: u32) -> SlotWord {
+        SlotWord::new(mbox_state::CLAIMED, self.generation().wrapping_add(1), claimer)
+    }
+}
+
+/// What remote CQ data reports ([`MboxReq::aop`] of a CQ_DATA request):
+/// the owner maps it to completion flags, never taking flags from a peer.
+pub mod cq_kind {
+    /// An RMA write (FI_RMA | FI_REMOTE_WRITE).
+    pub const RMA_WRITE: u8 = 0;
+    /// An atomic that wrote (FI_ATOMIC | FI_REMOTE_WRITE).
+    pub const ATOMIC_WRITE: u8 = 1;
+    /// An atomic that only read (ATOMIC_READ: FI_ATOMIC | FI_REMOTE_READ).
+    pub const ATOMIC_READ: u8 = 2;
+}
+
 /// Operations of a mailbox request.
 pub mod mbox_op {
     /// Write `len` bytes of the data into the registration.
@@ -151,7 +203,9 @@ pub mod mbox_op {
     /// Atomic on `count` elements: operands, then compares, in the data;
     /// the old values come back at the start of the data.
     pub const ATOMIC: u8 = 3;
-    /// Remote CQ data for endpoint `ep_index` (after a write landed).
+    /// Remote CQ data for endpoint `ep_index` (after the operation
+    /// landed): `data`, `len` bytes, `key` the registration it landed in,
+    /// `aop` its [`cq_kind`]. Not answered: the owner frees the slot.
     pub const CQ_DATA: u8 = 4;
 }
 
@@ -171,7 +225,9 @@ pub struct MboxReq {
     pub ep_index: u32,
     /// Key.
     pub key: u64,
-    /// Offset in the registration.
+    /// Offset in the registration; for CQ_DATA, the initiator's stamp
+    /// (increasing over its requests: the owner queues the entries of one
+    /// scan in stamp order).
     pub off: u64,
     /// Bytes of data (write, read) or of one operand array (atomic).
     pub len: u64,
@@ -187,15 +243,15 @@ pub struct MboxReq {
     pub count: u32,
 }
 
-/// One mailbox slot: its state word, the request, then its data.
+/// One mailbox slot: its word, the request, then its data.
 #[repr(C, align(64))]
 pub struct MboxSlot {
-    /// [`mbox_state`]; REQ is published with release by the initiator,
-    /// DONE by the owner.
-    pub state: AtomicU32,
-    /// Pid of the initiator that claimed it (to free slots of the dead),
-    /// in the owner's PID namespace, or [`PID_UNKNOWN`].
-    pub claimer: AtomicU32,
+    /// A [`SlotWord`]: state, generation and claimer. Claimed (FREE to
+    /// CLAIMED) by a CAS with acquire; REQ is published with release by
+    /// the claimer, DONE by the owner; freed with release by the claimer,
+    /// by the owner (CQ data), or by a CAS of whoever frees a dead
+    /// claimer's slot.
+    pub word: AtomicU64,
     /// The request.
     pub req: MboxReq,
     /// Payload.
@@ -273,6 +329,19 @@ mod tests {
 
     fn elem(d: u8) -> Option<usize> {
         [1, 1, 2, 2, 4, 4, 8, 8, 4, 8, 8, 16].get(d as usize).copied()
+    }
+
+    #[test]
+    fn slot_words_round_trip() {
+        let w = SlotWord::new(mbox_state::DONE, 0x3fff_ffff, PID_UNKNOWN);
+        assert_eq!((w.state(), w.generation(), w.claimer()), (mbox_state::DONE, 0x3fff_ffff, PID_UNKNOWN));
+        let c = w.freed().claimed_by(42);
+        assert_eq!((c.state(), c.generation(), c.claimer()), (mbox_state::CLAIMED, 0, 42));
+        assert_eq!(c.with_state(mbox_state::REQ).claimer(), 42);
+        assert_ne!(
+            SlotWord::new(mbox_state::FREE, 0, 0).claimed_by(7),
+            SlotWord::new(mbox_state::FREE, 1, 0).claimed_by(7)
+        );
     }
 
     #[test]
