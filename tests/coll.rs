@@ -216,6 +216,13 @@ fn args(w: World) {
         assert_eq!(e(g.allgather(&[0; 4], &mut r[..7])), ErrorKind::Inval);
         assert_eq!(e(g.alltoall(&[0; 3], &mut r[..3])), ErrorKind::Inval);
     }
+    // More than one peer may write into a slot (the ring of 2 ranks sends
+    // the whole vector each way): refused before anything is queued.
+    let big = vec![0u8; CollAttr::default().slot_bytes + 64];
+    let mut out = vec![0u8; big.len()];
+    // SAFETY: refused.
+    let e = unsafe { g.allreduce(&big, &mut out, AtomicType::Int64, AtomicOp::Sum) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MsgSize);
     assert_eq!(w.dom.queued_work().unwrap(), 0);
     g.wait(g.barrier().unwrap(), Some(Duration::from_secs(30))).unwrap();
     // A member list without us, or with a member twice.

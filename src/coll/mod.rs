@@ -414,43 +414,37 @@ impl<'a> CollGroup<'a> {
         }
     }
 
-    /// Starts an instance: waits for the one in flight, returns its
-    /// builder.
-    fn begin(&self) -> Result<Sched<'_, 'a>> {
+    /// Posts one instance of `plan`: first dry (sizes checked against the
+    /// slots, nothing queued, so a refusal leaves the group usable), then,
+    /// once the instance in flight completed, for real.
+    fn post(&self, mut plan: impl FnMut(&mut Sched<'_, 'a>) -> Result<()>) -> Result<CollOp> {
         if self.broken.get() {
             return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
         }
+        plan(&mut Sched::new(self, self.next.get(), true))?;
         let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
         if let Some(s) = prev {
             self.wait(CollOp { seq: s }, None)?;
         }
         *self.inflight.borrow_mut() = None;
-        let seq = self.next.get();
-        let n = self.size();
-        Ok(Sched {
-            g: self,
-            q: (seq % 2) as usize,
-            seq,
-            at: At::Done(seq),
-            out_off: vec![0; n],
-            in_off: vec![0; n],
-            left: vec![false; n],
-            bufs: Vec::new(),
-        })
+        let mut s = Sched::new(self, self.next.get(), false);
+        plan(&mut s)?;
+        s.finish()
     }
 
     /// fi_barrier: completes once every member entered it.
     pub fn barrier(&self) -> Result<CollOp> {
-        let mut s = self.begin()?;
         let (n, me) = (self.size(), self.me);
         let z = self.zero.as_ptr();
-        let mut d = 1;
-        while d < n {
-            s.write((me + d) % n, &[(z, 8)])?;
-            s.arrive((me + n - d) % n, 8)?;
-            d *= 2;
-        }
-        s.finish(None)
+        self.post(|s| {
+            let mut d = 1;
+            while d < n {
+                s.write((me + d) % n, &[(z, 8)])?;
+                s.arrive((me + n - d) % n, 8)?;
+                d *= 2;
+            }
+            Ok(())
+        })
     }
 
     /// fi_allreduce: `recv = op(send of every member)`, element-wise,
@@ -465,11 +459,12 @@ impl<'a> CollGroup<'a> {
         if recv.len() != send.len() {
             return Err(Error::with(ErrorKind::Inval, "allreduce: send and receive differ in length"));
         }
-        let mut s = self.begin()?;
-        let acc = s.buf(send.to_vec());
-        s.allreduce(acc, send.len(), dt, op)?;
-        s.copy_out(acc, recv.as_mut_ptr(), recv.len())?;
-        s.finish(None)
+        let out = recv.as_mut_ptr();
+        self.post(|s| {
+            let acc = s.buf_with(|| send.to_vec());
+            s.allreduce(acc, send.len(), dt, op)?;
+            s.copy_out(acc, out, send.len())
+        })
     }
 
     /// fi_reduce: as allreduce, the result at `root` only (`recv` is
@@ -490,13 +485,15 @@ impl<'a> CollGroup<'a> {
         if self.me == root && recv.len() != send.len() {
             return Err(Error::with(ErrorKind::Inval, "reduce: the root's receive differs in length"));
         }
-        let mut s = self.begin()?;
-        let acc = s.buf(send.to_vec());
-        s.allreduce(acc, send.len(), dt, op)?;
-        if self.me == root {
-            s.copy_out(acc, recv.as_mut_ptr(), recv.len())?;
-        }
-        s.finish(None)
+        let (out, me) = (recv.as_mut_ptr(), self.me);
+        self.post(|s| {
+            let acc = s.buf_with(|| send.to_vec());
+            s.allreduce(acc, send.len(), dt, op)?;
+            if me == root {
+                s.copy_out(acc, out, send.len())?;
+            }
+            Ok(())
+        })
     }
 
     /// fi_broadcast: `buf` at every member becomes the root's.
@@ -508,12 +505,20 @@ impl<'a> CollGroup<'a> {
         if buf.is_empty() {
             return Err(Error::with(ErrorKind::Inval, "broadcast of nothing"));
         }
-        let mut s = self.begin()?;
-        let v = if self.me == root { buf.to_vec() } else { vec![0; buf.len()] };
-        let acc = s.buf(v);
-        s.allreduce(acc, buf.len(), AtomicType::Uint8, AtomicOp::Bor)?;
-        s.copy_out(acc, buf.as_mut_ptr(), buf.len())?;
-        s.finish(None)
+        let (len, me) = (buf.len(), self.me);
+        let p = buf.as_mut_ptr();
+        self.post(|s| {
+            // SAFETY: the caller's buffer, valid for the call.
+            let acc = s.buf_with(|| {
+                if me == root {
+                    unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
+                } else {
+                    vec![0; len]
+                }
+            });
+            s.allreduce(acc, len, AtomicType::Uint8, AtomicOp::Bor)?;
+            s.copy_out(acc, p, len)
+        })
     }
 
     /// fi_allgather: `recv` (members × `send.len()` bytes) gets every
@@ -522,21 +527,24 @@ impl<'a> CollGroup<'a> {
     /// # Safety
     /// As [`CollGroup::allreduce`].
     pub unsafe fn allgather(&self, send: &[u8], recv: &mut [u8]) -> Result<CollOp> {
-        let (n, b) = (self.size(), send.len());
+        let (n, b, me) = (self.size(), send.len(), self.me);
         if b == 0 || recv.len() != n * b {
             return Err(Error::with(ErrorKind::Inval, "allgather: a block per member, not empty"));
         }
-        let mut s = self.begin()?;
-        let mut v = vec![0; n * b];
-        v[self.me * b..][..b].copy_from_slice(send);
-        let acc = s.buf(v);
-        if n * b <= RING_MIN || n == 1 {
-            s.bruck(acc, b)?;
-        } else {
-            s.ring_allgather(acc, &blocks(n, b))?;
-        }
-        s.copy_out(acc, recv.as_mut_ptr(), recv.len())?;
-        s.finish(None)
+        let out = recv.as_mut_ptr();
+        self.post(|s| {
+            let acc = s.buf_with(|| {
+                let mut v = vec![0; n * b];
+                v[me * b..][..b].copy_from_slice(send);
+                v
+            });
+            if n * b <= RING_MIN || n == 1 {
+                s.bruck(acc, b)?;
+            } else {
+                s.ring_allgather(acc, &blocks(n, b))?;
+            }
+            s.copy_out(acc, out, n * b)
+        })
     }
 
     /// fi_reduce_scatter: `send` is members × `recv.len()` bytes; member
@@ -545,21 +553,22 @@ impl<'a> CollGroup<'a> {
     /// # Safety
     /// As [`CollGroup::allreduce`].
     pub unsafe fn reduce_scatter(&self, send: &[u8], recv: &mut [u8], dt: AtomicType, op: AtomicOp) -> Result<CollOp> {
-        let (n, b) = (self.size(), recv.len());
+        let (n, b, me) = (self.size(), recv.len(), self.me);
         check_red(dt, op, b)?;
         if send.len() != n * b {
             return Err(Error::with(ErrorKind::Inval, "reduce_scatter: send holds a block per member"));
         }
-        let mut s = self.begin()?;
-        let acc = s.buf(send.to_vec());
-        if n * b <= RING_MIN || n == 1 {
-            s.allreduce(acc, n * b, dt, op)?;
-        } else {
-            s.ring_reduce_scatter(acc, &blocks(n, b), dt, op)?;
-        }
-        let mine = s.ptr(acc).wrapping_add(self.me * b);
-        s.copy_raw(mine, recv.as_mut_ptr(), b)?;
-        s.finish(None)
+        let out = recv.as_mut_ptr();
+        self.post(|s| {
+            let acc = s.buf_with(|| send.to_vec());
+            if n * b <= RING_MIN || n == 1 {
+                s.allreduce(acc, n * b, dt, op)?;
+            } else {
+                s.ring_reduce_scatter(acc, &blocks(n, b), dt, op)?;
+            }
+            let mine = s.ptr(acc).wrapping_add(me * b);
+            s.copy_raw(mine, out, b)
+        })
     }
 
     /// fi_alltoall: block `j` of `send` goes to member `j`, landing in
@@ -568,25 +577,30 @@ impl<'a> CollGroup<'a> {
     /// # Safety
     /// As [`CollGroup::allreduce`].
     pub unsafe fn alltoall(&self, send: &[u8], recv: &mut [u8]) -> Result<CollOp> {
-        let n = self.size();
+        let (n, me) = (self.size(), self.me);
         if send.is_empty() || !send.len().is_multiple_of(n) || recv.len() != send.len() {
             return Err(Error::with(ErrorKind::Inval, "alltoall: equal blocks per member, both buffers alike"));
         }
         let b = send.len() / n;
-        let mut s = self.begin()?;
-        let src = s.buf(send.to_vec());
-        let p = s.ptr(src);
-        recv[self.me * b..][..b].copy_from_slice(&send[self.me * b..][..b]);
-        for d in 1..n {
-            let j = (self.me + d) % n;
-            s.write(j, &[(p.wrapping_add(j * b), b)])?;
-        }
-        for d in 1..n {
-            let j = (self.me + n - d) % n;
-            let at = s.arrive(j, b)?;
-            s.copy_raw(at, recv.as_mut_ptr().wrapping_add(j * b), b)?;
-        }
-        s.finish(None)
+        let out = recv.as_mut_ptr();
+        self.post(|s| {
+            let src = s.buf_with(|| send.to_vec());
+            let p = s.ptr(src);
+            if !s.dry {
+                // SAFETY: the caller's buffer, valid for the call.
+                unsafe { std::slice::from_raw_parts_mut(out.add(me * b), b) }.copy_from_slice(&send[me * b..][..b]);
+            }
+            for d in 1..n {
+                let j = (me + d) % n;
+                s.write(j, &[(p.wrapping_add(j * b), b)])?;
+            }
+            for d in 1..n {
+                let j = (me + n - d) % n;
+                let at = s.arrive(j, b)?;
+                s.copy_raw(at, out.wrapping_add(j * b), b)?;
+            }
+            Ok(())
+        })
     }
 
     fn check_root(&self, root: usize) -> Result<()> {
@@ -647,11 +661,34 @@ struct Sched<'g, 'a> {
     /// Peers whose counter the chain has left (it must not come back).
     left: Vec<bool>,
     bufs: Vec<Vec<u8>>,
+    /// A dry run: sizes are checked, nothing is queued or counted, and
+    /// buffers are not made (their pointers are never dereferenced).
+    dry: bool,
+    /// Work was queued, and the instance not finished: dropping it breaks
+    /// the group (the others cannot be kept in step).
+    open: Cell<bool>,
 }
 
-impl Sched<'_, '_> {
-    fn buf(&mut self, v: Vec<u8>) -> usize {
-        self.bufs.push(v);
+impl<'g, 'a> Sched<'g, 'a> {
+    fn new(g: &'g CollGroup<'a>, seq: u64, dry: bool) -> Self {
+        let n = g.size();
+        Sched {
+            g,
+            q: (seq % 2) as usize,
+            seq,
+            at: At::Done(seq),
+            out_off: vec![0; n],
+            in_off: vec![0; n],
+            left: vec![false; n],
+            bufs: Vec::new(),
+            dry,
+            open: Cell::new(false),
+        }
+    }
+
+    /// A buffer of the instance, made by `f` (not in a dry run).
+    fn buf_with(&mut self, f: impl FnOnce() -> Vec<u8>) -> usize {
+        self.bufs.push(if self.dry { Vec::new() } else { f() });
         self.bufs.len() - 1
     }
 
@@ -661,10 +698,14 @@ impl Sched<'_, '_> {
 
     /// Queues `op` at the chain's point.
     fn queue<'x>(&'x self, op: DeferredOp<'x>, completion: Option<&'x Counter>) -> Result<()> {
+        if self.dry {
+            return Ok(());
+        }
         let (cntr, threshold) = match self.at {
             At::Done(t) => (&self.g.done, t),
             At::Peer(j, t) => (&self.g.arrivals[j].as_ref().expect("a peer")[self.q], t),
         };
+        self.open.set(true);
         // SAFETY: the buffers named are the group's (kept in `inflight`
         // until the instance completed, or flushed first on failure and
         // drop) or the caller's, valid until completion by the contract of
@@ -706,6 +747,9 @@ impl Sched<'_, '_> {
             return Err(too_big(self.g.attr.slot_bytes));
         }
         self.in_off[j] += len;
+        if self.dry {
+            return Ok(std::ptr::null_mut::<u8>().wrapping_add(off));
+        }
         let mut tally = self.g.tally.borrow_mut();
         match self.at {
             At::Peer(k, _) if k == j => {}
@@ -860,7 +904,7 @@ impl Sched<'_, '_> {
 
     /// Ends the schedule: the instance counts `done` (and the user's
     /// counter) once everything before ran.
-    fn finish(mut self, _ctx: Option<usize>) -> Result<CollOp> {
+    fn finish(mut self) -> Result<CollOp> {
         if let Some(u) = self.g.user {
             self.queue(DeferredOp::CntrAdd { cntr: u, value: 1 }, None)?;
         }
@@ -868,13 +912,14 @@ impl Sched<'_, '_> {
         self.queue(DeferredOp::CntrAdd { cntr: done, value: 1 }, None)?;
         self.g.next.set(self.seq + 1);
         *self.g.inflight.borrow_mut() = Some(Inflight { seq: self.seq, _bufs: std::mem::take(&mut self.bufs) });
+        self.open.set(false);
         Ok(CollOp { seq: self.seq })
     }
 }
 
 impl Drop for Sched<'_, '_> {
     fn drop(&mut self) {
-        if !self.bufs.is_empty() {
+        if self.open.get() {
             // Not finished (an error while building): work already queued
             // names these buffers and may be half run; the group cannot
             // continue in step with the others.
