@@ -361,3 +361,37 @@ fn refused(w: &World, go: &shmfab::Counter, dt: AtomicType, op: AtomicOp, src: &
 fn the_reduce_op_of_deferred_work() {
     run("the_reduce_op_of_deferred_work", 1, &[], T, reduce_op);
 }
+
+/// Two groups on one endpoint, joined in different orders by the
+/// processes they share: ranks 0 and 1 join {1, 0} first, then everyone;
+/// rank 2 joins only everyone. Each works, alternately.
+fn two_groups(w: World) {
+    let tmo = Some(Duration::from_secs(60));
+    let pair = [w.addrs[1], w.addrs[0]];
+    let small =
+        (w.rank < 2).then(|| CollGroup::join(&w.dom, &w.ep, &w.av, &w.cq, &pair, None, CollAttr::default()).unwrap());
+    let all = join(&w);
+    for i in 0..10u64 {
+        let send = (w.rank as u64 + i).to_ne_bytes();
+        let mut out = [0u8; 8];
+        // SAFETY: `out` is read after the wait.
+        let o = unsafe { all.allreduce(&send, &mut out, AtomicType::Uint64, AtomicOp::Sum).unwrap() };
+        all.wait(o, tmo).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), 3 + 3 * i);
+        if let Some(g) = &small {
+            assert_eq!(g.rank(), 1 - w.rank);
+            // SAFETY: as above.
+            let o = unsafe { g.allreduce(&send, &mut out, AtomicType::Uint64, AtomicOp::Max).unwrap() };
+            g.wait(o, tmo).unwrap();
+            assert_eq!(u64::from_ne_bytes(out), 1 + i);
+        }
+    }
+    drop(small);
+    drop(all);
+    w.barrier();
+}
+
+#[test]
+fn two_groups_on_one_endpoint() {
+    run("two_groups_on_one_endpoint", 3, &[], T, two_groups);
+}

@@ -80,8 +80,10 @@ use std::cell::{Cell, RefCell};
 use std::io::IoSlice;
 use std::time::{Duration, Instant};
 
-/// Tags of the join's key exchange: this prefix, the join's number in the
-/// process (joins happen in the same order everywhere), the sender.
+/// Tags of the join's key exchange: this prefix, 28 bits naming the join
+/// (a hash of the member list and how many joins of the same list came
+/// before it, so groups of different members may be joined in any order
+/// by the processes they share), the sender's index (16 bits).
 pub const JOIN_TAG: u64 = 0x3C01 << 48;
 
 /// Above this many bytes (of the vector reduced, or of the gathered
@@ -158,7 +160,34 @@ pub struct CollGroup<'a> {
     other: RefCell<Vec<CqTaggedEntry>>,
 }
 
-static JOINS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Joins made in this process, by member list (its hash): the join's
+/// number among those of the same list, which every member counts alike.
+static JOINS: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// The join's identity in its tags (28 bits): the members' addresses in
+/// order, and how many joins of that same list this process made before.
+fn join_id(names: &[crate::Address]) -> u64 {
+    // FNV-1a over the addresses' bytes: the same in every process.
+    let mut key = 0xcbf2_9ce4_8422_2325u64;
+    for b in names.iter().flat_map(|a| a.to_bytes()) {
+        key = (key ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut j = JOINS.lock().unwrap_or_else(|p| p.into_inner());
+    let n = match j.iter_mut().find(|e| e.0 == key) {
+        Some(e) => {
+            e.1 += 1;
+            e.1
+        }
+        None => {
+            j.push((key, 0));
+            0
+        }
+    };
+    key.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 36
+}
+
+/// Contexts of the join's receives (local only): a fresh range per join.
+static JOIN_CTX: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl<'a> CollGroup<'a> {
     /// fi_join_collective: joins the group of `members` (fi_addrs in
@@ -198,7 +227,7 @@ impl<'a> CollGroup<'a> {
                 return Err(Error::with(ErrorKind::Inval, format!("member {i} is listed twice")));
             }
         }
-        let gid = JOINS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xfff;
+        let gid = join_id(&names);
         let slot = attr.slot_bytes.next_multiple_of(64);
         let mut peers = Vec::with_capacity(n);
         let mut arrivals = Vec::with_capacity(n);
@@ -217,7 +246,8 @@ impl<'a> CollGroup<'a> {
         }
         // Key exchange: a receive per peer (exact tag), then our keys.
         let tag = |from: usize| JOIN_TAG | gid << 20 | from as u64;
-        let ctx0 = 0xC011_0000_0000usize + (gid as usize) * (1 << 17);
+        let ctx0 =
+            0xC011_0000_0000usize + (JOIN_CTX.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xffff) * (1 << 17);
         let mut bufs = vec![[0u8; 16]; n];
         for (j, b) in bufs.iter_mut().enumerate() {
             if j != me {
