@@ -201,6 +201,16 @@ fn every_collective_on_8_ranks() {
     run("every_collective_on_8_ranks", 8, &[], T, every);
 }
 
+/// The same with auto progress: the thread fires the schedules while the
+/// application posts and waits.
+#[test]
+fn every_collective_with_auto_progress_on_5_ranks() {
+    run("every_collective_with_auto_progress_on_5_ranks", 5, &[("SHMFAB_THREADING", "safe")], T, |w| {
+        w.dom.start_progress_thread().unwrap();
+        every(w)
+    });
+}
+
 /// Calls check their arguments: nothing queued, the group still usable.
 fn args(w: World) {
     let g = join(&w);
