@@ -158,6 +158,9 @@ pub struct CollGroup<'a> {
     broken: Cell<bool>,
     zero: Box<[u8; 8]>,
     other: RefCell<Vec<CqTaggedEntry>>,
+    /// CPUs this process may run on (`wait` polls only when every member
+    /// can have one).
+    cpus: usize,
 }
 
 /// Joins made in this process, by member list (its hash): the join's
@@ -356,6 +359,7 @@ impl<'a> CollGroup<'a> {
             broken: Cell::new(false),
             zero: Box::new([0; 8]),
             other: RefCell::new(other),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         })
     }
 
@@ -384,25 +388,35 @@ impl<'a> CollGroup<'a> {
         Ok(false)
     }
 
-    /// Waits until `op` completed, or `timeout` (`TimedOut`): driving
-    /// progress, polling for the first 20 µs, then yielding the CPU between
-    /// passes until 200 µs, then sleeping on the domain's doorbell (1 ms at
-    /// most) between them. A member that died, or a write that failed,
-    /// makes it `Io` within about 20 ms (the group's queued work is
-    /// flushed; later calls fail at once).
+    /// Waits until `op` completed, or `timeout` (`TimedOut`), driving
+    /// progress: polling for the first 500 µs when the group has no more
+    /// members than there are CPUs (a peer's step is then a poll away; a
+    /// yield on a loaded machine can cost a time slice), then yielding the
+    /// CPU between passes for 200 µs, then sleeping on the domain's
+    /// doorbell (1 ms at most) between them. A member that died, or a
+    /// write that failed, makes it `Io` within about 20 ms (the group's
+    /// queued work is flushed; later calls fail at once).
     pub fn wait(&self, op: CollOp, timeout: Option<Duration>) -> Result<()> {
         let t0 = Instant::now();
         let mut checked = Instant::now();
+        let spin = if self.size() <= self.cpus { Duration::from_micros(500) } else { Duration::ZERO };
+        let mut polls = 0u32;
         loop {
             if self.done.read()? > op.seq {
                 return Ok(());
             }
-            let e = t0.elapsed();
-            if e < Duration::from_micros(20) {
+            // The clock is read every 32 polls only (it cost a quarter of
+            // a polling loop).
+            polls = polls.wrapping_add(1);
+            if polls % 32 != 0 {
                 std::hint::spin_loop();
                 continue;
             }
-            if e < Duration::from_micros(200) {
+            let e = t0.elapsed();
+            if e < spin {
+                continue;
+            }
+            if e < spin + Duration::from_micros(200) {
                 std::thread::yield_now();
                 continue;
             }
