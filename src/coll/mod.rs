@@ -408,7 +408,7 @@ impl<'a> CollGroup<'a> {
             // The clock is read every 32 polls only (it cost a quarter of
             // a polling loop).
             polls = polls.wrapping_add(1);
-            if polls % 32 != 0 {
+            if !polls.is_multiple_of(32) {
                 std::hint::spin_loop();
                 continue;
             }
