@@ -10,8 +10,10 @@
 //! shmfab run -n 4 -- target/release/examples/coll_bench [--iters N] [--sizes 8,1k,1m] [--auto]
 //! ```
 //! `--auto` starts the auto-progress thread (set SHMFAB_THREADING=safe).
-//! Output: one line per figure, `barrier ranks=N latency_us=...` and
-//! `allreduce ranks=N size=S latency_us=...`, printed by rank 0.
+//! Output: one line per figure, `barrier ranks=N latency_us=...` (with
+//! the median, and the median time in the posting call) and
+//! `allreduce ranks=N size=S latency_us=... median_us=...`, printed by
+//! rank 0 (each a mean over ranks of the rank's figure).
 
 use shmfab::{AtomicOp, AtomicType, CollAttr, CollGroup, World};
 use std::time::{Duration, Instant};
@@ -36,6 +38,17 @@ fn mean_over_ranks(w: &World, g: &CollGroup<'_>, v: f64) -> f64 {
     let o = unsafe { g.allreduce(&send, &mut out, AtomicType::Double, AtomicOp::Sum).unwrap() };
     g.wait(o, Some(Duration::from_secs(60))).unwrap();
     f64::from_ne_bytes(out) / w.size as f64
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// The median: on a shared VM a rare preempted iteration (a time slice,
+/// milliseconds) moves the mean of thousands.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn main() {
@@ -73,14 +86,19 @@ fn main() {
     for _ in 0..iters / 10 {
         g.wait(g.barrier().unwrap(), tmo).unwrap();
     }
-    let t0 = Instant::now();
+    let mut lat = Vec::with_capacity(iters);
+    let mut post = Vec::with_capacity(iters);
     for _ in 0..iters {
-        g.wait(g.barrier().unwrap(), tmo).unwrap();
+        let p = Instant::now();
+        let o = g.barrier().unwrap();
+        post.push(p.elapsed().as_secs_f64() * 1e6);
+        g.wait(o, tmo).unwrap();
+        lat.push(p.elapsed().as_secs_f64() * 1e6);
     }
-    let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
-    let m = mean_over_ranks(&w, &g, us);
+    let (m, p50) = (mean_over_ranks(&w, &g, mean(&lat)), mean_over_ranks(&w, &g, median(&mut lat)));
+    let pm = mean_over_ranks(&w, &g, median(&mut post));
     if w.rank == 0 {
-        println!("barrier ranks={} latency_us={m:.3}", w.size);
+        println!("barrier ranks={} latency_us={m:.3} median_us={p50:.3} post_median_us={pm:.3}", w.size);
     }
 
     let mut at_big = None;
@@ -94,19 +112,22 @@ fn main() {
             let o = unsafe { g.allreduce(&send, &mut recv, AtomicType::Double, AtomicOp::Sum).unwrap() };
             g.wait(o, tmo).unwrap();
         }
-        let t0 = Instant::now();
+        let mut lat = Vec::with_capacity(it);
         for _ in 0..it {
+            let t = Instant::now();
             // SAFETY: as above.
             let o = unsafe { g.allreduce(&send, &mut recv, AtomicType::Double, AtomicOp::Sum).unwrap() };
             g.wait(o, tmo).unwrap();
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        let us = t0.elapsed().as_secs_f64() * 1e6 / it as f64;
+        let us = mean(&lat);
+        let p50 = median(&mut lat);
         let want = (0..n)
             .all(|k| f64::from_ne_bytes(recv[8 * k..][..8].try_into().unwrap()) == (k % 17) as f64 * w.size as f64);
         assert!(want, "allreduce result");
-        let m = mean_over_ranks(&w, &g, us);
+        let (m, p50) = (mean_over_ranks(&w, &g, us), mean_over_ranks(&w, &g, p50));
         if w.rank == 0 {
-            println!("allreduce ranks={} size={} latency_us={m:.3}", w.size, n * 8);
+            println!("allreduce ranks={} size={} latency_us={m:.3} median_us={p50:.3}", w.size, n * 8);
         }
         if size >= 1 << 20 {
             at_big = Some((send, recv, us, it));

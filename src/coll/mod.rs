@@ -92,6 +92,10 @@ pub const JOIN_TAG: u64 = 0x3C01 << 48;
 /// per rank).
 pub const RING_MIN: usize = 32 * 1024;
 
+/// Passes `wait` makes before it yields the CPU between passes (a few
+/// microseconds: a peer on another CPU answers within them).
+const SPIN_PASSES: u32 = 64;
+
 /// Options of [`CollGroup::join`].
 #[derive(Clone, Copy, Debug)]
 pub struct CollAttr {
@@ -158,9 +162,6 @@ pub struct CollGroup<'a> {
     broken: Cell<bool>,
     zero: Box<[u8; 8]>,
     other: RefCell<Vec<CqTaggedEntry>>,
-    /// CPUs this process may run on (`wait` polls only when every member
-    /// can have one).
-    cpus: usize,
 }
 
 /// Joins made in this process, by member list (its hash): the join's
@@ -359,7 +360,6 @@ impl<'a> CollGroup<'a> {
             broken: Cell::new(false),
             zero: Box::new([0; 8]),
             other: RefCell::new(other),
-            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         })
     }
 
@@ -389,35 +389,30 @@ impl<'a> CollGroup<'a> {
     }
 
     /// Waits until `op` completed, or `timeout` (`TimedOut`), driving
-    /// progress: polling for the first 500 µs when the group has no more
-    /// members than there are CPUs (a peer's step is then a poll away; a
-    /// yield on a loaded machine can cost a time slice), then yielding the
-    /// CPU between passes for 200 µs, then sleeping on the domain's
-    /// doorbell (1 ms at most) between them. A member that died, or a
-    /// write that failed, makes it `Io` within about 20 ms (the group's
-    /// queued work is flushed; later calls fail at once).
+    /// progress: a few microseconds of passes back to back (a peer on
+    /// another CPU answers within them), then until 500 µs a yield of the
+    /// CPU between passes (a peer that shares our CPU can run: a spin
+    /// would hold the CPU it needs), then passes with sleeps
+    /// on the domain's doorbell (1 ms at most) between them. A member
+    /// that died, or a write that failed, makes it `Io` within about 20 ms
+    /// (the group's queued work is flushed; later calls fail at once).
     pub fn wait(&self, op: CollOp, timeout: Option<Duration>) -> Result<()> {
         let t0 = Instant::now();
         let mut checked = Instant::now();
-        let spin = if self.size() <= self.cpus { Duration::from_micros(500) } else { Duration::ZERO };
         let mut polls = 0u32;
         loop {
             if self.done.read()? > op.seq {
                 return Ok(());
             }
-            // The clock is read every 32 polls only (it cost a quarter of
+            // The clock is read every 16 passes only (it cost a quarter of
             // a polling loop).
             polls = polls.wrapping_add(1);
-            if !polls.is_multiple_of(32) {
-                std::hint::spin_loop();
-                continue;
-            }
-            let e = t0.elapsed();
-            if e < spin {
-                continue;
-            }
-            if e < spin + Duration::from_micros(200) {
-                std::thread::yield_now();
+            if !polls.is_multiple_of(16) || t0.elapsed() < Duration::from_micros(500) {
+                if polls > SPIN_PASSES {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             if self.broken.get() {
