@@ -405,3 +405,31 @@ fn two_groups(w: World) {
 fn two_groups_on_one_endpoint() {
     run("two_groups_on_one_endpoint", 3, &[], T, two_groups);
 }
+
+/// A join whose other member never comes fails with `TimedOut` after
+/// `join_timeout`; its receive is cancelled (an FI_ECANCELED error entry
+/// at most, nothing else), and the endpoint works on.
+fn lonely(w: World) {
+    if w.rank == 0 {
+        let attr = CollAttr { join_timeout: Duration::from_millis(300), ..Default::default() };
+        let t0 = Instant::now();
+        let e = CollGroup::join(&w.dom, &w.ep, &w.av, &w.cq, &w.addrs, None, attr).err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+        let mut ent = [shmfab::CqTaggedEntry::default(); 4];
+        match w.cq.read(&mut ent) {
+            Err(e) if e.kind() == ErrorKind::Again => {}
+            Err(e) if e.kind() == ErrorKind::Avail => {
+                let ee = w.cq.readerr().unwrap();
+                assert_eq!(ee.err, libc::ECANCELED, "{ee:?}");
+            }
+            r => panic!("unexpected {r:?}"),
+        }
+    }
+    w.barrier();
+}
+
+#[test]
+fn a_join_without_the_others_times_out() {
+    run("a_join_without_the_others_times_out", 2, &[], T, lonely);
+}

@@ -253,88 +253,87 @@ impl<'a> CollGroup<'a> {
         let ctx0 =
             0xC011_0000_0000usize + (JOIN_CTX.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xffff) * (1 << 17);
         let mut bufs = vec![[0u8; 16]; n];
-        for (j, b) in bufs.iter_mut().enumerate() {
-            if j != me {
-                // SAFETY: `bufs` outlives the receives: we wait for all of
-                // them below, or cancel them before returning.
-                unsafe { ep.trecv(b, members[j], tag(j), 0, ctx0 + j)? };
-            }
-        }
-        let t0 = Instant::now();
-        let cancel = |left: &[bool]| {
-            for (j, &l) in left.iter().enumerate() {
-                if l {
-                    let _ = ep.cancel(ctx0 + j);
+        // Receives posted and not yet completed (cancelled on failure).
+        let mut left = vec![false; n];
+        let res = (|| -> Result<Vec<CqTaggedEntry>> {
+            for (j, b) in bufs.iter_mut().enumerate() {
+                if j != me {
+                    // SAFETY: `bufs` outlives the receives: they complete
+                    // below, or are cancelled (`left`) before we return.
+                    unsafe { ep.trecv(b, members[j], tag(j), 0, ctx0 + j)? };
+                    left[j] = true;
                 }
             }
-        };
-        let mut left: Vec<bool> = (0..n).map(|j| j != me).collect();
-        for j in 0..n {
-            if j == me {
-                continue;
-            }
-            let p = peers[j].as_ref().expect("a peer");
-            let mut msg = [0u8; 16];
-            msg[..8].copy_from_slice(&p.mine[0].key().to_le_bytes());
-            msg[8..].copy_from_slice(&p.mine[1].key().to_le_bytes());
-            loop {
-                match ep.tinject(&msg, members[j], tag(me)) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == ErrorKind::Again && t0.elapsed() < attr.join_timeout => {
-                        dom.progress()?;
-                        std::thread::yield_now();
-                    }
-                    Err(e) => {
-                        cancel(&left);
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        let mut other = Vec::new();
-        let mut e = [CqTaggedEntry::default(); 8];
-        let mut checked = Instant::now();
-        while left.iter().any(|&l| l) {
-            match cq.read(&mut e) {
-                Ok(k) => {
-                    for x in &e[..k] {
-                        match x.op_context.checked_sub(ctx0) {
-                            Some(j) if j < n && left[j] => {
-                                if x.len != 16 {
-                                    cancel(&left);
-                                    return Err(Error::with(ErrorKind::Io, format!("member {j} sent a bad join")));
-                                }
-                                left[j] = false;
-                            }
-                            _ => other.push(*x),
-                        }
-                    }
+            let t0 = Instant::now();
+            for j in 0..n {
+                if j == me {
                     continue;
                 }
-                Err(er) if er.kind() == ErrorKind::Again => {}
-                Err(er) if er.kind() == ErrorKind::Avail => {
-                    let ee = cq.readerr()?;
-                    cancel(&left);
-                    return Err(Error::with(ErrorKind::Io, format!("an error completion during the join: {ee:?}")));
-                }
-                Err(er) => {
-                    cancel(&left);
-                    return Err(er);
-                }
-            }
-            if checked.elapsed() > Duration::from_millis(20) {
-                checked = Instant::now();
-                if let Some(j) = (0..n).find(|&j| left[j] && !crate::atomic::pid_alive(names[j].pid)) {
-                    cancel(&left);
-                    return Err(Error::with(ErrorKind::Io, format!("member {j} died during the join")));
+                let p = peers[j].as_ref().expect("a peer");
+                let mut msg = [0u8; 16];
+                msg[..8].copy_from_slice(&p.mine[0].key().to_le_bytes());
+                msg[8..].copy_from_slice(&p.mine[1].key().to_le_bytes());
+                loop {
+                    match ep.tinject(&msg, members[j], tag(me)) {
+                        Ok(()) => break,
+                        Err(e) if e.kind() == ErrorKind::Again && t0.elapsed() < attr.join_timeout => {
+                            dom.progress()?;
+                            std::thread::yield_now();
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
-            if t0.elapsed() > attr.join_timeout {
-                cancel(&left);
-                return Err(Error::with(ErrorKind::TimedOut, "members missing at the join"));
+            let mut other = Vec::new();
+            let mut e = [CqTaggedEntry::default(); 8];
+            let mut checked = Instant::now();
+            while left.iter().any(|&l| l) {
+                match cq.read(&mut e) {
+                    Ok(k) => {
+                        for x in &e[..k] {
+                            match x.op_context.checked_sub(ctx0) {
+                                Some(j) if j < n && left[j] => {
+                                    left[j] = false;
+                                    if x.len != 16 {
+                                        return Err(Error::with(ErrorKind::Io, format!("member {j} sent a bad join")));
+                                    }
+                                }
+                                _ => other.push(*x),
+                            }
+                        }
+                        continue;
+                    }
+                    Err(er) if er.kind() == ErrorKind::Again => {}
+                    Err(er) if er.kind() == ErrorKind::Avail => {
+                        let ee = cq.readerr()?;
+                        return Err(Error::with(ErrorKind::Io, format!("an error completion during the join: {ee:?}")));
+                    }
+                    Err(er) => return Err(er),
+                }
+                if checked.elapsed() > Duration::from_millis(20) {
+                    checked = Instant::now();
+                    if let Some(j) = (0..n).find(|&j| left[j] && !crate::atomic::pid_alive(names[j].pid)) {
+                        return Err(Error::with(ErrorKind::Io, format!("member {j} died during the join")));
+                    }
+                }
+                if t0.elapsed() > attr.join_timeout {
+                    return Err(Error::with(ErrorKind::TimedOut, "members missing at the join"));
+                }
+                dom.wait(Some(Duration::from_millis(1)));
             }
-            dom.wait(Some(Duration::from_millis(1)));
-        }
+            Ok(other)
+        })();
+        let other = match res {
+            Ok(o) => o,
+            Err(e) => {
+                for (j, &l) in left.iter().enumerate() {
+                    if l {
+                        let _ = ep.cancel(ctx0 + j);
+                    }
+                }
+                return Err(e);
+            }
+        };
         for j in 0..n {
             if let Some(p) = peers[j].as_mut() {
                 let b = &bufs[j];
@@ -558,9 +557,9 @@ impl<'a> CollGroup<'a> {
         let (len, me) = (buf.len(), self.me);
         let p = buf.as_mut_ptr();
         self.post(|s| {
-            // SAFETY: the caller's buffer, valid for the call.
             let acc = s.buf_with(|| {
                 if me == root {
+                    // SAFETY: the caller's buffer, valid for the call.
                     unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
                 } else {
                     vec![0; len]
