@@ -36,6 +36,7 @@ pub mod atomic;
 pub mod av;
 mod cma;
 pub mod cntr;
+pub mod coll;
 pub mod cq;
 pub mod domain;
 mod doorbell;
@@ -66,6 +67,7 @@ pub mod trigger;
 pub use atomic::{AtomicCall, AtomicOp, AtomicType};
 pub use av::AddressVector;
 pub use cntr::{CntrAttr, Counter};
+pub use coll::{CollAttr, CollGroup, CollOp};
 pub use cq::{
     CompletionQueue, CqAttr, CqDataEntry, CqEntry, CqErrEntry, CqFormat, CqMsgEntry, CqTaggedEntry, WaitCond, WaitObj,
 };

@@ -207,6 +207,27 @@ pub enum DeferredOp<'a> {
         /// Flags.
         flags: u64,
     },
+    /// shmfab's one local compute operation (no `fi_op_type`; for
+    /// collectives built of deferred work, [`crate::coll`]): `dst[i] =
+    /// op(dst[i], src[i])` element by element, with `op` one of FI_SUM,
+    /// FI_PROD, FI_MIN, FI_MAX, FI_BOR, FI_BAND, FI_BXOR or
+    /// FI_ATOMIC_WRITE (a copy) on the integer and floating types (bit
+    /// operations on integers only). Plain loads and stores, no atomics:
+    /// the buffers are the submitter's (one may be shared-heap memory a
+    /// peer wrote before the counter that fires this moved; the counter's
+    /// acquire load orders that write before this read). Runs in the
+    /// firing pass, counts the completion counter by one, reports nothing
+    /// else. Deferred work only (`Domain::queue_work`).
+    Reduce {
+        /// Element type.
+        dt: AtomicType,
+        /// Operation.
+        op: AtomicOp,
+        /// Operands (as many bytes as `dst`, a whole number of elements).
+        src: &'a [u8],
+        /// Accumulator, updated in place (may not overlap `src`).
+        dst: &'a mut [u8],
+    },
     /// FI_OP_CNTR_SET: sets the success value of `cntr` to `value`.
     CntrSet {
         /// The counter.
@@ -358,6 +379,13 @@ enum Op {
         id: usize,
         value: u64,
         set: bool,
+    },
+    Reduce {
+        dt: AtomicType,
+        op: AtomicOp,
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
     },
 }
 
@@ -600,6 +628,18 @@ fn make(dom: &Arc<DomainInner>, st: &DomainState, op: DeferredOp<'_>, deferred: 
             let id = cntr_of(dom, st, cntr)?;
             (mk(None, 0, Op::Cntr { id, value, set: is_set }, None), Some(id))
         }
+        DeferredOp::Reduce { dt, op, src, dst } => {
+            if !deferred {
+                return Err(Error::with(ErrorKind::Inval, "a reduction is deferred work only"));
+            }
+            crate::coll::reduce::check(dt, op, src.len(), dst.len())?;
+            let (s0, d0) = (src.as_ptr() as usize, dst.as_ptr() as usize);
+            if s0 < d0 + dst.len() && d0 < s0 + src.len() {
+                return Err(Error::with(ErrorKind::Inval, "a reduction's buffers overlap"));
+            }
+            let op = Op::Reduce { dt, op, src: src.as_ptr(), dst: dst.as_mut_ptr(), len: dst.len() };
+            (mk(None, 0, op, None), None)
+        }
     })
 }
 
@@ -790,6 +830,18 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
         release(st, &w);
         return Fired::Done { cntr_op: true };
     }
+    if let Op::Reduce { dt, op, src, dst, len } = w.op {
+        // SAFETY: the submitter's buffers, valid and not overlapping (checked
+        // at submission) until the work completes, by the contract of
+        // `queue_work`.
+        let (s, d) = unsafe { (std::slice::from_raw_parts(src, len), std::slice::from_raw_parts_mut(dst, len)) };
+        crate::coll::reduce::apply(dt, op, s, d);
+        if let Some(c) = w.completion {
+            count(&counters[c], Val::Success, 1);
+        }
+        release(st, &w);
+        return Fired::Done { cntr_op: w.completion.is_some() };
+    }
     // Deferred work reports to its endpoint only with FI_COMPLETION.
     let quiet = w.deferred && w.flags & FI_COMPLETION == 0;
     let dw = if w.deferred { Dw::new(w.completion, quiet) } else { Dw::NONE };
@@ -865,7 +917,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                 };
                 ini.atomic_body(ep, &mut src.ctx(), a, dw)
             }
-            Op::Cntr { .. } => unreachable!("handled above"),
+            Op::Cntr { .. } | Op::Reduce { .. } => unreachable!("handled above"),
         };
         match res {
             Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(Box::new(w)),
@@ -876,7 +928,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                     Op::Msg { kind, context, tag, .. } => (*kind, *context, *tag),
                     Op::Rma { kind, context, .. } => (*kind, *context, 0),
                     Op::Atomic { call, context, .. } => (atomic_kind(*call), *context, 0),
-                    Op::Cntr { .. } => unreachable!("handled above"),
+                    Op::Cntr { .. } | Op::Reduce { .. } => unreachable!("handled above"),
                 };
                 let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw };
                 complete_send(&ep.bind, &mut src.ctx(), done, Some((e.kind(), 0, e.to_string())));

@@ -1,0 +1,985 @@
+//! Collectives (after fi_collective(3)) built as schedules of deferred work:
+//! once posted, a collective completes without the application's help
+//! (with auto progress; with manual progress, in its progress calls).
+//!
+//! **Group.** [`CollGroup::join`] takes the members as fi_addrs of an
+//! endpoint's AV (libfabric's AV set) and is collective over them: each
+//! member allocates, per peer and per parity (two instances alternate), a
+//! *slot region* in its shared heap ([`Domain::alloc_shared`]) with its own
+//! remote-write counter, and sends the keys to that peer (tagged
+//! messages on the endpoint, tag space `JOIN_TAG`). Then every
+//! collective is non-blocking: [`CollGroup::allreduce`] and the others
+//! queue the whole schedule as deferred work ([`Domain::queue_work`]) and
+//! return a [`CollOp`]; [`CollGroup::test`] / [`CollGroup::wait`] tell when
+//! it completed (a counter bound at join counts each completion too).
+//!
+//! **Data movement.** A step is an RMA write from a local buffer into the
+//! peer's slot region for us: on the shared heap it is one copy by the
+//! writer, who then counts the region's remote-write counter at the target
+//! and rings its doorbell; the target does no work for it. The target's
+//! next step waits on that counter: work queued on counter `C[j]` (writes
+//! from peer `j`) at the threshold "the m-th write from `j` arrived".
+//! Local steps are [`DeferredOp::Reduce`] (a reduction or a copy between
+//! two local buffers), queued behind the arrival they consume. Each
+//! writer's writes to one target are issued in order and complete when
+//! issued (heap path), so arrivals from one peer count in order.
+//!
+//! **Sequencing.** A rank's schedule is a chain: each action is queued at
+//! the point the chain has reached (a counter and a threshold); actions at
+//! one point run in submission order. Waiting for peer `j` moves the chain
+//! onto `C[j]`: if the chain is elsewhere, a deferred add of 1 to `C[j]`
+//! (a *token*) is queued at the current point and the new point is "`C[j]`
+//! holds every arrival and token so far". This joins the local chain and
+//! the arrival only because in every schedule here a peer writes to us at
+//! most once between two times our chain waits on someone else (ring
+//! algorithms stay on the left neighbour's counter for their whole run);
+//! the builder asserts it.
+//!
+//! **Reuse.** Instance `k` uses parity `k % 2` of every slot region and
+//! counter; posting instance `k` first waits for instance `k - 1` (one
+//! collective in flight per group). Every collective here has a result at
+//! each member that depends on every member's contribution (broadcast and
+//! reduce are built on allreduce for that reason), so a peer that writes
+//! instance `k` data has seen our instance `k - 1` contribution, which we
+//! sent after instance `k - 2` completed here: its slots are free.
+//!
+//! **Algorithms** (chosen by size and rank count in each call): barrier: dissemination
+//! (⌈log2 P⌉ rounds). Allreduce up to [`RING_MIN`] bytes (or fewer
+//! elements than ranks): recursive doubling, with the ranks above the
+//! largest power of two folded in first and sent the result last; above
+//! it: ring (reduce-scatter then allgather, 2(P-1) steps, each rank sending
+//! 2(P-1)/P of the data). Allgather: Bruck-style dissemination (⌈log2 P⌉
+//! rounds, blocks placed at their absolute position) up to [`RING_MIN`]
+//! bytes of result, ring above. Reduce-scatter: recursive-doubling
+//! allreduce then the own block up to [`RING_MIN`], the ring's
+//! reduce-scatter half above. Alltoall: every pair directly (P-1 writes).
+//! Broadcast: allreduce with FI_BOR on bytes where only the root
+//! contributes; reduce: allreduce whose result only the root keeps (both
+//! simple and correct, not bandwidth-optimal).
+//!
+//! **Failure.** A member that dies stops the others' schedules: `wait`
+//! checks the members' processes every 20 ms and fails with `Io` (the
+//! group's queued work is flushed; the group is then broken). A write that
+//! fails (a peer's region closed) counts the group's error counter, and
+//! `wait` fails with `Io` too.
+
+pub mod reduce;
+
+use crate::atomic::{AtomicOp, AtomicType};
+use crate::av::AddressVector;
+use crate::cntr::Counter;
+use crate::cq::{CompletionQueue, CqTaggedEntry};
+use crate::domain::Domain;
+use crate::ep::Endpoint;
+use crate::error::{Error, ErrorKind, Result};
+use crate::flags::*;
+use crate::mr::MemoryRegion;
+use crate::rma::RmaIov;
+use crate::trigger::{DeferredOp, DeferredWork};
+use std::cell::{Cell, RefCell};
+use std::io::IoSlice;
+use std::time::{Duration, Instant};
+
+/// Tags of the join's key exchange: this prefix, 28 bits naming the join
+/// (a hash of the member list and how many joins of the same list came
+/// before it, so groups of different members may be joined in any order
+/// by the processes they share), the sender's index (16 bits).
+pub const JOIN_TAG: u64 = 0x3C01 << 48;
+
+/// Above this many bytes (of the vector reduced, or of the gathered
+/// result), allreduce, reduce-scatter and allgather go round a ring; at or
+/// below it, recursive doubling / dissemination (fewer steps, more bytes
+/// per rank).
+pub const RING_MIN: usize = 32 * 1024;
+
+/// Passes `wait` makes before it yields the CPU between passes (a few
+/// microseconds: a peer on another CPU answers within them).
+const SPIN_PASSES: u32 = 64;
+
+/// Options of [`CollGroup::join`].
+#[derive(Clone, Copy, Debug)]
+pub struct CollAttr {
+    /// Bytes of each slot region: the most one peer writes to us in one
+    /// collective (ring allreduce: about twice the vector; recursive
+    /// doubling: the vector; allgather: half the result; alltoall: one
+    /// block). Each member holds 2 (P-1) of them in its shared heap.
+    pub slot_bytes: usize,
+    /// How long `join` waits for the others.
+    pub join_timeout: Duration,
+}
+
+impl Default for CollAttr {
+    fn default() -> Self {
+        CollAttr { slot_bytes: 256 * 1024, join_timeout: Duration::from_secs(60) }
+    }
+}
+
+/// A posted collective, for [`CollGroup::test`] and [`CollGroup::wait`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollOp {
+    /// Instance number in the group (0, 1, ...).
+    seq: u64,
+}
+
+/// The local state of an instance in flight: buffers its work reads and
+/// writes (kept until it completed).
+struct Inflight {
+    seq: u64,
+    _bufs: Vec<Vec<u8>>,
+}
+
+/// One peer's slot regions here (it writes into them) and its for us.
+struct Peer {
+    /// Our regions for this peer's writes, by parity; their counters.
+    mine: [MemoryRegion; 2],
+    /// Its regions for our writes, by parity (keys it sent at join).
+    keys: [u64; 2],
+}
+
+/// A joined collective group (fi_join_collective's result): the members,
+/// this rank's place, the slot regions and counters.
+pub struct CollGroup<'a> {
+    dom: &'a Domain,
+    ep: &'a Endpoint,
+    members: Vec<FiAddr>,
+    pids: Vec<u32>,
+    me: usize,
+    attr: CollAttr,
+    /// By member (None for us). Dropped before the counters below.
+    peers: Vec<Option<Peer>>,
+    /// Counters of the slot regions, by member and parity.
+    arrivals: Vec<Option<[Counter; 2]>>,
+    /// What each counter has been promised so far (arrivals plus tokens),
+    /// by member and parity: thresholds are cumulative.
+    tally: RefCell<Vec<[u64; 2]>>,
+    /// Counts completed instances (the start point of the next one).
+    done: Counter,
+    /// Completion counter of every write: its error value says one failed.
+    wr: Counter,
+    user: Option<&'a Counter>,
+    next: Cell<u64>,
+    inflight: RefCell<Option<Inflight>>,
+    broken: Cell<bool>,
+    zero: Box<[u8; 8]>,
+    other: RefCell<Vec<CqTaggedEntry>>,
+}
+
+/// Joins made in this process, by member list (its hash): the join's
+/// number among those of the same list, which every member counts alike.
+static JOINS: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// The join's identity in its tags (28 bits): the members' addresses in
+/// order, and how many joins of that same list this process made before.
+fn join_id(names: &[crate::Address]) -> u64 {
+    // FNV-1a over the addresses' bytes: the same in every process.
+    let mut key = 0xcbf2_9ce4_8422_2325u64;
+    for b in names.iter().flat_map(|a| a.to_bytes()) {
+        key = (key ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut j = JOINS.lock().unwrap_or_else(|p| p.into_inner());
+    let n = match j.iter_mut().find(|e| e.0 == key) {
+        Some(e) => {
+            e.1 += 1;
+            e.1
+        }
+        None => {
+            j.push((key, 0));
+            0
+        }
+    };
+    key.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 36
+}
+
+/// Contexts of the join's receives (local only): a fresh range per join.
+static JOIN_CTX: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl<'a> CollGroup<'a> {
+    /// fi_join_collective: joins the group of `members` (fi_addrs in
+    /// `av`, the AV bound to `ep`; this endpoint among them, every member
+    /// listing them in the same order), collectively. `cq` is the CQ
+    /// bound to `ep` for receives: the join reads it for the key
+    /// exchange; completions of other operations it reads meanwhile are
+    /// kept for [`CollGroup::take_other_completions`]. `cntr`, if given,
+    /// is counted by one as each collective completes.
+    pub fn join(
+        dom: &'a Domain,
+        ep: &'a Endpoint,
+        av: &AddressVector,
+        cq: &CompletionQueue,
+        members: &[FiAddr],
+        cntr: Option<&'a Counter>,
+        attr: CollAttr,
+    ) -> Result<CollGroup<'a>> {
+        let n = members.len();
+        if n == 0 || n > 1 << 16 {
+            return Err(Error::with(ErrorKind::Inval, "a group has 1 to 65536 members"));
+        }
+        if attr.slot_bytes < 64 || attr.slot_bytes > 1 << 30 {
+            return Err(Error::with(ErrorKind::Inval, "slot_bytes is 64 B to 1 GiB"));
+        }
+        let myname = ep.getname();
+        let mut names = Vec::with_capacity(n);
+        for &m in members {
+            names.push(av.lookup(m)?);
+        }
+        let me = match names.iter().position(|a| *a == myname) {
+            Some(i) => i,
+            None => return Err(Error::with(ErrorKind::Inval, "this endpoint is not a member")),
+        };
+        for (i, a) in names.iter().enumerate() {
+            if names[..i].contains(a) {
+                return Err(Error::with(ErrorKind::Inval, format!("member {i} is listed twice")));
+            }
+        }
+        let gid = join_id(&names);
+        let slot = attr.slot_bytes.next_multiple_of(64);
+        let mut peers = Vec::with_capacity(n);
+        let mut arrivals = Vec::with_capacity(n);
+        for j in 0..n {
+            if j == me {
+                peers.push(None);
+                arrivals.push(None);
+                continue;
+            }
+            let c = [dom.cntr_open()?, dom.cntr_open()?];
+            let r = [dom.alloc_shared(slot, FI_REMOTE_WRITE)?, dom.alloc_shared(slot, FI_REMOTE_WRITE)?];
+            r[0].bind_counter(&c[0], FI_REMOTE_WRITE)?;
+            r[1].bind_counter(&c[1], FI_REMOTE_WRITE)?;
+            peers.push(Some(Peer { mine: r, keys: [0; 2] }));
+            arrivals.push(Some(c));
+        }
+        // Key exchange: a receive per peer (exact tag), then our keys.
+        let tag = |from: usize| JOIN_TAG | gid << 20 | from as u64;
+        let ctx0 =
+            0xC011_0000_0000usize + (JOIN_CTX.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xffff) * (1 << 17);
+        let mut bufs = vec![[0u8; 16]; n];
+        // Receives posted and not yet completed (cancelled on failure).
+        let mut left = vec![false; n];
+        let res = (|| -> Result<Vec<CqTaggedEntry>> {
+            for (j, b) in bufs.iter_mut().enumerate() {
+                if j != me {
+                    // SAFETY: `bufs` outlives the receives: they complete
+                    // below, or are cancelled (`left`) before we return.
+                    unsafe { ep.trecv(b, members[j], tag(j), 0, ctx0 + j)? };
+                    left[j] = true;
+                }
+            }
+            let t0 = Instant::now();
+            for j in 0..n {
+                if j == me {
+                    continue;
+                }
+                let p = peers[j].as_ref().expect("a peer");
+                let mut msg = [0u8; 16];
+                msg[..8].copy_from_slice(&p.mine[0].key().to_le_bytes());
+                msg[8..].copy_from_slice(&p.mine[1].key().to_le_bytes());
+                loop {
+                    match ep.tinject(&msg, members[j], tag(me)) {
+                        Ok(()) => break,
+                        Err(e) if e.kind() == ErrorKind::Again && t0.elapsed() < attr.join_timeout => {
+                            dom.progress()?;
+                            std::thread::yield_now();
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            let mut other = Vec::new();
+            let mut e = [CqTaggedEntry::default(); 8];
+            let mut checked = Instant::now();
+            while left.iter().any(|&l| l) {
+                match cq.read(&mut e) {
+                    Ok(k) => {
+                        for x in &e[..k] {
+                            match x.op_context.checked_sub(ctx0) {
+                                Some(j) if j < n && left[j] => {
+                                    left[j] = false;
+                                    if x.len != 16 {
+                                        return Err(Error::with(ErrorKind::Io, format!("member {j} sent a bad join")));
+                                    }
+                                }
+                                _ => other.push(*x),
+                            }
+                        }
+                        continue;
+                    }
+                    Err(er) if er.kind() == ErrorKind::Again => {}
+                    Err(er) if er.kind() == ErrorKind::Avail => {
+                        let ee = cq.readerr()?;
+                        return Err(Error::with(ErrorKind::Io, format!("an error completion during the join: {ee:?}")));
+                    }
+                    Err(er) => return Err(er),
+                }
+                if checked.elapsed() > Duration::from_millis(20) {
+                    checked = Instant::now();
+                    if let Some(j) = (0..n).find(|&j| left[j] && !crate::atomic::pid_alive(names[j].pid)) {
+                        return Err(Error::with(ErrorKind::Io, format!("member {j} died during the join")));
+                    }
+                }
+                if t0.elapsed() > attr.join_timeout {
+                    return Err(Error::with(ErrorKind::TimedOut, "members missing at the join"));
+                }
+                dom.wait(Some(Duration::from_millis(1)));
+            }
+            Ok(other)
+        })();
+        let other = match res {
+            Ok(o) => o,
+            Err(e) => {
+                for (j, &l) in left.iter().enumerate() {
+                    if l {
+                        let _ = ep.cancel(ctx0 + j);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        for j in 0..n {
+            if let Some(p) = peers[j].as_mut() {
+                let b = &bufs[j];
+                p.keys =
+                    [u64::from_le_bytes(b[..8].try_into().unwrap()), u64::from_le_bytes(b[8..].try_into().unwrap())];
+            }
+        }
+        Ok(CollGroup {
+            dom,
+            ep,
+            members: members.to_vec(),
+            pids: names.iter().map(|a| a.pid).collect(),
+            me,
+            attr: CollAttr { slot_bytes: slot, ..attr },
+            peers,
+            arrivals,
+            tally: RefCell::new(vec![[0; 2]; n]),
+            done: dom.cntr_open()?,
+            wr: dom.cntr_open()?,
+            user: cntr,
+            next: Cell::new(0),
+            inflight: RefCell::new(None),
+            broken: Cell::new(false),
+            zero: Box::new([0; 8]),
+            other: RefCell::new(other),
+        })
+    }
+
+    /// Completions of other operations the join read from the CQ.
+    pub fn take_other_completions(&self) -> Vec<CqTaggedEntry> {
+        std::mem::take(&mut self.other.borrow_mut())
+    }
+
+    /// Number of members.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// This endpoint's index among the members.
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    /// Whether `op` completed (drives progress once). `Io` if the group
+    /// broke (see [`CollGroup::wait`]).
+    pub fn test(&self, op: CollOp) -> Result<bool> {
+        if self.done.read()? > op.seq {
+            return Ok(true);
+        }
+        self.check_health()?;
+        Ok(false)
+    }
+
+    /// Waits until `op` completed, or `timeout` (`TimedOut`), driving
+    /// progress: a few microseconds of passes back to back (a peer on
+    /// another CPU answers within them), then until 500 µs a yield of the
+    /// CPU between passes (a peer that shares our CPU can run: a spin
+    /// would hold the CPU it needs), then passes with sleeps
+    /// on the domain's doorbell (1 ms at most) between them. A member
+    /// that died, or a write that failed, makes it `Io` within about 20 ms
+    /// (the group's queued work is flushed; later calls fail at once).
+    pub fn wait(&self, op: CollOp, timeout: Option<Duration>) -> Result<()> {
+        let t0 = Instant::now();
+        let mut checked = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            if self.done.read()? > op.seq {
+                return Ok(());
+            }
+            // The clock is read every 16 passes only (it cost a quarter of
+            // a polling loop).
+            polls = polls.wrapping_add(1);
+            if !polls.is_multiple_of(16) || t0.elapsed() < Duration::from_micros(500) {
+                if polls > SPIN_PASSES {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            if self.broken.get() {
+                self.check_health()?;
+            }
+            if checked.elapsed() >= Duration::from_millis(20) {
+                checked = Instant::now();
+                self.check_health()?;
+            }
+            if timeout.is_some_and(|t| t0.elapsed() >= t) {
+                return Err(Error::with(ErrorKind::TimedOut, format!("collective {} not complete", op.seq)));
+            }
+            self.dom.wait(Some(Duration::from_millis(1)));
+        }
+    }
+
+    /// `Io` (and the group's work flushed) if a member died or a write
+    /// failed.
+    fn check_health(&self) -> Result<()> {
+        let why = if self.broken.get() {
+            Some("the group broke earlier".to_string())
+        } else if self.wr.readerr()? > 0 {
+            Some("a write to a member failed".to_string())
+        } else {
+            (0..self.size())
+                .find(|&j| j != self.me && !crate::atomic::pid_alive(self.pids[j]))
+                .map(|j| format!("member {j} (pid {}) died", self.pids[j]))
+        };
+        match why {
+            None => Ok(()),
+            Some(w) => {
+                self.fail();
+                Err(Error::with(ErrorKind::Io, w))
+            }
+        }
+    }
+
+    fn fail(&self) {
+        if self.broken.replace(true) {
+            return;
+        }
+        self.flush();
+    }
+
+    fn flush(&self) {
+        let _ = self.dom.flush_work(Some(&self.done));
+        for c in self.arrivals.iter().flatten().flatten() {
+            let _ = self.dom.flush_work(Some(c));
+        }
+    }
+
+    /// Posts one instance of `plan`: first dry (sizes checked against the
+    /// slots, nothing queued, so a refusal leaves the group usable), then,
+    /// once the instance in flight completed, for real.
+    fn post(&self, mut plan: impl FnMut(&mut Sched<'_, 'a>) -> Result<()>) -> Result<CollOp> {
+        if self.broken.get() {
+            return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
+        }
+        plan(&mut Sched::new(self, self.next.get(), true))?;
+        let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
+        if let Some(s) = prev {
+            self.wait(CollOp { seq: s }, None)?;
+        }
+        *self.inflight.borrow_mut() = None;
+        let mut s = Sched::new(self, self.next.get(), false);
+        plan(&mut s)?;
+        s.finish()
+    }
+
+    /// fi_barrier: completes once every member entered it.
+    pub fn barrier(&self) -> Result<CollOp> {
+        let (n, me) = (self.size(), self.me);
+        let z = self.zero.as_ptr();
+        self.post(|s| {
+            let mut d = 1;
+            while d < n {
+                s.write((me + d) % n, &[(z, 8)])?;
+                s.arrive((me + n - d) % n, 8)?;
+                d *= 2;
+            }
+            Ok(())
+        })
+    }
+
+    /// fi_allreduce: `recv = op(send of every member)`, element-wise,
+    /// on `dt` (sum, prod, min, max on integers and floats; bor, band,
+    /// bxor on integers).
+    ///
+    /// # Safety
+    /// `recv` must stay valid and unused until the collective completed
+    /// (`send` is copied at the call).
+    pub unsafe fn allreduce(&self, send: &[u8], recv: &mut [u8], dt: AtomicType, op: AtomicOp) -> Result<CollOp> {
+        check_red(dt, op, send.len())?;
+        if recv.len() != send.len() {
+            return Err(Error::with(ErrorKind::Inval, "allreduce: send and receive differ in length"));
+        }
+        let out = recv.as_mut_ptr();
+        self.post(|s| {
+            let acc = s.buf_with(|| send.to_vec());
+            s.allreduce(acc, send.len(), dt, op)?;
+            s.copy_out(acc, out, send.len())
+        })
+    }
+
+    /// fi_reduce: as allreduce, the result at `root` only (`recv` is
+    /// ignored elsewhere and may be empty there).
+    ///
+    /// # Safety
+    /// As [`CollGroup::allreduce`].
+    pub unsafe fn reduce(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        root: usize,
+        dt: AtomicType,
+        op: AtomicOp,
+    ) -> Result<CollOp> {
+        check_red(dt, op, send.len())?;
+        self.check_root(root)?;
+        if self.me == root && recv.len() != send.len() {
+            return Err(Error::with(ErrorKind::Inval, "reduce: the root's receive differs in length"));
+        }
+        let (out, me) = (recv.as_mut_ptr(), self.me);
+        self.post(|s| {
+            let acc = s.buf_with(|| send.to_vec());
+            s.allreduce(acc, send.len(), dt, op)?;
+            if me == root {
+                s.copy_out(acc, out, send.len())?;
+            }
+            Ok(())
+        })
+    }
+
+    /// fi_broadcast: `buf` at every member becomes the root's.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and unused until the collective completed.
+    pub unsafe fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<CollOp> {
+        self.check_root(root)?;
+        if buf.is_empty() {
+            return Err(Error::with(ErrorKind::Inval, "broadcast of nothing"));
+        }
+        let (len, me) = (buf.len(), self.me);
+        let p = buf.as_mut_ptr();
+        self.post(|s| {
+            let acc = s.buf_with(|| {
+                if me == root {
+                    // SAFETY: the caller's buffer, valid for the call.
+                    unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
+                } else {
+                    vec![0; len]
+                }
+            });
+            s.allreduce(acc, len, AtomicType::Uint8, AtomicOp::Bor)?;
+            s.copy_out(acc, p, len)
+        })
+    }
+
+    /// fi_allgather: `recv` (members × `send.len()` bytes) gets every
+    /// member's `send`, in member order.
+    ///
+    /// # Safety
+    /// As [`CollGroup::allreduce`].
+    pub unsafe fn allgather(&self, send: &[u8], recv: &mut [u8]) -> Result<CollOp> {
+        let (n, b, me) = (self.size(), send.len(), self.me);
+        if b == 0 || recv.len() != n * b {
+            return Err(Error::with(ErrorKind::Inval, "allgather: a block per member, not empty"));
+        }
+        let out = recv.as_mut_ptr();
+        self.post(|s| {
+            let acc = s.buf_with(|| {
+                let mut v = vec![0; n * b];
+                v[me * b..][..b].copy_from_slice(send);
+                v
+            });
+            if n * b <= RING_MIN || n == 1 {
+                s.bruck(acc, b)?;
+            } else {
+                s.ring_allgather(acc, &blocks(n, b))?;
+            }
+            s.copy_out(acc, out, n * b)
+        })
+    }
+
+    /// fi_reduce_scatter: `send` is members × `recv.len()` bytes; member
+    /// `i` gets block `i` of the reduction.
+    ///
+    /// # Safety
+    /// As [`CollGroup::allreduce`].
+    pub unsafe fn reduce_scatter(&self, send: &[u8], recv: &mut [u8], dt: AtomicType, op: AtomicOp) -> Result<CollOp> {
+        let (n, b, me) = (self.size(), recv.len(), self.me);
+        check_red(dt, op, b)?;
+        if send.len() != n * b {
+            return Err(Error::with(ErrorKind::Inval, "reduce_scatter: send holds a block per member"));
+        }
+        let out = recv.as_mut_ptr();
+        self.post(|s| {
+            let acc = s.buf_with(|| send.to_vec());
+            if n * b <= RING_MIN || n == 1 {
+                s.allreduce(acc, n * b, dt, op)?;
+            } else {
+                s.ring_reduce_scatter(acc, &blocks(n, b), dt, op)?;
+            }
+            let mine = s.ptr(acc).wrapping_add(me * b);
+            s.copy_raw(mine, out, b)
+        })
+    }
+
+    /// fi_alltoall: block `j` of `send` goes to member `j`, landing in
+    /// block `me` of its `recv` (blocks of `send.len() / members` bytes).
+    ///
+    /// # Safety
+    /// As [`CollGroup::allreduce`].
+    pub unsafe fn alltoall(&self, send: &[u8], recv: &mut [u8]) -> Result<CollOp> {
+        let (n, me) = (self.size(), self.me);
+        if send.is_empty() || !send.len().is_multiple_of(n) || recv.len() != send.len() {
+            return Err(Error::with(ErrorKind::Inval, "alltoall: equal blocks per member, both buffers alike"));
+        }
+        let b = send.len() / n;
+        let out = recv.as_mut_ptr();
+        self.post(|s| {
+            let src = s.buf_with(|| send.to_vec());
+            let p = s.ptr(src);
+            if !s.dry {
+                // SAFETY: the caller's buffer, valid for the call.
+                unsafe { std::slice::from_raw_parts_mut(out.add(me * b), b) }.copy_from_slice(&send[me * b..][..b]);
+            }
+            for d in 1..n {
+                let j = (me + d) % n;
+                s.write(j, &[(p.wrapping_add(j * b), b)])?;
+            }
+            for d in 1..n {
+                let j = (me + n - d) % n;
+                let at = s.arrive(j, b)?;
+                s.copy_raw(at, out.wrapping_add(j * b), b)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn check_root(&self, root: usize) -> Result<()> {
+        if root >= self.size() {
+            return Err(Error::with(ErrorKind::Inval, format!("root {root} is not a member")));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CollGroup<'_> {
+    fn drop(&mut self) {
+        // Work still queued names our buffers and counters: none runs now.
+        self.flush();
+    }
+}
+
+fn check_red(dt: AtomicType, op: AtomicOp, len: usize) -> Result<()> {
+    if op == AtomicOp::Write || !reduce::supported(dt, op) {
+        return Err(Error::with(ErrorKind::NoSys, format!("no reduction {op:?} on {dt:?}")));
+    }
+    if len == 0 || !len.is_multiple_of(dt.size()) {
+        return Err(Error::with(ErrorKind::Inval, format!("a whole, nonzero number of {}-byte elements", dt.size())));
+    }
+    Ok(())
+}
+
+/// `n` blocks of `b` bytes: (offset, length) of each.
+fn blocks(n: usize, b: usize) -> Vec<(usize, usize)> {
+    (0..n).map(|i| (i * b, b)).collect()
+}
+
+/// `n` chunks of a vector of `len` bytes in `es`-byte elements, as even
+/// as whole elements allow.
+fn chunks(n: usize, len: usize, es: usize) -> Vec<(usize, usize)> {
+    let count = len / es;
+    (0..n).map(|i| (i * count / n * es, ((i + 1) * count / n - i * count / n) * es)).collect()
+}
+
+/// Where an instance's chain has got to: the start (the group's `done`
+/// counter at the instance number) or peer `j`'s counter at a threshold.
+#[derive(Clone, Copy)]
+enum At {
+    Done(u64),
+    Peer(usize, u64),
+}
+
+/// Builds one instance's schedule on one rank.
+struct Sched<'g, 'a> {
+    g: &'g CollGroup<'a>,
+    q: usize,
+    seq: u64,
+    at: At,
+    /// Bytes written so far to each peer's slot region for us.
+    out_off: Vec<usize>,
+    /// Bytes received so far in our slot region of each peer.
+    in_off: Vec<usize>,
+    /// Peers whose counter the chain has left (it must not come back).
+    left: Vec<bool>,
+    bufs: Vec<Vec<u8>>,
+    /// A dry run: sizes are checked, nothing is queued or counted, and
+    /// buffers are not made (their pointers are never dereferenced).
+    dry: bool,
+    /// Work was queued, and the instance not finished: dropping it breaks
+    /// the group (the others cannot be kept in step).
+    open: Cell<bool>,
+}
+
+impl<'g, 'a> Sched<'g, 'a> {
+    fn new(g: &'g CollGroup<'a>, seq: u64, dry: bool) -> Self {
+        let n = g.size();
+        Sched {
+            g,
+            q: (seq % 2) as usize,
+            seq,
+            at: At::Done(seq),
+            out_off: vec![0; n],
+            in_off: vec![0; n],
+            left: vec![false; n],
+            bufs: Vec::new(),
+            dry,
+            open: Cell::new(false),
+        }
+    }
+
+    /// A buffer of the instance, made by `f` (not in a dry run).
+    fn buf_with(&mut self, f: impl FnOnce() -> Vec<u8>) -> usize {
+        self.bufs.push(if self.dry { Vec::new() } else { f() });
+        self.bufs.len() - 1
+    }
+
+    fn ptr(&mut self, b: usize) -> *mut u8 {
+        self.bufs[b].as_mut_ptr()
+    }
+
+    /// Queues `op` at the chain's point.
+    fn queue<'x>(&'x self, op: DeferredOp<'x>, completion: Option<&'x Counter>) -> Result<()> {
+        if self.dry {
+            return Ok(());
+        }
+        let (cntr, threshold) = match self.at {
+            At::Done(t) => (&self.g.done, t),
+            At::Peer(j, t) => (&self.g.arrivals[j].as_ref().expect("a peer")[self.q], t),
+        };
+        self.open.set(true);
+        // SAFETY: the buffers named are the group's (kept in `inflight`
+        // until the instance completed, or flushed first on failure and
+        // drop) or the caller's, valid until completion by the contract of
+        // the collective's call.
+        unsafe { self.g.dom.queue_work(DeferredWork { threshold, triggering: cntr, completion, op }) }?;
+        Ok(())
+    }
+
+    /// Writes `segs` (local) to peer `j`'s slot region for us.
+    fn write(&mut self, j: usize, segs: &[(*const u8, usize)]) -> Result<()> {
+        let len: usize = segs.iter().map(|s| s.1).sum();
+        let off = self.out_off[j];
+        if off + len > self.g.attr.slot_bytes {
+            return Err(too_big(self.g.attr.slot_bytes));
+        }
+        self.out_off[j] += len;
+        let key = self.g.peers[j].as_ref().expect("a peer").keys[self.q];
+        // SAFETY: the segments are valid for the instance (see `queue`).
+        let iov: Vec<IoSlice<'_>> =
+            segs.iter().map(|&(p, l)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, l) })).collect();
+        let rma = [RmaIov { addr: off as u64, len, key }];
+        let op = DeferredOp::Write {
+            ep: self.g.ep,
+            iov: &iov,
+            rma_iov: &rma,
+            dest: self.g.members[j],
+            context: 0,
+            data: 0,
+            flags: 0,
+        };
+        self.queue(op, Some(&self.g.wr))
+    }
+
+    /// Moves the chain to "the next `len` bytes from peer `j` arrived";
+    /// returns where they are.
+    fn arrive(&mut self, j: usize, len: usize) -> Result<*mut u8> {
+        let off = self.in_off[j];
+        if off + len > self.g.attr.slot_bytes {
+            return Err(too_big(self.g.attr.slot_bytes));
+        }
+        self.in_off[j] += len;
+        if self.dry {
+            return Ok(std::ptr::null_mut::<u8>().wrapping_add(off));
+        }
+        let mut tally = self.g.tally.borrow_mut();
+        match self.at {
+            At::Peer(k, _) if k == j => {}
+            _ => {
+                assert!(!self.left[j], "schedule returns to peer {j}: a token could be overtaken");
+                if let At::Peer(k, _) = self.at {
+                    self.left[k] = true;
+                }
+                // The token: our chain reached this point.
+                let c = &self.g.arrivals[j].as_ref().expect("a peer")[self.q];
+                self.queue(DeferredOp::CntrAdd { cntr: c, value: 1 }, None)?;
+                tally[j][self.q] += 1;
+            }
+        }
+        tally[j][self.q] += 1;
+        self.at = At::Peer(j, tally[j][self.q]);
+        let r = &self.g.peers[j].as_ref().expect("a peer").mine[self.q];
+        Ok(r.as_ptr().wrapping_add(off))
+    }
+
+    /// `dst = op(dst, src)` at the chain's point.
+    fn reduce(&self, src: *const u8, dst: *mut u8, len: usize, dt: AtomicType, op: AtomicOp) -> Result<()> {
+        // SAFETY: both valid for the instance (see `queue`), disjoint
+        // (a slot region and a local buffer, or two buffers).
+        let (s, d) = unsafe { (std::slice::from_raw_parts(src, len), std::slice::from_raw_parts_mut(dst, len)) };
+        self.queue(DeferredOp::Reduce { dt, op, src: s, dst: d }, None)
+    }
+
+    fn copy_raw(&self, src: *const u8, dst: *mut u8, len: usize) -> Result<()> {
+        self.reduce(src, dst, len, AtomicType::Uint8, AtomicOp::Write)
+    }
+
+    fn copy_out(&mut self, b: usize, dst: *mut u8, len: usize) -> Result<()> {
+        let p = self.ptr(b);
+        self.copy_raw(p, dst, len)
+    }
+
+    /// Allreduce of buffer `b` (`len` bytes) in place.
+    fn allreduce(&mut self, b: usize, len: usize, dt: AtomicType, op: AtomicOp) -> Result<()> {
+        let n = self.g.size();
+        if n == 1 {
+            return Ok(());
+        }
+        if len <= RING_MIN || len / dt.size() < n {
+            self.recursive_doubling(b, len, dt, op)
+        } else {
+            let c = chunks(n, len, dt.size());
+            self.ring_reduce_scatter(b, &c, dt, op)?;
+            self.ring_allgather(b, &c)
+        }
+    }
+
+    fn recursive_doubling(&mut self, b: usize, len: usize, dt: AtomicType, op: AtomicOp) -> Result<()> {
+        let (n, me) = (self.g.size(), self.g.me);
+        let acc = self.ptr(b);
+        let p2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
+        if me >= p2 {
+            // Folded in: give our data to me - p2, get the result back.
+            self.write(me - p2, &[(acc, len)])?;
+            let at = self.arrive(me - p2, len)?;
+            return self.copy_raw(at, acc, len);
+        }
+        if me + p2 < n {
+            let at = self.arrive(me + p2, len)?;
+            self.reduce(at, acc, len, dt, op)?;
+        }
+        let mut d = 1;
+        while d < p2 {
+            let partner = me ^ d;
+            self.write(partner, &[(acc, len)])?;
+            let at = self.arrive(partner, len)?;
+            // Both partners combine in the same order (lower rank's value
+            // first), so floating-point results agree bit for bit.
+            if partner < me {
+                // acc = partner's ⊕ ours: fold ours into theirs, copy back.
+                self.reduce(acc, at, len, dt, op)?;
+                self.copy_raw(at, acc, len)?;
+            } else {
+                self.reduce(at, acc, len, dt, op)?;
+            }
+            d *= 2;
+        }
+        if me + p2 < n {
+            self.write(me + p2, &[(acc, len)])?;
+        }
+        Ok(())
+    }
+
+    /// The ring's reduce-scatter half: afterwards chunk `me` of `b` holds
+    /// the reduction of every member's chunk `me`.
+    fn ring_reduce_scatter(&mut self, b: usize, c: &[(usize, usize)], dt: AtomicType, op: AtomicOp) -> Result<()> {
+        let (n, me) = (self.g.size(), self.g.me);
+        let acc = self.ptr(b);
+        let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+        for s in 0..n - 1 {
+            let (so, sl) = c[(me + 2 * n - s - 1) % n];
+            self.write(right, &[(acc.wrapping_add(so), sl)])?;
+            let (ro, rl) = c[(me + 2 * n - s - 2) % n];
+            let at = self.arrive(left, rl)?;
+            self.reduce(at, acc.wrapping_add(ro), rl, dt, op)?;
+        }
+        Ok(())
+    }
+
+    /// The ring's allgather half: chunk `i` of `b` is final at member `i`;
+    /// afterwards every chunk is, everywhere.
+    fn ring_allgather(&mut self, b: usize, c: &[(usize, usize)]) -> Result<()> {
+        let (n, me) = (self.g.size(), self.g.me);
+        let acc = self.ptr(b);
+        let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+        for t in 0..n - 1 {
+            let (so, sl) = c[(me + n - t) % n];
+            self.write(right, &[(acc.wrapping_add(so), sl)])?;
+            let (ro, rl) = c[(me + 2 * n - t - 1) % n];
+            let at = self.arrive(left, rl)?;
+            self.copy_raw(at, acc.wrapping_add(ro), rl)?;
+        }
+        Ok(())
+    }
+
+    /// Bruck-style allgather of blocks of `bs` bytes in `b` (our block in
+    /// place): round k sends the 2^k blocks we hold from ours on to
+    /// member me - 2^k and places those of member me + 2^k.
+    fn bruck(&mut self, b: usize, bs: usize) -> Result<()> {
+        let (n, me) = (self.g.size(), self.g.me);
+        let acc = self.ptr(b);
+        // The blocks from `first`, `cnt` of them, wrapping: 1 or 2 runs.
+        let runs = |first: usize, cnt: usize| -> Vec<(usize, usize)> {
+            let a = cnt.min(n - first);
+            let mut v = vec![(first * bs, a * bs)];
+            if cnt > a {
+                v.push((0, (cnt - a) * bs));
+            }
+            v
+        };
+        let mut d = 1;
+        while d < n {
+            let cnt = d.min(n - d);
+            let segs: Vec<(*const u8, usize)> =
+                runs(me, cnt).into_iter().map(|(o, l)| (acc.wrapping_add(o) as *const u8, l)).collect();
+            self.write((me + n - d) % n, &segs)?;
+            let at = self.arrive((me + d) % n, cnt * bs)?;
+            let mut from = 0;
+            for (o, l) in runs((me + d) % n, cnt) {
+                self.copy_raw(at.wrapping_add(from), acc.wrapping_add(o), l)?;
+                from += l;
+            }
+            d *= 2;
+        }
+        Ok(())
+    }
+
+    /// Ends the schedule: the instance counts `done` (and the user's
+    /// counter) once everything before ran.
+    fn finish(mut self) -> Result<CollOp> {
+        if let Some(u) = self.g.user {
+            self.queue(DeferredOp::CntrAdd { cntr: u, value: 1 }, None)?;
+        }
+        let done = &self.g.done;
+        self.queue(DeferredOp::CntrAdd { cntr: done, value: 1 }, None)?;
+        self.g.next.set(self.seq + 1);
+        *self.g.inflight.borrow_mut() = Some(Inflight { seq: self.seq, _bufs: std::mem::take(&mut self.bufs) });
+        self.open.set(false);
+        Ok(CollOp { seq: self.seq })
+    }
+}
+
+impl Drop for Sched<'_, '_> {
+    fn drop(&mut self) {
+        if self.open.get() {
+            // Not finished (an error while building): work already queued
+            // names these buffers and may be half run; the group cannot
+            // continue in step with the others.
+            self.g.fail();
+        }
+    }
+}
+
+fn too_big(slot: usize) -> Error {
+    Error::with(
+        ErrorKind::MsgSize,
+        format!("more than the group's {slot}-byte slot from one peer: join with a larger CollAttr::slot_bytes"),
+    )
+}
