@@ -52,24 +52,44 @@ fn asymmetric() -> bool {
 }
 
 /// Wakes a sleeping receiver if there is one. Call after publishing.
-#[inline]
+/// Inlined into the send path as far as the test for sleepers in a
+/// registered process (no call when nobody sleeps); the fenced variant and
+/// the wake-up are out of line.
+#[inline(always)]
 pub fn ring(db: &shm_layout::Doorbell) {
+    if !asymmetric() {
+        return ring_fenced(db);
+    }
     // SYNC: orders our earlier publish (release store) before the sleepers
-    // load; pairs with the fence and membarrier in wait(). Registered
+    // load; pairs with the fence and membarrier in wait(): registered
     // processes get that barrier from the waiter's membarrier.
-    if asymmetric() {
-        std::sync::atomic::compiler_fence(Ordering::SeqCst);
-    } else {
-        fence(Ordering::SeqCst);
-    }
+    std::sync::atomic::compiler_fence(Ordering::SeqCst);
     if db.sleepers.load(Ordering::Relaxed) != 0 {
-        // SYNC: pairs with the acquire loads of the word in wait() and
-        // announce() (and the bridge's in fdwait): a waiter that reads the
-        // bump sees what was published before it. The wake-up's safety
-        // rests on the fences, not on this.
-        db.futex.fetch_add(1, Ordering::Release);
-        futex_wake(&db.futex);
+        wake(db);
     }
+}
+
+/// [`ring`] in a process that could not register for membarrier.
+#[inline(never)]
+fn ring_fenced(db: &shm_layout::Doorbell) {
+    // SYNC: orders our earlier publish (release store) before the sleepers
+    // load; pairs with the fence in wait().
+    fence(Ordering::SeqCst);
+    if db.sleepers.load(Ordering::Relaxed) != 0 {
+        wake(db);
+    }
+}
+
+/// Bumps the word and wakes the sleepers ([`ring`] found some).
+#[cold]
+#[inline(never)]
+fn wake(db: &shm_layout::Doorbell) {
+    // SYNC: pairs with the acquire loads of the word in wait() and
+    // announce() (and the bridge's in fdwait): a waiter that reads the
+    // bump sees what was published before it. The wake-up's safety rests
+    // on the fences, not on this.
+    db.futex.fetch_add(1, Ordering::Release);
+    futex_wake(&db.futex);
 }
 
 /// Rings a thread-safe domain's own doorbell for a completion or count

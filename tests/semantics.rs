@@ -395,3 +395,105 @@ fn flood(w: World) {
         w.barrier();
     }
 }
+
+/// Order per pair across every protocol, with ping-pongs between bursts
+/// (a ring that puts messages elsewhere once it knows it is empty, as a
+/// hot-area design tried in session 9 did, must keep this): each round,
+/// both ranks play a short 8-byte ping-pong, then each sends the other a
+/// burst mixing sizes (8 B, 24 B
+/// and 1 KiB inline, 4000 B inline past the first cell, 20 KiB through the
+/// pool, 64 KiB by rendezvous), some tagged and some untagged, some
+/// received expected and some unexpected. Receives match any tag, so the
+/// i-th receive posted must get the i-th message sent, intact.
+#[test]
+fn order_across_sizes_with_ping_pongs_between() {
+    run("order_across_sizes_with_ping_pongs_between", 2, &[], Duration::from_secs(120), |w| {
+        mixed_order(&w);
+        assert_eq!(w.unclaimed(), 0);
+    });
+}
+
+fn mixed_order(w: &World) {
+    const ROUNDS: usize = 60;
+    const BURST: [usize; 9] = [8, 1024, 65536, 8, 24, 4000, 20000, 8, 1024];
+    let peer = w.addrs[1 - w.rank];
+    let mut seq = 0u64; // messages sent to the peer so far
+    let mut want = 0u64; // messages received from it so far
+    let mut bufs: Vec<Vec<u8>> = BURST.iter().map(|_| vec![0u8; 65536]).collect();
+    for round in 0..ROUNDS {
+        // Ping-pong of 8-byte messages (tagged, matching any tag too).
+        for _ in 0..3 {
+            let mut b = [0u8; 8];
+            let ping = |seq: &mut u64| {
+                let data = pattern(8, *seq);
+                w.retry(|| w.ep.tinject(&data, peer, *seq));
+                *seq += 1;
+            };
+            let pong = |want: &mut u64, b: &mut [u8; 8]| {
+                // SAFETY: b lives until the completion read just below.
+                unsafe { w.ep.trecv(b, peer, 0, !0, 7).unwrap() };
+                let e = w.ok(7);
+                assert_eq!((e.tag, &b[..]), (*want, &pattern(8, *want)[..]), "rank {}: ping-pong order", w.rank);
+                *want += 1;
+            };
+            if w.rank == 0 {
+                ping(&mut seq);
+                pong(&mut want, &mut b);
+            } else {
+                pong(&mut want, &mut b);
+                ping(&mut seq);
+            }
+        }
+        // The burst, with the receives posted before (expected) on even
+        // rounds, after (unexpected) on odd ones.
+        let expected = round % 2 == 0;
+        let post = |bufs: &mut Vec<Vec<u8>>| {
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: the buffers live until their completions below.
+                unsafe {
+                    if i % 3 == 2 {
+                        w.ep.recv(b, peer, 100 + i).unwrap()
+                    } else {
+                        w.ep.trecv(b, peer, 0, !0, 100 + i).unwrap()
+                    }
+                }
+            }
+        };
+        if expected {
+            post(&mut bufs);
+        }
+        let data: Vec<Vec<u8>> = BURST.iter().enumerate().map(|(i, &len)| pattern(len, seq + i as u64)).collect();
+        for (i, d) in data.iter().enumerate() {
+            // SAFETY: data lives until the send completions below.
+            w.retry(|| unsafe {
+                if i % 3 == 2 {
+                    w.ep.send(d, peer, 200 + i)
+                } else {
+                    w.ep.tsend(d, peer, seq + i as u64, 200 + i)
+                }
+            });
+        }
+        if !expected {
+            w.barrier();
+            post(&mut bufs);
+        }
+        for (i, &len) in BURST.iter().enumerate() {
+            let e = w.ok(100 + i);
+            let k = want + i as u64;
+            assert_eq!(e.len, len, "rank {}: round {round}: message {i} of the burst: length", w.rank);
+            if i % 3 != 2 {
+                assert_eq!(e.tag, k, "rank {}: round {round}: message {i}: order", w.rank);
+            }
+            assert!(bufs[i][..len] == pattern(len, k)[..], "rank {}: round {round}: message {i}: payload", w.rank);
+        }
+        for i in 0..BURST.len() {
+            w.ok(200 + i);
+        }
+        seq += BURST.len() as u64;
+        want += BURST.len() as u64;
+        if expected {
+            w.barrier();
+        }
+    }
+    w.barrier();
+}
