@@ -6,43 +6,12 @@
 mod common;
 
 use common::{text, tool, wait, ShmDir};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Stdio;
 use std::time::Duration;
-
-/// `fi_api`, built once for the tests of this file.
-fn fi_api() -> &'static PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test binary path");
-        let bin = exe.parent().expect("target/<profile>/deps").join("fi_api");
-        let src = common::root().join("fi/tests/c/fi_api.c");
-        let out = Command::new("cc")
-            .args(["-Wall", "-Wextra", "-Werror", "-O1", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .args(["-lfabric", "-lpthread"])
-            .output()
-            .expect("cc (scripts/deps.sh installs gcc and libfabric-dev)");
-        assert!(out.status.success(), "building {}:\n{}", src.display(), text(&out));
-        bin
-    })
-}
 
 #[test]
 fn c_program_checks_the_calls_and_their_errors() {
-    let shm = ShmDir::new("c-api");
-    let child = tool(fi_api().to_str().expect("utf-8 path"), &shm)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run fi_api");
-    let o = wait(child, Duration::from_secs(120), "fi_api");
-    let t = text(&o);
-    assert!(o.status.success() && t.contains("checks passed"), "fi_api failed:\n{t}");
-    let left: Vec<_> = std::fs::read_dir(&shm.0).expect("regions' directory").collect();
-    assert!(left.is_empty(), "regions left behind: {left:?}");
+    common::run_c("fi_api", "c-api", &[], &[], Duration::from_secs(120));
 }
 
 /// A process that exits with an FI_PROGRESS_AUTO domain open: libfabric's
@@ -53,7 +22,7 @@ fn c_program_checks_the_calls_and_their_errors() {
 fn exit_with_an_auto_progress_domain_open_does_not_crash() {
     let shm = ShmDir::new("exit-auto");
     for run in 0..60 {
-        let child = tool(fi_api().to_str().expect("utf-8 path"), &shm)
+        let child = tool(common::c_program("fi_api").to_str().expect("utf-8 path"), &shm)
             .arg("exit-auto")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

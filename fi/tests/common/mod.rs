@@ -79,3 +79,47 @@ pub fn wait(mut c: Child, limit: Duration, what: &str) -> Output {
 pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
+
+/// The C test program `fi/tests/c/<name>.c`, built once per test binary
+/// (beside it, in target/<profile>/deps) against the installed libfabric.
+pub fn c_program(name: &str) -> PathBuf {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    // Held while building: tests of one binary run in threads and would
+    // otherwise build the same file at once.
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.get(name) {
+        return p.clone();
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let bin = exe.parent().expect("target/<profile>/deps").join(name);
+    let src = root().join(format!("fi/tests/c/{name}.c"));
+    let out = Command::new("cc")
+        .args(["-Wall", "-Wextra", "-Werror", "-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .args(["-lfabric", "-lpthread"])
+        .output()
+        .expect("cc (scripts/deps.sh installs gcc and libfabric-dev)");
+    assert!(out.status.success(), "building {}:\n{}", src.display(), text(&out));
+    built.insert(name.to_string(), bin.clone());
+    bin
+}
+
+/// Runs the C test program `name` (see [`c_program`]) with `env` and
+/// `args`, its regions in a directory of its own (`tag`), under `limit`:
+/// it must pass ("checks passed") and leave that directory empty.
+pub fn run_c(name: &str, tag: &str, env: &[(&str, &str)], args: &[&str], limit: Duration) {
+    use std::process::Stdio;
+    let shm = ShmDir::new(tag);
+    let bin = c_program(name);
+    let mut cmd = tool(bin.to_str().expect("utf-8 path"), &shm);
+    cmd.envs(env.iter().copied()).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("run {name}: {e}"));
+    let o = wait(child, limit, name);
+    let t = text(&o);
+    assert!(o.status.success() && t.contains("checks passed"), "{name} ({env:?} {args:?}) failed:\n{t}");
+    let left: Vec<_> = std::fs::read_dir(&shm.0).expect("regions' directory").collect();
+    assert!(left.is_empty(), "regions left behind: {left:?}");
+}
