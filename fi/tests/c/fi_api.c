@@ -24,31 +24,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static int checks;
-
-#define CHECK(cond)                                                            \
-	do {                                                                   \
-		if (!(cond)) {                                                 \
-			fprintf(stderr, "fi_api.c:%d: check failed: %s\n",     \
-				__LINE__, #cond);                              \
-			exit(1);                                               \
-		}                                                              \
-		checks++;                                                      \
-	} while (0)
-
-/* A call that must return `want` (0 or a negative fabric errno). */
-#define EXPECT(call, want)                                                     \
-	do {                                                                   \
-		long _r = (long)(call);                                        \
-		if (_r != (long)(want)) {                                      \
-			fprintf(stderr, "fi_api.c:%d: %s returned %ld (%s), "  \
-				"expected %ld\n", __LINE__, #call, _r,         \
-				fi_strerror((int)-_r), (long)(want));          \
-			exit(1);                                               \
-		}                                                              \
-		checks++;                                                      \
-	} while (0)
+#include "check.h"
 
 static struct fi_info *hints(void)
 {

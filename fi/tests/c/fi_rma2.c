@@ -48,31 +48,7 @@
 #include <unistd.h>
 
 #include "../../include/shmfab_ext.h"
-
-static int checks, rank;
-
-#define CHECK(cond)                                                            \
-	do {                                                                   \
-		if (!(cond)) {                                                 \
-			fprintf(stderr, "fi_rma2.c:%d (rank %d): check failed: %s\n", \
-				__LINE__, rank, #cond);                        \
-			exit(1);                                               \
-		}                                                              \
-		checks++;                                                      \
-	} while (0)
-
-/* A call that must return `want` (0 or a negative fabric errno). */
-#define EXPECT(call, want)                                                     \
-	do {                                                                   \
-		long _r = (long)(call);                                        \
-		if (_r != (long)(want)) {                                      \
-			fprintf(stderr, "fi_rma2.c:%d (rank %d): %s returned %ld (%s), " \
-				"expected %ld\n", __LINE__, rank, #call, _r,   \
-				fi_strerror((int)-_r), (long)(want));          \
-			exit(1);                                               \
-		}                                                              \
-		checks++;                                                      \
-	} while (0)
+#include "check.h"
 
 /* The memory rank 1 registers. */
 enum { USER, HEAP, USER_RO, USER_WO, HEAP_RO, RACE_USER, RACE_HEAP, NREG };
@@ -87,7 +63,6 @@ static struct fid_av *av;
 static struct fid_cq *cq;
 static struct fid_ep *ep;
 static fi_addr_t peer, self;
-static int rd, wr;
 static struct shmfab_domain_ops_v1 *xops;
 
 /* Rank 1: its memory and registrations; the counters bound to USER and
@@ -101,28 +76,6 @@ static struct fid_cntr *cw, *cr;
  * made before the fork, outside shmfab). */
 #define RACE_N 20000
 static uint64_t *race_vals;
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void put(const void *p, size_t n)
-{
-	CHECK(write(wr, p, n) == (ssize_t)n);
-}
-
-static void get(void *p, size_t n)
-{
-	size_t at = 0;
-	while (at < n) {
-		ssize_t r = read(rd, (char *)p + at, n - at);
-		CHECK(r > 0);
-		at += (size_t)r;
-	}
-}
 
 /* Remote CQ data entries rank 1 has seen and not yet checked. */
 static struct fi_cq_data_entry remote[64];

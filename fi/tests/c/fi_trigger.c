@@ -49,31 +49,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static int checks, rank;
-
-#define CHECK(cond)                                                                              \
-	do {                                                                                     \
-		if (!(cond)) {                                                                   \
-			fprintf(stderr, "fi_trigger.c:%d (rank %d): check failed: %s\n", __LINE__, \
-				rank, #cond);                                                    \
-			exit(1);                                                                 \
-		}                                                                                \
-		checks++;                                                                        \
-	} while (0)
-
-/* A call that must return `want` (0 or a negative fabric errno). */
-#define EXPECT(call, want)                                                                     \
-	do {                                                                                   \
-		long _r = (long)(call);                                                        \
-		if (_r != (long)(want)) {                                                      \
-			fprintf(stderr, "fi_trigger.c:%d (rank %d): %s returned %ld (%s), "    \
-					"expected %ld\n",                                      \
-				__LINE__, rank, #call, _r, fi_strerror((int)-_r), (long)(want)); \
-			exit(1);                                                               \
-		}                                                                              \
-		checks++;                                                                      \
-	} while (0)
+#include "check.h"
 
 #define MEM 65536
 #define CHAIN 1000
@@ -85,7 +61,6 @@ static struct fid_av *av;
 static struct fid_cq *cq;
 static struct fid_ep *ep;
 static fi_addr_t peer;
-static int rd, wr;
 
 /* Each rank's registered memory, its key, the counter of remote writes
  * into it (FI_RMA_EVENT), and the peer's key. */
@@ -93,28 +68,6 @@ static uint64_t *mem;
 static struct fid_mr *mr;
 static struct fid_cntr *rw;
 static uint64_t peer_key;
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void put(const void *p, size_t n)
-{
-	CHECK(write(wr, p, n) == (ssize_t)n);
-}
-
-static void get(void *p, size_t n)
-{
-	size_t at = 0;
-	while (at < n) {
-		ssize_t r = read(rd, (char *)p + at, n - at);
-		CHECK(r > 0);
-		at += (size_t)r;
-	}
-}
 
 static struct fid_cntr *cntr(void)
 {
