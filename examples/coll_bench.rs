@@ -7,9 +7,11 @@
 //!
 //! ```text
 //! cargo build --release --example coll_bench
-//! shmfab run -n 4 -- target/release/examples/coll_bench [--iters N] [--sizes 8,1k,1m] [--auto]
+//! shmfab run -n 4 -- target/release/examples/coll_bench [--iters N] [--sizes 8,1k,1m] [--auto] [--no-overlap]
 //! ```
-//! `--auto` starts the auto-progress thread (set SHMFAB_THREADING=safe).
+//! `--auto` starts the auto-progress thread (set SHMFAB_THREADING=safe);
+//! `--no-overlap` leaves the overlap figure out (`shmfab compare --only
+//! coll` runs it so).
 //! Output: one line per figure, `barrier ranks=N latency_us=...` (with
 //! the median, and the median time in the posting call) and
 //! `allreduce ranks=N size=S latency_us=... median_us=...`, printed by
@@ -56,6 +58,7 @@ fn main() {
     let mut iters = 2000usize;
     let mut sizes = vec![8usize, 1024, 1 << 20];
     let mut auto = false;
+    let mut overlap = true;
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
@@ -68,6 +71,7 @@ fn main() {
                 i += 1;
             }
             "--auto" => auto = true,
+            "--no-overlap" => overlap = false,
             a => panic!("unknown argument {a}"),
         }
         i += 1;
@@ -136,7 +140,7 @@ fn main() {
 
     // Overlap (as OSU's non-blocking collectives measure it): post, compute
     // for the pure time, wait; overlap = 1 - (total - compute) / pure.
-    if let Some((send, mut recv, pure, it)) = at_big {
+    if let Some((send, mut recv, pure, it)) = at_big.filter(|_| overlap) {
         let spin = Duration::from_secs_f64(pure / 1e6);
         let it = it.min(50);
         let t0 = Instant::now();

@@ -13,17 +13,24 @@
 # from MPI_Win_allocate (mpi_tests/osu_rma.c), with the osc component Open
 # MPI picks (osc rdma here) and with osc sm. --only p2p skips it, --only
 # rma runs it alone (about 40 s a round).
-# Usage: scripts/compare.sh [--sizes 8,64,...] [--rounds N] [--only p2p|rma] [--json FILE] [--plot FILE.svg]
+# Then the collectives part (about 5 s a round; --only coll runs it alone):
+# barrier and allreduce (8 B, 1 KiB, 1 MiB) latency on 2, 4 and 8 ranks,
+# shmfab (examples/coll_bench under shmfab run) against Open MPI's
+# MPI_Barrier / MPI_Allreduce (mpi_tests/osu_coll.c under mpirun).
+# Usage: scripts/compare.sh [--sizes 8,64,...] [--rounds N] [--only p2p|rma|coll] [--json FILE] [--plot FILE.svg]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh peers
 cargo build --release --quiet -p shmfab-tools --bin shmfab
+cargo build --release --quiet --example coll_bench
 mkdir -p mpi_tests/bin
 mpicc -O2 -o mpi_tests/bin/osu_style mpi_tests/osu_style.c
 mpicc -O2 -o mpi_tests/bin/osu_rma mpi_tests/osu_rma.c
+mpicc -O2 -o mpi_tests/bin/osu_coll mpi_tests/osu_coll.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi=()
 if [ -x scripts/fi-build.sh ]; then
   fi=(--fi-provider "$(scripts/fi-build.sh)")
 fi
-exec target/release/shmfab compare --osu mpi_tests/bin/osu_style --osu-rma mpi_tests/bin/osu_rma "${fi[@]}" "$@"
+exec target/release/shmfab compare --osu mpi_tests/bin/osu_style --osu-rma mpi_tests/bin/osu_rma \
+  --osu-coll mpi_tests/bin/osu_coll "${fi[@]}" "$@"

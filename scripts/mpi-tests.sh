@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-rank programs (mpi_tests/src/bin) under Debian's Open MPI mpirun
-# with 2, 4 and 8 ranks (oversubscribed: the machine may have 2 cores), and
-# under shmfab's own launcher. Each run has a timeout; afterwards no region
+# with 2, 4 and 8 ranks (coll_all also 3 and 5; oversubscribed: the
+# machine may have 2 cores), and under shmfab's own launcher. Each run has a timeout; afterwards no region
 # of this user may be left in /dev/shm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,12 @@ for np in 2 4 8; do
     run_one "mpirun -np $np $p" mpirun -np "$np" --oversubscribe "target/release/$p"
     run_one "shmfab run -n $np $p" target/release/shmfab run -n "$np" -- "target/release/$p"
   done
+done
+# Every collective (shmfab::coll) against a serial reference, also on 3
+# and 5 ranks (odd groups: no power of two); under a second each.
+for np in 2 3 4 5 8; do
+  run_one "mpirun -np $np coll_all" mpirun -np "$np" --oversubscribe target/release/coll_all
+  run_one "shmfab run -n $np coll_all" target/release/shmfab run -n "$np" -- target/release/coll_all
 done
 # Shared receive queues: 8 ranks all to all, each receive model (every
 # message checked for sender and per-connection order).

@@ -1766,6 +1766,67 @@ fn parse_fi_size(s: &str) -> Option<usize> {
     n.parse::<usize>().ok().map(|n| n * m)
 }
 
+/// One collective latency figure, as examples/coll_bench.rs and
+/// mpi_tests/osu_coll.c print it (`barrier ranks=N latency_us=US ...`,
+/// `allreduce ranks=N size=S latency_us=US ...`): the mean over ranks of
+/// each rank's mean time of one call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CollFigure {
+    /// `barrier` or `allreduce`.
+    pub op: String,
+    /// Ranks in the job.
+    pub ranks: usize,
+    /// Bytes reduced (0 for a barrier).
+    pub size: usize,
+    /// Microseconds a call.
+    pub latency_us: f64,
+}
+
+/// The figures in a collective benchmark's output: lines starting with
+/// `barrier ` or `allreduce ` that give `ranks=` and `latency_us=`
+/// (other lines, and lines with a field that does not parse, are left out).
+pub fn parse_coll(stdout: &str) -> Vec<CollFigure> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let op = words.next().filter(|w| *w == "barrier" || *w == "allreduce")?;
+            let (mut ranks, mut size, mut lat) = (None, Some(0), None);
+            for w in words {
+                let (k, v) = w.split_once('=')?;
+                match k {
+                    "ranks" => ranks = Some(v.parse().ok()?),
+                    "size" => size = Some(v.parse().ok()?),
+                    "latency_us" => lat = Some(v.parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0)?),
+                    _ => {}
+                }
+            }
+            Some(CollFigure { op: op.to_string(), ranks: ranks?, size: size?, latency_us: lat? })
+        })
+        .collect()
+}
+
+/// Runs a collective benchmark (`cmd`: `shmfab run ... coll_bench` or
+/// `mpirun ... osu_coll`) within the MPI time limit; its figures, or why
+/// there are none.
+pub fn run_coll(cmd: Command) -> Result<Vec<CollFigure>> {
+    let out = output_within(cmd, MPI_LIMIT)?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if let Some(l) = stdout.lines().chain(stderr.lines()).find(|l| l.starts_with("error ")) {
+        return Err(Error::with(ErrorKind::Io, l.to_string()));
+    }
+    if !out.status.success() {
+        let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+        return Err(Error::with(ErrorKind::Io, format!("{} ({})", out.status, last.trim())));
+    }
+    let figs = parse_coll(&stdout);
+    if figs.is_empty() {
+        return Err(Error::with(ErrorKind::Io, "no collective figures printed"));
+    }
+    Ok(figs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1785,6 +1846,20 @@ mod tests {
         assert_eq!(f[0], Figure { size: 8, half_rtt_us: Some(0.15), bw_gbs: Some(0.02), mmsgs: Some(9.5) });
         assert_eq!(f[1], Figure { size: 16384, half_rtt_us: Some(2.5), ..Default::default() });
         assert_eq!(f[2], Figure { size: 65536, ..Default::default() });
+    }
+
+    #[test]
+    fn collective_figures_are_read_from_either_program() {
+        let out = "barrier ranks=4 latency_us=6.814 median_us=6.490 post_median_us=1.2\n\
+                   allreduce ranks=4 size=1048576 latency_us=814.550 median_us=795.343\n\
+                   allreduce-overlap ranks=4 size=1048576 pure_us=1.0 total_us=2.0\n\
+                   allreduce ranks=x size=8 latency_us=1.0\n\
+                   allreduce ranks=2 size=8 latency_us=nan\n\
+                   allreduce ranks=2 size=8\n";
+        let f = parse_coll(out);
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert_eq!(f[0], CollFigure { op: "barrier".into(), ranks: 4, size: 0, latency_us: 6.814 });
+        assert_eq!(f[1], CollFigure { op: "allreduce".into(), ranks: 4, size: 1 << 20, latency_us: 814.55 });
     }
 
     #[test]

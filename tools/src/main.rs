@@ -115,6 +115,9 @@ enum Part {
     P2p,
     /// One-sided: put, get, fetch-add
     Rma,
+    /// Collectives: barrier and allreduce latency on 2, 4 and 8 ranks
+    /// (in the default set when examples/coll_bench is built)
+    Coll,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -143,9 +146,18 @@ struct CompareArgs {
     /// without it, Open MPI's one-sided figures are left out)
     #[arg(long, value_name = "PATH")]
     osu_rma: Option<PathBuf>,
-    /// Run only this part (default: both)
+    /// Run only this part (default: all three; coll when it can run)
     #[arg(long, value_enum, value_name = "PART")]
     only: Option<Part>,
+    /// With --only coll: shmfab's collective benchmark (default:
+    /// examples/coll_bench beside this executable, as `cargo build
+    /// --release --example coll_bench` makes it)
+    #[arg(long, value_name = "PATH")]
+    coll_bench: Option<PathBuf>,
+    /// With --only coll: the collective MPI program (mpi_tests/osu_coll.c
+    /// built with mpicc; without it, Open MPI is left out)
+    #[arg(long, value_name = "PATH")]
+    osu_coll: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -479,6 +491,8 @@ fn cmd_bench(a: &BenchArgs) -> Result<(), String> {
             fi_provider: None,
             osu_rma,
             only: None,
+            coll_bench: None,
+            osu_coll: None,
         };
         return cmd_compare(&c);
     }
@@ -1276,11 +1290,25 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     let ucx_first = ucx_off.is_none();
     // The systems take turns, round after round, so that a slow spell of
     // the machine touches each of them; each figure is the median.
-    let (p2p, rma) = (o.only != Some(Part::Rma), o.only != Some(Part::P2p));
+    let p2p = matches!(o.only, None | Some(Part::P2p));
+    let rma = matches!(o.only, None | Some(Part::Rma));
+    let coll_bin = match &o.coll_bench {
+        Some(p) => Some(p.clone()),
+        None => exe.parent().map(|d| d.join("examples").join("coll_bench")).filter(|p| p.is_file()),
+    };
+    const NO_COLL: &str =
+        "no collective benchmark: build it (cargo build --release --example coll_bench) or give --coll-bench";
+    if o.only == Some(Part::Coll) && coll_bin.is_none() {
+        return Err(NO_COLL.into());
+    }
+    // In the default set too (about 5 s a round), when it can run.
+    let coll = matches!(o.only, None | Some(Part::Coll)) && coll_bin.is_some();
+    let mut coll_runs: Vec<CollRun> = Vec::new();
     let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
     let mut rma_runs: Vec<RmaRound> = Vec::new();
     let steps = usize::from(p2p) * round_steps(&sizes, o.osu.is_some(), ucx_first, o.fi_provider.is_some())
-        + usize::from(rma) * rma_steps(&sizes, o.osu_rma.is_some());
+        + usize::from(rma) * rma_steps(&sizes, o.osu_rma.is_some())
+        + usize::from(coll) * COLL_RANKS.len() * (1 + usize::from(o.osu_coll.is_some()));
     let mut st = Status::new(o.rounds * steps);
     for r in 0..o.rounds {
         st.say(&format!("round {} of {}", r + 1, o.rounds));
@@ -1291,6 +1319,9 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
         }
         if rma {
             rma_runs.push(rma_round(o, &sizes, &exe, &mut st)?);
+        }
+        if let Some(bin) = coll_bin.as_deref().filter(|_| coll) {
+            coll_runs.extend(coll_round(bin, o.osu_coll.as_deref(), &exe, &mut st));
         }
     }
     st.finish();
@@ -1370,6 +1401,13 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
             RMA_SYSTEMS.iter().zip(&paths).zip(figs).map(|((s, p), f)| (s.0, p.clone(), f)).collect();
         rows_out.extend(rma_rows(&named, pl).into_iter().map(|r| serde_json::to_value(r).expect("plain fields")));
     }
+    if coll {
+        let (table, rows) = coll_report(&coll_runs);
+        print!("{table}");
+        rows_out.extend(rows);
+    } else if o.only.is_none() {
+        println!("\ncollectives: left out ({NO_COLL})");
+    }
     println!(
         "\nmedians of {} rounds; ratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate",
         o.rounds
@@ -1400,6 +1438,147 @@ fn sibling_path(p: &Path, tag: &str) -> std::path::PathBuf {
         None => format!("{stem}-{tag}"),
     };
     p.with_file_name(name)
+}
+
+/// Ranks the collectives part runs on.
+const COLL_RANKS: [usize; 3] = [2, 4, 8];
+/// Calls timed per figure in the collectives part (a fortieth, at least
+/// 20, for 1 MiB), in both programs.
+const COLL_ITERS: usize = 2000;
+/// Allreduce sizes of the collectives part (f64 sum), as both take them.
+const COLL_SIZES: &str = "8,1024,1048576";
+/// The collective systems, as the JSON names them (`shmfab-barrier`, ...).
+const COLL_SYSTEMS: [&str; 2] = ["shmfab", "openmpi"];
+
+/// One run of one collective system on `ranks` ranks.
+struct CollRun {
+    /// Index in [`COLL_SYSTEMS`].
+    system: usize,
+    ranks: usize,
+    /// The 8 B raw placement probe taken just before.
+    probe: Option<f64>,
+    figs: Vec<bench::CollFigure>,
+}
+
+/// One round of the collectives part: on each of [`COLL_RANKS`], a
+/// placement probe, then shmfab (`shmfab run --bind core` of `bin`,
+/// examples/coll_bench) and Open MPI (`mpirun` of `osu`, over the vader
+/// BTL; bound to cores on 2 ranks, oversubscribed above). A system that
+/// fails is left out of the round with a warning.
+fn coll_round(bin: &Path, osu: Option<&Path>, exe: &Path, st: &mut Status) -> Vec<CollRun> {
+    let mut out = Vec::new();
+    for np in COLL_RANKS {
+        let n = np.to_string();
+        let mut ours = std::process::Command::new(exe);
+        ours.args(["run", "-n", &n, "--bind", "core", "--"]).arg(bin);
+        ours.args(["--iters", &COLL_ITERS.to_string(), "--sizes", COLL_SIZES, "--no-overlap"]);
+        let mut cmds = vec![(0, ours)];
+        if let Some(osu) = osu {
+            let mut mpi = std::process::Command::new("mpirun");
+            mpi.args(["-np", &n, "--allow-run-as-root", "--mca", "pml", "ob1", "--mca", "btl", "self,vader"]);
+            if np > 2 {
+                mpi.arg("--oversubscribe");
+            } else {
+                mpi.args(["--bind-to", "core"]);
+            }
+            mpi.arg(osu).arg(COLL_ITERS.to_string()).arg(COLL_SIZES);
+            cmds.push((1, mpi));
+        }
+        for (system, cmd) in cmds {
+            let probe = placement_probe(exe);
+            st.say(&format!("measuring {} collectives on {np} ranks ...", COLL_SYSTEMS[system]));
+            st.step(&format!("{} collectives, {np} ranks", COLL_SYSTEMS[system]));
+            match bench::run_coll(cmd) {
+                Ok(figs) => out.push(CollRun { system, ranks: np, probe, figs }),
+                Err(e) => st.warn(&format!("{} collectives on {np} ranks: {e}", COLL_SYSTEMS[system])),
+            }
+        }
+    }
+    out
+}
+
+/// One JSON row of the collectives part.
+#[derive(Serialize)]
+struct CollRow {
+    /// `shmfab-barrier`, `openmpi-allreduce`, ...
+    system: String,
+    ranks: usize,
+    /// Bytes reduced (0 for a barrier).
+    size: usize,
+    /// Median over rounds of the mean over ranks of each rank's mean.
+    latency_us: f64,
+    /// Median of the 8 B raw placement probes taken before the runs.
+    probe_us: Option<f64>,
+    /// More ranks than CPUs: the ranks share them.
+    oversubscribed: bool,
+}
+
+/// The collectives part's table and JSON rows: medians over rounds by
+/// (system, op, ranks, size).
+fn coll_report(runs: &[CollRun]) -> (String, Vec<serde_json::Value>) {
+    use std::fmt::Write;
+    // The CPUs online (not this process's affinity: the probes pin it).
+    // SAFETY: sysconf reads a system setting; no memory is passed.
+    let cpus = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(1).max(1);
+    let med = |mut v: Vec<f64>| -> Option<f64> {
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| v[v.len() / 2])
+    };
+    let mut keys: Vec<(String, usize, usize)> =
+        runs.iter().flat_map(|r| r.figs.iter().map(|f| (f.op.clone(), f.ranks, f.size))).collect();
+    keys.sort_by_key(|a| (a.0 != "barrier", a.1, a.2));
+    keys.dedup();
+    let fig = |system: usize, k: &(String, usize, usize)| {
+        med(runs
+            .iter()
+            .filter(|r| r.system == system)
+            .flat_map(|r| r.figs.iter())
+            .filter(|f| (&f.op, f.ranks, f.size) == (&k.0, k.1, k.2))
+            .map(|f| f.latency_us)
+            .collect())
+    };
+    let probe = |system: usize, ranks: usize| {
+        med(runs.iter().filter(|r| r.system == system && r.ranks == ranks).filter_map(|r| r.probe).collect())
+    };
+    let mut t = String::new();
+    let _ = writeln!(t, "\ncollectives (mean over ranks of each rank's mean per call, us; allreduce: f64 sum):");
+    let _ = writeln!(
+        t,
+        "{:<10} {:>5} {:>9} {:>12} {:>12} {:>8}  8 B raw probe before shmfab",
+        "op", "ranks", "size", "shmfab", "Open MPI", "ratio"
+    );
+    let mut rows = Vec::new();
+    for k in &keys {
+        let (a, b) = (fig(0, k), fig(1, k));
+        let size = if k.0 == "barrier" { "-".to_string() } else { bytes(k.2) };
+        let over = k.1 > cpus;
+        let _ = writeln!(
+            t,
+            "{:<10} {:>5} {:>9} {:>12} {:>12} {:>8}  {}{}",
+            k.0,
+            k.1,
+            size,
+            fmt(a, 3),
+            fmt(b, 3),
+            ratio(a, b),
+            probe(0, k.1).map_or("-".to_string(), |p| format!("{p:.3} us")),
+            if over { format!(" (oversubscribed: {} ranks on {cpus} CPUs)", k.1) } else { String::new() }
+        );
+        for (sys, v) in [(0, a), (1, b)] {
+            if let Some(v) = v {
+                let row = CollRow {
+                    system: format!("{}-{}", COLL_SYSTEMS[sys], k.0),
+                    ranks: k.1,
+                    size: k.2,
+                    latency_us: round_to(v, 6),
+                    probe_us: probe(sys, k.1).map(|p| round_to(p, 6)),
+                    oversubscribed: over,
+                };
+                rows.push(serde_json::to_value(row).expect("plain fields"));
+            }
+        }
+    }
+    (t, rows)
 }
 
 /// What the comparison says of UCX under its tables: nothing when every
@@ -1739,6 +1918,8 @@ mod tests {
         let Cmd::Compare(c) = parse(&["compare"]).unwrap().cmd else { panic!() };
         assert_eq!(c.only, None);
         assert!(parse(&["compare", "--only", "both"]).is_err());
+        let Cmd::Compare(c) = parse(&["compare", "--only", "coll", "--osu-coll", "y"]).unwrap().cmd else { panic!() };
+        assert_eq!((c.only, c.osu_coll, c.coll_bench), (Some(Part::Coll), Some("y".into()), None));
         let Cmd::Bench(b) = parse(&["bench", "rma", "--iters", "50"]).unwrap().cmd else { panic!() };
         assert_eq!((b.what, b.iters), (What::Rma, Some(50)));
     }
