@@ -37,8 +37,12 @@ pub struct EpStats {
     /// Rendezvous data read by single copy.
     pub cma_reads: u64,
     /// Rendezvous data fetched through the pool because CMA was off,
-    /// not offered, or refused.
+    /// not offered, refused, or its buffers sat in the kernel copy's slow
+    /// band (those also counted in `cma_aliased`).
     pub cma_fallbacks: u64,
+    /// Rendezvous messages whose two buffers sat in the slow band of the
+    /// kernel's copy ([`crate::copy`]): sent through the pool instead.
+    pub cma_aliased: u64,
     /// Single copies shared with the sender (receiver read half, sender
     /// wrote half).
     pub split_copies: u64,

@@ -37,6 +37,7 @@ pub mod av;
 mod cma;
 pub mod cntr;
 pub mod coll;
+pub mod copy;
 pub mod cq;
 pub mod domain;
 mod doorbell;

@@ -1415,9 +1415,9 @@ fn serve_one(own: &OwnRma, s: *mut MboxSlot, req: &MboxReq, counters: &[shm_layo
                 // bytes (decoded).
                 unsafe {
                     if req.op == mbox_op::WRITE {
-                        std::ptr::copy_nonoverlapping(data.as_ptr().add(done), p, n as usize);
+                        crate::copy::copy(data.as_ptr().add(done), p, n as usize);
                     } else {
-                        std::ptr::copy_nonoverlapping(p, data.as_mut_ptr().add(done), n as usize);
+                        crate::copy::copy(p, data.as_mut_ptr().add(done), n as usize);
                     }
                 }
                 done += n as usize;

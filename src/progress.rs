@@ -63,7 +63,7 @@ impl Src<'_> {
     fn read(&self, off: usize, dst: &mut [u8]) {
         match self {
             Src::Ring(r, _) => r.read_payload(off, dst),
-            Src::Buf(b) => dst.copy_from_slice(&b[off..off + dst.len()]),
+            Src::Buf(b) => crate::copy::copy_slice(dst, &b[off..off + dst.len()]),
         }
     }
     /// The payload's first bytes, as many as `buf` holds and the message
@@ -538,7 +538,7 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
             }
             if off < a.dest.cap {
                 let n = (a.dest.cap - off).min(len);
-                a.dest.iovs.scatter(off, n, |o, dst| dst.copy_from_slice(&bytes[o..o + dst.len()]));
+                a.dest.iovs.scatter(off, n, |o, dst| crate::copy::copy_slice(dst, &bytes[o..o + dst.len()]));
             }
             pool.free(idx);
             a.received += len;
@@ -618,7 +618,18 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
         return;
     }
     let try_cma = rts.cma && !ep.peers[p].cma_refused && ctx.cfg.cma != crate::proto::CmaMode::Off;
-    if try_cma {
+    // A single copy whose two buffers sit in the slow band of the kernel's
+    // copy (crate::copy: 4-5x slower) goes through the pool instead, whose
+    // two copies we make ourselves.
+    let aliased = try_cma && {
+        let local: Vec<(u64, u64)> =
+            local_ranges(&d, 0, usize::MAX).iter().map(|&(a, l)| (a as u64, l as u64)).collect();
+        crate::copy::ranges_in_band(&rts.iovs, &local)
+    };
+    if aliased {
+        ep.stats.cma_aliased += 1;
+    }
+    if try_cma && !aliased {
         let want = info.total.min(d.cap);
         let on_ring = matches!(ep.peers[p].chan, Some(Chan::Ring(_)));
         // The sender's half goes in one CTS_WRITE of at most MAX_IOV ranges.
@@ -653,9 +664,10 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
         return;
     }
     ep.stats.cma_fallbacks += 1;
+    let status = if aliased { wire::CTS_BOUNCE_THIS_ONE } else { 0 };
     let a = ActiveRecv { dest: d, total: info.total, received: 0, tag: info.tag, data: info.data, hflags: info.hflags };
     start_active(ep, p, rts.msg_id, a);
-    ep.queue_ctrl(p, Ctrl::new(CtrlKind::CtsBounce, rts.msg_id, 0));
+    ep.queue_ctrl(p, Ctrl::new(CtrlKind::CtsBounce, rts.msg_id, status));
 }
 
 fn cma_fail(peer_addr: &shm_layout::Address, pid: i32, e: i32) -> Fail {
@@ -749,9 +761,10 @@ fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
     let Ok(c) = wire::Control::decode(h) else {
         return Flow::Done;
     };
-    if ep.tx.bounce_requested(&mut ep.peers[p], p, c.msg_id) {
+    if ep.tx.bounce_requested(&mut ep.peers[p], p, c.msg_id) && c.status != wire::CTS_BOUNCE_THIS_ONE {
         // We offered single copy and the receiver could not use it: stop
-        // offering it to this peer (and use the no-CMA thresholds).
+        // offering it to this peer (and use the no-CMA thresholds). Not
+        // when it asked for this one message only (its buffer's placement).
         ep.peers[p].cma_refused = true;
     }
     Flow::Done
@@ -869,7 +882,7 @@ pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: De
     let info = RxInfo { tagged, tag: u.tag, data: u.data, hflags: u.hflags, total: u.len, delivered: 0 };
     match u.body {
         UnexpBody::Data { v, received, msg_id } => {
-            let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| dst.copy_from_slice(&v[o..o + dst.len()]));
+            let n = d.iovs.scatter(0, v.len().min(d.cap), |o, dst| crate::copy::copy_slice(dst, &v[o..o + dst.len()]));
             ep.matching.recycle_buf(v);
             if received == u.len {
                 finish_rx(ep, ctx, u.peer, 0, PendingRx { dest: d, info: RxInfo { delivered: n, ..info }, err: None });

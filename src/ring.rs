@@ -104,7 +104,7 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
                 wr(dst as *mut u128, a);
                 wr(dst.add(n - 16) as *mut u128, b);
             }
-            _ => std::ptr::copy_nonoverlapping(src, dst, n),
+            _ => crate::copy::copy(src, dst, n),
         }
     }
 }
@@ -254,7 +254,7 @@ impl RingTx {
         unsafe {
             copy_small(src.as_ptr(), self.cells.add(start), first);
             if first < src.len() {
-                std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.cells, src.len() - first);
+                crate::copy::copy(src.as_ptr().add(first), self.cells, src.len() - first);
             }
         }
     }
@@ -408,7 +408,7 @@ impl RingView {
         unsafe {
             copy_small(self.cells.add(start), dst.as_mut_ptr(), first);
             if first < dst.len() {
-                std::ptr::copy_nonoverlapping(self.cells, dst.as_mut_ptr().add(first), dst.len() - first);
+                crate::copy::copy(self.cells, dst.as_mut_ptr().add(first), dst.len() - first);
             }
         }
     }

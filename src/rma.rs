@@ -1370,7 +1370,7 @@ fn gather(src: &[(*mut u8, usize)]) -> Vec<u8> {
 fn scatter(dst: &[(*mut u8, usize)], mut data: &[u8]) {
     for &(p, l) in dst {
         // SAFETY: the caller's segments, valid for writes for the call.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, l) };
+        unsafe { crate::copy::copy(data.as_ptr(), p, l) };
         data = &data[l..];
     }
 }
@@ -1392,7 +1392,7 @@ unsafe fn copy_small(local: *mut u8, h: *mut u8, n: usize, to_heap: bool) {
             8 => dst.cast::<u64>().write_unaligned(src.cast::<u64>().read_unaligned()),
             4 => dst.cast::<u32>().write_unaligned(src.cast::<u32>().read_unaligned()),
             16 => dst.cast::<u128>().write_unaligned(src.cast::<u128>().read_unaligned()),
-            _ => std::ptr::copy(src, dst, n),
+            _ => crate::copy::move_bytes(src, dst, n),
         }
     }
 }
@@ -1413,9 +1413,9 @@ fn copy_heap(f: &RmaFile, rs: &[(u64, u64)], local: &[(*mut u8, usize)], to_heap
             // if it is, copy handles overlap).
             unsafe {
                 if to_heap {
-                    std::ptr::copy(lp.add(loff), h.add(done), k);
+                    crate::copy::move_bytes(lp.add(loff), h.add(done), k);
                 } else {
-                    std::ptr::copy(h.add(done), lp.add(loff), k);
+                    crate::copy::move_bytes(h.add(done), lp.add(loff), k);
                 }
             }
             done += k;

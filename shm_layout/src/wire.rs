@@ -509,6 +509,11 @@ impl CtsWrite {
     }
 }
 
+/// Status of a CTS_BOUNCE that asks for one message's data through the
+/// pool while single copy stays usable (its two buffers sit where the
+/// kernel's copy is slow): the sender keeps offering single copy.
+pub const CTS_BOUNCE_THIS_ONE: u32 = 1;
+
 /// The kinds of [`Control`] message.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -535,7 +540,9 @@ pub enum CtrlKind {
 pub struct Control {
     /// Which control message (header `op`).
     pub kind: CtrlKind,
-    /// 0, or a positive errno (header `len`); always 0 for CTS_BOUNCE.
+    /// 0, or a positive errno (header `len`); for CTS_BOUNCE, 0 (single
+    /// copy unusable with this receiver: stop offering it) or
+    /// [`CTS_BOUNCE_THIS_ONE`].
     pub status: u32,
     /// The message it is about (header `tag`).
     pub msg_id: u64,

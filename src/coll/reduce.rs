@@ -76,7 +76,7 @@ macro_rules! float_op {
 /// `dst[i] = op(dst[i], src[i])`; the arguments passed [`check`].
 pub fn apply(dt: AtomicType, op: AtomicOp, src: &[u8], dst: &mut [u8]) {
     if op == AtomicOp::Write {
-        dst.copy_from_slice(src);
+        crate::copy::copy_slice(dst, src);
         return;
     }
     match dt {

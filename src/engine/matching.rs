@@ -415,7 +415,15 @@ impl Matching {
                 self.drop_unexp(id);
             }
         } else {
-            v.extend_from_slice(bytes);
+            v.reserve(bytes.len());
+            let at = v.len();
+            // SAFETY: reserved above: bytes.len() bytes of spare capacity
+            // at `at`, disjoint from `bytes` (the pool's chunk); written
+            // in full before the length covers them.
+            unsafe {
+                crate::copy::copy(bytes.as_ptr(), v.as_mut_ptr().add(at), bytes.len());
+                v.set_len(at + bytes.len());
+            }
             self.unexp_bytes += bytes.len();
         }
         Some(done)

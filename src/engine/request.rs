@@ -245,7 +245,7 @@ impl Iovs {
             // SAFETY: the segment is the caller's send buffer, valid until
             // completion; skip + n <= s.len.
             let src = unsafe { std::slice::from_raw_parts((s.ptr + skip) as *const u8, n) };
-            dst[at..at + n].copy_from_slice(src);
+            crate::copy::copy_slice(&mut dst[at..at + n], src);
             at += n;
             skip = 0;
         }
