@@ -295,6 +295,7 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
     }
     r.held = held;
     r.rx.release_credit();
+    ep.inbound.flush_freed();
 }
 
 fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
@@ -328,6 +329,7 @@ fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
         ep.stats.rx_ovf += 1;
         ep.inbound.ovf.commit();
     }
+    ep.inbound.flush_freed();
 }
 
 fn handle(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
@@ -540,7 +542,7 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
                 let n = (a.dest.cap - off).min(len);
                 a.dest.iovs.scatter(off, n, |o, dst| crate::copy::copy_slice(dst, &bytes[o..o + dst.len()]));
             }
-            pool.free(idx);
+            ep.inbound.release_chunk(idx);
             a.received += len;
             if a.received == a.total {
                 let Some(RxCur::Active(a)) = ep.peers[p].rx.take(msg_id) else { unreachable!("matched above") };
@@ -553,7 +555,7 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
                 return Flow::Stall; // chunk stays in the pool and the message in the ring
             }
             let ok = ep.matching.append_unexp(id, off, bytes, total);
-            pool.free(idx);
+            ep.inbound.release_chunk(idx);
             match ok {
                 Some(true) => {
                     ep.peers[p].rx.take(msg_id);

@@ -52,7 +52,18 @@ pub(crate) struct Inbound {
     pub ovf_stuck: Option<(u64, std::time::Instant)>,
     /// Our pool: its chunks carry the payload of bounce messages to us.
     pub pool: Pool,
+    /// Chunks copied out in this pass, not yet back on the free list:
+    /// `freed[..n_freed]`. Returned together ([`Pool::free_many`]: one CAS
+    /// on the list's head, which the senders also write, per pass rather
+    /// than per chunk) by [`Inbound::flush_freed`] at the end of each
+    /// drain, or when full.
+    freed: [u32; FREED_MAX],
+    /// Entries of `freed` in use (at most [`FREED_MAX`]).
+    n_freed: usize,
 }
+
+/// Chunks an endpoint holds back before returning them together.
+const FREED_MAX: usize = 64;
 
 impl Inbound {
     pub fn new(sec: &Section) -> Inbound {
@@ -66,6 +77,27 @@ impl Inbound {
             ovf_held: false,
             ovf_stuck: None,
             pool: sec.pool(),
+            freed: [0; FREED_MAX],
+            n_freed: 0,
+        }
+    }
+
+    /// Gives chunk `idx` (in range: decoded) back, with the pass's others.
+    #[inline]
+    pub fn release_chunk(&mut self, idx: u32) {
+        if self.n_freed == FREED_MAX {
+            self.flush_freed();
+        }
+        self.freed[self.n_freed] = idx;
+        self.n_freed += 1;
+    }
+
+    /// Returns the chunks [`Inbound::release_chunk`] held back.
+    #[inline]
+    pub fn flush_freed(&mut self) {
+        if self.n_freed > 0 {
+            self.pool.free_many(&self.freed[..self.n_freed]);
+            self.n_freed = 0;
         }
     }
 

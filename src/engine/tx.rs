@@ -247,16 +247,73 @@ fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
     }
 }
 
+/// Most pool chunks one progress pass takes at once for a peer.
+const STASH: usize = 32;
+
+/// Pool chunks taken together ([`crate::pool::Pool::alloc_many`]: one CAS
+/// on the receiver's free list for a run of fragments, not one each) and
+/// not yet filled; what a pass leaves unused goes back at its end
+/// ([`Stash::give_back`]), so no sender hoards a shared pool.
+struct Stash {
+    /// Taken indices; `idx[at..n]` still ours and unused.
+    idx: [u32; STASH],
+    /// Entries of `idx` taken from the pool.
+    n: usize,
+    /// Entries of `idx` used (named in a CHUNK message); `at <= n`.
+    at: usize,
+}
+
+impl Stash {
+    fn new() -> Stash {
+        Stash { idx: [0; STASH], n: 0, at: 0 }
+    }
+
+    /// A chunk: from the stash, else a new run of up to `want` (at least
+    /// one, at most [`STASH`]) from the pool.
+    fn take(&mut self, pool: &crate::pool::Pool, want: usize) -> Option<u32> {
+        if self.at == self.n {
+            self.n = pool.alloc_many(&mut self.idx[..want.clamp(1, STASH)]);
+            self.at = 0;
+            if self.n == 0 {
+                return None;
+            }
+        }
+        self.at += 1;
+        Some(self.idx[self.at - 1])
+    }
+
+    /// Un-takes the chunk [`Stash::take`] just gave (its message did not fit).
+    fn untake(&mut self) {
+        self.at -= 1;
+    }
+
+    /// Returns the unused chunks to the pool.
+    fn give_back(&mut self, pool: &crate::pool::Pool) {
+        if self.at < self.n {
+            pool.free_many(&self.idx[self.at..self.n]);
+        }
+        (self.n, self.at) = (0, 0);
+    }
+}
+
 /// Pushes the next chunk of `op`; false when the ring or pool is full.
 /// `frag` bytes at most (the pool's chunk size or less).
-fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Pool, frag: usize, op: &mut TxOp) -> bool {
+fn push_chunk(
+    chan: &mut Chan,
+    me: &shm_layout::Address,
+    pool: &crate::pool::Pool,
+    stash: &mut Stash,
+    frag: usize,
+    op: &mut TxOp,
+) -> bool {
     let TxState::Chunks { off, msg_id } = op.state else {
         return false;
     };
     if !chan_room(chan, 1) {
         return false;
     }
-    let Some(idx) = pool.alloc() else {
+    let per = frag.min(pool.chunk_size()).max(1);
+    let Some(idx) = stash.take(pool, (op.len - off).div_ceil(per)) else {
         return false;
     };
     let n = (op.len - off).min(frag).min(pool.chunk_size());
@@ -268,7 +325,7 @@ fn push_chunk(chan: &mut Chan, me: &shm_layout::Address, pool: &crate::pool::Poo
     let c = wire::Chunk { msg_id, offset: off as u64, len: n as u32, index: idx };
     let (h, _) = c.encode(&mut pl).expect("buffer sized for a chunk");
     if !chan_push(chan, me, &h, &[&pl]) {
-        pool.free(idx);
+        stash.untake();
         return false;
     }
     op.state = if off + n >= op.len { TxState::Done } else { TxState::Chunks { off: off + n, msg_id } };
@@ -491,6 +548,7 @@ impl EpState {
             let pool = peer.pool.as_ref().expect("connected");
             let cma_refused = peer.cma_refused;
             let frag = ctx.cfg.frag_size;
+            let mut stash = Stash::new();
             let tx = &mut peer.tx;
             // 1. Control messages first: they unblock the peer.
             while let Some(c) = tx.ctrlq.front() {
@@ -507,7 +565,7 @@ impl EpState {
                     break;
                 }
                 while matches!(op.state, TxState::Chunks { .. }) {
-                    if !push_chunk(chan, &me, pool, frag, op) {
+                    if !push_chunk(chan, &me, pool, &mut stash, frag, op) {
                         blocked = true;
                         break;
                     }
@@ -539,7 +597,7 @@ impl EpState {
                             tx.next_msg_id += 1;
                             op.state = TxState::Chunks { off: 0, msg_id };
                             while !blocked && matches!(op.state, TxState::Chunks { .. }) {
-                                if push_chunk(chan, &me, pool, frag, op) {
+                                if push_chunk(chan, &me, pool, &mut stash, frag, op) {
                                     stats.tx_chunks += 1;
                                 } else {
                                     blocked = true;
@@ -578,6 +636,7 @@ impl EpState {
                 }
                 tx.inflight.push_back(op);
             }
+            stash.give_back(pool);
             if pushed {
                 if let Some(db) = peer.doorbell() {
                     crate::doorbell::ring(db);
