@@ -9,6 +9,9 @@
 //!
 //! "Single copy usable" means: CMA not off, not refused by that peer, and the
 //! payload not a provider-held copy (an inject queued behind other sends).
+//! A rendezvous whose two buffers sit in the slow band of the kernel's copy
+//! (the destination 1-63 bytes past the source modulo 4096: see
+//! [`crate::copy`]) is fetched through the pool, for that message only.
 //! The defaults are the crossovers measured on the 2-vCPU development VMs
 //! (ping-pong, separate send and receive buffers). A process_vm_readv
 //! costs about 5 us here whatever its size (in one process, 8 KiB: 6.4 us
