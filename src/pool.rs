@@ -80,39 +80,10 @@ impl Pool {
     }
 
     /// Takes a free chunk; None when every chunk is in use (or the list is
-    /// corrupt).
+    /// corrupt). [`Pool::alloc_many`] of one.
     pub fn alloc(&self) -> Option<u32> {
-        // SAFETY: ctl mapped.
-        let head = unsafe { &(*self.ctl).head };
-        // SYNC: pairs with the release CAS in free() (or the release store
-        // in init()): the link of the head chunk read below is visible.
-        let mut h = head.load(Ordering::Acquire);
-        loop {
-            let idx1 = (h & LOW) as u32;
-            if idx1 == 0 || idx1 > self.n {
-                return None;
-            }
-            // SAFETY: idx1 - 1 < n.
-            let next = unsafe { (*self.next.add(idx1 as usize - 1)).load(Ordering::Relaxed) };
-            if next > self.n {
-                return None;
-            }
-            let new = ((h >> 32).wrapping_add(1) << 32) | next as u64;
-            // SYNC: acquire pairs with the release CAS in free(): the
-            // chunk's previous reader is done with it before we write it
-            // (and, on failure, the new head's link is visible). The release
-            // half pairs with nothing: a later alloc() reaches free()'s
-            // release through the release sequence of the CASes on `head`,
-            // so Acquire alone would do.
-            match head.compare_exchange_weak(h, new, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    // SAFETY: ctl mapped.
-                    unsafe { (*self.ctl).in_use.fetch_add(1, Ordering::Relaxed) };
-                    return Some(idx1 - 1);
-                }
-                Err(cur) => h = cur,
-            }
-        }
+        let mut one = [0u32];
+        (self.alloc_many(&mut one) == 1).then_some(one[0])
     }
 
     /// Takes up to `out.len()` free chunks with one CAS on the head (their
@@ -211,29 +182,9 @@ impl Pool {
     }
 
     /// Returns a chunk; false if `idx` is out of range.
+    /// [`Pool::free_many`] of one.
     pub fn free(&self, idx: u32) -> bool {
-        if idx >= self.n {
-            return false;
-        }
-        // SAFETY: ctl mapped.
-        let head = unsafe { &(*self.ctl).head };
-        let mut h = head.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: idx < n.
-            unsafe { (*self.next.add(idx as usize)).store((h & LOW) as u32, Ordering::Relaxed) };
-            let new = ((h >> 32).wrapping_add(1) << 32) | (idx as u64 + 1);
-            // SYNC: release pairs with the acquire loads and CAS in alloc():
-            // the link written above and our reads of the chunk happen
-            // before the next taker's writes.
-            match head.compare_exchange_weak(h, new, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => {
-                    // SAFETY: ctl mapped.
-                    unsafe { (*self.ctl).in_use.fetch_sub(1, Ordering::Relaxed) };
-                    return true;
-                }
-                Err(cur) => h = cur,
-            }
-        }
+        self.free_many(std::slice::from_ref(&idx))
     }
 
     /// Pointer to chunk `idx`, if in range.
