@@ -43,6 +43,10 @@ pub struct EpStats {
     /// Rendezvous messages whose two buffers sat in the slow band of the
     /// kernel's copy ([`crate::copy`]): sent through the pool instead.
     pub cma_aliased: u64,
+    /// Rendezvous messages taken through the pool although single copy was
+    /// usable, because the pool measured faster with that peer at that
+    /// size ([`crate::proto::PathPick`]).
+    pub pool_picked: u64,
     /// Single copies shared with the sender (receiver read half, sender
     /// wrote half).
     pub split_copies: u64,

@@ -488,7 +488,7 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
                 ep,
                 p,
                 msg_id,
-                ActiveRecv { dest, total, received: 0, tag: h.tag, data: h.data, hflags: h.flags },
+                ActiveRecv { dest, total, received: 0, tag: h.tag, data: h.data, hflags: h.flags, timed: None },
             );
         }
         None => {
@@ -631,8 +631,13 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
     if aliased {
         ep.stats.cma_aliased += 1;
     }
-    if try_cma && !aliased {
-        let want = info.total.min(d.cap);
+    // In the band where either path may win, the one measured faster with
+    // this peer lately (and now and then the other, to keep both measures
+    // fresh as the CPUs move).
+    let want = info.total.min(d.cap);
+    let class = if try_cma && !aliased { crate::proto::pick_class(ctx.cfg, want) } else { None };
+    let pool_pick = class.is_some_and(|c| ep.peers[p].pick[c].use_pool());
+    if try_cma && !aliased && !pool_pick {
         let on_ring = matches!(ep.peers[p].chan, Some(Chan::Ring(_)));
         // The sender's half goes in one CTS_WRITE of at most MAX_IOV ranges.
         let fits = d.iovs.n <= MAX_IOV;
@@ -642,8 +647,12 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
         }
         let local = local_ranges(&d, 0, usize::MAX);
         let peer = &mut ep.peers[p];
+        let t0 = class.map(|_| std::time::Instant::now());
         match cma::read(peer.pid, &local, &rts.iovs, ctx.cfg.cma) {
             Ok(n) => {
+                if let (Some(c), Some(t0)) = (class, t0) {
+                    peer.pick[c].record(false, t0.elapsed(), want);
+                }
                 info.delivered = n;
                 peer.cma_worked = true;
                 ep.stats.cma_reads += 1;
@@ -665,9 +674,22 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
         ep.queue_ctrl(p, Ctrl::new(CtrlKind::Fin, rts.msg_id, 0));
         return;
     }
-    ep.stats.cma_fallbacks += 1;
-    let status = if aliased { wire::CTS_BOUNCE_THIS_ONE } else { 0 };
-    let a = ActiveRecv { dest: d, total: info.total, received: 0, tag: info.tag, data: info.data, hflags: info.hflags };
+    if pool_pick {
+        ep.stats.pool_picked += 1;
+    } else {
+        ep.stats.cma_fallbacks += 1;
+    }
+    let status = if aliased || pool_pick { wire::CTS_BOUNCE_THIS_ONE } else { 0 };
+    let timed = if pool_pick { class.map(|c| (std::time::Instant::now(), c)) } else { None };
+    let a = ActiveRecv {
+        dest: d,
+        total: info.total,
+        received: 0,
+        tag: info.tag,
+        data: info.data,
+        hflags: info.hflags,
+        timed,
+    };
     start_active(ep, p, rts.msg_id, a);
     ep.queue_ctrl(p, Ctrl::new(CtrlKind::CtsBounce, rts.msg_id, status));
 }
@@ -790,6 +812,9 @@ fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
 
 fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: ActiveRecv, err: Option<Fail>) {
     let info = a.info(a.received.min(a.total).min(a.dest.cap));
+    if let (Some((t0, c)), None) = (a.timed, &err) {
+        ep.peers[p].pick[c].record(true, t0.elapsed(), a.total.min(a.dest.cap));
+    }
     finish_rx(ep, ctx, p, msg_id, PendingRx { dest: a.dest, info, err });
 }
 
@@ -890,7 +915,15 @@ pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: De
                 finish_rx(ep, ctx, u.peer, 0, PendingRx { dest: d, info: RxInfo { delivered: n, ..info }, err: None });
             } else {
                 // Still arriving: the rest goes straight to the receive.
-                let a = ActiveRecv { dest: d, total: u.len, received, tag: u.tag, data: u.data, hflags: u.hflags };
+                let a = ActiveRecv {
+                    dest: d,
+                    total: u.len,
+                    received,
+                    tag: u.tag,
+                    data: u.data,
+                    hflags: u.hflags,
+                    timed: None,
+                };
                 ep.peers[u.peer].rx.matched(msg_id, a);
             }
         }

@@ -73,6 +73,72 @@ pub enum Proto {
     Rndv,
 }
 
+/// Size classes of [`PathPick`]: `[cma_min, 2 cma_min)` and
+/// `[2 cma_min, 4 cma_min)`.
+pub const PICK_CLASSES: usize = 2;
+
+/// One decision in this many takes the path not preferred, to measure it
+/// again.
+const PICK_EXPLORE: u32 = 16;
+
+/// The class of a `len`-byte rendezvous in the band where the receiver
+/// picks between single copy and the pool by measure (the two classes
+/// above `cma_min`, below `split_min`); None outside it.
+///
+/// Why by measure: on these VMs the two vCPUs move between placements
+/// within minutes, and the winner at 64 KiB moves with them (the pool 2x
+/// faster near, single copy 1.6x faster far: ARCHITECTURE.md).
+pub fn pick_class(cfg: &Config, len: usize) -> Option<usize> {
+    if cfg.cma_min == 0 || len < cfg.cma_min || len >= cfg.split_min {
+        return None;
+    }
+    let c = (len / cfg.cma_min).ilog2() as usize;
+    (c < PICK_CLASSES).then_some(c)
+}
+
+/// A receiver's measure, for one peer and size class, of single copy
+/// against the pool for rendezvous messages: the time of each per byte,
+/// averaged (the last four samples weigh most). Single copy is measured
+/// first (it is the default), then the pool once; after that the faster
+/// one is taken, and every [`PICK_EXPLORE`]th decision the other.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PathPick {
+    /// Single copy: ns per byte (the process_vm_readv call); 0 unmeasured.
+    cma: f32,
+    /// The pool: ns per byte, from asking for the data (CTS_BOUNCE) to its
+    /// last chunk copied; 0 unmeasured.
+    pool: f32,
+    /// Decisions made.
+    n: u32,
+}
+
+impl PathPick {
+    /// Whether the next message of this class goes through the pool.
+    pub fn use_pool(&mut self) -> bool {
+        self.n = self.n.wrapping_add(1);
+        if self.cma == 0.0 {
+            return false;
+        }
+        if self.pool == 0.0 {
+            return true;
+        }
+        let pool_faster = self.pool < self.cma;
+        if self.n.is_multiple_of(PICK_EXPLORE) {
+            !pool_faster
+        } else {
+            pool_faster
+        }
+    }
+
+    /// Records one message of `bytes` that took `t` through the pool
+    /// (`pool`) or by single copy.
+    pub fn record(&mut self, pool: bool, t: std::time::Duration, bytes: usize) {
+        let r = (t.as_nanos() as f64 / bytes.max(1) as f64).max(1e-6) as f32;
+        let e = if pool { &mut self.pool } else { &mut self.cma };
+        *e = if *e == 0.0 { r } else { *e + (r - *e) * 0.25 };
+    }
+}
+
 /// CMA policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CmaMode {
@@ -392,6 +458,42 @@ pub fn offer_cma(cfg: &Config, peer_refused: bool, owned: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pick_class_covers_two_octaves_above_cma_min_below_split_min() {
+        let c = Config::default();
+        let k = c.cma_min;
+        for (len, want) in [(k - 1, None), (k, Some(0)), (2 * k - 1, Some(0)), (2 * k, Some(1)), (4 * k - 1, Some(1))] {
+            assert_eq!(pick_class(&c, len), want, "len {len}");
+        }
+        assert_eq!(pick_class(&c, 4 * k), None);
+        let low_split = Config { split_min: 2 * k, ..Config::default() };
+        assert_eq!(pick_class(&low_split, 2 * k), None, "split copies are never picked against");
+    }
+
+    #[test]
+    fn path_pick_measures_both_then_keeps_the_faster_and_explores() {
+        use std::time::Duration;
+        let mut p = PathPick::default();
+        assert!(!p.use_pool(), "single copy is measured first");
+        p.record(false, Duration::from_micros(10), 65536);
+        assert!(p.use_pool(), "then the pool once");
+        p.record(true, Duration::from_micros(5), 65536);
+        // The pool is faster: taken, but for every 16th decision.
+        let picks: Vec<bool> = (0..32).map(|_| p.use_pool()).collect();
+        assert_eq!(picks.iter().filter(|&&b| !b).count(), 2, "{picks:?}");
+        // The pool slows down (the CPUs moved): within a few samples
+        // single copy wins.
+        for _ in 0..6 {
+            p.record(true, Duration::from_micros(30), 65536);
+        }
+        let picks: Vec<bool> = (0..32).map(|_| p.use_pool()).collect();
+        assert_eq!(picks.iter().filter(|&&b| b).count(), 2, "{picks:?}");
+        // A zero-time sample never makes a measure look unmeasured.
+        let mut q = PathPick::default();
+        q.record(false, Duration::ZERO, 0);
+        assert!(q.use_pool() || q.use_pool(), "single copy counts as measured");
+    }
 
     #[test]
     fn thresholds_pick_each_protocol() {

@@ -151,6 +151,54 @@ fn aliased_single_copy_goes_through_the_pool() {
 }
 
 #[test]
+fn rendezvous_band_takes_both_paths_by_measure() {
+    // 64 KiB and 192 KiB messages both ways (the two classes of
+    // proto::pick_class), page-aligned so none is in the copy band: each
+    // receiver measures single copy first, then the pool, then keeps the
+    // faster and tries the other every 16th time. Whatever the timings,
+    // both paths carry messages, and every byte arrives.
+    run("rendezvous_band_takes_both_paths_by_measure", 2, &[], Duration::from_secs(60), |w| {
+        let mut tag = 100;
+        for len in [64 << 10, 192 << 10] {
+            for _ in 0..20 {
+                placed_one_way(&w, len, 0, 0, tag);
+                w.barrier();
+                placed_one_way_back(&w, len, tag + 1);
+                w.barrier();
+                tag += 2;
+            }
+        }
+        let s = w.ep.stats().unwrap();
+        if shmfab::internal::cma::available() {
+            assert!(s.cma_reads >= 2 && s.pool_picked >= 2, "both paths measured in both classes: {s:?}");
+            assert_eq!(s.cma_aliased, 0, "{s:?}");
+        }
+        assert_eq!(w.unclaimed(), 0, "stray completions");
+    });
+}
+
+/// [`placed_one_way`] from rank 1 to rank 0, both buffers page-aligned.
+fn placed_one_way_back(w: &World, len: usize, tag: u64) {
+    let mut v = vec![0xa5u8; len + 3 * 4096];
+    let at = v.as_ptr().align_offset(4096);
+    if w.rank == 0 {
+        let buf = &mut v[at..at + len];
+        // SAFETY: v lives until the receive's completion below.
+        unsafe { w.ep.trecv(buf, w.addrs[1], tag, 0, 9).unwrap() };
+        w.barrier();
+        let (e, _) = w.wait_ctx(9).unwrap_or_else(|e| panic!("len {len} back: {e:?}"));
+        assert_eq!(e.len, len);
+        assert!(v[at..at + len] == pattern(len, tag)[..], "len {len} back: wrong bytes");
+    } else {
+        v[at..at + len].copy_from_slice(&pattern(len, tag));
+        w.barrier();
+        // SAFETY: v lives until the send's completion below.
+        w.retry(|| unsafe { w.ep.tsend(&v[at..at + len], w.addrs[0], tag, 10) });
+        w.ok(10);
+    }
+}
+
+#[test]
 fn pingpong_every_size_split_write_refused() {
     // Senders cannot write into receivers: every split copy's second half
     // must be read by the receiver itself after the sender says so.

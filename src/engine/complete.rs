@@ -327,6 +327,10 @@ pub(crate) struct ActiveRecv {
     pub tag: u64,
     pub data: u64,
     pub hflags: u8,
+    /// A rendezvous the receiver chose to take through the pool
+    /// ([`crate::proto::PathPick`]): when it asked, and the size class
+    /// whose measure its time feeds.
+    pub timed: Option<(std::time::Instant, usize)>,
 }
 
 impl ActiveRecv {
@@ -730,7 +734,7 @@ mod tests {
         assert!(rx.in_order(), "an unmatched message has no place yet");
         assert!(!rx.feeding());
         let d = Dest { ctx: 0, iovs: Default::default(), cap: 0, buf: 0, multi_release: false, cqe: true };
-        rx.matched(5, ActiveRecv { dest: d, total: 100, received: 10, tag: 0, data: 0, hflags: 0 });
+        rx.matched(5, ActiveRecv { dest: d, total: 100, received: 10, tag: 0, data: 0, hflags: 0, timed: None });
         assert!(!rx.in_order());
         assert!(rx.feeding());
         assert_eq!(rx.active_count(), 1);

@@ -69,6 +69,9 @@ pub(crate) struct Peer {
     pub cma_refused: bool,
     /// A single copy from this peer has worked: the split copy may be used.
     pub cma_worked: bool,
+    /// Single copy or the pool for its rendezvous messages in the band
+    /// where either may win ([`crate::proto::pick_class`]), as measured.
+    pub pick: [crate::proto::PathPick; crate::proto::PICK_CLASSES],
     /// (AV generation, fi_addr) of this peer as a source.
     src_cache: (u64, FiAddr),
     /// Sent us something we could not parse: its ring is no longer read.
@@ -99,6 +102,7 @@ impl Peer {
             doorbell: std::ptr::null(),
             cma_refused: false,
             cma_worked: false,
+            pick: Default::default(),
             src_cache: (u64::MAX, FI_ADDR_NOTAVAIL),
             broken: false,
             gone: None,
