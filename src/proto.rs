@@ -12,6 +12,10 @@
 //! A rendezvous whose two buffers sit in the slow band of the kernel's copy
 //! (the destination 1-63 bytes past the source modulo 4096: see
 //! [`crate::copy`]) is fetched through the pool, for that message only.
+//! From `cma_min` to 4x it (below `split_min`) the receiver picks single
+//! copy or the pool by what each has measured lately with that peer
+//! ([`PathPick`]): on these VMs the faster one changes with where the two
+//! vCPUs sit.
 //! The defaults are the crossovers measured on the 2-vCPU development VMs
 //! (ping-pong, separate send and receive buffers). A process_vm_readv
 //! costs about 5 us here whatever its size (in one process, 8 KiB: 6.4 us
