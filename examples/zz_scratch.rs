@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (s0, rest) = v[base..].split_at_mut(size + 4096);
         let (s1, rest) = rest.split_at_mut(size + 4096);
         let (r0, r1) = rest.split_at_mut(size + 4096);
-        let n = 20000;
+        let n: usize = std::env::var("ZZ_N").map(|v| v.parse().unwrap()).unwrap_or(20000);
         let mut t = Instant::now();
         for i in 0..n + 1000 {
             if i == 1000 {
