@@ -109,6 +109,23 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
     }
 }
 
+/// Sets bits `[from, from + count)` of `bits`, positions taken modulo `cap`
+/// (a power of two; `count < cap`): a word at a time, where a loop over
+/// the cells of a 4 KiB message took about 650 instructions.
+#[inline]
+fn set_bits(bits: &mut [u64], cap: u64, from: u64, count: u64) {
+    let mut p = from & (cap - 1);
+    let mut left = count;
+    while left > 0 {
+        let b = p % 64;
+        let k = left.min(64 - b).min(cap - p);
+        let m = if k == 64 { !0 } else { ((1u64 << k) - 1) << b };
+        bits[(p / 64) as usize] |= m;
+        left -= k;
+        p = (p + k) & (cap - 1);
+    }
+}
+
 /// Cells after the next one that the consumer starts fetching when it
 /// moves on (when it is behind, they are written already).
 const RX_PREFETCH: u64 = 6;
@@ -228,10 +245,7 @@ impl RingTx {
         let bit = |p: u64| (((p & mask) / 64) as usize, 1u64 << (p & 63));
         let (w, b) = bit(pos);
         self.cont[w] &= !b;
-        for p in pos + 1..pos + n {
-            let (w, b) = bit(p);
-            self.cont[w] |= b;
-        }
+        set_bits(&mut self.cont, self.cap, pos + 1, n - 1);
         let (w, b) = bit(pos + n);
         let guard = self.cont[w] & b != 0;
         self.cont[w] &= !b;
@@ -562,6 +576,26 @@ impl RingRx {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    #[test]
+    fn set_bits_matches_a_bit_at_a_time() {
+        // Every start and length on rings of 16, 64 and 256 cells,
+        // wrapping included, against the loop it replaced.
+        for cap in [16u64, 64, 256] {
+            for from in 0..2 * cap {
+                for count in 0..cap {
+                    let mut want = vec![0u64; cap.div_ceil(64) as usize];
+                    for p in from..from + count {
+                        let q = p & (cap - 1);
+                        want[(q / 64) as usize] |= 1 << (q % 64);
+                    }
+                    let mut got = vec![0u64; cap.div_ceil(64) as usize];
+                    super::set_bits(&mut got, cap, from, count);
+                    assert_eq!(got, want, "cap {cap} from {from} count {count}");
+                }
+            }
+        }
+    }
+
     use super::*;
 
     #[test]
