@@ -32,7 +32,9 @@
 //! A failed join returns its error and makes nothing. Completions of other
 //! operations that the join read from the receive CQ meanwhile are given
 //! back on that CQ (without source address). `fi_mc_addr` is the group's
-//! address for the collective calls; `fi_close` on the mc leaves the group
+//! address for the collective calls. The key exchange sends one message
+//! to each other member, which the counter bound with FI_SEND counts (as
+//! it counts every send). `fi_close` on the mc leaves the group
 //! (its operations not completed are dropped without completions);
 //! closing the endpoint is `-FI_EBUSY` while its groups are open.
 //!

@@ -16,6 +16,9 @@
 //! library's (`shmfab::Endpoint::trecvmsg`), a claim identified by its
 //! context pointer. Not built yet: FI_DELIVERY_COMPLETE on sends
 //! (`-FI_EBADFLAGS`, never advertised). Atomics: `atomic.rs`.
+//! `fi_join_collective` and the collective calls: `coll.rs` (the
+//! endpoint records what is bound to it for them; an EQ bound to it
+//! cannot close before it, and it cannot close while a group is open).
 
 use crate::sys;
 use crate::util::{self, nb1, nb2, nb3, nb4, nb5};
