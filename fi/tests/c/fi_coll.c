@@ -35,6 +35,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,7 @@ struct shared {
 	int arrived, gen, flag, checks;
 	size_t len;
 	char addr[MAXR][64];
+	char addr2[MAXR][64]; /* the second endpoints' (selective completion) */
 };
 static struct shared *sh;
 static int nranks;
@@ -64,6 +66,10 @@ static struct fid_cq *cq;
 static struct fid_eq *eq;
 static struct fid_cntr *cntr;
 static struct fid_ep *ep;
+/* A second endpoint: its CQ (FI_CQ_FORMAT_CONTEXT) bound with
+ * FI_SELECTIVE_COMPLETION, no counter. */
+static struct fid_cq *cq2;
+static struct fid_ep *ep2;
 static struct fid_av_set *set;
 static struct fid_mc *mc;
 static fi_addr_t coll;
@@ -242,7 +248,16 @@ static void open_all(int autop)
 	EXPECT(fi_ep_bind(ep, &cntr->fid, FI_SEND), 0);
 	EXPECT(fi_ep_bind(ep, &eq->fid, 0), 0);
 	EXPECT(fi_enable(ep), 0);
+	ca.format = FI_CQ_FORMAT_CONTEXT;
+	EXPECT(fi_cq_open(dom, &ca, &cq2, NULL), 0);
+	EXPECT(fi_endpoint(dom, fi, &ep2, NULL), 0);
+	EXPECT(fi_ep_bind(ep2, &av->fid, 0), 0);
+	EXPECT(fi_ep_bind(ep2, &cq2->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION), 0);
+	EXPECT(fi_ep_bind(ep2, &eq->fid, 0), 0);
+	EXPECT(fi_enable(ep2), 0);
 	size_t len = sizeof(sh->addr[0]);
+	EXPECT(fi_getname(&ep2->fid, sh->addr2[rank], &len), 0);
+	len = sizeof(sh->addr[0]);
 	EXPECT(fi_getname(&ep->fid, sh->addr[rank], &len), 0);
 	sh->len = len;
 	sync_all();
@@ -440,10 +455,31 @@ static void test_join(void)
 	}
 	CHECK(fi_eq_read(eq, &event, &ent, sizeof(ent), 0) == -FI_EAGAIN);
 
-	/* Every rank joins; rank 0 late. */
+	/* Every rank joins; rank 0 late, with a receive posted that rank 1
+	 * matches before it joins: the join reads that completion from the
+	 * CQ (as it reads its key exchange) and gives it back. */
+	static int rctx;
+	uint64_t word = 0, w1 = 0x1234;
+	if (rank == 0)
+		EXPECT(fi_trecv(ep, &word, 8, NULL, FI_ADDR_UNSPEC, 0x77, 0, &rctx), 0);
+	sync_all();
+	if (rank == 1) {
+		EXPECT(fi_tinject(ep, &w1, 8, 0, 0x77), 0);
+		ncoll++; /* a send: counted by the FI_SEND counter */
+	}
 	if (rank == 0)
 		usleep(100000);
 	EXPECT(fi_join_collective(ep, coll, set, 0, &mc, &jctx), 0);
+	if (rank == 0) {
+		struct fi_cq_tagged_entry e;
+		double t0 = now();
+		ssize_t r;
+		while ((r = fi_cq_read(cq, &e, 1)) == -FI_EAGAIN)
+			CHECK(now() - t0 < 10);
+		EXPECT(r, 1);
+		CHECK(e.op_context == &rctx && e.tag == 0x77 && e.len == 8 && (e.flags & FI_RECV));
+		CHECK(word == 0x1234);
+	}
 	/* The join completed before returning: the event is there. */
 	CHECK(fi_eq_read(eq, &event, &ent, sizeof(ent), 0) == sizeof(ent));
 	CHECK(event == FI_JOIN_COMPLETE);
@@ -675,6 +711,82 @@ static void test_set_order(void)
 	EXPECT(fi_close(&rs->fid), 0);
 }
 
+/* The second endpoints' group: FI_SELECTIVE_COMPLETION (an entry only
+ * with FI_COMPLETION), FI_CQ_FORMAT_CONTEXT entries, fi_cq_sread. */
+static void test_selective(void)
+{
+	static int jctx, c1, c2;
+	struct fid_av_set *s2 = mkset(NA, NA, 0, 0, 0);
+	struct fid_mc *m2;
+	fi_addr_t a2;
+	uint32_t event;
+	struct fi_eq_entry ent;
+	struct fi_cq_entry ce;
+	for (int r = 0; r < nranks; r++) {
+		fi_addr_t a;
+		EXPECT(fi_av_insert(av, sh->addr2[r], 1, &a, 0, NULL), 1);
+		CHECK(a == (fi_addr_t)(nranks + r));
+		EXPECT(fi_av_set_insert(s2, a), 0);
+	}
+	EXPECT(fi_av_set_addr(s2, &a2), 0);
+	EXPECT(fi_join_collective(ep2, a2, s2, 0, &m2, &jctx), 0);
+	CHECK(fi_eq_read(eq, &event, &ent, sizeof(ent), 0) == sizeof(ent));
+	CHECK(event == FI_JOIN_COMPLETE && ent.fid == &m2->fid && ent.context == &jctx);
+	/* The first group is not ep2's. */
+	EXPECT(fi_barrier(ep2, coll, &c1), -FI_EINVAL);
+	int64_t in[5], out[5];
+	for (int k = 0; k < 5; k++)
+		in[k] = val(rank, k, FI_MAX, FI_INT64);
+	EXPECT(fi_allreduce(ep2, in, 5, NULL, out, NULL, fi_mc_addr(m2), FI_INT64, FI_MAX, 0, &c1), 0);
+	/* The next is -FI_EAGAIN until the allreduce completed, which makes
+	 * no entry. */
+	double t0 = now();
+	ssize_t r;
+	while ((r = fi_barrier2(ep2, fi_mc_addr(m2), FI_COMPLETION, &c2)) == -FI_EAGAIN) {
+		EXPECT(fi_cq_read(cq2, &ce, 1), -FI_EAGAIN);
+		CHECK(now() - t0 < 20);
+	}
+	EXPECT(r, 0);
+	for (int k = 0; k < 5; k++)
+		CHECK(out[k] == ref(k, FI_MAX, FI_INT64));
+	CHECK(fi_cq_sread(cq2, &ce, 1, NULL, 10000) == 1);
+	CHECK(ce.op_context == &c2);
+	EXPECT(fi_cq_read(cq2, &ce, 1), -FI_EAGAIN);
+	sync_all();
+	EXPECT(fi_close(&m2->fid), 0);
+	EXPECT(fi_close(&s2->fid), 0);
+}
+
+/* The last rank leaves without a word while the others are in an
+ * allreduce: they get an FI_EIO error entry in bounded time, the
+ * counter's error value, and the group refuses more. */
+static void test_member_dies(void)
+{
+	static int ctx;
+	int64_t in = rank, out;
+	sync_all();
+	if (rank == nranks - 1) {
+		__atomic_add_fetch(&sh->checks, checks, __ATOMIC_RELAXED);
+		_exit(0);
+	}
+	EXPECT(fi_allreduce(ep, &in, 1, NULL, &out, NULL, coll, FI_INT64, FI_SUM, 0, &ctx), 0);
+	struct fi_cq_tagged_entry e;
+	double t0 = now();
+	ssize_t r;
+	while ((r = fi_cq_read(cq, &e, 1)) == -FI_EAGAIN) {
+		CHECK(now() - t0 < 10);
+		usleep(1000);
+	}
+	EXPECT(r, -FI_EAVAIL);
+	struct fi_cq_err_entry ee = { 0 };
+	CHECK(fi_cq_readerr(cq, &ee, 0) == 1);
+	CHECK(ee.err == FI_EIO && ee.op_context == &ctx && (ee.flags & FI_COLLECTIVE));
+	CHECK(fi_cntr_readerr(cntr) == 1);
+	CHECK(fi_cntr_read(cntr) == ncoll);
+	EXPECT(fi_barrier(ep, coll, &ctx), -FI_EIO);
+	EXPECT(fi_cq_read(cq, &e, 1), -FI_EAGAIN);
+}
+
 static void test_bad_calls(void)
 {
 	static int ctx;
@@ -738,9 +850,11 @@ int main(int argc, char **argv)
 	}
 	if (rank < 0) {
 		int ok = 1;
+		/* Any child first: a rank that left early is reaped at once
+		 * (the others see it gone, not a zombie). */
 		for (int r = 0; r < nranks; r++) {
 			int status;
-			CHECK(waitpid(pids[r], &status, 0) == pids[r]);
+			CHECK(waitpid(-1, &status, 0) > 0);
 			if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
 				ok = 0;
 		}
@@ -764,15 +878,18 @@ int main(int argc, char **argv)
 	test_reduce();
 	test_bad_calls();
 	test_set_order();
-	sync_all();
+	test_selective();
+	test_member_dies();
 
 	/* Closes refused while in use. */
 	EXPECT(fi_close(&ep->fid), -FI_EBUSY); /* a group is open */
 	EXPECT(fi_close(&av->fid), -FI_EBUSY); /* a set is open */
 	EXPECT(fi_close(&mc->fid), 0);
 	EXPECT(fi_close(&set->fid), 0);
-	EXPECT(fi_close(&eq->fid), -FI_EBUSY); /* bound to the endpoint */
+	EXPECT(fi_close(&eq->fid), -FI_EBUSY); /* bound to the endpoints */
 	EXPECT(fi_close(&ep->fid), 0);
+	EXPECT(fi_close(&ep2->fid), 0);
+	EXPECT(fi_close(&cq2->fid), 0);
 	EXPECT(fi_close(&eq->fid), 0);
 	EXPECT(fi_close(&cntr->fid), 0);
 	EXPECT(fi_close(&cq->fid), 0);
