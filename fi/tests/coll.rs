@@ -2,7 +2,7 @@
 //! `tests/c/fi_coll.c` (see its header), built against the installed
 //! libfabric, run under a timeout with the provider on
 //! `FI_PROVIDER_PATH`, with 2, 3 and 4 ranks (3: not a power of two),
-//! and with FI_PROGRESS_AUTO domains.
+//! with FI_PROGRESS_AUTO domains, and under valgrind.
 
 mod common;
 
@@ -31,4 +31,26 @@ fn four_ranks() {
 #[test]
 fn three_ranks_auto_progress() {
     run("coll-3-auto", &["3", "auto"]);
+}
+
+/// Under valgrind's memcheck (3 ranks; every child is checked, fork
+/// follows): no invalid access or use of undefined values in the
+/// provider's collective paths. Skipped, saying so, when valgrind is not
+/// installed (`scripts/deps.sh profile` installs it).
+#[test]
+fn three_ranks_under_valgrind() {
+    use std::process::Stdio;
+    if std::process::Command::new("valgrind").arg("--version").output().is_err() {
+        eprintln!("valgrind not installed: skipped");
+        return;
+    }
+    let shm = common::ShmDir::new("coll-vg");
+    let bin = common::c_program("fi_coll");
+    let mut cmd = common::tool("valgrind", &shm);
+    cmd.args(["-q", "--error-exitcode=9"]).arg(&bin).arg("3").stdout(Stdio::piped()).stderr(Stdio::piped());
+    let o = common::wait(cmd.spawn().expect("run valgrind"), Duration::from_secs(300), "fi_coll under valgrind");
+    let t = common::text(&o);
+    assert!(o.status.success() && t.contains("checks passed") && !t.contains("=="), "fi_coll under valgrind:\n{t}");
+    let left: Vec<_> = std::fs::read_dir(&shm.0).expect("regions' directory").collect();
+    assert!(left.is_empty(), "regions left behind: {left:?}");
 }
