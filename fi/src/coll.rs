@@ -61,7 +61,9 @@
 //! FI_COLLECTIVE and the call's context (with FI_SELECTIVE_COMPLETION only
 //! when the flags, or for fi_barrier the endpoint's default flags, have
 //! FI_COMPLETION); the counter bound with FI_SEND is counted by one, by
-//! the schedule itself. A group that broke (a member died, a write
+//! the schedule itself. The CQs and counter are those bound when the
+//! group was joined (bind them first); without a transmit CQ only the
+//! counter tells. A group that broke (a member died, a write
 //! failed) gives an error entry (FI_EIO) for each of its operations not
 //! completed, and counts the counter's error value. Progress: the library
 //! fires the schedule's deferred work in any progress pass (or its
@@ -536,6 +538,9 @@ pub struct Group {
     ep: *const crate::ep::Ep,
     cntr: *const crate::cntr::Cntr,
     selective: bool,
+    /// Whether a transmit CQ was bound at the join (else nothing polls
+    /// the operations: they are not kept).
+    has_cq: bool,
     st: Mutex<GroupState>,
 }
 
@@ -592,9 +597,9 @@ impl CqColl {
 }
 
 impl Group {
-    /// Moves the completed operations to `out` in order; a broken group
-    /// fails every one not completed.
-    fn poll(&self, out: &mut CqCollInner) {
+    /// Moves the completed operations to `ready` in order; a broken group
+    /// fails every one not completed (into `errs`).
+    fn poll(&self, ready: &mut VecDeque<CqTaggedEntry>, errs: &mut VecDeque<ErrEntry>) {
         let mut st = lock(&self.st);
         let GroupState { g, pending, .. } = &mut *st;
         let Some(g) = g.as_ref() else { return };
@@ -602,7 +607,7 @@ impl Group {
             match g.test(p.op) {
                 Ok(true) => {
                     if p.report {
-                        out.ready.push_back(CqTaggedEntry {
+                        ready.push_back(CqTaggedEntry {
                             op_context: p.ctx,
                             flags: sys::FI_COLLECTIVE,
                             ..Default::default()
@@ -615,7 +620,7 @@ impl Group {
                     util::log(sys::FI_LOG_WARN, DATA, &format!("collective group failed: {e}"));
                     let err = e.errno();
                     for p in pending.drain(..) {
-                        out.errs.push_back(ErrEntry { ctx: p.ctx, err });
+                        errs.push_back(ErrEntry { ctx: p.ctx, err });
                         // SAFETY: the counter stays open while bound to the
                         // endpoint, which outlives the group.
                         if let Some(c) = unsafe { self.cntr.as_ref() } {
@@ -724,6 +729,7 @@ pub unsafe extern "C" fn join(
         ep: e,
         cntr,
         selective,
+        has_cq: !tx.is_null(),
         st: Mutex::new(GroupState { g: Some(g), pending: VecDeque::new(), last: None }),
     });
     lock(&GROUPS).push(group.clone());
@@ -848,9 +854,9 @@ pub(crate) unsafe fn read(
 }
 
 fn poll_all(i: &mut CqCollInner) {
-    let gs = i.groups.clone();
-    for g in gs {
-        g.poll(i);
+    let CqCollInner { groups, ready, errs } = i;
+    for g in groups.iter() {
+        g.poll(ready, errs);
     }
 }
 
@@ -957,6 +963,9 @@ unsafe fn post(
         Err(e) => return e,
     };
     *last = Some(op);
+    if !grp.has_cq {
+        return 0;
+    }
     pending.push_back(Pending { op, ctx: ctx as usize, report: !grp.selective || flags & sys::FI_COMPLETION != 0 });
     0
 }

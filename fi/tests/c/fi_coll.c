@@ -22,7 +22,13 @@
  * counter bound with FI_SEND counted once; a second collective posted
  * before the first completed is -FI_EAGAIN until it did; bad arguments
  * of the calls (-FI_EOPNOTSUPP, -FI_EINVAL, -FI_EBADFLAGS, -FI_EMSGSIZE,
- * -FI_ENOSYS); closes refused while in use (-FI_EBUSY).
+ * -FI_ENOSYS); completions of other operations that the join read from
+ * the CQ given back; a second endpoint whose CQ (FI_CQ_FORMAT_CONTEXT,
+ * read with fi_cq_sread) is bound with FI_SELECTIVE_COMPLETION: an entry
+ * only for a call with FI_COMPLETION; a rank that leaves in the middle of
+ * an allreduce: the others get an FI_EIO error entry (FI_COLLECTIVE, the
+ * context) and the counter's error value within 10 s, and the group
+ * refuses more with -FI_EIO; closes refused while in use (-FI_EBUSY).
  *
  * Usage: fi_coll [ranks] [auto]  (auto: FI_PROGRESS_AUTO domains). Run by
  * fi/tests/coll.rs with FI_PROVIDER_PATH set. Prints "fi_coll: N checks
