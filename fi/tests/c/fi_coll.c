@@ -28,7 +28,9 @@
  * only for a call with FI_COMPLETION; a rank that leaves in the middle of
  * an allreduce: the others get an FI_EIO error entry (FI_COLLECTIVE, the
  * context) and the counter's error value within 10 s, and the group
- * refuses more with -FI_EIO; closes refused while in use (-FI_EBUSY).
+ * refuses more with -FI_EIO; with FI_PROGRESS_AUTO, an allreduce whose
+ * result is in place while every rank only sleeps; closes refused while
+ * in use (-FI_EBUSY).
  *
  * Usage: fi_coll [ranks] [auto]  (auto: FI_PROGRESS_AUTO domains). Run by
  * fi/tests/coll.rs with FI_PROVIDER_PATH set. Prints "fi_coll: N checks
@@ -700,7 +702,8 @@ static void test_set_order(void)
 	for (int r = nranks - 1; r >= 0; r--)
 		EXPECT(fi_av_set_insert(rs, r), 0);
 	EXPECT(fi_av_set_addr(rs, &ra), 0);
-	EXPECT(fi_join_collective(ep, ra, rs, 0, &rm, &jctx), 0);
+	/* FI_ADDR_NOTAVAIL as the collective address: the set says it all. */
+	EXPECT(fi_join_collective(ep, NA, rs, 0, &rm, &jctx), 0);
 	CHECK(fi_eq_read(eq, &event, &ent, sizeof(ent), 0) == sizeof(ent));
 	CHECK(event == FI_JOIN_COMPLETE && ent.fid == &rm->fid && ent.context == &jctx);
 	ncoll += nranks - 1;
@@ -793,6 +796,29 @@ static void test_member_dies(void)
 	EXPECT(fi_cq_read(cq, &e, 1), -FI_EAGAIN);
 }
 
+/* FI_PROGRESS_AUTO: an allreduce completes while every rank only sleeps
+ * (no call at all): the result is in place before the CQ is read. */
+static void test_completes_while_sleeping(void)
+{
+	static int ctx;
+	int64_t in[64], out[64];
+	for (int k = 0; k < 64; k++) {
+		in[k] = val(rank, k, FI_SUM, FI_INT64);
+		out[k] = -999;
+	}
+	EXPECT(fi_allreduce(ep, in, 64, NULL, out, NULL, coll, FI_INT64, FI_SUM, 0, &ctx), 0);
+	int done = 0;
+	for (int t = 0; t < 400 && !done; t++) {
+		usleep(5000);
+		done = 1;
+		for (int k = 0; k < 64; k++)
+			if (__atomic_load_n(&out[k], __ATOMIC_ACQUIRE) != ref(k, FI_SUM, FI_INT64))
+				done = 0;
+	}
+	CHECK(done);
+	wait_coll(&ctx);
+}
+
 static void test_bad_calls(void)
 {
 	static int ctx;
@@ -882,6 +908,8 @@ int main(int argc, char **argv)
 	test_reduce_scatter();
 	test_alltoall();
 	test_reduce();
+	if (autop)
+		test_completes_while_sleeping();
 	test_bad_calls();
 	test_set_order();
 	test_selective();
