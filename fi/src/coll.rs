@@ -796,9 +796,9 @@ fn entry_size(c: &Cq) -> usize {
 }
 
 /// A read of `c` when collectives report on it: the library's read
-/// (`lib`, into the rest of the array; it drives progress), then the
-/// completed collectives, delivered first. `src` (readfrom) gets
-/// FI_ADDR_NOTAVAIL for collective entries.
+/// (`lib`; it drives progress), then the collectives completed since,
+/// after its entries. `src` (readfrom) gets FI_ADDR_NOTAVAIL for
+/// collective entries.
 ///
 /// # Safety
 /// `buf` holds `count` entries of the CQ's format, `src` null or `count`
@@ -813,44 +813,25 @@ pub(crate) unsafe fn read(
     if buf.is_null() {
         return EINVAL as isize;
     }
+    let r = lib(buf, count, src);
+    let n = r.max(0) as usize;
+    if n >= count {
+        return r;
+    }
     let es = entry_size(c);
-    let mut n = c.coll.with(|i| {
+    let (m, errs) = c.coll.with(|i| {
         poll_all(i);
-        // SAFETY: caller's contract.
-        unsafe { deliver(i, buf, count, src, es) }
+        // SAFETY: the rest of the caller's arrays (caller's contract).
+        let m = unsafe {
+            deliver(i, buf.cast::<u8>().add(n * es).cast(), count - n, if src.is_null() { src } else { src.add(n) }, es)
+        };
+        (m, !i.errs.is_empty())
     });
-    if n == 0 && c.coll.with(|i| !i.errs.is_empty()) {
-        return -(sys::FI_EAVAIL as isize);
+    match (n + m, r) {
+        (0, EAGAIN) if errs => -(sys::FI_EAVAIL as isize),
+        (0, r) => r,
+        (t, _) => t as isize,
     }
-    if n < count {
-        // SAFETY: the rest of the caller's arrays.
-        let r = lib(unsafe { buf.cast::<u8>().add(n * es).cast() }, count - n, unsafe {
-            if src.is_null() {
-                src
-            } else {
-                src.add(n)
-            }
-        });
-        if r > 0 {
-            return n as isize + r;
-        }
-        if n > 0 {
-            return n as isize;
-        }
-        if r != EAGAIN {
-            return r;
-        }
-        // The library's read drove progress: look again.
-        n = c.coll.with(|i| {
-            poll_all(i);
-            // SAFETY: caller's contract.
-            unsafe { deliver(i, buf, count, src, es) }
-        });
-        if n == 0 {
-            return if c.coll.with(|i| !i.errs.is_empty()) { -(sys::FI_EAVAIL as isize) } else { EAGAIN };
-        }
-    }
-    n as isize
 }
 
 fn poll_all(i: &mut CqCollInner) {

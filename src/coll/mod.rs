@@ -160,6 +160,8 @@ pub struct CollGroup<'a> {
     next: Cell<u64>,
     inflight: RefCell<Option<Inflight>>,
     broken: Cell<bool>,
+    /// When `test` last checked the group's health.
+    tested: Cell<Instant>,
     zero: Box<[u8; 8]>,
     other: RefCell<Vec<CqTaggedEntry>>,
 }
@@ -370,6 +372,7 @@ impl<'a> CollGroup<'a> {
             next: Cell::new(0),
             inflight: RefCell::new(None),
             broken: Cell::new(false),
+            tested: Cell::new(Instant::now()),
             zero: Box::new([0; 8]),
             other: RefCell::new(other),
         })
@@ -391,12 +394,17 @@ impl<'a> CollGroup<'a> {
     }
 
     /// Whether `op` completed (drives progress once). `Io` if the group
-    /// broke (see [`CollGroup::wait`]).
+    /// broke (see [`CollGroup::wait`]): the members and the writes are
+    /// checked at most every 20 ms (a poll loop calls this back to back;
+    /// the check costs a system call per member).
     pub fn test(&self, op: CollOp) -> Result<bool> {
         if self.done.read()? > op.seq {
             return Ok(true);
         }
-        self.check_health()?;
+        if self.broken.get() || self.tested.get().elapsed() >= Duration::from_millis(20) {
+            self.tested.set(Instant::now());
+            self.check_health()?;
+        }
         Ok(false)
     }
 
