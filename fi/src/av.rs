@@ -9,7 +9,7 @@
 //! event with the number inserted are queued, and the call returns 0.
 
 use crate::sys;
-use crate::util::{self, nb3, nb4, nb6, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS};
+use crate::util::{self, nb3, nb6, no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -25,6 +25,11 @@ pub struct Av {
     event: bool,
     /// The EQ bound (null until `fi_av_bind`).
     eq: std::sync::atomic::AtomicPtr<crate::eq::Eq>,
+    /// One past the highest handle ever given out (FI_UNIVERSE AV sets
+    /// look at handles below it).
+    pub(crate) hi: std::sync::atomic::AtomicU64,
+    /// AV sets open on it (close is `-FI_EBUSY` while any is: `coll.rs`).
+    pub(crate) sets: std::sync::atomic::AtomicUsize,
 }
 
 static FI_OPS: sys::fi_ops = sys::fi_ops {
@@ -45,7 +50,7 @@ static OPS: sys::fi_ops_av = sys::fi_ops_av {
     remove: Some(remove),
     lookup: Some(lookup),
     straddr: Some(straddr),
-    av_set: Some(nb4),
+    av_set: Some(crate::coll::av_set),
 };
 
 /// `fi_av_insertsym`: shmfab addresses have no symbolic form.
@@ -111,6 +116,8 @@ pub unsafe extern "C" fn open(
         av,
         event: a.flags & sys::FI_EVENT != 0,
         eq: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+        hi: std::sync::atomic::AtomicU64::new(0),
+        sets: std::sync::atomic::AtomicUsize::new(0),
     });
     if unspec {
         // fi_av(3): "The AV type used will be returned through the type
@@ -132,6 +139,9 @@ pub unsafe extern "C" fn open(
 unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(a) = (unsafe { of(fid) }) else { return EINVAL };
+    if a.sets.load(Relaxed) > 0 {
+        return crate::util::EBUSY;
+    }
     if let Err(e) = a.av.close() {
         return util::err(e, sys::FI_LOG_AV, "fi_close(av)");
     }
@@ -198,6 +208,9 @@ unsafe extern "C" fn insert(
         // SAFETY: addr holds count addresses of ADDRLEN bytes (fi_av(3)).
         let raw = unsafe { std::slice::from_raw_parts(addr.cast::<u8>().add(i * n), n) };
         let r = a.av.insert_bytes(raw);
+        if let Ok(f) = r {
+            a.hi.fetch_max(f + 1, Relaxed);
+        }
         let errno = match &r {
             Ok(_) => 0,
             Err(e) => e.errno(),

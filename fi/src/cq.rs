@@ -53,6 +53,8 @@ pub struct Cq {
     /// valid until the next `readerr` (fi_cq(3)), and never more than the
     /// domain's `max_err_data`.
     err_buf: std::sync::Mutex<Box<[u8]>>,
+    /// Completions of collectives reported here (`coll.rs`).
+    pub(crate) coll: crate::coll::CqColl,
 }
 
 static FI_OPS: sys::fi_ops = sys::fi_ops {
@@ -77,6 +79,11 @@ static OPS: sys::fi_ops_cq = sys::fi_ops_cq {
 };
 
 impl Cq {
+    /// Its entry format.
+    pub(crate) fn format(&self) -> CqFormat {
+        self.format
+    }
+
     /// The domain it was opened from (alive while it is).
     pub fn domain(&self) -> &crate::domain::Domain {
         // SAFETY: the domain outlives what is opened from it (its close is
@@ -185,6 +192,7 @@ pub unsafe extern "C" fn open(
         wait,
         api_version: d.api_version,
         err_buf: std::sync::Mutex::new(vec![0u8; crate::info::MAX_ERR_DATA + 1].into_boxed_slice()),
+        coll: Default::default(),
     });
     // SAFETY: attr is the caller's attributes, valid for writes (fi_cq(3):
     // the provider fills in what it chose); `a` is not used after this.
@@ -283,6 +291,14 @@ unsafe extern "C" fn read(cq: *mut sys::fid_cq, buf: *mut c_void, count: usize) 
     if count == 0 {
         return progress_only(c);
     }
+    if c.coll.active() {
+        // SAFETY: buf holds count entries of the CQ's format (fi_cq(3)).
+        return unsafe {
+            crate::coll::read(c, buf, count, std::ptr::null_mut(), &mut |b, n, _| {
+                in_format(c, b, n, &mut |e| each!(e, |a| c.cq.read(a)))
+            })
+        };
+    }
     // SAFETY: buf holds count entries of the CQ's format (fi_cq(3)).
     unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.read(a))) }
 }
@@ -326,6 +342,15 @@ unsafe extern "C" fn readfrom(cq: *mut sys::fid_cq, buf: *mut c_void, count: usi
     if src.is_null() {
         return EINVAL as isize;
     }
+    if c.coll.active() {
+        // SAFETY: buf and src hold count entries (fi_cq(3)).
+        return unsafe {
+            crate::coll::read(c, buf, count, src, &mut |b, n, sp| {
+                let s = srcs(sp, n);
+                in_format(c, b, n, &mut |e| each!(e, |a| c.cq.readfrom(a, s)))
+            })
+        };
+    }
     // SAFETY: src holds count entries (fi_cq(3)).
     let s = unsafe { srcs(src, count) };
     // SAFETY: buf holds count entries of the CQ's format.
@@ -365,6 +390,14 @@ unsafe extern "C" fn sread(
     let Some(c) = (unsafe { of(cq.cast()) }) else { return EINVAL as isize };
     // SAFETY: cond is null or a size_t for a threshold CQ (fi_cq(3)).
     let th = unsafe { threshold(c, cond) };
+    if c.coll.active() {
+        // SAFETY: as below.
+        return unsafe {
+            coll_sread(c, buf, count, std::ptr::null_mut(), ms, &mut |b, n, _, t| {
+                in_format(c, b, n, &mut |e| each!(e, |a| c.cq.sread(a, th, t)))
+            })
+        };
+    }
     // SAFETY: buf holds count entries of the CQ's format.
     unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.sread(a, th, timeout(ms)))) }
 }
@@ -390,8 +423,51 @@ unsafe extern "C" fn sreadfrom(
     // SAFETY: cond is null or a size_t for a threshold CQ; src holds
     // count entries.
     let (th, s) = unsafe { (threshold(c, cond), srcs(src, count)) };
+    if c.coll.active() {
+        // SAFETY: as below.
+        return unsafe {
+            coll_sread(c, buf, count, src, ms, &mut |b, n, sp, t| {
+                let s = srcs(sp, n);
+                in_format(c, b, n, &mut |e| each!(e, |a| c.cq.sreadfrom(a, s, th, t)))
+            })
+        };
+    }
     // SAFETY: buf holds count entries of the CQ's format.
     unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.sreadfrom(a, s, th, timeout(ms)))) }
+}
+
+/// A blocking read of a CQ collectives report on: non-blocking reads
+/// (`coll::read`), and between them the library's blocking read for at
+/// most 1 ms (a collective's completion rings no CQ), until the timeout.
+///
+/// # Safety
+/// As `coll::read`; `lib(buf, n, src, timeout)` a blocking library read.
+unsafe fn coll_sread(
+    c: &Cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+    ms: c_int,
+    lib: &mut dyn FnMut(*mut c_void, usize, *mut u64, Option<Duration>) -> isize,
+) -> isize {
+    let t0 = std::time::Instant::now();
+    let limit = timeout(ms);
+    loop {
+        // SAFETY: caller's contract.
+        let r = unsafe { crate::coll::read(c, buf, count, src, &mut |b, n, s| lib(b, n, s, Some(Duration::ZERO))) };
+        if r != -(sys::FI_EAGAIN as isize) {
+            return r;
+        }
+        let left = limit.map(|l| l.saturating_sub(t0.elapsed()));
+        if left.is_some_and(|l| l.is_zero()) {
+            return r;
+        }
+        let slice = left.map_or(Duration::from_millis(1), |l| l.min(Duration::from_millis(1)));
+        let r = lib(buf, count, src, Some(slice));
+        if r != -(sys::FI_EAGAIN as isize) {
+            return r;
+        }
+    }
 }
 
 /// `readerr`: an entry of this module's ops tables.
@@ -407,6 +483,10 @@ unsafe extern "C" fn readerr(cq: *mut sys::fid_cq, buf: *mut sys::fi_cq_err_entr
     }
     if flags != 0 {
         return EBADFLAGS as isize;
+    }
+    // SAFETY: buf is the caller's fi_cq_err_entry.
+    if let Some(r) = unsafe { crate::coll::readerr(c, buf, c.api_version >= crate::info::fi_version(1, 5)) } {
+        return r;
     }
     // SAFETY: buf is the caller's fi_cq_err_entry; before API 1.5 it ends
     // at err_data (err_data_size is neither read nor written then).

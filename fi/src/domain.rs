@@ -79,7 +79,7 @@ static OPS: sys::fi_ops_domain = sys::fi_ops_domain {
     stx_ctx: Some(nb4),
     srx_ctx: Some(crate::srx::open),
     query_atomic: Some(crate::atomic::query_atomic),
-    query_collective: Some(nb4),
+    query_collective: Some(crate::coll::query_collective),
     endpoint2: Some(nb5),
 };
 

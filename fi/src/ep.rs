@@ -16,6 +16,9 @@
 //! library's (`shmfab::Endpoint::trecvmsg`), a claim identified by its
 //! context pointer. Not built yet: FI_DELIVERY_COMPLETE on sends
 //! (`-FI_EBADFLAGS`, never advertised). Atomics: `atomic.rs`.
+//! `fi_join_collective` and the collective calls: `coll.rs` (the
+//! endpoint records what is bound to it for them; an EQ bound to it
+//! cannot close before it, and it cannot close while a group is open).
 
 use crate::sys;
 use crate::util::{self, nb1, nb2, nb3, nb4, nb5};
@@ -36,11 +39,15 @@ pub struct Ep {
     /// Whether receives are directed (FI_DIRECTED_RECV asked for).
     directed: bool,
     /// Default transmit operation flags.
-    tx_flags: AtomicU64,
+    pub(crate) tx_flags: AtomicU64,
     /// Default receive operation flags.
     rx_flags: AtomicU64,
     /// FI_OPT_MIN_MULTI_RECV in force.
     min_multi_recv: AtomicUsize,
+    /// What is bound to it, for the collectives (`coll.rs`).
+    pub(crate) bound: std::sync::Mutex<crate::coll::Bound>,
+    /// Collective groups joined (close is `-FI_EBUSY` while any is open).
+    pub(crate) mcs: AtomicUsize,
 }
 
 static FI_OPS: sys::fi_ops = sys::fi_ops {
@@ -74,7 +81,7 @@ static CM_OPS: sys::fi_ops_cm = sys::fi_ops_cm {
     accept: Some(nb3),
     reject: Some(nb4),
     shutdown: Some(nb2),
-    join: Some(nb5),
+    join: Some(crate::coll::join),
 };
 
 static MSG_OPS: sys::fi_ops_msg = sys::fi_ops_msg {
@@ -157,7 +164,7 @@ pub unsafe extern "C" fn open(
             rma: util::ops(&RMA_OPS),
             tagged: util::ops(&TAGGED_OPS),
             atomic: util::ops(&crate::atomic::ATOMIC_OPS),
-            collective: util::ops(&util::NB_COLL_OPS),
+            collective: util::ops(&crate::coll::COLL_OPS),
         },
         dom: d,
         ep,
@@ -165,6 +172,8 @@ pub unsafe extern "C" fn open(
         tx_flags: AtomicU64::new(tx.map_or(0, |t| t.op_flags)),
         rx_flags: AtomicU64::new(rx.map_or(0, |r| r.op_flags)),
         min_multi_recv: AtomicUsize::new(64),
+        bound: Default::default(),
+        mcs: AtomicUsize::new(0),
     });
     // SAFETY: out is valid for a write (checked).
     unsafe { *out = &mut Box::leak(b).fid };
@@ -182,11 +191,15 @@ pub unsafe extern "C" fn open(
 unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
+    if e.mcs.load(Relaxed) > 0 {
+        return crate::util::EBUSY;
+    }
     if let Err(err) = e.ep.close_discard() {
         return util::err(err, sys::FI_LOG_EP_CTRL, "fi_close(ep)");
     }
     // SAFETY: the domain outlives its endpoints (refs).
     unsafe { &*e.dom }.refs.fetch_sub(1, Relaxed);
+    crate::coll::unbind_eq(e);
     // SAFETY: made by Box::leak in `open`; the application gives it up.
     drop(unsafe { Box::from_raw((e as *const Ep).cast_mut()) });
     0
@@ -210,19 +223,31 @@ unsafe extern "C" fn bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64) -
     // ops before taking it for one of ours.
     unsafe {
         if let Some(a) = crate::av::of(bfid) {
-            return util::status(e.ep.bind_av(&a.av), s, "fi_ep_bind(av)");
+            let r = util::status(e.ep.bind_av(&a.av), s, "fi_ep_bind(av)");
+            if r == 0 {
+                crate::coll::bound(e).av = a;
+            }
+            return r;
         }
         if let Some(c) = crate::cq::of(bfid) {
-            return util::status(e.ep.bind_cq(&c.cq, flags), s, "fi_ep_bind(cq)");
+            let r = util::status(e.ep.bind_cq(&c.cq, flags), s, "fi_ep_bind(cq)");
+            if r == 0 {
+                crate::coll::bind_cq(e, c, flags);
+            }
+            return r;
         }
         if let Some(c) = crate::cntr::of(bfid) {
-            return util::status(e.ep.bind_cntr(&c.cntr, flags), s, "fi_ep_bind(cntr)");
+            let r = util::status(e.ep.bind_cntr(&c.cntr, flags), s, "fi_ep_bind(cntr)");
+            if r == 0 && flags & (sys::FI_SEND | sys::FI_TRANSMIT) != 0 {
+                crate::coll::bound(e).tx_cntr = c;
+            }
+            return r;
         }
         if let Some(x) = crate::srx::of(bfid) {
             return util::status(e.ep.bind_srq(&x.srq), s, "fi_ep_bind(srx)");
         }
-        if crate::eq::of(bfid).is_some() {
-            return 0;
+        if let Some(q) = crate::eq::of(bfid) {
+            return crate::coll::bind_eq(e, q);
         }
     }
     // Shared transmit contexts: not built yet; anything else is not ours.

@@ -1,7 +1,8 @@
 //! Event queues (`fi_eq_open`). shmfab has no connection events; the
 //! events are the completions of address vectors opened with FI_EVENT
 //! (`FI_AV_COMPLETE`, and an error entry per address that failed, see
-//! `av.rs`) and those the application writes (`fi_eq_write`). Read,
+//! `av.rs`), the joins of collective groups (`FI_JOIN_COMPLETE`, see
+//! `coll.rs`) and those the application writes (`fi_eq_write`). Read,
 //! readerr, blocking read, write and strerror.
 
 use crate::sys;
@@ -24,7 +25,8 @@ pub struct Eq {
     cv: Condvar,
     /// Whether blocking reads are allowed (a wait object other than none).
     can_wait: bool,
-    /// Address vectors bound to it (close is `-FI_EBUSY` while any is).
+    /// Address vectors and endpoints bound to it (close is `-FI_EBUSY`
+    /// while any is).
     pub refs: std::sync::atomic::AtomicUsize,
     /// Before API 1.5 `fi_eq_err_entry` ends at `err_data`.
     api_version: u32,

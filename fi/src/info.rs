@@ -53,9 +53,15 @@ pub const CAPS: u64 = CAPS_PRIMARY | CAPS_SECONDARY;
 /// Capabilities offered only when the hints ask for them: FI_SOURCE_ERR
 /// turns completions from unknown sources into error entries, which an
 /// application that did not ask would not expect.
-pub const CAPS_ON_REQUEST: u64 = sys::FI_SOURCE_ERR;
+pub const CAPS_ON_REQUEST: u64 = sys::FI_SOURCE_ERR | sys::FI_COLLECTIVE;
 /// Capabilities that concern the transmit side.
-const TX_CAPS: u64 = CAPS_PRIMARY | sys::FI_SEND | sys::FI_LOCAL_COMM | sys::FI_READ | sys::FI_WRITE | sys::FI_TRIGGER;
+const TX_CAPS: u64 = CAPS_PRIMARY
+    | sys::FI_SEND
+    | sys::FI_LOCAL_COMM
+    | sys::FI_READ
+    | sys::FI_WRITE
+    | sys::FI_TRIGGER
+    | sys::FI_COLLECTIVE;
 /// Capabilities that concern the receive side.
 pub const RX_CAPS: u64 = CAPS_PRIMARY
     | sys::FI_RECV

@@ -39,6 +39,7 @@ pub mod sys {
 pub mod atomic;
 pub mod av;
 pub mod cntr;
+pub mod coll;
 pub mod cq;
 pub mod domain;
 pub mod ep;

@@ -263,7 +263,8 @@ pub static NB_ATOMIC_OPS: sys::fi_ops_atomic = sys::fi_ops_atomic {
     compwritevalid: Some(nb4),
 };
 
-/// Collective ops of an endpoint or shared context: not offered.
+/// Collective ops of a shared receive context: not offered (endpoints
+/// have `coll::COLL_OPS`).
 pub static NB_COLL_OPS: sys::fi_ops_collective = sys::fi_ops_collective {
     size: std::mem::size_of::<sys::fi_ops_collective>(),
     barrier: Some(nb3),

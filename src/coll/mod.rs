@@ -68,7 +68,7 @@ pub mod reduce;
 use crate::atomic::{AtomicOp, AtomicType};
 use crate::av::AddressVector;
 use crate::cntr::Counter;
-use crate::cq::{CompletionQueue, CqTaggedEntry};
+use crate::cq::{CompletionQueue, CqDataEntry, CqEntry, CqFormat, CqMsgEntry, CqTaggedEntry};
 use crate::domain::Domain;
 use crate::ep::Endpoint;
 use crate::error::{Error, ErrorKind, Result};
@@ -160,6 +160,8 @@ pub struct CollGroup<'a> {
     next: Cell<u64>,
     inflight: RefCell<Option<Inflight>>,
     broken: Cell<bool>,
+    /// When `test` last checked the group's health.
+    tested: Cell<Instant>,
     zero: Box<[u8; 8]>,
     other: RefCell<Vec<CqTaggedEntry>>,
 }
@@ -198,8 +200,10 @@ impl<'a> CollGroup<'a> {
     /// `av`, the AV bound to `ep`; this endpoint among them, every member
     /// listing them in the same order), collectively. `cq` is the CQ
     /// bound to `ep` for receives: the join reads it for the key
-    /// exchange; completions of other operations it reads meanwhile are
-    /// kept for [`CollGroup::take_other_completions`]. `cntr`, if given,
+    /// exchange (in any entry format); completions of other operations it
+    /// reads meanwhile are kept, as full entries with the fields the
+    /// CQ's format lacks 0, for [`CollGroup::take_other_completions`].
+    /// `cntr`, if given,
     /// is counted by one as each collective completes.
     pub fn join(
         dom: &'a Domain,
@@ -258,9 +262,18 @@ impl<'a> CollGroup<'a> {
         let res = (|| -> Result<Vec<CqTaggedEntry>> {
             for (j, b) in bufs.iter_mut().enumerate() {
                 if j != me {
+                    let mut m = crate::ep::RecvMsg {
+                        iov: &mut [std::io::IoSliceMut::new(b)],
+                        src: members[j],
+                        context: ctx0 + j,
+                        tag: tag(j),
+                        ignore: 0,
+                    };
+                    // FI_COMPLETION: an entry even on a CQ bound with
+                    // FI_SELECTIVE_COMPLETION.
                     // SAFETY: `bufs` outlives the receives: they complete
                     // below, or are cancelled (`left`) before we return.
-                    unsafe { ep.trecv(b, members[j], tag(j), 0, ctx0 + j)? };
+                    unsafe { ep.trecvmsg(&mut m, FI_COMPLETION)? };
                     left[j] = true;
                 }
             }
@@ -287,14 +300,16 @@ impl<'a> CollGroup<'a> {
             let mut other = Vec::new();
             let mut e = [CqTaggedEntry::default(); 8];
             let mut checked = Instant::now();
+            // A context-format CQ gives no length to check.
+            let has_len = cq.format()? != CqFormat::Context;
             while left.iter().any(|&l| l) {
-                match cq.read(&mut e) {
+                match read_any(cq, &mut e) {
                     Ok(k) => {
                         for x in &e[..k] {
                             match x.op_context.checked_sub(ctx0) {
                                 Some(j) if j < n && left[j] => {
                                     left[j] = false;
-                                    if x.len != 16 {
+                                    if has_len && x.len != 16 {
                                         return Err(Error::with(ErrorKind::Io, format!("member {j} sent a bad join")));
                                     }
                                 }
@@ -357,6 +372,7 @@ impl<'a> CollGroup<'a> {
             next: Cell::new(0),
             inflight: RefCell::new(None),
             broken: Cell::new(false),
+            tested: Cell::new(Instant::now()),
             zero: Box::new([0; 8]),
             other: RefCell::new(other),
         })
@@ -378,12 +394,17 @@ impl<'a> CollGroup<'a> {
     }
 
     /// Whether `op` completed (drives progress once). `Io` if the group
-    /// broke (see [`CollGroup::wait`]).
+    /// broke (see [`CollGroup::wait`]): the members and the writes are
+    /// checked at most every 20 ms (a poll loop calls this back to back;
+    /// the check costs a system call per member).
     pub fn test(&self, op: CollOp) -> Result<bool> {
         if self.done.read()? > op.seq {
             return Ok(true);
         }
-        self.check_health()?;
+        if self.broken.get() || self.tested.get().elapsed() >= Duration::from_millis(20) {
+            self.tested.set(Instant::now());
+            self.check_health()?;
+        }
         Ok(false)
     }
 
@@ -664,6 +685,40 @@ impl Drop for CollGroup<'_> {
     fn drop(&mut self) {
         // Work still queued names our buffers and counters: none runs now.
         self.flush();
+    }
+}
+
+/// Reads entries of `cq` in whatever format it has, as full entries (the
+/// fields its format lacks are 0): the join takes its own and keeps the
+/// others for [`CollGroup::take_other_completions`].
+fn read_any(cq: &CompletionQueue, out: &mut [CqTaggedEntry; 8]) -> Result<usize> {
+    let full = |op_context, flags, len, buf, data| CqTaggedEntry { op_context, flags, len, buf, data, tag: 0 };
+    match cq.format()? {
+        CqFormat::Context => {
+            let mut e = [CqEntry::default(); 8];
+            let k = cq.read(&mut e)?;
+            for (o, x) in out.iter_mut().zip(&e[..k]) {
+                *o = full(x.op_context, 0, 0, 0, 0);
+            }
+            Ok(k)
+        }
+        CqFormat::Msg => {
+            let mut e = [CqMsgEntry::default(); 8];
+            let k = cq.read(&mut e)?;
+            for (o, x) in out.iter_mut().zip(&e[..k]) {
+                *o = full(x.op_context, x.flags, x.len, 0, 0);
+            }
+            Ok(k)
+        }
+        CqFormat::Data => {
+            let mut e = [CqDataEntry::default(); 8];
+            let k = cq.read(&mut e)?;
+            for (o, x) in out.iter_mut().zip(&e[..k]) {
+                *o = full(x.op_context, x.flags, x.len, x.buf, x.data);
+            }
+            Ok(k)
+        }
+        _ => cq.read(out),
     }
 }
 
