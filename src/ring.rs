@@ -137,6 +137,9 @@ pub struct RingTx {
     cells: *mut u8,
     /// Cells in the ring (power of two).
     cap: u64,
+    /// `cap - 1`: the mask of a position (finding a cell on the send's
+    /// path does not subtract).
+    mask: u64,
     /// Next position to write; the producer's own, monotonic. Invariant:
     /// `tail - cached_head <= cap`.
     tail: u64,
@@ -177,6 +180,7 @@ impl RingTx {
             ctl,
             cells,
             cap: cap as u64,
+            mask: cap as u64 - 1,
             tail: head,
             cached_head: head,
             // A claimed ring starts zeroed: no cell holds payload yet.
@@ -210,7 +214,7 @@ impl RingTx {
     #[inline]
     fn cell(&self, pos: u64) -> *mut Cell {
         // SAFETY: index masked into 0..cap; cells spans cap cells.
-        unsafe { self.cells.add((pos & (self.cap - 1)) as usize * STRIDE) as *mut Cell }
+        unsafe { self.cells.add((pos & self.mask) as usize * STRIDE) as *mut Cell }
     }
 
     /// Records that `[pos, pos + n)` now holds a message (first cell, then
