@@ -29,10 +29,17 @@ const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
 
 static ASYMMETRIC: OnceLock<bool> = OnceLock::new();
 
+/// Set once [`init`] has found the asymmetric barrier available: what
+/// [`asymmetric`] reads on every send, one load of a flag (the `OnceLock`
+/// asked there took two loads and two tests). Process-wide, never reset;
+/// a plain std atomic, outside the loom models (under loom `init` never
+/// finds the barrier, and the flag stays false).
+static ASYMMETRIC_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Registers this process for expedited global membarrier; returns whether
 /// signallers of this process may skip their fence. Idempotent.
 pub fn init() -> bool {
-    *ASYMMETRIC.get_or_init(|| {
+    let on = *ASYMMETRIC.get_or_init(|| {
         if cfg!(loom) || std::env::var_os("SHMFAB_NO_MEMBARRIER").is_some() {
             return false;
         }
@@ -43,12 +50,22 @@ pub fn init() -> bool {
         q >= 0
             && q & want == want
             && unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) } == 0
-    })
+    });
+    if on {
+        // SYNC: release pairs with the acquire load in asymmetric(): a
+        // thread that sees the flag sees the process registered.
+        ASYMMETRIC_ON.store(true, std::sync::atomic::Ordering::Release);
+    }
+    on
 }
 
-#[inline]
+/// Whether this process's signallers may skip their fence. False until
+/// [`init`] found the barrier (a thread that asks earlier fences: safe).
+#[inline(always)]
 fn asymmetric() -> bool {
-    ASYMMETRIC.get().copied().unwrap_or(false)
+    // SYNC: acquire pairs with the release store in init() (a plain load
+    // on x86).
+    ASYMMETRIC_ON.load(std::sync::atomic::Ordering::Acquire)
 }
 
 /// Wakes a sleeping receiver if there is one. Call after publishing.

@@ -714,7 +714,9 @@ impl RmaDomain {
         Ok(self.own.get().expect("set above"))
     }
 
-    /// Our RMA file, if made.
+    /// Our RMA file, if made. Inlined: every progress pass asks (out of
+    /// line, a call through the GOT on the CQ read's path).
+    #[inline]
     pub fn own_if_any(&self) -> Option<&OwnRma> {
         self.own.get()
     }

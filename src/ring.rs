@@ -154,6 +154,9 @@ pub struct RingTx {
     cells: *mut u8,
     /// Cells in the ring (power of two).
     cap: u64,
+    /// `cap - 1`: the mask of a position (finding a cell on the send's
+    /// path does not subtract).
+    mask: u64,
     /// Next position to write; the producer's own, monotonic. Invariant:
     /// `tail - cached_head <= cap`.
     tail: u64,
@@ -194,6 +197,7 @@ impl RingTx {
             ctl,
             cells,
             cap: cap as u64,
+            mask: cap as u64 - 1,
             tail: head,
             cached_head: head,
             // A claimed ring starts zeroed: no cell holds payload yet.
@@ -227,7 +231,7 @@ impl RingTx {
     #[inline]
     fn cell(&self, pos: u64) -> *mut Cell {
         // SAFETY: index masked into 0..cap; cells spans cap cells.
-        unsafe { self.cells.add((pos & (self.cap - 1)) as usize * STRIDE) as *mut Cell }
+        unsafe { self.cells.add((pos & self.mask) as usize * STRIDE) as *mut Cell }
     }
 
     /// Records that `[pos, pos + n)` now holds a message (first cell, then
@@ -394,7 +398,8 @@ impl RingTx {
 #[derive(Clone, Copy)]
 pub struct RingView {
     cells: *const u8,
-    cap: u64,
+    /// Cells in the ring minus one (the ring's mask).
+    mask: u64,
     head: u64,
 }
 
@@ -404,16 +409,16 @@ impl RingView {
     pub fn read_payload(&self, voff: usize, dst: &mut [u8]) {
         if voff + dst.len() <= CELL_PAYLOAD {
             // Inside the first cell's payload area: no wrap to handle.
-            let start = (self.head & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff;
+            let start = (self.head & self.mask) as usize * STRIDE + PAYLOAD_OFF + voff;
             // SAFETY: start..start + dst.len() lies in the payload area of
             // a cell of the mapped ring; stale bytes are possible only from
             // a broken peer (wrong data, not UB).
             unsafe { copy_small(self.cells.add(start), dst.as_mut_ptr(), dst.len()) };
             return;
         }
-        let ring_bytes = self.cap as usize * STRIDE;
+        let ring_bytes = (self.mask + 1) as usize * STRIDE;
         // ring_bytes is a power of two (cap is): a mask, not a division.
-        let start = ((self.head & (self.cap - 1)) as usize * STRIDE + PAYLOAD_OFF + voff) & (ring_bytes - 1);
+        let start = ((self.head & self.mask) as usize * STRIDE + PAYLOAD_OFF + voff) & (ring_bytes - 1);
         let first = dst.len().min(ring_bytes - start);
         // SAFETY: as in RingTx::write_payload; the bytes may change under us
         // only if the peer is broken, which yields wrong data, not UB in
@@ -430,15 +435,17 @@ impl RingView {
 
 /// Consumer side of a ring (lives in the receiving endpoint).
 ///
-/// `repr(C)` with `cells` and `cap` (never written) apart from `head`
+/// `repr(C)` with `cells` and `mask` (never written) apart from `head`
 /// (written per message): a view copies them as one wide load that must
 /// not span a just-written `head`.
 #[repr(C)]
 pub struct RingRx {
     /// First cell.
     cells: *const u8,
-    /// Cells in the ring (power of two).
-    cap: u64,
+    /// Cells in the ring (a power of two) minus one: the mask of a
+    /// position, kept rather than the count so that finding a cell, on the
+    /// poll loop's path, does not subtract first.
+    mask: u64,
     /// Control words in our region.
     ctl: *const RingCtl,
     /// Next position to read; the consumer's own, monotonic.
@@ -457,15 +464,16 @@ impl RingRx {
     /// # Safety
     /// As [`RingTx::new`]; this must be the only consumer.
     pub unsafe fn new(ctl: *const RingCtl, cells: *const u8, cap: usize) -> Self {
+        debug_assert!(cap.is_power_of_two() && cap >= 2);
         // SAFETY: ctl valid per contract.
         let head = unsafe { (*ctl).head.v.load(Ordering::Relaxed) };
-        RingRx { ctl, cells, cap: cap as u64, head, published: head }
+        RingRx { ctl, cells, mask: cap as u64 - 1, head, published: head }
     }
 
     #[inline]
     fn cell(&self, pos: u64) -> *const Cell {
         // SAFETY: masked index within the ring.
-        unsafe { self.cells.add((pos & (self.cap - 1)) as usize * STRIDE) as *const Cell }
+        unsafe { self.cells.add((pos & self.mask) as usize * STRIDE) as *const Cell }
     }
 
     /// The next message's header and cell count, if one is published. The
@@ -492,7 +500,7 @@ impl RingRx {
         // load made it visible); volatile because the peer owns the bytes.
         let h = unsafe { std::ptr::addr_of!((*c).hdr).read_volatile() };
         let n = h.ncells as u64;
-        if n == 0 || n + 1 > self.cap {
+        if n == 0 || n > self.mask {
             return (h, 0);
         }
         (h, n as usize)
@@ -510,7 +518,7 @@ impl RingRx {
     /// not need to move or borrow the ring itself).
     #[inline]
     pub fn view(&self) -> RingView {
-        RingView { cells: self.cells, cap: self.cap, head: self.head }
+        RingView { cells: self.cells, mask: self.mask, head: self.head }
     }
 
     /// Moves past the current message. `ahead`: the caller reads a stream
@@ -545,7 +553,7 @@ impl RingRx {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = ahead;
-        if self.head - self.published >= self.cap / 4 {
+        if self.head - self.published >= (self.mask + 1) / 4 {
             self.release_credit();
         }
     }

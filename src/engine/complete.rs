@@ -539,9 +539,6 @@ pub(crate) fn complete_rx_ok(
     let Some(cq) = cq else {
         return;
     };
-    // Each only if it will be used.
-    let src = if cq.wants_src() { peers.src_addr(avs, p) } else { FI_ADDR_NOTAVAIL };
-    let sig = if cq.notifies() { b.rx_signal(ok.hflags) } else { Signal::Normal };
     let has_data = ok.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
     let e = CqTaggedEntry {
         op_context: ok.op_context,
@@ -551,6 +548,15 @@ pub(crate) fn complete_rx_ok(
         data: if has_data { ok.data } else { 0 },
         tag: if ok.tagged { ok.tag } else { 0 },
     };
+    // The read that runs this pass takes it, wanting no source, and no
+    // channel waits for a signal: the common case, with one look at the CQ.
+    if cq.sink_takes_plain() {
+        cq.sink_write(&e, FI_ADDR_NOTAVAIL);
+        return;
+    }
+    // Each only if it will be used.
+    let src = if cq.wants_src() { peers.src_addr(avs, p) } else { FI_ADDR_NOTAVAIL };
+    let sig = if cq.notifies() { b.rx_signal(ok.hflags) } else { Signal::Normal };
     cq.push_ext(e, src, sig);
 }
 
