@@ -96,8 +96,23 @@ pub(crate) struct RmaFile {
     heap_len: usize,
     /// Our initiator record in this file (claimed on first heap access
     /// through it; None: none to be had), see [`RmaFile::record`].
-    rec: OnceLock<Option<usize>>,
+    rec: OnceLock<Option<Rec>>,
 }
+
+/// Our claimed initiator record: its index, its word in the mapping (kept
+/// so that an access computes no offset) and its idle word.
+#[derive(Clone, Copy)]
+struct Rec {
+    i: usize,
+    word: *const crate::sync::AtomicU64,
+    idle: u64,
+}
+
+// SAFETY: a pointer into the file's mapping, which lives as long as the
+// RmaFile that holds the Rec; the word is atomic.
+unsafe impl Send for Rec {}
+// SAFETY: as above.
+unsafe impl Sync for Rec {}
 
 // SAFETY: the mapping is shared memory reached only through atomics and
 // raw copies whose races the protocols account for.
@@ -335,8 +350,11 @@ impl RmaFile {
     /// every record (the caller then pins, as before records).
     #[inline]
     pub fn record(&self) -> Option<(&crate::sync::AtomicU64, u64)> {
-        let i = (*self.rec.get_or_init(|| self.claim_record()))?;
-        Some((self.ini(i), (self.me as u64) << 32))
+        let r = self
+            .rec
+            .get_or_init(|| self.claim_record().map(|i| Rec { i, word: self.ini(i), idle: (self.me as u64) << 32 }));
+        // SAFETY: a word of our mapping, which lives as long as self.
+        r.as_ref().map(|r| (unsafe { &*r.word }, r.idle))
     }
 
     /// Claims a free record, else one of a dead process.
@@ -574,7 +592,7 @@ fn busy_records(f: &RmaFile, slot: usize) -> Vec<usize> {
 
 impl Drop for RmaFile {
     fn drop(&mut self) {
-        if let Some(Some(i)) = self.rec.get() {
+        if let Some(Some(Rec { i, .. })) = self.rec.get() {
             let mine = (self.me as u64) << 32;
             // SYNC: release pairs with the acquire CAS of the record's
             // next claimer (claim_record). Only our idle claim is freed.
