@@ -40,7 +40,7 @@
 //! of the registration would fight over: it marks its own initiator
 //! record in the file busy on the entry's slot (a swap on a line only it
 //! writes), loads `ctl` (tag and open bit: a shared read, a cache hit
-//! while nobody closes), accesses, and marks the record idle (a store).
+//! while nobody closes), accesses, and swaps the record idle.
 //! A process claims one record per file it maps, on first use (when all
 //! [`N_INI`] are held by live processes, or it runs in another PID
 //! namespace, it pins as before). See [`enter`] for why a close cannot
@@ -525,8 +525,10 @@ impl Drop for Busy<'_> {
 /// read-modify-write, [`busy_on`]): the swap and the close's RMW are
 /// ordered on the record's word. If the close's comes later, it sees
 /// the record busy and waits for [`leave`]. If earlier, the swap reads
-/// from it (acquire from its release), so the clearing of the open bit
-/// happens before the load here, which then sees it cleared. Either way
+/// from it or from a later RMW of the record (every write to it is one:
+/// see [`leave`]), so it acquires from the close's release, the clearing
+/// of the open bit happens before the load here, which then sees it
+/// cleared. Either way
 /// no access runs after a close found nothing to wait for (loom model
 /// below). Plain loads on both sides would allow both to miss the other
 /// (store buffering).
@@ -550,20 +552,21 @@ pub(crate) fn enter(
     false
 }
 
-/// Ends an access begun by [`enter`].
+/// Ends an access begun by [`enter`]: a swap, not a store, so that every
+/// write to the record after a close's RMW is an RMW. Then the next
+/// [`enter`]'s swap reads from the release sequence that the close's RMW
+/// heads, and sees the open bit cleared. With a plain store here, a close
+/// that read the record busy (access k), then idle (this store), stops
+/// waiting; access k + 1's swap would read from this store, not from the
+/// close's RMW, and nothing in C11 would order the close's clearing of
+/// the open bit before its load of `ctl` (x86 orders it: both RMWs are
+/// locked, full barriers; C11 does not). The swap costs one more locked
+/// instruction per access, on a line only this process writes.
 #[inline]
 pub(crate) fn leave(rec: &crate::sync::AtomicU64, idle: u64) {
     // SYNC: release pairs with the acquire loads of a close waiting for
     // the record (wait_unpinned's still_busy) and its RMW (busy_on): the
     // access is done first.
-    #[cfg(not(loom))]
-    rec.store(idle, Ordering::Release);
-    // loom lets a plain store slip between the read and the write of a
-    // racing RMW (tokio-rs/loom#254: busy_on would write the busy word
-    // back over the idle one, which C11 forbids: an RMW reads the value
-    // just before its own write in the modification order). A swap is
-    // the same here under C11, and loom models it faithfully.
-    #[cfg(loom)]
     rec.swap(idle, Ordering::Release);
 }
 
@@ -571,15 +574,14 @@ pub(crate) fn leave(rec: &crate::sync::AtomicU64, idle: u64) {
 /// by a read-modify-write (it writes the word unchanged), so that it
 /// reads the latest word (see [`enter`]). Returns the claimer's pid.
 pub(crate) fn busy_on(rec: &crate::sync::AtomicU64, slot: usize) -> Option<u32> {
-    // SYNC: acquire-release, pairs with the swap of enter and the release
-    // store of leave.
+    // SYNC: acquire-release, pairs with the swaps of enter and leave.
     let w = rec.fetch_add(0, Ordering::AcqRel);
     (w as u32 == slot as u32 + 1).then_some((w >> 32) as u32)
 }
 
 /// Whether record `rec`, seen busy on `slot`, still is.
 fn still_busy(rec: &crate::sync::AtomicU64, slot: usize) -> bool {
-    // SYNC: acquire pairs with the release store of leave.
+    // SYNC: acquire pairs with the release swap of leave.
     rec.load(Ordering::Acquire) as u32 == slot as u32 + 1
 }
 

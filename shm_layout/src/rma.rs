@@ -134,7 +134,8 @@ pub mod mr_access {
 /// 0 free; claimed by a CAS from 0 (or from a dead pid's word); `busy`
 /// is 0 when idle, else the slot + 1 accessed. The claimer sets `busy`
 /// with an acquire-release swap before it checks the entry's `ctl`, and
-/// clears it with release after the access; a close, after clearing the
+/// clears it with a release swap after the access (every write to the
+/// word is an RMW); a close, after clearing the
 /// open bit, reads each record with a read-modify-write (so that either
 /// it sees the access, or the access sees the open bit cleared), and
 /// waits for those busy on its slot, ignoring dead pids.
