@@ -34,13 +34,28 @@
 //! operation at the initiator, and the target's memory is untouched. The
 //! target checks requests that reach it through the mailbox the same way.
 //!
-//! **Close while in use.** Closing clears the open bit (no new pins) and
-//! waits until the pins in progress are released (at most
-//! [`DRAIN_LIMIT`]), then frees the slot; heap memory returns to the
-//! allocator only then. Pins left after [`DRAIN_LIMIT`] (an initiator
-//! stopped, or dead, in the middle of an access) make close `Busy`: the
-//! slot and heap range are quarantined, given to nobody until the pins
-//! are gone (looked at on every registration and close), and a pin's
+//! **Heap accesses without a pin.** A shared-heap access whose
+//! registration the initiator pinned and checked before (its target cache
+//! keeps the view) does not write the shared entry, which every initiator
+//! of the registration would fight over: it marks its own initiator
+//! record in the file busy on the entry's slot (a swap on a line only it
+//! writes), loads `ctl` (tag and open bit: a shared read, a cache hit
+//! while nobody closes), accesses, and swaps the record idle.
+//! A process claims one record per file it maps, on first use (when all
+//! [`N_INI`] are held by live processes, or it runs in another PID
+//! namespace, it pins as before). See [`enter`] for why a close cannot
+//! miss such an access. An idle initiator holds nothing: a close never
+//! waits for a peer that is not in the middle of an access.
+//!
+//! **Close while in use.** Closing clears the open bit (no new pins or
+//! record accesses) and waits until the pins in progress are released and
+//! the records of live processes busy on its slot are idle (at most
+//! [`DRAIN_LIMIT`]; a dead process's record is ignored: it writes nothing
+//! more), then frees the slot; heap memory returns to the
+//! allocator only then. Pins or busy records left after [`DRAIN_LIMIT`]
+//! (an initiator stopped, or dead, in the middle of an access) make close
+//! `Busy`: the slot and heap range are quarantined, given to nobody until
+//! they are gone (looked at on every registration and close), and a pin's
 //! release touches its entry only while the entry holds its tag.
 
 use crate::domain::{Domain, DomainInner};
@@ -79,7 +94,25 @@ pub(crate) struct RmaFile {
     n_mbox: u32,
     heap_off: usize,
     heap_len: usize,
+    /// Our initiator record in this file (claimed on first heap access
+    /// through it; None: none to be had), see [`RmaFile::record`].
+    rec: OnceLock<Option<Rec>>,
 }
+
+/// Our claimed initiator record: its index, its word in the mapping (kept
+/// so that an access computes no offset) and its idle word.
+#[derive(Clone, Copy)]
+struct Rec {
+    i: usize,
+    word: *const crate::sync::AtomicU64,
+    idle: u64,
+}
+
+// SAFETY: a pointer into the file's mapping, which lives as long as the
+// RmaFile that holds the Rec; the word is atomic.
+unsafe impl Send for Rec {}
+// SAFETY: as above.
+unsafe impl Sync for Rec {}
 
 // SAFETY: the mapping is shared memory reached only through atomics and
 // raw copies whose races the protocols account for.
@@ -170,6 +203,7 @@ impl RmaFile {
             n_mbox: N_MBOX,
             heap_off,
             heap_len,
+            rec: OnceLock::new(),
         };
         let h = f.base() as *mut RmaHeader;
         // SAFETY: our fresh mapping of at least one page; nobody maps it
@@ -250,7 +284,17 @@ impl RmaFile {
         if total != size as u64 || hoff.checked_add(hlen) != Some(total) {
             return Err(bad("size does not match its header"));
         }
-        Ok(RmaFile { map, file, name: None, me, n_mr, n_mbox, heap_off: hoff as usize, heap_len: hlen as usize })
+        Ok(RmaFile {
+            map,
+            file,
+            name: None,
+            me,
+            n_mr,
+            n_mbox,
+            heap_off: hoff as usize,
+            heap_len: hlen as usize,
+            rec: OnceLock::new(),
+        })
     }
 
     fn base(&self) -> *mut u8 {
@@ -286,6 +330,79 @@ impl RmaFile {
         assert!(i < self.n_mbox as usize);
         // SAFETY: inside the mailbox, which lies in the mapping.
         unsafe { self.base().add(mbox_offset(self.n_mr) + i * std::mem::size_of::<MboxSlot>()) as *mut MboxSlot }
+    }
+
+    /// Initiator record `i` (< [`N_INI`]).
+    fn ini(&self, i: usize) -> &crate::sync::AtomicU64 {
+        assert!(i < N_INI);
+        // SAFETY: inside the record table, which lies in the mapping
+        // (before the heap, whose offset was checked); one atomic word.
+        unsafe {
+            &(*(self.base().add(ini_offset(self.n_mr, self.n_mbox) + i * std::mem::size_of::<IniRecord>())
+                as *const IniRecord))
+                .word
+        }
+    }
+
+    /// Our initiator record in this file and its idle word, claimed on
+    /// first use: None when we run in another PID namespace than the
+    /// owner (our pid could not be judged), or when live processes hold
+    /// every record (the caller then pins, as before records).
+    #[inline]
+    pub fn record(&self) -> Option<(&crate::sync::AtomicU64, u64)> {
+        let r = self
+            .rec
+            .get_or_init(|| self.claim_record().map(|i| Rec { i, word: self.ini(i), idle: (self.me as u64) << 32 }));
+        // SAFETY: a word of our mapping, which lives as long as self.
+        r.as_ref().map(|r| (unsafe { &*r.word }, r.idle))
+    }
+
+    /// Claims a free record, else one of a dead process.
+    fn claim_record(&self) -> Option<usize> {
+        if self.me == PID_UNKNOWN {
+            return None;
+        }
+        let mine = (self.me as u64) << 32;
+        let dead = |w: u64| {
+            let p = (w >> 32) as u32;
+            p != 0 && p != self.me && p != PID_UNKNOWN && !crate::atomic::pid_alive(p)
+        };
+        for pass in 0..2 {
+            for i in 0..N_INI {
+                let r = self.ini(i);
+                let w = r.load(Ordering::Relaxed);
+                if (pass == 0 && w == 0) || (pass == 1 && dead(w)) {
+                    // SYNC: acquire pairs with the release CAS that freed
+                    // the record (RmaFile::drop); a dead claimer's word is
+                    // taken as judged, by a CAS naming it.
+                    if r.compare_exchange(w, mine, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                        return Some(i);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Starts an access to the shared-heap registration of `key` that an
+    /// earlier [`RmaFile::pin`] checked (the caller's copy of its view,
+    /// against which it checked this access): under our record when we
+    /// have one (no write to the shared entry: one swap on our record's
+    /// line, one load of the entry's `ctl`), else by [`RmaFile::repin`].
+    /// Err as `pin` (the registration closed, or its slot reused).
+    #[inline]
+    pub fn access(&self, key: Key, view: &MrView, need: Need) -> std::result::Result<Access<'_>, (ErrorKind, String)> {
+        let Some((rec, idle)) = self.record() else {
+            return self.repin(key, view, need).map(Access::Pin);
+        };
+        if enter(rec, idle, key.slot, &self.entry(key.slot).ctl, key.tag) {
+            return Ok(Access::Rec(Busy { rec, idle }));
+        }
+        // Closed or reused: the full pin says why (or pins after all).
+        self.pin(key, 0, 0, need).map(|mut p| {
+            p.view = *view;
+            Access::Pin(p)
+        })
     }
 
     /// Requests published to the mailbox so far (a count: the owner's
@@ -380,8 +497,109 @@ impl Drop for Pin<'_> {
     }
 }
 
+/// An access in progress to a registration: a pin, or our initiator
+/// record marked busy on it. Ends on drop.
+pub(crate) enum Access<'a> {
+    Pin(#[allow(dead_code)] Pin<'a>),
+    Rec(#[allow(dead_code)] Busy<'a>),
+}
+
+/// Our initiator record, busy on a registration: made idle on drop.
+pub(crate) struct Busy<'a> {
+    rec: &'a crate::sync::AtomicU64,
+    idle: u64,
+}
+
+impl Drop for Busy<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        leave(self.rec, self.idle);
+    }
+}
+
+/// Marks initiator record `rec` (idle word `idle`) busy on `slot`, then
+/// checks that the entry's `ctl` still holds registration `tag` open:
+/// whether the access may go on (else the record is idle again).
+///
+/// Against a close (clear the open bit, then read the record with a
+/// read-modify-write, [`busy_on`]): the swap and the close's RMW are
+/// ordered on the record's word. If the close's comes later, it sees
+/// the record busy and waits for [`leave`]. If earlier, the swap reads
+/// from it or from a later RMW of the record (every write to it is one:
+/// see [`leave`]), so it acquires from the close's release, the clearing
+/// of the open bit happens before the load here, which then sees it
+/// cleared. Either way
+/// no access runs after a close found nothing to wait for (loom model
+/// below). Plain loads on both sides would allow both to miss the other
+/// (store buffering).
+#[inline]
+pub(crate) fn enter(
+    rec: &crate::sync::AtomicU64,
+    idle: u64,
+    slot: usize,
+    ctl: &crate::sync::AtomicU64,
+    tag: u32,
+) -> bool {
+    // SYNC: acquire-release: pairs with the RMW of busy_on (see above).
+    rec.swap(idle | (slot as u64 + 1), Ordering::AcqRel);
+    // SYNC: acquire pairs with the release store that opened the entry
+    // (register); the view the caller trusts is its own copy.
+    let c = ctl.load(Ordering::Acquire);
+    if (c >> 32) as u32 == tag && c & 1 == 1 {
+        return true;
+    }
+    leave(rec, idle);
+    false
+}
+
+/// Ends an access begun by [`enter`]: a swap, not a store, so that every
+/// write to the record after a close's RMW is an RMW. Then the next
+/// [`enter`]'s swap reads from the release sequence that the close's RMW
+/// heads, and sees the open bit cleared. With a plain store here, a close
+/// that read the record busy (access k), then idle (this store), stops
+/// waiting; access k + 1's swap would read from this store, not from the
+/// close's RMW, and nothing in C11 would order the close's clearing of
+/// the open bit before its load of `ctl` (x86 orders it: both RMWs are
+/// locked, full barriers; C11 does not). The swap costs one more locked
+/// instruction per access, on a line only this process writes.
+#[inline]
+pub(crate) fn leave(rec: &crate::sync::AtomicU64, idle: u64) {
+    // SYNC: release pairs with the acquire loads of a close waiting for
+    // the record (wait_unpinned's still_busy) and its RMW (busy_on): the
+    // access is done first.
+    rec.swap(idle, Ordering::Release);
+}
+
+/// Whether record word `rec` says its claimer is accessing `slot`: read
+/// by a read-modify-write (it writes the word unchanged), so that it
+/// reads the latest word (see [`enter`]). Returns the claimer's pid.
+pub(crate) fn busy_on(rec: &crate::sync::AtomicU64, slot: usize) -> Option<u32> {
+    // SYNC: acquire-release, pairs with the swaps of enter and leave.
+    let w = rec.fetch_add(0, Ordering::AcqRel);
+    (w as u32 == slot as u32 + 1).then_some((w >> 32) as u32)
+}
+
+/// Whether record `rec`, seen busy on `slot`, still is.
+fn still_busy(rec: &crate::sync::AtomicU64, slot: usize) -> bool {
+    // SYNC: acquire pairs with the release swap of leave.
+    rec.load(Ordering::Acquire) as u32 == slot as u32 + 1
+}
+
+/// The initiator records of our file `f` busy on `slot`, of live
+/// processes (a dead initiator writes nothing more). Call after the open
+/// bit was cleared.
+fn busy_records(f: &RmaFile, slot: usize) -> Vec<usize> {
+    (0..N_INI).filter(|&i| busy_on(f.ini(i), slot).is_some_and(|p| p == f.me || crate::atomic::pid_alive(p))).collect()
+}
+
 impl Drop for RmaFile {
     fn drop(&mut self) {
+        if let Some(Some(Rec { i, .. })) = self.rec.get() {
+            let mine = (self.me as u64) << 32;
+            // SYNC: release pairs with the acquire CAS of the record's
+            // next claimer (claim_record). Only our idle claim is freed.
+            let _ = self.ini(*i).compare_exchange(mine, 0, Ordering::Release, Ordering::Relaxed);
+        }
         // Only the process that made a named file unlinks it (a child
         // forked without exec drops a copy of its parent's).
         if let Some((name, pid)) = &self.name {
@@ -633,7 +851,7 @@ impl OwnSt {
             let e = f.entry(q.slot);
             // SYNC: acquire pairs with the release CAS of Pin::drop: what
             // the last access did is done once its pin is gone.
-            if pinned(e.ctl.load(Ordering::Acquire), q.tag) {
+            if pinned(e.ctl.load(Ordering::Acquire), q.tag) || !busy_records(f, q.slot).is_empty() {
                 i += 1;
                 continue;
             }
@@ -954,13 +1172,20 @@ fn pinned(ctl: u64, tag: u32) -> bool {
     (ctl >> 32) as u32 == tag && (ctl as u32) >> 1 != 0
 }
 
-/// Waits (at most [`DRAIN_LIMIT`]) until entry `e` holds no pin of
-/// registration `tag`; whether it got there.
-fn wait_unpinned(e: &MrEntry, tag: u32) -> bool {
+/// Waits (at most [`DRAIN_LIMIT`]) until entry `slot` of our file `f`
+/// holds no pin of registration `tag` and no live initiator's record is
+/// busy on it; whether it got there. Call after the open bit was cleared.
+fn wait_unpinned(f: &RmaFile, slot: usize, tag: u32) -> bool {
+    let e = f.entry(slot);
     let t0 = Instant::now();
-    // SYNC: acquire pairs with the release CAS of Pin::drop: what a pinned
-    // access did is done once its pin is gone.
-    while pinned(e.ctl.load(Ordering::Acquire), tag) {
+    let mut busy = busy_records(f, slot);
+    loop {
+        busy.retain(|&i| still_busy(f.ini(i), slot));
+        // SYNC: acquire pairs with the release CAS of Pin::drop: what a
+        // pinned access did is done once its pin is gone.
+        if busy.is_empty() && !pinned(e.ctl.load(Ordering::Acquire), tag) {
+            break;
+        }
         if t0.elapsed() >= DRAIN_LIMIT {
             return false;
         }
@@ -1120,8 +1345,10 @@ impl MemoryRegion {
         let own = self.dom.rma.own(&self.dom)?;
         let k = Key::decode(self.key);
         let e = own.file.entry(k.slot);
+        // SYNC: release: ordered before the RMWs of busy_records, which
+        // the swap of an initiator's enter may read from (see enter).
         e.ctl.fetch_and(!1, Ordering::AcqRel);
-        let drained = wait_unpinned(e, k.tag);
+        let drained = wait_unpinned(&own.file, k.slot, k.tag);
         let b = std::mem::take(&mut *self.cntr.lock().unwrap_or_else(|p| p.into_inner()));
         let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
         st.views[k.slot] = None;
@@ -1151,7 +1378,7 @@ impl MemoryRegion {
     fn close_again(&mut self) -> Result<()> {
         let own = self.dom.rma.own(&self.dom)?;
         let k = Key::decode(self.key);
-        wait_unpinned(own.file.entry(k.slot), k.tag);
+        wait_unpinned(&own.file, k.slot, k.tag);
         let mut st = own.st.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA state poisoned"))?;
         let unbind = st.reclaim(&own.file);
         let still = st.quarantine.iter().any(|q| q.slot == k.slot && q.tag == k.tag);
@@ -1558,6 +1785,53 @@ mod tests {
         assert_eq!((Key::decode(third.key()).slot, third.as_ptr()), (k.slot, p));
     }
 
+    /// An initiator record busy on a registration holds its close as a
+    /// pin does (Busy after DRAIN_LIMIT, quarantined until the record is
+    /// idle); a dead process's busy record holds nothing; an idle record
+    /// holds nothing; an access after the close is refused.
+    #[test]
+    fn busy_initiator_records_hold_a_close() {
+        let fabric = crate::Fabric::open().unwrap();
+        let dom = fabric.domain().unwrap();
+        let rw = FI_REMOTE_READ | FI_REMOTE_WRITE;
+        let own = dom.inner.rma.own(&dom.inner).unwrap();
+        let f = &own.file;
+        let (rec, idle) = f.record().unwrap();
+        let mut mr = dom.alloc_shared(4096, rw).unwrap();
+        let k = Key::decode(mr.key());
+        let view = f.pin(k, 0, 8, Need::Write).unwrap().view;
+        let a = f.access(k, &view, Need::Write).unwrap();
+        assert!(matches!(a, Access::Rec(_)));
+        assert_eq!(rec.load(Ordering::Relaxed), idle | (k.slot as u64 + 1));
+        drop(a);
+        assert_eq!(rec.load(Ordering::Relaxed), idle);
+        // A dead process's record, busy on the slot.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let other = (0..N_INI).find(|&i| f.ini(i).load(Ordering::Relaxed) == 0).unwrap();
+        f.ini(other).store((dead as u64) << 32 | (k.slot as u64 + 1), Ordering::Relaxed);
+        let t0 = Instant::now();
+        mr.close().unwrap();
+        assert!(t0.elapsed() < DRAIN_LIMIT);
+        assert!(f.access(k, &view, Need::Write).is_err(), "an access after the close");
+        assert_eq!(rec.load(Ordering::Relaxed), idle);
+        f.ini(other).store(0, Ordering::Relaxed);
+        // Ours (live), busy: Busy, then freed once idle.
+        let mut mr = dom.alloc_shared(4096, rw).unwrap();
+        let k = Key::decode(mr.key());
+        let view = f.pin(k, 0, 8, Need::Write).unwrap().view;
+        let a = f.access(k, &view, Need::Write).unwrap();
+        assert_eq!(mr.close().unwrap_err().kind(), ErrorKind::Busy);
+        let p = mr.as_ptr();
+        let again = dom.alloc_shared(4096, rw).unwrap();
+        assert_ne!(again.as_ptr(), p, "a busy heap range was reused");
+        drop(a);
+        mr.close().unwrap();
+        let third = dom.alloc_shared(4096, rw).unwrap();
+        assert_eq!((Key::decode(third.key()).slot, third.as_ptr()), (k.slot, p));
+    }
+
     /// The release of a pin leaves the entry alone once it holds another
     /// tag (a peer's late unpin cannot corrupt a reused slot).
     #[test]
@@ -1668,5 +1942,89 @@ mod tests {
         assert!(st.alloc(17 * 4096).is_none());
         let t1 = st.tag();
         assert_ne!(t1, st.tag());
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::sync::AtomicU64;
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+
+    const SLOT: usize = 3;
+    const TAG: u32 = 7;
+    const IDLE: u64 = 42 << 32;
+
+    /// An initiator accesses registered memory twice under its record
+    /// (enter, write, leave) while the owner closes the registration
+    /// (clear the open bit, read the record with an RMW, wait while it is
+    /// busy on the slot) and then reuses the memory: whatever the
+    /// interleaving, no access races the reuse (loom checks the
+    /// ordering of the plain memory), and none lands after it. Fails with
+    /// busy_on's RMW replaced by a load (checked).
+    #[test]
+    fn loom_record_access_against_close() {
+        loom::model(|| {
+            let ctl = Arc::new(AtomicU64::new((TAG as u64) << 32 | 1));
+            let rec = Arc::new(AtomicU64::new(IDLE));
+            let mem = Arc::new(UnsafeCell::new(0u64));
+            let (c, r, m) = (ctl.clone(), rec.clone(), mem.clone());
+            let ini = loom::thread::spawn(move || {
+                let mut n = 0;
+                for _ in 0..2 {
+                    if enter(&r, IDLE, SLOT, &c, TAG) {
+                        // SAFETY: loom's cell; the protocol under test
+                        // orders this write against the owner's.
+                        m.with_mut(|p| unsafe { *p += 1 });
+                        leave(&r, IDLE);
+                        n += 1;
+                    }
+                }
+                n
+            });
+            ctl.fetch_and(!1, Ordering::AcqRel);
+            if busy_on(&rec, SLOT).is_some() {
+                while still_busy(&rec, SLOT) {
+                    loom::thread::yield_now();
+                }
+            }
+            // Closed: the memory is the owner's again.
+            // SAFETY: as above.
+            let before = mem.with_mut(|p| unsafe {
+                let b = *p;
+                *p = 100;
+                b
+            });
+            let n = ini.join().unwrap();
+            assert_eq!(before, n, "an access ran after the close found nothing to wait for");
+            // SAFETY: as above (joined).
+            assert_eq!(mem.with(|p| unsafe { *p }), 100);
+            assert_eq!(rec.load(Ordering::Relaxed), IDLE);
+        });
+    }
+
+    /// A record busy on another slot does not hold the close, and an
+    /// access to another registration in the same slot (another tag) is
+    /// refused.
+    #[test]
+    fn loom_record_names_its_registration() {
+        loom::model(|| {
+            let ctl = Arc::new(AtomicU64::new((TAG as u64) << 32 | 1));
+            let rec = Arc::new(AtomicU64::new(IDLE));
+            let (c, r) = (ctl.clone(), rec.clone());
+            let ini = loom::thread::spawn(move || {
+                let other = enter(&r, IDLE, SLOT + 1, &c, TAG);
+                let stale = enter(&r, IDLE, SLOT, &c, TAG ^ 1);
+                assert!(!stale, "a stale tag entered");
+                if other {
+                    leave(&r, IDLE);
+                }
+            });
+            ctl.fetch_and(!1, Ordering::AcqRel);
+            let _ = busy_on(&rec, SLOT);
+            ini.join().unwrap();
+            assert_eq!(busy_on(&rec, SLOT), None);
+        });
     }
 }

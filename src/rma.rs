@@ -30,7 +30,7 @@ use crate::engine::EpState;
 use crate::ep::Endpoint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::*;
-use crate::mr::{count_remote, ranges, Key, MrView, Need, OwnRma, RmaFile};
+use crate::mr::{count_remote, ranges, Access, Key, MrView, Need, OwnRma, RmaFile};
 use crate::proto::CmaMode;
 use crate::region::{Region, RegionId};
 use shm_layout::rma::{cq_kind, mbox_op, mbox_state, mr_kind, MboxReq, MboxSlot, SlotWord, MBOX_DATA, PID_UNKNOWN};
@@ -392,7 +392,8 @@ impl Initiator<'_> {
     /// The shared-heap fast path of a one-segment operation of `len`
     /// bytes at `off` of registration `key`: the cached target and its
     /// cached registration view (checked here for rights and range, then
-    /// pinned by one CAS, [`RmaFile::repin`]), `body` given the heap
+    /// begun by [`RmaFile::access`]: our initiator record marked busy, no
+    /// write to the shared entry), `body` given the heap
     /// address (and the file and heap offset, for the atomics' locks);
     /// then the remote-event counters (`count`: write, read). None when
     /// the memory is not shared heap: the caller takes the generic path.
@@ -417,10 +418,10 @@ impl Initiator<'_> {
         let file: &RmaFile = &t.file;
         let fits =
             |v: &MrView| v.access & need.bits() == need.bits() && off.checked_add(len).is_some_and(|e| e <= v.len);
-        let pin = match cv.as_ref() {
+        let (access, view) = match cv.as_ref() {
             Some((ck, v)) if *ck == key && v.kind != mr_kind::HEAP => return Ok(None),
-            Some((ck, v)) if *ck == key && fits(v) => match file.repin(k, v, need) {
-                Ok(p) => p,
+            Some((ck, v)) if *ck == key && fits(v) => match file.access(k, v, need) {
+                Ok(a) => (a, *v),
                 Err((kind, why)) => {
                     *cv = None;
                     return Ok(Some(Err(fail(kind, why))));
@@ -432,15 +433,16 @@ impl Initiator<'_> {
                     if p.view.kind != mr_kind::HEAP {
                         return Ok(None);
                     }
-                    p
+                    let v = p.view;
+                    (Access::Pin(p), v)
                 }
                 Err((kind, why)) => return Ok(Some(Err(fail(kind, why)))),
             },
         };
-        let view = &pin.view;
+        let view = &view;
         // The counters bound now (a bind may come while the registration
         // is open; an access racing it may count or not: Relaxed, as pin
-        // reads them), read while the pin's CAS has the entry's line here.
+        // reads them), on the entry's line that `access` just loaded.
         let e = file.entry(k.slot);
         let cntr = (e.cntr_rw.load(Ordering::Relaxed), e.cntr_rr.load(Ordering::Relaxed));
         // The view was checked by the full pin (one heap segment inside
@@ -461,7 +463,7 @@ impl Initiator<'_> {
             let s = &self.dom.rma.heap_ops;
             s.store(s.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         }
-        drop(pin);
+        drop(access);
         Ok(Some(res))
     }
 

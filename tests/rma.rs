@@ -1564,3 +1564,117 @@ fn heap_bytes_of(w: &World, dest: shmfab::FiAddr, key: u64) -> [u8; 16] {
 }
 
 cma_on_and_off!(fence_waits_for_earlier_sends, fence_waits_for_earlier_sends_cma_off, 2, &[], fenced_rma);
+
+/// A peer that used a heap registration (fetch-adds, a put) and then sits
+/// idle, making no call at all, holds nothing: the owner's close says Ok
+/// at once, not Busy after the drain limit (2 s); the data and the
+/// remote-event counters are exact; the peer's operations after the close
+/// fail with FI_ENOKEY and touch neither the counters nor a new
+/// registration that took the old one's slot and heap range.
+fn close_with_an_idle_peer(w: World) {
+    const N: u64 = 1000;
+    const DRAIN: Duration = Duration::from_secs(2);
+    let wait_file = |name: &str| {
+        let t0 = Instant::now();
+        while !test_dir().join(name).exists() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "{name} never came");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    if w.rank == 1 {
+        let mut heap = w.dom.alloc_shared(4096, RW).unwrap();
+        let (cw, cr) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        heap.bind_counter(&cw, FI_REMOTE_WRITE).unwrap();
+        heap.bind_counter(&cr, FI_REMOTE_READ).unwrap();
+        share(&w, "key", &[heap.key()], 0);
+        wait_file("0.idle");
+        let b = heap_bytes(&heap);
+        assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), N);
+        assert_eq!(&b[8..16], &[9u8; 8]);
+        assert_eq!((cw.read().unwrap(), cr.read().unwrap()), (N + 1, N));
+        let t0 = Instant::now();
+        heap.close().unwrap();
+        let took = t0.elapsed();
+        assert!(took < DRAIN, "close waited {took:?} for an idle peer");
+        let fresh = w.dom.alloc_shared(4096, RW).unwrap();
+        put_file("1.closed", "");
+        wait_file("0.done");
+        assert!(heap_bytes(&fresh).iter().all(|&x| x == 0), "a new registration written with an old key");
+        assert_eq!((cw.read().unwrap(), cr.read().unwrap()), (N + 1, N), "a refused access counted");
+        w.barrier();
+    } else {
+        let key = share(&w, "key", &[], 1)[0];
+        let dest = w.addrs[1];
+        let mut r = [0u8; 8];
+        for i in 0..N {
+            w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &1u64.to_ne_bytes(), &mut r, dest, 0, key, 5).unwrap();
+            w.wait_ctx(5).unwrap();
+            assert_eq!(u64::from_ne_bytes(r), i);
+        }
+        w.ep.write(&[9u8; 8], dest, 8, key, 6).unwrap();
+        w.wait_ctx(6).unwrap();
+        // Idle: no call into shmfab until the target closed.
+        put_file("0.idle", "");
+        wait_file("1.closed");
+        r = [7u8; 8];
+        w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &1u64.to_ne_bytes(), &mut r, dest, 0, key, 7).unwrap();
+        assert_eq!(w.wait_ctx(7).unwrap_err().err, ErrorKind::NoKey.errno());
+        assert_eq!(r, [7u8; 8], "a refused fetch-add returned a value");
+        w.ep.write(&[9u8; 8], dest, 8, key, 8).unwrap();
+        assert_eq!(w.wait_ctx(8).unwrap_err().err, ErrorKind::NoKey.errno());
+        put_file("0.done", "");
+        w.barrier();
+    }
+}
+
+#[test]
+fn close_with_an_idle_peer_is_prompt() {
+    run("close_with_an_idle_peer_is_prompt", 2, &[], T, close_with_an_idle_peer);
+}
+
+/// An initiator killed (SIGKILL, by a thread of its own, at any point of
+/// its loop, maybe in the middle of an access) while it fetch-adds on a
+/// heap registration: the owner's close says Ok (a dead process's
+/// initiator record holds nothing: it writes nothing more), and the word
+/// holds at least what the dead rank saw done.
+fn initiator_dies(w: World) {
+    if w.rank == 1 {
+        let mut heap = w.dom.alloc_shared(4096, RW).unwrap();
+        let pid0 = share(&w, "key", &[heap.key()], 0)[0] as i32;
+        let t0 = Instant::now();
+        // SAFETY: probes of our peer rank's pid.
+        while unsafe { libc::kill(pid0, 0) } == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "rank 0 never died");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let seen: u64 = std::fs::read_to_string(test_dir().join("0.seen")).unwrap().parse().unwrap();
+        let word = u64::from_le_bytes(heap_bytes(&heap)[..8].try_into().unwrap());
+        assert!(word >= seen && word > 0, "word {word}, seen {seen}");
+        let t1 = Instant::now();
+        heap.close().unwrap();
+        assert!(t1.elapsed() < Duration::from_secs(2), "close waited {:?} for a dead initiator", t1.elapsed());
+    } else {
+        let key = share(&w, "key", &[std::process::id() as u64], 1)[0];
+        let dest = w.addrs[1];
+        let mut r = [0u8; 8];
+        for _ in 0..2000 {
+            w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &1u64.to_ne_bytes(), &mut r, dest, 0, key, 5).unwrap();
+            w.wait_ctx(5).unwrap();
+        }
+        put_file("0.seen", &(u64::from_ne_bytes(r) + 1).to_string());
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(20));
+            // SAFETY: plain syscall; this rank is expected to die so.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        });
+        loop {
+            w.ep.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &1u64.to_ne_bytes(), &mut r, dest, 0, key, 5).unwrap();
+            while w.cq.read(&mut [CqTaggedEntry::default(); 64]).is_ok() {}
+        }
+    }
+}
+
+#[test]
+fn close_after_an_initiator_died() {
+    run_killing("close_after_an_initiator_died", 2, &[], T, &[0], initiator_dies);
+}

@@ -10,6 +10,7 @@
 //! MrEntry[n_mr]              registration table (keys name a slot)
 //! AtomicLock[N_LOCKS]        striped locks of the 16-byte atomics
 //! MboxSlot[n_mbox]           requests to the owner's progress engine
+//! IniRecord[N_INI]           initiators' records (heap accesses in progress)
 //! heap (heap_len bytes)      shared heap: offsets, never pointers
 //! ```
 //!
@@ -22,7 +23,7 @@ use crate::PAGE;
 /// Magic of an RMA file (published last, with release).
 pub const RMA_MAGIC: u64 = u64::from_le_bytes(*b"SHMFABRM");
 /// Layout version of the RMA file.
-pub const RMA_VERSION: u32 = 3;
+pub const RMA_VERSION: u32 = 4;
 /// What an initiator writes where its pid goes (a mailbox slot's
 /// claimer, a 16-byte atomic's lock) when it runs in another PID
 /// namespace than the file's owner: a pid no process of the owner's
@@ -38,6 +39,8 @@ pub const MBOX_DATA: usize = 16 * 1024;
 pub const N_LOCKS: usize = 64;
 /// Segments of one registration.
 pub const MR_SEGS: usize = 4;
+/// Initiator records per RMA file.
+pub const N_INI: usize = 256;
 
 /// Header of the RMA file.
 #[repr(C, align(4096))]
@@ -88,9 +91,11 @@ pub mod mr_kind {
 }
 
 /// One registration. `ctl` is `tag << 32 | pins << 1 | open`: a peer pins
-/// the entry with a CAS that needs its key's tag and the open bit; the
-/// owner writes the other fields only while the entry is closed and
-/// unpinned, then publishes them by setting `ctl` with release.
+/// the entry with a CAS that needs its key's tag and the open bit (or,
+/// for a shared-heap access it checked before, marks its [`IniRecord`]
+/// busy and loads `ctl`, writing nothing here); the owner writes the
+/// other fields only while the entry is closed, unpinned and no record
+/// is busy on it, then publishes them by setting `ctl` with release.
 #[repr(C, align(64))]
 pub struct MrEntry {
     /// Tag, pin count, open bit.
@@ -121,6 +126,23 @@ pub mod mr_access {
     pub const REMOTE_READ: u32 = 1;
     /// Peers may write (atomics need it, and read for fetches).
     pub const REMOTE_WRITE: u32 = 2;
+}
+
+/// The record of one initiator (a process's mapping of the file): while
+/// it accesses a shared-heap registration without pinning it, the
+/// record names the registration's slot. `word` is `pid << 32 | busy`:
+/// 0 free; claimed by a CAS from 0 (or from a dead pid's word); `busy`
+/// is 0 when idle, else the slot + 1 accessed. The claimer sets `busy`
+/// with an acquire-release swap before it checks the entry's `ctl`, and
+/// clears it with a release swap after the access (every write to the
+/// word is an RMW); a close, after clearing the
+/// open bit, reads each record with a read-modify-write (so that either
+/// it sees the access, or the access sees the open bit cleared), and
+/// waits for those busy on its slot, ignoring dead pids.
+#[repr(C, align(64))]
+pub struct IniRecord {
+    /// `pid << 32 | busy`.
+    pub word: AtomicU64,
 }
 
 /// A spin lock word (16-byte atomics).
@@ -306,9 +328,13 @@ pub const fn locks_offset(n_mr: u32) -> usize {
 pub const fn mbox_offset(n_mr: u32) -> usize {
     locks_offset(n_mr) + N_LOCKS * core::mem::size_of::<AtomicLock>()
 }
+/// Offset of the initiator records.
+pub const fn ini_offset(n_mr: u32, n_mbox: u32) -> usize {
+    mbox_offset(n_mr) + n_mbox as usize * core::mem::size_of::<MboxSlot>()
+}
 /// Offset of the heap (page aligned).
 pub const fn heap_offset(n_mr: u32, n_mbox: u32) -> usize {
-    let end = mbox_offset(n_mr) + n_mbox as usize * core::mem::size_of::<MboxSlot>();
+    let end = ini_offset(n_mr, n_mbox) + N_INI * core::mem::size_of::<IniRecord>();
     end.div_ceil(PAGE) * PAGE
 }
 
@@ -320,6 +346,7 @@ const _: () = {
     assert!(core::mem::size_of::<MrEntry>() == 128);
     assert!(core::mem::size_of::<MboxReq>() == 48);
     assert!(core::mem::size_of::<AtomicLock>() == 64);
+    assert!(core::mem::size_of::<IniRecord>() == 64);
     assert!(core::mem::size_of::<MboxSlot>().is_multiple_of(64));
 };
 
