@@ -387,6 +387,11 @@ enum Op {
         dst: *mut u8,
         len: usize,
     },
+    /// A chain ([`Domain::queue_chain`]): its steps not yet run, the next
+    /// one last, each with its threshold (its counter is the step's
+    /// `trig`). The chain's own `trig` and place in the lists are those of
+    /// its next step; it holds no counter of its own, only its steps'.
+    Chain(Vec<(u64, Work)>),
 }
 
 /// One piece of queued work.
@@ -480,20 +485,27 @@ fn value(c: &shm_layout::Counter) -> u64 {
     c.value.v.load(Ordering::Acquire).wrapping_add(c.err.v.load(Ordering::Acquire))
 }
 
-/// The counters a piece of work holds bound (so they cannot close under
-/// it): its trigger, its completion counter, a counter operation's target.
-fn held(w: &Work) -> impl Iterator<Item = usize> {
-    let target = match w.op {
-        Op::Cntr { id, .. } => Some(id),
-        _ => None,
-    };
-    std::iter::once(w.trig).chain(w.completion).chain(target)
+/// Calls `f` with each counter a piece of work holds bound (so they
+/// cannot close under it): its trigger, its completion counter, a counter
+/// operation's target; a chain's, those of the steps it has left.
+fn held(w: &Work, f: &mut impl FnMut(usize)) {
+    if let Op::Chain(steps) = &w.op {
+        for (_, s) in steps {
+            held(s, f);
+        }
+        return;
+    }
+    f(w.trig);
+    if let Some(c) = w.completion {
+        f(c);
+    }
+    if let Op::Cntr { id, .. } = w.op {
+        f(id);
+    }
 }
 
 fn release(st: &mut DomainState, w: &Work) {
-    for c in held(w) {
-        st.cntrs.unbind(c);
-    }
+    held(w, &mut |c| st.cntrs.unbind(c));
 }
 
 /// The counter of `c` in `dom`, checked open.
@@ -732,14 +744,25 @@ fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -
     w.id = st.trig.next;
     // Bound first: a counter closed meanwhile is refused before anything
     // is queued, and none of them closes while the work waits.
-    let ids: Vec<usize> = held(&w).collect();
-    for (i, &c) in ids.iter().enumerate() {
-        if let Err(e) = st.cntrs.bind(c) {
-            for &b in &ids[..i] {
-                st.cntrs.unbind(b);
+    let mut bound = 0usize;
+    let mut failed = None;
+    held(&w, &mut |c| {
+        if failed.is_none() {
+            match st.cntrs.bind(c) {
+                Ok(_) => bound += 1,
+                Err(e) => failed = Some(e),
             }
-            return Err(e);
         }
+    });
+    if let Some(e) = failed {
+        let mut k = 0;
+        held(&w, &mut |c| {
+            if k < bound {
+                st.cntrs.unbind(c);
+                k += 1;
+            }
+        });
+        return Err(e);
     }
     st.trig.next += 1;
     let (id, c) = (w.id, w.trig);
@@ -775,16 +798,28 @@ pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
                 }
                 let w = st.trig.remove(c, (t, id)).expect("the head just seen");
                 touched = true;
-                match run(dom, st, w) {
+                let fired = match w.op {
+                    Op::Chain(_) => run_chain(dom, st, w),
+                    _ => run(dom, st, w),
+                };
+                match fired {
                     Fired::Done { cntr_op } => {
                         any = true;
                         rang |= cntr_op;
                     }
-                    Fired::Again(w) => {
-                        // No room to issue it: it keeps its place; the
+                    Fired::Moved { w, threshold, cntr_op } => {
+                        // A chain ran up to a step not due yet: it waits
+                        // there (its `trig` is that step's counter).
+                        st.trig.insert(*w, threshold);
+                        any = true;
+                        rang |= cntr_op;
+                    }
+                    Fired::Again(w, at) => {
+                        // No room to issue it: it keeps its place (a
+                        // chain: at the step that could not go); the
                         // next pass tries again, and later work on this
                         // counter waits behind it.
-                        st.trig.insert(*w, t);
+                        st.trig.insert(*w, at.unwrap_or(t));
                         st.trig.blocked = true;
                         break;
                     }
@@ -814,8 +849,41 @@ pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
 enum Fired {
     /// Ran (or failed, reported): `cntr_op` for a counter operation.
     Done { cntr_op: bool },
-    /// Could not be issued for lack of room (`-FI_EAGAIN`): put it back.
-    Again(Box<Work>),
+    /// A chain ran some steps (`cntr_op`: a counter operation among them)
+    /// and waits for the next one: put it back at its `trig` and
+    /// `threshold`.
+    Moved { w: Box<Work>, threshold: u64, cntr_op: bool },
+    /// Could not be issued for lack of room (`-FI_EAGAIN`): put it back
+    /// at its `trig` and where it was (a chain: this threshold).
+    Again(Box<Work>, Option<u64>),
+}
+
+/// Runs the steps of chain `w` (found due) one after another while each one's counter reached its threshold,
+/// under the domain lock.
+fn run_chain(dom: &DomainInner, st: &mut DomainState, mut w: Work) -> Fired {
+    let Op::Chain(steps) = &mut w.op else { unreachable!("a chain") };
+    let counters = dom.counters();
+    let mut cntr_op = false;
+    while let Some((t, s)) = steps.pop() {
+        if t > value(&counters[s.trig]) {
+            let trig = s.trig;
+            steps.push((t, s));
+            w.trig = trig;
+            return Fired::Moved { w: Box::new(w), threshold: t, cntr_op };
+        }
+        let trig = s.trig;
+        match run(dom, st, s) {
+            Fired::Done { cntr_op: c } => cntr_op |= c,
+            Fired::Again(s, _) => {
+                // No room: the chain waits at this step, due now.
+                steps.push((t, *s));
+                w.trig = trig;
+                return Fired::Again(Box::new(w), Some(t));
+            }
+            Fired::Moved { .. } => unreachable!("chains do not nest"),
+        }
+    }
+    Fired::Done { cntr_op }
 }
 
 /// Runs one piece of work, under the domain lock.
@@ -917,10 +985,10 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                 };
                 ini.atomic_body(ep, &mut src.ctx(), a, dw)
             }
-            Op::Cntr { .. } | Op::Reduce { .. } => unreachable!("handled above"),
+            Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => unreachable!("handled above"),
         };
         match res {
-            Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(Box::new(w)),
+            Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(Box::new(w), None),
             Err(e) => {
                 // Refused when issued (an address not in the AV, ...): an
                 // error completion, as for a failure after issue.
@@ -928,7 +996,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                     Op::Msg { kind, context, tag, .. } => (*kind, *context, *tag),
                     Op::Rma { kind, context, .. } => (*kind, *context, 0),
                     Op::Atomic { call, context, .. } => (atomic_kind(*call), *context, 0),
-                    Op::Cntr { .. } | Op::Reduce { .. } => unreachable!("handled above"),
+                    Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => unreachable!("handled above"),
                 };
                 let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw };
                 complete_send(&ep.bind, &mut src.ctx(), done, Some((e.kind(), 0, e.to_string())));
@@ -991,6 +1059,49 @@ impl Domain {
         queue(dom, &mut st, work, w.threshold).map(WorkId)
     }
 
+    /// Queues a *chain* of deferred work, built by `build` under one
+    /// acquisition of the domain lock: the steps run one after another,
+    /// each once the step before it ran (completed when issued: heap
+    /// writes, counter operations and reductions do) and its own
+    /// `triggering` counter reached its `threshold`. A schedule of many
+    /// steps costs one queue entry, moved from counter to counter as the
+    /// chain advances, instead of one per step (and no token counts to
+    /// join a step to the one before). Each step is checked as
+    /// [`Domain::queue_work`] checks it, when pushed; if `build` or a
+    /// push fails, nothing is queued. The chain is one piece of deferred
+    /// work: [`Domain::cancel_work`] of its id cancels the steps not yet
+    /// run; [`Domain::flush_work`] by counter takes it when its next step
+    /// waits on that counter. Steps already due run before this returns.
+    /// `build` must not call the domain (its lock is held): only
+    /// [`WorkChain::push`].
+    ///
+    /// # Safety
+    /// As [`Domain::queue_work`], for the buffers of every step.
+    pub unsafe fn queue_chain<R>(&self, build: impl FnOnce(&mut WorkChain<'_>) -> Result<R>) -> Result<(WorkId, R)> {
+        let dom = &self.inner;
+        let mut st = dom.lock()?;
+        let mut c = WorkChain { dom, st: &st, steps: Vec::new() };
+        let r = build(&mut c)?;
+        let mut steps = c.steps;
+        let Some(&(threshold, ref first)) = steps.first() else {
+            return Err(Error::with(ErrorKind::Inval, "an empty chain"));
+        };
+        let trig = first.trig;
+        // The next step last.
+        steps.reverse();
+        let w = Work {
+            id: 0,
+            ep: None,
+            trig,
+            completion: None,
+            deferred: true,
+            flags: 0,
+            op: Op::Chain(steps),
+            _owned: None,
+        };
+        queue(dom, &mut st, w, threshold).map(|id| (WorkId(id), r))
+    }
+
     /// FI_CANCEL_WORK: takes queued work off the queue; it never runs.
     /// `Ok(false)` if it is no longer queued (it ran, or was cancelled or
     /// flushed).
@@ -1030,6 +1141,44 @@ impl Domain {
     pub fn queued_work(&self) -> Result<usize> {
         let st = self.inner.lock()?;
         Ok(st.trig.lists.iter().map(|l| l.len()).sum())
+    }
+}
+
+/// The steps of a chain being built ([`Domain::queue_chain`]).
+pub struct WorkChain<'s> {
+    dom: &'s Arc<DomainInner>,
+    st: &'s DomainState,
+    /// (threshold, step), in order.
+    steps: Vec<(u64, Work)>,
+}
+
+impl WorkChain<'_> {
+    /// Appends `w` as the chain's next step, checked as
+    /// [`Domain::queue_work`] checks it (the safety contract of
+    /// [`Domain::queue_chain`] covers its buffers).
+    pub fn push(&mut self, w: DeferredWork<'_>) -> Result<()> {
+        let (dom, st) = (self.dom, self.st);
+        let trig = cntr_of(dom, st, w.triggering)?;
+        let completion = w.completion.map(|c| cntr_of(dom, st, c)).transpose()?;
+        let cntr_op = matches!(w.op, DeferredOp::CntrSet { .. } | DeferredOp::CntrAdd { .. });
+        if cntr_op && completion.is_some() {
+            return Err(Error::with(ErrorKind::Inval, "counter operations take no completion counter"));
+        }
+        let (mut work, _) = make(dom, st, w.op, true)?;
+        work.trig = trig;
+        work.completion = completion;
+        self.steps.push((w.threshold, work));
+        Ok(())
+    }
+
+    /// Steps pushed so far.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Whether no step was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
     }
 }
 

@@ -75,7 +75,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::flags::*;
 use crate::mr::MemoryRegion;
 use crate::rma::RmaIov;
-use crate::trigger::{DeferredOp, DeferredWork};
+use crate::trigger::{DeferredOp, DeferredWork, WorkChain};
 use std::cell::{Cell, RefCell};
 use std::io::IoSlice;
 use std::time::{Duration, Instant};
@@ -484,22 +484,39 @@ impl<'a> CollGroup<'a> {
         }
     }
 
-    /// Posts one instance of `plan`: first dry (sizes checked against the
-    /// slots, nothing queued, so a refusal leaves the group usable), then,
-    /// once the instance in flight completed, for real.
-    fn post(&self, mut plan: impl FnMut(&mut Sched<'_, 'a>) -> Result<()>) -> Result<CollOp> {
+    /// Posts one instance of `plan`: once the instance in flight
+    /// completed, the plan is built and queued as one chain of deferred
+    /// work ([`Domain::queue_chain`], one acquisition of the domain lock);
+    /// a plan that fails (sizes over the slots) queues nothing and leaves
+    /// the group usable.
+    fn post<'g>(&'g self, plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>) -> Result<CollOp> {
         if self.broken.get() {
             return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
         }
-        plan(&mut Sched::new(self, self.next.get(), true))?;
         let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
         if let Some(s) = prev {
             self.wait(CollOp { seq: s }, None)?;
         }
         *self.inflight.borrow_mut() = None;
-        let mut s = Sched::new(self, self.next.get(), false);
-        plan(&mut s)?;
-        s.finish()
+        let seq = self.next.get();
+        // SAFETY: the buffers the steps name are the instance's (kept in
+        // `inflight` until it completed, or flushed first on failure and
+        // drop) or the caller's, valid until completion by the contract
+        // of the collective's call.
+        let (_, (tally, bufs)) = unsafe {
+            self.dom.queue_chain(|c| {
+                let mut s = Sched::new(self, seq, c);
+                plan(&mut s)?;
+                s.finish()
+            })
+        }?;
+        let q = (seq % 2) as usize;
+        for (t, n) in self.tally.borrow_mut().iter_mut().zip(tally) {
+            t[q] = n;
+        }
+        self.next.set(seq + 1);
+        *self.inflight.borrow_mut() = Some(Inflight { seq, _bufs: bufs });
+        Ok(CollOp { seq })
     }
 
     /// fi_barrier: completes once every member entered it.
@@ -656,10 +673,8 @@ impl<'a> CollGroup<'a> {
         self.post(|s| {
             let src = s.buf_with(|| send.to_vec());
             let p = s.ptr(src);
-            if !s.dry {
-                // SAFETY: the caller's buffer, valid for the call.
-                unsafe { std::slice::from_raw_parts_mut(out.add(me * b), b) }.copy_from_slice(&send[me * b..][..b]);
-            }
+            // SAFETY: the caller's buffer, valid for the call.
+            unsafe { std::slice::from_raw_parts_mut(out.add(me * b), b) }.copy_from_slice(&send[me * b..][..b]);
             for d in 1..n {
                 let j = (me + d) % n;
                 s.write(j, &[(p.wrapping_add(j * b), b)])?;
@@ -752,47 +767,41 @@ enum At {
     Peer(usize, u64),
 }
 
-/// Builds one instance's schedule on one rank.
-struct Sched<'g, 'a> {
+/// Builds one instance's schedule on one rank, as a chain of steps.
+struct Sched<'g, 'a, 'c, 's> {
     g: &'g CollGroup<'a>,
+    c: &'c mut WorkChain<'s>,
     q: usize,
-    seq: u64,
     at: At,
     /// Bytes written so far to each peer's slot region for us.
     out_off: Vec<usize>,
     /// Bytes received so far in our slot region of each peer.
     in_off: Vec<usize>,
-    /// Peers whose counter the chain has left (it must not come back).
-    left: Vec<bool>,
+    /// Writes expected from each peer on parity `q` so far, cumulative
+    /// (the group's tally once the chain is queued).
+    tally: Vec<u64>,
     bufs: Vec<Vec<u8>>,
-    /// A dry run: sizes are checked, nothing is queued or counted, and
-    /// buffers are not made (their pointers are never dereferenced).
-    dry: bool,
-    /// Work was queued, and the instance not finished: dropping it breaks
-    /// the group (the others cannot be kept in step).
-    open: Cell<bool>,
 }
 
-impl<'g, 'a> Sched<'g, 'a> {
-    fn new(g: &'g CollGroup<'a>, seq: u64, dry: bool) -> Self {
+impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
+    fn new(g: &'g CollGroup<'a>, seq: u64, c: &'c mut WorkChain<'s>) -> Self {
         let n = g.size();
+        let q = (seq % 2) as usize;
         Sched {
             g,
-            q: (seq % 2) as usize,
-            seq,
+            c,
+            q,
             at: At::Done(seq),
             out_off: vec![0; n],
             in_off: vec![0; n],
-            left: vec![false; n],
+            tally: g.tally.borrow().iter().map(|t| t[q]).collect(),
             bufs: Vec::new(),
-            dry,
-            open: Cell::new(false),
         }
     }
 
-    /// A buffer of the instance, made by `f` (not in a dry run).
+    /// A buffer of the instance, made by `f`.
     fn buf_with(&mut self, f: impl FnOnce() -> Vec<u8>) -> usize {
-        self.bufs.push(if self.dry { Vec::new() } else { f() });
+        self.bufs.push(f());
         self.bufs.len() - 1
     }
 
@@ -800,22 +809,17 @@ impl<'g, 'a> Sched<'g, 'a> {
         self.bufs[b].as_mut_ptr()
     }
 
-    /// Queues `op` at the chain's point.
-    fn queue<'x>(&'x self, op: DeferredOp<'x>, completion: Option<&'x Counter>) -> Result<()> {
-        if self.dry {
-            return Ok(());
-        }
+    /// Appends `op` to the chain, at the chain's point.
+    fn queue<'x>(&mut self, op: DeferredOp<'x>, completion: Option<&'x Counter>) -> Result<()>
+    where
+        'g: 'x,
+    {
+        let g = self.g;
         let (cntr, threshold) = match self.at {
-            At::Done(t) => (&self.g.done, t),
-            At::Peer(j, t) => (&self.g.arrivals[j].as_ref().expect("a peer")[self.q], t),
+            At::Done(t) => (&g.done, t),
+            At::Peer(j, t) => (&g.arrivals[j].as_ref().expect("a peer")[self.q], t),
         };
-        self.open.set(true);
-        // SAFETY: the buffers named are the group's (kept in `inflight`
-        // until the instance completed, or flushed first on failure and
-        // drop) or the caller's, valid until completion by the contract of
-        // the collective's call.
-        unsafe { self.g.dom.queue_work(DeferredWork { threshold, triggering: cntr, completion, op }) }?;
-        Ok(())
+        self.c.push(DeferredWork { threshold, triggering: cntr, completion, op })
     }
 
     /// Writes `segs` (local) to peer `j`'s slot region for us.
@@ -840,49 +844,34 @@ impl<'g, 'a> Sched<'g, 'a> {
             data: 0,
             flags: 0,
         };
-        self.queue(op, Some(&self.g.wr))
+        let g = self.g;
+        self.queue(op, Some(&g.wr))
     }
 
-    /// Moves the chain to "the next `len` bytes from peer `j` arrived";
-    /// returns where they are.
+    /// Moves the chain to "the next `len` bytes from peer `j` arrived"
+    /// (the chain's next step waits for `j`'s next write: its counter
+    /// counts only `j`'s writes); returns where they are.
     fn arrive(&mut self, j: usize, len: usize) -> Result<*mut u8> {
         let off = self.in_off[j];
         if off + len > self.g.attr.slot_bytes {
             return Err(too_big(self.g.attr.slot_bytes));
         }
         self.in_off[j] += len;
-        if self.dry {
-            return Ok(std::ptr::null_mut::<u8>().wrapping_add(off));
-        }
-        let mut tally = self.g.tally.borrow_mut();
-        match self.at {
-            At::Peer(k, _) if k == j => {}
-            _ => {
-                assert!(!self.left[j], "schedule returns to peer {j}: a token could be overtaken");
-                if let At::Peer(k, _) = self.at {
-                    self.left[k] = true;
-                }
-                // The token: our chain reached this point.
-                let c = &self.g.arrivals[j].as_ref().expect("a peer")[self.q];
-                self.queue(DeferredOp::CntrAdd { cntr: c, value: 1 }, None)?;
-                tally[j][self.q] += 1;
-            }
-        }
-        tally[j][self.q] += 1;
-        self.at = At::Peer(j, tally[j][self.q]);
+        self.tally[j] += 1;
+        self.at = At::Peer(j, self.tally[j]);
         let r = &self.g.peers[j].as_ref().expect("a peer").mine[self.q];
         Ok(r.as_ptr().wrapping_add(off))
     }
 
     /// `dst = op(dst, src)` at the chain's point.
-    fn reduce(&self, src: *const u8, dst: *mut u8, len: usize, dt: AtomicType, op: AtomicOp) -> Result<()> {
+    fn reduce(&mut self, src: *const u8, dst: *mut u8, len: usize, dt: AtomicType, op: AtomicOp) -> Result<()> {
         // SAFETY: both valid for the instance (see `queue`), disjoint
         // (a slot region and a local buffer, or two buffers).
         let (s, d) = unsafe { (std::slice::from_raw_parts(src, len), std::slice::from_raw_parts_mut(dst, len)) };
         self.queue(DeferredOp::Reduce { dt, op, src: s, dst: d }, None)
     }
 
-    fn copy_raw(&self, src: *const u8, dst: *mut u8, len: usize) -> Result<()> {
+    fn copy_raw(&mut self, src: *const u8, dst: *mut u8, len: usize) -> Result<()> {
         self.reduce(src, dst, len, AtomicType::Uint8, AtomicOp::Write)
     }
 
@@ -1007,28 +996,15 @@ impl<'g, 'a> Sched<'g, 'a> {
     }
 
     /// Ends the schedule: the instance counts `done` (and the user's
-    /// counter) once everything before ran.
-    fn finish(mut self) -> Result<CollOp> {
-        if let Some(u) = self.g.user {
+    /// counter) once everything before ran. Returns the tally and the
+    /// buffers, for the group once the chain is queued.
+    fn finish(mut self) -> Result<(Vec<u64>, Vec<Vec<u8>>)> {
+        let g = self.g;
+        if let Some(u) = g.user {
             self.queue(DeferredOp::CntrAdd { cntr: u, value: 1 }, None)?;
         }
-        let done = &self.g.done;
-        self.queue(DeferredOp::CntrAdd { cntr: done, value: 1 }, None)?;
-        self.g.next.set(self.seq + 1);
-        *self.g.inflight.borrow_mut() = Some(Inflight { seq: self.seq, _bufs: std::mem::take(&mut self.bufs) });
-        self.open.set(false);
-        Ok(CollOp { seq: self.seq })
-    }
-}
-
-impl Drop for Sched<'_, '_> {
-    fn drop(&mut self) {
-        if self.open.get() {
-            // Not finished (an error while building): work already queued
-            // names these buffers and may be half run; the group cannot
-            // continue in step with the others.
-            self.g.fail();
-        }
+        self.queue(DeferredOp::CntrAdd { cntr: &g.done, value: 1 }, None)?;
+        Ok((self.tally, self.bufs))
     }
 }
 
