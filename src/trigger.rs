@@ -426,7 +426,7 @@ pub(crate) struct Triggers {
     /// The counters whose list is not empty.
     armed: Vec<usize>,
     /// Deferred work by id: its place (counter, threshold), for cancel.
-    deferred: std::collections::HashMap<u64, (usize, u64)>,
+    deferred: std::collections::HashMap<u64, (usize, u64), std::hash::BuildHasherDefault<IdHasher>>,
     /// The next work id (submission order).
     next: u64,
     /// Set while work fires: a progress pass run by a firing operation
@@ -435,6 +435,29 @@ pub(crate) struct Triggers {
     /// Work that could not be issued at its last try (`-FI_EAGAIN`): the
     /// next pass retries it; sleepers nap briefly.
     blocked: bool,
+}
+
+/// The hasher of work ids (distinct, sequential: their own hash; SipHash
+/// was a visible part of queueing a collective).
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // Spread the low bits, which hashbrown takes the control byte
+        // from the top of.
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
 }
 
 impl Triggers {
@@ -742,11 +765,24 @@ fn atomic(
 /// fires what is due on that counter at once.
 fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -> Result<u64> {
     w.id = st.trig.next;
-    // Bound first: a counter closed meanwhile is refused before anything
-    // is queued, and none of them closes while the work waits.
+    bind_held(st, &w)?;
+    st.trig.next += 1;
+    let (id, c) = (w.id, w.trig);
+    st.trig.insert(w, threshold);
+    dom.trig.publish(&st.trig);
+    if threshold <= value(&dom.counters()[c]) {
+        fire(dom, st);
+    }
+    Ok(id)
+}
+
+/// Binds the counters `w` holds (see [`held`]), all or none: a counter
+/// closed meanwhile is refused before anything is queued, and none of
+/// them closes while the work waits.
+fn bind_held(st: &mut DomainState, w: &Work) -> Result<()> {
     let mut bound = 0usize;
     let mut failed = None;
-    held(&w, &mut |c| {
+    held(w, &mut |c| {
         if failed.is_none() {
             match st.cntrs.bind(c) {
                 Ok(_) => bound += 1,
@@ -756,7 +792,7 @@ fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -
     });
     if let Some(e) = failed {
         let mut k = 0;
-        held(&w, &mut |c| {
+        held(w, &mut |c| {
             if k < bound {
                 st.cntrs.unbind(c);
                 k += 1;
@@ -764,14 +800,7 @@ fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -
         });
         return Err(e);
     }
-    st.trig.next += 1;
-    let (id, c) = (w.id, w.trig);
-    st.trig.insert(w, threshold);
-    dom.trig.publish(&st.trig);
-    if threshold <= value(&dom.counters()[c]) {
-        fire(dom, st);
-    }
-    Ok(id)
+    Ok(())
 }
 
 /// Fires the due work of every counter, in (threshold, submission) order
@@ -810,7 +839,7 @@ pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
                     Fired::Moved { w, threshold, cntr_op } => {
                         // A chain ran up to a step not due yet: it waits
                         // there (its `trig` is that step's counter).
-                        st.trig.insert(*w, threshold);
+                        st.trig.insert(w, threshold);
                         any = true;
                         rang |= cntr_op;
                     }
@@ -819,7 +848,7 @@ pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
                         // chain: at the step that could not go); the
                         // next pass tries again, and later work on this
                         // counter waits behind it.
-                        st.trig.insert(*w, at.unwrap_or(t));
+                        st.trig.insert(w, at.unwrap_or(t));
                         st.trig.blocked = true;
                         break;
                     }
@@ -852,10 +881,10 @@ enum Fired {
     /// A chain ran some steps (`cntr_op`: a counter operation among them)
     /// and waits for the next one: put it back at its `trig` and
     /// `threshold`.
-    Moved { w: Box<Work>, threshold: u64, cntr_op: bool },
+    Moved { w: Work, threshold: u64, cntr_op: bool },
     /// Could not be issued for lack of room (`-FI_EAGAIN`): put it back
     /// at its `trig` and where it was (a chain: this threshold).
-    Again(Box<Work>, Option<u64>),
+    Again(Work, Option<u64>),
 }
 
 /// Runs the steps of chain `w` (found due) one after another while each one's counter reached its threshold,
@@ -869,16 +898,16 @@ fn run_chain(dom: &DomainInner, st: &mut DomainState, mut w: Work) -> Fired {
             let trig = s.trig;
             steps.push((t, s));
             w.trig = trig;
-            return Fired::Moved { w: Box::new(w), threshold: t, cntr_op };
+            return Fired::Moved { w, threshold: t, cntr_op };
         }
         let trig = s.trig;
         match run(dom, st, s) {
             Fired::Done { cntr_op: c } => cntr_op |= c,
             Fired::Again(s, _) => {
                 // No room: the chain waits at this step, due now.
-                steps.push((t, *s));
+                steps.push((t, s));
                 w.trig = trig;
-                return Fired::Again(Box::new(w), Some(t));
+                return Fired::Again(w, Some(t));
             }
             Fired::Moved { .. } => unreachable!("chains do not nest"),
         }
@@ -988,7 +1017,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
             Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => unreachable!("handled above"),
         };
         match res {
-            Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(Box::new(w), None),
+            Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(w, None),
             Err(e) => {
                 // Refused when issued (an address not in the AV, ...): an
                 // error completion, as for a failure after issue.
@@ -1090,7 +1119,7 @@ impl Domain {
         // The next step last.
         steps.reverse();
         let w = Work {
-            id: 0,
+            id: st.trig.next,
             ep: None,
             trig,
             completion: None,
@@ -1099,7 +1128,42 @@ impl Domain {
             op: Op::Chain(steps),
             _owned: None,
         };
-        queue(dom, &mut st, w, threshold).map(|id| (WorkId(id), r))
+        let counters = dom.counters();
+        let now = value(&counters[trig]);
+        // Due, and no earlier work on its counter is (blocked work, or
+        // none): it runs at once, without a trip through the lists.
+        let first = threshold <= now
+            && !st.trig.firing
+            && st.trig.lists.get(trig).is_none_or(|l| l.first_key_value().is_none_or(|((t, _), _)| *t > now));
+        if !first {
+            return queue(dom, &mut st, w, threshold).map(|id| (WorkId(id), r));
+        }
+        bind_held(&mut st, &w)?;
+        st.trig.next += 1;
+        let id = w.id;
+        st.trig.firing = true;
+        let fired = run_chain(dom, &mut st, w);
+        st.trig.firing = false;
+        let rang = match fired {
+            Fired::Done { cntr_op } => cntr_op,
+            Fired::Moved { w, threshold, cntr_op } => {
+                st.trig.insert(w, threshold);
+                cntr_op
+            }
+            Fired::Again(w, at) => {
+                st.trig.insert(w, at.expect("a chain's step"));
+                st.trig.blocked = true;
+                false
+            }
+        };
+        dom.trig.publish(&st.trig);
+        if rang {
+            // Its counter operations may have made other work due, and
+            // whoever sleeps on those counters must hear of them.
+            fire(dom, &mut st);
+            crate::doorbell::ring(&dom.region.header().doorbell);
+        }
+        Ok((WorkId(id), r))
     }
 
     /// FI_CANCEL_WORK: takes queued work off the queue; it never runs.

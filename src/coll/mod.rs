@@ -831,13 +831,18 @@ impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
         }
         self.out_off[j] += len;
         let key = self.g.peers[j].as_ref().expect("a peer").keys[self.q];
-        // SAFETY: the segments are valid for the instance (see `queue`).
-        let iov: Vec<IoSlice<'_>> =
-            segs.iter().map(|&(p, l)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, l) })).collect();
+        // At most 2 segments (Bruck's wrapped run): no allocation.
+        assert!(segs.len() <= 2, "a write of 1 or 2 segments");
+        let mut iov = [IoSlice::new(&[]), IoSlice::new(&[])];
+        for (v, &(p, l)) in iov.iter_mut().zip(segs) {
+            // SAFETY: the segments are valid for the instance (see `post`).
+            *v = IoSlice::new(unsafe { std::slice::from_raw_parts(p, l) });
+        }
+        let iov = &iov[..segs.len()];
         let rma = [RmaIov { addr: off as u64, len, key }];
         let op = DeferredOp::Write {
             ep: self.g.ep,
-            iov: &iov,
+            iov,
             rma_iov: &rma,
             dest: self.g.members[j],
             context: 0,
