@@ -357,8 +357,8 @@ enum Op {
     },
     Rma {
         kind: OpKind,
-        segs: Vec<(*mut u8, usize)>,
-        rma_iov: Vec<RmaIov>,
+        segs: Few<(*mut u8, usize)>,
+        rma_iov: Few<RmaIov>,
         dest: FiAddr,
         context: usize,
         data: Option<u64>,
@@ -392,6 +392,32 @@ enum Op {
     /// `trig`). The chain's own `trig` and place in the lists are those of
     /// its next step; it holds no counter of its own, only its steps'.
     Chain(Vec<(u64, Work)>),
+}
+
+/// One item inline (the common case: a write of one segment), more on
+/// the heap.
+enum Few<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T: Copy> Few<T> {
+    fn new(s: &[T]) -> Self {
+        match s {
+            [one] => Few::One(*one),
+            _ => Few::Many(s.to_vec()),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Few<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Few::One(t) => std::slice::from_ref(t),
+            Few::Many(v) => v,
+        }
+    }
 }
 
 /// One piece of queued work.
@@ -637,13 +663,17 @@ fn make(dom: &Arc<DomainInner>, st: &DomainState, op: DeferredOp<'_>, deferred: 
             let e = ep_of(dom, st, ep)?;
             bad_flags(flags, RMA_FLAGS)?;
             crate::rma::rma_args(&Local::Out(iov), rma_iov, false)?;
-            let mut segs: Vec<(*mut u8, usize)> = iov.iter().map(|s| (s.as_ptr() as *mut u8, s.len())).collect();
+            let segs: Few<(*mut u8, usize)> = match iov {
+                [one] => Few::One((one.as_ptr() as *mut u8, one.len())),
+                _ => Few::Many(iov.iter().map(|s| (s.as_ptr() as *mut u8, s.len())).collect()),
+            };
             let owned = (flags & FI_INJECT != 0).then(|| copy_in(&segs));
-            if let Some(b) = &owned {
-                segs = vec![(b.as_ptr() as *mut u8, b.len())];
-            }
+            let segs = match &owned {
+                Some(b) => Few::One((b.as_ptr() as *mut u8, b.len())),
+                None => segs,
+            };
             let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
-            let op = Op::Rma { kind: OpKind::Write, segs, rma_iov: rma_iov.to_vec(), dest, context, data };
+            let op = Op::Rma { kind: OpKind::Write, segs, rma_iov: Few::new(rma_iov), dest, context, data };
             (mk(Some(e), flags, op, owned), None)
         }
         DeferredOp::Read { ep, iov, rma_iov, dest, context, flags } => {
@@ -694,7 +724,8 @@ fn read(
     let e = ep_of(dom, st, ep)?;
     bad_flags(flags, RMA_FLAGS & !FI_REMOTE_CQ_DATA & !FI_INJECT)?;
     crate::rma::rma_args(&Local::OutRaw(&segs), rma_iov, false)?;
-    let op = Op::Rma { kind: OpKind::Read, segs, rma_iov: rma_iov.to_vec(), dest, context, data: None };
+    let op =
+        Op::Rma { kind: OpKind::Read, segs: Few::new(&segs), rma_iov: Few::new(rma_iov), dest, context, data: None };
     Ok(Work { id: 0, ep: Some(e), trig: 0, completion: None, deferred, flags, op, _owned: None })
 }
 

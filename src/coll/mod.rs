@@ -164,6 +164,16 @@ pub struct CollGroup<'a> {
     tested: Cell<Instant>,
     zero: Box<[u8; 8]>,
     other: RefCell<Vec<CqTaggedEntry>>,
+    /// The vectors a [`Sched`] works in, kept between calls.
+    scratch: RefCell<Scratch>,
+}
+
+/// A schedule builder's per-member vectors (see [`Sched`]).
+#[derive(Default)]
+struct Scratch {
+    out_off: Vec<usize>,
+    in_off: Vec<usize>,
+    tally: Vec<u64>,
 }
 
 /// Joins made in this process, by member list (its hash): the join's
@@ -375,6 +385,7 @@ impl<'a> CollGroup<'a> {
             tested: Cell::new(Instant::now()),
             zero: Box::new([0; 8]),
             other: RefCell::new(other),
+            scratch: RefCell::new(Scratch::default()),
         })
     }
 
@@ -503,7 +514,7 @@ impl<'a> CollGroup<'a> {
         // `inflight` until it completed, or flushed first on failure and
         // drop) or the caller's, valid until completion by the contract
         // of the collective's call.
-        let (_, (tally, bufs)) = unsafe {
+        let (_, (sc, bufs)) = unsafe {
             self.dom.queue_chain(|c| {
                 let mut s = Sched::new(self, seq, c);
                 plan(&mut s)?;
@@ -511,9 +522,10 @@ impl<'a> CollGroup<'a> {
             })
         }?;
         let q = (seq % 2) as usize;
-        for (t, n) in self.tally.borrow_mut().iter_mut().zip(tally) {
+        for (t, &n) in self.tally.borrow_mut().iter_mut().zip(&sc.tally) {
             t[q] = n;
         }
+        *self.scratch.borrow_mut() = sc;
         self.next.set(seq + 1);
         *self.inflight.borrow_mut() = Some(Inflight { seq, _bufs: bufs });
         Ok(CollOp { seq })
@@ -773,13 +785,11 @@ struct Sched<'g, 'a, 'c, 's> {
     c: &'c mut WorkChain<'s>,
     q: usize,
     at: At,
-    /// Bytes written so far to each peer's slot region for us.
-    out_off: Vec<usize>,
-    /// Bytes received so far in our slot region of each peer.
-    in_off: Vec<usize>,
-    /// Writes expected from each peer on parity `q` so far, cumulative
-    /// (the group's tally once the chain is queued).
-    tally: Vec<u64>,
+    /// By member: bytes written so far to each peer's slot region for
+    /// us (`out_off`), bytes received so far in our slot region of each
+    /// peer (`in_off`), writes expected from each peer on parity `q` so
+    /// far, cumulative (`tally`: the group's once the chain is queued).
+    sc: Scratch,
     bufs: Vec<Vec<u8>>,
 }
 
@@ -787,16 +797,14 @@ impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
     fn new(g: &'g CollGroup<'a>, seq: u64, c: &'c mut WorkChain<'s>) -> Self {
         let n = g.size();
         let q = (seq % 2) as usize;
-        Sched {
-            g,
-            c,
-            q,
-            at: At::Done(seq),
-            out_off: vec![0; n],
-            in_off: vec![0; n],
-            tally: g.tally.borrow().iter().map(|t| t[q]).collect(),
-            bufs: Vec::new(),
-        }
+        let mut sc = g.scratch.take();
+        sc.out_off.clear();
+        sc.out_off.resize(n, 0);
+        sc.in_off.clear();
+        sc.in_off.resize(n, 0);
+        sc.tally.clear();
+        sc.tally.extend(g.tally.borrow().iter().map(|t| t[q]));
+        Sched { g, c, q, at: At::Done(seq), sc, bufs: Vec::new() }
     }
 
     /// A buffer of the instance, made by `f`.
@@ -825,11 +833,11 @@ impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
     /// Writes `segs` (local) to peer `j`'s slot region for us.
     fn write(&mut self, j: usize, segs: &[(*const u8, usize)]) -> Result<()> {
         let len: usize = segs.iter().map(|s| s.1).sum();
-        let off = self.out_off[j];
+        let off = self.sc.out_off[j];
         if off + len > self.g.attr.slot_bytes {
             return Err(too_big(self.g.attr.slot_bytes));
         }
-        self.out_off[j] += len;
+        self.sc.out_off[j] += len;
         let key = self.g.peers[j].as_ref().expect("a peer").keys[self.q];
         // At most 2 segments (Bruck's wrapped run): no allocation.
         assert!(segs.len() <= 2, "a write of 1 or 2 segments");
@@ -857,13 +865,13 @@ impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
     /// (the chain's next step waits for `j`'s next write: its counter
     /// counts only `j`'s writes); returns where they are.
     fn arrive(&mut self, j: usize, len: usize) -> Result<*mut u8> {
-        let off = self.in_off[j];
+        let off = self.sc.in_off[j];
         if off + len > self.g.attr.slot_bytes {
             return Err(too_big(self.g.attr.slot_bytes));
         }
-        self.in_off[j] += len;
-        self.tally[j] += 1;
-        self.at = At::Peer(j, self.tally[j]);
+        self.sc.in_off[j] += len;
+        self.sc.tally[j] += 1;
+        self.at = At::Peer(j, self.sc.tally[j]);
         let r = &self.g.peers[j].as_ref().expect("a peer").mine[self.q];
         Ok(r.as_ptr().wrapping_add(off))
     }
@@ -1001,15 +1009,16 @@ impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
     }
 
     /// Ends the schedule: the instance counts `done` (and the user's
-    /// counter) once everything before ran. Returns the tally and the
-    /// buffers, for the group once the chain is queued.
-    fn finish(mut self) -> Result<(Vec<u64>, Vec<Vec<u8>>)> {
+    /// counter) once everything before ran. Returns the vectors (with
+    /// the tally) and the buffers, for the group once the chain is
+    /// queued.
+    fn finish(mut self) -> Result<(Scratch, Vec<Vec<u8>>)> {
         let g = self.g;
         if let Some(u) = g.user {
             self.queue(DeferredOp::CntrAdd { cntr: u, value: 1 }, None)?;
         }
         self.queue(DeferredOp::CntrAdd { cntr: &g.done, value: 1 }, None)?;
-        Ok((self.tally, self.bufs))
+        Ok((self.sc, self.bufs))
     }
 }
 
