@@ -4,7 +4,8 @@
 //! endpoint counter without FI_COMPLETION), every operation type fired
 //! (through the target's mailbox too), work fired by a peer's RMA on an
 //! FI_RMA_EVENT counter, a chain of 1,000 deferred writes across 4 ranks,
-//! and work that fires with auto progress while the application sleeps.
+//! chains of deferred work queued as one (`Domain::queue_chain`), and work
+//! that fires with auto progress while the application sleeps.
 
 mod common;
 use common::{pattern, put_file, run, test_dir, World};
@@ -251,6 +252,108 @@ fn cancel_flush(w: World) {
 #[test]
 fn cancel_and_flush() {
     run("cancel_and_flush", 1, &[], T, cancel_flush);
+}
+
+/// A chain ([`Domain::queue_chain`]): one queue entry; its steps run in
+/// order, each once the one before ran and its own counter reached its
+/// threshold (a step already met waits for the one before it); it moves
+/// from counter to counter (flush by counter finds it where it waits);
+/// cancel takes its steps not yet run and frees their counters; a chain
+/// due at submission runs before the call returns; a push that fails, or
+/// an empty chain, queues nothing.
+fn chains(w: World) {
+    let (a, b, out, done) = (
+        w.dom.cntr_open().unwrap(),
+        w.dom.cntr_open().unwrap(),
+        w.dom.cntr_open().unwrap(),
+        w.dom.cntr_open().unwrap(),
+    );
+    // SAFETY: counter operations name no buffer.
+    let (_, k) = unsafe {
+        w.dom
+            .queue_chain(|c| {
+                c.push(cntr_add(&a, 1, &out, 1))?;
+                c.push(cntr_add(&b, 2, &out, 10))?;
+                c.push(cntr_add(&a, 1, &out, 100))?;
+                c.push(cntr_add(&out, 111, &done, 1))?;
+                Ok(c.len())
+            })
+            .unwrap()
+    };
+    assert_eq!(k, 4);
+    assert_eq!(w.dom.queued_work().unwrap(), 1, "a chain is one queue entry");
+    b.add(2).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!(out.read().unwrap(), 0, "the second step waits for the first");
+    a.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!((out.read().unwrap(), done.read().unwrap()), (111, 1), "every step, in order");
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+
+    // Moved to b's counter, flushed there.
+    // SAFETY: as above.
+    unsafe {
+        w.dom
+            .queue_chain(|c| {
+                c.push(cntr_add(&a, 2, &out, 1000))?;
+                c.push(cntr_add(&b, 3, &out, 1))
+            })
+            .unwrap()
+    };
+    assert_eq!(w.dom.flush_work(Some(&b)).unwrap(), 0, "it waits on a");
+    a.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!(out.read().unwrap(), 1111);
+    assert_eq!(w.dom.flush_work(Some(&a)).unwrap(), 0, "it moved on to b");
+    assert_eq!(w.dom.flush_work(Some(&b)).unwrap(), 1);
+    b.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!(out.read().unwrap(), 1111, "flushed steps never run");
+
+    // Cancel: the steps' counters are released.
+    let c2 = w.dom.cntr_open().unwrap();
+    // SAFETY: as above.
+    let (id, ()) = unsafe {
+        w.dom
+            .queue_chain(|c| {
+                c.push(cntr_add(&a, 100, &out, 5))?;
+                c.push(cntr_add(&c2, 1, &out, 5))
+            })
+            .unwrap()
+    };
+    assert_eq!(c2.close().unwrap_err().kind(), ErrorKind::Busy, "a step waits on it");
+    assert!(w.dom.cancel_work(id).unwrap());
+    assert!(!w.dom.cancel_work(id).unwrap(), "cancelled twice");
+    c2.close().unwrap();
+
+    // Due at submission: runs before the call returns.
+    // SAFETY: as above.
+    unsafe { w.dom.queue_chain(|c| c.push(cntr_add(&a, 0, &out, 7))).unwrap() };
+    assert_eq!(out.read().unwrap(), 1118);
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+
+    // A push that fails, an empty chain: nothing queued, nothing bound.
+    let other = w.fabric.domain().unwrap();
+    let foreign = other.cntr_open().unwrap();
+    let c3 = w.dom.cntr_open().unwrap();
+    // SAFETY: as above.
+    let e = unsafe {
+        w.dom.queue_chain(|c| {
+            c.push(cntr_add(&c3, 1, &out, 1))?;
+            c.push(cntr_add(&foreign, 1, &out, 1))
+        })
+    };
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::Inval);
+    // SAFETY: as above.
+    let e = unsafe { w.dom.queue_chain(|_| Ok(())) };
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::Inval, "an empty chain");
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    c3.close().unwrap();
+}
+
+#[test]
+fn chained_work() {
+    run("chained_work", 1, &[], T, chains);
 }
 
 /// Deferred sends report only on their completion counter unless they ask
