@@ -17,6 +17,13 @@
 //!   endpoint counter) only with FI_COMPLETION in the operation's flags;
 //!   counter operations change their target counter only.
 //!
+//! - **Chains** ([`Domain::queue_chain`]): deferred work requests run one
+//!   after another, each once the one before ran and its own counter
+//!   reached its threshold; one queue entry (and one id) for the whole
+//!   chain, which waits on the counter of its next step and moves as it
+//!   advances. Built under one acquisition of the domain lock; what
+//!   [`crate::coll`] queues a collective's schedule as.
+//!
 //! Work on one counter runs in the order of its thresholds, then of its
 //! submission, also when the counter jumps past several thresholds at once;
 //! work whose threshold is met at submission runs at once (after any

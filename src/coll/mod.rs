@@ -9,9 +9,10 @@
 //! remote-write counter, and sends the keys to that peer (tagged
 //! messages on the endpoint, tag space `JOIN_TAG`). Then every
 //! collective is non-blocking: [`CollGroup::allreduce`] and the others
-//! queue the whole schedule as deferred work ([`Domain::queue_work`]) and
-//! return a [`CollOp`]; [`CollGroup::test`] / [`CollGroup::wait`] tell when
-//! it completed (a counter bound at join counts each completion too).
+//! queue the whole schedule as one chain of deferred work
+//! ([`Domain::queue_chain`]) and return a [`CollOp`];
+//! [`CollGroup::test`] / [`CollGroup::wait`] tell when it completed (a
+//! counter bound at join counts each completion too).
 //!
 //! **Data movement.** A step is an RMA write from a local buffer into the
 //! peer's slot region for us: on the shared heap it is one copy by the
@@ -24,16 +25,18 @@
 //! writer's writes to one target are issued in order and complete when
 //! issued (heap path), so arrivals from one peer count in order.
 //!
-//! **Sequencing.** A rank's schedule is a chain: each action is queued at
-//! the point the chain has reached (a counter and a threshold); actions at
-//! one point run in submission order. Waiting for peer `j` moves the chain
-//! onto `C[j]`: if the chain is elsewhere, a deferred add of 1 to `C[j]`
-//! (a *token*) is queued at the current point and the new point is "`C[j]`
-//! holds every arrival and token so far". This joins the local chain and
-//! the arrival only because in every schedule here a peer writes to us at
-//! most once between two times our chain waits on someone else (ring
-//! algorithms stay on the left neighbour's counter for their whole run);
-//! the builder asserts it.
+//! **Sequencing.** A rank's schedule is one chain: each step waits for
+//! the one before it to have run and for its own trigger, the point the
+//! schedule has reached (a counter and a threshold). The start is the
+//! group's `done` counter at the instance number; waiting for peer `j`'s
+//! next write moves the point to "`C[j]` counted every write from `j`
+//! so far" (the group keeps the tally per counter: thresholds are
+//! cumulative). The chain is one queue entry that moves from counter to
+//! counter as it advances, so no token counts are needed to join the
+//! local order and an arrival, and a schedule may wait on any peer in
+//! any order. The plan runs once, under the domain lock, inside
+//! `queue_chain`: a plan that fails (sizes over the slots) queues
+//! nothing and leaves the group usable.
 //!
 //! **Reuse.** Instance `k` uses parity `k % 2` of every slot region and
 //! counter; posting instance `k` first waits for instance `k - 1` (one
@@ -149,7 +152,7 @@ pub struct CollGroup<'a> {
     peers: Vec<Option<Peer>>,
     /// Counters of the slot regions, by member and parity.
     arrivals: Vec<Option<[Counter; 2]>>,
-    /// What each counter has been promised so far (arrivals plus tokens),
+    /// Writes expected so far from each peer on each counter (parity):
     /// by member and parity: thresholds are cumulative.
     tally: RefCell<Vec<[u64; 2]>>,
     /// Counts completed instances (the start point of the next one).
