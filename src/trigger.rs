@@ -1147,7 +1147,7 @@ impl Domain {
     pub unsafe fn queue_chain<R>(&self, build: impl FnOnce(&mut WorkChain<'_>) -> Result<R>) -> Result<(WorkId, R)> {
         let dom = &self.inner;
         let mut st = dom.lock()?;
-        let mut c = WorkChain { dom, st: &st, steps: Vec::new() };
+        let mut c = WorkChain { dom, st: &st, steps: Vec::with_capacity(8) };
         let r = build(&mut c)?;
         let mut steps = c.steps;
         let Some(&(threshold, ref first)) = steps.first() else {
@@ -1195,10 +1195,11 @@ impl Domain {
             }
         };
         dom.trig.publish(&st.trig);
+        // What its steps counted (counter operations, completion
+        // counters) may have made other work due, as in `fire`'s loop;
+        // whoever sleeps on a counter it moved must hear of it.
+        fire(dom, &mut st);
         if rang {
-            // Its counter operations may have made other work due, and
-            // whoever sleeps on those counters must hear of them.
-            fire(dom, &mut st);
             crate::doorbell::ring(&dom.region.header().doorbell);
         }
         Ok((WorkId(id), r))

@@ -152,8 +152,8 @@ pub struct CollGroup<'a> {
     peers: Vec<Option<Peer>>,
     /// Counters of the slot regions, by member and parity.
     arrivals: Vec<Option<[Counter; 2]>>,
-    /// Writes expected so far from each peer on each counter (parity):
-    /// by member and parity: thresholds are cumulative.
+    /// Writes expected so far from each peer, by member and parity:
+    /// thresholds are cumulative.
     tally: RefCell<Vec<[u64; 2]>>,
     /// Counts completed instances (the start point of the next one).
     done: Counter,
