@@ -353,6 +353,7 @@ impl Watch {
 /// What work does when it fires, with everything it needs kept (the
 /// caller's buffers as raw segments, valid until completion by the
 /// submission's contract).
+#[derive(Clone)]
 enum Op {
     Msg {
         kind: OpKind,
@@ -403,6 +404,7 @@ enum Op {
 
 /// One item inline (the common case: a write of one segment), more on
 /// the heap.
+#[derive(Clone)]
 enum Few<T> {
     One(T),
     Many(Vec<T>),
@@ -428,6 +430,7 @@ impl<T> std::ops::Deref for Few<T> {
 }
 
 /// One piece of queued work.
+#[derive(Clone)]
 struct Work {
     id: u64,
     /// The endpoint (section index, generation) of a data operation.
@@ -814,6 +817,50 @@ fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -
     Ok(id)
 }
 
+/// Queues chain `w` (its id the next one) at `threshold` of its `trig`;
+/// if it is due and no earlier work on that counter is (blocked work, or
+/// none), runs it at once instead, without a trip through the lists.
+fn run_or_queue(dom: &DomainInner, st: &mut DomainState, w: Work, threshold: u64) -> Result<u64> {
+    let trig = w.trig;
+    let counters = dom.counters();
+    let now = value(&counters[trig]);
+    // Due, and no earlier work on its counter is (blocked work, or
+    // none): it runs at once, without a trip through the lists.
+    let first = threshold <= now
+        && !st.trig.firing
+        && st.trig.lists.get(trig).is_none_or(|l| l.first_key_value().is_none_or(|((t, _), _)| *t > now));
+    if !first {
+        return queue(dom, st, w, threshold);
+    }
+    bind_held(st, &w)?;
+    st.trig.next += 1;
+    let id = w.id;
+    st.trig.firing = true;
+    let fired = run_chain(dom, st, w);
+    st.trig.firing = false;
+    let rang = match fired {
+        Fired::Done { cntr_op } => cntr_op,
+        Fired::Moved { w, threshold, cntr_op } => {
+            st.trig.insert(w, threshold);
+            cntr_op
+        }
+        Fired::Again(w, at) => {
+            st.trig.insert(w, at.expect("a chain's step"));
+            st.trig.blocked = true;
+            false
+        }
+    };
+    dom.trig.publish(&st.trig);
+    // What its steps counted (counter operations, completion
+    // counters) may have made other work due, as in `fire`'s loop;
+    // whoever sleeps on a counter it moved must hear of it.
+    fire(dom, st);
+    if rang {
+        crate::doorbell::ring(&dom.region.header().doorbell);
+    }
+    Ok(id)
+}
+
 /// Binds the counters `w` holds (see [`held`]), all or none: a counter
 /// closed meanwhile is refused before anything is queued, and none of
 /// them closes while the work waits.
@@ -1166,43 +1213,75 @@ impl Domain {
             op: Op::Chain(steps),
             _owned: None,
         };
-        let counters = dom.counters();
-        let now = value(&counters[trig]);
-        // Due, and no earlier work on its counter is (blocked work, or
-        // none): it runs at once, without a trip through the lists.
-        let first = threshold <= now
-            && !st.trig.firing
-            && st.trig.lists.get(trig).is_none_or(|l| l.first_key_value().is_none_or(|((t, _), _)| *t > now));
-        if !first {
-            return queue(dom, &mut st, w, threshold).map(|id| (WorkId(id), r));
+        run_or_queue(dom, &mut st, w, threshold).map(|id| (WorkId(id), r))
+    }
+
+    /// Builds a chain as [`Domain::queue_chain`] does (each step checked)
+    /// without queueing it: a [`ChainTemplate`] that
+    /// [`Domain::queue_template`] queues again and again with its
+    /// thresholds moved, without checking or building the steps again.
+    /// The counters the steps name stay bound (they cannot close) while
+    /// the template lives.
+    pub fn chain_template(&self, build: impl FnOnce(&mut WorkChain<'_>) -> Result<()>) -> Result<ChainTemplate> {
+        let dom = &self.inner;
+        let mut st = dom.lock()?;
+        let mut c = WorkChain { dom, st: &st, steps: Vec::with_capacity(8) };
+        build(&mut c)?;
+        let mut steps = c.steps;
+        if steps.is_empty() {
+            return Err(Error::with(ErrorKind::Inval, "an empty chain"));
         }
-        bind_held(&mut st, &w)?;
-        st.trig.next += 1;
-        let id = w.id;
-        st.trig.firing = true;
-        let fired = run_chain(dom, &mut st, w);
-        st.trig.firing = false;
-        let rang = match fired {
-            Fired::Done { cntr_op } => cntr_op,
-            Fired::Moved { w, threshold, cntr_op } => {
-                st.trig.insert(w, threshold);
-                cntr_op
-            }
-            Fired::Again(w, at) => {
-                st.trig.insert(w, at.expect("a chain's step"));
-                st.trig.blocked = true;
-                false
-            }
+        steps.reverse();
+        let w = Work {
+            id: 0,
+            ep: None,
+            trig: 0,
+            completion: None,
+            deferred: true,
+            flags: 0,
+            op: Op::Chain(steps),
+            _owned: None,
         };
-        dom.trig.publish(&st.trig);
-        // What its steps counted (counter operations, completion
-        // counters) may have made other work due, as in `fire`'s loop;
-        // whoever sleeps on a counter it moved must hear of it.
-        fire(dom, &mut st);
-        if rang {
-            crate::doorbell::ring(&dom.region.header().doorbell);
+        bind_held(&mut st, &w)?;
+        Ok(ChainTemplate { dom: dom.clone(), w })
+    }
+
+    /// Queues a copy of `t` as a chain ([`Domain::queue_chain`]), step
+    /// `i` (in push order) at threshold `threshold(i, t_i)` where `t_i` is
+    /// the threshold it was built with, and the destination of each
+    /// reduction step `i` in `dst` replaced by the pointer given (same
+    /// length).
+    ///
+    /// # Safety
+    /// As [`Domain::queue_work`], for the buffers of every step (those
+    /// the template was built with, and the ones in `dst`).
+    pub unsafe fn queue_template(
+        &self,
+        t: &ChainTemplate,
+        threshold: impl Fn(usize, u64) -> u64,
+        dst: &[(usize, *mut u8)],
+    ) -> Result<WorkId> {
+        let dom = &self.inner;
+        if !Arc::ptr_eq(&t.dom, dom) {
+            return Err(Error::with(ErrorKind::Inval, "a template of another domain"));
         }
-        Ok((WorkId(id), r))
+        let mut w = t.w.clone();
+        let Op::Chain(steps) = &mut w.op else { unreachable!("a chain") };
+        let n = steps.len();
+        for (k, (th, s)) in steps.iter_mut().enumerate() {
+            *th = threshold(n - 1 - k, *th);
+            if let Some(&(_, p)) = dst.iter().find(|d| d.0 == n - 1 - k) {
+                match &mut s.op {
+                    Op::Reduce { dst, .. } => *dst = p,
+                    _ => return Err(Error::with(ErrorKind::Inval, "only a reduction's destination can be replaced")),
+                }
+            }
+        }
+        let (th, trig) = steps.last().map(|(t, s)| (*t, s.trig)).expect("not empty");
+        w.trig = trig;
+        let mut st = dom.lock()?;
+        w.id = st.trig.next;
+        run_or_queue(dom, &mut st, w, th).map(WorkId)
     }
 
     /// FI_CANCEL_WORK: takes queued work off the queue; it never runs.
@@ -1282,6 +1361,22 @@ impl WorkChain<'_> {
     /// Whether no step was pushed.
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
+    }
+}
+
+/// A chain built once and queued many times ([`Domain::chain_template`],
+/// [`Domain::queue_template`]). Dropping it releases its counters.
+pub struct ChainTemplate {
+    dom: Arc<DomainInner>,
+    /// The chain (its steps checked when built; the counters bound).
+    w: Work,
+}
+
+impl Drop for ChainTemplate {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.dom.lock() {
+            release(&mut st, &self.w);
+        }
     }
 }
 

@@ -95,6 +95,10 @@ pub const JOIN_TAG: u64 = 0x3C01 << 48;
 /// per rank).
 pub const RING_MIN: usize = 32 * 1024;
 
+/// Allreduces of at most this many bytes keep their schedule built
+/// (per group, shape and parity; a kept schedule holds its buffer).
+const KEPT_MAX: usize = 4096;
+
 /// Passes `wait` makes before it yields the CPU between passes (a few
 /// microseconds: a peer on another CPU answers within them).
 const SPIN_PASSES: u32 = 64;
@@ -169,6 +173,34 @@ pub struct CollGroup<'a> {
     other: RefCell<Vec<CqTaggedEntry>>,
     /// The vectors a [`Sched`] works in, kept between calls.
     scratch: RefCell<Scratch>,
+    /// Schedules built once and re-armed (barrier, small allreduce), by
+    /// shape and parity; the oldest goes past [`TEMPLATES`].
+    templates: RefCell<Vec<(Shape, usize, Template)>>,
+}
+
+/// Most schedules a group keeps built ([`CollGroup::templates`]).
+const TEMPLATES: usize = 16;
+
+/// What a kept schedule does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Barrier,
+    Allreduce { len: usize, dt: AtomicType, op: AtomicOp },
+}
+
+/// A schedule built once ([`Domain::chain_template`]), thresholds
+/// relative to the instance: steps waiting on `done` at 0, on a peer's
+/// counter at the count of its writes within the instance.
+struct Template {
+    t: crate::trigger::ChainTemplate,
+    /// Where each step waits (the start, or a peer's counter).
+    at: Vec<At>,
+    /// Writes from each member per instance (the tally's step).
+    writes: Vec<u64>,
+    /// The steps whose destination is the caller's result buffer.
+    outs: Vec<usize>,
+    /// The instance's buffers (the first one takes the send data).
+    bufs: Vec<Vec<u8>>,
 }
 
 /// A schedule builder's per-member vectors (see [`Sched`]).
@@ -389,6 +421,7 @@ impl<'a> CollGroup<'a> {
             zero: Box::new([0; 8]),
             other: RefCell::new(other),
             scratch: RefCell::new(Scratch::default()),
+            templates: RefCell::new(Vec::new()),
         })
     }
 
@@ -534,11 +567,83 @@ impl<'a> CollGroup<'a> {
         Ok(CollOp { seq })
     }
 
+    /// Posts one instance of a schedule kept built for `shape` (built by
+    /// `plan` the first time, per parity): `send` goes to its first
+    /// buffer, the steps the plan wrote to the caller's buffer write to
+    /// `out` instead. No check, record or allocation per step.
+    fn post_kept<'g>(
+        &'g self,
+        shape: Shape,
+        send: &[u8],
+        out: *mut u8,
+        plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>,
+    ) -> Result<CollOp> {
+        if self.broken.get() {
+            return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
+        }
+        let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
+        if let Some(s) = prev {
+            self.wait(CollOp { seq: s }, None)?;
+        }
+        *self.inflight.borrow_mut() = None;
+        let seq = self.next.get();
+        let q = (seq % 2) as usize;
+        let mut kept = self.templates.borrow_mut();
+        let i = match kept.iter().position(|(sh, p, _)| *sh == shape && *p == q) {
+            Some(i) => i,
+            None => {
+                let mut made = None;
+                let t = self.dom.chain_template(|c| {
+                    let mut s = Sched::new(self, seq, c);
+                    s.relative();
+                    plan(&mut s)?;
+                    let (sc, bufs, at, outs) = s.finish_kept()?;
+                    made = Some((sc.tally, bufs, at, outs));
+                    Ok(())
+                })?;
+                let (writes, bufs, at, outs) = made.expect("built");
+                if kept.len() >= TEMPLATES {
+                    kept.remove(0);
+                }
+                kept.push((shape, q, Template { t, at, writes, outs, bufs }));
+                kept.len() - 1
+            }
+        };
+        let k = &mut kept[i].2;
+        if let Some(b) = k.bufs.first_mut() {
+            b[..send.len()].copy_from_slice(send);
+        }
+        let dst: Vec<(usize, *mut u8)> = k.outs.iter().map(|&st| (st, out)).collect();
+        let base = self.tally.borrow();
+        let at = &k.at;
+        // SAFETY: the template's buffers are kept with it (the instance
+        // two back, which used them, completed before the one in flight
+        // started), the zero word is the group's, `out` the caller's,
+        // valid until completion by the contract of the collective's call.
+        unsafe {
+            self.dom.queue_template(
+                &k.t,
+                |st, th| match at[st] {
+                    At::Done(_) => th + seq,
+                    At::Peer(j, _) => th + base[j][q],
+                },
+                &dst,
+            )
+        }?;
+        drop(base);
+        for (t, w) in self.tally.borrow_mut().iter_mut().zip(&k.writes) {
+            t[q] += w;
+        }
+        self.next.set(seq + 1);
+        *self.inflight.borrow_mut() = Some(Inflight { seq, _bufs: Vec::new() });
+        Ok(CollOp { seq })
+    }
+
     /// fi_barrier: completes once every member entered it.
     pub fn barrier(&self) -> Result<CollOp> {
         let (n, me) = (self.size(), self.me);
         let z = self.zero.as_ptr();
-        self.post(|s| {
+        self.post_kept(Shape::Barrier, &[], std::ptr::null_mut(), |s| {
             let mut d = 1;
             while d < n {
                 s.write((me + d) % n, &[(z, 8)])?;
@@ -562,11 +667,16 @@ impl<'a> CollGroup<'a> {
             return Err(Error::with(ErrorKind::Inval, "allreduce: send and receive differ in length"));
         }
         let out = recv.as_mut_ptr();
-        self.post(|s| {
+        let plan = |s: &mut Sched<'_, 'a, '_, '_>| {
             let acc = s.buf_with(|| send.to_vec());
             s.allreduce(acc, send.len(), dt, op)?;
             s.copy_out(acc, out, send.len())
-        })
+        };
+        if send.len() <= KEPT_MAX {
+            self.post_kept(Shape::Allreduce { len: send.len(), dt, op }, send, out, plan)
+        } else {
+            self.post(plan)
+        }
     }
 
     /// fi_reduce: as allreduce, the result at `root` only (`recv` is
@@ -794,6 +904,9 @@ struct Sched<'g, 'a, 'c, 's> {
     /// far, cumulative (`tally`: the group's once the chain is queued).
     sc: Scratch,
     bufs: Vec<Vec<u8>>,
+    /// Building a kept schedule: where each step waits, and the steps
+    /// writing the caller's result (see [`Template`]).
+    kept: Option<(Vec<At>, Vec<usize>)>,
 }
 
 impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
@@ -807,7 +920,15 @@ impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
         sc.in_off.resize(n, 0);
         sc.tally.clear();
         sc.tally.extend(g.tally.borrow().iter().map(|t| t[q]));
-        Sched { g, c, q, at: At::Done(seq), sc, bufs: Vec::new() }
+        Sched { g, c, q, at: At::Done(seq), sc, bufs: Vec::new(), kept: None }
+    }
+
+    /// Builds a kept schedule instead: thresholds relative to the
+    /// instance (see [`Template`]), each step's point logged.
+    fn relative(&mut self) {
+        self.at = At::Done(0);
+        self.sc.tally.iter_mut().for_each(|t| *t = 0);
+        self.kept = Some((Vec::new(), Vec::new()));
     }
 
     /// A buffer of the instance, made by `f`.
@@ -830,6 +951,9 @@ impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
             At::Done(t) => (&g.done, t),
             At::Peer(j, t) => (&g.arrivals[j].as_ref().expect("a peer")[self.q], t),
         };
+        if let Some((at, _)) = &mut self.kept {
+            at.push(self.at);
+        }
         self.c.push(DeferredWork { threshold, triggering: cntr, completion, op })
     }
 
@@ -891,7 +1015,12 @@ impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
         self.reduce(src, dst, len, AtomicType::Uint8, AtomicOp::Write)
     }
 
+    /// Copies buffer `b` to the caller's result `dst`.
     fn copy_out(&mut self, b: usize, dst: *mut u8, len: usize) -> Result<()> {
+        let n = self.c.len();
+        if let Some((_, outs)) = &mut self.kept {
+            outs.push(n);
+        }
         let p = self.ptr(b);
         self.copy_raw(p, dst, len)
     }
@@ -1022,6 +1151,21 @@ impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
         }
         self.queue(DeferredOp::CntrAdd { cntr: &g.done, value: 1 }, None)?;
         Ok((self.sc, self.bufs))
+    }
+}
+
+impl Sched<'_, '_, '_, '_> {
+    /// [`Sched::finish`] of a kept schedule: also where each step waits
+    /// and the steps writing the caller's result.
+    #[allow(clippy::type_complexity)]
+    fn finish_kept(mut self) -> Result<(Scratch, Vec<Vec<u8>>, Vec<At>, Vec<usize>)> {
+        let g = self.g;
+        if let Some(u) = g.user {
+            self.queue(DeferredOp::CntrAdd { cntr: u, value: 1 }, None)?;
+        }
+        self.queue(DeferredOp::CntrAdd { cntr: &g.done, value: 1 }, None)?;
+        let (at, outs) = self.kept.take().expect("a kept schedule");
+        Ok((self.sc, self.bufs, at, outs))
     }
 }
 
