@@ -4,7 +4,8 @@
 //! endpoint counter without FI_COMPLETION), every operation type fired
 //! (through the target's mailbox too), work fired by a peer's RMA on an
 //! FI_RMA_EVENT counter, a chain of 1,000 deferred writes across 4 ranks,
-//! chains of deferred work queued as one (`Domain::queue_chain`), and work
+//! chains of deferred work queued as one (`Domain::queue_chain`) and
+//! chain templates queued again and again (`Domain::queue_template`), and work
 //! that fires with auto progress while the application sleeps.
 
 mod common;
@@ -354,6 +355,58 @@ fn chains(w: World) {
 #[test]
 fn chained_work() {
     run("chained_work", 1, &[], T, chains);
+}
+
+/// A chain template ([`Domain::chain_template`]): each copy queued waits
+/// at its own thresholds (moved by the caller), a reduction's destination
+/// is replaced per copy (only a reduction's: anything else is refused and
+/// nothing queued), and the counters it names stay bound while it lives.
+fn templates(w: World) {
+    let (a, out) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    let src = [1u8, 2, 3, 4];
+    let (mut d0, mut d1, mut d2) = ([0u8; 4], [0u8; 4], [0u8; 4]);
+    let t = w
+        .dom
+        .chain_template(|c| {
+            c.push(DeferredWork {
+                threshold: 1,
+                triggering: &a,
+                completion: None,
+                op: DeferredOp::Reduce { dt: AtomicType::Uint8, op: AtomicOp::Write, src: &src, dst: &mut d0 },
+            })?;
+            c.push(cntr_add(&a, 1, &out, 1))
+        })
+        .unwrap();
+    assert_eq!(w.dom.queued_work().unwrap(), 0, "built, not queued");
+    assert_eq!(a.close().unwrap_err().kind(), ErrorKind::Busy, "the template holds its counters");
+    // SAFETY: d0, d1, d2 and src outlive the copies (read after they ran).
+    unsafe { w.dom.queue_template(&t, |_, th| th, &[]).unwrap() };
+    assert_eq!(out.read().unwrap(), 0);
+    a.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!((out.read().unwrap(), d0), (1, src), "the first copy, as built");
+    // SAFETY: as above.
+    unsafe { w.dom.queue_template(&t, |_, th| th + 1, &[(0, d1.as_mut_ptr())]).unwrap() };
+    w.dom.progress().unwrap();
+    assert_eq!((out.read().unwrap(), d1), (1, [0; 4]), "the second copy waits for a = 2");
+    a.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!((out.read().unwrap(), d1, d2), (2, src, [0; 4]), "into d1 only");
+    // SAFETY: as above.
+    let e = unsafe { w.dom.queue_template(&t, |_, th| th + 1, &[(1, d2.as_mut_ptr())]) };
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::Inval, "step 1 is a counter add");
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    // Already due: runs before the call returns.
+    // SAFETY: as above.
+    unsafe { w.dom.queue_template(&t, |_, th| th + 1, &[(0, d2.as_mut_ptr())]).unwrap() };
+    assert_eq!((out.read().unwrap(), d2), (3, src));
+    drop(t);
+    a.close().unwrap();
+}
+
+#[test]
+fn chain_templates() {
+    run("chain_templates", 1, &[], T, templates);
 }
 
 /// Deferred sends report only on their completion counter unless they ask
