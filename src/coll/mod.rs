@@ -38,6 +38,19 @@
 //! `queue_chain`: a plan that fails (sizes over the slots) queues
 //! nothing and leaves the group usable.
 //!
+//! **Kept schedules.** Barrier and allreduce up to [`KEPT_MAX`] bytes
+//! build their chain once per shape (operation, size, type, reduction)
+//! and parity, as a [`crate::trigger::ChainTemplate`] with thresholds
+//! relative to the instance (the start at 0, peer `j`'s counter at the
+//! count of its writes within the instance) and their own buffer; each
+//! instance copies the send data into that buffer and queues a copy of
+//! the chain with the thresholds moved by the instance number and the
+//! tally, and the final copy's destination set to the caller's result
+//! ([`Domain::queue_template`]): no plan, check, record or allocation per
+//! step. A group keeps at most 16 (the oldest goes); they hold the
+//! group's counters, and the application's counter given at join, bound
+//! until the group is dropped.
+//!
 //! **Reuse.** Instance `k` uses parity `k % 2` of every slot region and
 //! counter; posting instance `k` first waits for instance `k - 1` (one
 //! collective in flight per group). Every collective here has a result at
@@ -249,7 +262,8 @@ impl<'a> CollGroup<'a> {
     /// reads meanwhile are kept, as full entries with the fields the
     /// CQ's format lacks 0, for [`CollGroup::take_other_completions`].
     /// `cntr`, if given,
-    /// is counted by one as each collective completes.
+    /// is counted by one as each collective completes (and stays bound,
+    /// so cannot close, until the group is dropped).
     pub fn join(
         dom: &'a Domain,
         ep: &'a Endpoint,
