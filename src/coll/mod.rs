@@ -38,7 +38,7 @@
 //! `queue_chain`: a plan that fails (sizes over the slots) queues
 //! nothing and leaves the group usable.
 //!
-//! **Kept schedules.** Barrier and allreduce up to [`KEPT_MAX`] bytes
+//! **Kept schedules.** Barrier and allreduce up to 4 KiB
 //! build their chain once per shape (operation, size, type, reduction)
 //! and parity, as a [`crate::trigger::ChainTemplate`] with thresholds
 //! relative to the instance (the start at 0, peer `j`'s counter at the
