@@ -87,7 +87,7 @@ pub use rma::{AtomicAttr, RmaIoc, RmaIov};
 pub use shm_layout::Address;
 pub use srq::{SharedRecvQueue, SrqAttr, SrqEvent, SrqInfo};
 pub use sync::Threading;
-pub use trigger::{AtomicMsg, DeferredOp, DeferredWork, Trigger, Triggered, WorkId};
+pub use trigger::{AtomicMsg, ChainTemplate, DeferredOp, DeferredWork, Trigger, Triggered, WorkChain, WorkId};
 
 /// The crate's low-level parts, for the `shmfab` command (`tools/`), the
 /// tests and the benchmarks: not part of the API, and free to change with

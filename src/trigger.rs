@@ -17,6 +17,13 @@
 //!   endpoint counter) only with FI_COMPLETION in the operation's flags;
 //!   counter operations change their target counter only.
 //!
+//! - **Chains** ([`Domain::queue_chain`]): deferred work requests run one
+//!   after another, each once the one before ran and its own counter
+//!   reached its threshold; one queue entry (and one id) for the whole
+//!   chain, which waits on the counter of its next step and moves as it
+//!   advances. Built under one acquisition of the domain lock; what
+//!   [`crate::coll`] queues a collective's schedule as.
+//!
 //! Work on one counter runs in the order of its thresholds, then of its
 //! submission, also when the counter jumps past several thresholds at once;
 //! work whose threshold is met at submission runs at once (after any
@@ -346,6 +353,7 @@ impl Watch {
 /// What work does when it fires, with everything it needs kept (the
 /// caller's buffers as raw segments, valid until completion by the
 /// submission's contract).
+#[derive(Clone)]
 enum Op {
     Msg {
         kind: OpKind,
@@ -357,8 +365,8 @@ enum Op {
     },
     Rma {
         kind: OpKind,
-        segs: Vec<(*mut u8, usize)>,
-        rma_iov: Vec<RmaIov>,
+        segs: Few<(*mut u8, usize)>,
+        rma_iov: Few<RmaIov>,
         dest: FiAddr,
         context: usize,
         data: Option<u64>,
@@ -387,9 +395,42 @@ enum Op {
         dst: *mut u8,
         len: usize,
     },
+    /// A chain ([`Domain::queue_chain`]): its steps not yet run, the next
+    /// one last, each with its threshold (its counter is the step's
+    /// `trig`). The chain's own `trig` and place in the lists are those of
+    /// its next step; it holds no counter of its own, only its steps'.
+    Chain(Vec<(u64, Work)>),
+}
+
+/// One item inline (the common case: a write of one segment), more on
+/// the heap.
+#[derive(Clone)]
+enum Few<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T: Copy> Few<T> {
+    fn new(s: &[T]) -> Self {
+        match s {
+            [one] => Few::One(*one),
+            _ => Few::Many(s.to_vec()),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Few<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Few::One(t) => std::slice::from_ref(t),
+            Few::Many(v) => v,
+        }
+    }
 }
 
 /// One piece of queued work.
+#[derive(Clone)]
 struct Work {
     id: u64,
     /// The endpoint (section index, generation) of a data operation.
@@ -421,7 +462,7 @@ pub(crate) struct Triggers {
     /// The counters whose list is not empty.
     armed: Vec<usize>,
     /// Deferred work by id: its place (counter, threshold), for cancel.
-    deferred: std::collections::HashMap<u64, (usize, u64)>,
+    deferred: std::collections::HashMap<u64, (usize, u64), std::hash::BuildHasherDefault<IdHasher>>,
     /// The next work id (submission order).
     next: u64,
     /// Set while work fires: a progress pass run by a firing operation
@@ -430,6 +471,29 @@ pub(crate) struct Triggers {
     /// Work that could not be issued at its last try (`-FI_EAGAIN`): the
     /// next pass retries it; sleepers nap briefly.
     blocked: bool,
+}
+
+/// The hasher of work ids (distinct, sequential: their own hash; SipHash
+/// was a visible part of queueing a collective).
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // Spread the low bits, which hashbrown takes the control byte
+        // from the top of.
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
 }
 
 impl Triggers {
@@ -480,20 +544,27 @@ fn value(c: &shm_layout::Counter) -> u64 {
     c.value.v.load(Ordering::Acquire).wrapping_add(c.err.v.load(Ordering::Acquire))
 }
 
-/// The counters a piece of work holds bound (so they cannot close under
-/// it): its trigger, its completion counter, a counter operation's target.
-fn held(w: &Work) -> impl Iterator<Item = usize> {
-    let target = match w.op {
-        Op::Cntr { id, .. } => Some(id),
-        _ => None,
-    };
-    std::iter::once(w.trig).chain(w.completion).chain(target)
+/// Calls `f` with each counter a piece of work holds bound (so they
+/// cannot close under it): its trigger, its completion counter, a counter
+/// operation's target; a chain's, those of the steps it has left.
+fn held(w: &Work, f: &mut impl FnMut(usize)) {
+    if let Op::Chain(steps) = &w.op {
+        for (_, s) in steps {
+            held(s, f);
+        }
+        return;
+    }
+    f(w.trig);
+    if let Some(c) = w.completion {
+        f(c);
+    }
+    if let Op::Cntr { id, .. } = w.op {
+        f(id);
+    }
 }
 
 fn release(st: &mut DomainState, w: &Work) {
-    for c in held(w) {
-        st.cntrs.unbind(c);
-    }
+    held(w, &mut |c| st.cntrs.unbind(c));
 }
 
 /// The counter of `c` in `dom`, checked open.
@@ -602,13 +673,17 @@ fn make(dom: &Arc<DomainInner>, st: &DomainState, op: DeferredOp<'_>, deferred: 
             let e = ep_of(dom, st, ep)?;
             bad_flags(flags, RMA_FLAGS)?;
             crate::rma::rma_args(&Local::Out(iov), rma_iov, false)?;
-            let mut segs: Vec<(*mut u8, usize)> = iov.iter().map(|s| (s.as_ptr() as *mut u8, s.len())).collect();
+            let segs: Few<(*mut u8, usize)> = match iov {
+                [one] => Few::One((one.as_ptr() as *mut u8, one.len())),
+                _ => Few::Many(iov.iter().map(|s| (s.as_ptr() as *mut u8, s.len())).collect()),
+            };
             let owned = (flags & FI_INJECT != 0).then(|| copy_in(&segs));
-            if let Some(b) = &owned {
-                segs = vec![(b.as_ptr() as *mut u8, b.len())];
-            }
+            let segs = match &owned {
+                Some(b) => Few::One((b.as_ptr() as *mut u8, b.len())),
+                None => segs,
+            };
             let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(data);
-            let op = Op::Rma { kind: OpKind::Write, segs, rma_iov: rma_iov.to_vec(), dest, context, data };
+            let op = Op::Rma { kind: OpKind::Write, segs, rma_iov: Few::new(rma_iov), dest, context, data };
             (mk(Some(e), flags, op, owned), None)
         }
         DeferredOp::Read { ep, iov, rma_iov, dest, context, flags } => {
@@ -659,7 +734,8 @@ fn read(
     let e = ep_of(dom, st, ep)?;
     bad_flags(flags, RMA_FLAGS & !FI_REMOTE_CQ_DATA & !FI_INJECT)?;
     crate::rma::rma_args(&Local::OutRaw(&segs), rma_iov, false)?;
-    let op = Op::Rma { kind: OpKind::Read, segs, rma_iov: rma_iov.to_vec(), dest, context, data: None };
+    let op =
+        Op::Rma { kind: OpKind::Read, segs: Few::new(&segs), rma_iov: Few::new(rma_iov), dest, context, data: None };
     Ok(Work { id: 0, ep: Some(e), trig: 0, completion: None, deferred, flags, op, _owned: None })
 }
 
@@ -730,17 +806,7 @@ fn atomic(
 /// fires what is due on that counter at once.
 fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -> Result<u64> {
     w.id = st.trig.next;
-    // Bound first: a counter closed meanwhile is refused before anything
-    // is queued, and none of them closes while the work waits.
-    let ids: Vec<usize> = held(&w).collect();
-    for (i, &c) in ids.iter().enumerate() {
-        if let Err(e) = st.cntrs.bind(c) {
-            for &b in &ids[..i] {
-                st.cntrs.unbind(b);
-            }
-            return Err(e);
-        }
-    }
+    bind_held(st, &w)?;
     st.trig.next += 1;
     let (id, c) = (w.id, w.trig);
     st.trig.insert(w, threshold);
@@ -749,6 +815,77 @@ fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -
         fire(dom, st);
     }
     Ok(id)
+}
+
+/// Queues chain `w` (its id the next one) at `threshold` of its `trig`;
+/// if it is due and no earlier work on that counter is (blocked work, or
+/// none), runs it at once instead, without a trip through the lists.
+fn run_or_queue(dom: &DomainInner, st: &mut DomainState, w: Work, threshold: u64) -> Result<u64> {
+    let trig = w.trig;
+    let counters = dom.counters();
+    let now = value(&counters[trig]);
+    // Due, and no earlier work on its counter is (blocked work, or
+    // none): it runs at once, without a trip through the lists.
+    let first = threshold <= now
+        && !st.trig.firing
+        && st.trig.lists.get(trig).is_none_or(|l| l.first_key_value().is_none_or(|((t, _), _)| *t > now));
+    if !first {
+        return queue(dom, st, w, threshold);
+    }
+    bind_held(st, &w)?;
+    st.trig.next += 1;
+    let id = w.id;
+    st.trig.firing = true;
+    let fired = run_chain(dom, st, w);
+    st.trig.firing = false;
+    let rang = match fired {
+        Fired::Done { cntr_op } => cntr_op,
+        Fired::Moved { w, threshold, cntr_op } => {
+            st.trig.insert(w, threshold);
+            cntr_op
+        }
+        Fired::Again(w, at) => {
+            st.trig.insert(w, at.expect("a chain's step"));
+            st.trig.blocked = true;
+            false
+        }
+    };
+    dom.trig.publish(&st.trig);
+    // What its steps counted (counter operations, completion
+    // counters) may have made other work due, as in `fire`'s loop;
+    // whoever sleeps on a counter it moved must hear of it.
+    fire(dom, st);
+    if rang {
+        crate::doorbell::ring(&dom.region.header().doorbell);
+    }
+    Ok(id)
+}
+
+/// Binds the counters `w` holds (see [`held`]), all or none: a counter
+/// closed meanwhile is refused before anything is queued, and none of
+/// them closes while the work waits.
+fn bind_held(st: &mut DomainState, w: &Work) -> Result<()> {
+    let mut bound = 0usize;
+    let mut failed = None;
+    held(w, &mut |c| {
+        if failed.is_none() {
+            match st.cntrs.bind(c) {
+                Ok(_) => bound += 1,
+                Err(e) => failed = Some(e),
+            }
+        }
+    });
+    if let Some(e) = failed {
+        let mut k = 0;
+        held(w, &mut |c| {
+            if k < bound {
+                st.cntrs.unbind(c);
+                k += 1;
+            }
+        });
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// Fires the due work of every counter, in (threshold, submission) order
@@ -775,16 +912,28 @@ pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
                 }
                 let w = st.trig.remove(c, (t, id)).expect("the head just seen");
                 touched = true;
-                match run(dom, st, w) {
+                let fired = match w.op {
+                    Op::Chain(_) => run_chain(dom, st, w),
+                    _ => run(dom, st, w),
+                };
+                match fired {
                     Fired::Done { cntr_op } => {
                         any = true;
                         rang |= cntr_op;
                     }
-                    Fired::Again(w) => {
-                        // No room to issue it: it keeps its place; the
+                    Fired::Moved { w, threshold, cntr_op } => {
+                        // A chain ran up to a step not due yet: it waits
+                        // there (its `trig` is that step's counter).
+                        st.trig.insert(w, threshold);
+                        any = true;
+                        rang |= cntr_op;
+                    }
+                    Fired::Again(w, at) => {
+                        // No room to issue it: it keeps its place (a
+                        // chain: at the step that could not go); the
                         // next pass tries again, and later work on this
                         // counter waits behind it.
-                        st.trig.insert(*w, t);
+                        st.trig.insert(w, at.unwrap_or(t));
                         st.trig.blocked = true;
                         break;
                     }
@@ -814,8 +963,41 @@ pub(crate) fn fire(dom: &DomainInner, st: &mut DomainState) {
 enum Fired {
     /// Ran (or failed, reported): `cntr_op` for a counter operation.
     Done { cntr_op: bool },
-    /// Could not be issued for lack of room (`-FI_EAGAIN`): put it back.
-    Again(Box<Work>),
+    /// A chain ran some steps (`cntr_op`: a counter operation among them)
+    /// and waits for the next one: put it back at its `trig` and
+    /// `threshold`.
+    Moved { w: Work, threshold: u64, cntr_op: bool },
+    /// Could not be issued for lack of room (`-FI_EAGAIN`): put it back
+    /// at its `trig` and where it was (a chain: this threshold).
+    Again(Work, Option<u64>),
+}
+
+/// Runs the steps of chain `w` (found due) one after another while each one's counter reached its threshold,
+/// under the domain lock.
+fn run_chain(dom: &DomainInner, st: &mut DomainState, mut w: Work) -> Fired {
+    let Op::Chain(steps) = &mut w.op else { unreachable!("a chain") };
+    let counters = dom.counters();
+    let mut cntr_op = false;
+    while let Some((t, s)) = steps.pop() {
+        if t > value(&counters[s.trig]) {
+            let trig = s.trig;
+            steps.push((t, s));
+            w.trig = trig;
+            return Fired::Moved { w, threshold: t, cntr_op };
+        }
+        let trig = s.trig;
+        match run(dom, st, s) {
+            Fired::Done { cntr_op: c } => cntr_op |= c,
+            Fired::Again(s, _) => {
+                // No room: the chain waits at this step, due now.
+                steps.push((t, s));
+                w.trig = trig;
+                return Fired::Again(w, Some(t));
+            }
+            Fired::Moved { .. } => unreachable!("chains do not nest"),
+        }
+    }
+    Fired::Done { cntr_op }
 }
 
 /// Runs one piece of work, under the domain lock.
@@ -917,10 +1099,10 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                 };
                 ini.atomic_body(ep, &mut src.ctx(), a, dw)
             }
-            Op::Cntr { .. } | Op::Reduce { .. } => unreachable!("handled above"),
+            Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => unreachable!("handled above"),
         };
         match res {
-            Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(Box::new(w)),
+            Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(w, None),
             Err(e) => {
                 // Refused when issued (an address not in the AV, ...): an
                 // error completion, as for a failure after issue.
@@ -928,7 +1110,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                     Op::Msg { kind, context, tag, .. } => (*kind, *context, *tag),
                     Op::Rma { kind, context, .. } => (*kind, *context, 0),
                     Op::Atomic { call, context, .. } => (atomic_kind(*call), *context, 0),
-                    Op::Cntr { .. } | Op::Reduce { .. } => unreachable!("handled above"),
+                    Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => unreachable!("handled above"),
                 };
                 let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw };
                 complete_send(&ep.bind, &mut src.ctx(), done, Some((e.kind(), 0, e.to_string())));
@@ -991,6 +1173,117 @@ impl Domain {
         queue(dom, &mut st, work, w.threshold).map(WorkId)
     }
 
+    /// Queues a *chain* of deferred work, built by `build` under one
+    /// acquisition of the domain lock: the steps run one after another,
+    /// each once the step before it ran (completed when issued: heap
+    /// writes, counter operations and reductions do) and its own
+    /// `triggering` counter reached its `threshold`. A schedule of many
+    /// steps costs one queue entry, moved from counter to counter as the
+    /// chain advances, instead of one per step (and no token counts to
+    /// join a step to the one before). Each step is checked as
+    /// [`Domain::queue_work`] checks it, when pushed; if `build` or a
+    /// push fails, nothing is queued. The chain is one piece of deferred
+    /// work: [`Domain::cancel_work`] of its id cancels the steps not yet
+    /// run; [`Domain::flush_work`] by counter takes it when its next step
+    /// waits on that counter. Steps already due run before this returns.
+    /// `build` must not call the domain (its lock is held): only
+    /// [`WorkChain::push`].
+    ///
+    /// # Safety
+    /// As [`Domain::queue_work`], for the buffers of every step.
+    pub unsafe fn queue_chain<R>(&self, build: impl FnOnce(&mut WorkChain<'_>) -> Result<R>) -> Result<(WorkId, R)> {
+        let dom = &self.inner;
+        let mut st = dom.lock()?;
+        let mut c = WorkChain { dom, st: &st, steps: Vec::with_capacity(8) };
+        let r = build(&mut c)?;
+        let mut steps = c.steps;
+        let Some(&(threshold, ref first)) = steps.first() else {
+            return Err(Error::with(ErrorKind::Inval, "an empty chain"));
+        };
+        let trig = first.trig;
+        // The next step last.
+        steps.reverse();
+        let w = Work {
+            id: st.trig.next,
+            ep: None,
+            trig,
+            completion: None,
+            deferred: true,
+            flags: 0,
+            op: Op::Chain(steps),
+            _owned: None,
+        };
+        run_or_queue(dom, &mut st, w, threshold).map(|id| (WorkId(id), r))
+    }
+
+    /// Builds a chain as [`Domain::queue_chain`] does (each step checked)
+    /// without queueing it: a [`ChainTemplate`] that
+    /// [`Domain::queue_template`] queues again and again with its
+    /// thresholds moved, without checking or building the steps again.
+    /// The counters the steps name stay bound (they cannot close) while
+    /// the template lives.
+    pub fn chain_template(&self, build: impl FnOnce(&mut WorkChain<'_>) -> Result<()>) -> Result<ChainTemplate> {
+        let dom = &self.inner;
+        let mut st = dom.lock()?;
+        let mut c = WorkChain { dom, st: &st, steps: Vec::with_capacity(8) };
+        build(&mut c)?;
+        let mut steps = c.steps;
+        if steps.is_empty() {
+            return Err(Error::with(ErrorKind::Inval, "an empty chain"));
+        }
+        steps.reverse();
+        let w = Work {
+            id: 0,
+            ep: None,
+            trig: 0,
+            completion: None,
+            deferred: true,
+            flags: 0,
+            op: Op::Chain(steps),
+            _owned: None,
+        };
+        bind_held(&mut st, &w)?;
+        Ok(ChainTemplate { dom: dom.clone(), w })
+    }
+
+    /// Queues a copy of `t` as a chain ([`Domain::queue_chain`]), step
+    /// `i` (in push order) at threshold `threshold(i, t_i)` where `t_i` is
+    /// the threshold it was built with, and the destination of each
+    /// reduction step `i` in `dst` replaced by the pointer given (same
+    /// length).
+    ///
+    /// # Safety
+    /// As [`Domain::queue_work`], for the buffers of every step (those
+    /// the template was built with, and the ones in `dst`).
+    pub unsafe fn queue_template(
+        &self,
+        t: &ChainTemplate,
+        threshold: impl Fn(usize, u64) -> u64,
+        dst: &[(usize, *mut u8)],
+    ) -> Result<WorkId> {
+        let dom = &self.inner;
+        if !Arc::ptr_eq(&t.dom, dom) {
+            return Err(Error::with(ErrorKind::Inval, "a template of another domain"));
+        }
+        let mut w = t.w.clone();
+        let Op::Chain(steps) = &mut w.op else { unreachable!("a chain") };
+        let n = steps.len();
+        for (k, (th, s)) in steps.iter_mut().enumerate() {
+            *th = threshold(n - 1 - k, *th);
+            if let Some(&(_, p)) = dst.iter().find(|d| d.0 == n - 1 - k) {
+                match &mut s.op {
+                    Op::Reduce { dst, .. } => *dst = p,
+                    _ => return Err(Error::with(ErrorKind::Inval, "only a reduction's destination can be replaced")),
+                }
+            }
+        }
+        let (th, trig) = steps.last().map(|(t, s)| (*t, s.trig)).expect("not empty");
+        w.trig = trig;
+        let mut st = dom.lock()?;
+        w.id = st.trig.next;
+        run_or_queue(dom, &mut st, w, th).map(WorkId)
+    }
+
     /// FI_CANCEL_WORK: takes queued work off the queue; it never runs.
     /// `Ok(false)` if it is no longer queued (it ran, or was cancelled or
     /// flushed).
@@ -1030,6 +1323,60 @@ impl Domain {
     pub fn queued_work(&self) -> Result<usize> {
         let st = self.inner.lock()?;
         Ok(st.trig.lists.iter().map(|l| l.len()).sum())
+    }
+}
+
+/// The steps of a chain being built ([`Domain::queue_chain`]).
+pub struct WorkChain<'s> {
+    dom: &'s Arc<DomainInner>,
+    st: &'s DomainState,
+    /// (threshold, step), in order.
+    steps: Vec<(u64, Work)>,
+}
+
+impl WorkChain<'_> {
+    /// Appends `w` as the chain's next step, checked as
+    /// [`Domain::queue_work`] checks it (the safety contract of
+    /// [`Domain::queue_chain`] covers its buffers).
+    pub fn push(&mut self, w: DeferredWork<'_>) -> Result<()> {
+        let (dom, st) = (self.dom, self.st);
+        let trig = cntr_of(dom, st, w.triggering)?;
+        let completion = w.completion.map(|c| cntr_of(dom, st, c)).transpose()?;
+        let cntr_op = matches!(w.op, DeferredOp::CntrSet { .. } | DeferredOp::CntrAdd { .. });
+        if cntr_op && completion.is_some() {
+            return Err(Error::with(ErrorKind::Inval, "counter operations take no completion counter"));
+        }
+        let (mut work, _) = make(dom, st, w.op, true)?;
+        work.trig = trig;
+        work.completion = completion;
+        self.steps.push((w.threshold, work));
+        Ok(())
+    }
+
+    /// Steps pushed so far.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Whether no step was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+}
+
+/// A chain built once and queued many times ([`Domain::chain_template`],
+/// [`Domain::queue_template`]). Dropping it releases its counters.
+pub struct ChainTemplate {
+    dom: Arc<DomainInner>,
+    /// The chain (its steps checked when built; the counters bound).
+    w: Work,
+}
+
+impl Drop for ChainTemplate {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.dom.lock() {
+            release(&mut st, &self.w);
+        }
     }
 }
 

@@ -4,7 +4,9 @@
 //! endpoint counter without FI_COMPLETION), every operation type fired
 //! (through the target's mailbox too), work fired by a peer's RMA on an
 //! FI_RMA_EVENT counter, a chain of 1,000 deferred writes across 4 ranks,
-//! and work that fires with auto progress while the application sleeps.
+//! chains of deferred work queued as one (`Domain::queue_chain`) and
+//! chain templates queued again and again (`Domain::queue_template`), and work
+//! that fires with auto progress while the application sleeps.
 
 mod common;
 use common::{pattern, put_file, run, test_dir, World};
@@ -251,6 +253,160 @@ fn cancel_flush(w: World) {
 #[test]
 fn cancel_and_flush() {
     run("cancel_and_flush", 1, &[], T, cancel_flush);
+}
+
+/// A chain ([`Domain::queue_chain`]): one queue entry; its steps run in
+/// order, each once the one before ran and its own counter reached its
+/// threshold (a step already met waits for the one before it); it moves
+/// from counter to counter (flush by counter finds it where it waits);
+/// cancel takes its steps not yet run and frees their counters; a chain
+/// due at submission runs before the call returns; a push that fails, or
+/// an empty chain, queues nothing.
+fn chains(w: World) {
+    let (a, b, out, done) = (
+        w.dom.cntr_open().unwrap(),
+        w.dom.cntr_open().unwrap(),
+        w.dom.cntr_open().unwrap(),
+        w.dom.cntr_open().unwrap(),
+    );
+    // SAFETY: counter operations name no buffer.
+    let (_, k) = unsafe {
+        w.dom
+            .queue_chain(|c| {
+                c.push(cntr_add(&a, 1, &out, 1))?;
+                c.push(cntr_add(&b, 2, &out, 10))?;
+                c.push(cntr_add(&a, 1, &out, 100))?;
+                c.push(cntr_add(&out, 111, &done, 1))?;
+                Ok(c.len())
+            })
+            .unwrap()
+    };
+    assert_eq!(k, 4);
+    assert_eq!(w.dom.queued_work().unwrap(), 1, "a chain is one queue entry");
+    b.add(2).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!(out.read().unwrap(), 0, "the second step waits for the first");
+    a.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!((out.read().unwrap(), done.read().unwrap()), (111, 1), "every step, in order");
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+
+    // Moved to b's counter, flushed there.
+    // SAFETY: as above.
+    unsafe {
+        w.dom
+            .queue_chain(|c| {
+                c.push(cntr_add(&a, 2, &out, 1000))?;
+                c.push(cntr_add(&b, 3, &out, 1))
+            })
+            .unwrap()
+    };
+    assert_eq!(w.dom.flush_work(Some(&b)).unwrap(), 0, "it waits on a");
+    a.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!(out.read().unwrap(), 1111);
+    assert_eq!(w.dom.flush_work(Some(&a)).unwrap(), 0, "it moved on to b");
+    assert_eq!(w.dom.flush_work(Some(&b)).unwrap(), 1);
+    b.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!(out.read().unwrap(), 1111, "flushed steps never run");
+
+    // Cancel: the steps' counters are released.
+    let c2 = w.dom.cntr_open().unwrap();
+    // SAFETY: as above.
+    let (id, ()) = unsafe {
+        w.dom
+            .queue_chain(|c| {
+                c.push(cntr_add(&a, 100, &out, 5))?;
+                c.push(cntr_add(&c2, 1, &out, 5))
+            })
+            .unwrap()
+    };
+    assert_eq!(c2.close().unwrap_err().kind(), ErrorKind::Busy, "a step waits on it");
+    assert!(w.dom.cancel_work(id).unwrap());
+    assert!(!w.dom.cancel_work(id).unwrap(), "cancelled twice");
+    c2.close().unwrap();
+
+    // Due at submission: runs before the call returns.
+    // SAFETY: as above.
+    unsafe { w.dom.queue_chain(|c| c.push(cntr_add(&a, 0, &out, 7))).unwrap() };
+    assert_eq!(out.read().unwrap(), 1118);
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+
+    // A push that fails, an empty chain: nothing queued, nothing bound.
+    let other = w.fabric.domain().unwrap();
+    let foreign = other.cntr_open().unwrap();
+    let c3 = w.dom.cntr_open().unwrap();
+    // SAFETY: as above.
+    let e = unsafe {
+        w.dom.queue_chain(|c| {
+            c.push(cntr_add(&c3, 1, &out, 1))?;
+            c.push(cntr_add(&foreign, 1, &out, 1))
+        })
+    };
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::Inval);
+    // SAFETY: as above.
+    let e = unsafe { w.dom.queue_chain(|_| Ok(())) };
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::Inval, "an empty chain");
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    c3.close().unwrap();
+}
+
+#[test]
+fn chained_work() {
+    run("chained_work", 1, &[], T, chains);
+}
+
+/// A chain template ([`Domain::chain_template`]): each copy queued waits
+/// at its own thresholds (moved by the caller), a reduction's destination
+/// is replaced per copy (only a reduction's: anything else is refused and
+/// nothing queued), and the counters it names stay bound while it lives.
+fn templates(w: World) {
+    let (a, out) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    let src = [1u8, 2, 3, 4];
+    let (mut d0, mut d1, mut d2) = ([0u8; 4], [0u8; 4], [0u8; 4]);
+    let t = w
+        .dom
+        .chain_template(|c| {
+            c.push(DeferredWork {
+                threshold: 1,
+                triggering: &a,
+                completion: None,
+                op: DeferredOp::Reduce { dt: AtomicType::Uint8, op: AtomicOp::Write, src: &src, dst: &mut d0 },
+            })?;
+            c.push(cntr_add(&a, 1, &out, 1))
+        })
+        .unwrap();
+    assert_eq!(w.dom.queued_work().unwrap(), 0, "built, not queued");
+    assert_eq!(a.close().unwrap_err().kind(), ErrorKind::Busy, "the template holds its counters");
+    // SAFETY: d0, d1, d2 and src outlive the copies (read after they ran).
+    unsafe { w.dom.queue_template(&t, |_, th| th, &[]).unwrap() };
+    assert_eq!(out.read().unwrap(), 0);
+    a.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!((out.read().unwrap(), d0), (1, src), "the first copy, as built");
+    // SAFETY: as above.
+    unsafe { w.dom.queue_template(&t, |_, th| th + 1, &[(0, d1.as_mut_ptr())]).unwrap() };
+    w.dom.progress().unwrap();
+    assert_eq!((out.read().unwrap(), d1), (1, [0; 4]), "the second copy waits for a = 2");
+    a.add(1).unwrap();
+    w.dom.progress().unwrap();
+    assert_eq!((out.read().unwrap(), d1, d2), (2, src, [0; 4]), "into d1 only");
+    // SAFETY: as above.
+    let e = unsafe { w.dom.queue_template(&t, |_, th| th + 1, &[(1, d2.as_mut_ptr())]) };
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::Inval, "step 1 is a counter add");
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    // Already due: runs before the call returns.
+    // SAFETY: as above.
+    unsafe { w.dom.queue_template(&t, |_, th| th + 1, &[(0, d2.as_mut_ptr())]).unwrap() };
+    assert_eq!((out.read().unwrap(), d2), (3, src));
+    drop(t);
+    a.close().unwrap();
+}
+
+#[test]
+fn chain_templates() {
+    run("chain_templates", 1, &[], T, templates);
 }
 
 /// Deferred sends report only on their completion counter unless they ask

@@ -9,9 +9,10 @@
 //! remote-write counter, and sends the keys to that peer (tagged
 //! messages on the endpoint, tag space `JOIN_TAG`). Then every
 //! collective is non-blocking: [`CollGroup::allreduce`] and the others
-//! queue the whole schedule as deferred work ([`Domain::queue_work`]) and
-//! return a [`CollOp`]; [`CollGroup::test`] / [`CollGroup::wait`] tell when
-//! it completed (a counter bound at join counts each completion too).
+//! queue the whole schedule as one chain of deferred work
+//! ([`Domain::queue_chain`]) and return a [`CollOp`];
+//! [`CollGroup::test`] / [`CollGroup::wait`] tell when it completed (a
+//! counter bound at join counts each completion too).
 //!
 //! **Data movement.** A step is an RMA write from a local buffer into the
 //! peer's slot region for us: on the shared heap it is one copy by the
@@ -24,16 +25,31 @@
 //! writer's writes to one target are issued in order and complete when
 //! issued (heap path), so arrivals from one peer count in order.
 //!
-//! **Sequencing.** A rank's schedule is a chain: each action is queued at
-//! the point the chain has reached (a counter and a threshold); actions at
-//! one point run in submission order. Waiting for peer `j` moves the chain
-//! onto `C[j]`: if the chain is elsewhere, a deferred add of 1 to `C[j]`
-//! (a *token*) is queued at the current point and the new point is "`C[j]`
-//! holds every arrival and token so far". This joins the local chain and
-//! the arrival only because in every schedule here a peer writes to us at
-//! most once between two times our chain waits on someone else (ring
-//! algorithms stay on the left neighbour's counter for their whole run);
-//! the builder asserts it.
+//! **Sequencing.** A rank's schedule is one chain: each step waits for
+//! the one before it to have run and for its own trigger, the point the
+//! schedule has reached (a counter and a threshold). The start is the
+//! group's `done` counter at the instance number; waiting for peer `j`'s
+//! next write moves the point to "`C[j]` counted every write from `j`
+//! so far" (the group keeps the tally per counter: thresholds are
+//! cumulative). The chain is one queue entry that moves from counter to
+//! counter as it advances, so no token counts are needed to join the
+//! local order and an arrival, and a schedule may wait on any peer in
+//! any order. The plan runs once, under the domain lock, inside
+//! `queue_chain`: a plan that fails (sizes over the slots) queues
+//! nothing and leaves the group usable.
+//!
+//! **Kept schedules.** Barrier and allreduce up to 4 KiB
+//! build their chain once per shape (operation, size, type, reduction)
+//! and parity, as a [`crate::trigger::ChainTemplate`] with thresholds
+//! relative to the instance (the start at 0, peer `j`'s counter at the
+//! count of its writes within the instance) and their own buffer; each
+//! instance copies the send data into that buffer and queues a copy of
+//! the chain with the thresholds moved by the instance number and the
+//! tally, and the final copy's destination set to the caller's result
+//! ([`Domain::queue_template`]): no plan, check, record or allocation per
+//! step. A group keeps at most 16 (the oldest goes); they hold the
+//! group's counters, and the application's counter given at join, bound
+//! until the group is dropped.
 //!
 //! **Reuse.** Instance `k` uses parity `k % 2` of every slot region and
 //! counter; posting instance `k` first waits for instance `k - 1` (one
@@ -75,7 +91,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::flags::*;
 use crate::mr::MemoryRegion;
 use crate::rma::RmaIov;
-use crate::trigger::{DeferredOp, DeferredWork};
+use crate::trigger::{DeferredOp, DeferredWork, WorkChain};
 use std::cell::{Cell, RefCell};
 use std::io::IoSlice;
 use std::time::{Duration, Instant};
@@ -91,6 +107,10 @@ pub const JOIN_TAG: u64 = 0x3C01 << 48;
 /// below it, recursive doubling / dissemination (fewer steps, more bytes
 /// per rank).
 pub const RING_MIN: usize = 32 * 1024;
+
+/// Allreduces of at most this many bytes keep their schedule built
+/// (per group, shape and parity; a kept schedule holds its buffer).
+const KEPT_MAX: usize = 4096;
 
 /// Passes `wait` makes before it yields the CPU between passes (a few
 /// microseconds: a peer on another CPU answers within them).
@@ -149,8 +169,8 @@ pub struct CollGroup<'a> {
     peers: Vec<Option<Peer>>,
     /// Counters of the slot regions, by member and parity.
     arrivals: Vec<Option<[Counter; 2]>>,
-    /// What each counter has been promised so far (arrivals plus tokens),
-    /// by member and parity: thresholds are cumulative.
+    /// Writes expected so far from each peer, by member and parity:
+    /// thresholds are cumulative.
     tally: RefCell<Vec<[u64; 2]>>,
     /// Counts completed instances (the start point of the next one).
     done: Counter,
@@ -164,6 +184,44 @@ pub struct CollGroup<'a> {
     tested: Cell<Instant>,
     zero: Box<[u8; 8]>,
     other: RefCell<Vec<CqTaggedEntry>>,
+    /// The vectors a [`Sched`] works in, kept between calls.
+    scratch: RefCell<Scratch>,
+    /// Schedules built once and re-armed (barrier, small allreduce), by
+    /// shape and parity; the oldest goes past [`TEMPLATES`].
+    templates: RefCell<Vec<(Shape, usize, Template)>>,
+}
+
+/// Most schedules a group keeps built ([`CollGroup::templates`]).
+const TEMPLATES: usize = 16;
+
+/// What a kept schedule does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Barrier,
+    Allreduce { len: usize, dt: AtomicType, op: AtomicOp },
+}
+
+/// A schedule built once ([`Domain::chain_template`]), thresholds
+/// relative to the instance: steps waiting on `done` at 0, on a peer's
+/// counter at the count of its writes within the instance.
+struct Template {
+    t: crate::trigger::ChainTemplate,
+    /// Where each step waits (the start, or a peer's counter).
+    at: Vec<At>,
+    /// Writes from each member per instance (the tally's step).
+    writes: Vec<u64>,
+    /// The steps whose destination is the caller's result buffer.
+    outs: Vec<usize>,
+    /// The instance's buffers (the first one takes the send data).
+    bufs: Vec<Vec<u8>>,
+}
+
+/// A schedule builder's per-member vectors (see [`Sched`]).
+#[derive(Default)]
+struct Scratch {
+    out_off: Vec<usize>,
+    in_off: Vec<usize>,
+    tally: Vec<u64>,
 }
 
 /// Joins made in this process, by member list (its hash): the join's
@@ -204,7 +262,8 @@ impl<'a> CollGroup<'a> {
     /// reads meanwhile are kept, as full entries with the fields the
     /// CQ's format lacks 0, for [`CollGroup::take_other_completions`].
     /// `cntr`, if given,
-    /// is counted by one as each collective completes.
+    /// is counted by one as each collective completes (and stays bound,
+    /// so cannot close, until the group is dropped).
     pub fn join(
         dom: &'a Domain,
         ep: &'a Endpoint,
@@ -375,6 +434,8 @@ impl<'a> CollGroup<'a> {
             tested: Cell::new(Instant::now()),
             zero: Box::new([0; 8]),
             other: RefCell::new(other),
+            scratch: RefCell::new(Scratch::default()),
+            templates: RefCell::new(Vec::new()),
         })
     }
 
@@ -484,29 +545,119 @@ impl<'a> CollGroup<'a> {
         }
     }
 
-    /// Posts one instance of `plan`: first dry (sizes checked against the
-    /// slots, nothing queued, so a refusal leaves the group usable), then,
-    /// once the instance in flight completed, for real.
-    fn post(&self, mut plan: impl FnMut(&mut Sched<'_, 'a>) -> Result<()>) -> Result<CollOp> {
+    /// Posts one instance of `plan`: once the instance in flight
+    /// completed, the plan is built and queued as one chain of deferred
+    /// work ([`Domain::queue_chain`], one acquisition of the domain lock);
+    /// a plan that fails (sizes over the slots) queues nothing and leaves
+    /// the group usable.
+    fn post<'g>(&'g self, plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>) -> Result<CollOp> {
         if self.broken.get() {
             return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
         }
-        plan(&mut Sched::new(self, self.next.get(), true))?;
         let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
         if let Some(s) = prev {
             self.wait(CollOp { seq: s }, None)?;
         }
         *self.inflight.borrow_mut() = None;
-        let mut s = Sched::new(self, self.next.get(), false);
-        plan(&mut s)?;
-        s.finish()
+        let seq = self.next.get();
+        // SAFETY: the buffers the steps name are the instance's (kept in
+        // `inflight` until it completed, or flushed first on failure and
+        // drop) or the caller's, valid until completion by the contract
+        // of the collective's call.
+        let (_, (sc, bufs)) = unsafe {
+            self.dom.queue_chain(|c| {
+                let mut s = Sched::new(self, seq, c);
+                plan(&mut s)?;
+                s.finish()
+            })
+        }?;
+        let q = (seq % 2) as usize;
+        for (t, &n) in self.tally.borrow_mut().iter_mut().zip(&sc.tally) {
+            t[q] = n;
+        }
+        *self.scratch.borrow_mut() = sc;
+        self.next.set(seq + 1);
+        *self.inflight.borrow_mut() = Some(Inflight { seq, _bufs: bufs });
+        Ok(CollOp { seq })
+    }
+
+    /// Posts one instance of a schedule kept built for `shape` (built by
+    /// `plan` the first time, per parity): `send` goes to its first
+    /// buffer, the steps the plan wrote to the caller's buffer write to
+    /// `out` instead. No check, record or allocation per step.
+    fn post_kept<'g>(
+        &'g self,
+        shape: Shape,
+        send: &[u8],
+        out: *mut u8,
+        plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>,
+    ) -> Result<CollOp> {
+        if self.broken.get() {
+            return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
+        }
+        let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
+        if let Some(s) = prev {
+            self.wait(CollOp { seq: s }, None)?;
+        }
+        *self.inflight.borrow_mut() = None;
+        let seq = self.next.get();
+        let q = (seq % 2) as usize;
+        let mut kept = self.templates.borrow_mut();
+        let i = match kept.iter().position(|(sh, p, _)| *sh == shape && *p == q) {
+            Some(i) => i,
+            None => {
+                let mut made = None;
+                let t = self.dom.chain_template(|c| {
+                    let mut s = Sched::new(self, seq, c);
+                    s.relative();
+                    plan(&mut s)?;
+                    let (sc, bufs, at, outs) = s.finish_kept()?;
+                    made = Some((sc.tally, bufs, at, outs));
+                    Ok(())
+                })?;
+                let (writes, bufs, at, outs) = made.expect("built");
+                if kept.len() >= TEMPLATES {
+                    kept.remove(0);
+                }
+                kept.push((shape, q, Template { t, at, writes, outs, bufs }));
+                kept.len() - 1
+            }
+        };
+        let k = &mut kept[i].2;
+        if let Some(b) = k.bufs.first_mut() {
+            b[..send.len()].copy_from_slice(send);
+        }
+        let dst: Vec<(usize, *mut u8)> = k.outs.iter().map(|&st| (st, out)).collect();
+        let base = self.tally.borrow();
+        let at = &k.at;
+        // SAFETY: the template's buffers are kept with it (the instance
+        // two back, which used them, completed before the one in flight
+        // started), the zero word is the group's, `out` the caller's,
+        // valid until completion by the contract of the collective's call.
+        unsafe {
+            self.dom.queue_template(
+                &k.t,
+                |st, th| match at[st] {
+                    At::Done(_) => th + seq,
+                    At::Peer(j, _) => th + base[j][q],
+                },
+                &dst,
+            )
+        }?;
+        drop(base);
+        for (t, w) in self.tally.borrow_mut().iter_mut().zip(&k.writes) {
+            t[q] += w;
+        }
+        self.next.set(seq + 1);
+        *self.inflight.borrow_mut() = Some(Inflight { seq, _bufs: Vec::new() });
+        Ok(CollOp { seq })
     }
 
     /// fi_barrier: completes once every member entered it.
     pub fn barrier(&self) -> Result<CollOp> {
         let (n, me) = (self.size(), self.me);
         let z = self.zero.as_ptr();
-        self.post(|s| {
+        self.post_kept(Shape::Barrier, &[], std::ptr::null_mut(), |s| {
             let mut d = 1;
             while d < n {
                 s.write((me + d) % n, &[(z, 8)])?;
@@ -530,11 +681,16 @@ impl<'a> CollGroup<'a> {
             return Err(Error::with(ErrorKind::Inval, "allreduce: send and receive differ in length"));
         }
         let out = recv.as_mut_ptr();
-        self.post(|s| {
+        let plan = |s: &mut Sched<'_, 'a, '_, '_>| {
             let acc = s.buf_with(|| send.to_vec());
             s.allreduce(acc, send.len(), dt, op)?;
             s.copy_out(acc, out, send.len())
-        })
+        };
+        if send.len() <= KEPT_MAX {
+            self.post_kept(Shape::Allreduce { len: send.len(), dt, op }, send, out, plan)
+        } else {
+            self.post(plan)
+        }
     }
 
     /// fi_reduce: as allreduce, the result at `root` only (`recv` is
@@ -656,10 +812,8 @@ impl<'a> CollGroup<'a> {
         self.post(|s| {
             let src = s.buf_with(|| send.to_vec());
             let p = s.ptr(src);
-            if !s.dry {
-                // SAFETY: the caller's buffer, valid for the call.
-                unsafe { std::slice::from_raw_parts_mut(out.add(me * b), b) }.copy_from_slice(&send[me * b..][..b]);
-            }
+            // SAFETY: the caller's buffer, valid for the call.
+            unsafe { std::slice::from_raw_parts_mut(out.add(me * b), b) }.copy_from_slice(&send[me * b..][..b]);
             for d in 1..n {
                 let j = (me + d) % n;
                 s.write(j, &[(p.wrapping_add(j * b), b)])?;
@@ -752,47 +906,48 @@ enum At {
     Peer(usize, u64),
 }
 
-/// Builds one instance's schedule on one rank.
-struct Sched<'g, 'a> {
+/// Builds one instance's schedule on one rank, as a chain of steps.
+struct Sched<'g, 'a, 'c, 's> {
     g: &'g CollGroup<'a>,
+    c: &'c mut WorkChain<'s>,
     q: usize,
-    seq: u64,
     at: At,
-    /// Bytes written so far to each peer's slot region for us.
-    out_off: Vec<usize>,
-    /// Bytes received so far in our slot region of each peer.
-    in_off: Vec<usize>,
-    /// Peers whose counter the chain has left (it must not come back).
-    left: Vec<bool>,
+    /// By member: bytes written so far to each peer's slot region for
+    /// us (`out_off`), bytes received so far in our slot region of each
+    /// peer (`in_off`), writes expected from each peer on parity `q` so
+    /// far, cumulative (`tally`: the group's once the chain is queued).
+    sc: Scratch,
     bufs: Vec<Vec<u8>>,
-    /// A dry run: sizes are checked, nothing is queued or counted, and
-    /// buffers are not made (their pointers are never dereferenced).
-    dry: bool,
-    /// Work was queued, and the instance not finished: dropping it breaks
-    /// the group (the others cannot be kept in step).
-    open: Cell<bool>,
+    /// Building a kept schedule: where each step waits, and the steps
+    /// writing the caller's result (see [`Template`]).
+    kept: Option<(Vec<At>, Vec<usize>)>,
 }
 
-impl<'g, 'a> Sched<'g, 'a> {
-    fn new(g: &'g CollGroup<'a>, seq: u64, dry: bool) -> Self {
+impl<'g, 'a, 'c, 's> Sched<'g, 'a, 'c, 's> {
+    fn new(g: &'g CollGroup<'a>, seq: u64, c: &'c mut WorkChain<'s>) -> Self {
         let n = g.size();
-        Sched {
-            g,
-            q: (seq % 2) as usize,
-            seq,
-            at: At::Done(seq),
-            out_off: vec![0; n],
-            in_off: vec![0; n],
-            left: vec![false; n],
-            bufs: Vec::new(),
-            dry,
-            open: Cell::new(false),
-        }
+        let q = (seq % 2) as usize;
+        let mut sc = g.scratch.take();
+        sc.out_off.clear();
+        sc.out_off.resize(n, 0);
+        sc.in_off.clear();
+        sc.in_off.resize(n, 0);
+        sc.tally.clear();
+        sc.tally.extend(g.tally.borrow().iter().map(|t| t[q]));
+        Sched { g, c, q, at: At::Done(seq), sc, bufs: Vec::new(), kept: None }
     }
 
-    /// A buffer of the instance, made by `f` (not in a dry run).
+    /// Builds a kept schedule instead: thresholds relative to the
+    /// instance (see [`Template`]), each step's point logged.
+    fn relative(&mut self) {
+        self.at = At::Done(0);
+        self.sc.tally.iter_mut().for_each(|t| *t = 0);
+        self.kept = Some((Vec::new(), Vec::new()));
+    }
+
+    /// A buffer of the instance, made by `f`.
     fn buf_with(&mut self, f: impl FnOnce() -> Vec<u8>) -> usize {
-        self.bufs.push(if self.dry { Vec::new() } else { f() });
+        self.bufs.push(f());
         self.bufs.len() - 1
     }
 
@@ -800,93 +955,86 @@ impl<'g, 'a> Sched<'g, 'a> {
         self.bufs[b].as_mut_ptr()
     }
 
-    /// Queues `op` at the chain's point.
-    fn queue<'x>(&'x self, op: DeferredOp<'x>, completion: Option<&'x Counter>) -> Result<()> {
-        if self.dry {
-            return Ok(());
-        }
+    /// Appends `op` to the chain, at the chain's point.
+    fn queue<'x>(&mut self, op: DeferredOp<'x>, completion: Option<&'x Counter>) -> Result<()>
+    where
+        'g: 'x,
+    {
+        let g = self.g;
         let (cntr, threshold) = match self.at {
-            At::Done(t) => (&self.g.done, t),
-            At::Peer(j, t) => (&self.g.arrivals[j].as_ref().expect("a peer")[self.q], t),
+            At::Done(t) => (&g.done, t),
+            At::Peer(j, t) => (&g.arrivals[j].as_ref().expect("a peer")[self.q], t),
         };
-        self.open.set(true);
-        // SAFETY: the buffers named are the group's (kept in `inflight`
-        // until the instance completed, or flushed first on failure and
-        // drop) or the caller's, valid until completion by the contract of
-        // the collective's call.
-        unsafe { self.g.dom.queue_work(DeferredWork { threshold, triggering: cntr, completion, op }) }?;
-        Ok(())
+        if let Some((at, _)) = &mut self.kept {
+            at.push(self.at);
+        }
+        self.c.push(DeferredWork { threshold, triggering: cntr, completion, op })
     }
 
     /// Writes `segs` (local) to peer `j`'s slot region for us.
     fn write(&mut self, j: usize, segs: &[(*const u8, usize)]) -> Result<()> {
         let len: usize = segs.iter().map(|s| s.1).sum();
-        let off = self.out_off[j];
+        let off = self.sc.out_off[j];
         if off + len > self.g.attr.slot_bytes {
             return Err(too_big(self.g.attr.slot_bytes));
         }
-        self.out_off[j] += len;
+        self.sc.out_off[j] += len;
         let key = self.g.peers[j].as_ref().expect("a peer").keys[self.q];
-        // SAFETY: the segments are valid for the instance (see `queue`).
-        let iov: Vec<IoSlice<'_>> =
-            segs.iter().map(|&(p, l)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, l) })).collect();
+        // At most 2 segments (Bruck's wrapped run): no allocation.
+        assert!(segs.len() <= 2, "a write of 1 or 2 segments");
+        let mut iov = [IoSlice::new(&[]), IoSlice::new(&[])];
+        for (v, &(p, l)) in iov.iter_mut().zip(segs) {
+            // SAFETY: the segments are valid for the instance (see `post`).
+            *v = IoSlice::new(unsafe { std::slice::from_raw_parts(p, l) });
+        }
+        let iov = &iov[..segs.len()];
         let rma = [RmaIov { addr: off as u64, len, key }];
         let op = DeferredOp::Write {
             ep: self.g.ep,
-            iov: &iov,
+            iov,
             rma_iov: &rma,
             dest: self.g.members[j],
             context: 0,
             data: 0,
             flags: 0,
         };
-        self.queue(op, Some(&self.g.wr))
+        let g = self.g;
+        self.queue(op, Some(&g.wr))
     }
 
-    /// Moves the chain to "the next `len` bytes from peer `j` arrived";
-    /// returns where they are.
+    /// Moves the chain to "the next `len` bytes from peer `j` arrived"
+    /// (the chain's next step waits for `j`'s next write: its counter
+    /// counts only `j`'s writes); returns where they are.
     fn arrive(&mut self, j: usize, len: usize) -> Result<*mut u8> {
-        let off = self.in_off[j];
+        let off = self.sc.in_off[j];
         if off + len > self.g.attr.slot_bytes {
             return Err(too_big(self.g.attr.slot_bytes));
         }
-        self.in_off[j] += len;
-        if self.dry {
-            return Ok(std::ptr::null_mut::<u8>().wrapping_add(off));
-        }
-        let mut tally = self.g.tally.borrow_mut();
-        match self.at {
-            At::Peer(k, _) if k == j => {}
-            _ => {
-                assert!(!self.left[j], "schedule returns to peer {j}: a token could be overtaken");
-                if let At::Peer(k, _) = self.at {
-                    self.left[k] = true;
-                }
-                // The token: our chain reached this point.
-                let c = &self.g.arrivals[j].as_ref().expect("a peer")[self.q];
-                self.queue(DeferredOp::CntrAdd { cntr: c, value: 1 }, None)?;
-                tally[j][self.q] += 1;
-            }
-        }
-        tally[j][self.q] += 1;
-        self.at = At::Peer(j, tally[j][self.q]);
+        self.sc.in_off[j] += len;
+        self.sc.tally[j] += 1;
+        self.at = At::Peer(j, self.sc.tally[j]);
         let r = &self.g.peers[j].as_ref().expect("a peer").mine[self.q];
         Ok(r.as_ptr().wrapping_add(off))
     }
 
     /// `dst = op(dst, src)` at the chain's point.
-    fn reduce(&self, src: *const u8, dst: *mut u8, len: usize, dt: AtomicType, op: AtomicOp) -> Result<()> {
+    fn reduce(&mut self, src: *const u8, dst: *mut u8, len: usize, dt: AtomicType, op: AtomicOp) -> Result<()> {
         // SAFETY: both valid for the instance (see `queue`), disjoint
         // (a slot region and a local buffer, or two buffers).
         let (s, d) = unsafe { (std::slice::from_raw_parts(src, len), std::slice::from_raw_parts_mut(dst, len)) };
         self.queue(DeferredOp::Reduce { dt, op, src: s, dst: d }, None)
     }
 
-    fn copy_raw(&self, src: *const u8, dst: *mut u8, len: usize) -> Result<()> {
+    fn copy_raw(&mut self, src: *const u8, dst: *mut u8, len: usize) -> Result<()> {
         self.reduce(src, dst, len, AtomicType::Uint8, AtomicOp::Write)
     }
 
+    /// Copies buffer `b` to the caller's result `dst`.
     fn copy_out(&mut self, b: usize, dst: *mut u8, len: usize) -> Result<()> {
+        let n = self.c.len();
+        if let Some((_, outs)) = &mut self.kept {
+            outs.push(n);
+        }
         let p = self.ptr(b);
         self.copy_raw(p, dst, len)
     }
@@ -1007,28 +1155,31 @@ impl<'g, 'a> Sched<'g, 'a> {
     }
 
     /// Ends the schedule: the instance counts `done` (and the user's
-    /// counter) once everything before ran.
-    fn finish(mut self) -> Result<CollOp> {
-        if let Some(u) = self.g.user {
+    /// counter) once everything before ran. Returns the vectors (with
+    /// the tally) and the buffers, for the group once the chain is
+    /// queued.
+    fn finish(mut self) -> Result<(Scratch, Vec<Vec<u8>>)> {
+        let g = self.g;
+        if let Some(u) = g.user {
             self.queue(DeferredOp::CntrAdd { cntr: u, value: 1 }, None)?;
         }
-        let done = &self.g.done;
-        self.queue(DeferredOp::CntrAdd { cntr: done, value: 1 }, None)?;
-        self.g.next.set(self.seq + 1);
-        *self.g.inflight.borrow_mut() = Some(Inflight { seq: self.seq, _bufs: std::mem::take(&mut self.bufs) });
-        self.open.set(false);
-        Ok(CollOp { seq: self.seq })
+        self.queue(DeferredOp::CntrAdd { cntr: &g.done, value: 1 }, None)?;
+        Ok((self.sc, self.bufs))
     }
 }
 
-impl Drop for Sched<'_, '_> {
-    fn drop(&mut self) {
-        if self.open.get() {
-            // Not finished (an error while building): work already queued
-            // names these buffers and may be half run; the group cannot
-            // continue in step with the others.
-            self.g.fail();
+impl Sched<'_, '_, '_, '_> {
+    /// [`Sched::finish`] of a kept schedule: also where each step waits
+    /// and the steps writing the caller's result.
+    #[allow(clippy::type_complexity)]
+    fn finish_kept(mut self) -> Result<(Scratch, Vec<Vec<u8>>, Vec<At>, Vec<usize>)> {
+        let g = self.g;
+        if let Some(u) = g.user {
+            self.queue(DeferredOp::CntrAdd { cntr: u, value: 1 }, None)?;
         }
+        self.queue(DeferredOp::CntrAdd { cntr: &g.done, value: 1 }, None)?;
+        let (at, outs) = self.kept.take().expect("a kept schedule");
+        Ok((self.sc, self.bufs, at, outs))
     }
 }
 
