@@ -545,12 +545,10 @@ impl<'a> CollGroup<'a> {
         }
     }
 
-    /// Posts one instance of `plan`: once the instance in flight
-    /// completed, the plan is built and queued as one chain of deferred
-    /// work ([`Domain::queue_chain`], one acquisition of the domain lock);
-    /// a plan that fails (sizes over the slots) queues nothing and leaves
-    /// the group usable.
-    fn post<'g>(&'g self, plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>) -> Result<CollOp> {
+    /// The start of every post: refused once the group broke; waits for
+    /// the instance in flight (one at a time per group); the new
+    /// instance's sequence number.
+    fn begin_post(&self) -> Result<u64> {
         if self.broken.get() {
             return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
         }
@@ -559,7 +557,16 @@ impl<'a> CollGroup<'a> {
             self.wait(CollOp { seq: s }, None)?;
         }
         *self.inflight.borrow_mut() = None;
-        let seq = self.next.get();
+        Ok(self.next.get())
+    }
+
+    /// Posts one instance of `plan`: once the instance in flight
+    /// completed, the plan is built and queued as one chain of deferred
+    /// work ([`Domain::queue_chain`], one acquisition of the domain lock);
+    /// a plan that fails (sizes over the slots) queues nothing and leaves
+    /// the group usable.
+    fn post<'g>(&'g self, plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>) -> Result<CollOp> {
+        let seq = self.begin_post()?;
         // SAFETY: the buffers the steps name are the instance's (kept in
         // `inflight` until it completed, or flushed first on failure and
         // drop) or the caller's, valid until completion by the contract
@@ -592,15 +599,7 @@ impl<'a> CollGroup<'a> {
         out: *mut u8,
         plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>,
     ) -> Result<CollOp> {
-        if self.broken.get() {
-            return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
-        }
-        let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
-        if let Some(s) = prev {
-            self.wait(CollOp { seq: s }, None)?;
-        }
-        *self.inflight.borrow_mut() = None;
-        let seq = self.next.get();
+        let seq = self.begin_post()?;
         let q = (seq % 2) as usize;
         let mut kept = self.templates.borrow_mut();
         let i = match kept.iter().position(|(sh, p, _)| *sh == shape && *p == q) {
