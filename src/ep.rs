@@ -954,6 +954,7 @@ mod tests {
         assert_eq!(&data[..n], &tx.getname().to_bytes()[..], "the error data is the sender's address");
         assert_eq!(&b[..3], b"who", "received whole");
         let from = av.insert(&[Address::from_bytes(&data[..n]).unwrap()]).unwrap()[0];
+        // SAFETY: b outlives the completion read below.
         unsafe { rx.recv(&mut b, FI_ADDR_UNSPEC, 3).unwrap() };
         tx.inject(b"known", to).unwrap();
         dom.progress().unwrap();
