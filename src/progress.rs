@@ -623,10 +623,10 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
     // A single copy whose two buffers sit in the slow band of the kernel's
     // copy (crate::copy: 4-5x slower) goes through the pool instead, whose
     // two copies we make ourselves.
+    let local = if try_cma { local_ranges(&d, 0, usize::MAX) } else { Vec::new() };
     let aliased = try_cma && {
-        let local: Vec<(u64, u64)> =
-            local_ranges(&d, 0, usize::MAX).iter().map(|&(a, l)| (a as u64, l as u64)).collect();
-        crate::copy::ranges_in_band(&rts.iovs, &local)
+        let dst: Vec<(u64, u64)> = local.iter().map(|&(a, l)| (a as u64, l as u64)).collect();
+        crate::copy::ranges_in_band(&rts.iovs, &dst)
     };
     if aliased {
         ep.stats.cma_aliased += 1;
@@ -645,7 +645,6 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
             split_copy(ep, ctx, p, d, info, rts, want);
             return;
         }
-        let local = local_ranges(&d, 0, usize::MAX);
         let peer = &mut ep.peers[p];
         let t0 = class.map(|_| std::time::Instant::now());
         match cma::read(peer.pid, &local, &rts.iovs, ctx.cfg.cma) {
