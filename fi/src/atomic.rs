@@ -46,7 +46,7 @@ pub static ATOMIC_OPS: sys::fi_ops_atomic = sys::fi_ops_atomic {
 };
 
 /// libfabric's datatype and op as the library's.
-fn map(dt: sys::fi_datatype, op: sys::fi_op) -> Option<(AtomicType, AtomicOp)> {
+pub(crate) fn map(dt: sys::fi_datatype, op: sys::fi_op) -> Option<(AtomicType, AtomicOp)> {
     let dt = AtomicType::from_raw(u8::try_from(dt).ok()?)?;
     let op = AtomicOp::from_raw(u8::try_from(op).ok()?)?;
     Some((dt, op))

@@ -200,18 +200,17 @@ fn dt_size(dt: sys::fi_datatype) -> Option<usize> {
 
 /// A reduction the library computes, as its types.
 fn reduction(dt: sys::fi_datatype, op: sys::fi_op) -> Option<(AtomicType, AtomicOp)> {
-    let t = AtomicType::from_raw(u8::try_from(dt).ok()?)?;
-    let o = AtomicOp::from_raw(u8::try_from(op).ok()?)?;
+    let (t, o) = crate::atomic::map(dt, op)?;
     (o != AtomicOp::Write && shmfab::coll::reduce::supported(t, o)).then_some((t, o))
 }
 
-/// Bytes of each group's slot region (`SHMFAB_COLL_SLOT_BYTES`).
-fn slot_bytes() -> usize {
-    std::env::var("SHMFAB_COLL_SLOT_BYTES")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| (4096..=1 << 30).contains(&n))
-        .unwrap_or(CollAttr::default().slot_bytes)
+/// Bytes of each group's slot region (`SHMFAB_COLL_SLOT_BYTES`, 4 KiB to
+/// 1 GiB, k/m/g suffixes as every `SHMFAB_*` size); a value set but not
+/// valid is an error naming it, as for the library's variables.
+fn slot_bytes() -> shmfab::Result<usize> {
+    let get = |n: &str| std::env::var(n).ok();
+    let v = shmfab::proto::parse_env(&get, "SHMFAB_COLL_SLOT_BYTES", 4096, 1 << 30, shmfab::proto::Rule::Any)?;
+    Ok(v.unwrap_or(CollAttr::default().slot_bytes))
 }
 
 /// `fi_query_collective` (see the module's docs).
@@ -250,8 +249,12 @@ pub unsafe extern "C" fn query_collective(
         sys::FI_SCATTER | sys::FI_GATHER => return EOPNOTSUPP,
         _ => return EINVAL,
     };
+    let slot = match slot_bytes() {
+        Ok(s) => s,
+        Err(err) => return util::err(err, sys::FI_LOG_DOMAIN, "fi_query_collective"),
+    };
     a.datatype_attr.size = size;
-    a.datatype_attr.count = (slot_bytes() / 2).checked_div(size).unwrap_or(0);
+    a.datatype_attr.count = (slot / 2).checked_div(size).unwrap_or(0);
     a.max_members = MAX_MEMBERS;
     a.mode = 0;
     0
@@ -714,7 +717,10 @@ pub unsafe extern "C" fn join(
     // The group is dropped in `mc_close`, before `mcs` lets them go.
     let (dom, lep, lc): (&'static shmfab::Domain, &'static shmfab::Endpoint, Option<&'static shmfab::Counter>) =
         unsafe { (&*(e.domain() as *const _), &*(&e.ep as *const _), lib_cntr.map(|c| &*(c as *const _))) };
-    let attr = CollAttr { slot_bytes: slot_bytes(), ..Default::default() };
+    let attr = match slot_bytes() {
+        Ok(s) => CollAttr { slot_bytes: s, ..Default::default() },
+        Err(err) => return util::err(err, sys::FI_LOG_EP_CTRL, "fi_join_collective"),
+    };
     let g = match CollGroup::join(dom, lep, &av.av, &rx.cq, &members, lc, attr) {
         Ok(g) => g,
         Err(err) => return util::err(err, sys::FI_LOG_EP_CTRL, "fi_join_collective"),
@@ -1192,5 +1198,24 @@ unsafe extern "C" fn reduce(
             let out: &mut [u8] = if g.rank() == root { dst(result, n)? } else { &mut [] };
             Ok(g.reduce(src(buf, n)?, out, root, t, o))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn slot_bytes_takes_sizes_and_refuses_garbage() {
+        // The only test in this binary that touches this variable.
+        std::env::remove_var("SHMFAB_COLL_SLOT_BYTES");
+        assert_eq!(super::slot_bytes().unwrap(), shmfab::CollAttr::default().slot_bytes);
+        std::env::set_var("SHMFAB_COLL_SLOT_BYTES", "64k");
+        assert_eq!(super::slot_bytes().unwrap(), 64 << 10);
+        for bad in ["12x", "1024", "2g", ""] {
+            std::env::set_var("SHMFAB_COLL_SLOT_BYTES", bad);
+            let e = super::slot_bytes().unwrap_err();
+            assert_eq!(e.kind(), shmfab::ErrorKind::Inval, "{bad:?}");
+            assert!(e.to_string().contains("SHMFAB_COLL_SLOT_BYTES"), "{e}");
+        }
+        std::env::remove_var("SHMFAB_COLL_SLOT_BYTES");
     }
 }
