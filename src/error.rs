@@ -107,13 +107,15 @@ const TABLE: &[(ErrorKind, i32, &str)] = &[
 
 impl ErrorKind {
     /// Positive fabric errno value.
+    #[inline]
     pub fn errno(self) -> i32 {
-        TABLE.iter().find(|t| t.0 == self).map(|t| t.1).unwrap_or(256)
+        // The table has a row per kind in declaration order (tested).
+        TABLE[self as usize].1
     }
 
     /// fi_strerror text.
     pub fn message(self) -> &'static str {
-        TABLE.iter().find(|t| t.0 == self).map(|t| t.2).unwrap_or("Unspecified error")
+        TABLE[self as usize].2
     }
 
     /// The kind of a positive fabric errno (FI_EOTHER when unknown).
@@ -189,6 +191,7 @@ impl Error {
     }
 
     /// Positive fabric errno.
+    #[inline]
     pub fn errno(&self) -> i32 {
         self.kind().errno()
     }
@@ -205,6 +208,13 @@ impl Error {
 
     /// `-FI_EAGAIN`.
     pub const AGAIN: Error = Error::new(ErrorKind::Again);
+
+    /// Whether this is [`Error::AGAIN`] (no detail): one compare, for
+    /// the poll loops' answer.
+    #[inline]
+    pub fn is_plain_again(&self) -> bool {
+        self.repr == Error::AGAIN.repr
+    }
 }
 
 impl Drop for Error {
@@ -307,6 +317,9 @@ mod tests {
             assert_eq!(b2.detail(), Some(format!("detail {i}").as_str()));
         }
         assert_eq!(Error::AGAIN.kind(), ErrorKind::Again);
+        assert!(Error::AGAIN.is_plain_again());
+        assert!(!Error::with(ErrorKind::Again, "full").is_plain_again());
+        assert!(!Error::new(ErrorKind::Avail).is_plain_again());
     }
 
     #[test]

@@ -299,8 +299,24 @@ unsafe extern "C" fn read(cq: *mut sys::fid_cq, buf: *mut c_void, count: usize) 
             })
         };
     }
-    // SAFETY: buf holds count entries of the CQ's format (fi_cq(3)).
-    unsafe { in_format(c, buf, count, &mut |e| each!(e, |a| c.cq.read(a))) }
+    if buf.is_null() {
+        return EINVAL as isize;
+    }
+    // The poll loop's call: the library's read on the caller's array
+    // typed by the CQ's format, without `in_format`'s closure.
+    // SAFETY (each arm): buf holds count (> 0) entries of the CQ's
+    // format (fi_cq(3)), which names the entry type.
+    let r = unsafe {
+        match c.format {
+            CqFormat::Context => c.cq.read(std::slice::from_raw_parts_mut(buf.cast::<CqEntry>(), count)),
+            CqFormat::Msg => c.cq.read(std::slice::from_raw_parts_mut(buf.cast::<CqMsgEntry>(), count)),
+            CqFormat::Data => c.cq.read(std::slice::from_raw_parts_mut(buf.cast::<CqDataEntry>(), count)),
+            CqFormat::Tagged | CqFormat::Unspec => {
+                c.cq.read(std::slice::from_raw_parts_mut(buf.cast::<CqTaggedEntry>(), count))
+            }
+        }
+    };
+    util::ssize(r, sys::FI_LOG_CQ, "fi_cq_read")
 }
 
 /// A read of 0 entries: "may be used to drive progress" (fi_cq(3)). It

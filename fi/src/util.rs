@@ -29,13 +29,29 @@ pub const FI_ADDR_NOTAVAIL: u64 = u64::MAX;
 /// `-FI_EAGAIN` or `-FI_EAVAIL`, which polling loops see all the time.
 /// The message is formatted only when it is logged: an error return
 /// allocates nothing otherwise.
-#[cold]
+#[inline(always)]
 pub fn err(e: shmfab::Error, subsys: sys::fi_log_subsys, what: &str) -> c_int {
+    // An empty CQ read or a full queue: the poll loop's answer, never
+    // logged, kept to one compare (no call, nothing to drop).
+    if e.is_plain_again() {
+        // Nothing to free: a plain error holds no allocation.
+        std::mem::forget(e);
+        return -libc::EAGAIN;
+    }
+    err_other(e, subsys, what)
+}
+
+/// [`err`] of anything but a plain `-FI_EAGAIN`: logged at
+/// `FI_LOG_LEVEL=info` unless it is `-FI_EAGAIN` or `-FI_EAVAIL`.
+#[cold]
+#[inline(never)]
+fn err_other(e: shmfab::Error, subsys: sys::fi_log_subsys, what: &str) -> c_int {
     use shmfab::ErrorKind::{Again, Avail};
-    if !matches!(e.kind(), Again | Avail) && log_enabled(sys::FI_LOG_INFO, subsys) {
+    let k = e.kind();
+    if !matches!(k, Again | Avail) && log_enabled(sys::FI_LOG_INFO, subsys) {
         log(sys::FI_LOG_INFO, subsys, &format!("{what}: {e}"));
     }
-    -e.errno()
+    -k.errno()
 }
 
 /// Whether libfabric logs `level` of `subsys` for this provider.
