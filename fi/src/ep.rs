@@ -15,7 +15,8 @@
 //! sees them. FI_PEEK, FI_CLAIM and FI_DISCARD on `fi_trecvmsg` are the
 //! library's (`shmfab::Endpoint::trecvmsg`), a claim identified by its
 //! context pointer. Not built yet: FI_DELIVERY_COMPLETE on sends
-//! (`-FI_EBADFLAGS`, never advertised). Atomics: `atomic.rs`.
+//! (`-FI_EBADFLAGS`; offered only to endpoints that neither send nor
+//! send tagged, whose one-sided calls are delivery complete anyway). Atomics: `atomic.rs`.
 //! `fi_join_collective` and the collective calls: `coll.rs` (the
 //! endpoint records what is bound to it for them; an EQ bound to it
 //! cannot close before it, and it cannot close while a group is open).
@@ -40,6 +41,9 @@ pub struct Ep {
     directed: bool,
     /// Default transmit operation flags.
     pub(crate) tx_flags: AtomicU64,
+    /// Transmit flags FI_SETOPSFLAG may set (`info::tx_op_flags` of the
+    /// endpoint's transmit capabilities).
+    tx_allowed: u64,
     /// Default receive operation flags.
     rx_flags: AtomicU64,
     /// FI_OPT_MIN_MULTI_RECV in force.
@@ -170,6 +174,10 @@ pub unsafe extern "C" fn open(
         ep,
         directed: caps & sys::FI_DIRECTED_RECV != 0,
         tx_flags: AtomicU64::new(tx.map_or(0, |t| t.op_flags)),
+        tx_allowed: crate::info::tx_op_flags(match tx.map_or(0, |t| t.caps) {
+            0 => caps,
+            c => c,
+        }),
         rx_flags: AtomicU64::new(rx.map_or(0, |r| r.op_flags)),
         min_multi_recv: AtomicUsize::new(64),
         bound: Default::default(),
@@ -275,7 +283,7 @@ unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, arg: *mut c_voi
             // SAFETY: arg is a uint64_t for these commands (fi_endpoint(3)).
             let f = unsafe { &mut *arg.cast::<u64>() };
             let (slot, allowed) = match (*f & sys::FI_TRANSMIT != 0, *f & sys::FI_RECV != 0) {
-                (true, false) => (&e.tx_flags, crate::info::TX_OP_FLAGS),
+                (true, false) => (&e.tx_flags, e.tx_allowed),
                 (false, true) => (&e.rx_flags, crate::info::RX_OP_FLAGS),
                 _ => return EINVAL,
             };

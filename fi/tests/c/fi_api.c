@@ -1227,6 +1227,90 @@ static void test_rma(void)
 	fi_freeinfo(pi);
 }
 
+/* FI_DELIVERY_COMPLETE (what Open MPI's one-sided btl asks in tx_attr's
+ * op_flags): offered to endpoints that neither send nor send tagged,
+ * whose RMA and atomics are done, data in the target, before the call
+ * returns; a send completes before its receiver matched it, so an
+ * endpoint with FI_MSG or FI_TAGGED is not offered it. */
+static void test_delivery_complete(void)
+{
+	struct fi_info *h = hints(), *pi;
+	struct fid_domain *d;
+	struct fid_av *v;
+	struct fid_cq *cq;
+	struct fid_ep *ep;
+	struct fid_mr *mr;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cq_tagged_entry e;
+	static uint64_t target[8] __attribute__((aligned(64)));
+	uint64_t one = 1, old = 99, f;
+	char name[64];
+	size_t len = sizeof(name);
+	fi_addr_t me;
+
+	h->caps = FI_MSG | FI_RMA;
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->caps = FI_RMA | FI_ATOMIC;
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->tx_attr->caps = FI_RMA | FI_TAGGED;
+	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	h = hints();
+	h->caps = FI_RMA | FI_ATOMIC;
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE | FI_COMPLETION;
+	EXPECT(getinfo(h, &pi), 0);
+	CHECK(pi && pi->tx_attr->op_flags == (FI_DELIVERY_COMPLETE | FI_COMPLETION));
+	CHECK(!(pi->caps & (FI_MSG | FI_TAGGED)));
+	EXPECT(fi_domain(fabric, pi, &d, NULL), 0);
+	EXPECT(fi_av_open(d, &aa, &v, NULL), 0);
+	EXPECT(fi_cq_open(d, &ca, &cq, NULL), 0);
+	EXPECT(fi_endpoint(d, pi, &ep, NULL), 0);
+	EXPECT(fi_ep_bind(ep, &v->fid, 0), 0);
+	EXPECT(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(ep), 0);
+	EXPECT(fi_getname(&ep->fid, name, &len), 0);
+	EXPECT(fi_av_insert(v, name, 1, &me, 0, NULL), 1);
+	f = FI_TRANSMIT;
+	EXPECT(fi_control(&ep->fid, FI_GETOPSFLAG, &f), 0);
+	CHECK(f == (FI_DELIVERY_COMPLETE | FI_COMPLETION));
+	f = FI_TRANSMIT | FI_DELIVERY_COMPLETE;
+	EXPECT(fi_control(&ep->fid, FI_SETOPSFLAG, &f), 0);
+	EXPECT(fi_mr_reg(d, target, sizeof(target), FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
+	/* With the default flags (fi_write, fi_fetch_atomic) and explicitly
+	 * (fi_writemsg): done, data in the target, when the entry is read. */
+	EXPECT(fi_write(ep, &one, 8, NULL, me, 0, fi_mr_key(mr), (void *)0xd1), 0);
+	read_tagged(cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xd1 && (e.flags & FI_WRITE) && target[0] == 1);
+	EXPECT(fi_fetch_atomic(ep, &one, 1, NULL, &old, NULL, me, 0, fi_mr_key(mr), FI_UINT64, FI_SUM,
+			       (void *)0xd2), 0);
+	read_tagged(cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xd2 && old == 1 && target[0] == 2);
+	{
+		uint64_t seven = 7;
+		struct iovec iov = { .iov_base = &seven, .iov_len = 8 };
+		struct fi_rma_iov ri = { .addr = 8, .len = 8, .key = fi_mr_key(mr) };
+		struct fi_msg_rma m = { .msg_iov = &iov, .iov_count = 1, .addr = me, .rma_iov = &ri,
+					.rma_iov_count = 1, .context = (void *)0xd3 };
+		EXPECT(fi_writemsg(ep, &m, FI_DELIVERY_COMPLETE | FI_COMPLETION), 0);
+		read_tagged(cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xd3 && target[1] == 7);
+	}
+	/* A send on it takes the default flags: refused, nothing sent. */
+	EXPECT(fi_send(ep, &one, 8, NULL, me, NULL), -FI_EBADFLAGS);
+	EXPECT(fi_cq_read(cq, &e, 1), -FI_EAGAIN);
+	EXPECT(fi_close(&mr->fid), 0);
+	EXPECT(fi_close(&ep->fid), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+	EXPECT(fi_close(&v->fid), 0);
+	EXPECT(fi_close(&d->fid), 0);
+	fi_freeinfo(pi);
+}
+
 static void test_ops_flags(struct side *a, struct side *b)
 {
 	uint64_t f = FI_TRANSMIT;
@@ -1961,6 +2045,7 @@ int main(int argc, char **argv)
 	test_counters_and_mr(&a, &b);
 	test_mr_prov_keys();
 	test_rma();
+	test_delivery_complete();
 	test_ops_flags(&a, &b);
 	test_srx(&a);
 	test_close_discards();
