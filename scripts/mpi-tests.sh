@@ -45,6 +45,19 @@ done
 # shmfab's benchmark on a launcher's two ranks instead of its own.
 run_one "mpirun -np 2 shmfab bench" mpirun -np 2 target/release/shmfab bench all --sizes 8,64k,1m
 run_one "shmfab run -n 2 shmfab bench" target/release/shmfab run -n 2 --bind core -- target/release/shmfab bench pingpong --sizes 8,4k
+# Open MPI's one-sided MPI (osc rdma) over shmfab's libfabric provider
+# through its btl ofi (mpi_tests/osc_fi.c: MPI_Win_create windows, every
+# put, get and fetch-add checked; with named regions each rank checks that
+# shmfab registered its window, so no other path can pass for it).
+fidir=$(scripts/fi-build.sh)
+mkdir -p mpi_tests/bin
+mpicc -O2 -Wall -o mpi_tests/bin/osc_fi mpi_tests/osc_fi.c
+for np in 2 4; do
+  run_one "mpirun -np $np osc_fi (osc rdma, btl ofi, shmfab provider)" env SHMFAB_REGIONS=named \
+    SHMFAB_JOB_ID="osc-fi-$$-$np" mpirun -np "$np" --oversubscribe --mca pml ob1 --mca btl ofi,vader,self \
+    --mca osc rdma --mca osc_rdma_btls ofi --mca btl_ofi_provider_include shmfab \
+    -x FI_PROVIDER=shmfab -x FI_PROVIDER_PATH="$fidir" -x SHMFAB_REGIONS -x SHMFAB_JOB_ID mpi_tests/bin/osc_fi
+done
 after=$(regions)
 if [ "$after" -gt "$before" ]; then
   fail=$((fail + 1)); echo "FAIL regions left in /dev/shm:"; ls -l /dev/shm | grep "shmfab\.$(id -u)\."
