@@ -621,10 +621,8 @@ unsafe extern "C" fn recvv(
 /// pointer is valid as the call's man page says.
 unsafe extern "C" fn recvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flags: u64) -> isize {
     if flags & sys::FI_TRIGGER != 0 {
-        // SAFETY: libfabric's contract: msg null or valid.
-        let ctx = unsafe { msg.as_ref() }.map_or(std::ptr::null_mut(), |m| m.context);
-        // SAFETY: as above, passed on.
-        return unsafe { crate::trigger::recv(ep, ctx) };
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::recvmsg(ep, msg, flags) };
     }
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
@@ -794,10 +792,8 @@ unsafe extern "C" fn trecvv(
 /// pointer is valid as the call's man page says.
 unsafe extern "C" fn trecvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
     if flags & sys::FI_TRIGGER != 0 {
-        // SAFETY: libfabric's contract: msg null or valid.
-        let ctx = unsafe { msg.as_ref() }.map_or(std::ptr::null_mut(), |m| m.context);
-        // SAFETY: as above, passed on.
-        return unsafe { crate::trigger::recv(ep, ctx) };
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::trecvmsg(ep, msg, flags) };
     }
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };

@@ -16,6 +16,7 @@
 //!   it: only the FI_CLAIM receive of its context does (a discarded one
 //!   leaves once its last chunk came). A context holds one claim at most.
 
+use super::complete::Dw;
 use super::request::{Iov, Iovs};
 use crate::error::{Error, Result};
 use crate::proto::Config;
@@ -36,6 +37,9 @@ pub(crate) struct PostedRecv {
     /// Bytes of a multi-receive buffer already used.
     pub moff: usize,
     pub cqe: bool,
+    /// A deferred work request's receive (`crate::trigger`): how it
+    /// reports; [`Dw::NONE`] for every other.
+    pub dw: Dw,
 }
 
 impl PostedRecv {
@@ -187,6 +191,8 @@ pub(crate) struct Dest {
     pub buf: usize,
     pub multi_release: bool,
     pub cqe: bool,
+    /// The receive's [`PostedRecv::dw`].
+    pub dw: Dw,
 }
 
 /// A message that arrived before its receive.
@@ -281,6 +287,13 @@ pub(crate) struct Matching {
     /// FI_SOURCE_ERR: every receive completes through `emit_rx`, which
     /// checks its source ([`Matching::front_plain`] is off).
     source_err: bool,
+    /// Posted receives whose `dw` is not [`Dw::NONE`] (deferred work's:
+    /// they complete through `emit_rx`, which counts their completion
+    /// counter).
+    deferred: usize,
+    /// `source_err || deferred > 0`: [`Matching::front_plain`] declines
+    /// (one test on the fast path for both).
+    general: bool,
 }
 
 impl Matching {
@@ -296,12 +309,43 @@ impl Matching {
             srq: None,
             closing: false,
             source_err: false,
+            deferred: 0,
+            general: false,
         }
     }
 
     /// Turns FI_SOURCE_ERR on or off.
     pub fn set_source_err(&mut self, on: bool) {
         self.source_err = on;
+        self.general = self.source_err || self.deferred > 0;
+    }
+
+    /// A receive with a deferred completion (`r.dw` not [`Dw::NONE`]) is
+    /// posted as [`Matching::post`] posts; while it is, the fast path
+    /// declines, so that its completion goes through `emit_rx`.
+    pub fn post_deferred(&mut self, tagged: bool, r: PostedRecv, rx_size: usize) -> Result<()> {
+        let dw = r.dw;
+        self.post(tagged, r, rx_size)?;
+        if !dw.is_none() {
+            self.deferred += 1;
+            self.general = true;
+        }
+        Ok(())
+    }
+
+    /// A posted receive left its queue (taken whole, cancelled, flushed).
+    #[inline(always)]
+    fn left(&mut self, dw: Dw) {
+        if !dw.is_none() {
+            self.left_deferred();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn left_deferred(&mut self) {
+        self.deferred -= 1;
+        self.general = self.source_err || self.deferred > 0;
     }
 
     /// Whether FI_SOURCE_ERR is on.
@@ -397,7 +441,7 @@ impl Matching {
     /// takes it.
     #[inline(always)]
     pub fn front_plain(&self, tagged: bool, p: usize, tag: u64, len: usize) -> Option<(usize, Iov, bool)> {
-        if (!tagged && self.srq.is_some()) || self.source_err {
+        if (!tagged && self.srq.is_some()) || self.general {
             return None;
         }
         let r = self.posted[tagged as usize].front()?;
@@ -436,9 +480,11 @@ impl Matching {
                 buf: at,
                 multi_release: release,
                 cqe: r.cqe,
+                dw: r.dw,
             };
             if release {
                 self.posted[q].remove(i);
+                self.left(d.dw);
             }
             d
         } else {
@@ -451,12 +497,14 @@ impl Matching {
                 buf: r.iovs.v[0].ptr,
                 multi_release: false,
                 cqe: r.cqe,
+                dw: r.dw,
             };
             if i == 0 {
                 self.posted[q].pop_front();
             } else {
                 self.posted[q].remove(i);
             }
+            self.left(d.dw);
             d
         }
     }
@@ -470,6 +518,7 @@ impl Matching {
             while i < self.posted[q].len() {
                 if self.posted[q][i].src == Some(p) {
                     let r = self.posted[q].remove(i).expect("index checked");
+                    self.left(r.dw);
                     out.push((q == 1, Self::unused(r)));
                 } else {
                     i += 1;
@@ -483,11 +532,12 @@ impl Matching {
     /// context is `ctx` (fi_cancel), with its queue and the place it would
     /// have delivered into.
     pub fn cancel(&mut self, ctx: usize) -> Option<(bool, Dest)> {
-        (0..2).find_map(|q| {
+        let (q, r) = (0..2).find_map(|q| {
             let i = self.posted[q].iter().position(|r| r.ctx == ctx)?;
-            let r = self.posted[q].remove(i).expect("index from position");
-            Some((q == 1, Self::unused(r)))
-        })
+            Some((q, self.posted[q].remove(i).expect("index from position")))
+        })?;
+        self.left(r.dw);
+        Some((q == 1, Self::unused(r)))
     }
 
     /// Takes every posted receive (the endpoint closes), untagged first,
@@ -497,6 +547,8 @@ impl Matching {
         for q in 0..2 {
             out.extend(self.posted[q].take_all().into_iter().map(|r| (q == 1, Self::unused(r))));
         }
+        self.deferred = 0;
+        self.general = self.source_err;
         out
     }
 
@@ -505,7 +557,7 @@ impl Matching {
     fn unused(r: PostedRecv) -> Dest {
         let at = r.iovs.v[0].ptr + r.moff;
         let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
-        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe }
+        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe, dw: r.dw }
     }
 
     /// Whether holding `more` unexpected bytes is over the budget
@@ -761,6 +813,7 @@ mod tests {
             multi,
             moff: 0,
             cqe: true,
+            dw: Dw::NONE,
         }
     }
 
