@@ -566,7 +566,6 @@ impl Endpoint {
                 multi,
                 moff: 0,
                 cqe: !ep.bind.rx_sel || flags & FI_COMPLETION != 0,
-                dw: Dw::NONE,
             };
             post_rx(ep, cx, tagged, r)
         })
@@ -633,7 +632,7 @@ impl Endpoint {
                 })?;
                 Some(p)
             };
-            let r = PostedRecv { ctx: context, iovs, src, tag, ignore, multi: false, moff: 0, cqe: true, dw: Dw::NONE };
+            let r = PostedRecv { ctx: context, iovs, src, tag, ignore, multi: false, moff: 0, cqe: true };
             crate::progress::peek(ep, &mut cx.ctx(), &r, claim, discard);
             Ok(())
         })

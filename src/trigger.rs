@@ -51,10 +51,10 @@
 //! **Receives** are posted when they fire, as the endpoint's call would
 //! post them then: a message that arrived earlier waited as unexpected
 //! and is matched at once. A deferred receive carries its reporting
-//! (`Dw`) in the posted receive, so that its arrival counts its
-//! completion counter; while one is posted, the endpoint's inline fast
-//! path steps aside (`Matching::front_plain`) and its receives complete
-//! through the general path that knows of it.
+//! (`Dw`) in the posted receive (`PostedRecv::dw`), so that its arrival
+//! counts its completion counter; while one is posted, the endpoint's
+//! inline fast path steps aside (`Matching::front_plain`) and its
+//! receives complete through the general path that knows of it.
 //!
 //! **Re-entrancy.** Work runs inside the progress pass, under the domain
 //! lock the pass holds: the operation bodies are the lock-free halves of
@@ -1237,7 +1237,8 @@ fn post_recv(
             }
         }
     };
-    let r = PostedRecv { ctx: context, iovs, src: peer, tag, ignore, multi: false, moff: 0, cqe, dw };
+    // Its reporting rides in `moff` (see `PostedRecv::dw`).
+    let r = PostedRecv { ctx: context, iovs, src: peer, tag, ignore, multi: false, moff: dw.raw() as usize, cqe };
     ep.matching.post_deferred(tagged, r, src.cfg().rx_size)?;
     if ep.matching.has_unexp(tagged) {
         crate::ep::match_unexp(ep, &mut src.ctx(), tagged);

@@ -200,6 +200,18 @@ impl Dw {
         self.0 & Self::QUIET != 0
     }
 
+    /// As an integer (0 for [`Dw::NONE`]), for a posted receive to keep.
+    #[inline(always)]
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+
+    /// Back from [`Dw::raw`].
+    #[inline(always)]
+    pub fn from_raw(v: u32) -> Dw {
+        Dw(v)
+    }
+
     /// The completion counter's index.
     pub fn cntr(self) -> Option<usize> {
         ((self.0 & !Self::QUIET) as usize).checked_sub(1)

@@ -34,15 +34,26 @@ pub(crate) struct PostedRecv {
     pub tag: u64,
     pub ignore: u64,
     pub multi: bool,
-    /// Bytes of a multi-receive buffer already used.
+    /// For a multi-receive buffer: bytes of it already used. For any
+    /// other receive: how it reports, as [`Dw::raw`] ([`PostedRecv::dw`]:
+    /// 0, [`Dw::NONE`], but for a deferred work request's receive, see
+    /// `crate::trigger`). One word for both, so that posting an ordinary
+    /// receive writes no more than it did.
     pub moff: usize,
     pub cqe: bool,
-    /// A deferred work request's receive (`crate::trigger`): how it
-    /// reports; [`Dw::NONE`] for every other.
-    pub dw: Dw,
 }
 
 impl PostedRecv {
+    /// How its completion reports (see `moff`).
+    #[inline(always)]
+    pub fn dw(&self) -> Dw {
+        if self.multi {
+            Dw::NONE
+        } else {
+            Dw::from_raw(self.moff as u32)
+        }
+    }
+
     /// Whether a message from peer `p` with `tag` may land in this receive:
     /// the source, if directed, is `p`, and (tagged) the tags agree outside
     /// the ignore bits. The one predicate of every match.
@@ -320,11 +331,11 @@ impl Matching {
         self.general = self.source_err || self.deferred > 0;
     }
 
-    /// A receive with a deferred completion (`r.dw` not [`Dw::NONE`]) is
-    /// posted as [`Matching::post`] posts; while it is, the fast path
+    /// A receive with a deferred completion (`r.dw()` not [`Dw::NONE`])
+    /// is posted as [`Matching::post`] posts; while it is, the fast path
     /// declines, so that its completion goes through `emit_rx`.
     pub fn post_deferred(&mut self, tagged: bool, r: PostedRecv, rx_size: usize) -> Result<()> {
-        let dw = r.dw;
+        let dw = r.dw();
         self.post(tagged, r, rx_size)?;
         if !dw.is_none() {
             self.deferred += 1;
@@ -480,11 +491,10 @@ impl Matching {
                 buf: at,
                 multi_release: release,
                 cqe: r.cqe,
-                dw: r.dw,
+                dw: Dw::NONE,
             };
             if release {
                 self.posted[q].remove(i);
-                self.left(d.dw);
             }
             d
         } else {
@@ -497,7 +507,7 @@ impl Matching {
                 buf: r.iovs.v[0].ptr,
                 multi_release: false,
                 cqe: r.cqe,
-                dw: r.dw,
+                dw: r.dw(),
             };
             if i == 0 {
                 self.posted[q].pop_front();
@@ -518,7 +528,7 @@ impl Matching {
             while i < self.posted[q].len() {
                 if self.posted[q][i].src == Some(p) {
                     let r = self.posted[q].remove(i).expect("index checked");
-                    self.left(r.dw);
+                    self.left(r.dw());
                     out.push((q == 1, Self::unused(r)));
                 } else {
                     i += 1;
@@ -536,7 +546,7 @@ impl Matching {
             let i = self.posted[q].iter().position(|r| r.ctx == ctx)?;
             Some((q, self.posted[q].remove(i).expect("index from position")))
         })?;
-        self.left(r.dw);
+        self.left(r.dw());
         Some((q == 1, Self::unused(r)))
     }
 
@@ -555,9 +565,12 @@ impl Matching {
     /// Where a posted receive taken out unmatched would have delivered (a
     /// multi-receive buffer: what is left of it, released).
     fn unused(r: PostedRecv) -> Dest {
-        let at = r.iovs.v[0].ptr + r.moff;
-        let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
-        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe, dw: r.dw }
+        let (at, cap) = if r.multi {
+            (r.iovs.v[0].ptr + r.moff, r.iovs.v[0].len - r.moff)
+        } else {
+            (r.iovs.v[0].ptr, r.iovs.total())
+        };
+        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe, dw: r.dw() }
     }
 
     /// Whether holding `more` unexpected bytes is over the budget
@@ -813,7 +826,6 @@ mod tests {
             multi,
             moff: 0,
             cqe: true,
-            dw: Dw::NONE,
         }
     }
 
@@ -1010,5 +1022,34 @@ mod tests {
         m.srq = Some(0);
         assert!(m.front_plain(false, 0, 0, 8).is_none(), "SRQ endpoint");
         assert!(m.front_plain(true, 0, 1, 8).is_some(), "tagged receives stay the endpoint's");
+    }
+
+    /// A deferred work request's receive is never the fast path's (nor
+    /// is any other while one is posted), and carries its reporting to its
+    /// `Dest` (taken, or cancelled unused).
+    #[test]
+    fn deferred_receives_keep_their_reporting() {
+        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+        let dw = Dw::new(Some(3), true);
+        let deferred = |r: PostedRecv| PostedRecv { moff: dw.raw() as usize, ..r };
+        let mut m = Matching::new();
+        let mut srqs = crate::table::Table::<SrqState>::new();
+        m.post_deferred(true, deferred(recv(&mut a, None, 1, 0, false)), 4).unwrap();
+        m.post(true, recv(&mut b, None, 1, 0, false), 4).unwrap();
+        assert!(m.front_plain(true, 0, 1, 8).is_none(), "a deferred receive is posted");
+        let d = m.take_match(&mut srqs, true, 0, 1, 8).unwrap();
+        assert_eq!((d.buf, d.cap, d.dw), (a.as_ptr() as usize, 8, dw));
+        assert_eq!(m.front_plain(true, 0, 1, 8).map(|x| x.1.ptr), Some(b.as_ptr() as usize), "none left");
+        m.post_deferred(false, deferred(recv(&mut a, None, 0, 0, false)), 4).unwrap();
+        assert!(m.front_plain(true, 0, 1, 8).is_none());
+        let (tagged, d) = m.cancel(a.as_ptr() as usize).unwrap();
+        assert!(!tagged && d.dw == dw && d.buf == a.as_ptr() as usize && !d.multi_release);
+        assert!(m.front_plain(true, 0, 1, 8).is_some(), "none left");
+        m.set_source_err(true);
+        m.post_deferred(false, deferred(recv(&mut a, None, 0, 0, false)), 4).unwrap();
+        assert_eq!(m.take_all_posted().len(), 2);
+        m.set_source_err(false);
+        m.post(true, recv(&mut b, None, 1, 0, false), 4).unwrap();
+        assert!(m.front_plain(true, 0, 1, 8).is_some(), "flushed: none left");
     }
 }
