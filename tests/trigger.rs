@@ -1176,9 +1176,9 @@ fn deferred_receives() {
 /// Triggered receives (FI_TRIGGER on fi_recvmsg / fi_trecvmsg): posted
 /// when the trigger fires and completing as a receive posted then would
 /// (CQ entry, endpoint counter); fi_cancel of the context of a triggered
-/// operation not yet fired (a receive, a send) takes it off the queue with
-/// an FI_ECANCELED error entry, and after it fired cancels the posted
-/// receive; closing the endpoint drops its triggered operations (their
+/// operation not yet fired (a receive, a send, a write, an atomic) takes
+/// it off the queue with an FI_ECANCELED error entry, and after it fired
+/// cancels the posted receive; closing the endpoint drops its triggered operations (their
 /// counters free again) while deferred work naming it fails when fired
 /// and a fired deferred receive still posted counts its error value.
 fn triggered_recv(w: World) {
@@ -1237,6 +1237,26 @@ fn triggered_recv(w: World) {
     go.add(10).unwrap();
     settle(&w);
     assert!(drain(&rcq).is_empty(), "cancelled triggered operations never run");
+    // A triggered write and a triggered atomic not fired: the same (they
+    // never reach their target: the key names nothing, and no error of
+    // theirs comes but the cancel's).
+    let bogus = [RmaIov { addr: 0, len: 8, key: 0xdead_0000 }];
+    let biov = [IoSlice::new(&payload)];
+    // SAFETY: payload outlives the write (cancelled below).
+    unsafe { rx.triggered(Trigger { cntr: &go, threshold: 100 }).writemsg(&biov, &bogus, me, 74, 0, 0).unwrap() };
+    let ioc = [RmaIoc { addr: 0, count: 1, key: 0xdead_0000 }];
+    // SAFETY: as above.
+    unsafe {
+        rx.triggered(Trigger { cntr: &go, threshold: 100 })
+            .atomicmsg(am(AtomicOp::Sum, &ioc, &payload, me, 75), 0)
+            .unwrap()
+    };
+    assert!(rx.cancel(75).unwrap() && rx.cancel(74).unwrap());
+    let errs: Vec<_> = std::iter::from_fn(|| rcq.readerr().ok()).map(|e| (e.op_context, e.err, e.flags)).collect();
+    assert_eq!(errs, [(75, canceled, FI_ATOMIC | FI_WRITE), (74, canceled, FI_RMA | FI_WRITE)]);
+    go.add(100).unwrap();
+    settle(&w);
+    assert!(drain(&rcq).is_empty() && rcq.readerr().is_err(), "cancelled: never issued");
     // Fired, not matched: fi_cancel finds the posted receive.
     {
         let mut iov = [IoSliceMut::new(&mut c)];

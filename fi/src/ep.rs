@@ -324,9 +324,11 @@ unsafe extern "C" fn getname(fid: *mut sys::fid, addr: *mut c_void, addrlen: *mu
     0
 }
 
-/// `fi_cancel` of a receive: its completion is an FI_ECANCELED error
-/// entry. An operation already matched or completed, or a send, is not
-/// cancelled (the call still succeeds, as fi_endpoint(3) allows).
+/// `fi_cancel` of a receive, or of a triggered operation of any kind not
+/// fired yet (its context the `fi_triggered_context`): its completion is
+/// an FI_ECANCELED error entry. An operation already matched or
+/// completed, or a send issued, is not cancelled (the call still
+/// succeeds, as fi_endpoint(3) allows).
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made, and every
