@@ -1326,15 +1326,18 @@ fn triggered_receives_and_cancel() {
 /// (deferred, on `go`) and a send back to rank 1 of the buffer it fills,
 /// triggered by the receive's completion counter; then only drives
 /// progress. Rank 1 sends, and gets its data back: the receive's arrival
-/// fired the send. Repeated, the thresholds moving.
+/// fired the send. Repeated, the thresholds moving, with messages inline,
+/// through the pool and by rendezvous (the completion counter counts when
+/// the last byte is in).
 fn recv_fires_send(w: World) {
-    const ROUNDS: u64 = 20;
+    const ROUNDS: u64 = 21;
+    let size = |i: u64| [64usize, 8192, 300_000][i as usize % 3];
     if w.rank == 0 {
         let (go, got, sent) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
-        let mut bufs = vec![[0u8; 64]; ROUNDS as usize];
+        let mut bufs: Vec<Vec<u8>> = (0..ROUNDS).map(|i| vec![0u8; size(i)]).collect();
         for (i, buf) in bufs.iter_mut().enumerate() {
             let i = i as u64;
-            let p = buf.as_mut_ptr();
+            let (p, n) = (buf.as_mut_ptr(), buf.len());
             let mut iov = [IoSliceMut::new(buf)];
             let msg = RecvMsg { iov: &mut iov, src: w.addrs[1], context: 0, tag: 100 + i, ignore: 0 };
             let wk = DeferredWork {
@@ -1347,7 +1350,7 @@ fn recv_fires_send(w: World) {
             unsafe { w.dom.queue_work(wk).unwrap() };
             // SAFETY: the same buffer, read when the send fires (after the
             // receive filled it: its completion counter moved).
-            let src = unsafe { std::slice::from_raw_parts(p, 64) };
+            let src = unsafe { std::slice::from_raw_parts(p, n) };
             let iov = [IoSlice::new(src)];
             let msg = SendMsg { iov: &iov, dest: w.addrs[1], context: 0, data: 0, tag: 200 + i };
             let wk = DeferredWork {
@@ -1372,8 +1375,8 @@ fn recv_fires_send(w: World) {
     } else {
         w.barrier();
         for i in 0..ROUNDS {
-            let data = pattern(64, i);
-            let mut back = [0u8; 64];
+            let data = pattern(size(i), i);
+            let mut back = vec![0u8; size(i)];
             // SAFETY: back outlives the receive, awaited below.
             unsafe { w.ep.trecv(&mut back, w.addrs[0], 200 + i, 0, 2).unwrap() };
             // SAFETY: data outlives the send, awaited below.
@@ -1389,4 +1392,9 @@ fn recv_fires_send(w: World) {
 #[test]
 fn receive_arrival_fires_a_send() {
     run("receive_arrival_fires_a_send", 2, &[], T, recv_fires_send);
+}
+
+#[test]
+fn receive_arrival_fires_a_send_without_single_copy() {
+    run("receive_arrival_fires_a_send_without_single_copy", 2, &[("SHMFAB_CMA", "off")], T, recv_fires_send);
 }
