@@ -1166,6 +1166,29 @@ fn deferred_recv(w: World) {
     assert_eq!(u64::from_le_bytes(late), 7, "the message waited for an ordinary receive");
     flushed.close().unwrap();
     assert_eq!(w.dom.queued_work().unwrap(), 0);
+
+    // 6. A directed source not in the AV when it fires: an error
+    // completion (FI_COMPLETION: on the endpoint too), never posted.
+    let errs0 = done.readerr().unwrap();
+    {
+        let mut iov = [IoSliceMut::new(&mut never)];
+        let msg = RecvMsg { iov: &mut iov, src: 999, context: 63, tag: 0, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &go,
+            completion: Some(&done),
+            op: DeferredOp::Recv { ep: &rx, msg, flags: FI_COMPLETION },
+        };
+        // SAFETY: never outlives the work (it fails at once: go is past 1).
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    assert_eq!(done.readerr().unwrap(), errs0 + 1);
+    let e = rcq.readerr().unwrap();
+    assert_eq!((e.op_context, e.err), (63, ErrorKind::AddrNotAvail.errno()));
+    assert_eq!(rcnt.readerr().unwrap(), 1, "FI_COMPLETION: the endpoint counter's error value");
+    w.ep.inject(b"any", rx_addr).unwrap();
+    settle(&w);
+    assert_eq!(never, [0u8; 8], "never posted");
 }
 
 #[test]
