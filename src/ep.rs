@@ -178,7 +178,7 @@ fn post_rx(ep: &mut EpState, src: &mut CtxSrc<'_>, tagged: bool, r: PostedRecv) 
 
 /// The unexpected messages that the receive just posted takes.
 #[inline(never)]
-fn match_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool) {
+pub(crate) fn match_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, tagged: bool) {
     let before = ep.matching.posted_count() - 1;
     // Unexpected messages that this receive (or a multi-receive buffer,
     // several of them) matches.
@@ -607,7 +607,15 @@ impl Endpoint {
             }
             if !peek {
                 let cqe = !ep.bind.rx_sel || flags & FI_COMPLETION != 0;
-                let d = Dest { ctx: context, iovs, cap: iovs.total(), buf: iovs.v[0].ptr, multi_release: false, cqe };
+                let d = Dest {
+                    ctx: context,
+                    iovs,
+                    cap: iovs.total(),
+                    buf: iovs.v[0].ptr,
+                    multi_release: false,
+                    cqe,
+                    dw: Dw::NONE,
+                };
                 return crate::progress::claimed_rx(ep, &mut cx.ctx(), d, discard);
             }
             if claim && ep.matching.claims(context) {
@@ -802,8 +810,15 @@ impl Endpoint {
     /// `FI_ECANCELED` error entry (its buffer is then free). Returns whether
     /// one was found: a receive already matched completes as usual (as
     /// fi_endpoint(3) says, the cancel of an operation that completed has
-    /// no effect). Sends are not cancelled.
+    /// no effect). Sends are not cancelled, unless triggered and not fired
+    /// yet: a triggered operation of this endpoint (any kind, see
+    /// [`Endpoint::triggered`]) still waiting for its trigger, with that
+    /// context, is looked for first; it never runs, and completes as an
+    /// `FI_ECANCELED` error entry.
     pub fn cancel(&self, context: usize) -> Result<bool> {
+        if self.cancel_triggered(context)? {
+            return Ok(true);
+        }
         with_ep!(self, |ep, ctx| {
             let Some((tagged, d)) = ep.matching.cancel(context) else {
                 return Ok(false);
@@ -842,6 +857,7 @@ impl Endpoint {
         if st.eps[self.idx].is_none() {
             return Ok(());
         }
+        crate::trigger::ep_closing(&self.dom, &mut st, self.idx, discard);
         self.dom.with_ep(&mut st, self.idx, |ep, ctx| {
             crate::progress::flush_rx(ep, ctx, discard);
             Ok(())

@@ -172,7 +172,15 @@ impl SrqState {
             Iovs::external(list.as_ptr(), b.n, slot)
         };
         let total = iovs.total();
-        Dest { ctx: b.cookie, iovs, cap: total, buf: b.segs[0].ptr, multi_release: false, cqe: true }
+        Dest {
+            ctx: b.cookie,
+            iovs,
+            cap: total,
+            buf: b.segs[0].ptr,
+            multi_release: false,
+            cqe: true,
+            dw: crate::engine::complete::Dw::NONE,
+        }
     }
 
     /// Buffers an endpoint dequeued and closed without filling (a close

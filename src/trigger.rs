@@ -4,16 +4,20 @@
 //! Work waits on a counter: it runs once the counter's success plus error
 //! values reach its threshold. Two ways in:
 //! - **Triggered operations** ([`Endpoint::triggered`]): an endpoint's
-//!   data operation (send, tagged send, RMA read or write, atomic, fetch
-//!   and compare atomic) carrying a [`Trigger`]; the C provider's FI_TRIGGER
-//!   flag with an `fi_triggered_context` (FI_TRIGGER_THRESHOLD) maps onto
-//!   it. Once issued it completes as the same call made then would (CQ
-//!   entry, endpoint counter).
+//!   data operation (receive, tagged receive, send, tagged send, RMA read
+//!   or write, atomic, fetch and compare atomic) carrying a [`Trigger`];
+//!   the C provider's FI_TRIGGER flag with an `fi_triggered_context`
+//!   (FI_TRIGGER_THRESHOLD) maps onto it. Once issued it completes as the
+//!   same call made then would (CQ entry, endpoint counter). Until it
+//!   fires, fi_cancel of its context ([`Endpoint::cancel`]) takes it off
+//!   the queue (an `FI_ECANCELED` error entry), and closing its endpoint
+//!   drops it.
 //! - **Deferred work** ([`Domain::queue_work`], [`Domain::cancel_work`],
 //!   [`Domain::flush_work`]: `fi_control`'s FI_QUEUE_WORK, FI_CANCEL_WORK
 //!   and FI_FLUSH_WORK): any of those operations, or a counter set or add,
 //!   with a completion counter counted by one when the operation completes
-//!   (its error value when it fails). The endpoint hears of it (CQ entry,
+//!   (its error value when it fails; for a receive: when its message has
+//!   arrived, not when it is posted). The endpoint hears of it (CQ entry,
 //!   endpoint counter) only with FI_COMPLETION in the operation's flags;
 //!   counter operations change their target counter only.
 //!
@@ -43,6 +47,14 @@
 //! needed: its thread's sleep re-checks the heads of the lists after it
 //! announced itself on the doorbell, so every count that rings (a peer's,
 //! an `add`) wakes it.
+//!
+//! **Receives** are posted when they fire, as the endpoint's call would
+//! post them then: a message that arrived earlier waited as unexpected
+//! and is matched at once. A deferred receive carries its reporting
+//! (`Dw`) in the posted receive (`PostedRecv::dw`), so that its arrival
+//! counts its completion counter; while one is posted, the endpoint's
+//! inline fast path steps aside (`Matching::front_plain`) and its
+//! receives complete through the general path that knows of it.
 //!
 //! **Re-entrancy.** Work runs inside the progress pass, under the domain
 //! lock the pass holds: the operation bodies are the lock-free halves of
@@ -74,7 +86,8 @@
 use crate::atomic::{AtomicCall, AtomicOp, AtomicType};
 use crate::cntr::Counter;
 use crate::domain::{CtxSrc, Domain, DomainInner, DomainState};
-use crate::engine::complete::{complete_send, count, set, Dw, SendDone, Val};
+use crate::engine::complete::{complete_send, count, set, unused_rx, Dw, Fail, SendDone, Val};
+use crate::engine::matching::{Dest, PostedRecv};
 use crate::engine::request::{Iov, Iovs, OpKind, Request, SEND_FLAGS};
 use crate::ep::{Endpoint, RecvMsg, SendMsg};
 use crate::error::{Error, ErrorKind, Result};
@@ -113,7 +126,16 @@ impl WorkId {
 /// not at submission (with FI_INJECT in the flags, the data to send is
 /// copied at submission instead).
 pub enum DeferredOp<'a> {
-    /// FI_OP_RECV: not supported (`-FI_ENOSYS` once the endpoint is checked).
+    /// FI_OP_RECV: [`Endpoint::recvmsg`], posted when the work fires
+    /// (matching, from then on, as any receive posted at that moment: a
+    /// message that arrived before waits as unexpected and is taken at
+    /// once). Its completion counter counts when the message has arrived
+    /// (the receive completed), not when it is posted. Flags:
+    /// FI_COMPLETION; FI_MULTI_RECV and the probes are `-FI_ENOSYS`. An
+    /// untagged receive on an endpoint bound to a shared receive queue is
+    /// refused (`-FI_EINVAL`), as the endpoint's call refuses it. A
+    /// directed source not in the AV when it fires completes it in error
+    /// (`AddrNotAvail`).
     Recv {
         /// The endpoint.
         ep: &'a Endpoint,
@@ -122,7 +144,7 @@ pub enum DeferredOp<'a> {
         /// Its flags.
         flags: u64,
     },
-    /// FI_OP_TRECV: not supported, as `Recv`.
+    /// FI_OP_TRECV: [`Endpoint::trecvmsg`], as `Recv`.
     Trecv {
         /// The endpoint.
         ep: &'a Endpoint,
@@ -355,6 +377,15 @@ impl Watch {
 /// submission's contract).
 #[derive(Clone)]
 enum Op {
+    /// A receive, posted when it fires (the source resolved then).
+    Recv {
+        tagged: bool,
+        iovs: Iovs,
+        src: FiAddr,
+        context: usize,
+        tag: u64,
+        ignore: u64,
+    },
     Msg {
         kind: OpKind,
         iovs: Iovs,
@@ -627,12 +658,11 @@ fn make(dom: &Arc<DomainInner>, st: &DomainState, op: DeferredOp<'_>, deferred: 
         op,
         _owned: owned,
     };
-    let tagged = matches!(op, DeferredOp::Tsend { .. });
+    let tagged = matches!(op, DeferredOp::Tsend { .. } | DeferredOp::Trecv { .. });
     let is_set = matches!(op, DeferredOp::CntrSet { .. });
     Ok(match op {
-        DeferredOp::Recv { ep, .. } | DeferredOp::Trecv { ep, .. } => {
-            ep_of(dom, st, ep)?;
-            return Err(Error::with(ErrorKind::NoSys, "deferred and triggered receives are not supported"));
+        DeferredOp::Recv { ep, mut msg, flags } | DeferredOp::Trecv { ep, mut msg, flags } => {
+            (recv(dom, st, ep, tagged, &mut msg, flags, deferred)?, None)
         }
         DeferredOp::Send { ep, msg, flags } | DeferredOp::Tsend { ep, msg, flags } => {
             let e = ep_of(dom, st, ep)?;
@@ -716,6 +746,46 @@ fn make(dom: &Arc<DomainInner>, st: &DomainState, op: DeferredOp<'_>, deferred: 
             (mk(None, 0, op, None), None)
         }
     })
+}
+
+/// The receive half of [`make`] (`tagged` for FI_OP_TRECV).
+fn recv(
+    dom: &Arc<DomainInner>,
+    st: &DomainState,
+    ep: &Endpoint,
+    tagged: bool,
+    msg: &mut RecvMsg<'_, '_>,
+    flags: u64,
+    deferred: bool,
+) -> Result<Work> {
+    let e = ep_of(dom, st, ep)?;
+    bad_flags(flags, FI_COMPLETION | FI_MULTI_RECV | FI_PEEK | FI_CLAIM | FI_DISCARD)?;
+    if flags & !FI_COMPLETION != 0 {
+        return Err(Error::with(
+            ErrorKind::NoSys,
+            "a triggered or deferred receive takes no FI_MULTI_RECV, FI_PEEK, FI_CLAIM or FI_DISCARD",
+        ));
+    }
+    if msg.iov.len() > shm_layout::MAX_IOV {
+        return Err(Error::with(ErrorKind::Inval, format!("at most {} iov segments", shm_layout::MAX_IOV)));
+    }
+    let state = st.eps[e.0].as_deref().expect("checked open by ep_of");
+    if !tagged && state.matching.srq.is_some() {
+        return Err(Error::with(
+            ErrorKind::Inval,
+            "the endpoint takes its untagged receives from its shared receive queue: post there",
+        ));
+    }
+    let mut iovs = Iovs::default();
+    for (i, s) in msg.iov.iter_mut().enumerate() {
+        iovs.v[i] = Iov { ptr: s.as_mut_ptr() as usize, len: s.len() };
+    }
+    iovs.n = msg.iov.len();
+    let (src, context, tag, ignore) = (msg.src, msg.context, msg.tag, msg.ignore);
+    let tag = if tagged { tag } else { 0 };
+    let ignore = if tagged { ignore } else { 0 };
+    let op = Op::Recv { tagged, iovs, src, context, tag, ignore };
+    Ok(Work { id: 0, ep: Some(e), trig: 0, completion: None, deferred, flags, op, _owned: None })
 }
 
 /// The read half of [`make`]: `segs` to fill.
@@ -1049,6 +1119,16 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
         let ep = unsafe { &mut *ptr.as_ptr() };
         let ini = Initiator { dom, idx };
         let res = match &w.op {
+            &Op::Recv { tagged, iovs, src: src_fi, context, tag, ignore } => {
+                // Deferred work asks for its entry with FI_COMPLETION; a
+                // triggered receive follows its endpoint's rule.
+                let cqe = w.flags & FI_COMPLETION != 0 || (!w.deferred && !ep.bind.rx_sel);
+                match post_recv(ep, &mut src, tagged, iovs, src_fi, context, tag, ignore, cqe, dw) {
+                    Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(w, None),
+                    // Reported (or posted).
+                    _ => Ok(()),
+                }
+            }
             Op::Msg { kind, iovs, dest, context, tag, data } => {
                 let r = Request {
                     kind: *kind,
@@ -1110,7 +1190,9 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                     Op::Msg { kind, context, tag, .. } => (*kind, *context, *tag),
                     Op::Rma { kind, context, .. } => (*kind, *context, 0),
                     Op::Atomic { call, context, .. } => (atomic_kind(*call), *context, 0),
-                    Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => unreachable!("handled above"),
+                    Op::Recv { .. } | Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => {
+                        unreachable!("handled above")
+                    }
                 };
                 let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw };
                 complete_send(&ep.bind, &mut src.ctx(), done, Some((e.kind(), 0, e.to_string())));
@@ -1122,6 +1204,176 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
     let _ = res;
     release(st, &w);
     Fired::Done { cntr_op: false }
+}
+
+/// Posts a fired receive on `ep` as its call would (the unexpected
+/// messages it accepts are taken now), with `dw` (deferred work's
+/// reporting). `-FI_EAGAIN` when the endpoint's receive queue is full
+/// (nothing done: the work retries); a source not in the AV completes it
+/// in error here (`Err` too, reported).
+#[allow(clippy::too_many_arguments)]
+fn post_recv(
+    ep: &mut crate::engine::EpState,
+    src: &mut CtxSrc<'_>,
+    tagged: bool,
+    iovs: Iovs,
+    src_fi: FiAddr,
+    context: usize,
+    tag: u64,
+    ignore: u64,
+    cqe: bool,
+    dw: Dw,
+) -> Result<()> {
+    let peer = if src_fi == FI_ADDR_UNSPEC {
+        None
+    } else {
+        match ep.peers.of_with(|| src.avs(), src_fi) {
+            Ok(p) => Some(p),
+            Err(_) => {
+                let d = recv_dest(iovs, context, cqe, dw);
+                let why = format!("source fi_addr {src_fi} is not in the address vector");
+                unused_rx(&ep.bind, &mut src.ctx(), &d, tagged, (ErrorKind::AddrNotAvail, 0, why.clone()));
+                return Err(Error::with(ErrorKind::AddrNotAvail, why));
+            }
+        }
+    };
+    // Its reporting rides in `moff` (see `PostedRecv::dw`).
+    let r = PostedRecv { ctx: context, iovs, src: peer, tag, ignore, multi: false, moff: dw.raw() as usize, cqe };
+    ep.matching.post_deferred(tagged, r, src.cfg().rx_size)?;
+    if ep.matching.has_unexp(tagged) {
+        crate::ep::match_unexp(ep, &mut src.ctx(), tagged);
+    }
+    Ok(())
+}
+
+/// Where a receive not posted (refused when fired, cancelled) would have
+/// delivered: for its error completion.
+fn recv_dest(iovs: Iovs, context: usize, cqe: bool, dw: Dw) -> Dest {
+    Dest { ctx: context, iovs, cap: iovs.total(), buf: iovs.v[0].ptr, multi_release: false, cqe, dw }
+}
+
+/// Reports the cancel of triggered operation `w` (not fired, taken off
+/// the lists) of endpoint `ep`: an `FI_ECANCELED` error completion, as
+/// fi_cancel(3) gives (the endpoint's CQ and counter, as an error of the
+/// operation would).
+fn report_cancel(ep: &mut crate::engine::EpState, ctx: &mut crate::domain::Ctx<'_>, w: &Work, why: Fail) {
+    let (kind, context, tag) = match &w.op {
+        &Op::Recv { tagged, iovs, context, .. } => {
+            let d = recv_dest(iovs, context, true, Dw::NONE);
+            unused_rx(&ep.bind, ctx, &d, tagged, why);
+            return;
+        }
+        Op::Msg { kind, context, tag, .. } => (*kind, *context, *tag),
+        Op::Rma { kind, context, .. } => (*kind, *context, 0),
+        Op::Atomic { call, context, .. } => (atomic_kind(*call), *context, 0),
+        Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => return,
+    };
+    let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw: Dw::NONE };
+    complete_send(&ep.bind, ctx, done, Some(why));
+}
+
+impl Work {
+    /// The operation context of a data operation.
+    fn context(&self) -> Option<usize> {
+        match &self.op {
+            Op::Recv { context, .. }
+            | Op::Msg { context, .. }
+            | Op::Rma { context, .. }
+            | Op::Atomic { context, .. } => Some(*context),
+            Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => None,
+        }
+    }
+}
+
+/// Takes the triggered operations (not deferred work) of endpoint `idx`
+/// (open, generation `generation`) off the lists for which `pick` says
+/// so (at most `most`), releasing their counters; in (counter,
+/// threshold, submission) order.
+fn take_triggered(
+    dom: &DomainInner,
+    st: &mut DomainState,
+    idx: usize,
+    generation: u32,
+    most: usize,
+    pick: impl Fn(&Work) -> bool,
+) -> Vec<Work> {
+    let mut keys = Vec::new();
+    'lists: for &c in &st.trig.armed {
+        for (&k, w) in &st.trig.lists[c] {
+            if !w.deferred && w.ep == Some((idx, generation)) && pick(w) {
+                keys.push((c, k));
+                if keys.len() == most {
+                    break 'lists;
+                }
+            }
+        }
+    }
+    let out: Vec<Work> = keys.into_iter().map(|(c, k)| st.trig.remove(c, k).expect("just seen")).collect();
+    for w in &out {
+        release(st, w);
+    }
+    if !out.is_empty() {
+        dom.trig.publish(&st.trig);
+    }
+    out
+}
+
+impl Endpoint {
+    /// fi_cancel of a triggered operation of this endpoint that has not
+    /// fired: the first (by counter, threshold, submission) whose context
+    /// is `context` is taken off the queue (it never runs) and completes
+    /// as an `FI_ECANCELED` error entry (its endpoint's CQ, and its
+    /// endpoint counter's error value). Whether one was found.
+    pub(crate) fn cancel_triggered(&self, context: usize) -> Result<bool> {
+        let dom = &self.dom;
+        if !dom.trig.pending() {
+            return Ok(false);
+        }
+        let mut st = dom.lock()?;
+        let generation = self.getname().generation;
+        if st.eps.get(self.idx).and_then(|e| e.as_deref()).is_none_or(|e| e.addr.generation != generation) {
+            return Ok(false);
+        }
+        let Some(w) = take_triggered(dom, &mut st, self.idx, generation, 1, |w| w.context() == Some(context)).pop()
+        else {
+            return Ok(false);
+        };
+        let why = (ErrorKind::Canceled, crate::cq::prov::CANCELED, "triggered operation cancelled".to_string());
+        dom.with_ep(&mut st, self.idx, |ep, ctx| {
+            report_cancel(ep, ctx, &w, why);
+            Ok(true)
+        })
+    }
+}
+
+/// Endpoint `idx` closes: its triggered operations not fired are taken
+/// off the queue and never run (their counters released). Receives among
+/// them are flushed as the endpoint's posted receives are (an
+/// `FI_ECANCELED` entry), unless `discard`; the others are dropped without
+/// completions, as its queued sends are. Deferred work that names the
+/// endpoint stays: it fails when it fires (on its completion counter).
+pub(crate) fn ep_closing(dom: &DomainInner, st: &mut DomainState, idx: usize, discard: bool) {
+    if !dom.trig.pending() {
+        return;
+    }
+    let Some(generation) = st.eps.get(idx).and_then(|e| e.as_deref()).map(|e| e.addr.generation) else {
+        return;
+    };
+    let ws = take_triggered(dom, st, idx, generation, usize::MAX, |_| true);
+    if discard {
+        return;
+    }
+    let _ = dom.with_ep(st, idx, |ep, ctx| {
+        for w in ws.iter().filter(|w| matches!(w.op, Op::Recv { .. })) {
+            let why = (
+                ErrorKind::Canceled,
+                crate::cq::prov::FLUSHED,
+                "endpoint closed before the receive was posted".to_string(),
+            );
+            report_cancel(ep, ctx, w, why);
+        }
+        Ok(())
+    });
 }
 
 fn atomic_kind(call: AtomicCall) -> OpKind {
@@ -1149,9 +1401,11 @@ impl Domain {
     /// runs once `w.triggering` (success plus error values) reaches
     /// `w.threshold` (at once if it has). The objects it names are checked
     /// first (counters and endpoint of this domain and open, the endpoint
-    /// enabled, flags, sizes); then an operation shmfab cannot defer
-    /// (receives) is `-FI_ENOSYS`. The counters it names cannot close
-    /// while it waits (`Busy`).
+    /// enabled, flags, sizes); then what shmfab cannot defer (a
+    /// multi-receive buffer, a peek or claim) is `-FI_ENOSYS`. The counters
+    /// it names cannot close while it waits (`Busy`). A receive's
+    /// completion counter counts when its message has arrived; it must stay
+    /// open until then (as a fired send's until the send completes).
     ///
     /// # Safety
     /// The buffers the operation names must stay valid (and those it sends
@@ -1411,12 +1665,40 @@ impl Triggered<'_> {
         // A triggered operation reports as its call would: its endpoint
         // must be able to.
         let ep = st.eps[self.ep.idx].as_deref().expect("checked open by make");
-        let needs_cq = !ep.bind.tx_sel || w.flags & FI_COMPLETION != 0;
-        if needs_cq && !ep.bind.can_report_tx() {
-            return Err(Error::with(ErrorKind::NoCq, "no transmit CQ or counter bound"));
+        if matches!(w.op, Op::Recv { .. }) {
+            if !ep.bind.can_report_rx() {
+                return Err(Error::with(ErrorKind::NoCq, "no receive CQ or receive counter bound"));
+            }
+        } else {
+            let needs_cq = !ep.bind.tx_sel || w.flags & FI_COMPLETION != 0;
+            if needs_cq && !ep.bind.can_report_tx() {
+                return Err(Error::with(ErrorKind::NoCq, "no transmit CQ or counter bound"));
+            }
         }
         w.trig = trig;
         queue(dom, &mut st, w, self.trig.threshold).map(|_| ())
+    }
+
+    /// [`Endpoint::recvmsg`], triggered: posted when the counter reaches
+    /// the threshold (a message that arrived before waits as unexpected
+    /// until then), then completing as that receive would. Flags:
+    /// FI_COMPLETION (others as [`DeferredOp::Recv`] says). fi_cancel
+    /// ([`Endpoint::cancel`]) of its context takes it off the queue before
+    /// it fires, and cancels the posted receive after.
+    ///
+    /// # Safety
+    /// The buffers must stay valid and untouched until the receive
+    /// completes (or is cancelled).
+    pub unsafe fn recvmsg(&self, mut m: RecvMsg<'_, '_>, flags: u64) -> Result<()> {
+        self.submit_with(|dom, st| recv(dom, st, self.ep, false, &mut m, flags, false))
+    }
+
+    /// [`Endpoint::trecvmsg`], triggered (as [`Triggered::recvmsg`]).
+    ///
+    /// # Safety
+    /// As [`Triggered::recvmsg`].
+    pub unsafe fn trecvmsg(&self, mut m: RecvMsg<'_, '_>, flags: u64) -> Result<()> {
+        self.submit_with(|dom, st| recv(dom, st, self.ep, true, &mut m, flags, false))
     }
 
     /// [`Endpoint::sendmsg`], triggered.

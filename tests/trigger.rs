@@ -6,15 +6,19 @@
 //! FI_RMA_EVENT counter, a chain of 1,000 deferred writes across 4 ranks,
 //! chains of deferred work queued as one (`Domain::queue_chain`) and
 //! chain templates queued again and again (`Domain::queue_template`), and work
-//! that fires with auto progress while the application sleeps.
+//! that fires with auto progress while the application sleeps; deferred
+//! and triggered receives (posted when they fire, a message sent before
+//! matched then, their completion counter counted on arrival, ordered
+//! with the others, cancelled, flushed, dropped at endpoint close), and a
+//! receive posted by a trigger whose arrival fires a send across 2 ranks.
 
 mod common;
 use common::{pattern, put_file, run, test_dir, World};
 use shmfab::{
     AtomicMsg, AtomicOp, AtomicType, CompletionQueue, Counter, CqAttr, CqTaggedEntry, DeferredOp, DeferredWork,
-    ErrorKind, MemoryRegion, RecvMsg, RmaIoc, RmaIov, SendMsg, Trigger, FI_ADDR_UNSPEC, FI_ATOMIC, FI_COMPLETION,
-    FI_INJECT, FI_MSG, FI_READ, FI_RECV, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_RMA, FI_SEND, FI_TAGGED, FI_TRANSMIT,
-    FI_WRITE,
+    Endpoint, ErrorKind, MemoryRegion, RecvMsg, RmaIoc, RmaIov, SendMsg, Trigger, FI_ADDR_UNSPEC, FI_ATOMIC,
+    FI_COMPLETION, FI_INJECT, FI_MSG, FI_MULTI_RECV, FI_READ, FI_RECV, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_RMA,
+    FI_SEND, FI_TAGGED, FI_TRANSMIT, FI_WRITE,
 };
 use std::io::{IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
@@ -222,9 +226,9 @@ fn cancel_flush(w: World) {
             threshold: 1,
             triggering: &a,
             completion: Some(&b),
-            op: DeferredOp::Recv { ep: &w.ep, msg, flags: 0 },
+            op: DeferredOp::Recv { ep: &w.ep, msg, flags: FI_MULTI_RECV },
         };
-        assert_eq!(w.dom.queue_work(wk).unwrap_err().kind(), ErrorKind::NoSys);
+        assert_eq!(w.dom.queue_work(wk).unwrap_err().kind(), ErrorKind::NoSys, "no deferred multi-receive");
         let closed = w.dom.endpoint().unwrap();
         closed.close().unwrap();
         let mut iov = [IoSliceMut::new(&mut buf)];
@@ -956,4 +960,464 @@ fn no_room(w: World) {
 #[test]
 fn deferred_sends_without_room_wait_their_turn() {
     run("deferred_sends_without_room_wait_their_turn", 2, &[("SHMFAB_TX_SIZE", "2")], T, no_room);
+}
+
+/// An endpoint of `w`'s domain with its own CQ and a receive counter.
+fn rx_endpoint(w: &World) -> (Endpoint, CompletionQueue, Counter) {
+    let cq = w.dom.cq_open(&CqAttr::default()).unwrap();
+    let rc = w.dom.cntr_open().unwrap();
+    let ep = w.dom.endpoint().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_cntr(&rc, FI_RECV).unwrap();
+    ep.bind_av(&w.av).unwrap();
+    ep.enable().unwrap();
+    (ep, cq, rc)
+}
+
+/// Drives progress for a while (the time a wrongly posted receive would
+/// take to show).
+fn settle(w: &World) {
+    for _ in 0..20 {
+        w.dom.progress().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Deferred receives (FI_OP_RECV / FI_OP_TRECV): posted when their
+/// counter reaches the threshold, so a message sent before waits as
+/// unexpected until then and is matched at once; the completion counter
+/// counts when the message arrives, not when the receive is posted; no CQ
+/// entry or endpoint counter without FI_COMPLETION, both with it;
+/// receives fire by threshold then submission (also past several
+/// thresholds at once) and in order with other deferred work on the same
+/// counter; a truncated one counts the completion counter's error value;
+/// cancelled and flushed ones never post; a directed source is kept.
+fn deferred_recv(w: World) {
+    let me = w.addrs[0];
+    let (rx, rcq, rcnt) = rx_endpoint(&w);
+    let rx_addr = w.av.insert(&[rx.getname()]).unwrap()[0];
+    let (go, done) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+
+    // 1. A tagged receive into two segments, directed at `w.ep`'s address,
+    // queued at threshold 2; the message is sent before the threshold.
+    let data = pattern(100, 3);
+    let (mut h, mut t) = (vec![0u8; 40], vec![0u8; 60]);
+    {
+        let mut iov = [IoSliceMut::new(&mut h), IoSliceMut::new(&mut t)];
+        let msg = RecvMsg { iov: &mut iov, src: me, context: 31, tag: 5, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 2,
+            triggering: &go,
+            completion: Some(&done),
+            op: DeferredOp::Trecv { ep: &rx, msg, flags: 0 },
+        };
+        // SAFETY: h and t outlive the receive (its completion counter is
+        // awaited below).
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    // SAFETY: data outlives the send, completed below.
+    unsafe { w.ep.tsend(&data, rx_addr, 5, 32).unwrap() };
+    w.ok(32);
+    go.add(1).unwrap();
+    settle(&w);
+    assert_eq!(done.read().unwrap(), 0, "below its threshold: not posted");
+    assert_eq!(w.dom.queued_work().unwrap(), 1);
+    go.add(1).unwrap();
+    wait_value(&w, &done, 1, "deferred trecv matching an unexpected message");
+    assert_eq!([&h[..], &t[..]].concat(), data, "the message, across both segments");
+    assert_eq!(rcnt.read().unwrap(), 0, "no endpoint counter without FI_COMPLETION");
+    assert!(drain(&rcq).is_empty(), "no CQ entry without FI_COMPLETION");
+
+    // 2. Counted on arrival, not when posted; FI_COMPLETION: entry and
+    // endpoint counter too.
+    let mut b = [0u8; 16];
+    {
+        let mut iov = [IoSliceMut::new(&mut b)];
+        let msg = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 33, tag: 0, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 3,
+            triggering: &go,
+            completion: Some(&done),
+            op: DeferredOp::Recv { ep: &rx, msg, flags: FI_COMPLETION },
+        };
+        // SAFETY: b outlives the receive.
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    go.add(1).unwrap();
+    assert_eq!(w.dom.queued_work().unwrap(), 0, "fired: posted");
+    settle(&w);
+    assert_eq!(done.read().unwrap(), 1, "posted, but no message yet: not counted");
+    // SAFETY: a constant buffer, injected.
+    w.ep.inject(b"0123456789abcdef", rx_addr).unwrap();
+    wait_value(&w, &done, 2, "deferred recv counted on arrival");
+    assert_eq!(&b, b"0123456789abcdef");
+    assert_eq!(rcnt.read().unwrap(), 1, "FI_COMPLETION: the endpoint counter counts");
+    let e = drain(&rcq);
+    assert_eq!(e.len(), 1);
+    assert_eq!((e[0].op_context, e[0].flags, e[0].len), (33, FI_RECV | FI_MSG, 16));
+
+    // 3. Order: tagged receives of one tag at thresholds 2, 1, 2 (and a
+    // counter add at 1 between them) fire by threshold then submission
+    // when the counter jumps 0 -> 2: the receive at 1 takes the first
+    // message, the first at 2 the second, the last the third.
+    let (g, seen) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    let mut bufs = [[0u8; 8]; 3];
+    let [b0, b1, b2] = &mut bufs;
+    for (i, (buf, th)) in [(b0, 2u64), (b1, 1), (b2, 2)].into_iter().enumerate() {
+        let mut iov = [IoSliceMut::new(buf)];
+        let msg = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 40 + i, tag: 9, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: th,
+            triggering: &g,
+            completion: Some(&done),
+            op: DeferredOp::Trecv { ep: &rx, msg, flags: FI_COMPLETION },
+        };
+        // SAFETY: bufs outlive the receives.
+        unsafe { w.dom.queue_work(wk).unwrap() };
+        if i == 1 {
+            // SAFETY: a counter operation.
+            unsafe { w.dom.queue_work(cntr_add(&g, 1, &seen, 1)).unwrap() };
+        }
+    }
+    g.set(2).unwrap();
+    assert_eq!(seen.read().unwrap(), 1);
+    for k in 0..3u64 {
+        w.ep.tinject(&(100 + k).to_le_bytes(), rx_addr, 9).unwrap();
+    }
+    wait_value(&w, &done, 5, "three ordered receives");
+    let got: Vec<(usize, u64)> = drain(&rcq).iter().map(|e| (e.op_context, e.len as u64)).collect();
+    assert_eq!(got, [(41, 8), (40, 8), (42, 8)], "completions in posting order");
+    let vals: Vec<u64> = bufs.iter().map(|b| u64::from_le_bytes(*b)).collect();
+    assert_eq!(vals, [101, 100, 102], "threshold 1 first, then the two at 2 in submission order");
+
+    // 4. A truncated deferred receive counts the error value.
+    let mut small = [0u8; 4];
+    {
+        let mut iov = [IoSliceMut::new(&mut small)];
+        let msg = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 50, tag: 0, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 4,
+            triggering: &go,
+            completion: Some(&done),
+            op: DeferredOp::Recv { ep: &rx, msg, flags: 0 },
+        };
+        // SAFETY: small outlives the receive.
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    go.add(1).unwrap();
+    w.ep.inject(b"too long for it", rx_addr).unwrap();
+    let t0 = Instant::now();
+    while done.readerr().unwrap() == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "truncation never counted");
+        w.dom.wait(Some(Duration::from_millis(1)));
+    }
+    assert_eq!((done.read().unwrap(), done.readerr().unwrap()), (5, 1));
+    assert!(drain(&rcq).is_empty(), "quiet: no error entry either");
+
+    // 5. Cancel and flush: the receives never post; the message they
+    // would have taken waits for an ordinary receive.
+    let mut never = [0u8; 8];
+    let id = {
+        let mut iov = [IoSliceMut::new(&mut never)];
+        let msg = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 60, tag: 77, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 5,
+            triggering: &go,
+            completion: Some(&done),
+            op: DeferredOp::Trecv { ep: &rx, msg, flags: 0 },
+        };
+        // SAFETY: never outlives the work (cancelled below).
+        unsafe { w.dom.queue_work(wk).unwrap() }
+    };
+    let flushed = w.dom.cntr_open().unwrap();
+    {
+        let mut iov = [IoSliceMut::new(&mut never)];
+        let msg = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 61, tag: 77, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &flushed,
+            completion: Some(&done),
+            op: DeferredOp::Trecv { ep: &rx, msg, flags: 0 },
+        };
+        // SAFETY: as above (flushed below).
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    assert!(w.dom.cancel_work(id).unwrap());
+    assert_eq!(w.dom.flush_work(Some(&flushed)).unwrap(), 1);
+    go.add(1).unwrap();
+    flushed.add(1).unwrap();
+    w.ep.tinject(&7u64.to_le_bytes(), rx_addr, 77).unwrap();
+    settle(&w);
+    assert_eq!(never, [0u8; 8], "cancelled and flushed receives never post");
+    assert_eq!((done.read().unwrap(), done.readerr().unwrap()), (5, 1));
+    let mut late = [0u8; 8];
+    // SAFETY: late outlives the receive.
+    unsafe { rx.trecv(&mut late, FI_ADDR_UNSPEC, 77, 0, 62).unwrap() };
+    let t0 = Instant::now();
+    let e = loop {
+        let e = drain(&rcq);
+        if !e.is_empty() {
+            break e;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        w.dom.wait(Some(Duration::from_millis(1)));
+    };
+    assert_eq!(e[0].op_context, 62);
+    assert_eq!(u64::from_le_bytes(late), 7, "the message waited for an ordinary receive");
+    flushed.close().unwrap();
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+
+    // 6. A directed source not in the AV when it fires: an error
+    // completion (FI_COMPLETION: on the endpoint too), never posted.
+    let errs0 = done.readerr().unwrap();
+    {
+        let mut iov = [IoSliceMut::new(&mut never)];
+        let msg = RecvMsg { iov: &mut iov, src: 999, context: 63, tag: 0, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &go,
+            completion: Some(&done),
+            op: DeferredOp::Recv { ep: &rx, msg, flags: FI_COMPLETION },
+        };
+        // SAFETY: never outlives the work (it fails at once: go is past 1).
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    assert_eq!(done.readerr().unwrap(), errs0 + 1);
+    let e = rcq.readerr().unwrap();
+    assert_eq!((e.op_context, e.err), (63, ErrorKind::AddrNotAvail.errno()));
+    assert_eq!(rcnt.readerr().unwrap(), 1, "FI_COMPLETION: the endpoint counter's error value");
+    w.ep.inject(b"any", rx_addr).unwrap();
+    settle(&w);
+    assert_eq!(never, [0u8; 8], "never posted");
+}
+
+#[test]
+fn deferred_receives() {
+    run("deferred_receives", 1, &[], T, deferred_recv);
+}
+
+/// Triggered receives (FI_TRIGGER on fi_recvmsg / fi_trecvmsg): posted
+/// when the trigger fires and completing as a receive posted then would
+/// (CQ entry, endpoint counter); fi_cancel of the context of a triggered
+/// operation not yet fired (a receive, a send, a write, an atomic) takes
+/// it off the queue with an FI_ECANCELED error entry, and after it fired
+/// cancels the posted receive; closing the endpoint drops its triggered operations (their
+/// counters free again) while deferred work naming it fails when fired
+/// and a fired deferred receive still posted counts its error value.
+fn triggered_recv(w: World) {
+    let me = w.addrs[0];
+    let (rx, rcq, rcnt) = rx_endpoint(&w);
+    let rx_addr = w.av.insert(&[rx.getname()]).unwrap()[0];
+    let go = w.dom.cntr_open().unwrap();
+    let mut b = [0u8; 8];
+    {
+        let mut iov = [IoSliceMut::new(&mut b)];
+        let m = RecvMsg { iov: &mut iov, src: me, context: 70, tag: 3, ignore: 0 };
+        // SAFETY: b outlives the receive.
+        unsafe { rx.triggered(Trigger { cntr: &go, threshold: 1 }).trecvmsg(m, 0).unwrap() };
+    }
+    w.ep.tinject(&11u64.to_le_bytes(), rx_addr, 3).unwrap();
+    settle(&w);
+    assert!(drain(&rcq).is_empty() && b == [0; 8], "not posted before its trigger");
+    go.add(1).unwrap();
+    let t0 = Instant::now();
+    let e = loop {
+        let e = drain(&rcq);
+        if !e.is_empty() {
+            break e;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        w.dom.wait(Some(Duration::from_millis(1)));
+    };
+    assert_eq!((e[0].op_context, e[0].flags, e[0].tag), (70, FI_RECV | FI_TAGGED, 3));
+    assert_eq!(u64::from_le_bytes(b), 11);
+    assert_eq!(rcnt.read().unwrap(), 1);
+
+    // fi_cancel: a triggered receive and a triggered send not fired.
+    let mut c = [0u8; 8];
+    {
+        let mut iov = [IoSliceMut::new(&mut c)];
+        let m = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 71, tag: 0, ignore: 0 };
+        // SAFETY: c outlives the receive (cancelled below).
+        unsafe { rx.triggered(Trigger { cntr: &go, threshold: 5 }).recvmsg(m, 0).unwrap() };
+    }
+    let payload = [1u8; 8];
+    let iov = [IoSlice::new(&payload)];
+    let m = SendMsg { iov: &iov, dest: me, context: 72, data: 0, tag: 0 };
+    // SAFETY: payload outlives the send (cancelled below).
+    unsafe { rx.triggered(Trigger { cntr: &go, threshold: 5 }).sendmsg(m, 0).unwrap() };
+    assert_eq!(w.dom.queued_work().unwrap(), 2);
+    assert!(rx.cancel(72).unwrap());
+    assert!(rx.cancel(71).unwrap());
+    assert!(!rx.cancel(71).unwrap(), "cancelled once");
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    let mut errs = Vec::new();
+    while let Ok(ee) = rcq.readerr() {
+        errs.push((ee.op_context, ee.err, ee.flags & (FI_SEND | FI_RECV)));
+    }
+    let canceled = ErrorKind::Canceled.errno();
+    assert_eq!(errs, [(72, canceled, FI_SEND), (71, canceled, FI_RECV)]);
+    go.add(10).unwrap();
+    settle(&w);
+    assert!(drain(&rcq).is_empty(), "cancelled triggered operations never run");
+    // A triggered write and a triggered atomic not fired: the same (they
+    // never reach their target: the key names nothing, and no error of
+    // theirs comes but the cancel's).
+    let bogus = [RmaIov { addr: 0, len: 8, key: 0xdead_0000 }];
+    let biov = [IoSlice::new(&payload)];
+    // SAFETY: payload outlives the write (cancelled below).
+    unsafe { rx.triggered(Trigger { cntr: &go, threshold: 100 }).writemsg(&biov, &bogus, me, 74, 0, 0).unwrap() };
+    let ioc = [RmaIoc { addr: 0, count: 1, key: 0xdead_0000 }];
+    // SAFETY: as above.
+    unsafe {
+        rx.triggered(Trigger { cntr: &go, threshold: 100 })
+            .atomicmsg(am(AtomicOp::Sum, &ioc, &payload, me, 75), 0)
+            .unwrap()
+    };
+    assert!(rx.cancel(75).unwrap() && rx.cancel(74).unwrap());
+    let errs: Vec<_> = std::iter::from_fn(|| rcq.readerr().ok()).map(|e| (e.op_context, e.err, e.flags)).collect();
+    assert_eq!(errs, [(75, canceled, FI_ATOMIC | FI_WRITE), (74, canceled, FI_RMA | FI_WRITE)]);
+    go.add(100).unwrap();
+    settle(&w);
+    assert!(drain(&rcq).is_empty() && rcq.readerr().is_err(), "cancelled: never issued");
+    // Fired, not matched: fi_cancel finds the posted receive.
+    {
+        let mut iov = [IoSliceMut::new(&mut c)];
+        let m = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 73, tag: 0, ignore: 0 };
+        // SAFETY: as above.
+        unsafe { rx.triggered(Trigger { cntr: &go, threshold: 1 }).recvmsg(m, 0).unwrap() };
+    }
+    assert!(rx.cancel(73).unwrap());
+    assert_eq!(rcq.readerr().map(|ee| (ee.op_context, ee.err)).unwrap(), (73, canceled));
+
+    // Endpoint close: triggered operations dropped (their counter is free
+    // again); deferred work naming it fails when it fires; a fired deferred
+    // receive still posted counts its completion counter's error value.
+    let (gone, gcq, _gc) = rx_endpoint(&w);
+    let (g2, done) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+    let mut d = [[0u8; 8]; 3];
+    let [d0, d1, d2] = &mut d;
+    {
+        let mut iov = [IoSliceMut::new(d0)];
+        let m = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 80, tag: 0, ignore: 0 };
+        // SAFETY: d outlives the endpoint.
+        unsafe { gone.triggered(Trigger { cntr: &g2, threshold: 1 }).recvmsg(m, 0).unwrap() };
+        let mut iov = [IoSliceMut::new(d1)];
+        let msg = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 81, tag: 0, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 1,
+            triggering: &go,
+            completion: Some(&done),
+            op: DeferredOp::Recv { ep: &gone, msg, flags: 0 },
+        };
+        // SAFETY: as above; this one fires at once (go is past 1): posted.
+        unsafe { w.dom.queue_work(wk).unwrap() };
+        let mut iov = [IoSliceMut::new(d2)];
+        let msg = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 82, tag: 0, ignore: 0 };
+        let wk = DeferredWork {
+            threshold: 2,
+            triggering: &done,
+            completion: Some(&done),
+            op: DeferredOp::Recv { ep: &gone, msg, flags: 0 },
+        };
+        // SAFETY: as above.
+        unsafe { w.dom.queue_work(wk).unwrap() };
+    }
+    assert_eq!(w.dom.queued_work().unwrap(), 2, "the triggered receive and the deferred one at 2");
+    assert_eq!(g2.close().unwrap_err().kind(), ErrorKind::Busy);
+    gone.close().unwrap();
+    assert_eq!(w.dom.queued_work().unwrap(), 1, "the triggered receive went with its endpoint");
+    g2.close().unwrap();
+    let mut errs = Vec::new();
+    while let Ok(ee) = gcq.readerr() {
+        errs.push(ee.op_context);
+    }
+    assert_eq!(errs, [80], "close flushes the triggered receive; the deferred one is quiet (no FI_COMPLETION)");
+    assert_eq!((done.read().unwrap(), done.readerr().unwrap()), (0, 1), "the posted deferred receive failed");
+    done.add(1).unwrap();
+    assert_eq!((done.read().unwrap(), done.readerr().unwrap()), (1, 2), "the one that fired after the close failed");
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    assert_eq!(d, [[0u8; 8]; 3]);
+}
+
+#[test]
+fn triggered_receives_and_cancel() {
+    run("triggered_receives_and_cancel", 1, &[], T, triggered_recv);
+}
+
+/// What a collective library builds: rank 0 queues a receive from rank 1
+/// (deferred, on `go`) and a send back to rank 1 of the buffer it fills,
+/// triggered by the receive's completion counter; then only drives
+/// progress. Rank 1 sends, and gets its data back: the receive's arrival
+/// fired the send. Repeated, the thresholds moving, with messages inline,
+/// through the pool and by rendezvous (the completion counter counts when
+/// the last byte is in).
+fn recv_fires_send(w: World) {
+    const ROUNDS: u64 = 21;
+    let size = |i: u64| [64usize, 8192, 300_000][i as usize % 3];
+    if w.rank == 0 {
+        let (go, got, sent) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        let mut bufs: Vec<Vec<u8>> = (0..ROUNDS).map(|i| vec![0u8; size(i)]).collect();
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            let i = i as u64;
+            let (p, n) = (buf.as_mut_ptr(), buf.len());
+            let mut iov = [IoSliceMut::new(buf)];
+            let msg = RecvMsg { iov: &mut iov, src: w.addrs[1], context: 0, tag: 100 + i, ignore: 0 };
+            let wk = DeferredWork {
+                threshold: i + 1,
+                triggering: &go,
+                completion: Some(&got),
+                op: DeferredOp::Trecv { ep: &w.ep, msg, flags: 0 },
+            };
+            // SAFETY: bufs outlive the work (awaited below).
+            unsafe { w.dom.queue_work(wk).unwrap() };
+            // SAFETY: the same buffer, read when the send fires (after the
+            // receive filled it: its completion counter moved).
+            let src = unsafe { std::slice::from_raw_parts(p, n) };
+            let iov = [IoSlice::new(src)];
+            let msg = SendMsg { iov: &iov, dest: w.addrs[1], context: 0, data: 0, tag: 200 + i };
+            let wk = DeferredWork {
+                threshold: i + 1,
+                triggering: &got,
+                completion: Some(&sent),
+                op: DeferredOp::Tsend { ep: &w.ep, msg, flags: 0 },
+            };
+            // SAFETY: as above.
+            unsafe { w.dom.queue_work(wk).unwrap() };
+        }
+        w.barrier();
+        // Each round: one add; the rest is the provider's.
+        for r in 1..=ROUNDS {
+            go.add(1).unwrap();
+            wait_value(&w, &sent, r, "echo sent");
+        }
+        assert_eq!(got.read().unwrap(), ROUNDS);
+        assert_eq!(w.dom.queued_work().unwrap(), 0);
+        assert!(drain(&w.cq).is_empty(), "deferred work without FI_COMPLETION writes no entry");
+        w.barrier();
+    } else {
+        w.barrier();
+        for i in 0..ROUNDS {
+            let data = pattern(size(i), i);
+            let mut back = vec![0u8; size(i)];
+            // SAFETY: back outlives the receive, awaited below.
+            unsafe { w.ep.trecv(&mut back, w.addrs[0], 200 + i, 0, 2).unwrap() };
+            // SAFETY: data outlives the send, awaited below.
+            unsafe { w.ep.tsend(&data, w.addrs[0], 100 + i, 1).unwrap() };
+            w.ok(1);
+            w.ok(2);
+            assert_eq!(&back[..], &data[..], "round {i}: the echo");
+        }
+        w.barrier();
+    }
+}
+
+#[test]
+fn receive_arrival_fires_a_send() {
+    run("receive_arrival_fires_a_send", 2, &[], T, recv_fires_send);
+}
+
+#[test]
+fn receive_arrival_fires_a_send_without_single_copy() {
+    run("receive_arrival_fires_a_send_without_single_copy", 2, &[("SHMFAB_CMA", "off")], T, recv_fires_send);
 }

@@ -332,9 +332,11 @@ unsafe extern "C" fn getname(fid: *mut sys::fid, addr: *mut c_void, addrlen: *mu
     0
 }
 
-/// `fi_cancel` of a receive: its completion is an FI_ECANCELED error
-/// entry. An operation already matched or completed, or a send, is not
-/// cancelled (the call still succeeds, as fi_endpoint(3) allows).
+/// `fi_cancel` of a receive, or of a triggered operation of any kind not
+/// fired yet (its context the `fi_triggered_context`): its completion is
+/// an FI_ECANCELED error entry. An operation already matched or
+/// completed, or a send issued, is not cancelled (the call still
+/// succeeds, as fi_endpoint(3) allows).
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made, and every
@@ -629,10 +631,8 @@ unsafe extern "C" fn recvv(
 /// pointer is valid as the call's man page says.
 unsafe extern "C" fn recvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flags: u64) -> isize {
     if flags & sys::FI_TRIGGER != 0 {
-        // SAFETY: libfabric's contract: msg null or valid.
-        let ctx = unsafe { msg.as_ref() }.map_or(std::ptr::null_mut(), |m| m.context);
-        // SAFETY: as above, passed on.
-        return unsafe { crate::trigger::recv(ep, ctx) };
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::recvmsg(ep, msg, flags) };
     }
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
@@ -802,10 +802,8 @@ unsafe extern "C" fn trecvv(
 /// pointer is valid as the call's man page says.
 unsafe extern "C" fn trecvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
     if flags & sys::FI_TRIGGER != 0 {
-        // SAFETY: libfabric's contract: msg null or valid.
-        let ctx = unsafe { msg.as_ref() }.map_or(std::ptr::null_mut(), |m| m.context);
-        // SAFETY: as above, passed on.
-        return unsafe { crate::trigger::recv(ep, ctx) };
+        // SAFETY: libfabric's contract, passed on.
+        return unsafe { crate::trigger::trecvmsg(ep, msg, flags) };
     }
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };

@@ -2,7 +2,8 @@
 //! (fi_trigger(3)) over the library's (`shmfab::Endpoint::triggered`,
 //! `shmfab::Domain::queue_work`, `cancel_work`, `flush_work`).
 //!
-//! **FI_TRIGGER** on `fi_sendmsg`, `fi_tsendmsg`, `fi_writemsg`,
+//! **FI_TRIGGER** on `fi_recvmsg`, `fi_trecvmsg`, `fi_sendmsg`,
+//! `fi_tsendmsg`, `fi_writemsg`,
 //! `fi_readmsg`, `fi_atomicmsg`, `fi_fetch_atomicmsg` and
 //! `fi_compare_atomicmsg`: the message's context is a `struct
 //! fi_triggered_context` (event FI_TRIGGER_THRESHOLD; FI_TRIGGER_XPU is
@@ -10,11 +11,16 @@
 //! `op_context` is that same pointer (fi_trigger(3): it replaces the
 //! `fi_context`). The structure is only read, at the call; the
 //! application keeps it, and the buffers, until the operation completes.
-//! FI_TRIGGER on a receive is `-FI_ENOSYS` once its context is checked.
+//! A triggered receive is posted when it fires (a message that arrived
+//! before waits as unexpected); FI_MULTI_RECV and the probe flags with
+//! FI_TRIGGER are `-FI_ENOSYS`. `fi_cancel` with the triggered context
+//! cancels a triggered operation (any kind) that has not fired: it never
+//! runs and completes as an FI_ECANCELED error entry.
 //!
 //! **`fi_control` on the domain**: FI_QUEUE_WORK (`struct
-//! fi_deferred_work *`, every `fi_op_type`; FI_OP_RECV and FI_OP_TRECV
-//! are `-FI_ENOSYS` once the endpoint is checked), FI_CANCEL_WORK (the
+//! fi_deferred_work *`, every `fi_op_type`; a deferred receive,
+//! FI_OP_RECV or FI_OP_TRECV, counts its completion counter when its
+//! message has arrived), FI_CANCEL_WORK (the
 //! same struct: 0 when it was taken off the queue, `-FI_ENOENT` when it is
 //! no longer queued: it ran, or was cancelled or flushed), FI_FLUSH_WORK
 //! (arg NULL: all deferred work of the domain; a `struct fid_cntr *`, or
@@ -375,19 +381,72 @@ pub(crate) unsafe fn tsendmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagg
     unsafe { send(ep, m.msg_iov, m.iov_count, m.addr, m.context, m.data, Some(m.tag), flags) }
 }
 
-/// `fi_recvmsg` / `fi_trecvmsg` with FI_TRIGGER (called by `ep.rs`):
-/// `-FI_ENOSYS` once the endpoint and the triggered context are checked
-/// (the library defers no receive).
+/// Receive flags for the library: the trigger and FI_MORE dropped;
+/// FI_COMPLETION kept; FI_MULTI_RECV and the probes passed on, for the
+/// library to refuse (`-FI_ENOSYS`).
+fn recv_flags(f: u64) -> u64 {
+    f & !DROP
+}
+
+/// `fi_recvmsg` / `fi_trecvmsg` (`tagged`) with FI_TRIGGER.
 ///
 /// # Safety
-/// libfabric's contract: `ep` a live fid, `ctx` null or a `struct
-/// fi_triggered_context`.
-pub(crate) unsafe fn recv(ep: *mut sys::fid_ep, ctx: *mut c_void) -> isize {
-    // SAFETY: caller's contract (each line).
-    tri!(unsafe { endpoint(ep) });
-    tri!(unsafe { trigger(ctx) });
-    util::log(sys::FI_LOG_WARN, DATA, "FI_TRIGGER on a receive is not supported");
-    ENOSYS as isize
+/// libfabric's contract: `ep` a live fid; `iov` valid for `count`
+/// writable segments kept until the receive completes; `ctx` a `struct
+/// fi_triggered_context` kept as long.
+#[allow(clippy::too_many_arguments)]
+unsafe fn recv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    count: usize,
+    src: u64,
+    ctx: *mut c_void,
+    tag: u64,
+    ignore: u64,
+    flags: u64,
+    tagged: bool,
+) -> isize {
+    // SAFETY: the caller's contract (each line).
+    let e = tri!(unsafe { endpoint(ep) });
+    let t = tri!(unsafe { trigger(ctx) });
+    let mut v = tri!(unsafe { slices_mut(iov, count) });
+    let m = RecvMsg { iov: &mut v, src, context: ctx as usize, tag, ignore };
+    let tr = e.triggered(t);
+    // SAFETY: fi_msg(3)/fi_tagged(3)/fi_trigger(3): the buffers stay
+    // valid and untouched until the receive completes.
+    let r = unsafe {
+        if tagged {
+            tr.trecvmsg(m, recv_flags(flags))
+        } else {
+            tr.recvmsg(m, recv_flags(flags))
+        }
+    };
+    status(r, "triggered receive")
+}
+
+/// `fi_recvmsg` with FI_TRIGGER (called by `ep.rs`): posted when the
+/// trigger's counter reaches its threshold; its completion's `op_context`
+/// is the triggered context.
+///
+/// # Safety
+/// libfabric's contract: `ep` a live fid, `msg` null or valid, its
+/// context a `struct fi_triggered_context`.
+pub(crate) unsafe fn recvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    // SAFETY: caller's contract.
+    let Some(m) = (unsafe { msg.as_ref() }) else { return EINVAL as isize };
+    // SAFETY: as above.
+    unsafe { recv(ep, m.msg_iov, m.iov_count, m.addr, m.context, 0, 0, flags, false) }
+}
+
+/// `fi_trecvmsg` with FI_TRIGGER (called by `ep.rs`), as [`recvmsg`].
+///
+/// # Safety
+/// As [`recvmsg`], for `struct fi_msg_tagged`.
+pub(crate) unsafe fn trecvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    // SAFETY: caller's contract.
+    let Some(m) = (unsafe { msg.as_ref() }) else { return EINVAL as isize };
+    // SAFETY: as above.
+    unsafe { recv(ep, m.msg_iov, m.iov_count, m.addr, m.context, m.tag, m.ignore, flags, true) }
 }
 
 /// `fi_writemsg` with FI_TRIGGER (called by `ep.rs`).
@@ -573,7 +632,7 @@ unsafe fn queue_work(d: &crate::domain::Domain, w: *mut sys::fi_deferred_work) -
                 let ep = endpoint(ep)?;
                 let mut v = slices_mut(iov, n)?;
                 let msg = RecvMsg { iov: &mut v, src, context: ctx as usize, tag, ignore };
-                let flags = rma_flags(flags);
+                let flags = recv_flags(flags);
                 q!(if t == sys::FI_OP_RECV {
                     DeferredOp::Recv { ep, msg, flags }
                 } else {

@@ -200,6 +200,18 @@ impl Dw {
         self.0 & Self::QUIET != 0
     }
 
+    /// As an integer (0 for [`Dw::NONE`]), for a posted receive to keep.
+    #[inline(always)]
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+
+    /// Back from [`Dw::raw`].
+    #[inline(always)]
+    pub fn from_raw(v: u32) -> Dw {
+        Dw(v)
+    }
+
     /// The completion counter's index.
     pub fn cntr(self) -> Option<usize> {
         ((self.0 & !Self::QUIET) as usize).checked_sub(1)
@@ -606,6 +618,14 @@ pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i
         })
     });
     let Some((k, pe, detail)) = err else {
+        if !d.dw.is_none() {
+            // Deferred work's receive: its completion counter; its
+            // endpoint hears of it only if it asked (FI_COMPLETION).
+            count_deferred(&ep.bind, ctx.counters, d.dw, false);
+            if d.dw.quiet() {
+                return;
+            }
+        }
         let ok = RxOk {
             op_context: d.ctx,
             buf: d.buf,
@@ -676,6 +696,13 @@ pub(crate) fn unused_rx(b: &Bindings, ctx: &mut Ctx<'_>, d: &Dest, tagged: bool,
 /// A receive's error: the receive counter's error value, and the error
 /// entry in the receive CQ.
 fn rx_error(b: &Bindings, ctx: &mut Ctx<'_>, d: &Dest, i: &RxInfo, (k, pe, detail): Fail) {
+    if !d.dw.is_none() {
+        // As in `emit_rx`, on the error value.
+        count_deferred(b, ctx.counters, d.dw, true);
+        if d.dw.quiet() {
+            return;
+        }
+    }
     b.count(ctx.counters, CntrKind::Recv, Val::Error);
     let Some(cq) = b.rx_cq.and_then(|c| ctx.cqs.get_mut(c)) else {
         return;
@@ -739,7 +766,8 @@ mod tests {
         rx.start_unexp(5, 1, 100);
         assert!(rx.in_order(), "an unmatched message has no place yet");
         assert!(!rx.feeding());
-        let d = Dest { ctx: 0, iovs: Default::default(), cap: 0, buf: 0, multi_release: false, cqe: true };
+        let d =
+            Dest { ctx: 0, iovs: Default::default(), cap: 0, buf: 0, multi_release: false, cqe: true, dw: Dw::NONE };
         rx.matched(5, ActiveRecv { dest: d, total: 100, received: 10, tag: 0, data: 0, hflags: 0, timed: None });
         assert!(!rx.in_order());
         assert!(rx.feeding());

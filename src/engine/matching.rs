@@ -16,6 +16,7 @@
 //!   it: only the FI_CLAIM receive of its context does (a discarded one
 //!   leaves once its last chunk came). A context holds one claim at most.
 
+use super::complete::Dw;
 use super::request::{Iov, Iovs};
 use crate::error::{Error, Result};
 use crate::proto::Config;
@@ -33,12 +34,26 @@ pub(crate) struct PostedRecv {
     pub tag: u64,
     pub ignore: u64,
     pub multi: bool,
-    /// Bytes of a multi-receive buffer already used.
+    /// For a multi-receive buffer: bytes of it already used. For any
+    /// other receive: how it reports, as [`Dw::raw`] ([`PostedRecv::dw`]:
+    /// 0, [`Dw::NONE`], but for a deferred work request's receive, see
+    /// `crate::trigger`). One word for both, so that posting an ordinary
+    /// receive writes no more than it did.
     pub moff: usize,
     pub cqe: bool,
 }
 
 impl PostedRecv {
+    /// How its completion reports (see `moff`).
+    #[inline(always)]
+    pub fn dw(&self) -> Dw {
+        if self.multi {
+            Dw::NONE
+        } else {
+            Dw::from_raw(self.moff as u32)
+        }
+    }
+
     /// Whether a message from peer `p` with `tag` may land in this receive:
     /// the source, if directed, is `p`, and (tagged) the tags agree outside
     /// the ignore bits. The one predicate of every match.
@@ -187,6 +202,8 @@ pub(crate) struct Dest {
     pub buf: usize,
     pub multi_release: bool,
     pub cqe: bool,
+    /// The receive's [`PostedRecv::dw`].
+    pub dw: Dw,
 }
 
 /// A message that arrived before its receive.
@@ -281,6 +298,13 @@ pub(crate) struct Matching {
     /// FI_SOURCE_ERR: every receive completes through `emit_rx`, which
     /// checks its source ([`Matching::front_plain`] is off).
     source_err: bool,
+    /// Posted receives whose `dw` is not [`Dw::NONE`] (deferred work's:
+    /// they complete through `emit_rx`, which counts their completion
+    /// counter).
+    deferred: usize,
+    /// `source_err || deferred > 0`: [`Matching::front_plain`] declines
+    /// (one test on the fast path for both).
+    general: bool,
 }
 
 impl Matching {
@@ -296,12 +320,43 @@ impl Matching {
             srq: None,
             closing: false,
             source_err: false,
+            deferred: 0,
+            general: false,
         }
     }
 
     /// Turns FI_SOURCE_ERR on or off.
     pub fn set_source_err(&mut self, on: bool) {
         self.source_err = on;
+        self.general = self.source_err || self.deferred > 0;
+    }
+
+    /// A receive with a deferred completion (`r.dw()` not [`Dw::NONE`])
+    /// is posted as [`Matching::post`] posts; while it is, the fast path
+    /// declines, so that its completion goes through `emit_rx`.
+    pub fn post_deferred(&mut self, tagged: bool, r: PostedRecv, rx_size: usize) -> Result<()> {
+        let dw = r.dw();
+        self.post(tagged, r, rx_size)?;
+        if !dw.is_none() {
+            self.deferred += 1;
+            self.general = true;
+        }
+        Ok(())
+    }
+
+    /// A posted receive left its queue (taken whole, cancelled, flushed).
+    #[inline(always)]
+    fn left(&mut self, dw: Dw) {
+        if !dw.is_none() {
+            self.left_deferred();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn left_deferred(&mut self) {
+        self.deferred -= 1;
+        self.general = self.source_err || self.deferred > 0;
     }
 
     /// Whether FI_SOURCE_ERR is on.
@@ -397,7 +452,7 @@ impl Matching {
     /// takes it.
     #[inline(always)]
     pub fn front_plain(&self, tagged: bool, p: usize, tag: u64, len: usize) -> Option<(usize, Iov, bool)> {
-        if (!tagged && self.srq.is_some()) || self.source_err {
+        if (!tagged && self.srq.is_some()) || self.general {
             return None;
         }
         let r = self.posted[tagged as usize].front()?;
@@ -436,6 +491,7 @@ impl Matching {
                 buf: at,
                 multi_release: release,
                 cqe: r.cqe,
+                dw: Dw::NONE,
             };
             if release {
                 self.posted[q].remove(i);
@@ -451,12 +507,14 @@ impl Matching {
                 buf: r.iovs.v[0].ptr,
                 multi_release: false,
                 cqe: r.cqe,
+                dw: r.dw(),
             };
             if i == 0 {
                 self.posted[q].pop_front();
             } else {
                 self.posted[q].remove(i);
             }
+            self.left(d.dw);
             d
         }
     }
@@ -470,6 +528,7 @@ impl Matching {
             while i < self.posted[q].len() {
                 if self.posted[q][i].src == Some(p) {
                     let r = self.posted[q].remove(i).expect("index checked");
+                    self.left(r.dw());
                     out.push((q == 1, Self::unused(r)));
                 } else {
                     i += 1;
@@ -483,11 +542,12 @@ impl Matching {
     /// context is `ctx` (fi_cancel), with its queue and the place it would
     /// have delivered into.
     pub fn cancel(&mut self, ctx: usize) -> Option<(bool, Dest)> {
-        (0..2).find_map(|q| {
+        let (q, r) = (0..2).find_map(|q| {
             let i = self.posted[q].iter().position(|r| r.ctx == ctx)?;
-            let r = self.posted[q].remove(i).expect("index from position");
-            Some((q == 1, Self::unused(r)))
-        })
+            Some((q, self.posted[q].remove(i).expect("index from position")))
+        })?;
+        self.left(r.dw());
+        Some((q == 1, Self::unused(r)))
     }
 
     /// Takes every posted receive (the endpoint closes), untagged first,
@@ -497,15 +557,20 @@ impl Matching {
         for q in 0..2 {
             out.extend(self.posted[q].take_all().into_iter().map(|r| (q == 1, Self::unused(r))));
         }
+        self.deferred = 0;
+        self.general = self.source_err;
         out
     }
 
     /// Where a posted receive taken out unmatched would have delivered (a
     /// multi-receive buffer: what is left of it, released).
     fn unused(r: PostedRecv) -> Dest {
-        let at = r.iovs.v[0].ptr + r.moff;
-        let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
-        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe }
+        let (at, cap) = if r.multi {
+            (r.iovs.v[0].ptr + r.moff, r.iovs.v[0].len - r.moff)
+        } else {
+            (r.iovs.v[0].ptr, r.iovs.total())
+        };
+        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe, dw: r.dw() }
     }
 
     /// Whether holding `more` unexpected bytes is over the budget
@@ -957,5 +1022,34 @@ mod tests {
         m.srq = Some(0);
         assert!(m.front_plain(false, 0, 0, 8).is_none(), "SRQ endpoint");
         assert!(m.front_plain(true, 0, 1, 8).is_some(), "tagged receives stay the endpoint's");
+    }
+
+    /// A deferred work request's receive is never the fast path's (nor
+    /// is any other while one is posted), and carries its reporting to its
+    /// `Dest` (taken, or cancelled unused).
+    #[test]
+    fn deferred_receives_keep_their_reporting() {
+        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+        let dw = Dw::new(Some(3), true);
+        let deferred = |r: PostedRecv| PostedRecv { moff: dw.raw() as usize, ..r };
+        let mut m = Matching::new();
+        let mut srqs = crate::table::Table::<SrqState>::new();
+        m.post_deferred(true, deferred(recv(&mut a, None, 1, 0, false)), 4).unwrap();
+        m.post(true, recv(&mut b, None, 1, 0, false), 4).unwrap();
+        assert!(m.front_plain(true, 0, 1, 8).is_none(), "a deferred receive is posted");
+        let d = m.take_match(&mut srqs, true, 0, 1, 8).unwrap();
+        assert_eq!((d.buf, d.cap, d.dw), (a.as_ptr() as usize, 8, dw));
+        assert_eq!(m.front_plain(true, 0, 1, 8).map(|x| x.1.ptr), Some(b.as_ptr() as usize), "none left");
+        m.post_deferred(false, deferred(recv(&mut a, None, 0, 0, false)), 4).unwrap();
+        assert!(m.front_plain(true, 0, 1, 8).is_none());
+        let (tagged, d) = m.cancel(a.as_ptr() as usize).unwrap();
+        assert!(!tagged && d.dw == dw && d.buf == a.as_ptr() as usize && !d.multi_release);
+        assert!(m.front_plain(true, 0, 1, 8).is_some(), "none left");
+        m.set_source_err(true);
+        m.post_deferred(false, deferred(recv(&mut a, None, 0, 0, false)), 4).unwrap();
+        assert_eq!(m.take_all_posted().len(), 2);
+        m.set_source_err(false);
+        m.post(true, recv(&mut b, None, 1, 0, false), 4).unwrap();
+        assert!(m.front_plain(true, 0, 1, 8).is_some(), "flushed: none left");
     }
 }

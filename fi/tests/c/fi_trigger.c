@@ -15,8 +15,7 @@
  * op_context is the fi_triggered_context; ordering (equal thresholds in
  * submission order, a jump over several thresholds at once, a threshold
  * already met runs at once, a partial advance runs only what is due);
- * fi_control FI_QUEUE_WORK with every op type (receives -FI_ENOSYS after
- * their endpoint is checked), the completion counter counted once per
+ * fi_control FI_QUEUE_WORK with every op type, the completion counter counted once per
  * data operation and never by counter operations, no CQ entry without
  * FI_COMPLETION and one with it; FI_CANCEL_WORK (cancelled work never
  * runs, a second cancel -FI_ENOENT) and FI_FLUSH_WORK (all, or by
@@ -24,7 +23,18 @@
  * the other's remote writes (FI_RMA_EVENT counters): a chain of CHAIN
  * writes across the two processes, queued in advance; with
  * FI_PROGRESS_AUTO, work on rank 1 fired by rank 0's write while rank 1
- * sleeps in read(2), calling nothing; bad arguments.
+ * sleeps in read(2), calling nothing; bad arguments. Receives:
+ * FI_OP_TRECV into two segments, directed, posted when its counter
+ * reaches the threshold, so that rank 1's message sent before waits as
+ * unexpected and is matched then, quietly (no CQ entry); FI_OP_RECV with
+ * FI_COMPLETION, its completion counter counted when the message arrives,
+ * not when it is posted; FI_TRIGGER on fi_trecvmsg and fi_recvmsg
+ * (completion op_context the fi_triggered_context); fi_cancel of a
+ * triggered receive and of a triggered send not fired (FI_ECANCELED
+ * entries, never run); FI_CANCEL_WORK of a deferred receive; a receive
+ * posted by a trigger whose arrival fires the send of what it received
+ * back to rank 1 (a collective's step); FI_MULTI_RECV and FI_CLAIM on a
+ * deferred or triggered receive -FI_ENOSYS.
  *
  * Usage: fi_trigger [auto]  (auto: FI_PROGRESS_AUTO domains). Run by
  * fi/tests/trigger.rs with FI_PROVIDER_PATH set. Prints "fi_trigger: N
@@ -135,6 +145,8 @@ enum {
 	C_FIRE,  /* queues a counter add on rw reaching val, answers 0; then waits for it: answers rw */
 	C_SLEEP, /* (auto progress) queues a write of val to the peer's word off fired by the next
 		  * remote write, answers 0, and blocks in read(2) until the next command */
+	C_SEND,  /* injects n 16-byte messages { off+i, ~(off+i) } to rank 0, tagged val+i (untagged
+		  * if val is 0) */
 };
 
 struct cmd {
@@ -291,6 +303,19 @@ static void serve(void)
 			EXPECT(fi_close(&out->fid), 0);
 			break;
 		}
+		case C_SEND:
+			for (uint64_t i = 0; i < c.n; i++) {
+				uint64_t m[2] = { c.off + i, ~(c.off + i) };
+				ssize_t r;
+				double t0 = now();
+				while ((r = c.val ? fi_tinject(ep, m, 16, peer, c.val + i) : fi_inject(ep, m, 16, peer)) ==
+				       -FI_EAGAIN) {
+					drain();
+					CHECK(now() - t0 < 10);
+				}
+				EXPECT(r, 0);
+			}
+			break;
 		case C_SLEEP: {
 			static uint64_t val;
 			static struct iovec iov;
@@ -546,9 +571,10 @@ static void test_every_deferred_op(void)
 	for (int i = 0; i < 9; i++)
 		EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &w[i]), 0);
 
-	/* Receives: -FI_ENOSYS, once their endpoint is checked. */
-	struct fi_op_msg orecv = { ep, { .msg_iov = &si, .iov_count = 1, .addr = FI_ADDR_UNSPEC }, 0 };
-	struct fi_op_tagged otrecv = { ep, { .msg_iov = &si, .iov_count = 1, .addr = FI_ADDR_UNSPEC }, 0 };
+	/* Receives shmfab cannot defer (multi-receive, claims): -FI_ENOSYS,
+	 * once their endpoint is checked. */
+	struct fi_op_msg orecv = { ep, { .msg_iov = &si, .iov_count = 1, .addr = FI_ADDR_UNSPEC }, FI_MULTI_RECV };
+	struct fi_op_tagged otrecv = { ep, { .msg_iov = &si, .iov_count = 1, .addr = FI_ADDR_UNSPEC }, FI_CLAIM };
 	struct fi_deferred_work wr_ = { .threshold = 1, .triggering_cntr = go, .op_type = FI_OP_RECV };
 	wr_.op.msg = &orecv;
 	EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &wr_), -FI_ENOSYS);
@@ -784,7 +810,7 @@ static void test_bad_arguments(void)
 	EXPECT(fi_sendmsg(ep, &m, FI_TRIGGER), -FI_EINVAL);
 	tc.trigger.threshold.cntr = go;
 	EXPECT(fi_sendmsg(ep, &m, FI_TRIGGER | FI_DELIVERY_COMPLETE), -FI_EBADFLAGS);
-	EXPECT(fi_recvmsg(ep, &m, FI_TRIGGER), -FI_ENOSYS);
+	EXPECT(fi_recvmsg(ep, &m, FI_TRIGGER | FI_MULTI_RECV), -FI_ENOSYS);
 	/* Scattered results: the library takes one buffer. */
 	uint64_t two[3] = { 0 };
 	struct fi_ioc op = { &v, 2 }, split[2] = { { &two[0], 1 }, { &two[2], 1 } };
@@ -855,6 +881,142 @@ static void test_bad_arguments(void)
 	no_completion();
 	EXPECT(fi_close(&out->fid), 0);
 	EXPECT(fi_close(&go->fid), 0);
+}
+
+/* Reads the error completion that must come next (10 s at most): its
+ * op_context, its err in *err. */
+static void *next_err(int *err, uint64_t *flags)
+{
+	struct fi_cq_tagged_entry e;
+	double t0 = now();
+	ssize_t r;
+	while ((r = fi_cq_read(cq, &e, 1)) == -FI_EAGAIN)
+		CHECK(now() - t0 < 10);
+	EXPECT(r, -FI_EAVAIL);
+	struct fi_cq_err_entry ee = { 0 };
+	EXPECT(fi_cq_readerr(cq, &ee, 0), 1);
+	*err = ee.err;
+	*flags = ee.flags;
+	return ee.op_context;
+}
+
+/* Deferred and triggered receives. */
+static void test_receives(void)
+{
+	struct fid_cntr *go = cntr(), *done = cntr();
+	uint64_t head = 0, tail = 0, b2[2] = { 0 };
+	struct fi_context ctx[4];
+
+	/* FI_OP_TRECV, directed, into two segments, queued at 2; rank 1's
+	 * message is sent first and waits as unexpected. */
+	struct iovec iv[2] = { { &head, 8 }, { &tail, 8 } };
+	struct fi_op_tagged ot = { ep,
+				   { .msg_iov = iv, .iov_count = 2, .addr = peer, .tag = 0x700, .context = &ctx[0] },
+				   0 };
+	struct fi_deferred_work w0 = { .threshold = 2, .triggering_cntr = go, .completion_cntr = done,
+				       .op_type = FI_OP_TRECV };
+	w0.op.tagged = &ot;
+	EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &w0), 0);
+	EXPECT(ask(C_SEND, 0xabc, 1, 0x700), 0);
+	EXPECT(fi_cntr_add(go, 1), 0);
+	no_completion();
+	CHECK(fi_cntr_read(done) == 0 && head == 0 && tail == 0);
+	EXPECT(fi_cntr_add(go, 1), 0);
+	wait_cntr(done, 1);
+	CHECK(head == 0xabc && tail == ~0xabcULL);
+	no_completion(); /* no FI_COMPLETION: no entry */
+	EXPECT(fi_control(&dom->fid, FI_CANCEL_WORK, &w0), -FI_ENOENT);
+
+	/* FI_OP_RECV with FI_COMPLETION: posted at 3, counted on arrival. */
+	struct iovec bi = { b2, 16 };
+	struct fi_op_msg om = { ep, { .msg_iov = &bi, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = &ctx[1] },
+				FI_COMPLETION };
+	struct fi_deferred_work w1 = { .threshold = 3, .triggering_cntr = go, .completion_cntr = done,
+				       .op_type = FI_OP_RECV };
+	w1.op.msg = &om;
+	EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &w1), 0);
+	EXPECT(fi_cntr_add(go, 1), 0);
+	no_completion();
+	CHECK(fi_cntr_read(done) == 1); /* posted, nothing arrived */
+	EXPECT(ask(C_SEND, 0x55, 1, 0), 0);
+	wait_cntr(done, 2);
+	struct fi_cq_tagged_entry e;
+	CHECK(next_ctx(&e) == &ctx[1]);
+	CHECK(e.flags == (FI_RECV | FI_MSG) && e.len == 16 && b2[0] == 0x55 && b2[1] == ~0x55ULL);
+
+	/* FI_TRIGGER on fi_trecvmsg: posted when go reaches 4. */
+	struct fi_triggered_context tc = { .event_type = FI_TRIGGER_THRESHOLD };
+	tc.trigger.threshold.cntr = go;
+	tc.trigger.threshold.threshold = 4;
+	memset(b2, 0, sizeof(b2));
+	struct fi_msg_tagged tm = { .msg_iov = &bi, .iov_count = 1, .addr = peer, .tag = 0x701, .context = &tc };
+	EXPECT(fi_trecvmsg(ep, &tm, FI_TRIGGER), 0);
+	EXPECT(ask(C_SEND, 0x77, 1, 0x701), 0);
+	no_completion();
+	CHECK(b2[0] == 0);
+	EXPECT(fi_cntr_add(go, 1), 0);
+	CHECK(next_ctx(&e) == &tc);
+	CHECK(e.flags == (FI_RECV | FI_TAGGED) && e.tag == 0x701 && b2[0] == 0x77);
+
+	/* fi_cancel of a triggered receive and a triggered send not fired. */
+	struct fi_triggered_context tr = tc, ts = tc;
+	tr.trigger.threshold.threshold = 100;
+	ts.trigger.threshold.threshold = 100;
+	struct fi_msg rm = { .msg_iov = &bi, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = &tr };
+	EXPECT(fi_recvmsg(ep, &rm, FI_TRIGGER), 0);
+	struct fi_msg sm = { .msg_iov = &bi, .iov_count = 1, .addr = peer, .context = &ts };
+	EXPECT(fi_sendmsg(ep, &sm, FI_TRIGGER), 0);
+	EXPECT(fi_cancel(&ep->fid, &tr), 0);
+	EXPECT(fi_cancel(&ep->fid, &ts), 0);
+	int err;
+	uint64_t fl;
+	CHECK(next_err(&err, &fl) == &tr && err == FI_ECANCELED && (fl & FI_RECV));
+	CHECK(next_err(&err, &fl) == &ts && err == FI_ECANCELED && (fl & FI_SEND));
+	EXPECT(fi_cntr_add(go, 200), 0);
+	no_completion(); /* never run */
+	struct fi_msg_tagged bad = tm;
+	EXPECT(fi_trecvmsg(ep, &bad, FI_TRIGGER | FI_CLAIM), -FI_ENOSYS);
+
+	/* FI_CANCEL_WORK of a deferred receive. */
+	struct fi_deferred_work w2 = w1;
+	w2.threshold = 10000;
+	EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &w2), 0);
+	EXPECT(fi_control(&dom->fid, FI_CANCEL_WORK, &w2), 0);
+	EXPECT(fi_control(&dom->fid, FI_CANCEL_WORK, &w2), -FI_ENOENT);
+
+	/* A collective's step: a receive from rank 1 posted by a trigger,
+	 * whose arrival fires the send of what it received back to rank 1. */
+	struct fid_cntr *go2 = cntr(), *got = cntr(), *sent = cntr();
+	uint64_t echo[2] = { 0 };
+	struct iovec ei = { echo, 16 };
+	struct fi_op_tagged orx = { ep, { .msg_iov = &ei, .iov_count = 1, .addr = peer, .tag = 0x800 }, 0 };
+	struct fi_op_tagged otx = { ep, { .msg_iov = &ei, .iov_count = 1, .addr = peer, .tag = 0x801 }, 0 };
+	struct fi_deferred_work wr_ = { .threshold = 1, .triggering_cntr = go2, .completion_cntr = got,
+					.op_type = FI_OP_TRECV };
+	struct fi_deferred_work wt = { .threshold = 1, .triggering_cntr = got, .completion_cntr = sent,
+				       .op_type = FI_OP_TSEND };
+	wr_.op.tagged = &orx;
+	wt.op.tagged = &otx;
+	EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &wr_), 0);
+	EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &wt), 0);
+	EXPECT(ask(C_POST, 0, 1, 1), 0);
+	EXPECT(fi_cntr_add(go2, 1), 0);
+	EXPECT(ask(C_SEND, 0x9999, 1, 0x800), 0);
+	wait_cntr(sent, 1);
+	CHECK(fi_cntr_read(got) == 1 && echo[0] == 0x9999);
+	struct cmd c = { C_TAKE, 0, 1, 0 };
+	int64_t r;
+	uint64_t a[2];
+	put(&c, sizeof(c));
+	get(&r, sizeof(r));
+	get(a, sizeof(a));
+	CHECK(a[0] == 0x801 && a[1] == 0x9999);
+	no_completion();
+	EXPECT(fi_close(&go2->fid), 0);
+	EXPECT(fi_close(&got->fid), 0);
+	EXPECT(fi_close(&sent->fid), 0);
+	EXPECT(fi_close(&go->fid), 0);
+	EXPECT(fi_close(&done->fid), 0);
 }
 
 /* Work on rank 1 fired by rank 0's remote write alone. */
@@ -987,6 +1149,7 @@ int main(int argc, char **argv)
 		test_inject_scattered_operands();
 		test_busy_counter();
 		test_bad_arguments();
+		test_receives();
 		test_chain();
 		test_remote_event();
 		if (autop)
