@@ -58,6 +58,15 @@ for np in 2 4; do
     --mca osc rdma --mca osc_rdma_btls ofi --mca btl_ofi_provider_include shmfab \
     -x FI_PROVIDER=shmfab -x FI_PROVIDER_PATH="$fidir" -x SHMFAB_REGIONS -x SHMFAB_JOB_ID mpi_tests/bin/osc_fi
 done
+# Open MPI's two-sided MPI over the provider: with `btl ofi,self` the only
+# way between two ranks is btl ofi over shmfab (its sends ask
+# FI_DELIVERY_COMPLETE); mpi_tests/p2p_fi.c checks every byte.
+mpicc -O2 -Wall -o mpi_tests/bin/p2p_fi mpi_tests/p2p_fi.c
+for np in 2 4; do
+  run_one "mpirun -np $np p2p_fi (pml ob1, btl ofi only, shmfab provider)" mpirun -np "$np" --oversubscribe \
+    --mca pml ob1 --mca btl ofi,self --mca btl_ofi_mode 2 --mca btl_ofi_provider_include shmfab \
+    -x FI_PROVIDER=shmfab -x FI_PROVIDER_PATH="$fidir" mpi_tests/bin/p2p_fi
+done
 after=$(regions)
 if [ "$after" -gt "$before" ]; then
   fail=$((fail + 1)); echo "FAIL regions left in /dev/shm:"; ls -l /dev/shm | grep "shmfab\.$(id -u)\."

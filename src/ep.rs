@@ -641,7 +641,12 @@ impl Endpoint {
     /// fi_sendmsg. Flags: FI_COMPLETION, FI_REMOTE_CQ_DATA, FI_INJECT (the
     /// buffers may be reused on return; at most [`INJECT_SIZE`](crate::proto::INJECT_SIZE) bytes, else
     /// `-FI_EMSGSIZE`; the completion is written as for any send, unlike
-    /// [`Endpoint::inject`]'s), and [`SHMFAB_SOLICITED`].
+    /// [`Endpoint::inject`]'s), [`SHMFAB_SOLICITED`], and
+    /// FI_DELIVERY_COMPLETE: the send completes only once the receiver has
+    /// the data in its receive buffer (it goes by rendezvous, whatever its
+    /// size, and completes at the receiver's FIN: a send to a peer that
+    /// has posted no matching receive stays incomplete until one is
+    /// posted and filled, or the message is discarded, or the peer dies).
     ///
     /// # Safety
     /// The iov buffers must stay valid and unchanged until the send completes

@@ -488,7 +488,16 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
                 ep,
                 p,
                 msg_id,
-                ActiveRecv { dest, total, received: 0, tag: h.tag, data: h.data, hflags: h.flags, timed: None },
+                ActiveRecv {
+                    dest,
+                    total,
+                    received: 0,
+                    tag: h.tag,
+                    data: h.data,
+                    hflags: h.flags,
+                    timed: None,
+                    fin: false,
+                },
             );
         }
         None => {
@@ -688,6 +697,7 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
         data: info.data,
         hflags: info.hflags,
         timed,
+        fin: true,
     };
     start_active(ep, p, rts.msg_id, a);
     ep.queue_ctrl(p, Ctrl::new(CtrlKind::CtsBounce, rts.msg_id, status));
@@ -814,7 +824,13 @@ fn finish_active(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, msg_id: u64, a: 
     if let (Some((t0, c)), None) = (a.timed, &err) {
         ep.peers[p].pick[c].record(true, t0.elapsed(), a.total.min(a.dest.cap));
     }
+    let status = if err.is_some() { ErrorKind::Io.errno() as u32 } else { 0 };
     finish_rx(ep, ctx, p, msg_id, PendingRx { dest: a.dest, info, err });
+    if a.fin && ep.peers[p].gone.is_none() {
+        // The data of a rendezvous is in place (or will never be): a send
+        // with FI_DELIVERY_COMPLETE completes at this FIN.
+        ep.queue_ctrl(p, Ctrl::new(CtrlKind::Fin, msg_id, status));
+    }
 }
 
 /// A peer sent something that does not parse: drop it and fail the
@@ -922,6 +938,7 @@ pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: De
                     data: u.data,
                     hflags: u.hflags,
                     timed: None,
+                    fin: false,
                 };
                 ep.peers[u.peer].rx.matched(msg_id, a);
             }

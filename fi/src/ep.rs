@@ -14,9 +14,8 @@
 //! gives (see `info::TX_OP_FLAGS`) and are dropped before the library
 //! sees them. FI_PEEK, FI_CLAIM and FI_DISCARD on `fi_trecvmsg` are the
 //! library's (`shmfab::Endpoint::trecvmsg`), a claim identified by its
-//! context pointer. Not built yet: FI_DELIVERY_COMPLETE on sends
-//! (`-FI_EBADFLAGS`; offered only to endpoints that neither send nor
-//! send tagged, whose one-sided calls are delivery complete anyway). Atomics: `atomic.rs`.
+//! context pointer. FI_DELIVERY_COMPLETE on a send goes to the library
+//! (the send completes once the receiver has the data in its buffer). Atomics: `atomic.rs`.
 //! `fi_join_collective` and the collective calls: `coll.rs` (the
 //! endpoint records what is bound to it for them; an EQ bound to it
 //! cannot close before it, and it cannot close while a group is open).
@@ -41,9 +40,6 @@ pub struct Ep {
     directed: bool,
     /// Default transmit operation flags.
     pub(crate) tx_flags: AtomicU64,
-    /// Transmit flags FI_SETOPSFLAG may set (`info::tx_op_flags` of the
-    /// endpoint's transmit capabilities).
-    tx_allowed: u64,
     /// Default receive operation flags.
     rx_flags: AtomicU64,
     /// FI_OPT_MIN_MULTI_RECV in force.
@@ -174,10 +170,6 @@ pub unsafe extern "C" fn open(
         ep,
         directed: caps & sys::FI_DIRECTED_RECV != 0,
         tx_flags: AtomicU64::new(tx.map_or(0, |t| t.op_flags)),
-        tx_allowed: crate::info::tx_op_flags(match tx.map_or(0, |t| t.caps) {
-            0 => caps,
-            c => c,
-        }),
         rx_flags: AtomicU64::new(rx.map_or(0, |r| r.op_flags)),
         min_multi_recv: AtomicUsize::new(64),
         bound: Default::default(),
@@ -283,7 +275,7 @@ unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, arg: *mut c_voi
             // SAFETY: arg is a uint64_t for these commands (fi_endpoint(3)).
             let f = unsafe { &mut *arg.cast::<u64>() };
             let (slot, allowed) = match (*f & sys::FI_TRANSMIT != 0, *f & sys::FI_RECV != 0) {
-                (true, false) => (&e.tx_flags, e.tx_allowed),
+                (true, false) => (&e.tx_flags, crate::info::TX_OP_FLAGS),
                 (false, true) => (&e.rx_flags, crate::info::RX_OP_FLAGS),
                 _ => return EINVAL,
             };
@@ -489,12 +481,10 @@ pub(crate) fn done(r: shmfab::Result<()>, what: &str) -> isize {
 
 /// Transmit flags for the library: the completion levels every send
 /// gives are dropped, and FI_MORE (a hint that more calls follow, which
-/// the library has no use for); FI_DELIVERY_COMPLETE is refused.
+/// the library has no use for); FI_DELIVERY_COMPLETE goes through (the
+/// library's send then completes once the receiver has the data).
 #[inline(always)]
 fn tx_flags(f: u64) -> Result<u64, isize> {
-    if f & sys::FI_DELIVERY_COMPLETE != 0 {
-        return Err(EBADFLAGS as isize);
-    }
     Ok(f & !(sys::FI_TRANSMIT_COMPLETE | sys::FI_INJECT_COMPLETE | sys::FI_MORE))
 }
 

@@ -75,26 +75,18 @@ pub const RX_CAPS: u64 = CAPS_PRIMARY
 /// Default transmit operation flags the endpoint honours
 /// (`FI_TRANSMIT_COMPLETE` and `FI_INJECT_COMPLETE` hold for every send:
 /// a send completes once its data is in the receiver's memory, its ring,
-/// its pool, or read by it; `FI_DELIVERY_COMPLETE` does not, an inline
-/// message completes before the receiver matched it). `FI_INJECT`: the
+/// its pool, or read by it; `FI_DELIVERY_COMPLETE` is the library's: such
+/// a send goes by rendezvous and completes at the receiver's FIN, once
+/// the data is in the receive buffer; one-sided calls are delivery
+/// complete anyway, done before they return). `FI_INJECT`: the
 /// library's send takes it (the buffer is free when the call returns; a
 /// send above `inject_size` is `-FI_EMSGSIZE`), from the default flags as
 /// from `fi_sendmsg`'s.
-pub const TX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_INJECT | sys::FI_INJECT_COMPLETE | sys::FI_TRANSMIT_COMPLETE;
-/// [`TX_OP_FLAGS`] for an endpoint of transmit capabilities `caps` (0:
-/// all offered): `FI_DELIVERY_COMPLETE` too when it can neither send
-/// nor send tagged. Its one-sided calls deliver before they return
-/// (their data is in the target's memory, or in ours for reads), so
-/// every completion they write is delivery complete; a send completes
-/// once its data is in the receiver's ring or pool, before it is
-/// matched, so an endpoint that sends does not offer it.
-pub fn tx_op_flags(caps: u64) -> u64 {
-    if caps != 0 && caps & (sys::FI_MSG | sys::FI_TAGGED) == 0 {
-        TX_OP_FLAGS | sys::FI_DELIVERY_COMPLETE
-    } else {
-        TX_OP_FLAGS
-    }
-}
+pub const TX_OP_FLAGS: u64 = sys::FI_COMPLETION
+    | sys::FI_INJECT
+    | sys::FI_INJECT_COMPLETE
+    | sys::FI_TRANSMIT_COMPLETE
+    | sys::FI_DELIVERY_COMPLETE;
 /// Default receive operation flags the endpoint honours.
 pub const RX_OP_FLAGS: u64 = sys::FI_COMPLETION | sys::FI_MULTI_RECV;
 /// Message ordering kept, transmit and receive side (fi_endpoint(3)):
@@ -250,13 +242,7 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
     // (caller's contract).
     if let Some(t) = unsafe { h.tx_attr.as_ref() } {
         within("tx_attr.caps", t.caps, TX_CAPS)?;
-        let tx_caps = if t.caps != 0 { t.caps } else { caps };
-        if t.op_flags & sys::FI_DELIVERY_COMPLETE != 0 && tx_op_flags(tx_caps) == TX_OP_FLAGS {
-            return Err(no(
-                "tx_attr.op_flags: FI_DELIVERY_COMPLETE only on endpoints without FI_MSG and FI_TAGGED (a send completes before the receiver matched it)",
-            ));
-        }
-        within("tx_attr.op_flags", t.op_flags, tx_op_flags(tx_caps))?;
+        within("tx_attr.op_flags", t.op_flags, TX_OP_FLAGS)?;
         within("tx_attr.msg_order", t.msg_order, MSG_ORDER)?;
         within("tx_attr.comp_order", t.comp_order, 0)?;
         at_most("tx_attr.inject_size", t.inject_size, shmfab::proto::INJECT_SIZE)?;

@@ -343,6 +343,11 @@ pub(crate) struct ActiveRecv {
     /// ([`crate::proto::PathPick`]): when it asked, and the size class
     /// whose measure its time feeds.
     pub timed: Option<(std::time::Instant, usize)>,
+    /// A rendezvous taken through the pool (CTS_BOUNCE): its sender gets
+    /// a FIN once the data is in place (a send with FI_DELIVERY_COMPLETE
+    /// completes then; others completed at their last chunk and ignore
+    /// it).
+    pub fin: bool,
 }
 
 impl ActiveRecv {
@@ -768,7 +773,10 @@ mod tests {
         assert!(!rx.feeding());
         let d =
             Dest { ctx: 0, iovs: Default::default(), cap: 0, buf: 0, multi_release: false, cqe: true, dw: Dw::NONE };
-        rx.matched(5, ActiveRecv { dest: d, total: 100, received: 10, tag: 0, data: 0, hflags: 0, timed: None });
+        rx.matched(
+            5,
+            ActiveRecv { dest: d, total: 100, received: 10, tag: 0, data: 0, hflags: 0, timed: None, fin: false },
+        );
         assert!(!rx.in_order());
         assert!(rx.feeding());
         assert_eq!(rx.active_count(), 1);

@@ -76,7 +76,8 @@ impl OpKind {
 }
 
 /// Flags a transmit request may carry.
-pub(crate) const SEND_FLAGS: u64 = FI_REMOTE_CQ_DATA | FI_COMPLETION | FI_INJECT | SHMFAB_SOLICITED;
+pub(crate) const SEND_FLAGS: u64 =
+    FI_REMOTE_CQ_DATA | FI_COMPLETION | FI_INJECT | SHMFAB_SOLICITED | crate::flags::FI_DELIVERY_COMPLETE;
 
 /// One operation, as submitted. Borrowed for the call: what must outlive it
 /// (the segments of a queued transmit, or a copy for inject) goes into the
@@ -109,6 +110,13 @@ impl Request<'_> {
     #[inline(always)]
     pub fn len(&self) -> usize {
         self.iov.map_or(self.one.len, |v| v.total())
+    }
+
+    /// FI_DELIVERY_COMPLETE: the completion waits until the receiver has
+    /// the data in its buffer (the send goes by rendezvous).
+    #[inline(always)]
+    pub fn deliver(&self) -> bool {
+        self.flags & crate::flags::FI_DELIVERY_COMPLETE != 0
     }
 
     /// Whether the buffer may be reused on return (FI_INJECT).

@@ -57,6 +57,10 @@ pub(crate) struct TxOp {
     pub inject: bool,
     /// An inject call: no entry even on error (counters only).
     pub silent: bool,
+    /// FI_DELIVERY_COMPLETE: sent by rendezvous, done at the receiver's
+    /// FIN only (which it sends once the data is in place, whichever path
+    /// carried it), also when the data goes through the pool.
+    pub deliver: bool,
     /// Set when the receiver reported a failure.
     pub err: Option<Fail>,
     /// Deferred work's reporting (see [`Dw`]).
@@ -328,7 +332,13 @@ fn push_chunk(
         stash.untake();
         return false;
     }
-    op.state = if off + n >= op.len { TxState::Done } else { TxState::Chunks { off: off + n, msg_id } };
+    op.state = match (off + n >= op.len, op.deliver) {
+        (false, _) => TxState::Chunks { off: off + n, msg_id },
+        (true, false) => TxState::Done,
+        // Delivery complete: done at the receiver's FIN, which it sends
+        // after its copy of a rendezvous's last chunk.
+        (true, true) => TxState::AwaitFin { msg_id },
+    };
     true
 }
 
@@ -356,7 +366,7 @@ impl EpState {
         }
         let cqe = !r.silent && (!self.bind.tx_sel || r.flags & crate::flags::FI_COMPLETION != 0);
         let done = SendDone { kind: r.kind, ctx: r.context, tag: r.tag, cqe, silent: r.silent, dw: r.dw };
-        if r.iov.is_none_or(|v| v.n == 1) {
+        if r.iov.is_none_or(|v| v.n == 1) && !r.deliver() {
             // SAFETY: the caller's buffer, valid for reads for the call
             // (and until completion, which is now on this path).
             let buf = unsafe { std::slice::from_raw_parts(r.one.ptr as *const u8, r.one.len) };
@@ -380,6 +390,7 @@ impl EpState {
             cqe,
             inject,
             silent: r.silent,
+            deliver: r.deliver(),
             err: None,
             dw: r.dw,
         };
@@ -466,6 +477,19 @@ impl EpState {
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
         let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
         op.proto = proto::choose(ctx.cfg, op.kind, op.len, op.iovs.n, on_ring, cma_ok);
+        if op.deliver {
+            // Delivery complete: by rendezvous, whose FIN the receiver
+            // sends once the data is in place. An RTS in an overflow cell
+            // names at most 3 segments: more are gathered into one copy
+            // (which the receiver then takes through the pool).
+            op.proto = Proto::Rndv;
+            if !on_ring && op.iovs.n > 3 && op.owned.is_none() {
+                let mut v = vec![0u8; op.len];
+                op.iovs.gather(0, &mut v);
+                op.iovs = Iovs::one(v.as_ptr() as usize, v.len());
+                op.owned = Some(v);
+            }
+        }
         if peer.tx.txq.is_empty()
             && op.proto == Proto::Inline
             && push_inline(peer.chan.as_mut().expect("connected"), &self.addr, &op)
@@ -700,6 +724,7 @@ mod tests {
             cqe: true,
             inject: false,
             silent: false,
+            deliver: false,
             err: None,
             dw: Dw::NONE,
         }

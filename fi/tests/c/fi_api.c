@@ -116,7 +116,9 @@ static void test_hints(void)
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
 	h = hints();
 	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
-	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	EXPECT(getinfo(h, &i), 0);
+	CHECK(i->tx_attr->op_flags == FI_DELIVERY_COMPLETE);
+	fi_freeinfo(i);
 	/* Orders involving sends before RMA do not hold (sends go through
 	 * rings, RMA lands at once): refused. */
 	h = hints();
@@ -453,10 +455,9 @@ static void test_errors(struct side *a, struct side *b)
 		EXPECT(fi_cq_readerr(a->cq, &ee, 0), 1);
 		CHECK(ee.err != 0);
 	}
-	/* Delivery complete is not what a shmfab send gives. */
 	struct fi_msg mm = { .msg_iov = &iov, .iov_count = 1, .addr = b->addr };
-	EXPECT(fi_sendmsg(a->ep, &mm, FI_DELIVERY_COMPLETE), -FI_EBADFLAGS);
-	/* Transmit complete is; FI_MORE is a hint. */
+	/* Transmit complete is what every send gives; FI_MORE is a hint
+	 * (delivery complete: test_delivery_complete). */
 	struct iovec riov = { small, sizeof(small) };
 	struct fi_msg rm = { .msg_iov = &riov, .iov_count = 1, .addr = FI_ADDR_UNSPEC };
 	iov.iov_len = 4;
@@ -1227,12 +1228,25 @@ static void test_rma(void)
 	fi_freeinfo(pi);
 }
 
-/* FI_DELIVERY_COMPLETE (what Open MPI's one-sided btl asks in tx_attr's
- * op_flags): offered to endpoints that neither send nor send tagged,
- * whose RMA and atomics are done, data in the target, before the call
- * returns; a send completes before its receiver matched it, so an
- * endpoint with FI_MSG or FI_TAGGED is not offered it. */
-static void test_delivery_complete(void)
+/* FI_DELIVERY_COMPLETE (what Open MPI's btl ofi asks in tx_attr's
+ * op_flags). On a send: it completes only once the receiver has the data
+ * in its buffer (the send goes by rendezvous; the receiver's FIN
+ * completes it), so a send to a peer that posted no receive stays
+ * incomplete until it does. One-sided calls: done, data in the target,
+ * before they return. */
+static int no_entry_for(struct fid_cq *cq, struct fid_cq *other, int passes)
+{
+	struct fi_cq_tagged_entry e;
+	for (int i = 0; i < passes; i++) {
+		if (fi_cq_read(cq, &e, 1) != -FI_EAGAIN)
+			return 0;
+		if (other)
+			(void)fi_cq_read(other, &e, 0); /* drives the peer's progress */
+	}
+	return 1;
+}
+
+static void test_delivery_complete(struct side *a, struct side *b)
 {
 	struct fi_info *h = hints(), *pi;
 	struct fid_domain *d;
@@ -1244,28 +1258,59 @@ static void test_delivery_complete(void)
 	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
 	struct fi_cq_tagged_entry e;
 	static uint64_t target[8] __attribute__((aligned(64)));
+	static char out[1 << 20], in[1 << 20];
+	static const size_t sizes[] = { 8, 4096, 1 << 20 };
 	uint64_t one = 1, old = 99, f;
 	char name[64];
 	size_t len = sizeof(name);
 	fi_addr_t me;
 
-	h->caps = FI_MSG | FI_RMA;
-	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
-	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
-	EXPECT(getinfo(h, NULL), -FI_ENODATA);
-	h = hints();
-	h->caps = FI_RMA | FI_ATOMIC;
-	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
-	h->tx_attr->caps = FI_RMA | FI_TAGGED;
-	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
-	EXPECT(getinfo(h, NULL), -FI_ENODATA);
-	h = hints();
+	/* Sends, per call (fi_sendmsg, fi_tsendmsg) and as the endpoint's
+	 * default (fi_send): held until the receive is posted and filled. */
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		size_t n = sizes[k];
+		for (size_t i = 0; i < n; i++)
+			out[i] = (char)(i * 3 + k);
+		struct iovec iov = { out, n };
+		struct fi_msg m = { .msg_iov = &iov, .iov_count = 1, .addr = b->addr, .context = (void *)0xdc0 };
+		EXPECT(fi_sendmsg(a->ep, &m, FI_DELIVERY_COMPLETE | FI_COMPLETION), 0);
+		CHECK(no_entry_for(a->cq, b->cq, 2000));
+		memset(in, 0, n);
+		EXPECT(fi_recv(b->ep, in, n, NULL, FI_ADDR_UNSPEC, (void *)0xdc1), 0);
+		read_tagged(b->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xdc1 && e.len == n && !memcmp(in, out, n));
+		read_tagged(a->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xdc0 && (e.flags & FI_SEND));
+	}
+	{
+		struct iovec iov = { out, 8 };
+		struct fi_msg_tagged tm = { .msg_iov = &iov, .iov_count = 1, .addr = b->addr, .tag = 0xdc,
+					    .context = (void *)0xdc2 };
+		EXPECT(fi_tsendmsg(a->ep, &tm, FI_DELIVERY_COMPLETE | FI_COMPLETION), 0);
+		CHECK(no_entry_for(a->cq, b->cq, 2000));
+		EXPECT(fi_trecv(b->ep, in, 8, NULL, FI_ADDR_UNSPEC, 0xdc, 0, (void *)0xdc3), 0);
+		read_tagged(b->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xdc3 && e.tag == 0xdc);
+		read_tagged(a->cq, &e, NULL);
+		CHECK(e.op_context == (void *)0xdc2);
+	}
+	f = FI_TRANSMIT | FI_DELIVERY_COMPLETE;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	EXPECT(fi_send(a->ep, out, 100, NULL, b->addr, (void *)0xdc4), 0);
+	CHECK(no_entry_for(a->cq, b->cq, 2000));
+	EXPECT(fi_recv(b->ep, in, 100, NULL, FI_ADDR_UNSPEC, (void *)0xdc5), 0);
+	read_tagged(b->cq, &e, NULL);
+	read_tagged(a->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xdc4);
+	f = FI_TRANSMIT;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+
+	/* An endpoint for one-sided calls only, with it in its defaults. */
 	h->caps = FI_RMA | FI_ATOMIC;
 	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
 	h->tx_attr->op_flags = FI_DELIVERY_COMPLETE | FI_COMPLETION;
 	EXPECT(getinfo(h, &pi), 0);
 	CHECK(pi && pi->tx_attr->op_flags == (FI_DELIVERY_COMPLETE | FI_COMPLETION));
-	CHECK(!(pi->caps & (FI_MSG | FI_TAGGED)));
 	EXPECT(fi_domain(fabric, pi, &d, NULL), 0);
 	EXPECT(fi_av_open(d, &aa, &v, NULL), 0);
 	EXPECT(fi_cq_open(d, &ca, &cq, NULL), 0);
@@ -1278,11 +1323,7 @@ static void test_delivery_complete(void)
 	f = FI_TRANSMIT;
 	EXPECT(fi_control(&ep->fid, FI_GETOPSFLAG, &f), 0);
 	CHECK(f == (FI_DELIVERY_COMPLETE | FI_COMPLETION));
-	f = FI_TRANSMIT | FI_DELIVERY_COMPLETE;
-	EXPECT(fi_control(&ep->fid, FI_SETOPSFLAG, &f), 0);
 	EXPECT(fi_mr_reg(d, target, sizeof(target), FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
-	/* With the default flags (fi_write, fi_fetch_atomic) and explicitly
-	 * (fi_writemsg): done, data in the target, when the entry is read. */
 	EXPECT(fi_write(ep, &one, 8, NULL, me, 0, fi_mr_key(mr), (void *)0xd1), 0);
 	read_tagged(cq, &e, NULL);
 	CHECK(e.op_context == (void *)0xd1 && (e.flags & FI_WRITE) && target[0] == 1);
@@ -1300,9 +1341,6 @@ static void test_delivery_complete(void)
 		read_tagged(cq, &e, NULL);
 		CHECK(e.op_context == (void *)0xd3 && target[1] == 7);
 	}
-	/* A send on it takes the default flags: refused, nothing sent. */
-	EXPECT(fi_send(ep, &one, 8, NULL, me, NULL), -FI_EBADFLAGS);
-	EXPECT(fi_cq_read(cq, &e, 1), -FI_EAGAIN);
 	EXPECT(fi_close(&mr->fid), 0);
 	EXPECT(fi_close(&ep->fid), 0);
 	EXPECT(fi_close(&cq->fid), 0);
@@ -1324,6 +1362,8 @@ static void test_ops_flags(struct side *a, struct side *b)
 	f = FI_TRANSMIT;
 	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
 	f = FI_TRANSMIT | FI_DELIVERY_COMPLETE;
+	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), 0);
+	f = FI_TRANSMIT | FI_MULTI_RECV;
 	EXPECT(fi_control(&a->ep->fid, FI_SETOPSFLAG, &f), -FI_EBADFLAGS);
 	/* FI_INJECT by default: the buffer is free on return. */
 	f = FI_TRANSMIT | FI_INJECT | FI_COMPLETION;
@@ -2045,7 +2085,7 @@ int main(int argc, char **argv)
 	test_counters_and_mr(&a, &b);
 	test_mr_prov_keys();
 	test_rma();
-	test_delivery_complete();
+	test_delivery_complete(&a, &b);
 	test_ops_flags(&a, &b);
 	test_srx(&a);
 	test_close_discards();
