@@ -1112,7 +1112,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                     Op::Atomic { call, context, .. } => (atomic_kind(*call), *context, 0),
                     Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => unreachable!("handled above"),
                 };
-                let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw };
+                let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw, rsv: false };
                 complete_send(&ep.bind, &mut src.ctx(), done, Some((e.kind(), 0, e.to_string())));
                 Err(e)
             }
