@@ -1756,12 +1756,17 @@ pub(crate) fn serve_domain(dom: &DomainInner, st: &mut crate::domain::DomainStat
     }
     let crate::domain::DomainState { eps, cqs, .. } = st;
     let mut cq_data = |e: crate::mr::CqData| {
-        let Some(ep) = eps.get(e.ep_index as usize).and_then(|e| e.as_deref()) else { return };
+        let Some(ep) = eps.get(e.ep_index as usize).and_then(|e| e.as_deref()) else { return true };
         if let Some(cq) = ep.bind.rx_cq.and_then(|c| cqs.get_mut(c)) {
+            if cq.rm() && !cq.has_room() {
+                // Resource management: held until the CQ has room.
+                return false;
+            }
             let entry =
                 crate::cq::CqTaggedEntry { flags: e.flags, data: e.data, len: e.len as usize, ..Default::default() };
             cq.push(entry, FI_ADDR_NOTAVAIL);
         }
+        true
     };
     own.serve(dom.counters(), Some(&mut cq_data));
 }

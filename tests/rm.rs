@@ -432,3 +432,35 @@ fn set_after_a_cq_is_busy() {
     dom.set_resource_mgmt(true).unwrap();
     assert!(dom.resource_mgmt());
 }
+
+/// Remote CQ data (writedata) for a target whose receive CQ has resource
+/// management waits in the target's queue while that CQ is full, and
+/// comes in order as it is read; without resource management it all goes
+/// into the CQ at once, past its size.
+#[test]
+fn remote_cq_data_waits_for_room() {
+    const RW: u64 = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE;
+    for rm in [true, false] {
+        job(&format!("cqdata-{rm}"));
+        // ep0 is the target, its CQ of two entries; ep1 writes.
+        let p = pair(rm, Threading::Domain, 2, 0);
+        let heap = p.dom.alloc_shared(4096, RW).unwrap();
+        let a0 = p._av.insert(&[p.ep0.getname()]).unwrap()[0];
+        for k in 0..10u64 {
+            p.ep1.writedata(&[k as u8; 8], 0xd000 + k, a0, 8 * k, heap.key(), k as usize).unwrap();
+        }
+        let done = take(&p.cq1, 10);
+        assert_eq!(done.iter().map(|e| e.op_context).collect::<Vec<_>>(), (0..10).collect::<Vec<_>>());
+        for _ in 0..3 {
+            p.dom.progress().unwrap();
+        }
+        let mut out = [CqTaggedEntry::default(); 32];
+        let n = p.cq0.read(&mut out).unwrap();
+        assert_eq!(n, if rm { 2 } else { 10 }, "entries the target's CQ holds (rm {rm})");
+        let mut data: Vec<u64> = out[..n].iter().map(|e| e.data).collect();
+        data.extend(take(&p.cq0, 10 - n).iter().map(|e| e.data));
+        assert_eq!(data, (0..10).map(|k| 0xd000 + k).collect::<Vec<_>>(), "in order, none lost");
+        assert!(drain(&p.cq0).is_empty());
+        drop(heap);
+    }
+}
