@@ -24,10 +24,11 @@
 //! do not reserve (a posted receive may wait for a long time, and
 //! reserving would cap the posted receives at the CQ's size): the receive
 //! side keeps to back-pressure, and the message waits in the sender's ring
-//! (retried internally, as the man page allows). A CQ of such a domain never
+//! (retried internally, as the man page allows); remote CQ data waits in
+//! the target's queue, then in its mailbox. A CQ of such a domain never
 //! overruns: what goes past `size` anyway (completions of receives matched
 //! while there was room whose data came later, error entries of cancels
-//! and flushes, remote CQ data) is held until read, not lost. Operations
+//! and flushes) is held until read, not lost. Operations
 //! without a success entry (an inject call, FI_SELECTIVE_COMPLETION without
 //! FI_COMPLETION, deferred and triggered work) reserve nothing, as the man
 //! page's restriction allows: their error entries may go past `size` too.

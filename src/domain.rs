@@ -326,6 +326,12 @@ impl CtxSrc<'_> {
         &self.st.avs
     }
 
+    /// The CQs (for a room check of resource management).
+    #[inline(always)]
+    pub fn cqs(&self) -> &Slots<CqState> {
+        &self.st.cqs
+    }
+
     #[inline(always)]
     pub fn counters(&self) -> &[shm_layout::Counter] {
         self.dom.counters()

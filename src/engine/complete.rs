@@ -273,6 +273,14 @@ pub(crate) fn rm_now(b: &Bindings, cqs: &mut crate::table::Slots<CqState>, cqe: 
     }
 }
 
+/// Whether the transmit CQ has room for an entry written now (resource
+/// management; the caller checked `b.tx_rm`): inlined on the send fast
+/// path, where a call would cost the registers around it.
+#[inline(always)]
+pub(crate) fn tx_has_room(b: &Bindings, cqs: &crate::table::Slots<CqState>) -> bool {
+    b.tx_cq.and_then(|c| cqs.get(c)).is_none_or(|q| q.has_room())
+}
+
 /// Gives back a transmit's reservation in the transmit CQ.
 #[cold]
 #[inline(never)]

@@ -417,14 +417,13 @@ impl EpState {
         if !self.enabled || !self.tx.has_room(cfg.tx_size) {
             return None;
         }
-        if done.cqe && !self.bind.can_report_tx() {
-            return None;
-        }
-        if self.bind.tx_rm && done.cqe {
-            // Resource management: the entry written below needs room.
-            if let Err(e) = super::complete::tx_room(&self.bind, src.ctx().cqs, false) {
-                self.stats.tx_again += 1;
-                return Some(Err(e));
+        if done.cqe {
+            if !self.bind.can_report_tx() {
+                return None;
+            }
+            if self.bind.tx_rm && !super::complete::tx_has_room(&self.bind, src.cqs()) {
+                // Resource management: the entry written below needs room.
+                return Some(Err(self.cq_full()));
             }
         }
         let p = match self.peers.of_with(|| src.avs(), dest) {
@@ -685,6 +684,14 @@ impl EpState {
             let err = op.err.take();
             complete_send(&self.bind, ctx, op.done(), err);
         }
+    }
+
+    /// A transmit refused for its CQ's room (resource management).
+    #[cold]
+    #[inline(never)]
+    fn cq_full(&mut self) -> Error {
+        self.stats.tx_again += 1;
+        Error::AGAIN
     }
 
     /// The endpoint closes: gives back the transmit CQ entries its
