@@ -464,3 +464,33 @@ fn remote_cq_data_waits_for_room() {
         drop(heap);
     }
 }
+
+/// One-sided operations complete before their call returns: with resource
+/// management, a write or atomic whose entry would not fit the transmit
+/// CQ is refused with -FI_EAGAIN, having moved nothing.
+#[test]
+fn rma_and_atomics_need_room() {
+    const RW: u64 = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE;
+    job("rma");
+    let p = pair(true, Threading::Domain, 2, 0);
+    let heap = p.dom.alloc_shared(4096, RW).unwrap();
+    let a0 = p._av.insert(&[p.ep0.getname()]).unwrap()[0];
+    p.ep0.write(&[1; 8], a0, 0, heap.key(), 1).unwrap();
+    p.ep0.write(&[2; 8], a0, 8, heap.key(), 2).unwrap();
+    assert_eq!(p.ep0.write(&[3; 8], a0, 16, heap.key(), 3).unwrap_err().kind(), ErrorKind::Again);
+    let one = 1u64.to_le_bytes();
+    let e = p.ep0.atomic(AtomicType::Uint64, AtomicOp::Sum, &one, a0, 24, heap.key(), 4).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Again);
+    let mem = |r: std::ops::Range<usize>| {
+        // SAFETY: the heap mapping of the registration, alive with it;
+        // no operation is in progress (they complete before their call).
+        unsafe { std::slice::from_raw_parts(heap.as_ptr().add(r.start), r.len()) }.to_vec()
+    };
+    assert_eq!(mem(16..32), [0u8; 16], "the refused operations moved nothing");
+    assert_eq!(take(&p.cq0, 2).iter().map(|e| e.op_context).collect::<Vec<_>>(), vec![1, 2]);
+    p.ep0.write(&[3; 8], a0, 16, heap.key(), 3).unwrap();
+    p.ep0.atomic(AtomicType::Uint64, AtomicOp::Sum, &one, a0, 24, heap.key(), 4).unwrap();
+    assert_eq!(take(&p.cq0, 2).iter().map(|e| e.op_context).collect::<Vec<_>>(), vec![3, 4]);
+    assert_eq!(mem(16..24), [3u8; 8]);
+    assert_eq!(u64::from_le_bytes(mem(24..32).try_into().unwrap()), 1);
+}
