@@ -494,3 +494,64 @@ fn rma_and_atomics_need_room() {
     assert_eq!(mem(16..24), [3u8; 8]);
     assert_eq!(u64::from_le_bytes(mem(24..32).try_into().unwrap()), 1);
 }
+
+/// A CQ shared by several endpoints and both directions: reservations of
+/// every endpoint add up, and receive back-pressure leaves them their
+/// room (a CQ of four with three entries reserved takes one message).
+#[test]
+fn shared_cq_counts_every_reservation() {
+    job("shared");
+    let p = pair(true, Threading::Domain, 4, 0);
+    let big = payload(RNDV, 7);
+    // A second endpoint on ep0's CQ.
+    let ep2 = p.dom.endpoint().unwrap();
+    ep2.bind_cq(&p.cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep2.bind_av(&p._av).unwrap();
+    ep2.enable().unwrap();
+    // SAFETY (every send below): `big` outlives the sends (the endpoints
+    // close before it is dropped).
+    unsafe {
+        p.ep0.send(&big, p.a1, 1).unwrap();
+        ep2.send(&big, p.a1, 2).unwrap();
+        p.ep0.send(&big, p.a1, 3).unwrap();
+    }
+    assert_eq!(p.cq0.reserved().unwrap(), 3, "both endpoints' reservations");
+    // ep1 sends five inline messages to ep0, which has receives posted.
+    let a0 = p._av.insert(&[p.ep0.getname()]).unwrap()[0];
+    let mut r = [[0u8; 8]; 5];
+    for (k, b) in r.iter_mut().enumerate() {
+        // SAFETY: `r` outlives the receives (completed below).
+        unsafe { p.ep0.recv(b, FI_ADDR_UNSPEC, 10 + k) }.unwrap();
+    }
+    for k in 0..5u8 {
+        p.ep1.inject(&[k; 8], a0).unwrap();
+    }
+    for _ in 0..5 {
+        p.dom.progress().unwrap();
+    }
+    assert!(p.ep0.stats().unwrap().stalls > 0, "the shared CQ held the receive side back");
+    // SAFETY: as above.
+    assert_eq!(unsafe { ep2.send(&big, p.a1, 4) }.unwrap_err().kind(), ErrorKind::Again, "the CQ is full");
+    let mut out = [CqTaggedEntry::default(); 16];
+    let n = p.cq0.read(&mut out).unwrap();
+    assert_eq!(n, 1, "one slot was free for receives: three are reserved");
+    assert_eq!((out[0].op_context, out[0].flags & FI_RECV), (10, FI_RECV));
+    // The rest comes as the CQ is read, in order; then the sends complete
+    // as ep1 takes them.
+    let rest = take(&p.cq0, 4);
+    assert_eq!(rest.iter().map(|e| e.op_context).collect::<Vec<_>>(), vec![11, 12, 13, 14]);
+    for (k, b) in r.iter().enumerate() {
+        assert_eq!(*b, [k as u8; 8]);
+    }
+    let mut rb = vec![0u8; RNDV];
+    for k in 0..3 {
+        // SAFETY: `rb` outlives each receive, completed before the next.
+        unsafe { p.ep1.recv(&mut rb, FI_ADDR_UNSPEC, 20 + k) }.unwrap();
+        take(&p.cq1, 1);
+    }
+    let mut sent: Vec<usize> = take(&p.cq0, 3).iter().map(|e| e.op_context).collect();
+    sent.sort();
+    assert_eq!(sent, vec![1, 2, 3]);
+    assert_eq!(p.cq0.reserved().unwrap(), 0);
+    ep2.close().unwrap();
+}
