@@ -10,6 +10,28 @@
 //! in the overrun state, which is
 //! fatal as the man page says: after the valid entries, reads return
 //! `-FI_EOVERRUN`.
+//!
+//! Resource management (fi_domain(3), "Resource Management"; turned on for
+//! a domain by [`Domain::set_resource_mgmt`](crate::Domain::set_resource_mgmt)
+//! before its CQs open): a transmit that will write an entry later (queued,
+//! or a rendezvous awaiting its peer) reserves one when it is posted, and a
+//! transmit that completes at once needs room for its entry; with neither
+//! there, the posting fails with `-FI_EAGAIN` (nothing is taken). The
+//! reservation is given back when the entry (success or error) is written,
+//! or when the endpoint closes with the transmit still outstanding.
+//! Reservations count against `size` for every direction, so receive
+//! back-pressure leaves them their room in a CQ shared by both. Receives
+//! do not reserve (a posted receive may wait for a long time, and
+//! reserving would cap the posted receives at the CQ's size): the receive
+//! side keeps to back-pressure, and the message waits in the sender's ring
+//! (retried internally, as the man page allows); remote CQ data waits in
+//! the target's queue, then in its mailbox. A CQ of such a domain never
+//! overruns: what goes past `size` anyway (completions of receives matched
+//! while there was room whose data came later, error entries of cancels
+//! and flushes) is held until read, not lost. Operations
+//! without a success entry (an inject call, FI_SELECTIVE_COMPLETION without
+//! FI_COMPLETION, deferred and triggered work) reserve nothing, as the man
+//! page's restriction allows: their error entries may go past `size` too.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::{FiAddr, FI_ADDR_NOTAVAIL};
@@ -377,8 +399,16 @@ pub(crate) struct CqState {
     pub format: CqFormat,
     /// Soft capacity.
     pub size: usize,
+    /// `size` less the entries reserved by outstanding transmits (resource
+    /// management): progress and postings see room while the entries held
+    /// are below it. Invariant: `limit <= size`; equal to `size` when
+    /// resource management is off (nothing reserves).
+    limit: usize,
+    /// Resource management is on (its domain's, fixed at open): postings
+    /// reserve, and the CQ never overruns.
+    rm: bool,
     /// Most entries held before the CQ overruns: four times `size`, and at
-    /// least 64 more than it.
+    /// least 64 more than it (`usize::MAX` with resource management: never).
     hard_cap: usize,
     /// Successful completions with their source fi_addr.
     pub entries: EntryQueue,
@@ -418,12 +448,14 @@ impl crate::table::Object for CqState {
 }
 
 impl CqState {
-    pub fn new(attr: &CqAttr) -> CqState {
+    pub fn new(attr: &CqAttr, rm: bool) -> CqState {
         let size = if attr.size == 0 { 1024 } else { attr.size };
         CqState {
             format: if attr.format == CqFormat::Unspec { CqFormat::Tagged } else { attr.format },
             size,
-            hard_cap: size.saturating_mul(4).max(size + 64),
+            limit: size,
+            rm,
+            hard_cap: if rm { usize::MAX } else { size.saturating_mul(4).max(size + 64) },
             entries: EntryQueue::default(),
             errors: VecDeque::new(),
             overrun: false,
@@ -445,10 +477,42 @@ impl CqState {
         self.hard_cap
     }
 
-    /// Whether progress may take another inbound message for this CQ.
+    /// Whether progress may take another inbound message for this CQ (and,
+    /// with resource management, whether a transmit may be posted): the
+    /// entries held and reserved are below `size`.
     #[inline]
     pub fn has_room(&self) -> bool {
-        !self.overrun && self.entries.len() + self.errors.len() < self.size
+        !self.overrun && self.entries.len() + self.errors.len() < self.limit
+    }
+
+    /// Whether resource management is on for this CQ.
+    #[inline(always)]
+    pub fn rm(&self) -> bool {
+        self.rm
+    }
+
+    /// Reserves an entry for an outstanding transmit if there is room
+    /// ([`CqState::has_room`]); false, having taken nothing, if not.
+    #[inline]
+    pub fn reserve(&mut self) -> bool {
+        if !self.has_room() {
+            return false;
+        }
+        self.limit -= 1;
+        true
+    }
+
+    /// Gives back `n` reservations (their entries were written, or their
+    /// transmits dropped).
+    #[inline]
+    pub fn release(&mut self, n: usize) {
+        debug_assert!(self.limit + n <= self.size, "released more than reserved");
+        self.limit = (self.limit + n).min(self.size);
+    }
+
+    /// Entries reserved by outstanding transmits.
+    pub fn reserved(&self) -> usize {
+        self.size - self.limit
     }
 
     /// Whether the next successful entry needs its source address: it will
@@ -681,7 +745,7 @@ impl crate::Domain {
             ));
         }
         let mut st = self.inner.lock()?;
-        let mut s = CqState::new(attr);
+        let mut s = CqState::new(attr, st.rm);
         if self.inner.threading == crate::Threading::Safe {
             s.wake = Some(std::ptr::NonNull::from(&self.inner.region.header().doorbell));
         }
@@ -990,6 +1054,14 @@ impl CompletionQueue {
         self.with(false, |c| Ok(c.wait_obj))
     }
 
+    /// Entries reserved by this CQ's outstanding transmits (resource
+    /// management, see [`Domain::set_resource_mgmt`](crate::Domain::set_resource_mgmt)):
+    /// they count against its size until their completions are written.
+    /// Always 0 without resource management.
+    pub fn reserved(&self) -> Result<usize> {
+        self.with(false, |c| Ok(c.reserved()))
+    }
+
     /// The entry format in force.
     pub fn format(&self) -> Result<CqFormat> {
         self.with(false, |c| Ok(c.format))
@@ -1038,7 +1110,7 @@ mod tests {
 
     #[test]
     fn format_is_checked_and_entries_convert() {
-        let mut cq = CqState::new(&CqAttr { size: 4, format: CqFormat::Msg, ..Default::default() });
+        let mut cq = CqState::new(&CqAttr { size: 4, format: CqFormat::Msg, ..Default::default() }, false);
         cq.push(full(9), 7);
         let mut t = [CqTaggedEntry::default(); 1];
         assert_eq!(cq.read(&mut t, None).unwrap_err().kind(), ErrorKind::Inval);
@@ -1052,7 +1124,7 @@ mod tests {
 
     #[test]
     fn error_entry_blocks_reads_until_readerr() {
-        let mut cq = CqState::new(&CqAttr::default());
+        let mut cq = CqState::new(&CqAttr::default(), false);
         cq.push(full(1), NO_SRC);
         cq.push_err(CqErrEntry { op_context: 2, err: 265, olen: 10, ..Default::default() }, "peer X".into());
         let mut t = [CqTaggedEntry::default(); 4];
@@ -1122,8 +1194,37 @@ mod tests {
     }
 
     #[test]
+    fn reservations_count_against_the_size() {
+        let mut cq = CqState::new(&CqAttr { size: 3, format: CqFormat::Context, ..Default::default() }, true);
+        assert!(cq.rm());
+        assert!(cq.reserve() && cq.reserve());
+        assert_eq!(cq.reserved(), 2);
+        cq.push(full(1), NO_SRC);
+        assert!(!cq.has_room(), "two reserved and one held fill a CQ of 3");
+        assert!(!cq.reserve(), "no room: nothing taken");
+        assert_eq!(cq.reserved(), 2);
+        // A reserved transmit completes: its entry takes its room.
+        cq.release(1);
+        cq.push(full(2), NO_SRC);
+        assert!(!cq.has_room());
+        let mut out = [CqEntry::default(); 8];
+        assert_eq!(cq.read(&mut out, None).unwrap(), 2);
+        assert!(cq.has_room() && cq.reserve());
+        cq.release(2);
+        assert_eq!(cq.reserved(), 0);
+        // Entries written past the size anyway are held, never an overrun.
+        for i in 0..1000 {
+            cq.push(full(i), NO_SRC);
+        }
+        assert!(!cq.overrun);
+        let mut out = vec![CqEntry::default(); 2000];
+        assert_eq!(cq.read(&mut out, None).unwrap(), 1000);
+        assert_eq!(out[999].op_context, 999);
+    }
+
+    #[test]
     fn overrun_after_valid_entries() {
-        let mut cq = CqState::new(&CqAttr { size: 2, format: CqFormat::Context, ..Default::default() });
+        let mut cq = CqState::new(&CqAttr { size: 2, format: CqFormat::Context, ..Default::default() }, false);
         assert!(cq.has_room());
         for i in 0..cq.hard_cap() {
             cq.push(full(i), NO_SRC);

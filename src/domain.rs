@@ -102,6 +102,7 @@ impl Fabric {
             srqs: Table::new(),
             regions: HashMap::new(),
             trig: Default::default(),
+            rm: false,
         };
         Ok(Domain {
             inner: Arc::new(DomainInner {
@@ -197,6 +198,9 @@ pub(crate) struct DomainState {
     pub regions: region::RegionMap,
     /// Triggered operations and deferred work waiting on counters.
     pub trig: crate::trigger::Triggers,
+    /// Resource management (see [`Domain::set_resource_mgmt`]): given to
+    /// each CQ at its open.
+    pub rm: bool,
 }
 
 impl DomainState {
@@ -320,6 +324,12 @@ impl CtxSrc<'_> {
     #[inline(always)]
     pub fn avs(&self) -> &Slots<AvState> {
         &self.st.avs
+    }
+
+    /// The CQs (for a room check of resource management).
+    #[inline(always)]
+    pub fn cqs(&self) -> &Slots<CqState> {
+        &self.st.cqs
     }
 
     #[inline(always)]
@@ -482,6 +492,43 @@ impl Domain {
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.inner.cfg
+    }
+
+    /// Resource management (fi_domain(3)'s `resource_mgmt`): with `true`
+    /// (FI_RM_ENABLED), no CQ of the domain overruns: a transmit whose
+    /// completion entry would not fit its CQ (counting the entries that
+    /// outstanding transmits reserved) is refused with `-FI_EAGAIN` at
+    /// posting, and what must be written past the CQ's size anyway is held
+    /// until read (see [`crate::cq`] for the whole model). Off by default
+    /// (FI_RM_DISABLED), which costs nothing on the send path; on, a send
+    /// that reports to a CQ looks at that CQ's room first. Set before any
+    /// CQ or endpoint is open (`-FI_EBUSY` after: each CQ takes it at open).
+    ///
+    /// ```
+    /// # std::env::set_var("SHMFAB_JOB_ID", format!("doc-rm-{}", std::process::id()));
+    /// let dom = shmfab::Fabric::open()?.domain()?;
+    /// dom.set_resource_mgmt(true)?;
+    /// assert!(dom.resource_mgmt());
+    /// let cq = dom.cq_open(&shmfab::CqAttr { size: 8, ..Default::default() })?;
+    /// assert_eq!(dom.set_resource_mgmt(false).unwrap_err().kind(), shmfab::ErrorKind::Busy);
+    /// # drop(cq);
+    /// # Ok::<(), shmfab::Error>(())
+    /// ```
+    pub fn set_resource_mgmt(&self, on: bool) -> Result<()> {
+        let mut st = self.inner.lock()?;
+        if st.cqs.iter().next().is_some() || st.eps_end > 0 {
+            return Err(Error::with(
+                ErrorKind::Busy,
+                "resource management is set before the domain's first CQ or endpoint opens",
+            ));
+        }
+        st.rm = on;
+        Ok(())
+    }
+
+    /// Whether resource management is on (see [`Domain::set_resource_mgmt`]).
+    pub fn resource_mgmt(&self) -> bool {
+        self.inner.lock().map(|st| st.rm).unwrap_or(false)
     }
 
     /// Name of the domain's region (its file name under /dev/shm when

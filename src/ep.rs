@@ -297,6 +297,7 @@ impl Endpoint {
                     ctx.cqs.bind(cq_id)?;
                 }
             }
+            ep.bind.tx_rm = ep.bind.tx_cq.and_then(|c| ctx.cqs.get(c)).is_some_and(|q| q.rm());
             Ok(())
         })
     }
@@ -865,6 +866,7 @@ impl Endpoint {
         crate::trigger::ep_closing(&self.dom, &mut st, self.idx, discard);
         self.dom.with_ep(&mut st, self.idx, |ep, ctx| {
             crate::progress::flush_rx(ep, ctx, discard);
+            ep.drop_tx_reservations(ctx);
             Ok(())
         })?;
         let Some(ep) = st.set_ep(self.idx, None) else {

@@ -1491,8 +1491,10 @@ impl OwnRma {
     /// then receives the queue, oldest first. Each request is checked as
     /// peers' requests are; remote CQ data needs a key naming an open
     /// registration of ours with the right its kind needs (else it is
-    /// dropped: no initiator of ours sent it).
-    pub fn serve(&self, counters: &[shm_layout::Counter], cq_data: Option<&mut dyn FnMut(CqData)>) {
+    /// dropped: no initiator of ours sent it). `cq_data` returns false
+    /// when the entry's CQ has no room for it yet (resource management):
+    /// it and those after it stay queued.
+    pub fn serve(&self, counters: &[shm_layout::Counter], cq_data: Option<&mut dyn FnMut(CqData) -> bool>) {
         let f = &self.file;
         let seen = f.requests().load(Ordering::Acquire);
         let mut all = true;
@@ -1545,7 +1547,18 @@ impl OwnRma {
         batch.sort_by_key(|b| b.0);
         q.extend(batch.into_iter().map(|b| b.1));
         match cq_data {
-            Some(push) => q.drain(..).for_each(push),
+            // Oldest first, until a CQ with resource management has no
+            // room: the rest waits here (and, past MAX_CQ_QUEUE, in the
+            // mailbox), for a later pass.
+            Some(push) => {
+                while let Some(&e) = q.front() {
+                    if !push(e) {
+                        all = false;
+                        break;
+                    }
+                    q.pop_front();
+                }
+            }
             None if !q.is_empty() => all = false,
             None => {}
         }

@@ -546,6 +546,7 @@ impl Initiator<'_> {
         dw: Dw,
     ) -> Result<()> {
         let cqe = Self::rma_check(ep, flags, silent)?;
+        crate::engine::complete::rm_now(&ep.bind, ctx.cqs, cqe)?;
         self.fence(ep, ctx, dest, flags)?;
         // One local and one remote segment of the same length, no remote
         // CQ data: the shared-heap fast path, when the memory is heap.
@@ -567,7 +568,12 @@ impl Initiator<'_> {
                 };
                 let seg = (r.key, r.addr, r.len as u64);
                 if let Some(res) = self.heap_fast(ep, ctx, dest, seg, need, (write, !write), copy)? {
-                    complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent, dw }, res.err());
+                    complete_send(
+                        &ep.bind,
+                        ctx,
+                        SendDone { kind, ctx: context, tag: 0, cqe, silent, dw, rsv: false },
+                        res.err(),
+                    );
                     return Ok(());
                 }
             }
@@ -620,7 +626,7 @@ impl Initiator<'_> {
                 let ep_index = h.t.addr.ep_index;
                 h.send(self.dom, cq_req(ep_index, key0, d, llen, cq_kind::RMA_WRITE));
             }
-            let done = SendDone { kind, ctx: context, tag: 0, cqe, silent, dw };
+            let done = SendDone { kind, ctx: context, tag: 0, cqe, silent, dw, rsv: false };
             complete_send(&ep.bind, ctx, done, err);
             Ok(())
         }
@@ -1133,6 +1139,7 @@ impl Initiator<'_> {
             _ => Need::ReadWrite,
         };
         let cqe = Self::rma_check(ep, flags, silent)?;
+        crate::engine::complete::rm_now(&ep.bind, ctx.cqs, cqe)?;
         self.fence(ep, ctx, dest, flags)?;
         if let (None, [ioc]) = (data, iocs) {
             // One remote segment, no remote CQ data: the shared-heap fast
@@ -1160,7 +1167,12 @@ impl Initiator<'_> {
             let seg = (ioc.key, ioc.addr, len as u64);
             let count = (op != AtomicOp::Read, call != AtomicCall::Write);
             if let Some(res) = self.heap_fast(ep, ctx, dest, seg, need, count, body)? {
-                complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent, dw }, res.err());
+                complete_send(
+                    &ep.bind,
+                    ctx,
+                    SendDone { kind, ctx: context, tag: 0, cqe, silent, dw, rsv: false },
+                    res.err(),
+                );
                 return Ok(());
             }
         }
@@ -1229,7 +1241,12 @@ impl Initiator<'_> {
                     h.send(self.dom, cq_req(ep_index, iocs[0].key, d, len, kind));
                 }
             }
-            complete_send(&ep.bind, ctx, SendDone { kind, ctx: context, tag: 0, cqe, silent, dw }, res.err());
+            complete_send(
+                &ep.bind,
+                ctx,
+                SendDone { kind, ctx: context, tag: 0, cqe, silent, dw, rsv: false },
+                res.err(),
+            );
             Ok(())
         }
     }
@@ -1739,12 +1756,17 @@ pub(crate) fn serve_domain(dom: &DomainInner, st: &mut crate::domain::DomainStat
     }
     let crate::domain::DomainState { eps, cqs, .. } = st;
     let mut cq_data = |e: crate::mr::CqData| {
-        let Some(ep) = eps.get(e.ep_index as usize).and_then(|e| e.as_deref()) else { return };
+        let Some(ep) = eps.get(e.ep_index as usize).and_then(|e| e.as_deref()) else { return true };
         if let Some(cq) = ep.bind.rx_cq.and_then(|c| cqs.get_mut(c)) {
+            if cq.rm() && !cq.has_room() {
+                // Resource management: held until the CQ has room.
+                return false;
+            }
             let entry =
                 crate::cq::CqTaggedEntry { flags: e.flags, data: e.data, len: e.len as usize, ..Default::default() };
             cq.push(entry, FI_ADDR_NOTAVAIL);
         }
+        true
     };
     own.serve(dom.counters(), Some(&mut cq_data));
 }

@@ -1194,7 +1194,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                         unreachable!("handled above")
                     }
                 };
-                let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw };
+                let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw, rsv: false };
                 complete_send(&ep.bind, &mut src.ctx(), done, Some((e.kind(), 0, e.to_string())));
                 Err(e)
             }
@@ -1268,7 +1268,7 @@ fn report_cancel(ep: &mut crate::engine::EpState, ctx: &mut crate::domain::Ctx<'
         Op::Atomic { call, context, .. } => (atomic_kind(*call), *context, 0),
         Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => return,
     };
-    let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw: Dw::NONE };
+    let done = SendDone { kind, ctx: context, tag, cqe: true, silent: false, dw: Dw::NONE, rsv: false };
     complete_send(&ep.bind, ctx, done, Some(why));
 }
 

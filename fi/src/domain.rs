@@ -150,6 +150,14 @@ pub unsafe extern "C" fn open(
         Ok(d) => d,
         Err(e) => return util::err(e, sys::FI_LOG_DOMAIN, "fi_domain"),
     };
+    // FI_RM_ENABLED: the library's resource management, set before any
+    // CQ opens (fi_domain(3)): a send whose completion would not fit its
+    // CQ fails with -FI_EAGAIN, and no CQ overruns.
+    if d.is_some_and(|d| d.resource_mgmt == sys::FI_RM_ENABLED) {
+        if let Err(e) = dom.set_resource_mgmt(true) {
+            return util::err(e, sys::FI_LOG_DOMAIN, "fi_domain: FI_RM_ENABLED");
+        }
+    }
     if auto {
         if let Err(e) = dom.start_progress_thread() {
             return util::err(e, sys::FI_LOG_DOMAIN, "fi_domain: FI_PROGRESS_AUTO");

@@ -329,11 +329,10 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         if version < fi_version(1, 5) && d.mr_mode > sys::FI_MR_SCALABLE as c_int {
             return Err(no("domain_attr.mr_mode: unknown before API 1.5"));
         }
-        if d.resource_mgmt == sys::FI_RM_ENABLED {
-            // The library stops receives at a full receive CQ, but nothing
-            // refuses a send whose completion would not fit the transmit
-            // CQ: resource management is not complete.
-            return Err(no("domain_attr.resource_mgmt: FI_RM_ENABLED is not offered (no transmit CQ room check)"));
+        // Both: FI_RM_ENABLED is the library's resource management
+        // (Domain::set_resource_mgmt, set by fi_domain).
+        if ![sys::FI_RM_UNSPEC, sys::FI_RM_DISABLED, sys::FI_RM_ENABLED].contains(&d.resource_mgmt) {
+            return Err(no(format!("domain_attr.resource_mgmt: {} unknown", d.resource_mgmt)));
         }
         at_most("domain_attr.mr_key_size", d.mr_key_size, 8)?;
         at_most("domain_attr.cq_data_size", d.cq_data_size, 8)?;
@@ -497,7 +496,14 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
         sys::FI_PROGRESS_UNSPEC => sys::FI_PROGRESS_MANUAL,
         p => p,
     };
-    d.resource_mgmt = sys::FI_RM_DISABLED;
+    // FI_RM_DISABLED unless asked: resource management costs a look at
+    // the transmit CQ's room on every send that reports to a CQ (and it
+    // refuses sends a client that sizes its CQs would never see refused);
+    // FI_RM_ENABLED when the hints ask for it (Open MPI's mtl/ofi does).
+    d.resource_mgmt = match hd.map_or(sys::FI_RM_UNSPEC, |x| x.resource_mgmt) {
+        sys::FI_RM_ENABLED => sys::FI_RM_ENABLED,
+        _ => sys::FI_RM_DISABLED,
+    };
     d.av_type = match hd.map_or(sys::FI_AV_UNSPEC, |x| x.av_type) {
         sys::FI_AV_UNSPEC => sys::FI_AV_TABLE,
         a => a,

@@ -79,6 +79,9 @@ pub(crate) struct Bindings {
     /// Transmit CQ, and whether it is selective (FI_SELECTIVE_COMPLETION).
     pub tx_cq: Option<usize>,
     pub tx_sel: bool,
+    /// The transmit CQ has resource management on ([`CqState::rm`]): a
+    /// transmit with an entry due checks its room ([`tx_room`]).
+    pub tx_rm: bool,
     /// Receive CQ, and whether it is selective.
     pub rx_cq: Option<usize>,
     pub rx_sel: bool,
@@ -102,6 +105,7 @@ impl Bindings {
         Bindings {
             tx_cq: None,
             tx_sel: false,
+            tx_rm: false,
             rx_cq: None,
             rx_sel: false,
             cntr: [None; 6],
@@ -244,12 +248,67 @@ pub(crate) struct SendDone {
     pub silent: bool,
     /// Deferred work's reporting ([`Dw::NONE`] for an ordinary operation).
     pub dw: Dw,
+    /// Holds a reservation in the transmit CQ (resource management, see
+    /// [`tx_room`]), given back when its entry is written.
+    pub rsv: bool,
+}
+
+/// Resource management of a transmit about to be posted whose success
+/// entry is due (the caller checked `b.tx_rm`): `reserve` takes an entry of
+/// the transmit CQ for a transmit that completes later, else only checks
+/// there is room for one written now. `-FI_EAGAIN`, having taken nothing,
+/// when the CQ has no room (fi_domain(3): the posting fails rather than
+/// overrun the CQ; reading the CQ makes room).
+#[cold]
+#[inline(never)]
+pub(crate) fn tx_room(b: &Bindings, cqs: &mut crate::table::Slots<CqState>, reserve: bool) -> crate::Result<()> {
+    let Some(cq) = b.tx_cq.and_then(|c| cqs.get_mut(c)) else {
+        return Ok(());
+    };
+    let ok = if reserve { cq.reserve() } else { cq.has_room() };
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::Error::AGAIN)
+    }
+}
+
+/// Resource management of a one-sided operation (it completes before its
+/// call returns): with an entry due (`cqe`) and resource management on,
+/// `-FI_EAGAIN` unless the transmit CQ has room for it (see [`tx_room`]).
+#[inline(always)]
+pub(crate) fn rm_now(b: &Bindings, cqs: &mut crate::table::Slots<CqState>, cqe: bool) -> crate::Result<()> {
+    if b.tx_rm && cqe {
+        tx_room(b, cqs, false)
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether the transmit CQ has room for an entry written now (resource
+/// management; the caller checked `b.tx_rm`): inlined on the send fast
+/// path, where a call would cost the registers around it.
+#[inline(always)]
+pub(crate) fn tx_has_room(b: &Bindings, cqs: &crate::table::Slots<CqState>) -> bool {
+    b.tx_cq.and_then(|c| cqs.get(c)).is_none_or(|q| q.has_room())
+}
+
+/// Gives back a transmit's reservation in the transmit CQ.
+#[cold]
+#[inline(never)]
+fn release_tx(b: &Bindings, cqs: &mut crate::table::Slots<CqState>) {
+    if let Some(cq) = b.tx_cq.and_then(|c| cqs.get_mut(c)) {
+        cq.release(1);
+    }
 }
 
 /// A transmit completed (or failed): its counter, and its CQ entry when
-/// one is due.
+/// one is due (written in the room its reservation, if any, kept).
 #[inline]
 pub(crate) fn complete_send(b: &Bindings, ctx: &mut Ctx<'_>, op: SendDone, err: Option<Fail>) {
+    if op.rsv {
+        release_tx(b, ctx.cqs);
+    }
     if !op.dw.is_none() {
         count_deferred(b, ctx.counters, op.dw, err.is_some());
         if op.dw.quiet() {

@@ -65,13 +65,26 @@ pub(crate) struct TxOp {
     pub err: Option<Fail>,
     /// Deferred work's reporting (see [`Dw`]).
     pub dw: Dw,
+    /// Holds a reservation in the transmit CQ (resource management): given
+    /// back when its entry is written ([`complete_send`]), or when the
+    /// endpoint closes with it outstanding
+    /// ([`EpState::drop_tx_reservations`]).
+    pub rsv: bool,
 }
 
 impl TxOp {
     /// What its completion needs.
     #[inline]
     pub fn done(&self) -> SendDone {
-        SendDone { kind: self.kind, ctx: self.ctx, tag: self.tag, cqe: self.cqe, silent: self.silent, dw: self.dw }
+        SendDone {
+            kind: self.kind,
+            ctx: self.ctx,
+            tag: self.tag,
+            cqe: self.cqe,
+            silent: self.silent,
+            dw: self.dw,
+            rsv: self.rsv,
+        }
     }
 
     fn hdr(&self, kind: u8, len: u32) -> MsgHdr {
@@ -365,7 +378,7 @@ impl EpState {
             return Err(unsupported(r.kind));
         }
         let cqe = !r.silent && (!self.bind.tx_sel || r.flags & crate::flags::FI_COMPLETION != 0);
-        let done = SendDone { kind: r.kind, ctx: r.context, tag: r.tag, cqe, silent: r.silent, dw: r.dw };
+        let done = SendDone { kind: r.kind, ctx: r.context, tag: r.tag, cqe, silent: r.silent, dw: r.dw, rsv: false };
         if r.iov.is_none_or(|v| v.n == 1) && !r.deliver() {
             // SAFETY: the caller's buffer, valid for reads for the call
             // (and until completion, which is now on this path).
@@ -393,6 +406,7 @@ impl EpState {
             deliver: r.deliver(),
             err: None,
             dw: r.dw,
+            rsv: false,
         };
         self.post_tx(&mut src.ctx(), r.dest, op)
     }
@@ -414,8 +428,14 @@ impl EpState {
         if !self.enabled || !self.tx.has_room(cfg.tx_size) {
             return None;
         }
-        if done.cqe && !self.bind.can_report_tx() {
-            return None;
+        if done.cqe {
+            if !self.bind.can_report_tx() {
+                return None;
+            }
+            if self.bind.tx_rm && !super::complete::tx_has_room(&self.bind, src.cqs()) {
+                // Resource management: the entry written below needs room.
+                return Some(Err(self.cq_full()));
+            }
         }
         let p = match self.peers.of_with(|| src.avs(), dest) {
             Ok(p) => p,
@@ -473,6 +493,16 @@ impl EpState {
         let peer = &mut self.peers[p];
         if let Some(why) = &peer.gone {
             return Err(Error::with(ErrorKind::Io, why.clone()));
+        }
+        if self.bind.tx_rm && op.cqe {
+            // Resource management: an entry of the transmit CQ for this
+            // transmit, taken now whether it completes at once or later,
+            // given back when its entry is written.
+            if let Err(e) = super::complete::tx_room(&self.bind, ctx.cqs, true) {
+                self.stats.tx_again += 1;
+                return Err(e);
+            }
+            op.rsv = true;
         }
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
         let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
@@ -680,6 +710,33 @@ impl EpState {
         }
     }
 
+    /// A transmit refused for its CQ's room (resource management).
+    #[cold]
+    #[inline(never)]
+    fn cq_full(&mut self) -> Error {
+        self.stats.tx_again += 1;
+        Error::AGAIN
+    }
+
+    /// The endpoint closes: gives back the transmit CQ entries its
+    /// outstanding transmits reserved (they are dropped with no
+    /// completion, as fi_close does).
+    pub fn drop_tx_reservations(&mut self, ctx: &mut Ctx<'_>) {
+        let n: usize =
+            self.peers.iter().map(|p| p.tx.txq.iter().chain(&p.tx.inflight).filter(|op| op.rsv).count()).sum();
+        if n > 0 {
+            if let Some(cq) = self.bind.tx_cq.and_then(|c| ctx.cqs.get_mut(c)) {
+                cq.release(n);
+            }
+            for p in 0..self.peers.len() {
+                let ptx = &mut self.peers[p].tx;
+                for op in ptx.txq.iter_mut().chain(ptx.inflight.iter_mut()) {
+                    op.rsv = false;
+                }
+            }
+        }
+    }
+
     /// Sender side of a split copy: the ranges of our in-flight send
     /// `msg_id` from `off` for `len` bytes, if it is that long.
     pub fn send_ranges(&mut self, p: usize, msg_id: u64, off: usize, len: usize) -> Option<Vec<(*mut u8, usize)>> {
@@ -727,6 +784,7 @@ mod tests {
             deliver: false,
             err: None,
             dw: Dw::NONE,
+            rsv: false,
         }
     }
 

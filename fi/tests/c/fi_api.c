@@ -167,7 +167,7 @@ static void test_hints(void)
 	h->ep_attr->max_msg_size = (size_t)1 << 41;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
 	h = hints();
-	h->domain_attr->resource_mgmt = FI_RM_ENABLED;
+	h->domain_attr->resource_mgmt = (enum fi_resource_mgmt)7;
 	EXPECT(getinfo(h, NULL), -FI_ENODATA);
 	h = hints();
 	h->addr_format = FI_SOCKADDR_IN;
@@ -1543,6 +1543,92 @@ static void test_srx(struct side *a)
 /* fi_close(ep) discards outstanding operations with no completions
  * (fi_endpoint(3)): receives posted, tagged, untagged and multi-receive,
  * leave no entry in the CQ the endpoint shared with another one. */
+/* Resource management (fi_domain(3)): offered when the hints ask for it,
+ * FI_RM_DISABLED otherwise; with it, a send whose completion would not fit
+ * its transmit CQ fails with -FI_EAGAIN (inline sizes complete at once,
+ * rendezvous ones hold their entry until the receiver takes the data),
+ * and posting works again once entries are read. */
+static void test_resource_mgmt(void)
+{
+	enum { N = 4, BIG = 1 << 20 };
+	struct fi_info *h, *i;
+	struct fid_fabric *fab;
+	struct fid_domain *dom;
+	struct fid_av *rav;
+	struct fid_cq *txcq, *rxcq, *cq1;
+	struct fid_ep *ep0, *ep1;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_cq_attr small = { .format = FI_CQ_FORMAT_TAGGED, .size = N };
+	struct fi_cq_attr dflt = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cq_tagged_entry e[N + 1];
+	char name[64];
+	size_t len = sizeof(name);
+	fi_addr_t to;
+	static char out[BIG], in[N + 1][BIG];
+
+	EXPECT(getinfo(hints(), &i), 0);
+	EXPECT(i->domain_attr->resource_mgmt, FI_RM_DISABLED);
+	fi_freeinfo(i);
+	h = hints();
+	h->domain_attr->resource_mgmt = FI_RM_ENABLED;
+	EXPECT(getinfo(h, &i), 0);
+	EXPECT(i->domain_attr->resource_mgmt, FI_RM_ENABLED);
+
+	EXPECT(fi_fabric(i->fabric_attr, &fab, NULL), 0);
+	EXPECT(fi_domain(fab, i, &dom, NULL), 0);
+	EXPECT(fi_av_open(dom, &aa, &rav, NULL), 0);
+	EXPECT(fi_cq_open(dom, &small, &txcq, NULL), 0);
+	EXPECT(fi_cq_open(dom, &dflt, &rxcq, NULL), 0);
+	EXPECT(fi_cq_open(dom, &dflt, &cq1, NULL), 0);
+	EXPECT(fi_endpoint(dom, i, &ep0, NULL), 0);
+	EXPECT(fi_endpoint(dom, i, &ep1, NULL), 0);
+	EXPECT(fi_ep_bind(ep0, &rav->fid, 0), 0);
+	EXPECT(fi_ep_bind(ep1, &rav->fid, 0), 0);
+	EXPECT(fi_ep_bind(ep0, &txcq->fid, FI_TRANSMIT), 0);
+	EXPECT(fi_ep_bind(ep0, &rxcq->fid, FI_RECV), 0);
+	EXPECT(fi_ep_bind(ep1, &cq1->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_enable(ep0), 0);
+	EXPECT(fi_enable(ep1), 0);
+	EXPECT(fi_getname(&ep1->fid, name, &len), 0);
+	EXPECT(fi_av_insert(rav, name, 1, &to, 0, NULL), 1);
+
+	for (int big = 0; big < 2; big++) {
+		size_t sz = big ? BIG : 8;
+		for (int k = 0; k < N; k++)
+			EXPECT(fi_send(ep0, out, sz, NULL, to, (void *)(uintptr_t)(0x100 + k)), 0);
+		/* The transmit CQ of N entries is full (or reserved): refused. */
+		EXPECT(fi_send(ep0, out, sz, NULL, to, (void *)0x1ff), -FI_EAGAIN);
+		EXPECT(fi_send(ep0, out, sz, NULL, to, (void *)0x1ff), -FI_EAGAIN);
+		for (int k = 0; k < N; k++) {
+			EXPECT(fi_recv(ep1, in[k], sz, NULL, FI_ADDR_UNSPEC, (void *)(uintptr_t)(0x200 + k)), 0);
+			read_tagged(cq1, &e[0], NULL);
+			CHECK(e[0].op_context == (void *)(uintptr_t)(0x200 + k) && e[0].len == sz);
+		}
+		for (int k = 0; k < N; k++) {
+			read_tagged(txcq, &e[0], NULL);
+			CHECK(e[0].op_context == (void *)(uintptr_t)(0x100 + k));
+		}
+		/* Room again: the refused send goes through, and arrives alone. */
+		EXPECT(fi_send(ep0, out, sz, NULL, to, (void *)0x1ff), 0);
+		EXPECT(fi_recv(ep1, in[N], sz, NULL, FI_ADDR_UNSPEC, (void *)0x2ff), 0);
+		read_tagged(cq1, &e[0], NULL);
+		CHECK(e[0].op_context == (void *)0x2ff);
+		read_tagged(txcq, &e[0], NULL);
+		CHECK(e[0].op_context == (void *)0x1ff);
+		EXPECT(fi_cq_read(cq1, e, N + 1), -FI_EAGAIN);
+	}
+
+	EXPECT(fi_close(&ep0->fid), 0);
+	EXPECT(fi_close(&ep1->fid), 0);
+	EXPECT(fi_close(&txcq->fid), 0);
+	EXPECT(fi_close(&rxcq->fid), 0);
+	EXPECT(fi_close(&cq1->fid), 0);
+	EXPECT(fi_close(&rav->fid), 0);
+	EXPECT(fi_close(&dom->fid), 0);
+	EXPECT(fi_close(&fab->fid), 0);
+	fi_freeinfo(i);
+}
+
 static void test_close_discards(void)
 {
 	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
@@ -2065,6 +2151,7 @@ int main(int argc, char **argv)
 	if (argc > 1 && !strcmp(argv[1], "exit-auto"))
 		return exit_with_auto_progress();
 	test_hints();
+	test_resource_mgmt();
 
 	h = hints();
 	h->domain_attr->threading = FI_THREAD_DOMAIN;
