@@ -807,3 +807,310 @@ fn solicited_wait_decides_the_signal() {
         }
     });
 }
+
+/// The receiver's side for the tagged, directed and multi-receive tests:
+/// endpoints bound to one SRQ for `flags`, each with its own receive CQ
+/// (a completion goes to the CQ of the endpoint that received the
+/// message), and each with the AV given (the World's when None).
+struct TagSide {
+    // Field order is drop order: endpoints before what they are bound to.
+    eps: Vec<Endpoint>,
+    srq: SharedRecvQueue,
+    cqs: Vec<CompletionQueue>,
+}
+
+fn tag_side(w: &World, avs: &[&AddressVector], flags: u64, max_recv: usize) -> TagSide {
+    let srq = w.dom.srq_open(&SrqAttr { max_recv, low_watermark: 0 }).unwrap();
+    let mut eps = Vec::new();
+    let mut cqs = Vec::new();
+    for av in avs {
+        let cq = w.dom.cq_open(&CqAttr { size: 4096, ..Default::default() }).unwrap();
+        let ep = w.dom.endpoint().unwrap();
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(av).unwrap();
+        ep.bind_srq_for(&srq, flags).unwrap();
+        ep.enable().unwrap();
+        eps.push(ep);
+        cqs.push(cq);
+    }
+    TagSide { eps, srq, cqs }
+}
+
+impl TagSide {
+    fn addrs(&self) -> Vec<Address> {
+        self.eps.iter().map(|e| e.getname()).collect()
+    }
+}
+
+/// The next completion at any of `cqs`, with the index of its CQ.
+#[allow(clippy::type_complexity)]
+fn either(dom: &Domain, cqs: &[CompletionQueue]) -> (usize, std::result::Result<(CqTaggedEntry, FiAddr), CqErrEntry>) {
+    let t0 = Instant::now();
+    loop {
+        for (i, cq) in cqs.iter().enumerate() {
+            let mut e = [CqTaggedEntry::default()];
+            let mut src = [0u64];
+            match cq.readfrom(&mut e, &mut src) {
+                Ok(_) => return (i, Ok((e[0], src[0]))),
+                Err(x) if x.kind() == ErrorKind::Avail => return (i, Err(cq.readerr().unwrap())),
+                Err(x) if x.kind() == ErrorKind::Again => {}
+                Err(x) => panic!("cq read: {x}"),
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no completion");
+        dom.wait(Some(Duration::from_millis(1)));
+    }
+}
+
+/// Tag of message `seq` from sender `s` to endpoint `k`.
+fn tag_of(s: usize, k: usize, seq: u64) -> u64 {
+    ((s as u64) << 40) | ((k as u64) << 32) | seq
+}
+
+/// Tagged receives on an SRQ shared by two endpoints, from two sender
+/// processes: every message arrives first (unexpected, at the endpoint it
+/// was sent to; a peek on the SRQ for the last tag of each connection
+/// proves it), then receives posted on the SRQ with ignore masks (any
+/// endpoint, any sequence number) take them, each connection's in send
+/// order, each completing at the CQ of the endpoint that received it with
+/// its tag and source. Then receives posted first take messages arriving
+/// later, the first posted receive that accepts a tag taking it.
+#[test]
+fn tagged_srq_across_two_endpoints_from_two_senders() {
+    const N: u64 = 40; // per connection
+    run(
+        "tagged_srq_across_two_endpoints_from_two_senders",
+        3,
+        &[("SHMFAB_MAX_EPS", "8")],
+        Duration::from_secs(120),
+        |w| {
+            if w.rank == 0 {
+                let side = tag_side(&w, &[&w.av, &w.av], FI_MSG | FI_TAGGED, 512);
+                for r in 1..3 {
+                    w.tell(r, &side.addrs());
+                }
+                w.barrier(); // the senders sent everything
+                             // A peek for the last message of each connection: found, at
+                             // the CQ of its endpoint, with its length, tag and source.
+                for s in 1..3 {
+                    for k in 0..2 {
+                        let t0 = Instant::now();
+                        loop {
+                            let tag = tag_of(s, k, N - 1);
+                            let m = &mut RecvMsg { iov: &mut [], src: FI_ADDR_UNSPEC, context: 900, tag, ignore: 0 };
+                            // SAFETY: a peek takes no buffer.
+                            unsafe { side.srq.trecvmsg(m, FI_PEEK).unwrap() };
+                            match either(&w.dom, &side.cqs) {
+                                (0, Err(e)) if e.err == ErrorKind::NoMsg.errno() => {
+                                    assert_eq!(e.op_context, 900);
+                                    assert!(t0.elapsed() < Duration::from_secs(30), "message {s}->{k} never arrived");
+                                }
+                                (at, Ok((e, src))) => {
+                                    assert_eq!(at, k, "the peek's entry goes to the CQ of the message's endpoint");
+                                    assert_eq!((e.op_context, e.len, e.tag, src), (900, 24, tag, w.addrs[s]));
+                                    break;
+                                }
+                                r => panic!("peek: {r:?}"),
+                            }
+                        }
+                    }
+                }
+                // Everything is unexpected: receives for sender s, any endpoint.
+                let mut bufs = vec![[0u8; 24]; (4 * N) as usize];
+                for (i, b) in bufs.iter_mut().enumerate() {
+                    let s = 1 + i % 2;
+                    // SAFETY: bufs outlive every completion read below.
+                    unsafe { side.srq.trecv(b, FI_ADDR_UNSPEC, tag_of(s, 0, 0), (1 << 40) - 1, i).unwrap() };
+                }
+                let mut want = [[0u64; 2]; 3];
+                for (k, cq) in side.cqs.iter().enumerate() {
+                    for _ in 0..2 * N {
+                        let (e, src) = next(&w.dom, cq).unwrap();
+                        assert_eq!(e.flags & (FI_RECV | FI_TAGGED), FI_RECV | FI_TAGGED);
+                        let (s, ep, seq) = parse(&bufs[e.op_context]);
+                        assert_eq!((ep, src, e.tag), (k, w.addrs[s], tag_of(s, k, seq)));
+                        assert_eq!(
+                            e.op_context % 2,
+                            s - 1,
+                            "a receive for sender {} took sender {s}'s message",
+                            1 + e.op_context % 2
+                        );
+                        assert_eq!(seq, want[s][k], "connection {s}->{k} out of order");
+                        want[s][k] += 1;
+                    }
+                }
+                assert_eq!(side.srq.query().unwrap().posted, 0);
+                // Posted first: exact tags, for sequence numbers N.. in
+                // reverse order, then a catch-all; each message takes the
+                // first posted receive that accepts it.
+                let mut late = [[0u8; 24]; 8];
+                for (i, b) in late.iter_mut().enumerate().take(4) {
+                    let (s, k) = (1 + i / 2, i % 2);
+                    // SAFETY: late outlives the completions read below.
+                    unsafe { side.srq.trecv(b, FI_ADDR_UNSPEC, tag_of(s, k, N + 1), 0, 1000 + i).unwrap() };
+                }
+                for (i, b) in late.iter_mut().enumerate().skip(4) {
+                    // SAFETY: as above.
+                    unsafe { side.srq.trecv(b, FI_ADDR_UNSPEC, 0, u64::MAX, 1000 + i).unwrap() };
+                }
+                w.barrier(); // the senders send N, then N + 1, to each endpoint
+                let mut got = Vec::new();
+                for k in 0..2 {
+                    for _ in 0..4 {
+                        let (e, _) = next(&w.dom, &side.cqs[k]).unwrap();
+                        let (s, ep, seq) = parse(&late[e.op_context - 1000]);
+                        assert_eq!(ep, k);
+                        got.push((e.op_context - 1000, s, k, seq));
+                    }
+                }
+                got.sort();
+                // The exact receives took N + 1; the catch-alls took N, in
+                // posting order per connection's arrival.
+                for (i, &(ctx, s, k, seq)) in got.iter().enumerate().take(4) {
+                    assert_eq!((ctx, s, k, seq), (i, 1 + i / 2, i % 2, N + 1));
+                }
+                assert!(got[4..].iter().all(|g| g.3 == N), "catch-alls took {got:?}");
+                assert!(stays_empty(&w.dom, &side.cqs[0], 20) && stays_empty(&w.dom, &side.cqs[1], 20));
+                w.barrier();
+            } else {
+                let eps = w.learn(0, 2);
+                let mut msgs = Vec::new();
+                for seq in 0..N {
+                    for (k, &to) in eps.iter().enumerate() {
+                        msgs.push((header(w.rank, k, seq), to, tag_of(w.rank, k, seq)));
+                    }
+                }
+                for (m, to, tag) in &msgs {
+                    let mut b = [0u8; 24];
+                    b[..16].copy_from_slice(m);
+                    w.retry(|| w.ep.tinject(&b, *to, *tag));
+                }
+                w.barrier();
+                w.barrier();
+                for seq in [N, N + 1] {
+                    for (k, &to) in eps.iter().enumerate() {
+                        let mut b = [0u8; 24];
+                        b[..16].copy_from_slice(&header(w.rank, k, seq));
+                        w.retry(|| w.ep.tinject(&b, to, tag_of(w.rank, k, seq)));
+                    }
+                }
+                w.barrier();
+            }
+        },
+    );
+}
+
+/// Directed receives on an SRQ shared by two endpoints with different
+/// AVs: the source is an fi_addr that each endpoint reads in its own AV
+/// (the source its completions report). Endpoint 0 has the World's AV
+/// (fi_addr r is rank r); endpoint 1 has one holding rank 2 at fi_addr 0
+/// and rank 1 at fi_addr 1. A receive directed at fi_addr 2 takes rank 2's
+/// message at endpoint 0 only; one directed at fi_addr 0 takes rank 2's
+/// at endpoint 1 (at endpoint 0, fi_addr 0 is rank 0, which sends
+/// nothing); an undirected one takes the rest. Unexpected messages are
+/// taken by a later directed receive only from its source.
+#[test]
+fn directed_srq_receive_takes_only_its_source() {
+    run("directed_srq_receive_takes_only_its_source", 3, &[("SHMFAB_MAX_EPS", "8")], Duration::from_secs(120), |w| {
+        if w.rank == 0 {
+            let av1 = w.dom.av_open().unwrap();
+            let names = vec![w.av.lookup(w.addrs[2]).unwrap(), w.av.lookup(w.addrs[1]).unwrap()];
+            assert_eq!(av1.insert(&names).unwrap(), vec![0, 1]);
+            let side = tag_side(&w, &[&w.av, &av1], FI_MSG | FI_TAGGED, 16);
+            for r in 1..3 {
+                w.tell(r, &side.addrs());
+            }
+            let mut b = [[0u8; 16]; 6];
+            let mut first = [0u8; 16];
+            // SAFETY (all posts): the buffers outlive every completion read
+            // below, and the SRQ's close at the end (cancelled or filled).
+            unsafe { side.srq.post(&mut first, 0).unwrap() };
+            // Step 1: rank 1 -> endpoint 0 takes the plain one.
+            w.barrier();
+            let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, src), (0, w.addrs[1]));
+            let [b0, b1, b2, b3, b4, b5] = &mut b;
+            unsafe {
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b0)], src: 2, context: 1, tag: 0, ignore: 0 };
+                side.srq.recvmsg(m, 0).unwrap();
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b1)], src: 0, context: 2, tag: 0, ignore: 0 };
+                side.srq.recvmsg(m, 0).unwrap();
+                side.srq.post(b2, 3).unwrap();
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b3)], src: 7, context: 9, tag: 0, ignore: 0 };
+                assert_eq!(side.srq.recvmsg(m, 0).unwrap_err().kind(), ErrorKind::AddrNotAvail, "in no AV");
+            }
+            // Step 2: rank 1 -> endpoint 0 (fi_addr 1 there): neither
+            // directed receive, the plain one (3).
+            w.barrier();
+            let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, src, parse(b2).0), (3, 1, 1));
+            // Step 3: rank 2 -> endpoint 1 (fi_addr 0 there): receive 2.
+            w.barrier();
+            let (e, src) = next(&w.dom, &side.cqs[1]).unwrap();
+            assert_eq!((e.op_context, src, parse(b1).0), (2, 0, 2));
+            // Step 4: rank 2 -> endpoint 0 (fi_addr 2 there): receive 1.
+            w.barrier();
+            let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, src, parse(b0).0), (1, 2, 2));
+            // Step 5: rank 1 -> endpoint 1 and rank 2 -> endpoint 0, both
+            // unexpected (the peek proves they are there). A receive
+            // directed at fi_addr 0 takes neither (rank 1 is fi_addr 1 at
+            // endpoint 1; rank 2 is fi_addr 2 at endpoint 0); one directed
+            // at fi_addr 1 takes rank 1's, a tagged receive nothing.
+            w.barrier();
+            for (k, s) in [(1, 1), (0, 2)] {
+                let t0 = Instant::now();
+                loop {
+                    // (A peek sees only tagged messages: count what the
+                    // endpoint took from its rings instead.)
+                    w.dom.progress().unwrap();
+                    if side.eps[k].stats().unwrap().rx_ring > if k == 1 { 1 } else { 3 } {
+                        break;
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(30), "rank {s}'s message never arrived");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            unsafe {
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b3)], src: 0, context: 4, tag: 0, ignore: 0 };
+                side.srq.recvmsg(m, 0).unwrap();
+                side.srq.trecv(b5, FI_ADDR_UNSPEC, 0, u64::MAX, 6).unwrap();
+            }
+            assert!(stays_empty(&w.dom, &side.cqs[0], 30) && stays_empty(&w.dom, &side.cqs[1], 30));
+            unsafe {
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b4)], src: 1, context: 5, tag: 0, ignore: 0 };
+                side.srq.recvmsg(m, 0).unwrap();
+            }
+            let (e, src) = next(&w.dom, &side.cqs[1]).unwrap();
+            assert_eq!((e.op_context, src, parse(b4).0), (5, 1, 1));
+            // Rank 2's message still waits at endpoint 0: an undirected
+            // buffer posted now takes it.
+            unsafe { side.srq.post(b2, 7).unwrap() };
+            let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, src, parse(b2).0), (7, 2, 2));
+            // Receives 4 (directed at nobody who sends) and 6 (tagged) stay.
+            assert_eq!(side.srq.query().unwrap().posted, 2);
+            assert!(side.srq.cancel(4).unwrap() && side.srq.cancel(6).unwrap());
+            let x = next(&w.dom, &side.cqs[0]).unwrap_err();
+            assert_eq!((x.op_context, x.err, x.flags & FI_TAGGED), (4, ErrorKind::Canceled.errno(), 0));
+            let x = next(&w.dom, &side.cqs[0]).unwrap_err();
+            assert_eq!((x.op_context, x.err, x.flags & FI_TAGGED), (6, ErrorKind::Canceled.errno(), FI_TAGGED));
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            let send = |k: usize, seq: u64| w.retry(|| w.ep.inject(&header(w.rank, k, seq), eps[k]));
+            for step in 1..=5 {
+                w.barrier();
+                match (w.rank, step) {
+                    (1, 1) | (1, 2) => send(0, step),
+                    (2, 3) => send(1, step),
+                    (2, 4) => send(0, step),
+                    (1, 5) => send(1, step),
+                    (2, 5) => send(0, step),
+                    _ => 0,
+                };
+            }
+            w.barrier();
+        }
+    });
+}
