@@ -2,7 +2,11 @@
 //! shared by several endpoints, the iov fill rules, cookies, per-connection
 //! order, truncation, the low-watermark event, resize under load, flush at
 //! endpoint close (and give-back at a discarding close), back-pressure when the SRQ is empty, solicited wait, and
-//! the object rules (Busy close, refused posts, cancel).
+//! the object rules (Busy close, refused posts, cancel); tagged SRQ
+//! receives across endpoints and senders (unexpected then posted, ignore
+//! masks, peek/claim/discard), directed ones with per-endpoint AVs,
+//! multi-receive buffers, cancel of each kind, and tagged buffers given
+//! back at a discarding close.
 
 mod common;
 use common::{pattern, run, World};
@@ -1110,6 +1114,294 @@ fn directed_srq_receive_takes_only_its_source() {
                     _ => 0,
                 };
             }
+            w.barrier();
+        }
+    });
+}
+
+/// A multi-receive buffer on an SRQ shared by two endpoints, filled by
+/// two senders: each message lands 8-byte aligned after the previous one,
+/// whichever endpoint received it; the message that leaves less than
+/// FI_OPT_MIN_MULTI_RECV bytes has FI_MULTI_RECV on its completion, the
+/// others not; the messages after it wait (unexpected) for the next
+/// buffer, which a cancel then releases with FI_MULTI_RECV.
+#[test]
+fn multi_recv_srq_buffer_fills_and_releases() {
+    const PER: usize = 10; // messages per sender, alternating endpoints
+    const LEN: usize = 60; // carved as 64 (8-byte alignment)
+    run("multi_recv_srq_buffer_fills_and_releases", 3, &[("SHMFAB_MAX_EPS", "8")], Duration::from_secs(120), |w| {
+        if w.rank == 0 {
+            let side = tag_side(&w, &[&w.av, &w.av], FI_MSG, 8);
+            for r in 1..3 {
+                w.tell(r, &side.addrs());
+            }
+            // 1024 bytes, released below 100: 15 messages of 64 (then 64
+            // bytes are left).
+            side.srq.set_min_multi_recv(100).unwrap();
+            let mut big = vec![0u8; 1024];
+            let mut next_big = vec![0u8; 1024];
+            let (base, base2) = (big.as_ptr() as usize, next_big.as_ptr() as usize);
+            // SAFETY (posts): the buffers outlive every completion read below.
+            unsafe {
+                let m = &mut RecvMsg {
+                    iov: &mut [IoSliceMut::new(&mut big)],
+                    src: FI_ADDR_UNSPEC,
+                    context: 1,
+                    tag: 0,
+                    ignore: 0,
+                };
+                assert_eq!(side.srq.recvmsg(m, FI_MULTI_RECV | FI_TAGGED).unwrap_err().kind(), ErrorKind::BadFlags);
+                let (a, b) = big.split_at_mut(512);
+                let two = &mut [IoSliceMut::new(a), IoSliceMut::new(b)];
+                let m = &mut RecvMsg { iov: two, src: FI_ADDR_UNSPEC, context: 1, tag: 0, ignore: 0 };
+                assert_eq!(side.srq.recvmsg(m, FI_MULTI_RECV).unwrap_err().kind(), ErrorKind::Inval, "one segment");
+                let m = &mut RecvMsg {
+                    iov: &mut [IoSliceMut::new(&mut big)],
+                    src: FI_ADDR_UNSPEC,
+                    context: 1,
+                    tag: 0,
+                    ignore: 0,
+                };
+                side.srq.recvmsg(m, FI_MULTI_RECV).unwrap();
+            }
+            w.barrier(); // the senders sent everything
+            let mut offs = Vec::new();
+            let mut released = 0;
+            for n in 0..15 {
+                let (k, r) = either(&w.dom, &side.cqs);
+                let (e, src) = r.unwrap();
+                assert_eq!((e.op_context, e.len), (1, LEN));
+                let off = e.buf - base;
+                assert!(off % 8 == 0 && off + LEN <= 1024, "message {n} at {off}");
+                let (s, ep, _) = parse(&big[off..off + LEN]);
+                assert_eq!((src, ep), (w.addrs[s], k), "completion at the CQ of the endpoint that received it");
+                assert!(big[off..off + LEN] == message(s, ep, parse(&big[off..]).2, LEN)[..]);
+                if e.flags & FI_MULTI_RECV != 0 {
+                    released += 1;
+                    assert_eq!(n, 14, "released by the 15th message");
+                }
+                offs.push(off);
+            }
+            assert_eq!(released, 1);
+            offs.sort();
+            assert_eq!(offs, (0..15).map(|i| i * 64).collect::<Vec<_>>(), "packed, each at the next aligned place");
+            assert!(stays_empty(&w.dom, &side.cqs[0], 30) && stays_empty(&w.dom, &side.cqs[1], 30));
+            assert_eq!(side.srq.query().unwrap().posted, 0);
+            // The next buffer takes the 5 messages that waited.
+            unsafe {
+                let m = &mut RecvMsg {
+                    iov: &mut [IoSliceMut::new(&mut next_big)],
+                    src: FI_ADDR_UNSPEC,
+                    context: 2,
+                    tag: 0,
+                    ignore: 0,
+                };
+                side.srq.recvmsg(m, FI_MULTI_RECV).unwrap();
+            }
+            let mut seen = 0;
+            for _ in 0..5 {
+                let (_, r) = either(&w.dom, &side.cqs);
+                let (e, _) = r.unwrap();
+                assert_eq!((e.op_context, e.flags & FI_MULTI_RECV, e.len), (2, 0, LEN));
+                assert!(e.buf >= base2 && e.buf + LEN <= base2 + 1024);
+                seen += 1;
+            }
+            assert_eq!(seen, 5);
+            assert_eq!(side.srq.query().unwrap().posted, 1, "704 bytes left: still posted");
+            assert!(side.srq.cancel(2).unwrap());
+            let x = next(&w.dom, &side.cqs[0]).unwrap_err();
+            assert_eq!((x.op_context, x.err), (2, ErrorKind::Canceled.errno()));
+            assert_eq!(x.flags & FI_MULTI_RECV, FI_MULTI_RECV, "the cancel releases the buffer");
+            assert_eq!(side.srq.query().unwrap().posted, 0);
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            for seq in 0..PER {
+                let k = seq % 2;
+                w.retry(|| w.ep.inject(&message(w.rank, k, seq as u64, LEN), eps[k]));
+            }
+            w.barrier();
+            w.barrier();
+        }
+    });
+}
+
+/// Objects, in one process: refusals, peek/claim/discard and cancel of
+/// tagged SRQ receives, and an endpoint closing with SRQ buffers posted.
+#[test]
+fn srq_tagged_object_rules() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("srq-tagged-rules-{}", std::process::id()));
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let av = dom.av_open().unwrap();
+    let srq = dom.srq_open(&SrqAttr { max_recv: 8, low_watermark: 0 }).unwrap();
+    let cqs: Vec<CompletionQueue> = (0..3).map(|_| dom.cq_open(&CqAttr::default()).unwrap()).collect();
+    let open = |cq: &CompletionQueue, flags: Option<u64>| {
+        let ep = dom.endpoint().unwrap();
+        ep.bind_cq(cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        if let Some(f) = flags {
+            assert_eq!(ep.bind_srq_for(&srq, 0).unwrap_err().kind(), ErrorKind::BadFlags);
+            assert_eq!(ep.bind_srq_for(&srq, FI_RMA).unwrap_err().kind(), ErrorKind::BadFlags);
+            ep.bind_srq_for(&srq, f).unwrap();
+        }
+        ep.enable().unwrap();
+        ep
+    };
+    let (e0, e1, tx) = (open(&cqs[0], Some(FI_TAGGED)), open(&cqs[1], Some(FI_MSG | FI_TAGGED)), open(&cqs[2], None));
+    let to = av.insert(&[e0.getname(), e1.getname()]).unwrap();
+    let mut a = [0u8; 8];
+    let mut b = [0u8; 8];
+    // SAFETY (all posts below): the buffers outlive the completions read
+    // before the end of the test, or are cancelled.
+    unsafe {
+        assert_eq!(
+            e0.trecv(&mut a, FI_ADDR_UNSPEC, 1, 0, 1).unwrap_err().kind(),
+            ErrorKind::Inval,
+            "tagged: the SRQ's"
+        );
+        let m = &mut RecvMsg { iov: &mut [], src: FI_ADDR_UNSPEC, context: 1, tag: 1, ignore: 0 };
+        assert_eq!(e0.trecvmsg(m, FI_PEEK).unwrap_err().kind(), ErrorKind::Inval, "peeks too");
+        // e0 keeps its untagged receives.
+        e0.recv(&mut b, FI_ADDR_UNSPEC, 2).unwrap();
+        assert_eq!(e1.recv(&mut b, FI_ADDR_UNSPEC, 2).unwrap_err().kind(), ErrorKind::Inval);
+        assert_eq!(srq.trecv(&mut a, 99, 1, 0, 1).unwrap_err().kind(), ErrorKind::AddrNotAvail);
+        let m =
+            &mut RecvMsg { iov: &mut [IoSliceMut::new(&mut a)], src: FI_ADDR_UNSPEC, context: 1, tag: 1, ignore: 0 };
+        assert_eq!(srq.trecvmsg(m, FI_MULTI_RECV).unwrap_err().kind(), ErrorKind::BadFlags);
+        let m = &mut RecvMsg { iov: &mut [], src: FI_ADDR_UNSPEC, context: 0, tag: 1, ignore: 0 };
+        assert_eq!(
+            srq.trecvmsg(m, FI_PEEK | FI_CLAIM).unwrap_err().kind(),
+            ErrorKind::Inval,
+            "a claim needs a context"
+        );
+        assert_eq!(srq.trecvmsg(m, FI_PEEK | FI_CLAIM | FI_DISCARD).unwrap_err().kind(), ErrorKind::BadFlags);
+    }
+    tx.inject(b"own", to[0]).unwrap();
+    let (e, _) = next(&dom, &cqs[0]).unwrap();
+    assert_eq!((e.op_context, &b[..3]), (2, &b"own"[..]), "e0's own untagged receive");
+    // Two tagged messages wait at e1, one at e0.
+    tx.tinject(b"first", to[1], 0x10).unwrap();
+    tx.tinject(b"second", to[1], 0x11).unwrap();
+    tx.tinject(b"third", to[0], 0x12).unwrap();
+    // Peek | claim the one of tag 0x11 (directed at tx's... any source).
+    let peek = |ctx: usize, tag: u64, ignore: u64, flags: u64| {
+        let m = &mut RecvMsg { iov: &mut [], src: FI_ADDR_UNSPEC, context: ctx, tag, ignore };
+        // SAFETY: a peek takes no buffer.
+        unsafe { srq.trecvmsg(m, flags) }
+    };
+    peek(7, 0x11, 0, FI_PEEK | FI_CLAIM).unwrap();
+    let (e, _) = next(&dom, &cqs[1]).unwrap();
+    assert_eq!((e.op_context, e.len, e.tag, e.buf), (7, 6, 0x11, 0));
+    assert_eq!(peek(7, 0x11, 0, FI_PEEK | FI_CLAIM).unwrap_err().kind(), ErrorKind::Inval, "one claim per context");
+    // A claimed message is out of reach of receives and peeks.
+    peek(8, 0x11, 0, FI_PEEK).unwrap();
+    let x = next(&dom, &cqs[0]).unwrap_err();
+    assert_eq!((x.op_context, x.err), (8, ErrorKind::NoMsg.errno()), "ENOMSG at the first tagged endpoint's CQ");
+    // SAFETY: a outlives its completion, read below.
+    unsafe { srq.trecv(&mut a, FI_ADDR_UNSPEC, 0x10, 0x01, 9).unwrap() };
+    let (e, _) = next(&dom, &cqs[1]).unwrap();
+    assert_eq!((e.op_context, e.tag, &a[..5]), (9, 0x10, &b"first"[..]), "the free one it accepts (0x11 is claimed)");
+    // The claim's receive delivers at e1's CQ.
+    let mut c = [0u8; 8];
+    unsafe {
+        let m =
+            &mut RecvMsg { iov: &mut [IoSliceMut::new(&mut c)], src: FI_ADDR_UNSPEC, context: 8, tag: 0, ignore: 0 };
+        assert_eq!(srq.trecvmsg(m, FI_CLAIM).unwrap_err().kind(), ErrorKind::Inval, "context 8 holds no claim");
+        let m =
+            &mut RecvMsg { iov: &mut [IoSliceMut::new(&mut c)], src: FI_ADDR_UNSPEC, context: 7, tag: 0, ignore: 0 };
+        srq.trecvmsg(m, FI_CLAIM).unwrap();
+    }
+    let (e, _) = next(&dom, &cqs[1]).unwrap();
+    assert_eq!((e.op_context, e.len, e.tag, &c[..6]), (7, 6, 0x11, &b"second"[..]));
+    // Peek | discard the one at e0: gone.
+    peek(10, 0x12, 0, FI_PEEK | FI_DISCARD).unwrap();
+    let (e, _) = next(&dom, &cqs[0]).unwrap();
+    assert_eq!((e.op_context, e.len, e.tag), (10, 5, 0x12));
+    peek(11, 0, u64::MAX, FI_PEEK).unwrap();
+    assert_eq!(next(&dom, &cqs[0]).unwrap_err().err, ErrorKind::NoMsg.errno(), "nothing left");
+    // Cancel: a tagged buffer completes FI_ECANCELED at the first
+    // endpoint bound for tagged receives (e0); an untagged one at the
+    // first bound for untagged ones (e1).
+    unsafe {
+        srq.trecv(&mut a, FI_ADDR_UNSPEC, 0x20, 0, 12).unwrap();
+        srq.post(&mut c, 13).unwrap();
+    }
+    assert!(srq.cancel(12).unwrap() && srq.cancel(13).unwrap());
+    assert!(!srq.cancel(12).unwrap(), "cancelled once");
+    let x = next(&dom, &cqs[0]).unwrap_err();
+    assert_eq!((x.op_context, x.err, x.flags & FI_TAGGED), (12, ErrorKind::Canceled.errno(), FI_TAGGED));
+    let x = next(&dom, &cqs[1]).unwrap_err();
+    assert_eq!((x.op_context, x.err, x.flags & FI_TAGGED), (13, ErrorKind::Canceled.errno(), 0));
+    // An endpoint closing leaves the SRQ's posted buffers posted (they
+    // are the SRQ's, not its own), and the other endpoint takes them.
+    unsafe { srq.trecv(&mut a, FI_ADDR_UNSPEC, 0x30, 0, 14).unwrap() };
+    e1.close().unwrap();
+    assert!(stays_empty(&dom, &cqs[1], 10) && stays_empty(&dom, &cqs[0], 10));
+    assert_eq!(srq.query().unwrap().posted, 1);
+    tx.tinject(b"later", to[0], 0x30).unwrap();
+    let (e, _) = next(&dom, &cqs[0]).unwrap();
+    assert_eq!((e.op_context, &a[..5]), (14, &b"later"[..]));
+    e0.close().unwrap();
+    srq.close().unwrap();
+}
+
+/// `close_discard` with tagged SRQ buffers dequeued: they go back to the
+/// front of the SRQ's tagged queue with their tags (a message of another
+/// tag does not take them; the next of theirs takes the oldest).
+#[test]
+fn endpoint_close_discard_gives_tagged_buffers_back() {
+    let env = [("SHMFAB_CMA", "off"), ("SHMFAB_MAX_EPS", "8"), ("SHMFAB_PEER_CHECK_MS", "20")];
+    run("endpoint_close_discard_gives_tagged_buffers_back", 2, &env, Duration::from_secs(60), |w| {
+        const BIG: usize = 32 << 20;
+        if w.rank == 0 {
+            let side = tag_side(&w, &[&w.av, &w.av], FI_MSG | FI_TAGGED, 8);
+            w.tell(1, &side.addrs());
+            let mut bufs = vec![vec![0u8; BIG]; 5];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive every completion read below.
+                unsafe { side.srq.trecv(b, FI_ADDR_UNSPEC, 5, 0, 100 + i).unwrap() };
+            }
+            w.barrier();
+            let t0 = Instant::now();
+            while side.srq.query().unwrap().posted > 2 {
+                assert!(t0.elapsed() < Duration::from_secs(20), "messages never matched");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut side = side;
+            let ep0 = side.eps.remove(0);
+            let cq0 = side.cqs.remove(0);
+            ep0.close_discard().unwrap();
+            assert!(stays_empty(&w.dom, &cq0, 50) && stays_empty(&w.dom, &side.cqs[0], 50), "no completion");
+            assert_eq!(side.srq.query().unwrap().posted, 5, "the three dequeued buffers are posted again");
+            w.barrier(); // tag 6 sent to endpoint 1: no buffer takes it
+            assert!(stays_empty(&w.dom, &side.cqs[0], 50));
+            w.barrier(); // tag 5: the oldest buffer given back
+            let (e, _) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, e.len, e.tag), (100, 16, 5));
+            assert_eq!(parse(&bufs[0][..16]), (1, 1, 8));
+            let mut six = [0u8; 16];
+            // SAFETY: six outlives the completion read below.
+            unsafe { side.srq.trecv(&mut six, FI_ADDR_UNSPEC, 6, 0, 200).unwrap() };
+            let (e, _) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, e.tag, parse(&six)), (200, 6, (1, 1, 7)));
+            drop(ep0);
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            let big: Vec<Vec<u8>> = (0..3).map(|k| message(1, 0, k, BIG)).collect();
+            w.barrier();
+            for (k, b) in big.iter().enumerate() {
+                // SAFETY: b outlives the send's completion, waited below.
+                w.retry(|| unsafe { w.ep.tsend(b, eps[0], 5, k) });
+            }
+            for k in 0..3 {
+                let e = w.wait_ctx(k).unwrap_err();
+                assert_eq!(e.err, ErrorKind::Io.errno(), "send {k}");
+            }
+            w.barrier();
+            w.retry(|| w.ep.tinject(&header(1, 1, 7), eps[1], 6));
+            w.barrier();
+            w.retry(|| w.ep.tinject(&header(1, 1, 8), eps[1], 5));
             w.barrier();
         }
     });
