@@ -1,10 +1,25 @@
 //! Shared receive queues, as dat_srq_post_recv(3) and libfabric's shared
 //! receive context: one queue of posted buffers that every endpoint bound to
-//! it takes its untagged receives from, whichever peer a message comes from.
+//! it takes its receives from, whichever peer a message comes from.
 //!
+//! - An endpoint binds it for its untagged receives
+//!   ([`crate::Endpoint::bind_srq`]), or for its untagged and/or tagged
+//!   ones ([`crate::Endpoint::bind_srq_for`]); those kinds are then posted
+//!   here only.
+//! - The queue holds two `PostQueue`s of `PostedRecv`s (untagged,
+//!   tagged), matched with the engine's own predicate and taken with its
+//!   own `matching::take_at` (a multi-receive buffer is carved there): no second
+//!   matcher. A message takes the first receive of its kind, in posting
+//!   order, that accepts it (tag and ignore bits; source, if directed).
+//! - A directed receive names an fi_addr, not a peer: endpoints sharing
+//!   the queue may have different AVs, so each reads it in its own AV, the
+//!   one its completions report sources in (a message whose source its AV
+//!   lacks has source `FI_ADDR_NOTAVAIL` and takes no directed receive).
+//!   A post names an fi_addr that some bound endpoint's AV holds.
 //! - [`SharedRecvQueue::post_recv`] is non-blocking and allocation-free: the
 //!   queue's room (its maximum, up to [`SRQ_MAX_IOV`] segments per buffer) is
-//!   reserved when it is opened or resized; a full queue gives `-FI_EAGAIN`.
+//!   reserved when it is opened or resized (for tagged buffers, when an
+//!   endpoint binds for them); a full queue gives `-FI_EAGAIN`.
 //! - A message fills the buffer's segments in order: every front segment
 //!   completely, at most one partly, the rest untouched.
 //! - The completion goes to the receive CQ (and counter) of the endpoint that
@@ -12,9 +27,13 @@
 //!   cookie given at posting. Completions of one connection (sending
 //!   endpoint to receiving endpoint) come in send order; there is no order
 //!   between connections.
-//! - A message that finds the queue empty waits as an unexpected message of
-//!   its endpoint (within the endpoint's budget; past it, back-pressure to the
-//!   sender) and takes the next buffer posted.
+//! - A message that no posted receive accepts waits as an unexpected
+//!   message of its endpoint (within the endpoint's budget; past it,
+//!   back-pressure to the sender), and a later post takes it (`serve`:
+//!   the bound endpoints round robin, each one's messages in arrival
+//!   order). Peeks and claims ([`SharedRecvQueue::trecvmsg`]) look at the
+//!   unexpected messages of every bound endpoint; a claim is held by the
+//!   endpoint of its message.
 //! - Low watermark: when a dequeue leaves fewer buffers posted than the
 //!   watermark, one [`SrqEvent::LowWatermark`] is queued on the SRQ
 //!   ([`SharedRecvQueue::read_event`], [`SharedRecvQueue::wait_event`]);
@@ -22,8 +41,8 @@
 //! - An endpoint closed with buffers it dequeued but has not completed
 //!   flushes them to its CQ as `FI_ECANCELED` error entries; one closed
 //!   with [`crate::Endpoint::close_discard`] puts them back at the front
-//!   of the queue instead, still posted. Closing the SRQ
-//!   while endpoints are bound to it is `Busy`.
+//!   of their queue instead, still posted, with their match fields.
+//!   Closing the SRQ while endpoints are bound to it is `Busy`.
 
 use crate::domain::{Domain, DomainInner, DomainState};
 use crate::engine::complete::RxInfo;
