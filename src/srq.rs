@@ -261,7 +261,7 @@ impl SrqState {
                 ignore: k.ignore,
                 multi: k.multi,
                 moff: 0,
-                cqe: d.cqe,
+                cqe: k.cqe,
             };
             self.directed[tagged as usize] |= k.src.is_some();
             self.posted[tagged as usize].push_front(r);
@@ -374,7 +374,8 @@ pub(crate) fn serve(dom: &DomainInner, st: &mut DomainState, id: usize, tagged: 
             // The source of the message taken (the last one looked up).
             let src = src_p.unwrap_or(usize::MAX);
             let i = (first..len).find(|&i| srq.posted[q][i].accepts(tagged, src, u.tag)).expect("accepted above");
-            let d = srq.take_at(tagged, i, u.len);
+            let mut d = srq.take_at(tagged, i, u.len);
+            d.cqe |= !ep.bind.rx_sel;
             crate::progress::deliver_unexp(ep, ctx, u, d, tagged);
             Ok(Some(()))
         })?;
@@ -446,7 +447,9 @@ impl SharedRecvQueue {
     /// [`SRQ_MAX_IOV`] segments, from any source; `cookie` comes back as
     /// the completion's `op_context` (it need not be unique). `-FI_EAGAIN`
     /// when `max_recv` buffers are posted. A message already waiting at a
-    /// bound endpoint takes the buffer at once.
+    /// bound endpoint takes the buffer at once. Its completion writes an
+    /// entry unless the receiving endpoint's receive CQ is bound with
+    /// FI_SELECTIVE_COMPLETION (see [`SharedRecvQueue::recvmsg`]).
     ///
     /// # Safety
     /// The segments must stay valid and untouched until the buffer's
@@ -472,7 +475,9 @@ impl SharedRecvQueue {
     ///   endpoint that receives them (each bound endpoint reads it in its
     ///   own AV, as the completion's source is; `-FI_EADDRNOTAVAIL` when no
     ///   bound endpoint's AV holds it).
-    /// - Flags: FI_COMPLETION (entries are always written), FI_MULTI_RECV
+    /// - Flags: FI_COMPLETION (an entry is written if given, or if the
+    ///   receiving endpoint's receive CQ is not bound with
+    ///   FI_SELECTIVE_COMPLETION; errors always are), FI_MULTI_RECV
     ///   (one segment, carved by the messages of every bound endpoint in
     ///   arrival order, 8-byte aligned, released when less than
     ///   [`SharedRecvQueue::set_min_multi_recv`] bytes remain: that
@@ -488,7 +493,7 @@ impl SharedRecvQueue {
                 format!("unsupported SRQ receive flags {:#x}", flags & !(FI_COMPLETION | FI_MULTI_RECV)),
             ));
         }
-        self.post_any(m, flags & FI_MULTI_RECV != 0, false)
+        self.post_any(m, flags & FI_MULTI_RECV != 0, false, flags & FI_COMPLETION != 0)
     }
 
     /// fi_trecvmsg on a shared receive context: a tagged buffer for the
@@ -515,7 +520,7 @@ impl SharedRecvQueue {
                 format!("unsupported SRQ tagged receive flags {:#x}", flags & !FI_COMPLETION),
             ));
         }
-        self.post_any(m, false, true)
+        self.post_any(m, false, true, flags & FI_COMPLETION != 0)
     }
 
     /// fi_trecv on a shared receive context (see
@@ -539,7 +544,7 @@ impl SharedRecvQueue {
     }
 
     /// Checks and posts a buffer, then serves the messages waiting for it.
-    fn post_any(&self, m: &mut RecvMsg<'_, '_>, multi: bool, tagged: bool) -> Result<()> {
+    fn post_any(&self, m: &mut RecvMsg<'_, '_>, multi: bool, tagged: bool, completion: bool) -> Result<()> {
         let iov = &mut *m.iov;
         if iov.is_empty() || iov.len() > SRQ_MAX_IOV {
             return Err(Error::with(
@@ -561,7 +566,7 @@ impl SharedRecvQueue {
             let src = if src_fi == FI_ADDR_UNSPEC { None } else { Some(check_src(st, id, tagged, src_fi)?) };
             let q = st.srqs.get_mut(id).expect("checked");
             let iovs = q.iovs_of(segs);
-            let r = PostedRecv { ctx, iovs, src, tag, ignore, multi, moff: 0, cqe: true };
+            let r = PostedRecv { ctx, iovs, src, tag, ignore, multi, moff: 0, cqe: completion };
             if let Err(e) = q.push(tagged, r) {
                 q.release(&iovs);
                 return Err(e);
@@ -623,9 +628,13 @@ impl SharedRecvQueue {
                         "no message is claimed with this context (no FI_PEEK | FI_CLAIM with it, or already received)",
                     ));
                 };
-                let d =
-                    Dest { ctx: context, iovs, cap: iovs.total(), buf: iovs.v[0].ptr, cqe: true, ..Default::default() };
-                return dom.with_ep(st, e, |ep, ctx| crate::progress::claimed_rx(ep, ctx, d, discard));
+                let completion = flags & FI_COMPLETION != 0;
+                return dom.with_ep(st, e, |ep, ctx| {
+                    let cqe = completion || !ep.bind.rx_sel;
+                    let d =
+                        Dest { ctx: context, iovs, cap: iovs.total(), buf: iovs.v[0].ptr, cqe, ..Default::default() };
+                    crate::progress::claimed_rx(ep, ctx, d, discard)
+                });
             }
             if claim && holder.is_some() {
                 return Err(Error::with(ErrorKind::Inval, "this context already holds a claimed message"));

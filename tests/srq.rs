@@ -1483,3 +1483,59 @@ fn tagged_srq_mixed_sizes_in_connection_order() {
         }
     });
 }
+
+/// FI_SELECTIVE_COMPLETION is the receiving endpoint's: an SRQ buffer
+/// posted without FI_COMPLETION completes with no entry (its data
+/// arrives, its counter counts) at an endpoint whose receive CQ is bound
+/// with it, with one at an endpoint bound without; a buffer posted with
+/// FI_COMPLETION always writes one.
+#[test]
+fn srq_selective_completion_is_the_endpoints() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("srq-selective-{}", std::process::id()));
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let av = dom.av_open().unwrap();
+    let srq = dom.srq_open(&SrqAttr { max_recv: 8, low_watermark: 0 }).unwrap();
+    let cqs: Vec<CompletionQueue> = (0..3).map(|_| dom.cq_open(&CqAttr::default()).unwrap()).collect();
+    let cntr = dom.cntr_open().unwrap();
+    let eps: Vec<Endpoint> = (0..3)
+        .map(|i| {
+            let ep = dom.endpoint().unwrap();
+            let sel = if i == 0 { FI_SELECTIVE_COMPLETION } else { 0 };
+            ep.bind_cq(&cqs[i], FI_TRANSMIT | FI_RECV | sel).unwrap();
+            if i == 0 {
+                ep.bind_cntr(&cntr, FI_RECV).unwrap();
+            }
+            ep.bind_av(&av).unwrap();
+            if i < 2 {
+                ep.bind_srq_for(&srq, FI_MSG | FI_TAGGED).unwrap();
+            }
+            ep.enable().unwrap();
+            ep
+        })
+        .collect();
+    let to = av.insert(&[eps[0].getname(), eps[1].getname()]).unwrap();
+    let (mut a, mut b, mut c) = ([0u8; 8], [0u8; 8], [0u8; 8]);
+    // SAFETY (posts): the buffers outlive the completions read below.
+    unsafe {
+        srq.trecv(&mut a, FI_ADDR_UNSPEC, 1, 0, 1).unwrap();
+        let m =
+            &mut RecvMsg { iov: &mut [IoSliceMut::new(&mut b)], src: FI_ADDR_UNSPEC, context: 2, tag: 1, ignore: 0 };
+        srq.trecvmsg(m, FI_COMPLETION).unwrap();
+        srq.trecv(&mut c, FI_ADDR_UNSPEC, 1, 0, 3).unwrap();
+    }
+    eps[2].tinject(b"quiet", to[0], 1).unwrap();
+    let t0 = Instant::now();
+    while cntr.read().unwrap() < 1 {
+        dom.progress().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(10), "the message never arrived");
+    }
+    assert_eq!(&a[..5], b"quiet");
+    assert!(stays_empty(&dom, &cqs[0], 20), "no entry: selective, no FI_COMPLETION");
+    eps[2].tinject(b"asked", to[0], 1).unwrap();
+    let (e, _) = next(&dom, &cqs[0]).unwrap();
+    assert_eq!((e.op_context, &b[..5]), (2, &b"asked"[..]));
+    eps[2].tinject(b"other", to[1], 1).unwrap();
+    let (e, _) = next(&dom, &cqs[1]).unwrap();
+    assert_eq!((e.op_context, &c[..5]), (3, &b"other"[..]), "not selective there");
+    assert!(stays_empty(&dom, &cqs[0], 10));
+}

@@ -230,6 +230,10 @@ pub(crate) struct Keys {
     pub ignore: u64,
     /// A part of a multi-receive buffer.
     pub multi: bool,
+    /// The receive's own `cqe` (an SRQ's: whether it asked for
+    /// FI_COMPLETION), before the taking endpoint's selective completion
+    /// decided the Dest's.
+    pub cqe: bool,
 }
 
 /// Takes the posted receive `i` of `queue` for a message of `len` bytes:
@@ -255,7 +259,7 @@ pub(crate) fn take_at(queue: &mut PostQueue, i: usize, len: usize, min_multi_rec
             buf: at,
             multi_release: release,
             cqe: r.cqe,
-            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: true },
+            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: true, cqe: r.cqe },
         };
         if release {
             queue.remove(i);
@@ -271,7 +275,7 @@ pub(crate) fn take_at(queue: &mut PostQueue, i: usize, len: usize, min_multi_rec
             buf: r.iovs.v[0].ptr,
             multi_release: false,
             cqe: r.cqe,
-            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: false },
+            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: false, cqe: r.cqe },
         };
         if i == 0 {
             queue.pop_front();
@@ -567,7 +571,7 @@ impl Matching {
     pub fn unused(r: PostedRecv) -> Dest {
         let at = r.iovs.v[0].ptr + r.moff;
         let cap = if r.multi { r.iovs.v[0].len - r.moff } else { r.iovs.total() };
-        let keys = Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: r.multi };
+        let keys = Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: r.multi, cqe: r.cqe };
         Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe, keys }
     }
 
@@ -779,7 +783,9 @@ impl super::EpState {
 
     /// [`EpState::take_match`] from SRQ `s`: its receives name their
     /// source by fi_addr, so the message's source is the fi_addr of peer
-    /// `p` in this endpoint's AV (`FI_ADDR_NOTAVAIL` if it has none).
+    /// `p` in this endpoint's AV (`FI_ADDR_NOTAVAIL` if it has none); the
+    /// receive writes an entry if it asked for FI_COMPLETION or this
+    /// endpoint's receive CQ is not bound with FI_SELECTIVE_COMPLETION.
     #[inline(never)]
     fn take_srq_match(
         &mut self,
@@ -795,7 +801,9 @@ impl super::EpState {
         }
         let q = ctx.srqs.get_mut(s)?;
         let src = if q.directed(tagged) { self.peers.src_addr(ctx.avs, p) as usize } else { usize::MAX };
-        q.take_match(tagged, src, tag, len)
+        let mut d = q.take_match(tagged, src, tag, len)?;
+        d.cqe |= !self.bind.rx_sel;
+        Some(d)
     }
 }
 
