@@ -365,11 +365,26 @@ impl Endpoint {
 
     /// Binds a shared receive queue (before enable): the endpoint's untagged
     /// receives then come from it, and `recv`/`recvv`/`recvmsg` on the
-    /// endpoint are refused; tagged receives stay the endpoint's own.
+    /// endpoint are refused; tagged receives stay the endpoint's own
+    /// (see [`Endpoint::bind_srq_for`]).
     pub fn bind_srq(&self, srq: &crate::SharedRecvQueue) -> Result<()> {
+        self.bind_srq_for(srq, FI_MSG)
+    }
+
+    /// Binds a shared receive queue (before enable) for the receives of
+    /// `flags`: FI_MSG (untagged), FI_TAGGED, or both. Those then come
+    /// from the SRQ (its posted receives, in posting order, matched by
+    /// the messages of every endpoint bound for them), and posting them on
+    /// the endpoint (receives, and for FI_TAGGED peeks and claims) is
+    /// refused.
+    pub fn bind_srq_for(&self, srq: &crate::SharedRecvQueue, flags: u64) -> Result<()> {
+        if flags & !(FI_MSG | FI_TAGGED) != 0 || flags == 0 {
+            return Err(Error::with(ErrorKind::BadFlags, "an SRQ is bound for FI_MSG, FI_TAGGED or both"));
+        }
         if !Arc::ptr_eq(&srq.dom, &self.dom) {
             return Err(Error::with(ErrorKind::Inval, "SRQ belongs to another domain"));
         }
+        let kinds = [flags & FI_MSG != 0, flags & FI_TAGGED != 0];
         let (id, idx) = (srq.id, self.idx);
         with_ep!(self, |ep, ctx| {
             if ep.enabled {
@@ -378,8 +393,12 @@ impl Endpoint {
             if ep.matching.srq.is_some() {
                 return Err(Error::with(ErrorKind::Inval, "an SRQ is already bound"));
             }
-            ctx.srqs.bind(id)?.eps.push(idx);
-            ep.matching.srq = Some(id);
+            let q = ctx.srqs.bind(id)?;
+            q.eps.push(idx);
+            if kinds[1] {
+                q.reserve_tagged();
+            }
+            ep.matching.bind_srq(id, kinds);
             Ok(())
         })
     }
@@ -539,10 +558,10 @@ impl Endpoint {
         let iovs = iovs_from_mut(m.iov)?;
         let (src_fi, tag, ignore, context) = (m.src, m.tag, m.ignore, m.context);
         with_ep_src!(self, |ep, cx| {
-            if !tagged && ep.matching.srq.is_some() {
+            if ep.matching.srq_for(tagged).is_some() {
                 return Err(Error::with(
                     ErrorKind::Inval,
-                    "the endpoint takes its untagged receives from its shared receive queue: post there",
+                    "the endpoint takes these receives from its shared receive queue: post there",
                 ));
             }
             // A directed receive's source becomes a known peer, so its
@@ -600,6 +619,12 @@ impl Endpoint {
             if !ep.enabled {
                 return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
             }
+            if ep.matching.srq_for(true).is_some() {
+                return Err(Error::with(
+                    ErrorKind::Inval,
+                    "the endpoint takes its tagged receives from its shared receive queue: peek and claim there",
+                ));
+            }
             if ep.bind.rx_cq.is_none() {
                 return Err(Error::with(
                     ErrorKind::NoCq,
@@ -608,15 +633,7 @@ impl Endpoint {
             }
             if !peek {
                 let cqe = !ep.bind.rx_sel || flags & FI_COMPLETION != 0;
-                let d = Dest {
-                    ctx: context,
-                    iovs,
-                    cap: iovs.total(),
-                    buf: iovs.v[0].ptr,
-                    multi_release: false,
-                    cqe,
-                    dw: Dw::NONE,
-                };
+                let d = Dest { ctx: context, iovs, cap: iovs.total(), buf: iovs.v[0].ptr, cqe, ..Default::default() };
                 return crate::progress::claimed_rx(ep, &mut cx.ctx(), d, discard);
             }
             if claim && ep.matching.claims(context) {
@@ -875,7 +892,9 @@ impl Endpoint {
         st.unbind_ep(self.idx, &ep);
         if let Some(s) = ep.matching.srq.filter(|_| discard) {
             // Buffers given back serve the other endpoints' waiting messages.
-            while crate::srq::serve(&self.dom, &mut st, s)? {}
+            for tagged in [false, true] {
+                crate::srq::serve(&self.dom, &mut st, s, tagged, false)?;
+            }
         }
         crate::mr::publish_ep(&self.dom, self.idx, None, None);
         ep.sec.close();

@@ -395,7 +395,7 @@ fn eager_match_or_queue(
 ) -> Flow {
     // Matched by reference: moving the Dest out of the Option would copy
     // bytes just written by narrow stores (a store-forwarding stall).
-    let m = ep.matching.take_match(ctx.srqs, tagged, p, h.tag, len);
+    let m = ep.take_match(ctx, tagged, p, h.tag, len);
     match &m {
         Some(d) => {
             let n = d.iovs.scatter(0, len.min(d.cap), |o, dst| src.read(o, dst));
@@ -482,7 +482,7 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
         return Flow::Done;
     }
     let tagged = h.flags & hdr_flags::TAGGED != 0;
-    match ep.matching.take_match(ctx.srqs, tagged, p, h.tag, total) {
+    match ep.take_match(ctx, tagged, p, h.tag, total) {
         Some(dest) => {
             start_active(
                 ep,
@@ -603,7 +603,7 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
     }
     let rts = Rts { msg_id, iovs, cma: fl & rts_flags::CMA != 0 };
     let tagged = h.flags & hdr_flags::TAGGED != 0;
-    match ep.matching.take_match(ctx.srqs, tagged, p, h.tag, total) {
+    match ep.take_match(ctx, tagged, p, h.tag, total) {
         Some(d) => {
             let info = RxInfo { tagged, tag: h.tag, data: h.data, hflags: h.flags, total, delivered: 0 };
             rendezvous(ep, ctx, p, d, info, rts);
@@ -895,12 +895,12 @@ pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, discard: bool) {
                     _ => continue,
                 },
             };
-            // Unfinished, with discard: an SRQ buffer (every untagged
-            // receive of an SRQ endpoint is one) goes back, the endpoint's
-            // own receive is dropped.
+            // Unfinished, with discard: an SRQ buffer (every receive of a
+            // kind the endpoint takes from its SRQ is one) goes back, the
+            // endpoint's own receive is dropped.
             if discard && pr.err.as_ref().is_some_and(|e| e.1 == prov::FLUSHED) {
-                if !pr.info.tagged && ep.matching.srq.is_some() {
-                    back.push(pr.dest);
+                if ep.matching.srq_for(pr.info.tagged).is_some() {
+                    back.push((pr.info.tagged, pr.dest));
                 }
                 continue;
             }
@@ -1010,7 +1010,7 @@ pub(crate) fn claimed_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, d: Dest, discard: 
 /// recycled, a rendezvous's sender gets its FIN (its send completes:
 /// nobody will read its buffer), and a bounce message still arriving
 /// leaves with its last chunk.
-fn discard_unexp(ep: &mut EpState, id: u64) {
+pub(crate) fn discard_unexp(ep: &mut EpState, id: u64) {
     let Some(Discard::Gone(u)) = ep.matching.discard(id) else {
         return;
     };

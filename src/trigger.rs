@@ -770,10 +770,10 @@ fn recv(
         return Err(Error::with(ErrorKind::Inval, format!("at most {} iov segments", shm_layout::MAX_IOV)));
     }
     let state = st.eps[e.0].as_deref().expect("checked open by ep_of");
-    if !tagged && state.matching.srq.is_some() {
+    if state.matching.srq_for(tagged).is_some() {
         return Err(Error::with(
             ErrorKind::Inval,
-            "the endpoint takes its untagged receives from its shared receive queue: post there",
+            "the endpoint takes these receives from its shared receive queue: post there",
         ));
     }
     let mut iovs = Iovs::default();
@@ -1249,7 +1249,16 @@ fn post_recv(
 /// Where a receive not posted (refused when fired, cancelled) would have
 /// delivered: for its error completion.
 fn recv_dest(iovs: Iovs, context: usize, cqe: bool, dw: Dw) -> Dest {
-    Dest { ctx: context, iovs, cap: iovs.total(), buf: iovs.v[0].ptr, multi_release: false, cqe, dw }
+    Dest {
+        ctx: context,
+        iovs,
+        cap: iovs.total(),
+        buf: iovs.v[0].ptr,
+        multi_release: false,
+        cqe,
+        dw,
+        ..Default::default()
+    }
 }
 
 /// Reports the cancel of triggered operation `w` (not fired, taken off

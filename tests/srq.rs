@@ -2,7 +2,11 @@
 //! shared by several endpoints, the iov fill rules, cookies, per-connection
 //! order, truncation, the low-watermark event, resize under load, flush at
 //! endpoint close (and give-back at a discarding close), back-pressure when the SRQ is empty, solicited wait, and
-//! the object rules (Busy close, refused posts, cancel).
+//! the object rules (Busy close, refused posts, cancel); tagged SRQ
+//! receives across endpoints and senders (unexpected then posted, ignore
+//! masks, peek/claim/discard), directed ones with per-endpoint AVs,
+//! multi-receive buffers, cancel of each kind, and tagged buffers given
+//! back at a discarding close.
 
 mod common;
 use common::{pattern, run, World};
@@ -806,4 +810,732 @@ fn solicited_wait_decides_the_signal() {
             w.barrier();
         }
     });
+}
+
+/// The receiver's side for the tagged, directed and multi-receive tests:
+/// endpoints bound to one SRQ for `flags`, each with its own receive CQ
+/// (a completion goes to the CQ of the endpoint that received the
+/// message), and each with the AV given (the World's when None).
+struct TagSide {
+    // Field order is drop order: endpoints before what they are bound to.
+    eps: Vec<Endpoint>,
+    srq: SharedRecvQueue,
+    cqs: Vec<CompletionQueue>,
+}
+
+fn tag_side(w: &World, avs: &[&AddressVector], flags: u64, max_recv: usize) -> TagSide {
+    let srq = w.dom.srq_open(&SrqAttr { max_recv, low_watermark: 0 }).unwrap();
+    let mut eps = Vec::new();
+    let mut cqs = Vec::new();
+    for av in avs {
+        let cq = w.dom.cq_open(&CqAttr { size: 4096, ..Default::default() }).unwrap();
+        let ep = w.dom.endpoint().unwrap();
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(av).unwrap();
+        ep.bind_srq_for(&srq, flags).unwrap();
+        ep.enable().unwrap();
+        eps.push(ep);
+        cqs.push(cq);
+    }
+    TagSide { eps, srq, cqs }
+}
+
+impl TagSide {
+    fn addrs(&self) -> Vec<Address> {
+        self.eps.iter().map(|e| e.getname()).collect()
+    }
+}
+
+/// The next completion at any of `cqs`, with the index of its CQ.
+#[allow(clippy::type_complexity)]
+fn either(dom: &Domain, cqs: &[CompletionQueue]) -> (usize, std::result::Result<(CqTaggedEntry, FiAddr), CqErrEntry>) {
+    let t0 = Instant::now();
+    loop {
+        for (i, cq) in cqs.iter().enumerate() {
+            let mut e = [CqTaggedEntry::default()];
+            let mut src = [0u64];
+            match cq.readfrom(&mut e, &mut src) {
+                Ok(_) => return (i, Ok((e[0], src[0]))),
+                Err(x) if x.kind() == ErrorKind::Avail => return (i, Err(cq.readerr().unwrap())),
+                Err(x) if x.kind() == ErrorKind::Again => {}
+                Err(x) => panic!("cq read: {x}"),
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no completion");
+        dom.wait(Some(Duration::from_millis(1)));
+    }
+}
+
+/// Tag of message `seq` from sender `s` to endpoint `k`.
+fn tag_of(s: usize, k: usize, seq: u64) -> u64 {
+    ((s as u64) << 40) | ((k as u64) << 32) | seq
+}
+
+/// Tagged receives on an SRQ shared by two endpoints, from two sender
+/// processes: every message arrives first (unexpected, at the endpoint it
+/// was sent to; a peek on the SRQ for the last tag of each connection
+/// proves it), then receives posted on the SRQ with ignore masks (any
+/// endpoint, any sequence number) take them, each connection's in send
+/// order, each completing at the CQ of the endpoint that received it with
+/// its tag and source. Then receives posted first take messages arriving
+/// later, the first posted receive that accepts a tag taking it.
+#[test]
+fn tagged_srq_across_two_endpoints_from_two_senders() {
+    const N: u64 = 40; // per connection
+    run(
+        "tagged_srq_across_two_endpoints_from_two_senders",
+        3,
+        &[("SHMFAB_MAX_EPS", "8")],
+        Duration::from_secs(120),
+        |w| {
+            if w.rank == 0 {
+                let side = tag_side(&w, &[&w.av, &w.av], FI_MSG | FI_TAGGED, 512);
+                for r in 1..3 {
+                    w.tell(r, &side.addrs());
+                }
+                w.barrier(); // the senders sent everything
+                             // A peek for the last message of each connection: found, at
+                             // the CQ of its endpoint, with its length, tag and source.
+                for s in 1..3 {
+                    for k in 0..2 {
+                        let t0 = Instant::now();
+                        loop {
+                            let tag = tag_of(s, k, N - 1);
+                            let m = &mut RecvMsg { iov: &mut [], src: FI_ADDR_UNSPEC, context: 900, tag, ignore: 0 };
+                            // SAFETY: a peek takes no buffer.
+                            unsafe { side.srq.trecvmsg(m, FI_PEEK).unwrap() };
+                            match either(&w.dom, &side.cqs) {
+                                (0, Err(e)) if e.err == ErrorKind::NoMsg.errno() => {
+                                    assert_eq!(e.op_context, 900);
+                                    assert!(t0.elapsed() < Duration::from_secs(30), "message {s}->{k} never arrived");
+                                }
+                                (at, Ok((e, src))) => {
+                                    assert_eq!(at, k, "the peek's entry goes to the CQ of the message's endpoint");
+                                    assert_eq!((e.op_context, e.len, e.tag, src), (900, 24, tag, w.addrs[s]));
+                                    break;
+                                }
+                                r => panic!("peek: {r:?}"),
+                            }
+                        }
+                    }
+                }
+                // Everything is unexpected: receives for sender s, any endpoint.
+                let mut bufs = vec![[0u8; 24]; (4 * N) as usize];
+                for (i, b) in bufs.iter_mut().enumerate() {
+                    let s = 1 + i % 2;
+                    // SAFETY: bufs outlive every completion read below.
+                    unsafe { side.srq.trecv(b, FI_ADDR_UNSPEC, tag_of(s, 0, 0), (1 << 40) - 1, i).unwrap() };
+                }
+                let mut want = [[0u64; 2]; 3];
+                for (k, cq) in side.cqs.iter().enumerate() {
+                    for _ in 0..2 * N {
+                        let (e, src) = next(&w.dom, cq).unwrap();
+                        assert_eq!(e.flags & (FI_RECV | FI_TAGGED), FI_RECV | FI_TAGGED);
+                        let (s, ep, seq) = parse(&bufs[e.op_context]);
+                        assert_eq!((ep, src, e.tag), (k, w.addrs[s], tag_of(s, k, seq)));
+                        assert_eq!(
+                            e.op_context % 2,
+                            s - 1,
+                            "a receive for sender {} took sender {s}'s message",
+                            1 + e.op_context % 2
+                        );
+                        assert_eq!(seq, want[s][k], "connection {s}->{k} out of order");
+                        want[s][k] += 1;
+                    }
+                }
+                assert_eq!(side.srq.query().unwrap().posted, 0);
+                // Posted first: exact tags, for sequence numbers N.. in
+                // reverse order, then a catch-all; each message takes the
+                // first posted receive that accepts it.
+                let mut late = [[0u8; 24]; 8];
+                for (i, b) in late.iter_mut().enumerate().take(4) {
+                    let (s, k) = (1 + i / 2, i % 2);
+                    // SAFETY: late outlives the completions read below.
+                    unsafe { side.srq.trecv(b, FI_ADDR_UNSPEC, tag_of(s, k, N + 1), 0, 1000 + i).unwrap() };
+                }
+                for (i, b) in late.iter_mut().enumerate().skip(4) {
+                    // SAFETY: as above.
+                    unsafe { side.srq.trecv(b, FI_ADDR_UNSPEC, 0, u64::MAX, 1000 + i).unwrap() };
+                }
+                w.barrier(); // the senders send N, then N + 1, to each endpoint
+                let mut got = Vec::new();
+                for k in 0..2 {
+                    for _ in 0..4 {
+                        let (e, _) = next(&w.dom, &side.cqs[k]).unwrap();
+                        let (s, ep, seq) = parse(&late[e.op_context - 1000]);
+                        assert_eq!(ep, k);
+                        got.push((e.op_context - 1000, s, k, seq));
+                    }
+                }
+                got.sort();
+                // The exact receives took N + 1; the catch-alls took N, in
+                // posting order per connection's arrival.
+                for (i, &(ctx, s, k, seq)) in got.iter().enumerate().take(4) {
+                    assert_eq!((ctx, s, k, seq), (i, 1 + i / 2, i % 2, N + 1));
+                }
+                assert!(got[4..].iter().all(|g| g.3 == N), "catch-alls took {got:?}");
+                assert!(stays_empty(&w.dom, &side.cqs[0], 20) && stays_empty(&w.dom, &side.cqs[1], 20));
+                w.barrier();
+            } else {
+                let eps = w.learn(0, 2);
+                let mut msgs = Vec::new();
+                for seq in 0..N {
+                    for (k, &to) in eps.iter().enumerate() {
+                        msgs.push((header(w.rank, k, seq), to, tag_of(w.rank, k, seq)));
+                    }
+                }
+                for (m, to, tag) in &msgs {
+                    let mut b = [0u8; 24];
+                    b[..16].copy_from_slice(m);
+                    w.retry(|| w.ep.tinject(&b, *to, *tag));
+                }
+                w.barrier();
+                w.barrier();
+                for seq in [N, N + 1] {
+                    for (k, &to) in eps.iter().enumerate() {
+                        let mut b = [0u8; 24];
+                        b[..16].copy_from_slice(&header(w.rank, k, seq));
+                        w.retry(|| w.ep.tinject(&b, to, tag_of(w.rank, k, seq)));
+                    }
+                }
+                w.barrier();
+            }
+        },
+    );
+}
+
+/// Directed receives on an SRQ shared by two endpoints with different
+/// AVs: the source is an fi_addr that each endpoint reads in its own AV
+/// (the source its completions report). Endpoint 0 has the World's AV
+/// (fi_addr r is rank r); endpoint 1 has one holding rank 2 at fi_addr 0
+/// and rank 1 at fi_addr 1. A receive directed at fi_addr 2 takes rank 2's
+/// message at endpoint 0 only; one directed at fi_addr 0 takes rank 2's
+/// at endpoint 1 (at endpoint 0, fi_addr 0 is rank 0, which sends
+/// nothing); an undirected one takes the rest. Unexpected messages are
+/// taken by a later directed receive only from its source.
+#[test]
+fn directed_srq_receive_takes_only_its_source() {
+    run("directed_srq_receive_takes_only_its_source", 3, &[("SHMFAB_MAX_EPS", "8")], Duration::from_secs(120), |w| {
+        if w.rank == 0 {
+            let av1 = w.dom.av_open().unwrap();
+            let names = vec![w.av.lookup(w.addrs[2]).unwrap(), w.av.lookup(w.addrs[1]).unwrap()];
+            assert_eq!(av1.insert(&names).unwrap(), vec![0, 1]);
+            let side = tag_side(&w, &[&w.av, &av1], FI_MSG | FI_TAGGED, 16);
+            for r in 1..3 {
+                w.tell(r, &side.addrs());
+            }
+            let mut b = [[0u8; 16]; 6];
+            let mut first = [0u8; 16];
+            // SAFETY (all posts): the buffers outlive every completion read
+            // below, and the SRQ's close at the end (cancelled or filled).
+            unsafe { side.srq.post(&mut first, 0).unwrap() };
+            // Step 1: rank 1 -> endpoint 0 takes the plain one.
+            w.barrier();
+            let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, src), (0, w.addrs[1]));
+            let [b0, b1, b2, b3, b4, b5] = &mut b;
+            unsafe {
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b0)], src: 2, context: 1, tag: 0, ignore: 0 };
+                side.srq.recvmsg(m, 0).unwrap();
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b1)], src: 0, context: 2, tag: 0, ignore: 0 };
+                side.srq.recvmsg(m, 0).unwrap();
+                side.srq.post(b2, 3).unwrap();
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b3)], src: 7, context: 9, tag: 0, ignore: 0 };
+                assert_eq!(side.srq.recvmsg(m, 0).unwrap_err().kind(), ErrorKind::AddrNotAvail, "in no AV");
+            }
+            // Step 2: rank 1 -> endpoint 0 (fi_addr 1 there): neither
+            // directed receive, the plain one (3).
+            w.barrier();
+            let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, src, parse(b2).0), (3, 1, 1));
+            // Step 3: rank 2 -> endpoint 1 (fi_addr 0 there): receive 2.
+            w.barrier();
+            let (e, src) = next(&w.dom, &side.cqs[1]).unwrap();
+            assert_eq!((e.op_context, src, parse(b1).0), (2, 0, 2));
+            // Step 4: rank 2 -> endpoint 0 (fi_addr 2 there): receive 1.
+            w.barrier();
+            let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, src, parse(b0).0), (1, 2, 2));
+            // Step 5: rank 1 -> endpoint 1 and rank 2 -> endpoint 0, both
+            // unexpected (the peek proves they are there). A receive
+            // directed at fi_addr 0 takes neither (rank 1 is fi_addr 1 at
+            // endpoint 1; rank 2 is fi_addr 2 at endpoint 0); one directed
+            // at fi_addr 1 takes rank 1's, a tagged receive nothing.
+            w.barrier();
+            for (k, s) in [(1, 1), (0, 2)] {
+                let t0 = Instant::now();
+                loop {
+                    // (A peek sees only tagged messages: count what the
+                    // endpoint took from its rings instead.)
+                    w.dom.progress().unwrap();
+                    if side.eps[k].stats().unwrap().rx_ring > if k == 1 { 1 } else { 3 } {
+                        break;
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(30), "rank {s}'s message never arrived");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            unsafe {
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b3)], src: 0, context: 4, tag: 0, ignore: 0 };
+                side.srq.recvmsg(m, 0).unwrap();
+                side.srq.trecv(b5, FI_ADDR_UNSPEC, 0, u64::MAX, 6).unwrap();
+            }
+            assert!(stays_empty(&w.dom, &side.cqs[0], 30) && stays_empty(&w.dom, &side.cqs[1], 30));
+            unsafe {
+                let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b4)], src: 1, context: 5, tag: 0, ignore: 0 };
+                side.srq.recvmsg(m, 0).unwrap();
+            }
+            let (e, src) = next(&w.dom, &side.cqs[1]).unwrap();
+            assert_eq!((e.op_context, src, parse(b4).0), (5, 1, 1));
+            // Rank 2's message still waits at endpoint 0: an undirected
+            // buffer posted now takes it.
+            unsafe { side.srq.post(b2, 7).unwrap() };
+            let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, src, parse(b2).0), (7, 2, 2));
+            // Receives 4 (directed at nobody who sends) and 6 (tagged) stay.
+            assert_eq!(side.srq.query().unwrap().posted, 2);
+            assert!(side.srq.cancel(4).unwrap() && side.srq.cancel(6).unwrap());
+            let x = next(&w.dom, &side.cqs[0]).unwrap_err();
+            assert_eq!((x.op_context, x.err, x.flags & FI_TAGGED), (4, ErrorKind::Canceled.errno(), 0));
+            let x = next(&w.dom, &side.cqs[0]).unwrap_err();
+            assert_eq!((x.op_context, x.err, x.flags & FI_TAGGED), (6, ErrorKind::Canceled.errno(), FI_TAGGED));
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            let send = |k: usize, seq: u64| w.retry(|| w.ep.inject(&header(w.rank, k, seq), eps[k]));
+            for step in 1..=5 {
+                w.barrier();
+                match (w.rank, step) {
+                    (1, 1) | (1, 2) => send(0, step),
+                    (2, 3) => send(1, step),
+                    (2, 4) => send(0, step),
+                    (1, 5) => send(1, step),
+                    (2, 5) => send(0, step),
+                    _ => 0,
+                };
+            }
+            w.barrier();
+        }
+    });
+}
+
+/// A multi-receive buffer on an SRQ shared by two endpoints, filled by
+/// two senders: each message lands 8-byte aligned after the previous one,
+/// whichever endpoint received it; the message that leaves less than
+/// FI_OPT_MIN_MULTI_RECV bytes (the last carved) has FI_MULTI_RECV on its
+/// completion, the others not; the messages after it wait (unexpected) for the next
+/// buffer, which a cancel then releases with FI_MULTI_RECV.
+#[test]
+fn multi_recv_srq_buffer_fills_and_releases() {
+    const PER: usize = 10; // messages per sender, alternating endpoints
+    const LEN: usize = 60; // carved as 64 (8-byte alignment)
+    run("multi_recv_srq_buffer_fills_and_releases", 3, &[("SHMFAB_MAX_EPS", "8")], Duration::from_secs(120), |w| {
+        if w.rank == 0 {
+            let side = tag_side(&w, &[&w.av, &w.av], FI_MSG, 8);
+            for r in 1..3 {
+                w.tell(r, &side.addrs());
+            }
+            // 1024 bytes, released below 100: 15 messages of 64 (then 64
+            // bytes are left).
+            side.srq.set_min_multi_recv(100).unwrap();
+            let mut big = vec![0u8; 1024];
+            let mut next_big = vec![0u8; 1024];
+            let (base, base2) = (big.as_ptr() as usize, next_big.as_ptr() as usize);
+            // SAFETY (posts): the buffers outlive every completion read below.
+            unsafe {
+                let m = &mut RecvMsg {
+                    iov: &mut [IoSliceMut::new(&mut big)],
+                    src: FI_ADDR_UNSPEC,
+                    context: 1,
+                    tag: 0,
+                    ignore: 0,
+                };
+                assert_eq!(side.srq.recvmsg(m, FI_MULTI_RECV | FI_TAGGED).unwrap_err().kind(), ErrorKind::BadFlags);
+                let (a, b) = big.split_at_mut(512);
+                let two = &mut [IoSliceMut::new(a), IoSliceMut::new(b)];
+                let m = &mut RecvMsg { iov: two, src: FI_ADDR_UNSPEC, context: 1, tag: 0, ignore: 0 };
+                assert_eq!(side.srq.recvmsg(m, FI_MULTI_RECV).unwrap_err().kind(), ErrorKind::Inval, "one segment");
+                let m = &mut RecvMsg {
+                    iov: &mut [IoSliceMut::new(&mut big)],
+                    src: FI_ADDR_UNSPEC,
+                    context: 1,
+                    tag: 0,
+                    ignore: 0,
+                };
+                side.srq.recvmsg(m, FI_MULTI_RECV).unwrap();
+            }
+            w.barrier(); // the senders sent everything
+            let mut offs = Vec::new();
+            let mut released = 0;
+            for n in 0..15 {
+                let (k, r) = either(&w.dom, &side.cqs);
+                let (e, src) = r.unwrap();
+                assert_eq!((e.op_context, e.len), (1, LEN));
+                let off = e.buf - base;
+                assert!(off % 8 == 0 && off + LEN <= 1024, "message {n} at {off}");
+                let (s, ep, _) = parse(&big[off..off + LEN]);
+                assert_eq!((src, ep), (w.addrs[s], k), "completion at the CQ of the endpoint that received it");
+                assert!(big[off..off + LEN] == message(s, ep, parse(&big[off..]).2, LEN)[..]);
+                if e.flags & FI_MULTI_RECV != 0 {
+                    // The 15th message carved (the two CQs are read in
+                    // any order, so not necessarily the 15th read).
+                    released += 1;
+                    assert_eq!(off, 14 * 64, "released by the last message carved");
+                }
+                offs.push(off);
+            }
+            assert_eq!(released, 1);
+            offs.sort();
+            assert_eq!(offs, (0..15).map(|i| i * 64).collect::<Vec<_>>(), "packed, each at the next aligned place");
+            assert!(stays_empty(&w.dom, &side.cqs[0], 30) && stays_empty(&w.dom, &side.cqs[1], 30));
+            assert_eq!(side.srq.query().unwrap().posted, 0);
+            // The next buffer takes the 5 messages that waited.
+            unsafe {
+                let m = &mut RecvMsg {
+                    iov: &mut [IoSliceMut::new(&mut next_big)],
+                    src: FI_ADDR_UNSPEC,
+                    context: 2,
+                    tag: 0,
+                    ignore: 0,
+                };
+                side.srq.recvmsg(m, FI_MULTI_RECV).unwrap();
+            }
+            let mut seen = 0;
+            for _ in 0..5 {
+                let (_, r) = either(&w.dom, &side.cqs);
+                let (e, _) = r.unwrap();
+                assert_eq!((e.op_context, e.flags & FI_MULTI_RECV, e.len), (2, 0, LEN));
+                assert!(e.buf >= base2 && e.buf + LEN <= base2 + 1024);
+                seen += 1;
+            }
+            assert_eq!(seen, 5);
+            assert_eq!(side.srq.query().unwrap().posted, 1, "704 bytes left: still posted");
+            assert!(side.srq.cancel(2).unwrap());
+            let x = next(&w.dom, &side.cqs[0]).unwrap_err();
+            assert_eq!((x.op_context, x.err), (2, ErrorKind::Canceled.errno()));
+            assert_eq!(x.flags & FI_MULTI_RECV, FI_MULTI_RECV, "the cancel releases the buffer");
+            assert_eq!(side.srq.query().unwrap().posted, 0);
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            for seq in 0..PER {
+                let k = seq % 2;
+                w.retry(|| w.ep.inject(&message(w.rank, k, seq as u64, LEN), eps[k]));
+            }
+            w.barrier();
+            w.barrier();
+        }
+    });
+}
+
+/// Objects, in one process: refusals, peek/claim/discard and cancel of
+/// tagged SRQ receives, and an endpoint closing with SRQ buffers posted.
+#[test]
+fn srq_tagged_object_rules() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("srq-tagged-rules-{}", std::process::id()));
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let av = dom.av_open().unwrap();
+    let srq = dom.srq_open(&SrqAttr { max_recv: 8, low_watermark: 0 }).unwrap();
+    let cqs: Vec<CompletionQueue> = (0..3).map(|_| dom.cq_open(&CqAttr::default()).unwrap()).collect();
+    let open = |cq: &CompletionQueue, flags: Option<u64>| {
+        let ep = dom.endpoint().unwrap();
+        ep.bind_cq(cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        if let Some(f) = flags {
+            assert_eq!(ep.bind_srq_for(&srq, 0).unwrap_err().kind(), ErrorKind::BadFlags);
+            assert_eq!(ep.bind_srq_for(&srq, FI_RMA).unwrap_err().kind(), ErrorKind::BadFlags);
+            ep.bind_srq_for(&srq, f).unwrap();
+        }
+        ep.enable().unwrap();
+        ep
+    };
+    let (e0, e1, tx) = (open(&cqs[0], Some(FI_TAGGED)), open(&cqs[1], Some(FI_MSG | FI_TAGGED)), open(&cqs[2], None));
+    let to = av.insert(&[e0.getname(), e1.getname()]).unwrap();
+    let mut a = [0u8; 8];
+    let mut b = [0u8; 8];
+    // SAFETY (all posts below): the buffers outlive the completions read
+    // before the end of the test, or are cancelled.
+    unsafe {
+        assert_eq!(
+            e0.trecv(&mut a, FI_ADDR_UNSPEC, 1, 0, 1).unwrap_err().kind(),
+            ErrorKind::Inval,
+            "tagged: the SRQ's"
+        );
+        let m = &mut RecvMsg { iov: &mut [], src: FI_ADDR_UNSPEC, context: 1, tag: 1, ignore: 0 };
+        assert_eq!(e0.trecvmsg(m, FI_PEEK).unwrap_err().kind(), ErrorKind::Inval, "peeks too");
+        // e0 keeps its untagged receives.
+        e0.recv(&mut b, FI_ADDR_UNSPEC, 2).unwrap();
+        assert_eq!(e1.recv(&mut b, FI_ADDR_UNSPEC, 2).unwrap_err().kind(), ErrorKind::Inval);
+        assert_eq!(srq.trecv(&mut a, 99, 1, 0, 1).unwrap_err().kind(), ErrorKind::AddrNotAvail);
+        let m =
+            &mut RecvMsg { iov: &mut [IoSliceMut::new(&mut a)], src: FI_ADDR_UNSPEC, context: 1, tag: 1, ignore: 0 };
+        assert_eq!(srq.trecvmsg(m, FI_MULTI_RECV).unwrap_err().kind(), ErrorKind::BadFlags);
+        let m = &mut RecvMsg { iov: &mut [], src: FI_ADDR_UNSPEC, context: 0, tag: 1, ignore: 0 };
+        assert_eq!(
+            srq.trecvmsg(m, FI_PEEK | FI_CLAIM).unwrap_err().kind(),
+            ErrorKind::Inval,
+            "a claim needs a context"
+        );
+        assert_eq!(srq.trecvmsg(m, FI_PEEK | FI_CLAIM | FI_DISCARD).unwrap_err().kind(), ErrorKind::BadFlags);
+    }
+    tx.inject(b"own", to[0]).unwrap();
+    let (e, _) = next(&dom, &cqs[0]).unwrap();
+    assert_eq!((e.op_context, &b[..3]), (2, &b"own"[..]), "e0's own untagged receive");
+    // Two tagged messages wait at e1, one at e0.
+    tx.tinject(b"first", to[1], 0x10).unwrap();
+    tx.tinject(b"second", to[1], 0x11).unwrap();
+    tx.tinject(b"third", to[0], 0x12).unwrap();
+    // Peek | claim the one of tag 0x11 (directed at tx's... any source).
+    let peek = |ctx: usize, tag: u64, ignore: u64, flags: u64| {
+        let m = &mut RecvMsg { iov: &mut [], src: FI_ADDR_UNSPEC, context: ctx, tag, ignore };
+        // SAFETY: a peek takes no buffer.
+        unsafe { srq.trecvmsg(m, flags) }
+    };
+    peek(7, 0x11, 0, FI_PEEK | FI_CLAIM).unwrap();
+    let (e, _) = next(&dom, &cqs[1]).unwrap();
+    assert_eq!((e.op_context, e.len, e.tag, e.buf), (7, 6, 0x11, 0));
+    assert_eq!(peek(7, 0x11, 0, FI_PEEK | FI_CLAIM).unwrap_err().kind(), ErrorKind::Inval, "one claim per context");
+    // A claimed message is out of reach of receives and peeks.
+    peek(8, 0x11, 0, FI_PEEK).unwrap();
+    let x = next(&dom, &cqs[0]).unwrap_err();
+    assert_eq!((x.op_context, x.err), (8, ErrorKind::NoMsg.errno()), "ENOMSG at the first tagged endpoint's CQ");
+    // SAFETY: a outlives its completion, read below.
+    unsafe { srq.trecv(&mut a, FI_ADDR_UNSPEC, 0x10, 0x01, 9).unwrap() };
+    let (e, _) = next(&dom, &cqs[1]).unwrap();
+    assert_eq!((e.op_context, e.tag, &a[..5]), (9, 0x10, &b"first"[..]), "the free one it accepts (0x11 is claimed)");
+    // The claim's receive delivers at e1's CQ.
+    let mut c = [0u8; 8];
+    unsafe {
+        let m =
+            &mut RecvMsg { iov: &mut [IoSliceMut::new(&mut c)], src: FI_ADDR_UNSPEC, context: 8, tag: 0, ignore: 0 };
+        assert_eq!(srq.trecvmsg(m, FI_CLAIM).unwrap_err().kind(), ErrorKind::Inval, "context 8 holds no claim");
+        let m =
+            &mut RecvMsg { iov: &mut [IoSliceMut::new(&mut c)], src: FI_ADDR_UNSPEC, context: 7, tag: 0, ignore: 0 };
+        srq.trecvmsg(m, FI_CLAIM).unwrap();
+    }
+    let (e, _) = next(&dom, &cqs[1]).unwrap();
+    assert_eq!((e.op_context, e.len, e.tag, &c[..6]), (7, 6, 0x11, &b"second"[..]));
+    // Peek | discard the one at e0: gone.
+    peek(10, 0x12, 0, FI_PEEK | FI_DISCARD).unwrap();
+    let (e, _) = next(&dom, &cqs[0]).unwrap();
+    assert_eq!((e.op_context, e.len, e.tag), (10, 5, 0x12));
+    peek(11, 0, u64::MAX, FI_PEEK).unwrap();
+    assert_eq!(next(&dom, &cqs[0]).unwrap_err().err, ErrorKind::NoMsg.errno(), "nothing left");
+    // Cancel: a tagged buffer completes FI_ECANCELED at the first
+    // endpoint bound for tagged receives (e0); an untagged one at the
+    // first bound for untagged ones (e1).
+    unsafe {
+        srq.trecv(&mut a, FI_ADDR_UNSPEC, 0x20, 0, 12).unwrap();
+        srq.post(&mut c, 13).unwrap();
+    }
+    assert!(srq.cancel(12).unwrap() && srq.cancel(13).unwrap());
+    assert!(!srq.cancel(12).unwrap(), "cancelled once");
+    let x = next(&dom, &cqs[0]).unwrap_err();
+    assert_eq!((x.op_context, x.err, x.flags & FI_TAGGED), (12, ErrorKind::Canceled.errno(), FI_TAGGED));
+    let x = next(&dom, &cqs[1]).unwrap_err();
+    assert_eq!((x.op_context, x.err, x.flags & FI_TAGGED), (13, ErrorKind::Canceled.errno(), 0));
+    // An endpoint closing leaves the SRQ's posted buffers posted (they
+    // are the SRQ's, not its own), and the other endpoint takes them.
+    unsafe { srq.trecv(&mut a, FI_ADDR_UNSPEC, 0x30, 0, 14).unwrap() };
+    e1.close().unwrap();
+    assert!(stays_empty(&dom, &cqs[1], 10) && stays_empty(&dom, &cqs[0], 10));
+    assert_eq!(srq.query().unwrap().posted, 1);
+    tx.tinject(b"later", to[0], 0x30).unwrap();
+    let (e, _) = next(&dom, &cqs[0]).unwrap();
+    assert_eq!((e.op_context, &a[..5]), (14, &b"later"[..]));
+    e0.close().unwrap();
+    srq.close().unwrap();
+}
+
+/// `close_discard` with tagged SRQ buffers dequeued: they go back to the
+/// front of the SRQ's tagged queue with their tags (a message of another
+/// tag does not take them; the next of theirs takes the oldest).
+#[test]
+fn endpoint_close_discard_gives_tagged_buffers_back() {
+    let env = [("SHMFAB_CMA", "off"), ("SHMFAB_MAX_EPS", "8"), ("SHMFAB_PEER_CHECK_MS", "20")];
+    run("endpoint_close_discard_gives_tagged_buffers_back", 2, &env, Duration::from_secs(60), |w| {
+        const BIG: usize = 32 << 20;
+        if w.rank == 0 {
+            let side = tag_side(&w, &[&w.av, &w.av], FI_MSG | FI_TAGGED, 8);
+            w.tell(1, &side.addrs());
+            let mut bufs = vec![vec![0u8; BIG]; 5];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlive every completion read below.
+                unsafe { side.srq.trecv(b, FI_ADDR_UNSPEC, 5, 0, 100 + i).unwrap() };
+            }
+            w.barrier();
+            let t0 = Instant::now();
+            while side.srq.query().unwrap().posted > 2 {
+                assert!(t0.elapsed() < Duration::from_secs(20), "messages never matched");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut side = side;
+            let ep0 = side.eps.remove(0);
+            let cq0 = side.cqs.remove(0);
+            ep0.close_discard().unwrap();
+            assert!(stays_empty(&w.dom, &cq0, 50) && stays_empty(&w.dom, &side.cqs[0], 50), "no completion");
+            assert_eq!(side.srq.query().unwrap().posted, 5, "the three dequeued buffers are posted again");
+            w.barrier(); // tag 6 sent to endpoint 1: no buffer takes it
+            assert!(stays_empty(&w.dom, &side.cqs[0], 50));
+            w.barrier(); // tag 5: the oldest buffer given back
+            let (e, _) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, e.len, e.tag), (100, 16, 5));
+            assert_eq!(parse(&bufs[0][..16]), (1, 1, 8));
+            let mut six = [0u8; 16];
+            // SAFETY: six outlives the completion read below.
+            unsafe { side.srq.trecv(&mut six, FI_ADDR_UNSPEC, 6, 0, 200).unwrap() };
+            let (e, _) = next(&w.dom, &side.cqs[0]).unwrap();
+            assert_eq!((e.op_context, e.tag, parse(&six)), (200, 6, (1, 1, 7)));
+            drop(ep0);
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            let big: Vec<Vec<u8>> = (0..3).map(|k| message(1, 0, k, BIG)).collect();
+            w.barrier();
+            for (k, b) in big.iter().enumerate() {
+                // SAFETY: b outlives the send's completion, waited below.
+                w.retry(|| unsafe { w.ep.tsend(b, eps[0], 5, k) });
+            }
+            for k in 0..3 {
+                let e = w.wait_ctx(k).unwrap_err();
+                assert_eq!(e.err, ErrorKind::Io.errno(), "send {k}");
+            }
+            w.barrier();
+            w.retry(|| w.ep.tinject(&header(1, 1, 7), eps[1], 6));
+            w.barrier();
+            w.retry(|| w.ep.tinject(&header(1, 1, 8), eps[1], 5));
+            w.barrier();
+        }
+    });
+}
+
+/// Tagged SRQ receives under load, every protocol: two senders stream
+/// messages of mixed sizes (inline, through the pool, by rendezvous) with
+/// tags to two endpoints sharing one SRQ; the receiver keeps 32 tagged
+/// buffers posted (tag: the sender, ignore: the rest), so messages both
+/// find buffers and wait unexpected for them. Every message arrives whole,
+/// each connection's in send order, at the CQ of its endpoint.
+#[test]
+fn tagged_srq_mixed_sizes_in_connection_order() {
+    const PER: u64 = 3000; // per sender
+    const BUFS: usize = 32;
+    const BUF: usize = 256 * 1024;
+    run("tagged_srq_mixed_sizes_in_connection_order", 3, &[("SHMFAB_MAX_EPS", "8")], Duration::from_secs(240), |w| {
+        if w.rank == 0 {
+            let side = tag_side(&w, &[&w.av, &w.av], FI_MSG | FI_TAGGED, BUFS);
+            for r in 1..3 {
+                w.tell(r, &side.addrs());
+            }
+            let mut bufs = vec![vec![0u8; BUF]; BUFS];
+            let post = |srq: &SharedRecvQueue, b: &mut Vec<u8>, i: usize| {
+                // Buffers alternate between the senders.
+                let s = 1 + i % 2;
+                // SAFETY: bufs outlive every completion read below.
+                unsafe { srq.trecv(b, FI_ADDR_UNSPEC, tag_of(s, 0, 0), (1 << 40) - 1, i).unwrap() };
+            };
+            for (i, b) in bufs.iter_mut().enumerate() {
+                post(&side.srq, b, i);
+            }
+            let mut want = [[0u64; 2]; 3];
+            for n in 0..2 * PER {
+                let (k, r) = either(&w.dom, &side.cqs);
+                let (e, src) = r.unwrap_or_else(|e| panic!("error completion {e:?}"));
+                let i = e.op_context;
+                let (s, ep, seq) = parse(&bufs[i]);
+                assert_eq!((ep, src, e.tag), (k, w.addrs[s], tag_of(s, k, seq)), "message {n}");
+                assert_eq!(s, 1 + i % 2, "a buffer for sender {} took sender {s}'s message", 1 + i % 2);
+                assert_eq!(seq, want[s][k], "connection {s}->{k} out of order");
+                want[s][k] += 1;
+                assert_eq!(e.len, size_of(seq).max(16));
+                assert!(bufs[i][..e.len] == message(s, k, seq, e.len)[..], "payload {s}->{k} #{seq}");
+                // Slow down now and then, so that messages wait unexpected.
+                if n % 500 == 0 {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                post(&side.srq, &mut bufs[i], i);
+            }
+            assert_eq!(want[1][0] + want[1][1] + want[2][0] + want[2][1], 2 * PER);
+            assert!(stays_empty(&w.dom, &side.cqs[0], 30) && stays_empty(&w.dom, &side.cqs[1], 30));
+            w.barrier();
+        } else {
+            let eps = w.learn(0, 2);
+            let mut inflight: Vec<Vec<u8>> = Vec::new();
+            let mut seqs = [0u64; 2];
+            for n in 0..PER {
+                let k = (n % 2) as usize;
+                let seq = seqs[k];
+                seqs[k] += 1;
+                inflight.push(message(w.rank, k, seq, size_of(seq)));
+                let b = inflight.last().unwrap();
+                // SAFETY: the buffer is kept until the window's completions.
+                w.retry(|| unsafe { w.ep.tsend(b, eps[k], tag_of(w.rank, k, seq), n as usize) });
+                if inflight.len() == 64 {
+                    for _ in 0..64 {
+                        w.next().unwrap();
+                    }
+                    inflight.clear();
+                }
+            }
+            for _ in 0..inflight.len() {
+                w.next().unwrap();
+            }
+            w.barrier();
+        }
+    });
+}
+
+/// FI_SELECTIVE_COMPLETION is the receiving endpoint's: an SRQ buffer
+/// posted without FI_COMPLETION completes with no entry (its data
+/// arrives, its counter counts) at an endpoint whose receive CQ is bound
+/// with it, with one at an endpoint bound without; a buffer posted with
+/// FI_COMPLETION always writes one.
+#[test]
+fn srq_selective_completion_is_the_endpoints() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("srq-selective-{}", std::process::id()));
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let av = dom.av_open().unwrap();
+    let srq = dom.srq_open(&SrqAttr { max_recv: 8, low_watermark: 0 }).unwrap();
+    let cqs: Vec<CompletionQueue> = (0..3).map(|_| dom.cq_open(&CqAttr::default()).unwrap()).collect();
+    let cntr = dom.cntr_open().unwrap();
+    let eps: Vec<Endpoint> = (0..3)
+        .map(|i| {
+            let ep = dom.endpoint().unwrap();
+            let sel = if i == 0 { FI_SELECTIVE_COMPLETION } else { 0 };
+            ep.bind_cq(&cqs[i], FI_TRANSMIT | FI_RECV | sel).unwrap();
+            if i == 0 {
+                ep.bind_cntr(&cntr, FI_RECV).unwrap();
+            }
+            ep.bind_av(&av).unwrap();
+            if i < 2 {
+                ep.bind_srq_for(&srq, FI_MSG | FI_TAGGED).unwrap();
+            }
+            ep.enable().unwrap();
+            ep
+        })
+        .collect();
+    let to = av.insert(&[eps[0].getname(), eps[1].getname()]).unwrap();
+    let (mut a, mut b, mut c) = ([0u8; 8], [0u8; 8], [0u8; 8]);
+    // SAFETY (posts): the buffers outlive the completions read below.
+    unsafe {
+        srq.trecv(&mut a, FI_ADDR_UNSPEC, 1, 0, 1).unwrap();
+        let m =
+            &mut RecvMsg { iov: &mut [IoSliceMut::new(&mut b)], src: FI_ADDR_UNSPEC, context: 2, tag: 1, ignore: 0 };
+        srq.trecvmsg(m, FI_COMPLETION).unwrap();
+        srq.trecv(&mut c, FI_ADDR_UNSPEC, 1, 0, 3).unwrap();
+    }
+    eps[2].tinject(b"quiet", to[0], 1).unwrap();
+    let t0 = Instant::now();
+    while cntr.read().unwrap() < 1 {
+        dom.progress().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(10), "the message never arrived");
+    }
+    assert_eq!(&a[..5], b"quiet");
+    assert!(stays_empty(&dom, &cqs[0], 20), "no entry: selective, no FI_COMPLETION");
+    eps[2].tinject(b"asked", to[0], 1).unwrap();
+    let (e, _) = next(&dom, &cqs[0]).unwrap();
+    assert_eq!((e.op_context, &b[..5]), (2, &b"asked"[..]));
+    eps[2].tinject(b"other", to[1], 1).unwrap();
+    let (e, _) = next(&dom, &cqs[1]).unwrap();
+    assert_eq!((e.op_context, &c[..5]), (3, &b"other"[..]), "not selective there");
+    assert!(stays_empty(&dom, &cqs[0], 10));
 }

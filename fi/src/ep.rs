@@ -244,7 +244,10 @@ unsafe extern "C" fn bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64) -
             return r;
         }
         if let Some(x) = crate::srx::of(bfid) {
-            return util::status(e.ep.bind_srq(&x.srq), s, "fi_ep_bind(srx)");
+            // Every receive of the endpoint, untagged and tagged, goes
+            // through the shared context (srx.rs).
+            let both = shmfab::FI_MSG | shmfab::FI_TAGGED;
+            return util::status(e.ep.bind_srq_for(&x.srq, both), s, "fi_ep_bind(srx)");
         }
         if let Some(q) = crate::eq::of(bfid) {
             return crate::coll::bind_eq(e, q);

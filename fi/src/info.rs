@@ -125,11 +125,6 @@ pub const MSG_ORDER: u64 = sys::FI_ORDER_SAS
 /// `ep_attr.mem_tag_format` offered when the hints give none: 64 tag
 /// bits (libfabric's `FI_TAG_GENERIC`, not in the 1.17 headers).
 pub const TAG_GENERIC: u64 = 0xAAAA_AAAA_AAAA_AAAA;
-/// Capabilities a shared receive context does not serve (the library's
-/// queue holds untagged buffers without source or multi-receive): hints
-/// asking for FI_SHARED_CONTEXT get them refused, or left out when they
-/// name no capabilities.
-pub const SRX_UNSERVED: u64 = sys::FI_TAGGED | sys::FI_DIRECTED_RECV | sys::FI_MULTI_RECV;
 /// `FI_SHARED_CONTEXT` (`SIZE_MAX` in the header): an endpoint's receive
 /// context is a shared one (`fi_srx_context`).
 pub const SHARED_CONTEXT: usize = usize::MAX;
@@ -288,19 +283,10 @@ unsafe fn check(version: u32, h: &sys::fi_info, lim: &Limits) -> Result<(), No> 
         at_most("ep_attr.msg_prefix_size", e.msg_prefix_size, 0)?;
         // max_order_{raw,war,waw}_size: any size is ordered (MSG_ORDER).
         at_most("ep_attr.tx_ctx_cnt", e.tx_ctx_cnt, 1)?;
+        // FI_SHARED_CONTEXT: the endpoints' receives all go through a
+        // shared context (`srx.rs`), which serves every receive capability.
         if e.rx_ctx_cnt != SHARED_CONTEXT {
             at_most("ep_attr.rx_ctx_cnt", e.rx_ctx_cnt, 1)?;
-        } else {
-            // The endpoints' receives all go through the shared context,
-            // which serves untagged, undirected, single buffers only.
-            // SAFETY: null or valid (caller's contract).
-            let r = unsafe { h.rx_attr.as_ref() };
-            let asked = caps | r.map_or(0, |r| r.caps | (r.op_flags & sys::FI_MULTI_RECV));
-            if asked & SRX_UNSERVED != 0 {
-                return Err(no(
-                    "FI_SHARED_CONTEXT: a shared receive context serves neither FI_TAGGED, FI_DIRECTED_RECV nor FI_MULTI_RECV",
-                ));
-            }
         }
         at_most("ep_attr.auth_key_size", e.auth_key_size, 0)?;
     }
@@ -410,15 +396,12 @@ unsafe fn fill(version: u32, i: &mut sys::fi_info, h: Option<&sys::fi_info>, lim
     let he = h.and_then(|h| unsafe { h.ep_attr.as_ref() });
     let ht = h.and_then(|h| unsafe { h.tx_attr.as_ref() });
     let hr = h.and_then(|h| unsafe { h.rx_attr.as_ref() });
-    let shared = he.is_some_and(|x| x.rx_ctx_cnt == SHARED_CONTEXT);
     // One-sided operations only with keys the provider chooses: left out
     // of the default capabilities when the hints' mr_mode does not allow
     // them (asking for them then fails in `check`).
     let rma_ok = version >= fi_version(1, 5) && hd.map_or(true, |x| rma_allowed(version, x.mr_mode));
     let offered = if rma_ok { CAPS } else { CAPS & !RMA_CAPS };
     let caps = match h.map_or(0, |h| h.caps) {
-        // With a shared receive context, only what it serves.
-        0 if shared => offered & !SRX_UNSERVED,
         0 => offered,
         c => c,
     };

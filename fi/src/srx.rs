@@ -1,19 +1,20 @@
 //! Shared receive contexts (`fi_srx_context`) on the library's shared
-//! receive queue: endpoints bound to one take their untagged receives
-//! from the buffers posted to it (`fi_recv`, `fi_recvv`, `fi_recvmsg` on
-//! the context), and each completion goes to the CQ of the endpoint that
-//! received the message. The library's queue holds untagged receives
-//! only: tagged receives stay each endpoint's own, and the tagged calls
-//! on the context return `-FI_ENOSYS`, as do directed and multi-receive
-//! buffers, which the queue does not take. `fi_cancel` on the context
-//! cancels a buffer still posted (its entry goes to the CQ of the
-//! endpoint bound first). So `fi_getinfo` never offers
-//! those capabilities with FI_SHARED_CONTEXT (`info::SRX_UNSERVED`), and
-//! the context opens from any `rx_attr` it returned.
+//! receive queue: every receive of the endpoints bound to one, untagged
+//! and tagged, comes from the buffers posted to it (`fi_recv`, `fi_recvv`,
+//! `fi_recvmsg`, `fi_trecv`, `fi_trecvv`, `fi_trecvmsg` on the context),
+//! and each completion goes to the CQ of the endpoint that received the
+//! message. Directed receives (with FI_DIRECTED_RECV) name their source
+//! by an fi_addr that each endpoint reads in its own AV (the source its
+//! completions report); FI_MULTI_RECV buffers on `fi_recvmsg` (or as the
+//! context's `op_flags`) are carved by the messages of every endpoint,
+//! with FI_OPT_MIN_MULTI_RECV set on the context; FI_PEEK, FI_CLAIM and
+//! FI_DISCARD on `fi_trecvmsg` look at the unexpected messages of every
+//! bound endpoint. `fi_cancel` on the context cancels a buffer still
+//! posted (its entry goes to the CQ of the endpoint bound first).
 
 use crate::sys;
 use crate::util::{self, nb1, nb2, nb3, nb4, nb5, nb6, nb7, nb8};
-use crate::util::{no_ops_open, no_ops_set, no_tostr, EBADFLAGS, EINVAL, ENOSYS, FI_ADDR_UNSPEC};
+use crate::util::{no_ops_open, no_ops_set, no_tostr, EINVAL, ENOSYS, ETOOSMALL, FI_ADDR_UNSPEC};
 use std::ffi::{c_int, c_void};
 use std::io::IoSliceMut;
 use std::sync::atomic::Ordering::Relaxed;
@@ -26,9 +27,15 @@ pub struct Srx {
     dom: *const crate::domain::Domain,
     /// The library's shared receive queue.
     pub srq: shmfab::SharedRecvQueue,
-    /// Whether the domain's endpoints direct their receives (a source
-    /// other than FI_ADDR_UNSPEC is then refused: not built).
+    /// Whether receives are directed (FI_DIRECTED_RECV in the domain's
+    /// capabilities; without it the source of a receive is ignored, as
+    /// fi_msg(3) says).
     directed: bool,
+    /// Default flags of `fi_recv`/`fi_recvv`/`fi_trecv`/`fi_trecvv`: the
+    /// context's `op_flags` (FI_MULTI_RECV, FI_COMPLETION).
+    op_flags: u64,
+    /// FI_OPT_MIN_MULTI_RECV in force.
+    min_multi_recv: std::sync::atomic::AtomicUsize,
 }
 
 static FI_OPS: sys::fi_ops = sys::fi_ops {
@@ -44,8 +51,8 @@ static FI_OPS: sys::fi_ops = sys::fi_ops {
 static EP_OPS: sys::fi_ops_ep = sys::fi_ops_ep {
     size: std::mem::size_of::<sys::fi_ops_ep>(),
     cancel: Some(cancel),
-    getopt: Some(nb5),
-    setopt: Some(nb5),
+    getopt: Some(getopt),
+    setopt: Some(setopt),
     tx_ctx: Some(nb5),
     rx_ctx: Some(nb5),
     rx_size_left: Some(nb1),
@@ -78,13 +85,12 @@ static MSG_OPS: sys::fi_ops_msg = sys::fi_ops_msg {
     injectdata: Some(nb5),
 };
 
-/// Tagged receives on a shared context: not built (the library's queue
-/// holds untagged receives); sends: not on a receive context.
+/// Tagged receives on a shared context; sends: not on a receive context.
 static TAGGED_OPS: sys::fi_ops_tagged = sys::fi_ops_tagged {
     size: std::mem::size_of::<sys::fi_ops_tagged>(),
-    recv: Some(nb8),
-    recvv: Some(nb8),
-    recvmsg: Some(nb3),
+    recv: Some(trecv),
+    recvv: Some(trecvv),
+    recvmsg: Some(trecvmsg),
     send: Some(nb7),
     sendv: Some(nb7),
     sendmsg: Some(nb3),
@@ -121,11 +127,10 @@ pub unsafe extern "C" fn open(
     // SAFETY: attr is null (defaults) or valid.
     let a = unsafe { attr.as_ref() }.copied().unwrap_or_default();
     // The rx_attr fi_getinfo returned is accepted as it is (applications
-    // pass info->rx_attr): its caps describe the endpoints, and those in
-    // `info::SRX_UNSERVED` are never in an info that asked for
-    // FI_SHARED_CONTEXT. The context itself serves untagged, undirected,
-    // single buffers; the other posts on it are -FI_ENOSYS.
-    if a.caps & !(crate::info::RX_CAPS | crate::info::CAPS_ON_REQUEST) != 0 || a.op_flags & !sys::FI_COMPLETION != 0 {
+    // pass info->rx_attr): its caps describe the endpoints.
+    if a.caps & !(crate::info::RX_CAPS | crate::info::CAPS_ON_REQUEST) != 0
+        || a.op_flags & !(sys::FI_COMPLETION | sys::FI_MULTI_RECV) != 0
+    {
         return ENOSYS;
     }
     if a.iov_limit > shmfab::srq::SRQ_MAX_IOV {
@@ -157,6 +162,8 @@ pub unsafe extern "C" fn open(
         dom: d,
         srq,
         directed: d.caps & sys::FI_DIRECTED_RECV != 0,
+        op_flags: a.op_flags,
+        min_multi_recv: 64.into(),
     });
     // SAFETY: out is valid for a write (checked).
     unsafe { *out = &mut Box::leak(b).fid };
@@ -181,6 +188,7 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
 }
 
 /// `fi_cancel` on the context: a buffer still posted under `context`
+/// (untagged, tagged, directed or multi-receive: what is left of it)
 /// completes as an `FI_ECANCELED` error entry in the receive CQ of the
 /// endpoint bound to the context first (the context has no CQ of its own;
 /// libfabric's shared contexts report there too). A buffer a message took
@@ -215,25 +223,89 @@ unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, _: *mut c_void)
 }
 
 impl Srx {
-    /// Posts a buffer.
+    /// Posts a buffer (tagged or not) with the flags of the call (FI_MORE,
+    /// a hint, dropped).
     ///
     /// # Safety
     /// The segments stay valid and untouched until the buffer completes.
-    unsafe fn post(&self, iov: &mut [IoSliceMut<'_>], src: u64, ctx: *mut c_void, flags: u64) -> isize {
-        if self.directed && src != FI_ADDR_UNSPEC {
-            return ENOSYS as isize; // the library's queue takes no source filter
-        }
-        if flags & sys::FI_MULTI_RECV != 0 {
-            return ENOSYS as isize;
-        }
-        if flags & !sys::FI_COMPLETION != 0 {
-            return EBADFLAGS as isize;
-        }
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn post(
+        &self,
+        iov: &mut [IoSliceMut<'_>],
+        src: u64,
+        ctx: *mut c_void,
+        tag: u64,
+        ignore: u64,
+        flags: u64,
+        tagged: bool,
+    ) -> isize {
+        let src = if self.directed { src } else { FI_ADDR_UNSPEC };
+        let flags = flags & !sys::FI_MORE;
+        let mut m = shmfab::RecvMsg { iov, src, context: ctx as usize, tag, ignore };
         // SAFETY: caller's contract.
-        match unsafe { self.srq.post_recv(iov, ctx as usize) } {
+        let r = unsafe {
+            if tagged {
+                self.srq.trecvmsg(&mut m, flags)
+            } else {
+                self.srq.recvmsg(&mut m, flags)
+            }
+        };
+        match r {
             Ok(()) => 0,
-            Err(e) => util::err(e, sys::FI_LOG_EP_DATA, "fi_recv(srx)") as isize,
+            Err(e) => util::err(e, sys::FI_LOG_EP_DATA, if tagged { "fi_trecv(srx)" } else { "fi_recv(srx)" }) as isize,
         }
+    }
+}
+
+/// `getopt` on the context: FI_OPT_MIN_MULTI_RECV.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as fi_endpoint(3) says.
+unsafe extern "C" fn getopt(fid: *mut sys::fid, level: c_int, name: c_int, val: *mut c_void, len: *mut usize) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(s) = (unsafe { of(fid) }) else { return EINVAL };
+    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
+        return -sys::FI_ENOPROTOOPT;
+    }
+    if val.is_null() || len.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: len is valid; val holds *len bytes (fi_endpoint(3)).
+    unsafe {
+        if *len < std::mem::size_of::<usize>() {
+            *len = std::mem::size_of::<usize>();
+            return ETOOSMALL;
+        }
+        *val.cast::<usize>() = s.min_multi_recv.load(Relaxed);
+        *len = std::mem::size_of::<usize>();
+    }
+    0
+}
+
+/// `setopt` on the context: FI_OPT_MIN_MULTI_RECV of its multi-receive
+/// buffers.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made, and every
+/// pointer is valid as fi_endpoint(3) says.
+unsafe extern "C" fn setopt(fid: *mut sys::fid, level: c_int, name: c_int, val: *const c_void, len: usize) -> c_int {
+    // SAFETY: libfabric passes our fid.
+    let Some(s) = (unsafe { of(fid) }) else { return EINVAL };
+    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
+        return -sys::FI_ENOPROTOOPT;
+    }
+    if val.is_null() || len != std::mem::size_of::<usize>() {
+        return EINVAL;
+    }
+    // SAFETY: val holds a size_t (checked length).
+    let n = unsafe { *val.cast::<usize>() };
+    match s.srq.set_min_multi_recv(n) {
+        Ok(()) => {
+            s.min_multi_recv.store(n, Relaxed);
+            0
+        }
+        Err(e) => util::err(e, sys::FI_LOG_EP_CTRL, "fi_setopt(srx)"),
     }
 }
 
@@ -262,7 +334,7 @@ unsafe extern "C" fn recv(
         unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
     };
     // SAFETY: the buffer stays valid until the completion (fi_msg(3)).
-    unsafe { s.post(&mut [IoSliceMut::new(b)], src, ctx, 0) }
+    unsafe { s.post(&mut [IoSliceMut::new(b)], src, ctx, 0, 0, s.op_flags, false) }
 }
 
 /// The caller's iovecs as `IoSliceMut`s (ABI-compatible with `struct
@@ -297,10 +369,10 @@ unsafe extern "C" fn recvv(
         return EINVAL as isize;
     };
     // SAFETY: the segments stay valid until the completion.
-    unsafe { s.post(v, src, ctx, 0) }
+    unsafe { s.post(v, src, ctx, 0, 0, s.op_flags, false) }
 }
 
-/// `fi_recvmsg` on the context (FI_COMPLETION only).
+/// `fi_recvmsg` on the context (FI_COMPLETION, FI_MULTI_RECV).
 ///
 /// # Safety
 /// libfabric's contract: the fid is one this provider made; `msg` valid,
@@ -313,5 +385,87 @@ unsafe extern "C" fn recvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flag
     // SAFETY: msg_iov holds iov_count segments.
     let Some(v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion.
-    unsafe { s.post(v, m.addr, m.context, flags) }
+    unsafe { s.post(v, m.addr, m.context, 0, 0, flags, false) }
+}
+
+/// `fi_trecv` on the context.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made; `buf` holds
+/// `len` bytes until the completion.
+unsafe extern "C" fn trecv(
+    ep: *mut sys::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(s) = (unsafe { of(ep.cast()) }) else { return EINVAL as isize };
+    if buf.is_null() && len > 0 {
+        return EINVAL as isize;
+    }
+    let b: &mut [u8] = if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: buf holds len bytes (checked non-null).
+        unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
+    };
+    // Multi-receive buffers are untagged: the default flags keep only
+    // FI_COMPLETION here.
+    let flags = s.op_flags & sys::FI_COMPLETION;
+    // SAFETY: the buffer stays valid until the completion (fi_tagged(3)).
+    unsafe { s.post(&mut [IoSliceMut::new(b)], src, ctx, tag, ignore, flags, true) }
+}
+
+/// `fi_trecvv` on the context.
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made; `iov` holds
+/// `count` segments valid until the completion.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn trecvv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes our fid; iov holds count segments.
+    let (Some(s), Some(v)) = (unsafe { of(ep.cast()) }, unsafe { slices_mut(iov, count) }) else {
+        return EINVAL as isize;
+    };
+    // SAFETY: the segments stay valid until the completion.
+    unsafe { s.post(v, src, ctx, tag, ignore, s.op_flags & sys::FI_COMPLETION, true) }
+}
+
+/// `fi_trecvmsg` on the context: FI_COMPLETION, and FI_PEEK, FI_CLAIM,
+/// FI_DISCARD as on an endpoint, over the unexpected messages of every
+/// endpoint bound (a peek's buffers may be absent).
+///
+/// # Safety
+/// libfabric's contract: the fid is one this provider made; `msg` valid,
+/// its segments valid until the completion.
+unsafe extern "C" fn trecvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    // SAFETY: libfabric passes our fid; msg is null or valid.
+    let (Some(s), Some(m)) = (unsafe { of(ep.cast()) }, unsafe { msg.as_ref() }) else {
+        return EINVAL as isize;
+    };
+    let probe = flags & (sys::FI_PEEK | sys::FI_DISCARD) != 0;
+    let mut none: [IoSliceMut<'_>; 0] = [];
+    // SAFETY: msg_iov holds iov_count segments (none needed by a peek or
+    // a discard).
+    let v = match unsafe { slices_mut(m.msg_iov, m.iov_count) } {
+        Some(v) => v,
+        None if probe => &mut none[..],
+        None => return EINVAL as isize,
+    };
+    // SAFETY: the segments stay valid until the completion.
+    unsafe { s.post(v, m.addr, m.context, m.tag, m.ignore, flags, true) }
 }

@@ -830,8 +830,7 @@ mod tests {
         rx.start_unexp(5, 1, 100);
         assert!(rx.in_order(), "an unmatched message has no place yet");
         assert!(!rx.feeding());
-        let d =
-            Dest { ctx: 0, iovs: Default::default(), cap: 0, buf: 0, multi_release: false, cqe: true, dw: Dw::NONE };
+        let d = Dest { cqe: true, ..Default::default() };
         rx.matched(
             5,
             ActiveRecv { dest: d, total: 100, received: 10, tag: 0, data: 0, hflags: 0, timed: None, fin: false },

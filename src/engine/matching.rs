@@ -8,8 +8,14 @@
 //!   queued, grows by a chunk, or leaves the queue.
 //! - A posted receive is in `posted[tagged]` until it is taken whole, or
 //!   (multi-receive) until less than `min_multi_recv` bytes of it remain.
-//! - An untagged receive of an endpoint bound to an SRQ comes from the SRQ,
-//!   never from `posted[0]` (the API refuses to post there).
+//! - A receive of a kind (untagged, tagged) that an endpoint takes from
+//!   its SRQ ([`Matching::srq_for`]) comes from the SRQ's queue of that
+//!   kind, never from the endpoint's own (the API refuses to post there).
+//!   The SRQ's queues are [`PostQueue`]s of [`PostedRecv`]s too, taken by
+//!   [`take_at`] and matched by [`PostedRecv::accepts`]: one matcher. The
+//!   source of an SRQ receive is an fi_addr, not a peer index (see
+//!   [`crate::srq`]): its callers pass the message's source fi_addr in
+//!   the receiving endpoint's AV where the endpoint's own pass a peer.
 //! - An unexpected message named in `holds` (claimed by a peek with
 //!   FI_CLAIM, or discarded while its chunks still arrive) stays in its
 //!   queue, so that its chunks still find it, but no receive or peek takes
@@ -18,9 +24,9 @@
 
 use super::complete::Dw;
 use super::request::{Iov, Iovs};
+use crate::domain::Ctx;
 use crate::error::{Error, Result};
 use crate::proto::Config;
-use crate::srq::SrqState;
 use std::collections::VecDeque;
 
 /// A posted receive.
@@ -96,6 +102,29 @@ impl PostQueue {
         let i = self.at(self.len);
         self.slots[i] = r;
         self.len += 1;
+    }
+
+    /// Puts `r` before the oldest (a receive given back).
+    pub fn push_front(&mut self, r: PostedRecv) {
+        if self.len == self.slots.len() {
+            self.grow();
+        }
+        self.head = (self.head + self.slots.len() - 1) & (self.slots.len() - 1);
+        self.slots[self.head] = r;
+        self.len += 1;
+    }
+
+    /// Slots (receives it holds without growing).
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Makes room for `n` receives at once (so that pushes up to that
+    /// many allocate nothing).
+    pub fn reserve(&mut self, n: usize) {
+        while self.slots.len() < n {
+            self.grow();
+        }
     }
 
     #[inline(always)]
@@ -194,7 +223,7 @@ impl std::ops::IndexMut<usize> for PostQueue {
 }
 
 /// What a matched receive delivers into.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct Dest {
     pub ctx: usize,
     pub iovs: Iovs,
@@ -204,6 +233,76 @@ pub(crate) struct Dest {
     pub cqe: bool,
     /// The receive's [`PostedRecv::dw`].
     pub dw: Dw,
+    /// The match fields of the receive it came from: an SRQ buffer taken
+    /// by an endpoint that closes (discarding) goes back to its queue
+    /// with them.
+    pub keys: Keys,
+}
+
+/// The match fields of a posted receive, kept with what it delivers into.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Keys {
+    pub src: Option<usize>,
+    pub tag: u64,
+    pub ignore: u64,
+    /// A part of a multi-receive buffer.
+    pub multi: bool,
+    /// The receive's own `cqe` (an SRQ's: whether it asked for
+    /// FI_COMPLETION), before the taking endpoint's selective completion
+    /// decided the Dest's.
+    pub cqe: bool,
+}
+
+/// Takes the posted receive `i` of `queue` for a message of `len` bytes:
+/// removes it, or carves from a multi-receive buffer (released, and
+/// removed, when less than `min_multi_recv` bytes of it remain). The one
+/// way a receive leaves a queue for a message, an endpoint's or an SRQ's.
+#[inline(always)]
+pub(crate) fn take_at(queue: &mut PostQueue, i: usize, len: usize, min_multi_recv: usize) -> Dest {
+    let min = min_multi_recv;
+    let r = &mut queue[i];
+    if r.multi {
+        let base = r.iovs.v[0];
+        let avail = base.len - r.moff;
+        let at = base.ptr + r.moff;
+        let used = len.min(avail);
+        // Keep later messages 8-byte aligned inside the buffer.
+        r.moff = (r.moff + used).next_multiple_of(8).min(base.len);
+        let release = base.len - r.moff < min.max(1);
+        let d = Dest {
+            ctx: r.ctx,
+            iovs: Iovs::one(at, avail),
+            cap: avail,
+            buf: at,
+            multi_release: release,
+            cqe: r.cqe,
+            dw: Dw::NONE,
+            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: true, cqe: r.cqe },
+        };
+        if release {
+            queue.remove(i);
+        }
+        d
+    } else {
+        // Built from a reference, then the entry dropped: moving the
+        // whole entry out first costs store-forwarding stalls.
+        let d = Dest {
+            ctx: r.ctx,
+            iovs: r.iovs,
+            cap: r.iovs.total(),
+            buf: r.iovs.v[0].ptr,
+            multi_release: false,
+            cqe: r.cqe,
+            dw: r.dw(),
+            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: false, cqe: r.cqe },
+        };
+        if i == 0 {
+            queue.pop_front();
+        } else {
+            queue.remove(i);
+        }
+        d
+    }
 }
 
 /// A message that arrived before its receive.
@@ -291,8 +390,14 @@ pub(crate) struct Matching {
     /// Buffers of delivered unexpected messages, kept for the next ones
     /// (small ones only, at most `SPARE_MAX`): no allocation per message.
     spare: Vec<Vec<u8>>,
-    /// Shared receive queue the untagged receives come from.
+    /// Shared receive queue bound (see [`Matching::srq_for`]).
     pub srq: Option<usize>,
+    /// Whether [untagged, tagged] receives come from `srq`.
+    srq_kinds: [bool; 2],
+    /// Whether [`Matching::front_plain`] is off for [untagged, tagged]
+    /// messages: from the SRQ, FI_SOURCE_ERR on, or a deferred work
+    /// request's receive posted (one load on the fast path).
+    plain_off: [bool; 2],
     /// The endpoint is closing: takes no more SRQ buffers.
     pub closing: bool,
     /// FI_SOURCE_ERR: every receive completes through `emit_rx`, which
@@ -302,9 +407,6 @@ pub(crate) struct Matching {
     /// they complete through `emit_rx`, which counts their completion
     /// counter).
     deferred: usize,
-    /// `source_err || deferred > 0`: [`Matching::front_plain`] declines
-    /// (one test on the fast path for both).
-    general: bool,
 }
 
 impl Matching {
@@ -318,17 +420,24 @@ impl Matching {
             min_multi_recv: 64,
             spare: Vec::new(),
             srq: None,
+            srq_kinds: [false; 2],
+            plain_off: [false; 2],
             closing: false,
             source_err: false,
             deferred: 0,
-            general: false,
         }
     }
 
     /// Turns FI_SOURCE_ERR on or off.
     pub fn set_source_err(&mut self, on: bool) {
         self.source_err = on;
-        self.general = self.source_err || self.deferred > 0;
+        self.set_plain_off();
+    }
+
+    /// Recomputes `plain_off` (see there).
+    fn set_plain_off(&mut self) {
+        let general = self.source_err || self.deferred > 0;
+        self.plain_off = [self.srq_kinds[0] || general, self.srq_kinds[1] || general];
     }
 
     /// A receive with a deferred completion (`r.dw()` not [`Dw::NONE`])
@@ -339,7 +448,7 @@ impl Matching {
         self.post(tagged, r, rx_size)?;
         if !dw.is_none() {
             self.deferred += 1;
-            self.general = true;
+            self.set_plain_off();
         }
         Ok(())
     }
@@ -356,7 +465,21 @@ impl Matching {
     #[inline(never)]
     fn left_deferred(&mut self) {
         self.deferred -= 1;
-        self.general = self.source_err || self.deferred > 0;
+        self.set_plain_off();
+    }
+
+    /// Binds the shared receive queue `id`: the receives of the kinds
+    /// `kinds` ([untagged, tagged]) come from it.
+    pub fn bind_srq(&mut self, id: usize, kinds: [bool; 2]) {
+        self.srq = Some(id);
+        self.srq_kinds = kinds;
+        self.set_source_err(self.source_err);
+    }
+
+    /// The SRQ that `tagged`'s receives come from, if any.
+    #[inline(always)]
+    pub fn srq_for(&self, tagged: bool) -> Option<usize> {
+        self.srq.filter(|_| self.srq_kinds[tagged as usize])
     }
 
     /// Whether FI_SOURCE_ERR is on.
@@ -420,26 +543,11 @@ impl Matching {
         Some((u, d))
     }
 
-    /// Takes the receive a message of `len` bytes from `p` with `tag`
-    /// matches: the SRQ's oldest buffer for an untagged message on an SRQ
-    /// endpoint, else the first posted receive that accepts it.
+    /// Takes the endpoint's own posted receive that a message of `len`
+    /// bytes from `p` with `tag` matches: the first that accepts it (for a
+    /// kind the endpoint takes from its SRQ, see [`EpState::take_match`]).
     #[inline(always)]
-    pub fn take_match(
-        &mut self,
-        srqs: &mut crate::table::Slots<SrqState>,
-        tagged: bool,
-        p: usize,
-        tag: u64,
-        len: usize,
-    ) -> Option<Dest> {
-        if !tagged {
-            if let Some(s) = self.srq {
-                if self.closing {
-                    return None;
-                }
-                return srqs.get_mut(s).and_then(|q| q.take());
-            }
-        }
+    pub fn take_match(&mut self, tagged: bool, p: usize, tag: u64, len: usize) -> Option<Dest> {
         let q = tagged as usize;
         let i = self.posted[q].iter().position(|r| r.accepts(tagged, p, tag))?;
         Some(self.take_posted(q, i, len))
@@ -452,7 +560,9 @@ impl Matching {
     /// takes it.
     #[inline(always)]
     pub fn front_plain(&self, tagged: bool, p: usize, tag: u64, len: usize) -> Option<(usize, Iov, bool)> {
-        if (!tagged && self.srq.is_some()) || self.general {
+        // Two fixed loads and a select: an index would keep `tagged`
+        // live as a word (a spill in the ring loop, by callgrind).
+        if if tagged { self.plain_off[1] } else { self.plain_off[0] } {
             return None;
         }
         let r = self.posted[tagged as usize].front()?;
@@ -471,52 +581,14 @@ impl Matching {
     }
 
     /// Takes the posted receive `i` of queue `q` for a message of `len`
-    /// bytes: removes it, or carves from a multi-receive buffer.
+    /// bytes (see [`take_at`]).
     #[inline(always)]
     fn take_posted(&mut self, q: usize, i: usize, len: usize) -> Dest {
-        let min = self.min_multi_recv;
-        let r = &mut self.posted[q][i];
-        if r.multi {
-            let base = r.iovs.v[0];
-            let avail = base.len - r.moff;
-            let at = base.ptr + r.moff;
-            let used = len.min(avail);
-            // Keep later messages 8-byte aligned inside the buffer.
-            r.moff = (r.moff + used).next_multiple_of(8).min(base.len);
-            let release = base.len - r.moff < min.max(1);
-            let d = Dest {
-                ctx: r.ctx,
-                iovs: Iovs::one(at, avail),
-                cap: avail,
-                buf: at,
-                multi_release: release,
-                cqe: r.cqe,
-                dw: Dw::NONE,
-            };
-            if release {
-                self.posted[q].remove(i);
-            }
-            d
-        } else {
-            // Built from a reference, then the entry dropped: moving the
-            // whole entry out first costs store-forwarding stalls.
-            let d = Dest {
-                ctx: r.ctx,
-                iovs: r.iovs,
-                cap: r.iovs.total(),
-                buf: r.iovs.v[0].ptr,
-                multi_release: false,
-                cqe: r.cqe,
-                dw: r.dw(),
-            };
-            if i == 0 {
-                self.posted[q].pop_front();
-            } else {
-                self.posted[q].remove(i);
-            }
-            self.left(d.dw);
-            d
-        }
+        let d = take_at(&mut self.posted[q], i, len, self.min_multi_recv);
+        // A multi-receive part (which may leave the queue) has no deferred
+        // reporting: only a receive taken whole counts here.
+        self.left(d.dw);
+        d
     }
 
     /// Removes every receive directed at peer `p`, with its queue
@@ -558,19 +630,20 @@ impl Matching {
             out.extend(self.posted[q].take_all().into_iter().map(|r| (q == 1, Self::unused(r))));
         }
         self.deferred = 0;
-        self.general = self.source_err;
+        self.set_plain_off();
         out
     }
 
     /// Where a posted receive taken out unmatched would have delivered (a
     /// multi-receive buffer: what is left of it, released).
-    fn unused(r: PostedRecv) -> Dest {
+    pub fn unused(r: PostedRecv) -> Dest {
         let (at, cap) = if r.multi {
             (r.iovs.v[0].ptr + r.moff, r.iovs.v[0].len - r.moff)
         } else {
             (r.iovs.v[0].ptr, r.iovs.total())
         };
-        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe, dw: r.dw() }
+        let keys = Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: r.multi, cqe: r.cqe };
+        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe, dw: r.dw(), keys }
     }
 
     /// Whether holding `more` unexpected bytes is over the budget
@@ -714,17 +787,28 @@ impl Matching {
         Some(Discard::Arriving)
     }
 
-    /// Whether an untagged unexpected message waits (for an SRQ buffer).
-    pub fn has_untagged_unexp(&self) -> bool {
-        !self.unexp[0].is_empty()
-    }
-
-    /// Takes the oldest untagged unexpected message (an SRQ buffer was
-    /// posted for it).
-    pub fn pop_untagged_unexp(&mut self) -> Option<Unexp> {
-        let u = self.unexp[0].pop_front()?;
+    /// Takes out the first unexpected message of `tagged`'s queue that
+    /// nobody holds and that `accept` takes (given the message and its
+    /// source as `src` maps its peer: an SRQ's receives name fi_addrs).
+    pub fn take_unexp_with(
+        &mut self,
+        tagged: bool,
+        mut src: impl FnMut(usize) -> usize,
+        mut accept: impl FnMut(usize, &Unexp) -> bool,
+    ) -> Option<Unexp> {
+        let q = tagged as usize;
+        let holds = &self.holds;
+        let i = self.unexp[q].iter().position(|u| free(holds, u.id) && accept(src(u.peer), u))?;
+        let u = self.unexp[q].remove(i).expect("index from position");
         self.unexp_bytes -= u.held();
         Some(u)
+    }
+
+    /// The first unexpected message of `tagged`'s queue that the receive
+    /// `r` accepts (its source mapped by `src`, as for
+    /// [`Matching::take_unexp_with`]) and nobody holds: a peek on an SRQ.
+    pub fn find_free_with(&self, tagged: bool, r: &PostedRecv, mut src: impl FnMut(usize) -> usize) -> Option<&Unexp> {
+        self.unexp[tagged as usize].iter().find(|u| free(&self.holds, u.id) && r.accepts(tagged, src(u.peer), u.tag))
     }
 
     /// A buffer of `len` bytes for an unexpected message (a recycled one if
@@ -752,6 +836,45 @@ impl Matching {
             v.clear();
             self.spare.push(v);
         }
+    }
+}
+
+impl super::EpState {
+    /// Takes the receive a message of `len` bytes from peer `p` with `tag`
+    /// matches: for a kind the endpoint takes from its SRQ, the first SRQ
+    /// receive that accepts it (none while the endpoint closes), else the
+    /// first of its own that does.
+    #[inline(always)]
+    pub fn take_match(&mut self, ctx: &mut Ctx<'_>, tagged: bool, p: usize, tag: u64, len: usize) -> Option<Dest> {
+        if let Some(s) = self.matching.srq_for(tagged) {
+            return self.take_srq_match(ctx, s, tagged, p, tag, len);
+        }
+        self.matching.take_match(tagged, p, tag, len)
+    }
+
+    /// [`EpState::take_match`] from SRQ `s`: its receives name their
+    /// source by fi_addr, so the message's source is the fi_addr of peer
+    /// `p` in this endpoint's AV (`FI_ADDR_NOTAVAIL` if it has none); the
+    /// receive writes an entry if it asked for FI_COMPLETION or this
+    /// endpoint's receive CQ is not bound with FI_SELECTIVE_COMPLETION.
+    #[inline(never)]
+    fn take_srq_match(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        s: usize,
+        tagged: bool,
+        p: usize,
+        tag: u64,
+        len: usize,
+    ) -> Option<Dest> {
+        if self.matching.closing {
+            return None;
+        }
+        let q = ctx.srqs.get_mut(s)?;
+        let src = if q.directed(tagged) { self.peers.src_addr(ctx.avs, p) as usize } else { usize::MAX };
+        let mut d = q.take_match(tagged, src, tag, len)?;
+        d.cqe |= !self.bind.rx_sel;
+        Some(d)
     }
 }
 
@@ -863,15 +986,14 @@ mod tests {
         m.post(true, recv(&mut a, Some(1), 5, 0, false), 16).unwrap();
         m.post(true, recv(&mut b, None, 5, 0, false), 16).unwrap();
         m.post(true, recv(&mut c, None, 5, 0, false), 16).unwrap();
-        let mut srqs = crate::table::Table::<SrqState>::new();
         // From peer 0: the directed one is skipped.
-        let d = m.take_match(&mut srqs, true, 0, 5, 4).unwrap();
+        let d = m.take_match(true, 0, 5, 4).unwrap();
         assert_eq!(d.ctx, b.as_ptr() as usize);
-        let d = m.take_match(&mut srqs, true, 1, 5, 4).unwrap();
+        let d = m.take_match(true, 1, 5, 4).unwrap();
         assert_eq!(d.ctx, a.as_ptr() as usize);
         assert_eq!(m.posted_count(), 1);
-        assert!(m.take_match(&mut srqs, true, 0, 6, 4).is_none());
-        assert!(m.take_match(&mut srqs, false, 0, 5, 4).is_none(), "tagged receives never match untagged");
+        assert!(m.take_match(true, 0, 6, 4).is_none());
+        assert!(m.take_match(false, 0, 5, 4).is_none(), "tagged receives never match untagged");
     }
 
     #[test]
@@ -888,17 +1010,16 @@ mod tests {
         let mut m = Matching::new();
         m.min_multi_recv = 64;
         m.post(false, recv(&mut b, None, 0, 0, true), 4).unwrap();
-        let mut srqs = crate::table::Table::<SrqState>::new();
         let base = b.as_ptr() as usize;
-        let d1 = m.take_match(&mut srqs, false, 0, 0, 10).unwrap();
+        let d1 = m.take_match(false, 0, 0, 10).unwrap();
         assert_eq!((d1.buf, d1.cap, d1.multi_release), (base, 256, false));
-        let d2 = m.take_match(&mut srqs, false, 0, 0, 100).unwrap();
+        let d2 = m.take_match(false, 0, 0, 100).unwrap();
         assert_eq!((d2.buf, d2.cap, d2.multi_release), (base + 16, 240, false), "next message 8-byte aligned");
         // 256 - 120 = 136 left; taking 80 leaves 56 < 64: released.
-        let d3 = m.take_match(&mut srqs, false, 0, 0, 80).unwrap();
+        let d3 = m.take_match(false, 0, 0, 80).unwrap();
         assert_eq!((d3.buf, d3.multi_release), (base + 120, true));
         assert_eq!(m.posted_count(), 0);
-        assert!(m.take_match(&mut srqs, false, 0, 0, 1).is_none());
+        assert!(m.take_match(false, 0, 0, 1).is_none());
     }
 
     #[test]
@@ -1019,9 +1140,15 @@ mod tests {
         m.set_source_err(true);
         assert!(m.front_plain(false, 0, 0, 8).is_none() && m.front_plain(true, 0, 1, 8).is_none(), "FI_SOURCE_ERR");
         m.set_source_err(false);
-        m.srq = Some(0);
+        m.bind_srq(0, [true, false]);
         assert!(m.front_plain(false, 0, 0, 8).is_none(), "SRQ endpoint");
         assert!(m.front_plain(true, 0, 1, 8).is_some(), "tagged receives stay the endpoint's");
+        assert_eq!((m.srq_for(false), m.srq_for(true)), (Some(0), None));
+        m.bind_srq(0, [true, true]);
+        assert!(m.front_plain(true, 0, 1, 8).is_none(), "tagged receives from the SRQ too");
+        m.set_source_err(true);
+        m.set_source_err(false);
+        assert!(m.front_plain(true, 0, 1, 8).is_none(), "FI_SOURCE_ERR off keeps the SRQ's");
     }
 
     /// A deferred work request's receive is never the fast path's (nor
@@ -1033,11 +1160,10 @@ mod tests {
         let dw = Dw::new(Some(3), true);
         let deferred = |r: PostedRecv| PostedRecv { moff: dw.raw() as usize, ..r };
         let mut m = Matching::new();
-        let mut srqs = crate::table::Table::<SrqState>::new();
         m.post_deferred(true, deferred(recv(&mut a, None, 1, 0, false)), 4).unwrap();
         m.post(true, recv(&mut b, None, 1, 0, false), 4).unwrap();
         assert!(m.front_plain(true, 0, 1, 8).is_none(), "a deferred receive is posted");
-        let d = m.take_match(&mut srqs, true, 0, 1, 8).unwrap();
+        let d = m.take_match(true, 0, 1, 8).unwrap();
         assert_eq!((d.buf, d.cap, d.dw), (a.as_ptr() as usize, 8, dw));
         assert_eq!(m.front_plain(true, 0, 1, 8).map(|x| x.1.ptr), Some(b.as_ptr() as usize), "none left");
         m.post_deferred(false, deferred(recv(&mut a, None, 0, 0, false)), 4).unwrap();

@@ -1473,11 +1473,10 @@ static void test_srx(struct side *a)
 		EXPECT(fi_getname(&s[i].ep->fid, name, &len), 0);
 		EXPECT(fi_av_insert(av, name, 1, &s[i].addr, 0, NULL), 1);
 	}
-	/* Untagged receives go to the shared context, not the endpoint. */
+	/* Receives, untagged and tagged, go to the shared context, not the
+	 * endpoint (test_srx_tagged posts tagged ones on the context). */
 	EXPECT(fi_recv(s[0].ep, buf[0], 16, NULL, FI_ADDR_UNSPEC, NULL), -FI_EINVAL);
-	/* Tagged ones on the context: not built (the library's queue holds
-	 * untagged receives). */
-	EXPECT(fi_trecv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, 1, 0, NULL), -FI_ENOSYS);
+	EXPECT(fi_trecv(s[0].ep, buf[0], 16, NULL, FI_ADDR_UNSPEC, 1, 0, NULL), -FI_EINVAL);
 	EXPECT(fi_recv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, (void *)0x51), 0);
 	EXPECT(fi_recv(srx, buf[1], 16, NULL, FI_ADDR_UNSPEC, (void *)0x52), 0);
 	EXPECT(fi_send(a->ep, "to one", 7, NULL, s[1].addr, NULL), 0);
@@ -1514,29 +1513,223 @@ static void test_srx(struct side *a)
 	/* The rx_attr fi_getinfo returned opens a context as it is. */
 	EXPECT(fi_srx_context(domain, info->rx_attr, &srx, NULL), 0);
 	EXPECT(fi_close(&srx->fid), 0);
-	/* Asking for FI_SHARED_CONTEXT: what the context cannot serve is
-	 * refused, or left out when no capability is named. */
+	/* Asking for FI_SHARED_CONTEXT: the context serves every receive
+	 * capability, offered when no capability is named. */
 	struct fi_info *h = hints(), *si;
 	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
-	EXPECT(getinfo(h, NULL), -FI_ENODATA); /* FI_TAGGED */
+	EXPECT(getinfo(h, NULL), 0); /* FI_TAGGED */
 	h = hints();
 	h->caps = FI_MSG | FI_DIRECTED_RECV;
 	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
-	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	EXPECT(getinfo(h, NULL), 0);
 	h = hints();
 	h->caps = FI_MSG;
 	h->rx_attr->op_flags = FI_MULTI_RECV;
 	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
-	EXPECT(getinfo(h, NULL), -FI_ENODATA);
+	EXPECT(getinfo(h, NULL), 0);
 	h = hints();
 	h->caps = 0;
 	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
 	EXPECT(getinfo(h, &si), 0);
 	CHECK(si->ep_attr->rx_ctx_cnt == FI_SHARED_CONTEXT && (si->caps & FI_MSG));
-	CHECK(!(si->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV)));
-	CHECK(!(si->rx_attr->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV)));
+	CHECK((si->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV)) ==
+	      (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV));
 	EXPECT(fi_srx_context(domain, si->rx_attr, &srx, NULL), 0);
 	EXPECT(fi_close(&srx->fid), 0);
+	fi_freeinfo(si);
+}
+
+/* One completion at any of the `n` CQs: its index, with the entry in *e,
+ * or -1 - index for an error entry (in *err). */
+static int srx_read_any(struct fid_cq **cqs, int n, struct fi_cq_tagged_entry *e, struct fi_cq_err_entry *err)
+{
+	for (int i = 0; i < 1000000; i++) {
+		for (int k = 0; k < n; k++) {
+			ssize_t r = fi_cq_read(cqs[k], e, 1);
+			if (r == 1)
+				return k;
+			if (r == -FI_EAVAIL) {
+				memset(err, 0, sizeof(*err));
+				EXPECT(fi_cq_readerr(cqs[k], err, 0), 1);
+				return -1 - k;
+			}
+			EXPECT(r, -FI_EAGAIN);
+		}
+	}
+	CHECK(!"a completion");
+	return -100;
+}
+
+/* A peek or claim (no buffer) on the shared context `srx`. */
+static void srx_probe(struct fid_ep *srx, uint64_t tag, uint64_t ignore, uint64_t flags, void *ctx)
+{
+	struct fi_msg_tagged m = { .iov_count = 0, .addr = FI_ADDR_UNSPEC, .tag = tag, .ignore = ignore, .context = ctx };
+	EXPECT(fi_trecvmsg(srx, &m, flags), 0);
+}
+
+/* An SRX shared by three endpoints of a domain opened with
+ * FI_SHARED_CONTEXT, FI_TAGGED, FI_DIRECTED_RECV and FI_MULTI_RECV, fed by
+ * a fourth: tagged receives on the context (ignore masks; messages that
+ * waited, unexpected, at different endpoints, each completing at the CQ
+ * of its endpoint; a receive posted before its message), FI_PEEK,
+ * FI_CLAIM and FI_DISCARD over the endpoints' unexpected messages,
+ * directed receives, a FI_MULTI_RECV buffer carved by messages of all
+ * three endpoints with FI_OPT_MIN_MULTI_RECV set on the context (its last
+ * completion has FI_MULTI_RECV), and fi_cancel of each kind. */
+static void test_srx_tagged(void)
+{
+	struct fi_info *h = hints(), *si;
+	struct fid_domain *d;
+	struct fid_av *v;
+	struct fid_ep *srx, *r[3], *tx;
+	struct fid_cq *cq[3], *txcq;
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err;
+	fi_addr_t ra[3], ta;
+	char name[64], buf[4][16], one[16];
+	static char multi[256] __attribute__((aligned(8)));
+	size_t len, mm = 64;
+	int k, claimctx, dctx[2];
+
+	h->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(getinfo(h, &si), 0);
+	CHECK((si->caps & (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV)) ==
+	      (FI_TAGGED | FI_DIRECTED_RECV | FI_MULTI_RECV));
+	EXPECT(fi_domain(fabric, si, &d, NULL), 0);
+	EXPECT(fi_av_open(d, &aa, &v, NULL), 0);
+	EXPECT(fi_srx_context(d, si->rx_attr, &srx, NULL), 0);
+	for (k = 0; k < 4; k++) {
+		struct fid_ep **ep = k < 3 ? &r[k] : &tx;
+		struct fid_cq **c = k < 3 ? &cq[k] : &txcq;
+		EXPECT(fi_cq_open(d, &ca, c, NULL), 0);
+		EXPECT(fi_endpoint(d, si, ep, NULL), 0);
+		EXPECT(fi_ep_bind(*ep, &v->fid, 0), 0);
+		EXPECT(fi_ep_bind(*ep, &(*c)->fid, FI_TRANSMIT | FI_RECV), 0);
+		if (k < 3)
+			EXPECT(fi_ep_bind(*ep, &srx->fid, 0), 0);
+		EXPECT(fi_enable(*ep), 0);
+		len = sizeof(name);
+		EXPECT(fi_getname(&(*ep)->fid, name, &len), 0);
+		EXPECT(fi_av_insert(v, name, 1, k < 3 ? &ra[k] : &ta, 0, NULL), 1);
+	}
+	EXPECT(fi_setopt(&srx->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &mm, sizeof(mm)), 0);
+	mm = 0;
+	len = sizeof(mm);
+	EXPECT(fi_getopt(&srx->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &mm, &len), 0);
+	CHECK(mm == 64 && len == sizeof(mm));
+	/* Receives go through the context only. */
+	EXPECT(fi_trecv(r[0], buf[0], 16, NULL, FI_ADDR_UNSPEC, 1, 0, NULL), -FI_EINVAL);
+
+	/* Unexpected at three endpoints. */
+	EXPECT(fi_tinject(tx, "at r0", 6, ra[0], 0x101), 0);
+	EXPECT(fi_tinject(tx, "at r1", 6, ra[1], 0x102), 0);
+	EXPECT(fi_tinject(tx, "at r2", 6, ra[2], 0x201), 0);
+	/* A peek (any endpoint) for 0x2xx: found at r2, reported there; a
+	 * miss is -FI_ENOMSG at the first endpoint's CQ. */
+	for (int n = 0;; n++) {
+		srx_probe(srx, 0x200, 0xff, FI_PEEK, &claimctx);
+		k = srx_read_any(cq, 3, &e, &err);
+		if (k >= 0)
+			break;
+		CHECK(k == -1 && err.err == FI_ENOMSG && err.op_context == &claimctx && n < 100000);
+	}
+	CHECK(k == 2 && e.tag == 0x201 && e.len == 6 && e.op_context == &claimctx && e.buf == NULL);
+	/* Claim it; then a receive for 0x1xx (ignore mask) takes the ones at
+	 * r0 and r1, each completing at its endpoint's CQ. */
+	srx_probe(srx, 0x201, 0, FI_PEEK | FI_CLAIM, &claimctx);
+	CHECK(srx_read_any(cq, 3, &e, &err) == 2 && e.tag == 0x201);
+	EXPECT(fi_trecv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, 0x100, 0xfff, (void *)0x61), 0);
+	EXPECT(fi_trecv(srx, buf[1], 16, NULL, FI_ADDR_UNSPEC, 0x100, 0xfff, (void *)0x62), 0);
+	int seen = 0;
+	for (int n = 0; n < 2; n++) {
+		k = srx_read_any(cq, 3, &e, &err);
+		CHECK(k == 0 || k == 1);
+		CHECK(e.tag == (uint64_t)(0x101 + k) && (e.flags & (FI_TAGGED | FI_RECV)) == (FI_TAGGED | FI_RECV));
+		CHECK(!strcmp(e.op_context == (void *)0x61 ? buf[0] : buf[1], k ? "at r1" : "at r0"));
+		seen |= 1 << k;
+	}
+	CHECK(seen == 3); /* not the claimed one */
+	/* The claim's receive, posted on the context, delivers at r2. */
+	struct iovec iv = { .iov_base = one, .iov_len = sizeof(one) };
+	struct fi_msg_tagged cm = { .msg_iov = &iv, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = &claimctx };
+	EXPECT(fi_trecvmsg(srx, &cm, FI_CLAIM), 0);
+	CHECK(srx_read_any(cq, 3, &e, &err) == 2 && e.op_context == &claimctx && !strcmp(one, "at r2"));
+	EXPECT(fi_trecvmsg(srx, &cm, FI_CLAIM), -FI_EINVAL); /* received once */
+	/* Peek and discard: gone. */
+	EXPECT(fi_tinject(tx, "gone", 5, ra[1], 0x301), 0);
+	for (int n = 0;; n++) {
+		srx_probe(srx, 0x301, 0, FI_PEEK | FI_DISCARD, &claimctx);
+		if ((k = srx_read_any(cq, 3, &e, &err)) >= 0)
+			break;
+		CHECK(n < 100000);
+	}
+	CHECK(k == 1 && e.len == 5);
+	srx_probe(srx, 0x301, 0, FI_PEEK, &claimctx);
+	CHECK(srx_read_any(cq, 3, &e, &err) == -1 && err.err == FI_ENOMSG);
+	/* Posted before its message (fi_trecvv). */
+	iv.iov_base = buf[2];
+	iv.iov_len = 16;
+	EXPECT(fi_trecvv(srx, &iv, NULL, 1, FI_ADDR_UNSPEC, 0x400, 0, (void *)0x63), 0);
+	EXPECT(fi_tinject(tx, "posted", 7, ra[2], 0x400), 0);
+	CHECK(srx_read_any(cq, 3, &e, &err) == 2 && e.op_context == (void *)0x63 && !strcmp(buf[2], "posted"));
+
+	/* Directed: a source in the receiving endpoint's AV. */
+	EXPECT(fi_recv(srx, buf[0], 16, NULL, ra[0], &dctx[0]), 0); /* r0 sends nothing */
+	EXPECT(fi_recv(srx, buf[1], 16, NULL, ta, &dctx[1]), 0);
+	EXPECT(fi_recv(srx, buf[2], 16, NULL, 77, NULL), -FI_EADDRNOTAVAIL);
+	EXPECT(fi_inject(tx, "from tx", 8, ra[1]), 0);
+	k = srx_read_any(cq, 3, &e, &err);
+	CHECK(k == 1 && e.op_context == &dctx[1] && !strcmp(buf[1], "from tx"));
+
+	/* FI_MULTI_RECV: 256 bytes, released below 64. Messages of 56 bytes
+	 * land one after the other, whichever endpoint took them; the fourth
+	 * leaves 32: its completion has FI_MULTI_RECV. */
+	struct iovec mv = { .iov_base = multi, .iov_len = sizeof(multi) };
+	struct fi_msg mm_msg = { .msg_iov = &mv, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = (void *)0x70 };
+	struct fi_msg_tagged tmm = { .msg_iov = &mv, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = (void *)0x70 };
+	EXPECT(fi_trecvmsg(srx, &tmm, FI_MULTI_RECV), -FI_EBADFLAGS); /* untagged only */
+	EXPECT(fi_recvmsg(srx, &mm_msg, FI_MULTI_RECV), 0);
+	for (int n = 0; n < 4; n++) {
+		char m[56];
+		memset(m, 'a' + n, sizeof(m));
+		EXPECT(fi_inject(tx, m, sizeof(m), ra[n % 3]), 0);
+		k = srx_read_any(cq, 3, &e, &err);
+		CHECK(k == n % 3 && e.op_context == (void *)0x70 && e.len == 56);
+		CHECK((char *)e.buf == multi + 56 * n && multi[56 * n] == 'a' + n);
+		CHECK(!!(e.flags & FI_MULTI_RECV) == (n == 3));
+	}
+
+	/* fi_cancel of each kind: a multi-receive buffer (released: its entry
+	 * has FI_MULTI_RECV), a tagged one, and the directed one left. */
+	EXPECT(fi_recvmsg(srx, &mm_msg, FI_MULTI_RECV), 0);
+	EXPECT(fi_trecv(srx, buf[3], 16, NULL, FI_ADDR_UNSPEC, 0x500, 0, (void *)0x71), 0);
+	EXPECT(fi_cancel(&srx->fid, (void *)0x70), 0);
+	EXPECT(fi_cancel(&srx->fid, (void *)0x71), 0);
+	EXPECT(fi_cancel(&srx->fid, &dctx[0]), 0);
+	void *want[3] = { (void *)0x70, &dctx[0], (void *)0x71 };
+	uint64_t wflags[3] = { FI_MULTI_RECV, 0, FI_TAGGED };
+	for (int n = 0; n < 3; n++) {
+		k = srx_read_any(cq, 3, &e, &err);
+		CHECK(k == -1 && err.err == FI_ECANCELED);
+		int w = err.op_context == want[0] ? 0 : err.op_context == want[1] ? 1 : 2;
+		CHECK(err.op_context == want[w] && (err.flags & (FI_MULTI_RECV | FI_TAGGED)) == wflags[w]);
+	}
+	for (k = 0; k < 3; k++)
+		EXPECT(fi_cq_read(cq[k], &e, 1), -FI_EAGAIN);
+
+	EXPECT(fi_close(&srx->fid), -FI_EBUSY);
+	for (k = 0; k < 3; k++) {
+		EXPECT(fi_close(&r[k]->fid), 0);
+		EXPECT(fi_close(&cq[k]->fid), 0);
+	}
+	EXPECT(fi_close(&tx->fid), 0);
+	EXPECT(fi_close(&txcq->fid), 0);
+	EXPECT(fi_close(&srx->fid), 0);
+	EXPECT(fi_close(&v->fid), 0);
+	EXPECT(fi_close(&d->fid), 0);
 	fi_freeinfo(si);
 }
 
@@ -2175,6 +2368,7 @@ int main(int argc, char **argv)
 	test_delivery_complete(&a, &b);
 	test_ops_flags(&a, &b);
 	test_srx(&a);
+	test_srx_tagged();
 	test_close_discards();
 	test_source_err(&a);
 	test_misc(&a, &b);
