@@ -4,7 +4,7 @@
 //! | protocol | when | data moves |
 //! | --- | --- | --- |
 //! | [`Proto::Inline`] | up to `inline_max` (and below `cma_min`); on the overflow queue up to one cell (72 B) | in the ring cells, one copy each side |
-//! | [`Proto::Bounce`] | above `inline_max`, below `cma_min` where single copy is usable, else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments of `frag_size`, pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
+//! | [`Proto::Bounce`] | above `inline_max`, below `cma_min` where single copy is usable, else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments ([`frag_for`]: `frag_size` below 32 KiB, then a quarter of the message, at most `frag_max`, each a run of chunks back to back named by one ring message), pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
 //! | [`Proto::Rndv`] | from the lower of `cma_min` and `rndv_min` where single copy is usable, else from `rndv_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv (from `split_min`, both sides copy half each). Where CMA is off or the kernel refuses it (EPERM, ENOSYS; both sides then stop offering it to that peer) the receiver asks for the data through the pool |
 //!
 //! "Single copy usable" means: CMA not off, not refused by that peer, and the
@@ -43,6 +43,8 @@
 //! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`) | 4096 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 65536 |
 //! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 4096 |
+//! | `SHMFAB_FRAG_PARTS` | fragments a larger message through the pool is cut into ([`frag_for`]: each a whole number of chunks, from `SHMFAB_FRAG_SIZE` to `SHMFAB_FRAG_MAX`; no runs when `SHMFAB_FRAG_SIZE` is below the chunk size) | 4 |
+//! | `SHMFAB_FRAG_MAX` | most bytes per fragment (multiple of 64; at most 16 chunks) | 16384 |
 //! | `SHMFAB_RNDV_MIN` | smallest message sent by rendezvous when single copy is not usable (data through the pool on demand) | 131072 |
 //! | `SHMFAB_CMA` | `auto` (or `on`, `1`), `off` (or `0`: never offer CMA), `fail` (act as if the kernel refused it: tests the fallback), `nowrite` (refuse only the sender's writes of a split copy: tests that fallback) | `auto` |
 //! | `SHMFAB_SPLIT_MIN` | smallest single-copy message whose copy both sides share (receiver reads the first half, sender writes the second with process_vm_writev), once single copy has worked with that peer | 524288 |
@@ -181,7 +183,7 @@ pub struct Config {
     /// of chunks back to back named by one ring message ([`frag_for`]).
     pub frag_max: usize,
     /// Fragments a message is cut into, each of at least `frag_size` and
-    /// at most `frag_max` bytes ([`frag_for`]). Temporary knob.
+    /// at most `frag_max` bytes ([`frag_for`]).
     pub frag_parts: usize,
     /// Longest message whose fragments are all of `frag_size` (derived by
     /// [`Config::clamp`]: `frag_parts` fragments of `frag_size`).
