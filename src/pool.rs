@@ -199,7 +199,7 @@ impl Pool {
     /// Returns the `k` chunks from `idx` on ([`Pool::free_many`] of a run);
     /// false, returning none, if any is out of range.
     pub fn free_run(&self, idx: u32, k: u32) -> bool {
-        let mut buf = [0u32; 16];
+        let mut buf = [0u32; shm_layout::wire::Chunk::MAX_RUN as usize];
         if k as usize > buf.len() || idx.checked_add(k).is_none_or(|e| e > self.n) {
             return false;
         }

@@ -526,10 +526,10 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         bad(ep, ctx, p, None, "chunk for no message in progress");
         return Flow::Done;
     }
-    // SAFETY: the run lies in our pool (checked by Chunk::decode: index +
-    // run <= chunks, len <= run * chunk_size); the sender filled its len bytes before publishing the
-    // message (the ring's release/acquire on its tail) and gave up the
-    // chunks by doing so.
+    // SAFETY: the run lies in our pool (Chunk::decode: index + run <= the
+    // pool's chunks, len <= run * chunk_size); the sender filled its len
+    // bytes before publishing the message (RingTx::publish's release
+    // store, acquired by RingRx::ready) and gave the chunks up by doing so.
     let bytes = unsafe { std::slice::from_raw_parts(chunk as *const u8, len) };
     match ep.peers[p].rx.get_mut(msg_id).expect("checked above") {
         RxCur::Split(_) => {
