@@ -196,6 +196,19 @@ impl Pool {
         Some(unsafe { self.chunks.add(idx as usize * self.chunk_size) })
     }
 
+    /// Returns the `k` chunks from `idx` on ([`Pool::free_many`] of a run);
+    /// false, returning none, if any is out of range.
+    pub fn free_run(&self, idx: u32, k: u32) -> bool {
+        let mut buf = [0u32; shm_layout::wire::Chunk::MAX_RUN as usize];
+        if k as usize > buf.len() || idx.checked_add(k).is_none_or(|e| e > self.n) {
+            return false;
+        }
+        for (j, b) in buf[..k as usize].iter_mut().enumerate() {
+            *b = idx + j as u32;
+        }
+        self.free_many(&buf[..k as usize])
+    }
+
     /// Chunks currently taken.
     pub fn in_use(&self) -> u32 {
         // SAFETY: ctl mapped.
@@ -274,6 +287,26 @@ mod tests {
         }
         got.sort();
         assert_eq!(got, (0..10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn runs_come_back_in_order() {
+        let p = heap_pool(8);
+        // SAFETY: fresh pool.
+        unsafe { p.init() };
+        let mut a = [0u32; 8];
+        assert_eq!(p.alloc_many(&mut a), 8);
+        assert!(!p.free_run(6, 3), "past the end: refused");
+        assert!(!p.free_run(0, 17), "longer than a run: refused");
+        assert!(!p.free_run(u32::MAX, 2), "no overflow");
+        assert_eq!(p.in_use(), 8);
+        assert!(p.free_run(4, 4));
+        assert!(p.free_run(0, 4));
+        assert_eq!(p.in_use(), 0);
+        // Each run back in index order, the last returned first.
+        let mut b = [0u32; 8];
+        assert_eq!(p.alloc_many(&mut b), 8);
+        assert_eq!(b, [0, 1, 2, 3, 4, 5, 6, 7]);
     }
 
     #[test]

@@ -527,23 +527,27 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         }
     };
     let (idx, msg_id, off, len) = (c.index, c.msg_id, c.offset as usize, c.len as usize);
+    // A run of chunks back to back, inside the pool (Chunk::decode).
+    let run = c.run(pool.chunk_size());
     let chunk = pool.chunk(idx).expect("index checked by Chunk::decode");
     if !ep.peers[p].rx.has(msg_id) {
-        pool.free(idx);
+        pool.free_run(idx, run);
         bad(ep, ctx, p, None, "chunk for no message in progress");
         return Flow::Done;
     }
-    // SAFETY: chunk is one of our pool's chunks (index checked) and
-    // len <= chunk_size; the sender filled it before publishing the message.
+    // SAFETY: the run lies in our pool (Chunk::decode: index + run <= the
+    // pool's chunks, len <= run * chunk_size); the sender filled its len
+    // bytes before publishing the message (RingTx::publish's release
+    // store, acquired by RingRx::ready) and gave the chunks up by doing so.
     let bytes = unsafe { std::slice::from_raw_parts(chunk as *const u8, len) };
     match ep.peers[p].rx.get_mut(msg_id).expect("checked above") {
         RxCur::Split(_) => {
-            pool.free(idx);
+            pool.free_run(idx, run);
             bad(ep, ctx, p, None, "chunk for a message being copied directly");
         }
         RxCur::Active(a) => {
             if off != a.received || off + len > a.total {
-                pool.free(idx);
+                pool.free_run(idx, run);
                 bad(ep, ctx, p, Some(msg_id), "chunk out of order");
                 return Flow::Done;
             }
@@ -551,7 +555,7 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
                 let n = (a.dest.cap - off).min(len);
                 a.dest.iovs.scatter(off, n, |o, dst| crate::copy::copy_slice(dst, &bytes[o..o + dst.len()]));
             }
-            ep.inbound.release_chunk(idx);
+            ep.inbound.release_run(idx, run);
             a.received += len;
             if a.received == a.total {
                 let Some(RxCur::Active(a)) = ep.peers[p].rx.take(msg_id) else { unreachable!("matched above") };
@@ -561,10 +565,10 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
         RxCur::Unexp { id, total } => {
             let (id, total) = (*id, *total);
             if unexp_full(ep, ctx, p, len) {
-                return Flow::Stall; // chunk stays in the pool and the message in the ring
+                return Flow::Stall; // chunks stay in the pool and the message in the ring
             }
             let ok = ep.matching.append_unexp(id, off, bytes, total);
-            ep.inbound.release_chunk(idx);
+            ep.inbound.release_run(idx, run);
             match ok {
                 Some(true) => {
                     ep.peers[p].rx.take(msg_id);

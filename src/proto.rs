@@ -4,7 +4,7 @@
 //! | protocol | when | data moves |
 //! | --- | --- | --- |
 //! | [`Proto::Inline`] | up to `inline_max` (and below `cma_min`); on the overflow queue up to one cell (72 B) | in the ring cells, one copy each side |
-//! | [`Proto::Bounce`] | above `inline_max`, below `cma_min` where single copy is usable, else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments of `frag_size`, pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
+//! | [`Proto::Bounce`] | above `inline_max`, below `cma_min` where single copy is usable, else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments ([`frag_for`]: `frag_size` below 32 KiB, then a quarter of the message, at most `frag_max`, each a run of chunks back to back named by one ring message), pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
 //! | [`Proto::Rndv`] | from the lower of `cma_min` and `rndv_min` where single copy is usable, else from `rndv_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv (from `split_min`, both sides copy half each). Where CMA is off or the kernel refuses it (EPERM, ENOSYS; both sides then stop offering it to that peer) the receiver asks for the data through the pool |
 //!
 //! "Single copy usable" means: CMA not off, not refused by that peer, and the
@@ -43,6 +43,8 @@
 //! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`) | 4096 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 65536 |
 //! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 4096 |
+//! | `SHMFAB_FRAG_PARTS` | fragments a larger message through the pool is cut into ([`frag_for`]: each a whole number of chunks, from `SHMFAB_FRAG_SIZE` to `SHMFAB_FRAG_MAX`; no runs when `SHMFAB_FRAG_SIZE` is below the chunk size) | 4 |
+//! | `SHMFAB_FRAG_MAX` | most bytes per fragment (multiple of 64; at most 16 chunks) | 16384 |
 //! | `SHMFAB_RNDV_MIN` | smallest message sent by rendezvous when single copy is not usable (data through the pool on demand) | 131072 |
 //! | `SHMFAB_CMA` | `auto` (or `on`, `1`), `off` (or `0`: never offer CMA), `fail` (act as if the kernel refused it: tests the fallback), `nowrite` (refuse only the sender's writes of a split copy: tests that fallback) | `auto` |
 //! | `SHMFAB_SPLIT_MIN` | smallest single-copy message whose copy both sides share (receiver reads the first half, sender writes the second with process_vm_writev), once single copy has worked with that peer | 524288 |
@@ -177,6 +179,15 @@ pub struct Config {
     /// pool's chunk size): the sender fills one while the receiver empties
     /// the one before.
     pub frag_size: usize,
+    /// Most bytes per fragment of a large message through the pool: a run
+    /// of chunks back to back named by one ring message ([`frag_for`]).
+    pub frag_max: usize,
+    /// Fragments a message is cut into, each of at least `frag_size` and
+    /// at most `frag_max` bytes ([`frag_for`]).
+    pub frag_parts: usize,
+    /// Longest message whose fragments are all of `frag_size` (derived by
+    /// [`Config::clamp`]: `frag_parts` fragments of `frag_size`).
+    pub frag_runs_from: usize,
     /// Geometry of each endpoint section.
     pub geometry: EpGeometry,
     /// Endpoint sections per domain region (`SHMFAB_MAX_EPS`, 1 to 256,
@@ -320,6 +331,9 @@ impl Default for Config {
             cma: CmaMode::Auto,
             split_min: 512 * 1024,
             frag_size: 4096,
+            frag_max: 16384,
+            frag_parts: 4,
+            frag_runs_from: (4096 + 4096) * 4 - 1,
             geometry: EpGeometry {
                 n_slots: 16,
                 ring_cells: 1024,
@@ -395,6 +409,9 @@ impl Config {
             cma,
             split_min: bytes("SHMFAB_SPLIT_MIN", 1, d.split_min)?,
             frag_size: parse_env(get, "SHMFAB_FRAG_SIZE", 1024, 1 << 24, Rule::MultipleOf(64))?.unwrap_or(d.frag_size),
+            frag_max: parse_env(get, "SHMFAB_FRAG_MAX", 1024, 1 << 28, Rule::MultipleOf(64))?.unwrap_or(d.frag_max),
+            frag_parts: parse_env(get, "SHMFAB_FRAG_PARTS", 1, 1 << 20, Rule::Any)?.unwrap_or(d.frag_parts),
+            frag_runs_from: 0,
             geometry: g,
             max_eps: parse_env(get, "SHMFAB_MAX_EPS", 1, 256, Rule::Any)?.unwrap_or(d.max_eps),
             max_counters: d.max_counters,
@@ -417,8 +434,34 @@ impl Config {
         self.inline_max = self.inline_max.min(ring_max);
         self.cma_min = self.cma_min.max(1);
         self.rndv_min = self.rndv_min.max(self.inline_max + 1);
-        self.frag_size = self.frag_size.clamp(1, self.geometry.chunk_size as usize);
+        let chunk = self.geometry.chunk_size as usize;
+        self.frag_size = self.frag_size.clamp(1, chunk);
+        let run_max = chunk * shm_layout::wire::Chunk::MAX_RUN as usize;
+        self.frag_max = self.frag_max.clamp(self.frag_size, run_max);
+        self.frag_parts = self.frag_parts.max(1);
+        // A fragment grows past frag_size once a part is a chunk longer.
+        self.frag_runs_from = if self.frag_size < chunk {
+            usize::MAX // fragments shorter than a chunk: no runs
+        } else {
+            (self.frag_size + chunk) * self.frag_parts - 1
+        };
     }
+}
+
+/// Bytes per fragment of a `len`-byte message through the pool: a
+/// `frag_parts`th of it in whole chunks, from `frag_size` to `frag_max`.
+/// A fragment longer than a chunk takes a run of chunks back to back,
+/// named by one ring message, if the sender's free chunks hold such a run
+/// (else it is cut shorter): fewer messages, headers and hand-overs per
+/// byte, while a message still crosses in a few fragments that the
+/// receiver empties while the sender fills the next.
+#[inline]
+pub fn frag_for(cfg: &Config, len: usize) -> usize {
+    if len <= cfg.frag_runs_from {
+        return cfg.frag_size; // no division on the common path
+    }
+    let chunk = cfg.geometry.chunk_size as usize;
+    (len / cfg.frag_parts.max(1) / chunk * chunk).clamp(cfg.frag_size, cfg.frag_max)
 }
 
 /// What travels how: the one place that decides, by operation kind and
@@ -561,6 +604,36 @@ mod tests {
         }
         assert!(c.rndv_min > c.inline_max);
         assert_eq!(c.frag_size, c.geometry.chunk_size as usize, "a fragment fits a pool chunk");
+    }
+
+    #[test]
+    fn fragments_grow_in_whole_chunks_from_frag_runs_from() {
+        let mut c = Config::default();
+        c.clamp();
+        assert_eq!(c.frag_runs_from, Config::default().frag_runs_from, "the default is clamp's");
+        // Up to four fragments of a chunk, then a quarter of the message in
+        // whole chunks, up to frag_max.
+        assert_eq!(frag_for(&c, 5000), 4096);
+        assert_eq!(frag_for(&c, 16 << 10), 4096);
+        assert_eq!(frag_for(&c, c.frag_runs_from), 4096);
+        assert_eq!(frag_for(&c, c.frag_runs_from + 1), 8192);
+        assert_eq!(frag_for(&c, 48 << 10), 12288);
+        assert_eq!(frag_for(&c, 50_000), 12288);
+        assert_eq!(frag_for(&c, 64 << 10), 16384);
+        assert_eq!(frag_for(&c, 1 << 20), c.frag_max);
+        // Fragments shorter than a chunk never make runs.
+        let mut small = Config { frag_size: 1024, ..Config::default() };
+        small.clamp();
+        assert_eq!(frag_for(&small, 1 << 20), 1024);
+        // frag_max stays within a run of MAX_RUN chunks and above frag_size.
+        let mut big = Config { frag_max: 1 << 28, frag_parts: 1, ..Config::default() };
+        big.clamp();
+        assert_eq!(big.frag_max, 4096 * shm_layout::wire::Chunk::MAX_RUN as usize);
+        assert_eq!(frag_for(&big, 1 << 20), big.frag_max);
+        let mut low = Config { frag_max: 1024, ..Config::default() };
+        low.clamp();
+        assert_eq!(low.frag_max, low.frag_size);
+        assert_eq!(frag_for(&low, 1 << 20), 4096);
     }
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {

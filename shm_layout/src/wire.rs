@@ -264,16 +264,19 @@ impl BounceHdr {
     }
 }
 
-/// [`op::CHUNK`]: one pool chunk of a bounce message. `msg_id`, `offset`
-/// and `len` travel in the header (`tag`, `data`, `len`); the payload is
-/// `index` alone ([`Chunk::WIRE`] bytes).
+/// [`op::CHUNK`]: one fragment of a bounce message, in a run of pool
+/// chunks. `msg_id`, `offset` and `len` travel in the header (`tag`,
+/// `data`, `len`); the payload is `index` alone ([`Chunk::WIRE`] bytes).
 ///
-/// Written by the sender, which took chunk `index` from the receiver's pool,
-/// filled `len` bytes of it and hands it over by publishing the message;
-/// every field untrusted. A decoded value has `index < n_chunks` and
-/// `1 <= len <= chunk_size` (the receiver's pool), so the chunk's bytes
-/// `[0, len)` lie in the pool. `msg_id` and `offset` are checked by the
-/// caller against the message in progress (no such message has id 0).
+/// Written by the sender, which took chunks `index` to
+/// `index + run - 1` (`run = len.div_ceil(chunk_size)`, at most
+/// [`Chunk::MAX_RUN`]) from the receiver's pool, filled `len` bytes from
+/// the first one's start (the chunks lie back to back) and hands them over
+/// by publishing the message; every field untrusted. A decoded value has
+/// `1 <= len <= chunk_size * MAX_RUN` and `index + run <= n_chunks` (the
+/// receiver's pool), so the bytes `[0, len)` from chunk `index` lie in
+/// the pool. `msg_id` and `offset` are checked by the caller against the
+/// message in progress (no such message has id 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Chunk {
@@ -290,6 +293,19 @@ pub struct Chunk {
 impl Chunk {
     /// Bytes of the payload (the index).
     pub const WIRE: usize = size_of::<u32>();
+    /// Most pool chunks one message names.
+    pub const MAX_RUN: u32 = 16;
+
+    /// Chunks of `chunk_size` bytes the message's bytes take (a decoded
+    /// message's run: 1 to [`Chunk::MAX_RUN`]).
+    #[inline]
+    pub fn run(&self, chunk_size: usize) -> u32 {
+        if self.len as usize <= chunk_size {
+            1 // the common case, without a division
+        } else {
+            (self.len as usize).div_ceil(chunk_size.max(1)) as u32
+        }
+    }
 
     /// Writes the payload into `out`; returns the header (`ncells` 0, for
     /// the ring to fill) and the bytes written.
@@ -302,7 +318,8 @@ impl Chunk {
 
     /// Reads a peer's chunk message, for a pool of `n_chunks` chunks of
     /// `chunk_size` bytes. On [`WireError::ChunkLen`] the index is valid and
-    /// the chunk the receiver's to free.
+    /// that one chunk the receiver's to free (how many more the sender
+    /// meant to hand over is unknown).
     pub fn decode(h: &MsgHdr, payload: &[u8], n_chunks: u32, chunk_size: usize) -> Result<Chunk, WireError> {
         if h.op != op::CHUNK {
             return Err(WireError::WrongOp(h.op));
@@ -311,7 +328,9 @@ impl Chunk {
         if index >= n_chunks {
             return Err(WireError::ChunkIndex(index));
         }
-        if h.len == 0 || h.len as usize > chunk_size {
+        // The run's chunks, all inside the pool (in u64: no overflow).
+        let room = ((n_chunks - index).min(Self::MAX_RUN) as u64).saturating_mul(chunk_size as u64);
+        if h.len == 0 || h.len as u64 > room {
             return Err(WireError::ChunkLen { index, len: h.len });
         }
         Ok(Chunk { msg_id: h.tag, offset: h.data, len: h.len, index })

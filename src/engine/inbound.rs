@@ -92,6 +92,17 @@ impl Inbound {
         self.n_freed += 1;
     }
 
+    /// Gives the `k` chunks from `idx` on (a run, in range: decoded)
+    /// back, with the pass's others, in index order: the free list then
+    /// holds them in that order, so a sender's next [`Pool::alloc_many`]
+    /// finds them back to back again (a run it may send as one fragment).
+    #[inline]
+    pub fn release_run(&mut self, idx: u32, k: u32) {
+        for j in 0..k {
+            self.release_chunk(idx + j);
+        }
+    }
+
     /// Returns the chunks [`Inbound::release_chunk`] held back.
     #[inline]
     pub fn flush_freed(&mut self) {

@@ -285,23 +285,36 @@ impl Stash {
         Stash { idx: [0; STASH], n: 0, at: 0 }
     }
 
-    /// A chunk: from the stash, else a new run of up to `want` (at least
-    /// one, at most [`STASH`]) from the pool.
-    fn take(&mut self, pool: &crate::pool::Pool, want: usize) -> Option<u32> {
+    /// A run of chunks back to back, at most `max_run` long: from the
+    /// stash, else from a new batch of up to `want` (at least one, at most
+    /// [`STASH`]) from the pool. Returns the first and how many.
+    fn take(&mut self, pool: &crate::pool::Pool, want: usize, max_run: usize) -> Option<(u32, usize)> {
         if self.at == self.n {
             self.n = pool.alloc_many(&mut self.idx[..want.clamp(1, STASH)]);
             self.at = 0;
             if self.n == 0 {
                 return None;
             }
+            if max_run > 1 {
+                // In index order, so that chunks lying back to back sit
+                // side by side whatever order the list gave them in (a
+                // receiver returning one fragment per pass reverses them).
+                self.idx[..self.n].sort_unstable();
+            }
         }
-        self.at += 1;
-        Some(self.idx[self.at - 1])
+        let first = self.idx[self.at];
+        let mut k = 1;
+        while k < max_run && self.at + k < self.n && self.idx[self.at + k] == first.wrapping_add(k as u32) {
+            k += 1;
+        }
+        self.at += k;
+        Some((first, k))
     }
 
-    /// Un-takes the chunk [`Stash::take`] just gave (its message did not fit).
-    fn untake(&mut self) {
-        self.at -= 1;
+    /// Un-takes the `k` chunks [`Stash::take`] just gave (its message did
+    /// not fit).
+    fn untake(&mut self, k: usize) {
+        self.at -= k;
     }
 
     /// Returns the unused chunks to the pool.
@@ -313,14 +326,14 @@ impl Stash {
     }
 }
 
-/// Pushes the next chunk of `op`; false when the ring or pool is full.
-/// `frag` bytes at most (the pool's chunk size or less).
+/// Pushes the next fragment of `op` (in a run of pool chunks:
+/// [`proto::frag_for`]); false when the ring or pool is full.
 fn push_chunk(
     chan: &mut Chan,
     me: &shm_layout::Address,
     pool: &crate::pool::Pool,
     stash: &mut Stash,
-    frag: usize,
+    cfg: &proto::Config,
     op: &mut TxOp,
 ) -> bool {
     let TxState::Chunks { off, msg_id } = op.state else {
@@ -329,20 +342,27 @@ fn push_chunk(
     if !chan_room(chan, 1) {
         return false;
     }
-    let per = frag.min(pool.chunk_size()).max(1);
-    let Some(idx) = stash.take(pool, (op.len - off).div_ceil(per)) else {
+    let cs = pool.chunk_size();
+    let frag = proto::frag_for(cfg, op.len);
+    let per = frag.min(cs).max(1);
+    // Chunks still needed (one per fragment when fragments are shorter
+    // than a chunk), and the longest run this fragment takes: never more
+    // chunks than its bytes fill (the receiver frees as many as they do).
+    let max_run = if frag <= cs { 1 } else { frag.min(op.len - off).div_ceil(cs).min(wire::Chunk::MAX_RUN as usize) };
+    let Some((idx, k)) = stash.take(pool, (op.len - off).div_ceil(per), max_run) else {
         return false;
     };
-    let n = (op.len - off).min(frag).min(pool.chunk_size());
+    let n = (op.len - off).min(frag).min(k * cs);
     let chunk = pool.chunk(idx).expect("allocated index is in range");
-    // SAFETY: we own chunk idx (popped from the free list) until the CHUNK
-    // message hands it to the receiver; n <= chunk_size.
+    // SAFETY: we own chunks idx..idx + k (popped from the free list),
+    // which lie back to back, until the CHUNK message hands them to the
+    // receiver; n <= k * chunk_size.
     op.iovs.gather(off, unsafe { std::slice::from_raw_parts_mut(chunk, n) });
     let mut pl = [0u8; wire::Chunk::WIRE];
     let c = wire::Chunk { msg_id, offset: off as u64, len: n as u32, index: idx };
     let (h, _) = c.encode(&mut pl).expect("buffer sized for a chunk");
     if !chan_push(chan, me, &h, &[&pl]) {
-        stash.untake();
+        stash.untake(k);
         return false;
     }
     op.state = match (off + n >= op.len, op.deliver) {
@@ -601,7 +621,7 @@ impl EpState {
             let chan = peer.chan.as_mut().expect("connected");
             let pool = peer.pool.as_ref().expect("connected");
             let cma_refused = peer.cma_refused;
-            let frag = ctx.cfg.frag_size;
+            let cfg = ctx.cfg;
             let mut stash = Stash::new();
             let tx = &mut peer.tx;
             // 1. Control messages first: they unblock the peer.
@@ -619,7 +639,7 @@ impl EpState {
                     break;
                 }
                 while matches!(op.state, TxState::Chunks { .. }) {
-                    if !push_chunk(chan, &me, pool, &mut stash, frag, op) {
+                    if !push_chunk(chan, &me, pool, &mut stash, cfg, op) {
                         blocked = true;
                         break;
                     }
@@ -651,7 +671,7 @@ impl EpState {
                             tx.next_msg_id += 1;
                             op.state = TxState::Chunks { off: 0, msg_id };
                             while !blocked && matches!(op.state, TxState::Chunks { .. }) {
-                                if push_chunk(chan, &me, pool, &mut stash, frag, op) {
+                                if push_chunk(chan, &me, pool, &mut stash, cfg, op) {
                                     stats.tx_chunks += 1;
                                 } else {
                                     blocked = true;

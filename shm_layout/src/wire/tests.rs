@@ -78,6 +78,31 @@ fn chunk_round_trips_and_checks() {
 }
 
 #[test]
+fn chunk_runs_stay_inside_the_pool() {
+    // A run of chunks from `index`: as many as the length needs, at most
+    // MAX_RUN, and none past the pool's end.
+    let dec = |index: u32, len: u32, n_chunks: u32| {
+        let mut buf = [0u8; 4];
+        let (h, _) = Chunk { msg_id: 2, offset: 0, len, index }.encode(&mut buf).unwrap();
+        Chunk::decode(&h, &buf, n_chunks, 4096)
+    };
+    let ok = |index, len| Ok(Chunk { msg_id: 2, offset: 0, len, index });
+    assert_eq!(dec(0, 16 * 4096, 16), ok(0, 16 * 4096), "the whole pool, MAX_RUN chunks");
+    assert_eq!(dec(0, 16 * 4096 + 1, 64), Err(WireError::ChunkLen { index: 0, len: 16 * 4096 + 1 }), "over MAX_RUN");
+    assert_eq!(dec(12, 4 * 4096, 16), ok(12, 4 * 4096), "the last four");
+    assert_eq!(
+        dec(12, 4 * 4096 + 1, 16),
+        Err(WireError::ChunkLen { index: 12, len: 4 * 4096 + 1 }),
+        "one byte past the end"
+    );
+    assert_eq!(dec(15, 4097, 16), Err(WireError::ChunkLen { index: 15, len: 4097 }));
+    assert_eq!(dec(3, u32::MAX, u32::MAX), Err(WireError::ChunkLen { index: 3, len: u32::MAX }), "no overflow");
+    assert_eq!(ok(0, 4097).unwrap().run(4096), 2);
+    assert_eq!(ok(0, 4096).unwrap().run(4096), 1);
+    assert_eq!(ok(0, 16 * 4096).unwrap().run(4096), Chunk::MAX_RUN);
+}
+
+#[test]
 fn rts_round_trips_and_checks() {
     let mut buf = [0u8; Rts::MAX_WIRE + 10];
     let one = Rts::new(1, 0, 0, [r(0, 0)]).unwrap();
@@ -366,7 +391,9 @@ fn chunk_spec(h: &MsgHdr, b: &[u8], n_chunks: u32, chunk_size: usize) -> Result<
     if index >= n_chunks {
         return Err(None);
     }
-    if h.len == 0 || h.len as u128 > chunk_size as u128 {
+    // A run of up to MAX_RUN chunks, none past the pool's end.
+    let run = (n_chunks - index).min(Chunk::MAX_RUN) as u128;
+    if h.len == 0 || h.len as u128 > chunk_size as u128 * run {
         return Err(Some(index));
     }
     Ok(Chunk { msg_id: h.tag, offset: h.data, len: h.len, index })

@@ -1,0 +1,145 @@
+//! Fragments through the pool as runs of chunks (`proto::frag_for`): a
+//! message from `frag_runs_from` bytes on crosses in fragments of several
+//! chunks lying back to back, named by one ring message each. Two
+//! processes, every byte checked, at sizes either side of where fragments
+//! grow and of a full run (`Chunk::MAX_RUN` chunks); on a fresh pool, the
+//! number of ring messages is the one `frag_for` gives; and a stream of
+//! mixed sizes through a small pool, whose free list the runs must survive
+//! being shuffled and short.
+
+mod common;
+use common::{pattern, run, World};
+use shmfab::proto::{frag_for, Config};
+use std::time::Duration;
+
+/// Messages of `lens`, rank 0 to rank 1, all sent at once (sends wait
+/// for ring room and pool chunks as they must), each received into its
+/// own buffer: the first half posted before the sends, the rest after
+/// (unexpected, or waiting for their receive: rendezvous). Every byte
+/// checked, and nothing written past a buffer.
+fn stream(w: &World, lens: &[usize]) {
+    let base = 100u64;
+    let half = lens.len() / 2;
+    if w.rank == 1 {
+        let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0xa5u8; l + 64]).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            if i == half {
+                w.barrier(); // the sends may go
+                w.barrier(); // they went
+            }
+            // SAFETY: the buffers live until their completions below.
+            unsafe { w.ep.trecv(&mut b[..lens[i]], w.addrs[0], base + i as u64, 0, 5000 + i).unwrap() };
+        }
+        for (i, &len) in lens.iter().enumerate() {
+            let (e, _) = w.wait_ctx(5000 + i).unwrap_or_else(|e| panic!("len {len}: {e:?}"));
+            assert_eq!(e.len, len, "message {i}");
+            let want = pattern(len, base + i as u64);
+            if bufs[i][..len] != want[..] {
+                let at = bufs[i].iter().zip(&want).position(|(a, b)| a != b).unwrap();
+                panic!("message {i} of {len} B: first wrong byte at {at}");
+            }
+            assert!(bufs[i][len..].iter().all(|&b| b == 0xa5), "message {i} of {len} B: wrote past the buffer");
+        }
+    } else {
+        let data: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &l)| pattern(l, base + i as u64)).collect();
+        w.barrier();
+        for (i, d) in data.iter().enumerate() {
+            // SAFETY: data lives until the sends' completions below.
+            w.retry(|| unsafe { w.ep.tsend(d, w.addrs[1], base + i as u64, 6000 + i) });
+        }
+        w.barrier();
+        for i in 0..lens.len() {
+            w.ok(6000 + i);
+        }
+    }
+    w.barrier();
+    assert_eq!(w.unclaimed(), 0, "stray completions");
+}
+
+/// Sizes either side of every place the fragments change.
+fn sizes(cfg: &Config) -> Vec<usize> {
+    let chunk = cfg.geometry.chunk_size as usize;
+    let run = chunk * shm_layout::wire::Chunk::MAX_RUN as usize;
+    let mut v = vec![cfg.inline_max + 1, 2 * chunk + 1];
+    let mut at = vec![cfg.frag_max * cfg.frag_parts, run, 200_000];
+    if cfg.frag_runs_from != usize::MAX {
+        at.extend([cfg.frag_runs_from, cfg.frag_runs_from + chunk * cfg.frag_parts]);
+    }
+    for t in at {
+        v.extend([t - 1, t, t + 1]);
+    }
+    v
+}
+
+/// Every size of [`sizes`] through the pool, CMA off: up to rndv_min
+/// (128 KiB) sent eagerly, larger ones asked for through it.
+fn boundaries(name: &str, env: &[(&str, &str)]) {
+    let mut all = vec![("SHMFAB_CMA", "off")];
+    all.extend_from_slice(env);
+    run(name, 2, &all, Duration::from_secs(120), |w| {
+        let lens = sizes(w.dom.config());
+        stream(&w, &lens);
+        if w.rank == 0 {
+            let s = w.ep.stats().unwrap();
+            assert!(s.tx_bounce > 0 && s.tx_chunks > 0, "{s:?}");
+        }
+    });
+}
+
+#[test]
+fn runs_carry_every_byte_at_every_boundary() {
+    boundaries("runs_carry_every_byte_at_every_boundary", &[]);
+}
+
+#[test]
+fn full_runs_carry_every_byte() {
+    // One fragment per message up to MAX_RUN chunks.
+    boundaries("full_runs_carry_every_byte", &[("SHMFAB_FRAG_MAX", "65536"), ("SHMFAB_FRAG_PARTS", "1")]);
+}
+
+#[test]
+fn runs_of_larger_chunks_carry_every_byte() {
+    boundaries(
+        "runs_of_larger_chunks_carry_every_byte",
+        &[("SHMFAB_CHUNK_SIZE", "8192"), ("SHMFAB_FRAG_SIZE", "8192")],
+    );
+}
+
+#[test]
+fn a_fresh_pool_sends_one_ring_message_per_fragment() {
+    run(
+        "a_fresh_pool_sends_one_ring_message_per_fragment",
+        2,
+        &[("SHMFAB_CMA", "off")],
+        Duration::from_secs(60),
+        |w| {
+            let cfg = w.dom.config().clone();
+            for len in [16 << 10, 32 << 10, 64 << 10, 100_000] {
+                let before = w.ep.stats().unwrap().tx_chunks;
+                stream(&w, &[len]);
+                if w.rank == 0 {
+                    let sent = w.ep.stats().unwrap().tx_chunks - before;
+                    let frag = frag_for(&cfg, len);
+                    assert_eq!(sent as usize, len.div_ceil(frag), "{len} B in fragments of {frag}");
+                }
+            }
+            // Past 16 KiB the fragments are runs of chunks.
+            assert!(frag_for(&cfg, 64 << 10) > cfg.geometry.chunk_size as usize);
+        },
+    );
+}
+
+#[test]
+fn runs_survive_a_small_shuffled_pool() {
+    // 24 chunks: several messages in flight at once, sends waiting for
+    // chunks, the free list returned in pieces and out of order; mixed
+    // sizes, so runs are cut short by what the stash holds.
+    let env = [("SHMFAB_CMA", "off"), ("SHMFAB_POOL_CHUNKS", "24")];
+    run("runs_survive_a_small_shuffled_pool", 2, &env, Duration::from_secs(120), |w| {
+        let mut lens = vec![];
+        for i in 0..60usize {
+            lens.push([70_000, 5_000, 33_000, 16_385, 90_001, 4_097, 65_536, 12_288][i % 8] + i);
+        }
+        stream(&w, &lens);
+    });
+}
