@@ -503,7 +503,9 @@ unsafe impl Send for Work {}
 #[derive(Default)]
 pub(crate) struct Triggers {
     /// By counter index: the work waiting on it, by (threshold, id).
-    lists: Vec<BTreeMap<(u64, u64), Work>>,
+    /// Boxed: a chain moves between lists at every step it waits for,
+    /// and a move of a box copies a pointer, not the work.
+    lists: Vec<BTreeMap<(u64, u64), Box<Work>>>,
     /// The counters whose list is not empty.
     armed: Vec<usize>,
     /// Deferred work by id: its place (counter, threshold), for cancel.
@@ -530,7 +532,7 @@ enum Kept {
     #[default]
     Free,
     /// Not queued: ready to be re-armed.
-    Home(Work),
+    Home(Box<Work>),
     /// Queued (in the lists, by this id) or running.
     Out(u64),
 }
@@ -569,7 +571,8 @@ impl Triggers {
         self.armed.iter().any(|&c| self.lists[c].first_key_value().is_some_and(|((t, _), _)| *t <= value(&counters[c])))
     }
 
-    fn insert(&mut self, w: Work, threshold: u64) {
+    fn insert(&mut self, w: impl Into<Box<Work>>, threshold: u64) {
+        let w = w.into();
         let c = w.trig;
         if self.lists.len() <= c {
             self.lists.resize_with(c + 1, BTreeMap::new);
@@ -583,7 +586,7 @@ impl Triggers {
         self.lists[c].insert((threshold, w.id), w);
     }
 
-    fn remove(&mut self, c: usize, key: (u64, u64)) -> Option<Work> {
+    fn remove(&mut self, c: usize, key: (u64, u64)) -> Option<Box<Work>> {
         let w = self.lists.get_mut(c)?.remove(&key)?;
         if self.lists[c].is_empty() {
             self.armed.retain(|&a| a != c);
@@ -634,7 +637,7 @@ fn release(st: &mut DomainState, w: &Work) {
 /// Work taken off the lists without running to its end (cancelled,
 /// flushed): its counters released; a template's chain goes back to its
 /// slot.
-fn retire(st: &mut DomainState, w: Work) {
+fn retire(st: &mut DomainState, w: Box<Work>) {
     release(st, &w);
     if let Op::Chain(Chain { kept: Some(k), .. }) = &w.op {
         let k = *k;
@@ -918,7 +921,7 @@ fn atomic(
 
 /// Queues `w` on counter `trig` at `threshold` (binding its counters), and
 /// fires what is due on that counter at once.
-fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -> Result<u64> {
+fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Box<Work>, threshold: u64) -> Result<u64> {
     w.id = st.trig.next;
     bind_held(st, &w)?;
     st.trig.next += 1;
@@ -934,7 +937,7 @@ fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -
 /// Queues chain `w` (its id the next one) at `threshold` of its `trig`;
 /// if it is due and no earlier work on that counter is (blocked work, or
 /// none), runs it at once instead, without a trip through the lists.
-fn run_or_queue(dom: &DomainInner, st: &mut DomainState, w: Work, threshold: u64) -> Result<u64> {
+fn run_or_queue(dom: &DomainInner, st: &mut DomainState, w: Box<Work>, threshold: u64) -> Result<u64> {
     let trig = w.trig;
     let counters = dom.counters();
     let now = value(&counters[trig]);
@@ -1082,17 +1085,17 @@ enum Fired {
     /// A chain ran some steps (`cntr_op`: a counter operation among them)
     /// and waits for the next one: put it back at its `trig` and
     /// `threshold`.
-    Moved { w: Work, threshold: u64, cntr_op: bool },
+    Moved { w: Box<Work>, threshold: u64, cntr_op: bool },
     /// Could not be issued for lack of room (`-FI_EAGAIN`): put it back
     /// at its `trig` and where it was (a chain: this threshold).
-    Again(Work, Option<u64>),
+    Again(Box<Work>, Option<u64>),
 }
 
 /// Runs the steps of chain `w` (found due) one after another while each
 /// one's counter reached its threshold, under the domain lock. In place:
 /// the steps stay where they are, `next` moves. A template's chain that
 /// ran to its end goes back to its slot.
-fn run_chain(dom: &DomainInner, st: &mut DomainState, mut w: Work) -> Fired {
+fn run_chain(dom: &DomainInner, st: &mut DomainState, mut w: Box<Work>) -> Fired {
     let counters = dom.counters();
     let mut cntr_op = false;
     let Op::Chain(ch) = &mut w.op else { unreachable!("a chain") };
@@ -1133,7 +1136,7 @@ enum Step {
 
 /// Runs one piece of work (not a chain), under the domain lock; what it
 /// holds is released if it ran.
-fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
+fn run(dom: &DomainInner, st: &mut DomainState, w: Box<Work>) -> Fired {
     match run_step(dom, st, &w) {
         Step::Done { cntr_op } => {
             release(st, &w);
@@ -1366,7 +1369,7 @@ fn take_triggered(
     generation: u32,
     most: usize,
     pick: impl Fn(&Work) -> bool,
-) -> Vec<Work> {
+) -> Vec<Box<Work>> {
     let mut keys = Vec::new();
     'lists: for &c in &st.trig.armed {
         for (&k, w) in &st.trig.lists[c] {
@@ -1378,7 +1381,7 @@ fn take_triggered(
             }
         }
     }
-    let out: Vec<Work> = keys.into_iter().map(|(c, k)| st.trig.remove(c, k).expect("just seen")).collect();
+    let out: Vec<Box<Work>> = keys.into_iter().map(|(c, k)| st.trig.remove(c, k).expect("just seen")).collect();
     for w in &out {
         release(st, w);
     }
@@ -1494,7 +1497,7 @@ impl Domain {
         let (mut work, _) = make(dom, &st, w.op, true)?;
         work.trig = trig;
         work.completion = completion;
-        queue(dom, &mut st, work, w.threshold).map(WorkId)
+        queue(dom, &mut st, Box::new(work), w.threshold).map(WorkId)
     }
 
     /// Queues a *chain* of deferred work, built by `build` under one
@@ -1525,7 +1528,7 @@ impl Domain {
             return Err(Error::with(ErrorKind::Inval, "an empty chain"));
         };
         let trig = first.trig;
-        let w = Work {
+        let w = Box::new(Work {
             id: st.trig.next,
             ep: None,
             trig,
@@ -1534,7 +1537,7 @@ impl Domain {
             flags: 0,
             op: Op::Chain(Chain { steps, next: 0, kept: None }),
             _owned: None,
-        };
+        });
         run_or_queue(dom, &mut st, w, threshold).map(|id| (WorkId(id), r))
     }
 
@@ -1561,7 +1564,7 @@ impl Domain {
                 _ => None,
             })
             .collect();
-        let mut w = Work {
+        let mut w = Box::new(Work {
             id: 0,
             ep: None,
             trig: 0,
@@ -1570,7 +1573,7 @@ impl Domain {
             flags: 0,
             op: Op::Chain(Chain { steps, next: 0, kept: None }),
             _owned: None,
-        };
+        });
         // Bound once, for the template's life (a kept chain's `held` is
         // empty: queueing it binds nothing).
         bind_held(&mut st, &w)?;
@@ -1796,7 +1799,7 @@ impl Triggered<'_> {
             }
         }
         w.trig = trig;
-        queue(dom, &mut st, w, self.trig.threshold).map(|_| ())
+        queue(dom, &mut st, Box::new(w), self.trig.threshold).map(|_| ())
     }
 
     /// [`Endpoint::recvmsg`], triggered: posted when the counter reaches
