@@ -1361,7 +1361,9 @@ impl Work {
 /// Takes the triggered operations (not deferred work) of endpoint `idx`
 /// (open, generation `generation`) off the lists for which `pick` says
 /// so (at most `most`), releasing their counters; in (counter,
-/// threshold, submission) order.
+/// threshold, submission) order. (The boxes are those of the lists,
+/// kept as they are.)
+#[allow(clippy::vec_box)]
 fn take_triggered(
     dom: &DomainInner,
     st: &mut DomainState,
