@@ -26,7 +26,11 @@
 //!   reached its threshold; one queue entry (and one id) for the whole
 //!   chain, which waits on the counter of its next step and moves as it
 //!   advances. Built under one acquisition of the domain lock; what
-//!   [`crate::coll`] queues a collective's schedule as.
+//!   [`crate::coll`] queues a collective's schedule as. A chain built
+//!   once as a [`ChainTemplate`] lives in the queue state (`Triggers::kept`)
+//!   and is re-armed in place at each [`Domain::queue_template`]: its
+//!   steps are not copied, its counters stay bound by the template, and
+//!   it goes back to its slot when it ran to its end or was cancelled.
 //!
 //! Work on one counter runs in the order of its thresholds, then of its
 //! submission, also when the counter jumps past several thresholds at once;

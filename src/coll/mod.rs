@@ -43,13 +43,15 @@
 //! and parity, as a [`crate::trigger::ChainTemplate`] with thresholds
 //! relative to the instance (the start at 0, peer `j`'s counter at the
 //! count of its writes within the instance) and their own buffer; each
-//! instance copies the send data into that buffer and queues a copy of
-//! the chain with the thresholds moved by the instance number and the
-//! tally, and the final copy's destination set to the caller's result
-//! ([`Domain::queue_template`]): no plan, check, record or allocation per
-//! step. A group keeps at most 16 (the oldest goes); they hold the
-//! group's counters, and the application's counter given at join, bound
-//! until the group is dropped.
+//! instance copies the send data into that buffer and re-arms the chain
+//! in place (it is the template's own, home in the domain's queue state
+//! between instances: no copy, no counter binding) with the thresholds
+//! moved by the instance number and the tally, and the final copy's
+//! destination set to the caller's result ([`Domain::queue_template`]);
+//! its first step, due at once, runs inside the post. No plan, check,
+//! record or allocation per step. A group keeps at most 16 (the oldest
+//! goes); they hold the group's counters, and the application's counter
+//! given at join, bound until the group is dropped.
 //!
 //! **Reuse.** Instance `k` uses parity `k % 2` of every slot region and
 //! counter; posting instance `k` first waits for instance `k - 1` (one
