@@ -429,6 +429,15 @@ fn templates(w: World) {
         assert_eq!(out.read().unwrap(), 4 + k, "ran once");
     }
     assert_eq!((d0, d1, d2), ([0; 4], src, src));
+    // Cancelled by its id: home again, re-armed at once.
+    // SAFETY: as above.
+    let id = unsafe { w.dom.queue_template(&t, |_, th| th + 1000, &[]).unwrap() };
+    assert!(w.dom.cancel_work(id).unwrap());
+    assert!(!w.dom.cancel_work(id).unwrap(), "cancelled once");
+    let now = a.read().unwrap();
+    // SAFETY: as above.
+    unsafe { w.dom.queue_template(&t, |_, th| th - 1 + now, &[]).unwrap() };
+    assert_eq!((out.read().unwrap(), d0), (104, src), "due at once: ran inside the call");
     // Dropped while queued: cancelled, its counters released.
     // SAFETY: as above.
     unsafe { w.dom.queue_template(&t, |_, th| th + 1000, &[]).unwrap() };
