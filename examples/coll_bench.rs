@@ -16,6 +16,13 @@
 //! the median, and the median time in the posting call) and
 //! `allreduce ranks=N size=S latency_us=... median_us=...`, printed by
 //! rank 0 (each a mean over ranks of the rank's figure).
+//!
+//! `coll_bench --inproc N [--allreduce]` instead runs N barriers (or 8 B
+//! allreduces) between two groups of one process (two domains, as two
+//! ranks would have; one thread posts on both, then waits on the first):
+//! the software of a 2-rank collective without the cache-line transfers,
+//! for callgrind (`valgrind --tool=callgrind ... --inproc 20000`: divide
+//! by N for the instructions of one collective at both ranks).
 
 use shmfab::{AtomicOp, AtomicType, CollAttr, CollGroup, World};
 use std::time::{Duration, Instant};
@@ -53,8 +60,63 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// `--inproc`: see the module docs.
+fn inproc(n: usize, allreduce: bool) {
+    use shmfab::{CqAttr, Fabric, FI_RECV, FI_TRANSMIT};
+    std::env::set_var("SHMFAB_JOB_ID", format!("coll-inproc-{}", std::process::id()));
+    let fab = Fabric::open().unwrap();
+    // SAFETY: each domain's calls are made by one thread at a time (the
+    // joins in two threads, then everything in this one).
+    let d = unsafe { [fab.domain_serialized().unwrap(), fab.domain_serialized().unwrap()] };
+    let cq = [d[0].cq_open(&CqAttr::default()).unwrap(), d[1].cq_open(&CqAttr::default()).unwrap()];
+    let av = [d[0].av_open().unwrap(), d[1].av_open().unwrap()];
+    let ep = [d[0].endpoint().unwrap(), d[1].endpoint().unwrap()];
+    for i in 0..2 {
+        ep[i].bind_cq(&cq[i], FI_TRANSMIT | FI_RECV).unwrap();
+        ep[i].bind_av(&av[i]).unwrap();
+        ep[i].enable().unwrap();
+    }
+    let names = [ep[0].getname(), ep[1].getname()];
+    let addrs: Vec<Vec<u64>> = (0..2).map(|i| av[i].insert(&names).unwrap()).collect();
+    let attr = CollAttr { slot_bytes: 4096, ..Default::default() };
+    let (g0, g1) = std::thread::scope(|s| {
+        let (d, ep, av, cq, addrs) = (&d, &ep, &av, &cq, &addrs);
+        let h = s.spawn(move || CollGroup::join(&d[1], &ep[1], &av[1], &cq[1], &addrs[1], None, attr).unwrap());
+        let g0 = CollGroup::join(&d[0], &ep[0], &av[0], &cq[0], &addrs[0], None, attr).unwrap();
+        (g0, h.join().unwrap())
+    });
+    let tmo = Some(Duration::from_secs(60));
+    let send = 3f64.to_ne_bytes();
+    let (mut r0, mut r1) = ([0u8; 8], [0u8; 8]);
+    let t = Instant::now();
+    for _ in 0..n {
+        let (o0, o1) = if allreduce {
+            // SAFETY: the results are read after the waits.
+            unsafe {
+                (
+                    g0.allreduce(&send, &mut r0, AtomicType::Double, AtomicOp::Sum).unwrap(),
+                    g1.allreduce(&send, &mut r1, AtomicType::Double, AtomicOp::Sum).unwrap(),
+                )
+            }
+        } else {
+            (g0.barrier().unwrap(), g1.barrier().unwrap())
+        };
+        g0.wait(o0, tmo).unwrap();
+        g1.wait(o1, tmo).unwrap();
+    }
+    if allreduce {
+        assert_eq!((f64::from_ne_bytes(r0), f64::from_ne_bytes(r1)), (6.0, 6.0), "allreduce result");
+    }
+    let what = if allreduce { "allreduce 8 B" } else { "barrier" };
+    println!("inproc {what}: {n} at both ranks, {:.3} us each", t.elapsed().as_secs_f64() * 1e6 / n as f64);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "--inproc") {
+        let n = args.get(2).map_or(20000, |a| a.parse().expect("a count"));
+        return inproc(n, args.iter().any(|a| a == "--allreduce"));
+    }
     let mut iters = 2000usize;
     let mut sizes = vec![8usize, 1024, 1 << 20];
     let mut auto = false;

@@ -156,9 +156,12 @@ struct Cached {
     /// When the target's domain was last found alive (coarse clock, ns;
     /// always "now" for our own domain).
     alive_ns: u64,
-    /// The registration last used here: its key and our copy of what the
-    /// full pin read and checked ([`crate::mr::RmaFile::repin`] trusts it).
-    view: Option<(u64, MrView)>,
+    /// The two registrations last used here, the latest first: their keys
+    /// and our copies of what the full pin read and checked
+    /// ([`crate::mr::RmaFile::repin`] trusts them). Two: a collective
+    /// alternates between two slot regions of each peer (parities), which
+    /// one entry would pin afresh at every instance.
+    views: [Option<(u64, MrView)>; 2],
 }
 
 impl TargetCache {
@@ -336,7 +339,7 @@ impl Initiator<'_> {
                 if c.ents.len() >= TargetCache::SIZE {
                     c.ents.remove(0);
                 }
-                c.ents.push(Cached { ep: self.index(), fd, t, alive_ns, view: None });
+                c.ents.push(Cached { ep: self.index(), fd, t, alive_ns, views: [None, None] });
                 c.ents.len() - 1
             }
         };
@@ -410,26 +413,32 @@ impl Initiator<'_> {
         body: impl FnOnce(*mut u8, &RmaFile, u64) -> std::result::Result<(), Fail>,
     ) -> Result<Option<std::result::Result<(), Fail>>> {
         let mut g = self.dom.rma.tcache.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA cache poisoned"))?;
-        let Cached { t, view: cv, .. } = match self.lookup(ep, ctx, &mut g, dest, key)? {
+        let Cached { t, views, .. } = match self.lookup(ep, ctx, &mut g, dest, key)? {
             Ok(c) => c,
             Err(f) => return Ok(Some(Err(f))),
         };
+        let at = views.iter().position(|v| v.as_ref().is_some_and(|(ck, _)| *ck == key));
         let k = Key::decode(key);
         let file: &RmaFile = &t.file;
         let fits =
             |v: &MrView| v.access & need.bits() == need.bits() && off.checked_add(len).is_some_and(|e| e <= v.len);
-        let (access, view) = match cv.as_ref() {
-            Some((ck, v)) if *ck == key && v.kind != mr_kind::HEAP => return Ok(None),
-            Some((ck, v)) if *ck == key && fits(v) => match file.access(k, v, need) {
+        let (access, view) = match at.and_then(|i| views[i].as_ref().map(|v| (i, &v.1))) {
+            Some((_, v)) if v.kind != mr_kind::HEAP => return Ok(None),
+            Some((i, v)) if fits(v) => match file.access(k, v, need) {
                 Ok(a) => (a, *v),
                 Err((kind, why)) => {
-                    *cv = None;
+                    views[i] = None;
                     return Ok(Some(Err(fail(kind, why))));
                 }
             },
             _ => match file.pin(k, off, len, need) {
                 Ok(p) => {
-                    *cv = Some((key, p.view));
+                    // The latest first; the other one kept unless it was
+                    // this key's (stale) view.
+                    if at != Some(0) {
+                        views[1] = views[0].take();
+                    }
+                    views[0] = Some((key, p.view));
                     if p.view.kind != mr_kind::HEAP {
                         return Ok(None);
                     }

@@ -26,7 +26,11 @@
 //!   reached its threshold; one queue entry (and one id) for the whole
 //!   chain, which waits on the counter of its next step and moves as it
 //!   advances. Built under one acquisition of the domain lock; what
-//!   [`crate::coll`] queues a collective's schedule as.
+//!   [`crate::coll`] queues a collective's schedule as. A chain built
+//!   once as a [`ChainTemplate`] lives in the queue state (`Triggers::kept`)
+//!   and is re-armed in place at each [`Domain::queue_template`]: its
+//!   steps are not copied, its counters stay bound by the template, and
+//!   it goes back to its slot when it ran to its end or was cancelled.
 //!
 //! Work on one counter runs in the order of its thresholds, then of its
 //! submission, also when the counter jumps past several thresholds at once;
@@ -426,11 +430,25 @@ enum Op {
         dst: *mut u8,
         len: usize,
     },
-    /// A chain ([`Domain::queue_chain`]): its steps not yet run, the next
-    /// one last, each with its threshold (its counter is the step's
-    /// `trig`). The chain's own `trig` and place in the lists are those of
-    /// its next step; it holds no counter of its own, only its steps'.
-    Chain(Vec<(u64, Work)>),
+    /// A chain ([`Domain::queue_chain`], [`Domain::queue_template`]).
+    /// The chain's own `trig` and place in the lists are those of its
+    /// next step; it holds no counter of its own, only its steps' (a
+    /// kept chain's are held by its template).
+    Chain(Chain),
+}
+
+/// The steps of a chain and how far it got.
+#[derive(Clone)]
+struct Chain {
+    /// (threshold, step) in order, each waiting on the step's `trig`.
+    steps: Vec<(u64, Work)>,
+    /// The next step to run (those before it ran).
+    next: usize,
+    /// The slot in [`Triggers::kept`] of a template's chain: re-armed in
+    /// place by [`Domain::queue_template`], it goes back there when it
+    /// ran to its end or was cancelled; its counters stay bound by the
+    /// template (not per queueing). None: a chain queued once.
+    kept: Option<usize>,
 }
 
 /// One item inline (the common case: a write of one segment), more on
@@ -489,7 +507,9 @@ unsafe impl Send for Work {}
 #[derive(Default)]
 pub(crate) struct Triggers {
     /// By counter index: the work waiting on it, by (threshold, id).
-    lists: Vec<BTreeMap<(u64, u64), Work>>,
+    /// Boxed: a chain moves between lists at every step it waits for,
+    /// and a move of a box copies a pointer, not the work.
+    lists: Vec<BTreeMap<(u64, u64), Box<Work>>>,
     /// The counters whose list is not empty.
     armed: Vec<usize>,
     /// Deferred work by id: its place (counter, threshold), for cancel.
@@ -502,6 +522,23 @@ pub(crate) struct Triggers {
     /// Work that could not be issued at its last try (`-FI_EAGAIN`): the
     /// next pass retries it; sleepers nap briefly.
     blocked: bool,
+    /// The chains of the live templates ([`ChainTemplate`]), by slot.
+    kept: Vec<Kept>,
+}
+
+/// Where a template's chain is ([`Triggers::kept`]). Unboxed: a box
+/// would be freed and made again at every re-arm (the chain moves out of
+/// its slot into the lists and back); slots are few.
+#[derive(Default)]
+#[allow(clippy::large_enum_variant)]
+enum Kept {
+    /// No template has this slot.
+    #[default]
+    Free,
+    /// Not queued: ready to be re-armed.
+    Home(Box<Work>),
+    /// Queued (in the lists, by this id) or running.
+    Out(u64),
 }
 
 /// The hasher of work ids (distinct, sequential: their own hash; SipHash
@@ -538,7 +575,8 @@ impl Triggers {
         self.armed.iter().any(|&c| self.lists[c].first_key_value().is_some_and(|((t, _), _)| *t <= value(&counters[c])))
     }
 
-    fn insert(&mut self, w: Work, threshold: u64) {
+    fn insert(&mut self, w: impl Into<Box<Work>>, threshold: u64) {
+        let w = w.into();
         let c = w.trig;
         if self.lists.len() <= c {
             self.lists.resize_with(c + 1, BTreeMap::new);
@@ -552,7 +590,7 @@ impl Triggers {
         self.lists[c].insert((threshold, w.id), w);
     }
 
-    fn remove(&mut self, c: usize, key: (u64, u64)) -> Option<Work> {
+    fn remove(&mut self, c: usize, key: (u64, u64)) -> Option<Box<Work>> {
         let w = self.lists.get_mut(c)?.remove(&key)?;
         if self.lists[c].is_empty() {
             self.armed.retain(|&a| a != c);
@@ -579,9 +617,11 @@ fn value(c: &shm_layout::Counter) -> u64 {
 /// cannot close under it): its trigger, its completion counter, a counter
 /// operation's target; a chain's, those of the steps it has left.
 fn held(w: &Work, f: &mut impl FnMut(usize)) {
-    if let Op::Chain(steps) = &w.op {
-        for (_, s) in steps {
-            held(s, f);
+    if let Op::Chain(ch) = &w.op {
+        if ch.kept.is_none() {
+            for (_, s) in &ch.steps[ch.next..] {
+                held(s, f);
+            }
         }
         return;
     }
@@ -596,6 +636,17 @@ fn held(w: &Work, f: &mut impl FnMut(usize)) {
 
 fn release(st: &mut DomainState, w: &Work) {
     held(w, &mut |c| st.cntrs.unbind(c));
+}
+
+/// Work taken off the lists without running to its end (cancelled,
+/// flushed): its counters released; a template's chain goes back to its
+/// slot.
+fn retire(st: &mut DomainState, w: Box<Work>) {
+    release(st, &w);
+    if let Op::Chain(Chain { kept: Some(k), .. }) = &w.op {
+        let k = *k;
+        st.trig.kept[k] = Kept::Home(w);
+    }
 }
 
 /// The counter of `c` in `dom`, checked open.
@@ -874,7 +925,7 @@ fn atomic(
 
 /// Queues `w` on counter `trig` at `threshold` (binding its counters), and
 /// fires what is due on that counter at once.
-fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -> Result<u64> {
+fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Box<Work>, threshold: u64) -> Result<u64> {
     w.id = st.trig.next;
     bind_held(st, &w)?;
     st.trig.next += 1;
@@ -890,7 +941,7 @@ fn queue(dom: &DomainInner, st: &mut DomainState, mut w: Work, threshold: u64) -
 /// Queues chain `w` (its id the next one) at `threshold` of its `trig`;
 /// if it is due and no earlier work on that counter is (blocked work, or
 /// none), runs it at once instead, without a trip through the lists.
-fn run_or_queue(dom: &DomainInner, st: &mut DomainState, w: Work, threshold: u64) -> Result<u64> {
+fn run_or_queue(dom: &DomainInner, st: &mut DomainState, w: Box<Work>, threshold: u64) -> Result<u64> {
     let trig = w.trig;
     let counters = dom.counters();
     let now = value(&counters[trig]);
@@ -924,7 +975,9 @@ fn run_or_queue(dom: &DomainInner, st: &mut DomainState, w: Work, threshold: u64
     // What its steps counted (counter operations, completion
     // counters) may have made other work due, as in `fire`'s loop;
     // whoever sleeps on a counter it moved must hear of it.
-    fire(dom, st);
+    if st.trig.due(counters) {
+        fire(dom, st);
+    }
     if rang {
         crate::doorbell::ring(&dom.region.header().doorbell);
     }
@@ -1036,42 +1089,70 @@ enum Fired {
     /// A chain ran some steps (`cntr_op`: a counter operation among them)
     /// and waits for the next one: put it back at its `trig` and
     /// `threshold`.
-    Moved { w: Work, threshold: u64, cntr_op: bool },
+    Moved { w: Box<Work>, threshold: u64, cntr_op: bool },
     /// Could not be issued for lack of room (`-FI_EAGAIN`): put it back
     /// at its `trig` and where it was (a chain: this threshold).
-    Again(Work, Option<u64>),
+    Again(Box<Work>, Option<u64>),
 }
 
-/// Runs the steps of chain `w` (found due) one after another while each one's counter reached its threshold,
-/// under the domain lock.
-fn run_chain(dom: &DomainInner, st: &mut DomainState, mut w: Work) -> Fired {
-    let Op::Chain(steps) = &mut w.op else { unreachable!("a chain") };
+/// Runs the steps of chain `w` (found due) one after another while each
+/// one's counter reached its threshold, under the domain lock. In place:
+/// the steps stay where they are, `next` moves. A template's chain that
+/// ran to its end goes back to its slot.
+fn run_chain(dom: &DomainInner, st: &mut DomainState, mut w: Box<Work>) -> Fired {
     let counters = dom.counters();
     let mut cntr_op = false;
-    while let Some((t, s)) = steps.pop() {
-        if t > value(&counters[s.trig]) {
-            let trig = s.trig;
-            steps.push((t, s));
+    let Op::Chain(ch) = &mut w.op else { unreachable!("a chain") };
+    while let Some((t, s)) = ch.steps.get(ch.next) {
+        let (t, trig) = (*t, s.trig);
+        if t > value(&counters[trig]) {
             w.trig = trig;
             return Fired::Moved { w, threshold: t, cntr_op };
         }
-        let trig = s.trig;
-        match run(dom, st, s) {
-            Fired::Done { cntr_op: c } => cntr_op |= c,
-            Fired::Again(s, _) => {
+        match run_step(dom, st, s) {
+            Step::Done { cntr_op: c } => {
+                cntr_op |= c;
+                if ch.kept.is_none() {
+                    release(st, s);
+                }
+                ch.next += 1;
+            }
+            Step::Again => {
                 // No room: the chain waits at this step, due now.
-                steps.push((t, s));
                 w.trig = trig;
                 return Fired::Again(w, Some(t));
             }
-            Fired::Moved { .. } => unreachable!("chains do not nest"),
         }
+    }
+    if let Some(k) = ch.kept {
+        st.trig.kept[k] = Kept::Home(w);
     }
     Fired::Done { cntr_op }
 }
 
-/// Runs one piece of work, under the domain lock.
-fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
+/// What [`run_step`] did.
+enum Step {
+    /// Ran (or failed, reported): `cntr_op` for a counter operation.
+    Done { cntr_op: bool },
+    /// No room to issue it (`-FI_EAGAIN`): nothing done.
+    Again,
+}
+
+/// Runs one piece of work (not a chain), under the domain lock; what it
+/// holds is released if it ran.
+fn run(dom: &DomainInner, st: &mut DomainState, w: Box<Work>) -> Fired {
+    match run_step(dom, st, &w) {
+        Step::Done { cntr_op } => {
+            release(st, &w);
+            Fired::Done { cntr_op }
+        }
+        Step::Again => Fired::Again(w, None),
+    }
+}
+
+/// Runs one piece of work (not a chain), under the domain lock, without
+/// releasing what it holds (the caller does).
+fn run_step(dom: &DomainInner, st: &mut DomainState, w: &Work) -> Step {
     let counters = dom.counters();
     if let Op::Cntr { id, value, set: is_set } = w.op {
         if is_set {
@@ -1079,8 +1160,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
         } else {
             count(&counters[id], Val::Success, value);
         }
-        release(st, &w);
-        return Fired::Done { cntr_op: true };
+        return Step::Done { cntr_op: true };
     }
     if let Op::Reduce { dt, op, src, dst, len } = w.op {
         // SAFETY: the submitter's buffers, valid and not overlapping (checked
@@ -1091,8 +1171,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
         if let Some(c) = w.completion {
             count(&counters[c], Val::Success, 1);
         }
-        release(st, &w);
-        return Fired::Done { cntr_op: w.completion.is_some() };
+        return Step::Done { cntr_op: w.completion.is_some() };
     }
     // Deferred work reports to its endpoint only with FI_COMPLETION.
     let quiet = w.deferred && w.flags & FI_COMPLETION == 0;
@@ -1106,8 +1185,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
             if let Some(c) = w.completion {
                 count(&counters[c], Val::Error, 1);
             }
-            release(st, &w);
-            return Fired::Done { cntr_op: false };
+            return Step::Done { cntr_op: false };
         }
     };
     let res = {
@@ -1124,7 +1202,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
                 // triggered receive follows its endpoint's rule.
                 let cqe = w.flags & FI_COMPLETION != 0 || (!w.deferred && !ep.bind.rx_sel);
                 match post_recv(ep, &mut src, tagged, iovs, src_fi, context, tag, ignore, cqe, dw) {
-                    Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(w, None),
+                    Err(e) if e.kind() == ErrorKind::Again => return Step::Again,
                     // Reported (or posted).
                     _ => Ok(()),
                 }
@@ -1182,7 +1260,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
             Op::Cntr { .. } | Op::Reduce { .. } | Op::Chain(_) => unreachable!("handled above"),
         };
         match res {
-            Err(e) if e.kind() == ErrorKind::Again => return Fired::Again(w, None),
+            Err(e) if e.kind() == ErrorKind::Again => return Step::Again,
             Err(e) => {
                 // Refused when issued (an address not in the AV, ...): an
                 // error completion, as for a failure after issue.
@@ -1202,8 +1280,7 @@ fn run(dom: &DomainInner, st: &mut DomainState, w: Work) -> Fired {
         }
     };
     let _ = res;
-    release(st, &w);
-    Fired::Done { cntr_op: false }
+    Step::Done { cntr_op: false }
 }
 
 /// Posts a fired receive on `ep` as its call would (the unexpected
@@ -1297,7 +1374,9 @@ impl Work {
 /// Takes the triggered operations (not deferred work) of endpoint `idx`
 /// (open, generation `generation`) off the lists for which `pick` says
 /// so (at most `most`), releasing their counters; in (counter,
-/// threshold, submission) order.
+/// threshold, submission) order. (The boxes are those of the lists,
+/// kept as they are.)
+#[allow(clippy::vec_box)]
 fn take_triggered(
     dom: &DomainInner,
     st: &mut DomainState,
@@ -1305,7 +1384,7 @@ fn take_triggered(
     generation: u32,
     most: usize,
     pick: impl Fn(&Work) -> bool,
-) -> Vec<Work> {
+) -> Vec<Box<Work>> {
     let mut keys = Vec::new();
     'lists: for &c in &st.trig.armed {
         for (&k, w) in &st.trig.lists[c] {
@@ -1317,7 +1396,7 @@ fn take_triggered(
             }
         }
     }
-    let out: Vec<Work> = keys.into_iter().map(|(c, k)| st.trig.remove(c, k).expect("just seen")).collect();
+    let out: Vec<Box<Work>> = keys.into_iter().map(|(c, k)| st.trig.remove(c, k).expect("just seen")).collect();
     for w in &out {
         release(st, w);
     }
@@ -1433,7 +1512,7 @@ impl Domain {
         let (mut work, _) = make(dom, &st, w.op, true)?;
         work.trig = trig;
         work.completion = completion;
-        queue(dom, &mut st, work, w.threshold).map(WorkId)
+        queue(dom, &mut st, Box::new(work), w.threshold).map(WorkId)
     }
 
     /// Queues a *chain* of deferred work, built by `build` under one
@@ -1459,61 +1538,81 @@ impl Domain {
         let mut st = dom.lock()?;
         let mut c = WorkChain { dom, st: &st, steps: Vec::with_capacity(8) };
         let r = build(&mut c)?;
-        let mut steps = c.steps;
+        let steps = c.steps;
         let Some(&(threshold, ref first)) = steps.first() else {
             return Err(Error::with(ErrorKind::Inval, "an empty chain"));
         };
         let trig = first.trig;
-        // The next step last.
-        steps.reverse();
-        let w = Work {
+        let w = Box::new(Work {
             id: st.trig.next,
             ep: None,
             trig,
             completion: None,
             deferred: true,
             flags: 0,
-            op: Op::Chain(steps),
+            op: Op::Chain(Chain { steps, next: 0, kept: None }),
             _owned: None,
-        };
+        });
         run_or_queue(dom, &mut st, w, threshold).map(|id| (WorkId(id), r))
     }
 
     /// Builds a chain as [`Domain::queue_chain`] does (each step checked)
     /// without queueing it: a [`ChainTemplate`] that
-    /// [`Domain::queue_template`] queues again and again with its
-    /// thresholds moved, without checking or building the steps again.
-    /// The counters the steps name stay bound (they cannot close) while
-    /// the template lives.
+    /// [`Domain::queue_template`] re-arms and queues again and again with
+    /// its thresholds moved, without checking, building or copying the
+    /// steps again. The counters the steps name stay bound (they cannot
+    /// close) while the template lives.
     pub fn chain_template(&self, build: impl FnOnce(&mut WorkChain<'_>) -> Result<()>) -> Result<ChainTemplate> {
         let dom = &self.inner;
         let mut st = dom.lock()?;
         let mut c = WorkChain { dom, st: &st, steps: Vec::with_capacity(8) };
         build(&mut c)?;
-        let mut steps = c.steps;
+        let steps = c.steps;
         if steps.is_empty() {
             return Err(Error::with(ErrorKind::Inval, "an empty chain"));
         }
-        steps.reverse();
-        let w = Work {
+        let rel: Vec<u64> = steps.iter().map(|s| s.0).collect();
+        let reduce: Vec<Option<usize>> = steps
+            .iter()
+            .map(|s| match s.1.op {
+                Op::Reduce { dst, .. } => Some(dst as usize),
+                _ => None,
+            })
+            .collect();
+        let mut w = Box::new(Work {
             id: 0,
             ep: None,
             trig: 0,
             completion: None,
             deferred: true,
             flags: 0,
-            op: Op::Chain(steps),
+            op: Op::Chain(Chain { steps, next: 0, kept: None }),
             _owned: None,
-        };
+        });
+        // Bound once, for the template's life (a kept chain's `held` is
+        // empty: queueing it binds nothing).
         bind_held(&mut st, &w)?;
-        Ok(ChainTemplate { dom: dom.clone(), w })
+        let slot = match st.trig.kept.iter().position(|k| matches!(k, Kept::Free)) {
+            Some(i) => i,
+            None => {
+                st.trig.kept.push(Kept::Free);
+                st.trig.kept.len() - 1
+            }
+        };
+        let Op::Chain(ch) = &mut w.op else { unreachable!("a chain") };
+        ch.kept = Some(slot);
+        st.trig.kept[slot] = Kept::Home(w);
+        Ok(ChainTemplate { dom: dom.clone(), slot, rel, reduce })
     }
 
-    /// Queues a copy of `t` as a chain ([`Domain::queue_chain`]), step
-    /// `i` (in push order) at threshold `threshold(i, t_i)` where `t_i` is
-    /// the threshold it was built with, and the destination of each
-    /// reduction step `i` in `dst` replaced by the pointer given (same
-    /// length).
+    /// Re-arms `t`'s chain in place and queues it ([`Domain::queue_chain`]),
+    /// step `i` (in push order) at threshold `threshold(i, t_i)` where
+    /// `t_i` is the threshold it was built with, and the destination of
+    /// each reduction step `i` in `dst` replaced by the pointer given
+    /// (same length). The chain is the template's own (no copy, no
+    /// binding): `Busy` while the previous queueing has not run to its
+    /// end (cancel or flush it to re-arm it earlier). Steps due run
+    /// before this returns.
     ///
     /// # Safety
     /// As [`Domain::queue_work`], for the buffers of every step (those
@@ -1528,22 +1627,30 @@ impl Domain {
         if !Arc::ptr_eq(&t.dom, dom) {
             return Err(Error::with(ErrorKind::Inval, "a template of another domain"));
         }
-        let mut w = t.w.clone();
-        let Op::Chain(steps) = &mut w.op else { unreachable!("a chain") };
-        let n = steps.len();
-        for (k, (th, s)) in steps.iter_mut().enumerate() {
-            *th = threshold(n - 1 - k, *th);
-            if let Some(&(_, p)) = dst.iter().find(|d| d.0 == n - 1 - k) {
-                match &mut s.op {
-                    Op::Reduce { dst, .. } => *dst = p,
-                    _ => return Err(Error::with(ErrorKind::Inval, "only a reduction's destination can be replaced")),
-                }
+        if dst.iter().any(|d| t.reduce.get(d.0).is_none_or(|r| r.is_none())) {
+            return Err(Error::with(ErrorKind::Inval, "only a reduction's destination can be replaced"));
+        }
+        let mut st = dom.lock()?;
+        let id = st.trig.next;
+        let mut w = match std::mem::replace(&mut st.trig.kept[t.slot], Kept::Out(id)) {
+            Kept::Home(w) => w,
+            other => {
+                st.trig.kept[t.slot] = other;
+                return Err(Error::with(ErrorKind::Busy, "the template's chain is still queued"));
+            }
+        };
+        let Op::Chain(ch) = &mut w.op else { unreachable!("a chain") };
+        ch.next = 0;
+        for (i, ((th, s), (&r, &built))) in ch.steps.iter_mut().zip(t.rel.iter().zip(&t.reduce)).enumerate() {
+            *th = threshold(i, r);
+            if let (Op::Reduce { dst: d, .. }, Some(built)) = (&mut s.op, built) {
+                // The destination given for this queueing, else as built.
+                *d = dst.iter().find(|d| d.0 == i).map_or(built as *mut u8, |d| d.1);
             }
         }
-        let (th, trig) = steps.last().map(|(t, s)| (*t, s.trig)).expect("not empty");
+        let (th, trig) = (ch.steps[0].0, ch.steps[0].1.trig);
         w.trig = trig;
-        let mut st = dom.lock()?;
-        w.id = st.trig.next;
+        w.id = id;
         run_or_queue(dom, &mut st, w, th).map(WorkId)
     }
 
@@ -1554,7 +1661,7 @@ impl Domain {
         let mut st = self.inner.lock()?;
         let Some(&(c, t)) = st.trig.deferred.get(&id.0) else { return Ok(false) };
         let w = st.trig.remove(c, (t, id.0)).expect("indexed work is queued");
-        release(&mut st, &w);
+        retire(&mut st, w);
         self.inner.trig.publish(&st.trig);
         Ok(true)
     }
@@ -1576,7 +1683,7 @@ impl Domain {
         keys.sort_unstable();
         for &(c, k) in &keys {
             let w = st.trig.remove(c, k).expect("indexed work is queued");
-            release(&mut st, &w);
+            retire(&mut st, w);
         }
         dom.trig.publish(&st.trig);
         Ok(keys.len())
@@ -1628,18 +1735,40 @@ impl WorkChain<'_> {
 }
 
 /// A chain built once and queued many times ([`Domain::chain_template`],
-/// [`Domain::queue_template`]). Dropping it releases its counters.
+/// [`Domain::queue_template`]). The chain itself lives in the domain's
+/// queue state (slot `slot` of `Triggers::kept`), home between queueings,
+/// so that re-arming it copies nothing. Dropping the template cancels the
+/// chain if queued and releases its counters.
 pub struct ChainTemplate {
     dom: Arc<DomainInner>,
-    /// The chain (its steps checked when built; the counters bound).
-    w: Work,
+    /// Its chain's slot in `Triggers::kept`.
+    slot: usize,
+    /// The thresholds the steps were built with, in push order.
+    rel: Vec<u64>,
+    /// The destination each reduction step was built with (None: not a
+    /// reduction; only those may be replaced per queueing).
+    reduce: Vec<Option<usize>>,
 }
 
 impl Drop for ChainTemplate {
     fn drop(&mut self) {
-        if let Ok(mut st) = self.dom.lock() {
-            release(&mut st, &self.w);
-        }
+        let Ok(mut st) = self.dom.lock() else { return };
+        let mut w = match std::mem::take(&mut st.trig.kept[self.slot]) {
+            Kept::Home(w) => w,
+            Kept::Out(id) => {
+                // Queued: it never runs now.
+                let Some(&(c, t)) = st.trig.deferred.get(&id) else { return };
+                let w = st.trig.remove(c, (t, id)).expect("indexed work is queued");
+                self.dom.trig.publish(&st.trig);
+                w
+            }
+            Kept::Free => return,
+        };
+        // Every step's counters, bound at build (not per queueing).
+        let Op::Chain(ch) = &mut w.op else { unreachable!("a chain") };
+        ch.kept = None;
+        ch.next = 0;
+        release(&mut st, &w);
     }
 }
 
@@ -1685,7 +1814,7 @@ impl Triggered<'_> {
             }
         }
         w.trig = trig;
-        queue(dom, &mut st, w, self.trig.threshold).map(|_| ())
+        queue(dom, &mut st, Box::new(w), self.trig.threshold).map(|_| ())
     }
 
     /// [`Endpoint::recvmsg`], triggered: posted when the counter reaches

@@ -433,3 +433,113 @@ fn lonely(w: World) {
 fn a_join_without_the_others_times_out() {
     run("a_join_without_the_others_times_out", 2, &[], T, lonely);
 }
+
+/// Kept schedules (barrier, allreduce up to 4 KiB: built once per shape
+/// and parity, re-armed in place at every instance), many times, with
+/// shapes interleaved and more shapes than a group keeps (the oldest go),
+/// each instance checked; a non-kept collective between them.
+fn rearmed(w: World) {
+    let g = join(&w);
+    let n = w.size as i64;
+    let tmo = Some(Duration::from_secs(60));
+    for i in 0..300usize {
+        match i % 5 {
+            0 => g.wait(g.barrier().unwrap(), tmo).unwrap(),
+            1 | 2 => {
+                // 1 to 24 elements: 24 shapes (past the 16 kept), both parities.
+                let count = 1 + (i * 7) % 24;
+                let send: Vec<u8> = (0..count).flat_map(|k| ((w.rank * 3 + k + i) as i64).to_ne_bytes()).collect();
+                let mut recv = vec![0u8; send.len()];
+                // SAFETY: `recv` is read after the wait.
+                let o = unsafe { g.allreduce(&send, &mut recv, AtomicType::Int64, AtomicOp::Sum) }.unwrap();
+                g.wait(o, tmo).unwrap();
+                for k in 0..count {
+                    let want: i64 = (0..n).map(|r| r * 3 + (k + i) as i64).sum();
+                    assert_eq!(i64::from_ne_bytes(recv[8 * k..][..8].try_into().unwrap()), want, "instance {i}");
+                }
+            }
+            3 => {
+                let send = ((w.rank + i) as f64).to_ne_bytes();
+                let mut recv = [0u8; 8];
+                // SAFETY: as above.
+                let o = unsafe { g.allreduce(&send, &mut recv, AtomicType::Double, AtomicOp::Max) }.unwrap();
+                g.wait(o, tmo).unwrap();
+                assert_eq!(f64::from_ne_bytes(recv), (w.size - 1 + i) as f64, "instance {i}");
+            }
+            _ => {
+                let send = [(w.rank + i) as u8; 3];
+                let mut recv = vec![0u8; 3 * w.size];
+                // SAFETY: as above.
+                let o = unsafe { g.allgather(&send, &mut recv) }.unwrap();
+                g.wait(o, tmo).unwrap();
+                for r in 0..w.size {
+                    assert_eq!(recv[3 * r..][..3], [(r + i) as u8; 3], "instance {i}");
+                }
+            }
+        }
+    }
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+}
+
+#[test]
+fn kept_schedules_rearmed_many_times_on_2_ranks() {
+    run("kept_schedules_rearmed_many_times_on_2_ranks", 2, &[], T, rearmed);
+}
+
+#[test]
+fn kept_schedules_rearmed_many_times_on_3_ranks() {
+    run("kept_schedules_rearmed_many_times_on_3_ranks", 3, &[], T, rearmed);
+}
+
+/// Rank 2 of 3 dies in the middle of a series of kept barriers and small
+/// allreduces (its peers' kept chains queued, waiting on its writes): the
+/// others fail with `Io` in bounded time, their chains are off the queue,
+/// and the group stays broken.
+fn killed_kept(w: World) {
+    let g = join(&w);
+    for i in 0..1000 {
+        if w.rank == 2 && i == 41 {
+            // SAFETY: ends this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        let send = (i as i64).to_ne_bytes();
+        let mut recv = [0u8; 8];
+        let posted = if i % 2 == 0 {
+            g.barrier()
+        } else {
+            // SAFETY: `recv` outlives the wait (or the flush on failure).
+            unsafe { g.allreduce(&send, &mut recv, AtomicType::Int64, AtomicOp::Sum) }
+        };
+        let o = match posted {
+            Ok(o) => o,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+                break;
+            }
+        };
+        let t0 = Instant::now();
+        match g.wait(o, Some(Duration::from_secs(20))) {
+            Ok(()) => {
+                assert!(i < 41, "collective {i} completed without rank 2");
+                if i % 2 == 1 {
+                    assert_eq!(i64::from_ne_bytes(recv), 3 * i as i64);
+                }
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+                assert!(t0.elapsed() < Duration::from_secs(5), "noticed after {:?}", t0.elapsed());
+                break;
+            }
+        }
+    }
+    assert_eq!(g.barrier().unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    // The kept schedules go with the group (their counters released).
+    drop(g);
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+}
+
+#[test]
+fn a_killed_rank_fails_kept_schedules() {
+    run_killing("a_killed_rank_fails_kept_schedules", 3, &[], T, &[2], killed_kept);
+}

@@ -404,7 +404,46 @@ fn templates(w: World) {
     // SAFETY: as above.
     unsafe { w.dom.queue_template(&t, |_, th| th + 1, &[(0, d2.as_mut_ptr())]).unwrap() };
     assert_eq!((out.read().unwrap(), d2), (3, src));
+    // Re-armed in place: a destination not given is the one built (d0),
+    // not the last one given.
+    d0 = [0; 4];
+    d2 = [0; 4];
+    // SAFETY: as above.
+    unsafe { w.dom.queue_template(&t, |_, th| th + 2, &[]).unwrap() };
+    assert_eq!(w.dom.queued_work().unwrap(), 1, "waits for a = 3");
+    // The chain is the template's own: not queued twice.
+    // SAFETY: as above.
+    let e = unsafe { w.dom.queue_template(&t, |_, th| th + 2, &[]) };
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::Busy, "still queued");
+    assert_eq!(w.dom.flush_work(Some(&a)).unwrap(), 1, "flushed: home again");
+    a.add(1).unwrap();
+    assert_eq!((out.read().unwrap(), d0), (3, [0; 4]), "the flushed queueing never ran");
+    // Many re-arms, each at its own threshold, alternating destinations.
+    for k in 0..100u64 {
+        let now = a.read().unwrap();
+        let d = if k % 2 == 0 { d1.as_mut_ptr() } else { d2.as_mut_ptr() };
+        // SAFETY: as above.
+        unsafe { w.dom.queue_template(&t, |_, th| th - 1 + now + 1, &[(0, d)]).unwrap() };
+        assert_eq!(out.read().unwrap(), 3 + k, "waits for the next add");
+        a.add(1).unwrap();
+        assert_eq!(out.read().unwrap(), 4 + k, "ran once");
+    }
+    assert_eq!((d0, d1, d2), ([0; 4], src, src));
+    // Cancelled by its id: home again, re-armed at once.
+    // SAFETY: as above.
+    let id = unsafe { w.dom.queue_template(&t, |_, th| th + 1000, &[]).unwrap() };
+    assert!(w.dom.cancel_work(id).unwrap());
+    assert!(!w.dom.cancel_work(id).unwrap(), "cancelled once");
+    let now = a.read().unwrap();
+    // SAFETY: as above.
+    unsafe { w.dom.queue_template(&t, |_, th| th - 1 + now, &[]).unwrap() };
+    assert_eq!((out.read().unwrap(), d0), (104, src), "due at once: ran inside the call");
+    // Dropped while queued: cancelled, its counters released.
+    // SAFETY: as above.
+    unsafe { w.dom.queue_template(&t, |_, th| th + 1000, &[]).unwrap() };
+    assert_eq!(w.dom.queued_work().unwrap(), 1);
     drop(t);
+    assert_eq!(w.dom.queued_work().unwrap(), 0, "the template's chain went with it");
     a.close().unwrap();
 }
 

@@ -43,13 +43,15 @@
 //! and parity, as a [`crate::trigger::ChainTemplate`] with thresholds
 //! relative to the instance (the start at 0, peer `j`'s counter at the
 //! count of its writes within the instance) and their own buffer; each
-//! instance copies the send data into that buffer and queues a copy of
-//! the chain with the thresholds moved by the instance number and the
-//! tally, and the final copy's destination set to the caller's result
-//! ([`Domain::queue_template`]): no plan, check, record or allocation per
-//! step. A group keeps at most 16 (the oldest goes); they hold the
-//! group's counters, and the application's counter given at join, bound
-//! until the group is dropped.
+//! instance copies the send data into that buffer and re-arms the chain
+//! in place (it is the template's own, home in the domain's queue state
+//! between instances: no copy, no counter binding) with the thresholds
+//! moved by the instance number and the tally, and the final copy's
+//! destination set to the caller's result ([`Domain::queue_template`]);
+//! its first step, due at once, runs inside the post. No plan, check,
+//! record or allocation per step. A group keeps at most 16 (the oldest
+//! goes); they hold the group's counters, and the application's counter
+//! given at join, bound until the group is dropped.
 //!
 //! **Reuse.** Instance `k` uses parity `k % 2` of every slot region and
 //! counter; posting instance `k` first waits for instance `k - 1` (one
@@ -112,9 +114,14 @@ pub const RING_MIN: usize = 32 * 1024;
 /// (per group, shape and parity; a kept schedule holds its buffer).
 const KEPT_MAX: usize = 4096;
 
-/// Passes `wait` makes before it yields the CPU between passes (a few
-/// microseconds: a peer on another CPU answers within them).
-const SPIN_PASSES: u32 = 64;
+/// Passes `wait` makes before it yields the CPU between passes (a
+/// microsecond or two: a peer on another CPU answers a 2-rank barrier in
+/// under half a microsecond; a yield with nothing else to run costs one
+/// system call). When both ranks share one CPU, each wait costs about
+/// this spin plus the switch: 64 passes gave 10-14 us medians there, 8
+/// gave 5.6-7 us, with the same 0.37-0.48 us on two CPUs (paired 2-rank
+/// runs on the loaded 2-vCPU VM, 2026-11-26).
+const SPIN_PASSES: u32 = 8;
 
 /// Options of [`CollGroup::join`].
 #[derive(Clone, Copy, Debug)]
@@ -174,6 +181,9 @@ pub struct CollGroup<'a> {
     tally: RefCell<Vec<[u64; 2]>>,
     /// Counts completed instances (the start point of the next one).
     done: Counter,
+    /// The value of `done` last read (instances known complete): a post
+    /// whose previous instance is known complete waits for nothing.
+    completed: Cell<u64>,
     /// Completion counter of every write: its error value says one failed.
     wr: Counter,
     user: Option<&'a Counter>,
@@ -224,26 +234,28 @@ struct Scratch {
     tally: Vec<u64>,
 }
 
-/// Joins made in this process, by member list (its hash): the join's
-/// number among those of the same list, which every member counts alike.
-static JOINS: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+/// Joins made in this process, by member list (its hash) and joining
+/// member: the join's number among those of the same list by the same
+/// endpoint, which every member counts alike (two members in one process
+/// count theirs apart).
+static JOINS: std::sync::Mutex<Vec<(u64, usize, u64)>> = std::sync::Mutex::new(Vec::new());
 
 /// The join's identity in its tags (28 bits): the members' addresses in
-/// order, and how many joins of that same list this process made before.
-fn join_id(names: &[crate::Address]) -> u64 {
+/// order, and how many joins of that same list member `me` made before.
+fn join_id(names: &[crate::Address], me: usize) -> u64 {
     // FNV-1a over the addresses' bytes: the same in every process.
     let mut key = 0xcbf2_9ce4_8422_2325u64;
     for b in names.iter().flat_map(|a| a.to_bytes()) {
         key = (key ^ b as u64).wrapping_mul(0x0100_0000_01b3);
     }
     let mut j = JOINS.lock().unwrap_or_else(|p| p.into_inner());
-    let n = match j.iter_mut().find(|e| e.0 == key) {
+    let n = match j.iter_mut().find(|e| e.0 == key && e.1 == me) {
         Some(e) => {
-            e.1 += 1;
-            e.1
+            e.2 += 1;
+            e.2
         }
         None => {
-            j.push((key, 0));
+            j.push((key, me, 0));
             0
         }
     };
@@ -294,7 +306,7 @@ impl<'a> CollGroup<'a> {
                 return Err(Error::with(ErrorKind::Inval, format!("member {i} is listed twice")));
             }
         }
-        let gid = join_id(&names);
+        let gid = join_id(&names, me);
         let slot = attr.slot_bytes.next_multiple_of(64);
         let mut peers = Vec::with_capacity(n);
         let mut arrivals = Vec::with_capacity(n);
@@ -426,6 +438,7 @@ impl<'a> CollGroup<'a> {
             arrivals,
             tally: RefCell::new(vec![[0; 2]; n]),
             done: dom.cntr_open()?,
+            completed: Cell::new(0),
             wr: dom.cntr_open()?,
             user: cntr,
             next: Cell::new(0),
@@ -459,7 +472,7 @@ impl<'a> CollGroup<'a> {
     /// checked at most every 20 ms (a poll loop calls this back to back;
     /// the check costs a system call per member).
     pub fn test(&self, op: CollOp) -> Result<bool> {
-        if self.done.read()? > op.seq {
+        if self.done_past(op.seq)? {
             return Ok(true);
         }
         if self.broken.get() || self.tested.get().elapsed() >= Duration::from_millis(20) {
@@ -470,19 +483,23 @@ impl<'a> CollGroup<'a> {
     }
 
     /// Waits until `op` completed, or `timeout` (`TimedOut`), driving
-    /// progress: a few microseconds of passes back to back (a peer on
-    /// another CPU answers within them), then until 500 µs a yield of the
+    /// progress: a few passes back to back (a peer on another CPU
+    /// answers within them), then until 500 µs a yield of the
     /// CPU between passes (a peer that shares our CPU can run: a spin
     /// would hold the CPU it needs), then passes with sleeps
     /// on the domain's doorbell (1 ms at most) between them. A member
     /// that died, or a write that failed, makes it `Io` within about 20 ms
     /// (the group's queued work is flushed; later calls fail at once).
     pub fn wait(&self, op: CollOp, timeout: Option<Duration>) -> Result<()> {
+        // Done already: no clock read (two cost as much as the pass).
+        if self.done_past(op.seq)? {
+            return Ok(());
+        }
         let t0 = Instant::now();
-        let mut checked = Instant::now();
+        let mut checked = t0;
         let mut polls = 0u32;
         loop {
-            if self.done.read()? > op.seq {
+            if self.done_past(op.seq)? {
                 return Ok(());
             }
             // The clock is read every 16 passes only (it cost a quarter of
@@ -508,6 +525,17 @@ impl<'a> CollGroup<'a> {
             }
             self.dom.wait(Some(Duration::from_millis(1)));
         }
+    }
+
+    /// Whether instance `seq` completed (a progress pass, unless already
+    /// known).
+    fn done_past(&self, seq: u64) -> Result<bool> {
+        if self.completed.get() > seq {
+            return Ok(true);
+        }
+        let d = self.done.read()?;
+        self.completed.set(d);
+        Ok(d > seq)
     }
 
     /// `Io` (and the group's work flushed) if a member died or a write
@@ -553,7 +581,7 @@ impl<'a> CollGroup<'a> {
             return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
         }
         let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
-        if let Some(s) = prev {
+        if let Some(s) = prev.filter(|&s| self.completed.get() <= s) {
             self.wait(CollOp { seq: s }, None)?;
         }
         *self.inflight.borrow_mut() = None;
@@ -626,7 +654,15 @@ impl<'a> CollGroup<'a> {
         if let Some(b) = k.bufs.first_mut() {
             b[..send.len()].copy_from_slice(send);
         }
-        let dst: Vec<(usize, *mut u8)> = k.outs.iter().map(|&st| (st, out)).collect();
+        let one;
+        let many: Vec<(usize, *mut u8)>;
+        let dst = if k.outs.len() <= 1 {
+            one = k.outs.first().map(|&st| (st, out));
+            one.as_slice()
+        } else {
+            many = k.outs.iter().map(|&st| (st, out)).collect();
+            &many[..]
+        };
         let base = self.tally.borrow();
         let at = &k.at;
         // SAFETY: the template's buffers are kept with it (the instance
@@ -640,7 +676,7 @@ impl<'a> CollGroup<'a> {
                     At::Done(_) => th + seq,
                     At::Peer(j, _) => th + base[j][q],
                 },
-                &dst,
+                dst,
             )
         }?;
         drop(base);
