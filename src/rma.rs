@@ -166,6 +166,7 @@ impl TargetCache {
     /// Entries kept.
     const SIZE: usize = 16;
 
+    #[inline]
     fn find(&self, ep: usize, fd: u32, addr: &Address) -> Option<usize> {
         self.ents.iter().rposition(|c| c.ep == ep && c.fd == fd && c.t.addr == *addr)
     }
@@ -307,6 +308,7 @@ impl Initiator<'_> {
     /// files the domain's map. So a write or atomic on a dead target's
     /// heap fails within about `peer_check`, and single copy never goes to
     /// a pid that was reused more than a period ago.
+    #[inline(always)]
     fn lookup<'c>(
         &self,
         ep: &EpState,
@@ -315,46 +317,83 @@ impl Initiator<'_> {
         dest: FiAddr,
         key: u64,
     ) -> Result<std::result::Result<&'c mut Cached, Fail>> {
-        let av =
-            ep.peers.av().and_then(|a| ctx.avs.get(a)).ok_or_else(|| Error::with(ErrorKind::NoEnt, "no AV bound"))?;
-        let addr = av
-            .lookup(dest)
-            .ok_or_else(|| Error::with(ErrorKind::NoEnt, format!("fi_addr {dest} is not in the address vector")))?;
-        let dom = self.dom;
+        // The hit path is inline in its callers, the rest out of line
+        // (the cold functions below): a cached target costs the AV read,
+        // the cache search and the coarse clock read.
+        let Some(addr) = ep.peers.av().and_then(|a| ctx.avs.get(a)).and_then(|av| av.lookup(dest)) else {
+            return Err(Self::no_addr(ep, ctx, dest));
+        };
         let fd = Key::decode(key).fd;
         let i = match c.find(self.index(), fd, &addr) {
             Some(i) => i,
-            None => {
-                let t = match self.make_target(ctx, addr, key) {
-                    Ok(t) => t,
-                    Err(f) => return Ok(Err(f)),
-                };
-                // Our own domain is alive while we run: never checked.
-                let alive_ns = match t.region {
-                    None => u64::MAX,
-                    Some(_) => c.alive_at.get(&(addr.pid, addr.token)).copied().unwrap_or(0),
-                };
-                if c.ents.len() >= TargetCache::SIZE {
-                    c.ents.remove(0);
-                }
-                c.ents.push(Cached { ep: self.index(), fd, t, alive_ns, view: None });
-                c.ents.len() - 1
-            }
+            None => match self.insert(ctx, c, addr, key, fd) {
+                Ok(i) => i,
+                Err(f) => return Ok(Err(f)),
+            },
         };
-        let e = &c.ents[i];
-        if e.alive_ns != u64::MAX {
+        let alive_ns = c.ents[i].alive_ns;
+        // Our own domain (u64::MAX) is alive while we run: never checked.
+        if alive_ns != u64::MAX {
             let now = coarse_ns();
-            if now.saturating_sub(e.alive_ns) >= dom.cfg.peer_check.as_nanos() as u64 {
-                if !e.t.region.as_ref().is_some_and(|r| r.alive()) {
-                    c.forget(&addr);
-                    dom.rma.forget_peer(&addr);
-                    return Ok(Err(fail(ErrorKind::Io, "the target process is gone")));
+            if now.saturating_sub(alive_ns) >= self.dom.cfg.peer_check.as_nanos() as u64 {
+                if let Err(f) = self.recheck(c, i, now) {
+                    return Ok(Err(f));
                 }
-                c.alive_at.insert((addr.pid, addr.token), now);
-                c.ents[i].alive_ns = now;
             }
         }
         Ok(Ok(&mut c.ents[i]))
+    }
+
+    /// The error of an fi_addr [`Initiator::lookup`] found no address for.
+    #[cold]
+    #[inline(never)]
+    fn no_addr(ep: &EpState, ctx: &Ctx<'_>, dest: FiAddr) -> Error {
+        if ep.peers.av().and_then(|a| ctx.avs.get(a)).is_none() {
+            Error::with(ErrorKind::NoEnt, "no AV bound")
+        } else {
+            Error::with(ErrorKind::NoEnt, format!("fi_addr {dest} is not in the address vector"))
+        }
+    }
+
+    /// Makes the cache entry of a target not in it (the oldest leaves a
+    /// full cache): its index.
+    #[cold]
+    #[inline(never)]
+    fn insert(
+        &self,
+        ctx: &mut Ctx<'_>,
+        c: &mut TargetCache,
+        addr: Address,
+        key: u64,
+        fd: u32,
+    ) -> std::result::Result<usize, Fail> {
+        let t = self.make_target(ctx, addr, key)?;
+        let alive_ns = match t.region {
+            None => u64::MAX,
+            Some(_) => c.alive_at.get(&(addr.pid, addr.token)).copied().unwrap_or(0),
+        };
+        if c.ents.len() >= TargetCache::SIZE {
+            c.ents.remove(0);
+        }
+        c.ents.push(Cached { ep: self.index(), fd, t, alive_ns, view: None });
+        Ok(c.ents.len() - 1)
+    }
+
+    /// The liveness check of entry `i`, due at `now`: a target found dead
+    /// leaves the cache (all of its domain's entries) and its RMA files
+    /// the domain's map, and fails the operation.
+    #[cold]
+    #[inline(never)]
+    fn recheck(&self, c: &mut TargetCache, i: usize, now: u64) -> std::result::Result<(), Fail> {
+        let addr = c.ents[i].t.addr;
+        if !c.ents[i].t.region.as_ref().is_some_and(|r| r.alive()) {
+            c.forget(&addr);
+            self.dom.rma.forget_peer(&addr);
+            return Err(fail(ErrorKind::Io, "the target process is gone"));
+        }
+        c.alive_at.insert((addr.pid, addr.token), now);
+        c.ents[i].alive_ns = now;
+        Ok(())
     }
 
     /// A target not in the cache: its region (attached on first use) and
@@ -489,10 +528,18 @@ impl Initiator<'_> {
     /// be outstanding (queued, or a rendezvous awaiting the peer): after
     /// one progress pass of the endpoint, if any still is, the call fails
     /// with `-FI_EAGAIN` having done nothing (progress and retry).
+    #[inline(always)]
     fn fence(&self, ep: &mut EpState, ctx: &mut Ctx<'_>, dest: FiAddr, flags: u64) -> Result<()> {
         if flags & FI_FENCE == 0 {
             return Ok(());
         }
+        Self::fence_wait(ep, ctx, dest)
+    }
+
+    /// [`Initiator::fence`] of a fenced call.
+    #[cold]
+    #[inline(never)]
+    fn fence_wait(ep: &mut EpState, ctx: &mut Ctx<'_>, dest: FiAddr) -> Result<()> {
         let p = ep.peers.of(ctx.avs, dest)?;
         if ep.peers[p].tx.pending() {
             crate::progress::progress_ep(ep, ctx);
@@ -1365,7 +1412,7 @@ fn valid_count(call: AtomicCall, dt: AtomicType, op: AtomicOp) -> Result<usize> 
 /// Inline, and nothing more than the endpoint counter's read when no
 /// counter is bound (the common case): two out-of-line calls here were
 /// about 78 instructions of a fetch-add.
-#[inline]
+#[inline(always)]
 fn count_landed(dom: &DomainInner, t: &Target, mr_cntr: u32, which: usize) {
     let ep = t.file.ep_counter(t.addr.ep_index, which);
     if mr_cntr == 0 && ep == 0 {
