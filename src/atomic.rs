@@ -142,6 +142,7 @@ impl AtomicType {
         ALL_TYPES.get(v as usize).copied()
     }
 
+    #[inline]
     fn class(self) -> Class {
         use AtomicType::*;
         match self {
@@ -169,6 +170,7 @@ impl AtomicOp {
 /// reals, bit operations on integers, equality compares on every type,
 /// ordered compares on integers and reals, MSWAP on integers;
 /// ATOMIC_READ only in fetch calls.
+#[inline]
 pub fn valid(call: AtomicCall, dt: AtomicType, op: AtomicOp) -> bool {
     use AtomicOp::*;
     let c = dt.class();
@@ -311,15 +313,33 @@ pub fn compute(dt: AtomicType, op: AtomicOp, old: u128, a: u128, c: u128) -> u12
     f(op, old, a, c)
 }
 
-/// Reads one element's bit pattern from `b` (little-endian).
+/// Reads one element's bit pattern from `b` (little-endian). The
+/// element sizes are fixed-size loads (a variable-length copy into a
+/// 16-byte buffer was a memcpy call per element).
+#[inline]
 pub fn load_elem(b: &[u8]) -> u128 {
+    if let Ok(x) = <[u8; 8]>::try_from(b) {
+        return u64::from_le_bytes(x) as u128;
+    }
+    if let Ok(x) = <[u8; 4]>::try_from(b) {
+        return u32::from_le_bytes(x) as u128;
+    }
     let mut v = [0u8; 16];
     v[..b.len()].copy_from_slice(b);
     u128::from_le_bytes(v)
 }
 
 /// Writes one element's bit pattern into `b` (its length is the size).
+#[inline]
 pub fn store_elem(b: &mut [u8], v: u128) {
+    if let Ok(x) = <&mut [u8; 8]>::try_from(&mut *b) {
+        *x = (v as u64).to_le_bytes();
+        return;
+    }
+    if let Ok(x) = <&mut [u8; 4]>::try_from(&mut *b) {
+        *x = (v as u32).to_le_bytes();
+        return;
+    }
     let n = b.len();
     b.copy_from_slice(&v.to_le_bytes()[..n]);
 }
@@ -341,6 +361,36 @@ macro_rules! cas_loop {
             }
         }
     }};
+}
+
+/// [`apply`] with the commonest single-word cases (sum, read and write
+/// of a 64-bit integer: a fetch-add, a get of a counter) inline: the rest
+/// go to [`apply`], which does the same for them.
+///
+/// # Safety
+/// As for [`apply`].
+#[inline]
+pub unsafe fn apply_inline(
+    dt: AtomicType,
+    op: AtomicOp,
+    p: *mut u8,
+    a: u128,
+    c: u128,
+    lock: &crate::sync::AtomicU32,
+    me: u32,
+) -> u128 {
+    if matches!(dt, AtomicType::Uint64 | AtomicType::Int64) && matches!(op, AtomicOp::Sum | AtomicOp::Read) {
+        // SAFETY: per the contract: aligned, live, shared only through
+        // atomics of this size.
+        let w = unsafe { AtomicU64::from_ptr(p.cast()) };
+        return if op == AtomicOp::Sum {
+            w.fetch_add(a as u64, Ordering::AcqRel) as u128
+        } else {
+            w.load(Ordering::Acquire) as u128
+        };
+    }
+    // SAFETY: the caller's contract is apply's.
+    unsafe { apply(dt, op, p, a, c, lock, me) }
 }
 
 /// Applies `op` to the element at `p` as one atomic operation and

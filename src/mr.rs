@@ -1437,6 +1437,7 @@ pub(crate) fn publish_ep(dom: &DomainInner, idx: usize, rw: Option<usize>, rr: O
 impl RmaFile {
     /// The remote counter (index + 1, 0: none) endpoint section `ep`
     /// publishes for writes (`which` 0) or reads (1).
+    #[inline]
     pub fn ep_counter(&self, ep: u32, which: usize) -> u32 {
         self.header().ep_cntr.get(ep as usize).map_or(0, |c| c[which].load(Ordering::Acquire))
     }

@@ -83,6 +83,7 @@ pub(crate) struct AtomicArgs<'a, 'b> {
 
 /// Checks the arguments of an atomic call: a valid combination, buffers
 /// of the elements the remote segments name, segments not too long.
+#[inline]
 pub(crate) fn atomic_args(a: &AtomicArgs<'_, '_>) -> Result<()> {
     let AtomicArgs { call, dt, op, buf, compare, result, iocs, .. } = a;
     let max = valid_count(*call, *dt, *op)?;
@@ -168,6 +169,7 @@ impl TargetCache {
     /// Entries kept.
     const SIZE: usize = 16;
 
+    #[inline]
     fn find(&self, ep: usize, fd: u32, addr: &Address) -> Option<usize> {
         self.ents.iter().rposition(|c| c.ep == ep && c.fd == fd && c.t.addr == *addr)
     }
@@ -309,6 +311,7 @@ impl Initiator<'_> {
     /// files the domain's map. So a write or atomic on a dead target's
     /// heap fails within about `peer_check`, and single copy never goes to
     /// a pid that was reused more than a period ago.
+    #[inline(always)]
     fn lookup<'c>(
         &self,
         ep: &EpState,
@@ -317,46 +320,83 @@ impl Initiator<'_> {
         dest: FiAddr,
         key: u64,
     ) -> Result<std::result::Result<&'c mut Cached, Fail>> {
-        let av =
-            ep.peers.av().and_then(|a| ctx.avs.get(a)).ok_or_else(|| Error::with(ErrorKind::NoEnt, "no AV bound"))?;
-        let addr = av
-            .lookup(dest)
-            .ok_or_else(|| Error::with(ErrorKind::NoEnt, format!("fi_addr {dest} is not in the address vector")))?;
-        let dom = self.dom;
+        // The hit path is inline in its callers, the rest out of line
+        // (the cold functions below): a cached target costs the AV read,
+        // the cache search and the coarse clock read.
+        let Some(addr) = ep.peers.av().and_then(|a| ctx.avs.get(a)).and_then(|av| av.lookup(dest)) else {
+            return Err(Self::no_addr(ep, ctx, dest));
+        };
         let fd = Key::decode(key).fd;
         let i = match c.find(self.index(), fd, &addr) {
             Some(i) => i,
-            None => {
-                let t = match self.make_target(ctx, addr, key) {
-                    Ok(t) => t,
-                    Err(f) => return Ok(Err(f)),
-                };
-                // Our own domain is alive while we run: never checked.
-                let alive_ns = match t.region {
-                    None => u64::MAX,
-                    Some(_) => c.alive_at.get(&(addr.pid, addr.token)).copied().unwrap_or(0),
-                };
-                if c.ents.len() >= TargetCache::SIZE {
-                    c.ents.remove(0);
-                }
-                c.ents.push(Cached { ep: self.index(), fd, t, alive_ns, views: [None, None] });
-                c.ents.len() - 1
-            }
+            None => match self.insert(ctx, c, addr, key, fd) {
+                Ok(i) => i,
+                Err(f) => return Ok(Err(f)),
+            },
         };
-        let e = &c.ents[i];
-        if e.alive_ns != u64::MAX {
+        let alive_ns = c.ents[i].alive_ns;
+        // Our own domain (u64::MAX) is alive while we run: never checked.
+        if alive_ns != u64::MAX {
             let now = coarse_ns();
-            if now.saturating_sub(e.alive_ns) >= dom.cfg.peer_check.as_nanos() as u64 {
-                if !e.t.region.as_ref().is_some_and(|r| r.alive()) {
-                    c.forget(&addr);
-                    dom.rma.forget_peer(&addr);
-                    return Ok(Err(fail(ErrorKind::Io, "the target process is gone")));
+            if now.saturating_sub(alive_ns) >= self.dom.cfg.peer_check.as_nanos() as u64 {
+                if let Err(f) = self.recheck(c, i, now) {
+                    return Ok(Err(f));
                 }
-                c.alive_at.insert((addr.pid, addr.token), now);
-                c.ents[i].alive_ns = now;
             }
         }
         Ok(Ok(&mut c.ents[i]))
+    }
+
+    /// The error of an fi_addr [`Initiator::lookup`] found no address for.
+    #[cold]
+    #[inline(never)]
+    fn no_addr(ep: &EpState, ctx: &Ctx<'_>, dest: FiAddr) -> Error {
+        if ep.peers.av().and_then(|a| ctx.avs.get(a)).is_none() {
+            Error::with(ErrorKind::NoEnt, "no AV bound")
+        } else {
+            Error::with(ErrorKind::NoEnt, format!("fi_addr {dest} is not in the address vector"))
+        }
+    }
+
+    /// Makes the cache entry of a target not in it (the oldest leaves a
+    /// full cache): its index.
+    #[cold]
+    #[inline(never)]
+    fn insert(
+        &self,
+        ctx: &mut Ctx<'_>,
+        c: &mut TargetCache,
+        addr: Address,
+        key: u64,
+        fd: u32,
+    ) -> std::result::Result<usize, Fail> {
+        let t = self.make_target(ctx, addr, key)?;
+        let alive_ns = match t.region {
+            None => u64::MAX,
+            Some(_) => c.alive_at.get(&(addr.pid, addr.token)).copied().unwrap_or(0),
+        };
+        if c.ents.len() >= TargetCache::SIZE {
+            c.ents.remove(0);
+        }
+        c.ents.push(Cached { ep: self.index(), fd, t, alive_ns, views: [None, None] });
+        Ok(c.ents.len() - 1)
+    }
+
+    /// The liveness check of entry `i`, due at `now`: a target found dead
+    /// leaves the cache (all of its domain's entries) and its RMA files
+    /// the domain's map, and fails the operation.
+    #[cold]
+    #[inline(never)]
+    fn recheck(&self, c: &mut TargetCache, i: usize, now: u64) -> std::result::Result<(), Fail> {
+        let addr = c.ents[i].t.addr;
+        if !c.ents[i].t.region.as_ref().is_some_and(|r| r.alive()) {
+            c.forget(&addr);
+            self.dom.rma.forget_peer(&addr);
+            return Err(fail(ErrorKind::Io, "the target process is gone"));
+        }
+        c.alive_at.insert((addr.pid, addr.token), now);
+        c.ents[i].alive_ns = now;
+        Ok(())
     }
 
     /// A target not in the cache: its region (attached on first use) and
@@ -497,10 +537,18 @@ impl Initiator<'_> {
     /// be outstanding (queued, or a rendezvous awaiting the peer): after
     /// one progress pass of the endpoint, if any still is, the call fails
     /// with `-FI_EAGAIN` having done nothing (progress and retry).
+    #[inline(always)]
     fn fence(&self, ep: &mut EpState, ctx: &mut Ctx<'_>, dest: FiAddr, flags: u64) -> Result<()> {
         if flags & FI_FENCE == 0 {
             return Ok(());
         }
+        Self::fence_wait(ep, ctx, dest)
+    }
+
+    /// [`Initiator::fence`] of a fenced call.
+    #[cold]
+    #[inline(never)]
+    fn fence_wait(ep: &mut EpState, ctx: &mut Ctx<'_>, dest: FiAddr) -> Result<()> {
         let p = ep.peers.of(ctx.avs, dest)?;
         if ep.peers[p].tx.pending() {
             crate::progress::progress_ep(ep, ctx);
@@ -1155,9 +1203,22 @@ impl Initiator<'_> {
             // path, when the memory is heap (checked by atomic_args: the
             // buffers hold `count` elements, or none for an operand).
             let body = |h: *mut u8, f: &RmaFile, hoff: u64| {
-                if !hoff.is_multiple_of(sz.min(8) as u64) {
+                // Sizes are powers of two: a mask, not a division.
+                if hoff & (sz.min(8) as u64 - 1) != 0 {
                     let why = format!("atomic: offset {} is not aligned to {}", ioc.addr, sz.min(8));
                     return Err(fail(ErrorKind::Inval, why));
+                }
+                if ioc.count == 1 {
+                    // One element (a fetch-add, a compare-swap): the
+                    // buffers are one element each (atomic_args).
+                    let a = if buf.is_empty() { 0 } else { atomic::load_elem(buf) };
+                    let c = compare.map_or(0, atomic::load_elem);
+                    // SAFETY: as below, for element 0.
+                    let old = unsafe { atomic::apply_inline(dt, op, h, a, c, f.lock(hoff), f.me) };
+                    if let Some(r) = result.as_deref_mut() {
+                        atomic::store_elem(r, old);
+                    }
+                    return Ok(());
                 }
                 for i in 0..ioc.count {
                     let e = i * sz..(i + 1) * sz;
@@ -1344,6 +1405,7 @@ impl crate::Domain {
 }
 
 /// The most elements one call takes, or OpNotSupp.
+#[inline]
 fn valid_count(call: AtomicCall, dt: AtomicType, op: AtomicOp) -> Result<usize> {
     if atomic::valid(call, dt, op) {
         Ok(MBOX_DATA / 2 / dt.size())
@@ -1356,11 +1418,24 @@ fn valid_count(call: AtomicCall, dt: AtomicType, op: AtomicOp) -> Result<usize> 
 /// counter bound to the registration (`mr_cntr`, index + 1) and on the one
 /// the target endpoint bound for remote writes (`which` 0) or reads (1),
 /// once if they are the same.
+/// Inline, and nothing more than the endpoint counter's read when no
+/// counter is bound (the common case): two out-of-line calls here were
+/// about 78 instructions of a fetch-add.
+#[inline(always)]
 fn count_landed(dom: &DomainInner, t: &Target, mr_cntr: u32, which: usize) {
-    let r = t.region(dom);
-    count_remote(r, mr_cntr);
     let ep = t.file.ep_counter(t.addr.ep_index, which);
-    if ep != mr_cntr {
+    if mr_cntr == 0 && ep == 0 {
+        return;
+    }
+    count_bound(t.region(dom), mr_cntr, ep);
+}
+
+/// [`count_landed`] with a counter bound: the registration's (`mr`) and
+/// the endpoint's (`ep`), once if they are the same (index + 1; 0: none).
+#[cold]
+fn count_bound(r: &Region, mr: u32, ep: u32) {
+    count_remote(r, mr);
+    if ep != mr {
         count_remote(r, ep);
     }
 }
