@@ -19,8 +19,11 @@
 //! there, the posting fails with `-FI_EAGAIN` (nothing is taken). The
 //! reservation is given back when the entry (success or error) is written,
 //! or when the endpoint closes with the transmit still outstanding.
-//! Reservations count against `size` for every direction, so receive
-//! back-pressure leaves them their room in a CQ shared by both. Receives
+//! Reservations count against `size` for postings only: receive
+//! back-pressure compares the entries held with `size`, whatever is
+//! reserved (the FIN or RTS that releases a reservation may be queued
+//! behind the very message it would hold back: counting reservations
+//! there hung endpoints whose sends and receives share a CQ). Receives
 //! do not reserve (a posted receive may wait for a long time, and
 //! reserving would cap the posted receives at the CQ's size): the receive
 //! side keeps to back-pressure, and the message waits in the sender's ring
@@ -30,8 +33,11 @@
 //! while there was room whose data came later, error entries of cancels
 //! and flushes) is held until read, not lost. Operations
 //! without a success entry (an inject call, FI_SELECTIVE_COMPLETION without
-//! FI_COMPLETION, deferred and triggered work) reserve nothing, as the man
-//! page's restriction allows: their error entries may go past `size` too.
+//! FI_COMPLETION, and deferred or triggered work that asked for no entry)
+//! reserve nothing, as the man page's restriction allows: their error
+//! entries may go past `size` too. Fired deferred or triggered work with
+//! an entry due reserves as any posting does, and waits (retried by the
+//! trigger path) while the CQ is full.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::{FiAddr, FI_ADDR_NOTAVAIL};
@@ -477,12 +483,23 @@ impl CqState {
         self.hard_cap
     }
 
-    /// Whether progress may take another inbound message for this CQ (and,
-    /// with resource management, whether a transmit may be posted): the
-    /// entries held and reserved are below `size`.
+    /// Whether a transmit may be posted (resource management) or complete
+    /// at once: the entries held and reserved are below `size`.
     #[inline]
     pub fn has_room(&self) -> bool {
         !self.overrun && self.entries.len() + self.errors.len() < self.limit
+    }
+
+    /// Whether progress may take another inbound message for this CQ: the
+    /// entries held are below `size`. Reservations do not count here: the
+    /// FIN or RTS that will release one may sit in a ring behind the
+    /// message being held back, so counting them could stall a shared CQ
+    /// for good with nothing to read. A reserved transmit's entry may then
+    /// go past `size` when it is written: held, as a resource-managed CQ
+    /// holds every entry, never lost (at most `size` plus the reserved).
+    #[inline]
+    pub fn rx_room(&self) -> bool {
+        !self.overrun && self.entries.len() + self.errors.len() < self.size
     }
 
     /// Whether resource management is on for this CQ.
@@ -506,8 +523,10 @@ impl CqState {
     /// transmits dropped).
     #[inline]
     pub fn release(&mut self, n: usize) {
+        // Releasing more than was reserved would be a bug on a completion
+        // path: caught in tests, clamped (never wrapping) otherwise.
         debug_assert!(self.limit + n <= self.size, "released more than reserved");
-        self.limit = (self.limit + n).min(self.size);
+        self.limit = self.limit.saturating_add(n).min(self.size);
     }
 
     /// Entries reserved by outstanding transmits.

@@ -1548,16 +1548,23 @@ impl OwnRma {
         batch.sort_by_key(|b| b.0);
         q.extend(batch.into_iter().map(|b| b.1));
         match cq_data {
-            // Oldest first, until a CQ with resource management has no
-            // room: the rest waits here (and, past MAX_CQ_QUEUE, in the
-            // mailbox), for a later pass.
+            // Oldest first. An entry whose CQ has no room (resource
+            // management) waits here (and, past MAX_CQ_QUEUE, in the
+            // mailbox) for a later pass, with every later entry of its
+            // endpoint (their order kept); other endpoints' entries go on
+            // (one full CQ holds back no one else's).
             Some(push) => {
-                while let Some(&e) = q.front() {
-                    if !push(e) {
+                let mut blocked: Vec<u32> = Vec::new();
+                for _ in 0..q.len() {
+                    let e = q.pop_front().expect("counted");
+                    if blocked.contains(&e.ep_index) || !push(e) {
+                        if !blocked.contains(&e.ep_index) {
+                            blocked.push(e.ep_index);
+                        }
+                        // Back at the end: the kept ones stay in order.
+                        q.push_back(e);
                         all = false;
-                        break;
                     }
-                    q.pop_front();
                 }
             }
             None if !q.is_empty() => all = false,

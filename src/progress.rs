@@ -445,7 +445,7 @@ fn eager_to_front(
     let mut cq = None;
     if let Some(c) = ep.bind.rx_cq {
         if let Some(q) = ctx.cqs.get_mut(c) {
-            if !q.has_room() {
+            if !q.rx_room() {
                 return Some(Flow::Stall);
             }
             cq = Some(q);

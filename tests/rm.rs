@@ -532,14 +532,19 @@ fn shared_cq_counts_every_reservation() {
     assert!(p.ep0.stats().unwrap().stalls > 0, "the shared CQ held the receive side back");
     // SAFETY: as above.
     assert_eq!(unsafe { ep2.send(&big, p.a1, 4) }.unwrap_err().kind(), ErrorKind::Again, "the CQ is full");
+    // Receive back-pressure compares the entries held with the size, not
+    // counting the reservations (those could stall a shared CQ for good:
+    // the review's hang tests below): four receives took the four slots,
+    // the fifth waits in the ring.
     let mut out = [CqTaggedEntry::default(); 16];
     let n = p.cq0.read(&mut out).unwrap();
-    assert_eq!(n, 1, "one slot was free for receives: three are reserved");
-    assert_eq!((out[0].op_context, out[0].flags & FI_RECV), (10, FI_RECV));
-    // The rest comes as the CQ is read, in order; then the sends complete
-    // as ep1 takes them.
-    let rest = take(&p.cq0, 4);
-    assert_eq!(rest.iter().map(|e| e.op_context).collect::<Vec<_>>(), vec![11, 12, 13, 14]);
+    assert_eq!(n, 4, "the receives fill the CQ's size; the reservations do not count for them");
+    assert!(out[..4].iter().all(|e| e.flags & FI_RECV != 0));
+    assert_eq!(out[..4].iter().map(|e| e.op_context).collect::<Vec<_>>(), vec![10, 11, 12, 13]);
+    // The fifth comes as the CQ is read; then the sends complete as ep1
+    // takes them.
+    let rest = take(&p.cq0, 1);
+    assert_eq!(rest[0].op_context, 14);
     for (k, b) in r.iter().enumerate() {
         assert_eq!(*b, [k as u8; 8]);
     }
@@ -554,4 +559,152 @@ fn shared_cq_counts_every_reservation() {
     assert_eq!(sent, vec![1, 2, 3]);
     assert_eq!(p.cq0.reserved().unwrap(), 0);
     ep2.close().unwrap();
+}
+
+/// A shared CQ filled by reservations alone must not stall the receive
+/// side: the FINs that release them may sit in the ring behind a message
+/// from the peer (found by review: this hung with the back-pressure
+/// counting reservations).
+#[test]
+fn reservations_never_block_the_messages_that_release_them() {
+    job("fin-behind");
+    let dom = Fabric::open().unwrap().domain_with(Threading::Domain).unwrap();
+    dom.set_resource_mgmt(true).unwrap();
+    let cq0 = dom.cq_open(&CqAttr { size: 2, ..Default::default() }).unwrap();
+    let cq1 = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&ep0, &ep1] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    let a = av.insert(&[ep0.getname(), ep1.getname()]).unwrap();
+    let big = payload(RNDV, 5);
+    let (mut r0, mut rb, mut rb2) = ([0u8; 8], vec![0u8; RNDV], vec![0u8; RNDV]);
+    // SAFETY (every call below): the buffers outlive the completions
+    // waited for at the end (the endpoints close before they drop).
+    unsafe {
+        ep0.recv(&mut r0, FI_ADDR_UNSPEC, 9).unwrap();
+        ep0.send(&big, a[1], 1).unwrap();
+        ep0.send(&big, a[1], 2).unwrap();
+    }
+    assert_eq!(cq0.reserved().unwrap(), 2);
+    ep1.inject(&[1u8; 8], a[0]).unwrap();
+    unsafe {
+        ep1.recv(&mut rb, FI_ADDR_UNSPEC, 20).unwrap();
+        ep1.recv(&mut rb2, FI_ADDR_UNSPEC, 21).unwrap();
+    }
+    let t0 = Instant::now();
+    let (mut got, mut got1) = (Vec::new(), Vec::new());
+    while got.len() < 3 || got1.len() < 2 {
+        let reserved = cq0.reserved().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(10), "hang: got {got:?} {got1:?}, reserved {reserved}");
+        got1.extend(drain(&cq1).iter().map(|e| e.op_context));
+        got.extend(drain(&cq0).iter().map(|e| e.op_context));
+        std::thread::yield_now();
+    }
+    got.sort();
+    assert_eq!((got, got1), (vec![1, 2, 9], vec![20, 21]));
+    assert_eq!((r0, rb == big, rb2 == big), ([1u8; 8], true, true));
+    assert_eq!(cq0.reserved().unwrap(), 0);
+}
+
+/// Head to head (the MPI sendrecv pattern): each side's CQ of one entry,
+/// shared by its send and its receive, holds its own rendezvous send's
+/// reservation; each must still take the other's RTS.
+#[test]
+fn head_to_head_rendezvous_with_one_entry_cqs() {
+    job("h2h");
+    let dom = Fabric::open().unwrap().domain_with(Threading::Domain).unwrap();
+    dom.set_resource_mgmt(true).unwrap();
+    let cq0 = dom.cq_open(&CqAttr { size: 1, ..Default::default() }).unwrap();
+    let cq1 = dom.cq_open(&CqAttr { size: 1, ..Default::default() }).unwrap();
+    let av = dom.av_open().unwrap();
+    let (ep0, ep1) = (dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    ep0.bind_cq(&cq0, FI_TRANSMIT | FI_RECV).unwrap();
+    ep1.bind_cq(&cq1, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&ep0, &ep1] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    let a = av.insert(&[ep0.getname(), ep1.getname()]).unwrap();
+    let (b0, b1) = (payload(RNDV, 1), payload(RNDV, 2));
+    let (mut r0, mut r1) = (vec![0u8; RNDV], vec![0u8; RNDV]);
+    // SAFETY: as above.
+    unsafe {
+        ep0.send(&b0, a[1], 1).unwrap();
+        ep1.send(&b1, a[0], 2).unwrap();
+        ep0.recv(&mut r0, FI_ADDR_UNSPEC, 3).unwrap();
+        ep1.recv(&mut r1, FI_ADDR_UNSPEC, 4).unwrap();
+    }
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < 4 {
+        let rs = (cq0.reserved().unwrap(), cq1.reserved().unwrap());
+        assert!(t0.elapsed() < Duration::from_secs(10), "hang: got {got:?}, reserved {rs:?}");
+        for cq in [&cq0, &cq1] {
+            got.extend(drain(cq).iter().map(|e| e.op_context));
+        }
+        std::thread::yield_now();
+    }
+    got.sort();
+    assert_eq!(got, vec![1, 2, 3, 4]);
+    assert!(r0 == b1 && r1 == b0);
+}
+
+/// A full resource-managed CQ holds back only its own endpoint's remote CQ
+/// data: another endpoint of the domain gets its entry at once, and the
+/// held ones come in order as their CQ is read (found by review: the
+/// domain's queue was served oldest first and stopped at the first full
+/// CQ).
+#[test]
+fn a_full_cq_holds_back_only_its_own_remote_cq_data() {
+    job("hol");
+    const RW: u64 = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE;
+    let dom = Fabric::open().unwrap().domain_with(Threading::Domain).unwrap();
+    dom.set_resource_mgmt(true).unwrap();
+    let cqa = dom.cq_open(&CqAttr { size: 2, ..Default::default() }).unwrap();
+    let cqb = dom.cq_open(&CqAttr::default()).unwrap();
+    let cqw = dom.cq_open(&CqAttr::default()).unwrap();
+    let av = dom.av_open().unwrap();
+    let (epa, epb, epw) = (dom.endpoint().unwrap(), dom.endpoint().unwrap(), dom.endpoint().unwrap());
+    epa.bind_cq(&cqa, FI_TRANSMIT | FI_RECV).unwrap();
+    epb.bind_cq(&cqb, FI_TRANSMIT | FI_RECV).unwrap();
+    epw.bind_cq(&cqw, FI_TRANSMIT | FI_RECV).unwrap();
+    for ep in [&epa, &epb, &epw] {
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+    }
+    let a = av.insert(&[epa.getname(), epb.getname()]).unwrap();
+    let heap = dom.alloc_shared(4096, RW).unwrap();
+    for k in 0..4u64 {
+        epw.writedata(&[k as u8; 8], 0xa000 + k, a[0], 8 * k, heap.key(), k as usize).unwrap();
+    }
+    epw.writedata(&[9u8; 8], 0xb000, a[1], 64, heap.key(), 9).unwrap();
+    let t0 = Instant::now();
+    let b = loop {
+        let _ = dom.progress();
+        let _ = drain(&cqw);
+        let got = drain(&cqb);
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "B's remote CQ data never came while A's CQ is unread");
+        std::thread::yield_now();
+    };
+    assert_eq!(b.iter().map(|e| e.data).collect::<Vec<_>>(), vec![0xb000]);
+    // A's four come as its CQ (of two) is read, in order.
+    let mut seen = Vec::new();
+    let t0 = Instant::now();
+    while seen.len() < 4 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "A's remote CQ data: {seen:x?}");
+        let got = drain(&cqa);
+        assert!(got.len() <= 2, "a read found {} entries in a CQ of 2", got.len());
+        seen.extend(got.iter().map(|e| e.data));
+        let _ = dom.progress();
+    }
+    assert_eq!(seen, vec![0xa000, 0xa001, 0xa002, 0xa003]);
+    drop(heap);
 }

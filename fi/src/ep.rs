@@ -503,9 +503,10 @@ fn rx_flags(f: u64) -> u64 {
 }
 
 impl Ep {
-    /// The source filter of a receive.
+    /// The source filter of a receive: ignored (FI_ADDR_UNSPEC) unless
+    /// the endpoint has FI_DIRECTED_RECV (fi_msg(3)).
     #[inline(always)]
-    fn src(&self, a: u64) -> u64 {
+    pub(crate) fn src(&self, a: u64) -> u64 {
         if self.directed {
             a
         } else {

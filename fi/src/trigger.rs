@@ -99,6 +99,17 @@ unsafe fn endpoint<'a>(ep: *mut sys::fid_ep) -> Result<&'a shmfab::Endpoint, c_i
     unsafe { crate::ep::of(ep.cast()) }.map(|e| &e.ep).ok_or(EINVAL)
 }
 
+/// The source filter of a receive on `ep` (null or a live fid): `src`
+/// with FI_DIRECTED_RECV, else FI_ADDR_UNSPEC (fi_msg(3): the address is
+/// ignored), as the endpoint's untriggered receives take it.
+///
+/// # Safety
+/// `ep` null or a live fid.
+unsafe fn rx_src(ep: *mut sys::fid_ep, src: u64) -> u64 {
+    // SAFETY: caller's contract.
+    unsafe { crate::ep::of(ep.cast()) }.map_or(src, |e| e.src(src))
+}
+
 /// The counter behind a fid.
 ///
 /// # Safety
@@ -410,6 +421,8 @@ unsafe fn recv(
     let e = tri!(unsafe { endpoint(ep) });
     let t = tri!(unsafe { trigger(ctx) });
     let mut v = tri!(unsafe { slices_mut(iov, count) });
+    // SAFETY: `ep` checked live just above.
+    let src = unsafe { rx_src(ep, src) };
     let m = RecvMsg { iov: &mut v, src, context: ctx as usize, tag, ignore };
     let tr = e.triggered(t);
     // SAFETY: fi_msg(3)/fi_tagged(3)/fi_trigger(3): the buffers stay
@@ -629,6 +642,7 @@ unsafe fn queue_work(d: &crate::domain::Domain, w: *mut sys::fi_deferred_work) -
                     let m = &o.msg;
                     (o.ep, m.msg_iov, m.iov_count, m.addr, m.context, m.tag, m.ignore, o.flags)
                 };
+                let src = rx_src(ep, src);
                 let ep = endpoint(ep)?;
                 let mut v = slices_mut(iov, n)?;
                 let msg = RecvMsg { iov: &mut v, src, context: ctx as usize, tag, ignore };

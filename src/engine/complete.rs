@@ -144,7 +144,7 @@ impl Bindings {
     /// Whether the receive CQ has room for another entry (back-pressure).
     #[inline]
     pub fn rx_room(&self, cqs: &crate::table::Slots<CqState>) -> bool {
-        self.rx_cq.is_none_or(|c| cqs.get(c).is_none_or(|q| q.has_room()))
+        self.rx_cq.is_none_or(|c| cqs.get(c).is_none_or(|q| q.rx_room()))
     }
 
     /// Counts one completion of kind `k` on its counter, if bound.
