@@ -353,22 +353,8 @@ unsafe extern "C" fn cancel(fid: *mut sys::fid, context: *mut c_void) -> isize {
 unsafe extern "C" fn getopt(fid: *mut sys::fid, level: c_int, name: c_int, val: *mut c_void, len: *mut usize) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
-    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
-        return -sys::FI_ENOPROTOOPT;
-    }
-    if val.is_null() || len.is_null() {
-        return EINVAL;
-    }
-    // SAFETY: len is valid; val holds *len bytes (fi_endpoint(3)).
-    unsafe {
-        if *len < std::mem::size_of::<usize>() {
-            *len = std::mem::size_of::<usize>();
-            return ETOOSMALL;
-        }
-        *val.cast::<usize>() = e.min_multi_recv.load(Relaxed);
-        *len = std::mem::size_of::<usize>();
-    }
-    0
+    // SAFETY: val and len as fi_endpoint(3) says (libfabric's contract).
+    unsafe { util::getopt_min_multi_recv(level, name, val, len, e.min_multi_recv.load(Relaxed)) }
 }
 
 /// `setopt`: an entry of this module's ops tables.
@@ -379,20 +365,17 @@ unsafe extern "C" fn getopt(fid: *mut sys::fid, level: c_int, name: c_int, val: 
 unsafe extern "C" fn setopt(fid: *mut sys::fid, level: c_int, name: c_int, val: *const c_void, len: usize) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(e) = (unsafe { of(fid) }) else { return EINVAL };
-    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
-        return -sys::FI_ENOPROTOOPT;
-    }
-    if val.is_null() || len != std::mem::size_of::<usize>() {
-        return EINVAL;
-    }
-    // SAFETY: val holds a size_t (checked length).
-    let n = unsafe { *val.cast::<usize>() };
-    match e.ep.set_min_multi_recv(n) {
-        Ok(()) => {
-            e.min_multi_recv.store(n, Relaxed);
-            0
-        }
-        Err(err) => util::err(err, sys::FI_LOG_EP_CTRL, "fi_setopt"),
+    // SAFETY: val holds len bytes (libfabric's contract).
+    unsafe {
+        util::setopt_min_multi_recv(
+            level,
+            name,
+            val,
+            len,
+            &e.min_multi_recv,
+            |n| e.ep.set_min_multi_recv(n),
+            "fi_setopt",
+        )
     }
 }
 

@@ -14,7 +14,7 @@
 
 use crate::sys;
 use crate::util::{self, nb1, nb2, nb3, nb4, nb5, nb6, nb7, nb8};
-use crate::util::{no_ops_open, no_ops_set, no_tostr, EINVAL, ENOSYS, ETOOSMALL, FI_ADDR_UNSPEC};
+use crate::util::{no_ops_open, no_ops_set, no_tostr, EINVAL, ENOSYS, FI_ADDR_UNSPEC};
 use std::ffi::{c_int, c_void};
 use std::io::IoSliceMut;
 use std::sync::atomic::Ordering::Relaxed;
@@ -265,22 +265,8 @@ impl Srx {
 unsafe extern "C" fn getopt(fid: *mut sys::fid, level: c_int, name: c_int, val: *mut c_void, len: *mut usize) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(s) = (unsafe { of(fid) }) else { return EINVAL };
-    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
-        return -sys::FI_ENOPROTOOPT;
-    }
-    if val.is_null() || len.is_null() {
-        return EINVAL;
-    }
-    // SAFETY: len is valid; val holds *len bytes (fi_endpoint(3)).
-    unsafe {
-        if *len < std::mem::size_of::<usize>() {
-            *len = std::mem::size_of::<usize>();
-            return ETOOSMALL;
-        }
-        *val.cast::<usize>() = s.min_multi_recv.load(Relaxed);
-        *len = std::mem::size_of::<usize>();
-    }
-    0
+    // SAFETY: val and len as fi_endpoint(3) says (libfabric's contract).
+    unsafe { util::getopt_min_multi_recv(level, name, val, len, s.min_multi_recv.load(Relaxed)) }
 }
 
 /// `setopt` on the context: FI_OPT_MIN_MULTI_RECV of its multi-receive
@@ -292,20 +278,17 @@ unsafe extern "C" fn getopt(fid: *mut sys::fid, level: c_int, name: c_int, val: 
 unsafe extern "C" fn setopt(fid: *mut sys::fid, level: c_int, name: c_int, val: *const c_void, len: usize) -> c_int {
     // SAFETY: libfabric passes our fid.
     let Some(s) = (unsafe { of(fid) }) else { return EINVAL };
-    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
-        return -sys::FI_ENOPROTOOPT;
-    }
-    if val.is_null() || len != std::mem::size_of::<usize>() {
-        return EINVAL;
-    }
-    // SAFETY: val holds a size_t (checked length).
-    let n = unsafe { *val.cast::<usize>() };
-    match s.srq.set_min_multi_recv(n) {
-        Ok(()) => {
-            s.min_multi_recv.store(n, Relaxed);
-            0
-        }
-        Err(e) => util::err(e, sys::FI_LOG_EP_CTRL, "fi_setopt(srx)"),
+    // SAFETY: val holds len bytes (libfabric's contract).
+    unsafe {
+        util::setopt_min_multi_recv(
+            level,
+            name,
+            val,
+            len,
+            &s.min_multi_recv,
+            |n| s.srq.set_min_multi_recv(n),
+            "fi_setopt(srx)",
+        )
     }
 }
 

@@ -3,7 +3,7 @@
 //! yet (`-FI_ENOSYS`), and the checks that a `fid` is one of ours.
 
 use crate::sys;
-use std::ffi::{c_char, c_int, CString};
+use std::ffi::{c_char, c_int, c_void, CString};
 
 /// `-FI_ENOSYS` (the return of every call not built yet).
 pub const ENOSYS: c_int = -sys::FI_ENOSYS;
@@ -295,6 +295,64 @@ pub static NB_COLL_OPS: sys::fi_ops_collective = sys::fi_ops_collective {
     msg: Some(nb6),
     barrier2: Some(nb4),
 };
+
+/// `fi_getopt` of an endpoint or a shared receive context: the one option
+/// either has, FI_OPT_MIN_MULTI_RECV (`cur`); anything else
+/// `-FI_ENOPROTOOPT`.
+///
+/// # Safety
+/// `val` null or valid for `*len` bytes, `len` null or valid
+/// (fi_endpoint(3)).
+pub unsafe fn getopt_min_multi_recv(level: c_int, name: c_int, val: *mut c_void, len: *mut usize, cur: usize) -> c_int {
+    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
+        return -sys::FI_ENOPROTOOPT;
+    }
+    if val.is_null() || len.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: len is valid; val holds *len bytes (caller's contract).
+    unsafe {
+        if *len < std::mem::size_of::<usize>() {
+            *len = std::mem::size_of::<usize>();
+            return ETOOSMALL;
+        }
+        *val.cast::<usize>() = cur;
+        *len = std::mem::size_of::<usize>();
+    }
+    0
+}
+
+/// `fi_setopt` of an endpoint or a shared receive context:
+/// FI_OPT_MIN_MULTI_RECV, given to `set` (the library's setter), then
+/// kept in `keep` for `getopt`; anything else `-FI_ENOPROTOOPT`.
+///
+/// # Safety
+/// `val` null or valid for `len` bytes (fi_endpoint(3)).
+pub unsafe fn setopt_min_multi_recv(
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: usize,
+    keep: &std::sync::atomic::AtomicUsize,
+    set: impl FnOnce(usize) -> shmfab::Result<()>,
+    what: &str,
+) -> c_int {
+    if level as u32 != sys::FI_OPT_ENDPOINT || name as u32 != sys::FI_OPT_MIN_MULTI_RECV {
+        return -sys::FI_ENOPROTOOPT;
+    }
+    if val.is_null() || len != std::mem::size_of::<usize>() {
+        return EINVAL;
+    }
+    // SAFETY: val holds a size_t (checked length; caller's contract).
+    let n = unsafe { *val.cast::<usize>() };
+    match set(n) {
+        Ok(()) => {
+            keep.store(n, std::sync::atomic::Ordering::Relaxed);
+            0
+        }
+        Err(e) => err(e, sys::FI_LOG_EP_CTRL, what),
+    }
+}
 
 #[cfg(test)]
 mod tests {
