@@ -985,6 +985,7 @@ mod tests {
         assert_eq!(cq.readfrom(&mut e, &mut src).unwrap(), 1);
         assert_eq!((e[0].op_context, src[0]), (1, crate::FI_ADDR_NOTAVAIL), "without FI_SOURCE_ERR");
         rx.set_source_err(true).unwrap();
+        // SAFETY: as above: the buffers outlive their completions, read below.
         unsafe { rx.recv(&mut b, FI_ADDR_UNSPEC, 2).unwrap() };
         tx.inject(b"who", to).unwrap();
         dom.progress().unwrap();

@@ -592,6 +592,7 @@ fn reservations_never_block_the_messages_that_release_them() {
     }
     assert_eq!(cq0.reserved().unwrap(), 2);
     ep1.inject(&[1u8; 8], a[0]).unwrap();
+    // SAFETY: as above: the buffers outlive their completions, read below.
     unsafe {
         ep1.recv(&mut rb, FI_ADDR_UNSPEC, 20).unwrap();
         ep1.recv(&mut rb2, FI_ADDR_UNSPEC, 21).unwrap();

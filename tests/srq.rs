@@ -1034,6 +1034,7 @@ fn directed_srq_receive_takes_only_its_source() {
             let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
             assert_eq!((e.op_context, src), (0, w.addrs[1]));
             let [b0, b1, b2, b3, b4, b5] = &mut b;
+            // SAFETY: as above: the buffers outlive their completions, read below.
             unsafe {
                 let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b0)], src: 2, context: 1, tag: 0, ignore: 0 };
                 side.srq.recvmsg(m, 0).unwrap();
@@ -1075,12 +1076,14 @@ fn directed_srq_receive_takes_only_its_source() {
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
+            // SAFETY: as above: the buffers outlive their completions, read below.
             unsafe {
                 let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b3)], src: 0, context: 4, tag: 0, ignore: 0 };
                 side.srq.recvmsg(m, 0).unwrap();
                 side.srq.trecv(b5, FI_ADDR_UNSPEC, 0, u64::MAX, 6).unwrap();
             }
             assert!(stays_empty(&w.dom, &side.cqs[0], 30) && stays_empty(&w.dom, &side.cqs[1], 30));
+            // SAFETY: as above: the buffers outlive their completions, read below.
             unsafe {
                 let m = &mut RecvMsg { iov: &mut [IoSliceMut::new(b4)], src: 1, context: 5, tag: 0, ignore: 0 };
                 side.srq.recvmsg(m, 0).unwrap();
@@ -1089,6 +1092,7 @@ fn directed_srq_receive_takes_only_its_source() {
             assert_eq!((e.op_context, src, parse(b4).0), (5, 1, 1));
             // Rank 2's message still waits at endpoint 0: an undirected
             // buffer posted now takes it.
+            // SAFETY: as above: the buffers outlive their completions, read below.
             unsafe { side.srq.post(b2, 7).unwrap() };
             let (e, src) = next(&w.dom, &side.cqs[0]).unwrap();
             assert_eq!((e.op_context, src, parse(b2).0), (7, 2, 2));
@@ -1190,6 +1194,7 @@ fn multi_recv_srq_buffer_fills_and_releases() {
             assert!(stays_empty(&w.dom, &side.cqs[0], 30) && stays_empty(&w.dom, &side.cqs[1], 30));
             assert_eq!(side.srq.query().unwrap().posted, 0);
             // The next buffer takes the 5 messages that waited.
+            // SAFETY: as above: the buffers outlive their completions, read below.
             unsafe {
                 let m = &mut RecvMsg {
                     iov: &mut [IoSliceMut::new(&mut next_big)],
@@ -1324,6 +1329,7 @@ fn srq_tagged_object_rules() {
     // Cancel: a tagged buffer completes FI_ECANCELED at the first
     // endpoint bound for tagged receives (e0); an untagged one at the
     // first bound for untagged ones (e1).
+    // SAFETY: as above: the buffers outlive their completions, read below.
     unsafe {
         srq.trecv(&mut a, FI_ADDR_UNSPEC, 0x20, 0, 12).unwrap();
         srq.post(&mut c, 13).unwrap();
@@ -1336,6 +1342,7 @@ fn srq_tagged_object_rules() {
     assert_eq!((x.op_context, x.err, x.flags & FI_TAGGED), (13, ErrorKind::Canceled.errno(), 0));
     // An endpoint closing leaves the SRQ's posted buffers posted (they
     // are the SRQ's, not its own), and the other endpoint takes them.
+    // SAFETY: as above: the buffers outlive their completions, read below.
     unsafe { srq.trecv(&mut a, FI_ADDR_UNSPEC, 0x30, 0, 14).unwrap() };
     e1.close().unwrap();
     assert!(stays_empty(&dom, &cqs[1], 10) && stays_empty(&dom, &cqs[0], 10));
