@@ -38,7 +38,7 @@
 //! FI_INJECT (copied now), scattered results are `-FI_ENOSYS`.
 
 use crate::sys;
-use crate::util::{self, EBADFLAGS, EINVAL, ENOSYS};
+use crate::util::{self, EINVAL, ENOSYS};
 use shmfab::{AtomicMsg, AtomicOp, AtomicType, DeferredOp, DeferredWork, RecvMsg, RmaIoc, RmaIov, SendMsg, Trigger};
 use shmfab::{Counter, WorkId};
 use std::ffi::{c_int, c_void};
@@ -54,11 +54,9 @@ const DROP: u64 = sys::FI_TRIGGER | sys::FI_MORE;
 
 /// Send flags for the library (as `ep.rs` gives its sends):
 /// FI_TRANSMIT_COMPLETE and FI_INJECT_COMPLETE hold for every send and
-/// are dropped; FI_DELIVERY_COMPLETE is refused.
+/// are dropped; FI_DELIVERY_COMPLETE goes through (the fired send then
+/// completes once the receiver has the data).
 fn send_flags(f: u64) -> Result<u64, c_int> {
-    if f & sys::FI_DELIVERY_COMPLETE != 0 {
-        return Err(EBADFLAGS);
-    }
     Ok(f & !(DROP | sys::FI_TRANSMIT_COMPLETE | sys::FI_INJECT_COMPLETE))
 }
 
@@ -829,7 +827,7 @@ mod tests {
             send_flags(sys::FI_TRIGGER | sys::FI_MORE | sys::FI_TRANSMIT_COMPLETE | sys::FI_COMPLETION),
             Ok(sys::FI_COMPLETION)
         );
-        assert_eq!(send_flags(sys::FI_TRIGGER | sys::FI_DELIVERY_COMPLETE), Err(EBADFLAGS));
+        assert_eq!(send_flags(sys::FI_TRIGGER | sys::FI_DELIVERY_COMPLETE), Ok(sys::FI_DELIVERY_COMPLETE));
         assert_eq!(rma_flags(sys::FI_TRIGGER | sys::FI_INJECT), sys::FI_INJECT);
     }
 
