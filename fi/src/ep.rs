@@ -418,7 +418,7 @@ unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Option<&'a [u8]> {
 /// # Safety
 /// As [`bytes`], for writes.
 #[inline(always)]
-unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Option<&'a mut [u8]> {
+pub(crate) unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Option<&'a mut [u8]> {
     if len == 0 {
         return Some(&mut []);
     }

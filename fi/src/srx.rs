@@ -307,15 +307,8 @@ unsafe extern "C" fn recv(
 ) -> isize {
     // SAFETY: libfabric passes our fid.
     let Some(s) = (unsafe { of(ep.cast()) }) else { return EINVAL as isize };
-    if buf.is_null() && len > 0 {
-        return EINVAL as isize;
-    }
-    let b: &mut [u8] = if len == 0 {
-        &mut []
-    } else {
-        // SAFETY: buf holds len bytes (checked non-null).
-        unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
-    };
+    // SAFETY: buf holds len bytes (fi_msg(3)); null only with len 0.
+    let Some(b) = (unsafe { crate::ep::bytes_mut(buf, len) }) else { return EINVAL as isize };
     // SAFETY: the buffer stays valid until the completion (fi_msg(3)).
     unsafe { s.post(&mut [IoSliceMut::new(b)], src, ctx, 0, 0, s.op_flags, false) }
 }
@@ -388,15 +381,8 @@ unsafe extern "C" fn trecv(
 ) -> isize {
     // SAFETY: libfabric passes our fid.
     let Some(s) = (unsafe { of(ep.cast()) }) else { return EINVAL as isize };
-    if buf.is_null() && len > 0 {
-        return EINVAL as isize;
-    }
-    let b: &mut [u8] = if len == 0 {
-        &mut []
-    } else {
-        // SAFETY: buf holds len bytes (checked non-null).
-        unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
-    };
+    // SAFETY: buf holds len bytes (fi_msg(3)); null only with len 0.
+    let Some(b) = (unsafe { crate::ep::bytes_mut(buf, len) }) else { return EINVAL as isize };
     // Multi-receive buffers are untagged: the default flags keep only
     // FI_COMPLETION here.
     let flags = s.op_flags & sys::FI_COMPLETION;
