@@ -4,7 +4,9 @@
  * memory (registered with provider keys, an FI_RMA_EVENT counter bound
  * with fi_mr_bind for remote writes) and receives; rank 0 drives. They
  * talk through two pipes: rank 0 sends commands, rank 1 answers and makes
- * progress on its endpoint between commands (the mailbox path needs it).
+ * progress on its endpoint between commands, and rank 0 makes progress
+ * while it waits for an answer (the mailbox path needs both: rank 1's
+ * chain writes into rank 0's memory).
  * Rank 0 owns memory too, for the chain.
  *
  * Checked: fi_getinfo offers FI_TRIGGER; FI_TRIGGER with an
@@ -21,7 +23,8 @@
  * runs, a second cancel -FI_ENOENT) and FI_FLUSH_WORK (all, or by
  * triggering counter, leaving the others); work on each rank fired by
  * the other's remote writes (FI_RMA_EVENT counters): a chain of CHAIN
- * writes across the two processes, queued in advance; with
+ * writes across the two processes, queued in advance, and one whose last
+ * write comes late (rank 0 serves it while it waits for the answer); with
  * FI_PROGRESS_AUTO, work on rank 1 fired by rank 0's write while rank 1
  * sleeps in read(2), calling nothing; bad arguments. Receives:
  * FI_OP_TRECV into two segments, directed, posted when its counter
@@ -36,7 +39,9 @@
  * back to rank 1 (a collective's step); FI_MULTI_RECV and FI_CLAIM on a
  * deferred or triggered receive -FI_ENOSYS.
  *
- * Usage: fi_trigger [auto]  (auto: FI_PROGRESS_AUTO domains). Run by
+ * Usage: fi_trigger [auto | chains N]  (auto: FI_PROGRESS_AUTO domains;
+ * chains N: only N short chains, each after a plain message to rank 1,
+ * the ends of chains many times over). Run by
  * fi/tests/trigger.rs with FI_PROVIDER_PATH set. Prints "fi_trigger: N
  * checks passed" and exits 0, or names the first failed check and exits
  * 1.
@@ -141,7 +146,9 @@ enum {
 	C_WORDS, /* answers the n words at off */
 	C_POST,  /* posts n receives (tagged if val), 64 B each */
 	C_TAKE,  /* waits for n receive completions: answers (tag, first word) of each */
-	C_CHAIN, /* queues the chain's work; answers 0, then waits for it to finish: answers the words */
+	C_CHAIN, /* queues a chain of n writes (CHAIN if 0), the last one late (val us after all of
+		  * rank 0's writes landed) if val; answers 0, then waits for it to finish: answers
+		  * how many of rank 0's writes landed */
 	C_FIRE,  /* queues a counter add on rw reaching val, answers 0; then waits for it: answers rw */
 	C_SLEEP, /* (auto progress) queues a write of val to the peer's word off fired by the next
 		  * remote write, answers 0, and blocks in read(2) until the next command */
@@ -154,12 +161,34 @@ struct cmd {
 	uint64_t off, n, val;
 };
 
+/* Rank 0 waits for rank 1's answer (`n` bytes) making progress on its
+ * own endpoint meanwhile (a counter read is a progress pass), never
+ * blocked in read(2) alone: with manual progress and single copy off,
+ * rank 1's RMA into rank 0's memory is served by rank 0's progress
+ * engine, and rank 1 may be in such a write (its call waits for it) when
+ * rank 0 starts to wait. The chain's last hop is one: rank 1's write i
+ * fires only once rank 0's write i landed, which can be after rank 0's
+ * own chain completed; a rank 0 that then slept in read(2) left rank 1
+ * waiting in that write for ever (about 1 run in 15). */
+static void answer(void *p, size_t n)
+{
+	struct pollfd pf = { rd, POLLIN, 0 };
+	double t0 = now();
+	for (;;) {
+		(void)fi_cntr_read(rw);
+		if (poll(&pf, 1, 1) == 1)
+			break;
+		CHECK(now() - t0 < 60);
+	}
+	get(p, n);
+}
+
 static int64_t ask(uint32_t op, uint64_t off, uint64_t n, uint64_t val)
 {
 	struct cmd c = { op, off, n, val };
 	int64_t r;
 	put(&c, sizeof(c));
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	return r;
 }
 
@@ -180,18 +209,28 @@ static void drain(void)
 	}
 }
 
-/* Rank 1's half of the chain: writes i (1..CHAIN) into rank 0's word i
- * once its rw counter reached i (rank 0's write i-1 landed). */
+/* Each rank's half of a chain of `len` writes (CHAIN at most): write i
+ * goes to the other rank's word 1024 + i once this rank's rw counter
+ * reached first_threshold + i (the last one, with `late`, once `late`
+ * reaches 1). The values name the rank, i and the chain's round (both
+ * ranks count the chains they run). */
 static struct fi_deferred_work cw[CHAIN];
 static struct fi_op_rma crma[CHAIN];
 static struct iovec ciov[CHAIN];
 static struct fi_rma_iov criov[CHAIN];
 static uint64_t cval[CHAIN];
+static uint64_t chain_round;
 
-static void queue_chain(struct fid_cntr *done, uint64_t first_threshold)
+static uint64_t chain_word(int of_rank, int i)
 {
-	for (int i = 0; i < CHAIN; i++) {
-		cval[i] = (uint64_t)(rank + 1) * 1000000 + (uint64_t)i;
+	return chain_round << 32 | ((uint64_t)(of_rank + 1) * 1000000 + (uint64_t)i);
+}
+
+static void queue_chain(struct fid_cntr *done, uint64_t first_threshold, int len, struct fid_cntr *late)
+{
+	CHECK(len > 0 && len <= CHAIN);
+	for (int i = 0; i < len; i++) {
+		cval[i] = chain_word(rank, i);
 		ciov[i] = (struct iovec){ &cval[i], 8 };
 		criov[i] = (struct fi_rma_iov){ (uint64_t)(1024 + i) * 8, 8, peer_key };
 		crma[i] = (struct fi_op_rma){ .ep = ep,
@@ -207,16 +246,19 @@ static void queue_chain(struct fid_cntr *done, uint64_t first_threshold)
 						   .completion_cntr = done,
 						   .op_type = FI_OP_WRITE };
 		cw[i].op.rma = &crma[i];
+		if (late && i == len - 1) {
+			cw[i].triggering_cntr = late;
+			cw[i].threshold = 1;
+		}
 		EXPECT(fi_control(&dom->fid, FI_QUEUE_WORK, &cw[i]), 0);
 	}
 }
 
-static void check_chain_words(void)
+static void check_chain_words(int len)
 {
 	/* Words written by the other rank into ours: 1024 + i. */
-	uint64_t other = (uint64_t)(2 - rank) * 1000000;
-	for (int i = 0; i < CHAIN; i++)
-		CHECK(mem[1024 + i] == other + (uint64_t)i);
+	for (int i = 0; i < len; i++)
+		CHECK(mem[1024 + i] == chain_word(1 - rank, i));
 }
 
 static void serve(void)
@@ -273,14 +315,27 @@ static void serve(void)
 			continue;
 		}
 		case C_CHAIN: {
-			struct fid_cntr *done = cntr();
+			struct fid_cntr *done = cntr(), *late = c.val ? cntr() : NULL;
 			/* Earlier tests wrote here: the chain starts
 			 * from the counter's value now. */
 			uint64_t base = fi_cntr_read(rw);
-			queue_chain(done, base + 1);
+			int len = c.n ? (int)c.n : CHAIN;
+			chain_round++;
+			queue_chain(done, base + 1, len, late);
 			put(&v, sizeof(v));
-			wait_cntr(done, CHAIN);
-			check_chain_words();
+			if (late) {
+				/* Rank 0's chain is complete once its writes
+				 * landed: it waits for this answer then, and our
+				 * last write, fired by the add (in the call),
+				 * waits for rank 0 to serve it. */
+				wait_cntr(rw, base + (uint64_t)len);
+				usleep((useconds_t)c.val);
+				EXPECT(fi_cntr_add(late, 1), 0);
+			}
+			wait_cntr(done, (uint64_t)len);
+			if (late)
+				EXPECT(fi_close(&late->fid), 0);
+			check_chain_words(len);
 			v = (int64_t)(fi_cntr_read(rw) - base);
 			EXPECT(fi_close(&done->fid), 0);
 			break;
@@ -357,7 +412,7 @@ static void words(uint64_t off, uint64_t n, uint64_t *out)
 	struct cmd c = { C_WORDS, off, n, 0 };
 	int64_t r;
 	put(&c, sizeof(c));
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	get(out, n * 8);
 }
 
@@ -485,7 +540,7 @@ static void test_every_triggered_op(void)
 	int64_t r;
 	uint64_t a[2][2];
 	put(&c, sizeof(c));
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	get(a, sizeof(a));
 	/* One untagged (0xa1a1), one tagged (0xbbbb with tag 0x77), in
 	 * either order. */
@@ -601,7 +656,7 @@ static void test_every_deferred_op(void)
 	int64_t r;
 	uint64_t a[2][2];
 	put(&c, sizeof(c));
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	get(a, sizeof(a));
 	int t = a[0][1] != 0xdddd;
 	CHECK(a[t][1] == 0xdddd && a[t][0] == 0x99 && a[1 - t][1] == 0xc1c1);
@@ -882,13 +937,8 @@ static void test_bad_arguments(void)
 	EXPECT(fi_close(&go->fid), 0);
 }
 
-/* Reads the error completion that must come next (10 s at most): its
- * op_context, its err in *err. */
 /* FI_DELIVERY_COMPLETE on a triggered send: it completes once fired and
- * once the peer's receive has the data, not before. Run last: a message
- * to rank 1 taken through C_POST/C_TAKE before test_chain made that
- * test's mailbox run hang now and then (also with a plain send: a lead
- * for that chain, not this flag). */
+ * once the peer's receive has the data, not before. */
 static void test_triggered_delivery_complete(void)
 {
 	struct fid_cntr *go = cntr();
@@ -912,12 +962,14 @@ static void test_triggered_delivery_complete(void)
 	put(&c, sizeof(c));
 	struct fi_cq_tagged_entry e;
 	CHECK(next_ctx(&e) == &tc && (e.flags & FI_SEND));
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	get(a, sizeof(a));
 	CHECK(a[0] == 0x900 && a[1] == 0xdc0);
 	EXPECT(fi_close(&go->fid), 0);
 }
 
+/* Reads the error completion that must come next (10 s at most): its
+ * op_context, its err in *err. */
 static void *next_err(int *err, uint64_t *flags)
 {
 	struct fi_cq_tagged_entry e;
@@ -1043,7 +1095,7 @@ static void test_receives(void)
 	int64_t r;
 	uint64_t a[2];
 	put(&c, sizeof(c));
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	get(a, sizeof(a));
 	CHECK(a[0] == 0x801 && a[1] == 0x9999);
 	no_completion();
@@ -1060,13 +1112,13 @@ static void test_remote_event(void)
 	struct cmd c = { C_FIRE, 0, 0, 2 };
 	int64_t r;
 	put(&c, sizeof(c));
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	CHECK(r == 0);
 	uint64_t v = 5;
 	for (int i = 0; i < 2; i++) {
 		EXPECT(fi_inject_write(ep, &v, 8, peer, 40 * 8, peer_key), 0);
 	}
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	CHECK(r >= 2);
 }
 
@@ -1084,30 +1136,70 @@ static void test_fires_while_the_target_sleeps(void)
 	struct cmd c = { C_WORDS, 0, 0, 0 };
 	int64_t r;
 	put(&c, sizeof(c)); /* wakes rank 1 */
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	CHECK(r == 0);
 }
 
-/* The chain: rank 0's write i lands in rank 1's memory, whose rw counter
- * fires rank 1's write i to rank 0, whose rw counter fires rank 0's
- * write i+1, all queued in advance. */
-static void test_chain(void)
+/* A chain of `len` writes each way: rank 0's write i lands in rank 1's
+ * memory, whose rw counter fires rank 1's write i to rank 0, whose rw
+ * counter fires rank 0's write i+1, all queued in advance. With
+ * `late_us`, rank 1's last write goes that long after rank 0's last one
+ * landed, when rank 0 already waits for rank 1's answer. */
+static void chain(int len, uint64_t late_us)
 {
-	struct cmd c = { C_CHAIN, 0, 0, 0 };
+	struct cmd c = { C_CHAIN, 0, (uint64_t)len, late_us };
 	int64_t r;
+	chain_round++;
 	put(&c, sizeof(c));
-	get(&r, sizeof(r));
+	answer(&r, sizeof(r));
 	CHECK(r == 0);
 	struct fid_cntr *done = cntr();
 	uint64_t base = fi_cntr_read(rw);
-	queue_chain(done, base); /* the first one's threshold is met at once */
-	wait_cntr(done, CHAIN);
-	get(&r, sizeof(r));
-	CHECK(r == CHAIN);
-	/* Rank 1's last write may land after our own last one completed. */
-	wait_cntr(rw, base + CHAIN);
-	check_chain_words();
+	queue_chain(done, base, len, NULL); /* the first one's threshold is met at once */
+	wait_cntr(done, (uint64_t)len);
+	/* Rank 1's last write is fired by our last one landing: it may not
+	 * have landed yet, and with single copy off rank 1 waits in it until
+	 * we serve it (answer() makes progress while it waits). */
+	answer(&r, sizeof(r));
+	CHECK(r == len);
+	wait_cntr(rw, base + (uint64_t)len);
+	check_chain_words(len);
 	EXPECT(fi_close(&done->fid), 0);
+}
+
+static void test_chain(void)
+{
+	chain(CHAIN, 0);
+	chain(4, 20000);
+}
+
+/* A plain message to rank 1 (received through C_POST and C_TAKE). */
+static void message_to_rank1(uint64_t v)
+{
+	static struct fi_context sctx;
+	uint64_t m[2] = { v, ~v };
+	EXPECT(ask(C_POST, 0, 1, 0), 0);
+	EXPECT(fi_send(ep, m, 16, NULL, peer, &sctx), 0);
+	CHECK(next_ctx(NULL) == &sctx);
+	struct cmd c = { C_TAKE, 0, 1, 0 };
+	int64_t r;
+	uint64_t a[2];
+	put(&c, sizeof(c));
+	answer(&r, sizeof(r));
+	get(a, sizeof(a));
+	CHECK(a[1] == v);
+}
+
+/* `rounds` short chains, each after a message to rank 1: the end of a
+ * chain (rank 1's last write still on its way into rank 0's memory while
+ * rank 0 already waits for rank 1's answer, now and then; made late in
+ * every 50th) many times over. */
+static void test_chain_ends(int rounds)
+{
+	for (int i = 0; i < rounds; i++) {
+		message_to_rank1(0x5000 + (uint64_t)i);
+		chain(1 + i % 4, i % 50 == 49 ? 2000 : 0);
+	}
 }
 
 static void open_all(int autop)
@@ -1161,6 +1253,8 @@ static void open_all(int autop)
 int main(int argc, char **argv)
 {
 	int autop = argc > 1 && !strcmp(argv[1], "auto");
+	int rounds = argc > 2 && !strcmp(argv[1], "chains") ? atoi(argv[2]) : 0;
+	CHECK(argc == 1 || autop || rounds > 0);
 	int p2c[2], c2p[2];
 	CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
 	pid_t pid = fork();
@@ -1174,6 +1268,10 @@ int main(int argc, char **argv)
 	open_all(autop);
 	if (rank == 1) {
 		serve();
+	} else if (rounds) {
+		test_chain_ends(rounds);
+		struct cmd c = { C_DONE, 0, 0, 0 };
+		put(&c, sizeof(c));
 	} else {
 		test_ordering();
 		test_every_triggered_op();
@@ -1185,11 +1283,11 @@ int main(int argc, char **argv)
 		test_busy_counter();
 		test_bad_arguments();
 		test_receives();
+		test_triggered_delivery_complete();
 		test_chain();
 		test_remote_event();
 		if (autop)
 			test_fires_while_the_target_sleeps();
-		test_triggered_delivery_complete();
 		struct cmd c = { C_DONE, 0, 0, 0 };
 		put(&c, sizeof(c));
 	}
