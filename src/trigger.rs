@@ -69,6 +69,12 @@
 //! back. An RMA to memory a peer serves through its mailbox waits for the
 //! answer inside the pass, serving our own mailbox meanwhile as the
 //! endpoint's call does, so two ranks firing RMA at each other both move.
+//! Whichever call ran the pass (a counter or CQ read, a wait with a
+//! timeout, an `add`) returns only once the peer served it: with manual
+//! progress, a peer that work may still write to must keep progressing
+//! until it knows that work completed (fi_trigger.c's rank 0 once slept
+//! in read(2) for an answer while the last write of a chain was still on
+//! its way to it, and both waited for ever).
 //!
 //! ```
 //! use shmfab::{DeferredOp, DeferredWork, Fabric};

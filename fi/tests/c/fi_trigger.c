@@ -169,7 +169,7 @@ struct cmd {
  * rank 0 starts to wait. The chain's last hop is one: rank 1's write i
  * fires only once rank 0's write i landed, which can be after rank 0's
  * own chain completed; a rank 0 that then slept in read(2) left rank 1
- * waiting in that write for ever (about 1 run in 15). */
+ * waiting in that write for ever (about 1 run in 17). */
 static void answer(void *p, size_t n)
 {
 	struct pollfd pf = { rd, POLLIN, 0 };
