@@ -910,7 +910,7 @@ impl Endpoint {
             return Err(Error::with(ErrorKind::MsgSize, format!("inject takes at most {RMA_INJECT_SIZE} bytes")));
         }
         let ini = self.ini();
-        self.with_rma(|ep, ctx| {
+        self.with_rma(move |ep, ctx| {
             ini.rma_body(ep, ctx, kind, &local, rma_iov, dest, context, data, flags, silent, Dw::NONE)
         })
     }
@@ -938,7 +938,7 @@ impl Endpoint {
         let flags = if silent { FI_INJECT } else { 0 };
         let kind = if write { OpKind::Write } else { OpKind::Read };
         let ini = self.ini();
-        self.with_rma(|ep, ctx| {
+        self.with_rma(move |ep, ctx| {
             let cqe = Initiator::rma_check(ep, flags, silent)?;
             crate::engine::complete::rm_now(&ep.bind, ctx.cqs, cqe)?;
             let need = if write { Need::Write } else { Need::Read };
