@@ -365,18 +365,20 @@ macro_rules! cas_loop {
 
 /// [`apply`] with the commonest single-word cases (sum, read and write
 /// of a 64-bit integer: a fetch-add, a get of a counter) inline: the rest
-/// go to [`apply`], which does the same for them.
+/// go to [`apply`], which does the same for them. `lock` gives the
+/// striped lock (only 16-byte elements take it: its address is not
+/// computed for the others).
 ///
 /// # Safety
 /// As for [`apply`].
 #[inline]
-pub unsafe fn apply_inline(
+pub unsafe fn apply_inline<'l>(
     dt: AtomicType,
     op: AtomicOp,
     p: *mut u8,
     a: u128,
     c: u128,
-    lock: &crate::sync::AtomicU32,
+    lock: impl FnOnce() -> &'l crate::sync::AtomicU32,
     me: u32,
 ) -> u128 {
     if matches!(dt, AtomicType::Uint64 | AtomicType::Int64) && matches!(op, AtomicOp::Sum | AtomicOp::Read) {
@@ -390,7 +392,7 @@ pub unsafe fn apply_inline(
         };
     }
     // SAFETY: the caller's contract is apply's.
-    unsafe { apply(dt, op, p, a, c, lock, me) }
+    unsafe { apply(dt, op, p, a, c, lock(), me) }
 }
 
 /// Applies `op` to the element at `p` as one atomic operation and

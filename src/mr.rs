@@ -761,8 +761,9 @@ pub(crate) struct RmaDomain {
     peers: Mutex<HashMap<(u32, u32, u32), Arc<RmaFile>>>,
     /// The targets endpoints reached lately, with the registration each
     /// last used and when its liveness was last checked (see
-    /// [`crate::rma::TargetCache`]); only used under the domain lock.
-    pub tcache: Mutex<crate::rma::TargetCache>,
+    /// [`crate::rma::TargetCache`]); only reached under the domain lock
+    /// (no lock of its own: see [`crate::rma::CacheCell`]).
+    pub tcache: crate::rma::CacheCell,
     /// Operations this domain started, by path (see [`RmaStats`]).
     pub heap_ops: AtomicU64,
     pub cma_ops: AtomicU64,

@@ -181,6 +181,37 @@ impl TargetCache {
     }
 }
 
+/// The domain's [`TargetCache`], with no lock of its own: it is reached
+/// only under the domain lock, whose proof is the domain's [`Ctx`] (a
+/// context exists only while its domain's state is locked; see
+/// [`CacheCell::get`]). A mutex here was two more locked instructions and
+/// about 25 instructions on every one-sided call.
+#[derive(Default)]
+pub(crate) struct CacheCell(std::cell::RefCell<TargetCache>);
+
+// SAFETY: the cell is only borrowed through `get`, which needs the `Ctx`
+// of the domain that holds it, and a `Ctx` exists only under that
+// domain's lock: no two threads borrow it at once. The RefCell's own
+// flag catches a nested borrow on one thread.
+unsafe impl Sync for CacheCell {}
+
+impl CacheCell {
+    /// The cache, borrowed while `ctx` (the context of the domain `dom`
+    /// that holds this cell, so under its lock) is lent to it. Err when
+    /// `ctx` is another domain's or the cache is already borrowed (neither
+    /// happens: a defect, reported rather than raced).
+    #[inline(always)]
+    fn get<'c>(&'c self, dom: &DomainInner, ctx: &Ctx<'_>) -> Result<std::cell::RefMut<'c, TargetCache>> {
+        // The context's configuration is its domain's own (domain.rs
+        // builds every Ctx with `&dom.cfg`): the same address, the same
+        // domain, whose lock the context's existence shows held.
+        if !std::ptr::eq(ctx.cfg, &dom.cfg) {
+            return Err(Error::with(ErrorKind::Other, "RMA cache reached without its domain's lock"));
+        }
+        self.0.try_borrow_mut().map_err(|_| Error::with(ErrorKind::Other, "RMA cache borrowed twice"))
+    }
+}
+
 /// A monotonic clock read cheaply (CLOCK_MONOTONIC_COARSE, a few ns, a
 /// tick's resolution): only the peer-check period is measured with it.
 fn coarse_ns() -> u64 {
@@ -298,7 +329,7 @@ impl Initiator<'_> {
         dest: FiAddr,
         key: u64,
     ) -> Result<std::result::Result<Target, Fail>> {
-        let mut c = self.dom.rma.tcache.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA cache poisoned"))?;
+        let mut c = self.dom.rma.tcache.get(self.dom, ctx)?;
         Ok(self.lookup(ep, ctx, &mut c, dest, key)?.map(|e| e.t.clone()))
     }
 
@@ -452,7 +483,7 @@ impl Initiator<'_> {
         count: (bool, bool),
         body: impl FnOnce(*mut u8, &RmaFile, u64) -> std::result::Result<(), Fail>,
     ) -> Result<Option<std::result::Result<(), Fail>>> {
-        let mut g = self.dom.rma.tcache.lock().map_err(|_| Error::with(ErrorKind::Other, "RMA cache poisoned"))?;
+        let mut g = self.dom.rma.tcache.get(self.dom, ctx)?;
         let Cached { t, views, .. } = match self.lookup(ep, ctx, &mut g, dest, key)? {
             Ok(c) => c,
             Err(f) => return Ok(Some(Err(f))),
@@ -637,7 +668,7 @@ impl Initiator<'_> {
         }
         let llen = local_len(local);
         {
-            let need = if matches!(local, Local::Out(_)) { Need::Write } else { Need::Read };
+            let need = if matches!(local, Local::Out(_) | Local::OutRaw(_)) { Need::Write } else { Need::Read };
             let segs = rma_iov.iter().map(|r| (r.key, r.addr, r.len as u64));
             let mut err: Option<Fail> = self.precheck(ep, ctx, dest, segs, need)?;
             let key0 = rma_iov.first().map_or(0, |r| r.key);
@@ -879,17 +910,61 @@ impl Endpoint {
             return Err(Error::with(ErrorKind::MsgSize, format!("inject takes at most {RMA_INJECT_SIZE} bytes")));
         }
         let ini = self.ini();
-        self.with_rma(|ep, ctx| {
+        self.with_rma(move |ep, ctx| {
             ini.rma_body(ep, ctx, kind, &local, rma_iov, dest, context, data, flags, silent, Dw::NONE)
+        })
+    }
+
+    /// A write (`write`: from `lp`) or read (into `lp`) of `len` bytes
+    /// at `addr` of registration `key` of `dest`, one local buffer and
+    /// no remote CQ data (fi_write, fi_read, fi_inject_write): under the
+    /// domain lock, the shared-heap fast path straight from here, and its
+    /// completion; memory that is not heap takes the generic body.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn rma_one(
+        &self,
+        lp: *mut u8,
+        len: usize,
+        write: bool,
+        dest: FiAddr,
+        (addr, key): (u64, u64),
+        context: usize,
+        silent: bool,
+    ) -> Result<()> {
+        if silent && len > RMA_INJECT_SIZE {
+            return Err(Error::with(ErrorKind::MsgSize, format!("inject takes at most {RMA_INJECT_SIZE} bytes")));
+        }
+        let flags = if silent { FI_INJECT } else { 0 };
+        let kind = if write { OpKind::Write } else { OpKind::Read };
+        let ini = self.ini();
+        self.with_rma(move |ep, ctx| {
+            let cqe = Initiator::rma_check(ep, flags, silent)?;
+            crate::engine::complete::rm_now(&ep.bind, ctx.cqs, cqe)?;
+            let need = if write { Need::Write } else { Need::Read };
+            let copy = |h: *mut u8, _: &RmaFile, _: u64| {
+                // SAFETY: `h` holds `len` bytes of the heap registration
+                // (checked by heap_fast), `lp` is the caller's buffer of
+                // `len` bytes.
+                unsafe { copy_small(lp, h, len, write) };
+                Ok(())
+            };
+            if let Some(r) = ini.heap_fast(ep, ctx, dest, (key, addr, len as u64), need, (write, !write), copy)? {
+                let done = SendDone { kind, ctx: context, tag: 0, cqe, silent, dw: Dw::NONE, rsv: false };
+                complete_send(&ep.bind, ctx, done, r.err());
+                return Ok(());
+            }
+            let r = [RmaIov { addr, len, key }];
+            let seg = [(lp, len)];
+            let local = if write { Local::OutRaw(&seg) } else { Local::In(seg.into_iter().collect()) };
+            ini.rma_body(ep, ctx, kind, &local, &r, dest, context, None, flags, silent, Dw::NONE)
         })
     }
 
     /// fi_write: `buf` to offset `addr` of the registration `key` of
     /// `dest`.
     pub fn write(&self, buf: &[u8], dest: FiAddr, addr: u64, key: u64, context: usize) -> Result<()> {
-        let iov = [IoSlice::new(buf)];
-        let r = [RmaIov { addr, len: buf.len(), key }];
-        self.rma(OpKind::Write, Local::Out(&iov), &r, dest, context, None, 0, false)
+        self.rma_one(buf.as_ptr() as *mut u8, buf.len(), true, dest, (addr, key), context, false)
     }
 
     /// fi_writev.
@@ -924,9 +999,7 @@ impl Endpoint {
 
     /// fi_inject_write: no completion entry (counters count).
     pub fn inject_write(&self, buf: &[u8], dest: FiAddr, addr: u64, key: u64) -> Result<()> {
-        let iov = [IoSlice::new(buf)];
-        let r = [RmaIov { addr, len: buf.len(), key }];
-        self.rma(OpKind::Write, Local::Out(&iov), &r, dest, 0, None, FI_INJECT, true)
+        self.rma_one(buf.as_ptr() as *mut u8, buf.len(), true, dest, (addr, key), 0, true)
     }
 
     /// fi_inject_writedata.
@@ -939,9 +1012,7 @@ impl Endpoint {
     /// fi_read: `buf.len()` bytes at offset `addr` of registration `key`
     /// of `dest` into `buf` (there when the call returns).
     pub fn read(&self, buf: &mut [u8], dest: FiAddr, addr: u64, key: u64, context: usize) -> Result<()> {
-        let r = [RmaIov { addr, len: buf.len(), key }];
-        let local = std::iter::once((buf.as_mut_ptr(), buf.len())).collect();
-        self.rma(OpKind::Read, Local::In(local), &r, dest, context, None, 0, false)
+        self.rma_one(buf.as_mut_ptr(), buf.len(), false, dest, (addr, key), context, false)
     }
 
     /// fi_readv.
@@ -1155,6 +1226,9 @@ impl Endpoint {
         silent: bool,
     ) -> Result<()> {
         let len = result.as_ref().map_or(buf.len(), |r| r.len());
+        if len == dt.size() {
+            return self.atomic_elem(call, dt, op, buf, compare, result, dest, (addr, key), context, silent);
+        }
         if len == 0 || !len.is_multiple_of(dt.size()) {
             return Err(Error::with(ErrorKind::Inval, format!("atomic: {len} bytes is no whole number of {dt:?}")));
         }
@@ -1173,6 +1247,98 @@ impl Endpoint {
             data: None,
             flags,
             silent,
+        })
+    }
+
+    /// A one-element atomic call (a fetch-add, a compare-swap: `result`,
+    /// when there is one, is one element): its checks (those of
+    /// [`atomic_args`] for one element), then, under the domain lock, the
+    /// shared-heap fast path straight from here with the element's
+    /// operands loaded once, and its completion; memory that is not heap
+    /// takes the generic body. About 100 instructions fewer than the
+    /// generic call's layers (its argument struct, the segment walk, the
+    /// operand copies).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn atomic_elem(
+        &self,
+        call: AtomicCall,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        compare: Option<&[u8]>,
+        mut result: Option<&mut [u8]>,
+        dest: FiAddr,
+        (addr, key): (u64, u64),
+        context: usize,
+        silent: bool,
+    ) -> Result<()> {
+        // An element is at most 16 bytes: always within an inject's size.
+        const _: () = assert!(RMA_INJECT_SIZE >= 16);
+        let sz = dt.size();
+        valid_count(call, dt, op)?;
+        let operand_ok = buf.len() == sz || op == AtomicOp::Read && buf.is_empty();
+        if !operand_ok || compare.is_some_and(|c| c.len() != sz) {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                format!("atomic: buffers must hold 1 element of {dt:?} ({sz} bytes)"),
+            ));
+        }
+        let flags = if silent { FI_INJECT } else { 0 };
+        let ini = self.ini();
+        self.with_rma(|ep, ctx| {
+            let cqe = Initiator::rma_check(ep, flags, silent)?;
+            crate::engine::complete::rm_now(&ep.bind, ctx.cqs, cqe)?;
+            let need = match (call, op) {
+                (_, AtomicOp::Read) => Need::Read,
+                (AtomicCall::Write, _) => Need::Write,
+                _ => Need::ReadWrite,
+            };
+            let a = if buf.is_empty() { 0 } else { atomic::load_elem(buf) };
+            let c = compare.map_or(0, atomic::load_elem);
+            let res = &mut result;
+            let body = |h: *mut u8, f: &RmaFile, hoff: u64| {
+                // Sizes are powers of two: a mask, not a division.
+                if hoff & (sz.min(8) as u64 - 1) != 0 {
+                    let why = format!("atomic: offset {addr} is not aligned to {}", sz.min(8));
+                    return Err(fail(ErrorKind::Inval, why));
+                }
+                // SAFETY: an aligned element inside the heap registration
+                // (checked by heap_fast), which peers reach only through
+                // `apply` and atomics of its size.
+                let old = unsafe { atomic::apply_inline(dt, op, h, a, c, || f.lock(hoff), f.me) };
+                if let Some(r) = res.as_deref_mut() {
+                    atomic::store_elem(r, old);
+                }
+                Ok(())
+            };
+            let count = (op != AtomicOp::Read, call != AtomicCall::Write);
+            let kind = match call {
+                AtomicCall::Write => OpKind::Atomic,
+                AtomicCall::Fetch => OpKind::FetchAtomic,
+                AtomicCall::Compare => OpKind::CompareAtomic,
+            };
+            if let Some(r) = ini.heap_fast(ep, ctx, dest, (key, addr, sz as u64), need, count, body)? {
+                let done = SendDone { kind, ctx: context, tag: 0, cqe, silent, dw: Dw::NONE, rsv: false };
+                complete_send(&ep.bind, ctx, done, r.err());
+                return Ok(());
+            }
+            let iocs = [RmaIoc { addr, count: 1, key }];
+            let a = AtomicArgs {
+                call,
+                dt,
+                op,
+                buf,
+                compare,
+                result,
+                dest,
+                iocs: &iocs,
+                context,
+                data: None,
+                flags,
+                silent,
+            };
+            ini.atomic_body(ep, ctx, a, Dw::NONE)
         })
     }
 }
@@ -1214,7 +1380,7 @@ impl Initiator<'_> {
                     let a = if buf.is_empty() { 0 } else { atomic::load_elem(buf) };
                     let c = compare.map_or(0, atomic::load_elem);
                     // SAFETY: as below, for element 0.
-                    let old = unsafe { atomic::apply_inline(dt, op, h, a, c, f.lock(hoff), f.me) };
+                    let old = unsafe { atomic::apply_inline(dt, op, h, a, c, || f.lock(hoff), f.me) };
                     if let Some(r) = result.as_deref_mut() {
                         atomic::store_elem(r, old);
                     }

@@ -155,6 +155,68 @@ unsafe fn remote(v: *const sys::fi_rma_ioc, n: usize) -> Option<Vec<RmaIoc>> {
     Some(s.iter().map(|r| RmaIoc { addr: r.addr, count: r.count, key: r.key }).collect())
 }
 
+/// A call on one element (count 1: a fetch-add, a compare-swap), the
+/// commonest atomic of one-sided MPI layers: the operands and the result
+/// through arrays on the stack (copied in and out, as [`run`] does: C lets
+/// them overlap) instead of the generic path's six vectors, and the
+/// library's one-element call (its shared-heap fast path) when the
+/// endpoint's default flags are none. `compare` null for the calls
+/// without one, `result` null for `fi_atomic`.
+///
+/// # Safety
+/// As [`write`]: each non-null pointer valid for one element.
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_elem(
+    ep: *mut sys::fid_ep,
+    call: AtomicCall,
+    (buf, compare, result): (*const c_void, *const c_void, *mut c_void),
+    dest: u64,
+    (addr, key): (u64, u64),
+    dt: sys::fi_datatype,
+    op: sys::fi_op,
+    ctx: *mut c_void,
+    what: &str,
+) -> isize {
+    // SAFETY: libfabric passes our fid.
+    let Some(e) = (unsafe { me(ep) }) else { return EINVAL as isize };
+    let Some((t, o)) = map(dt, op) else { return EOPNOTSUPP as isize };
+    let n = t.size();
+    let (mut b, mut c, mut r) = ([0u8; 16], [0u8; 16], [0u8; 16]);
+    if n > b.len() {
+        return EINVAL as isize;
+    }
+    // ATOMIC_READ takes no operand: buf may be null (the library refuses
+    // an empty operand for the others).
+    let bl = if buf.is_null() { 0 } else { n };
+    // SAFETY: non-null pointers hold one element (this function's
+    // contract); the arrays hold 16 bytes, n at most (checked).
+    unsafe {
+        if !buf.is_null() {
+            std::ptr::copy_nonoverlapping(buf.cast::<u8>(), b.as_mut_ptr(), n);
+        }
+        if !compare.is_null() {
+            std::ptr::copy_nonoverlapping(compare.cast::<u8>(), c.as_mut_ptr(), n);
+        }
+    }
+    let flags = crate::ep::rma_defaults(e);
+    let (b, c, rr) = (&b[..bl], &c[..n], &mut r[..n]);
+    let ioc = [RmaIoc { addr, count: 1, key }];
+    let cx = ctx as usize;
+    let res = match (call, flags) {
+        (AtomicCall::Write, 0) => e.ep.atomic(t, o, b, dest, addr, key, cx),
+        (AtomicCall::Write, f) => e.ep.atomicmsg(t, o, b, &ioc, dest, cx, 0, f),
+        (AtomicCall::Fetch, 0) => e.ep.fetch_atomic(t, o, b, rr, dest, addr, key, cx),
+        (AtomicCall::Fetch, f) => e.ep.fetch_atomicmsg(t, o, b, rr, &ioc, dest, cx, 0, f),
+        (AtomicCall::Compare, 0) => e.ep.compare_atomic(t, o, b, c, rr, dest, addr, key, cx),
+        (AtomicCall::Compare, f) => e.ep.compare_atomicmsg(t, o, b, c, rr, &ioc, dest, cx, 0, f),
+    };
+    if res.is_ok() && !result.is_null() {
+        // SAFETY: the caller's result holds one element.
+        unsafe { std::ptr::copy_nonoverlapping(r.as_ptr(), result.cast::<u8>(), n) };
+    }
+    done(res, what)
+}
+
 /// `fi_atomic`.
 ///
 /// # Safety
@@ -173,6 +235,22 @@ unsafe extern "C" fn write(
     op: sys::fi_op,
     ctx: *mut c_void,
 ) -> isize {
+    if count == 1 {
+        // SAFETY: libfabric's contract: buf holds one element.
+        return unsafe {
+            one_elem(
+                ep,
+                AtomicCall::Write,
+                (buf, std::ptr::null(), std::ptr::null_mut()),
+                dest,
+                (addr, key),
+                dt,
+                op,
+                ctx,
+                "fi_atomic",
+            )
+        };
+    }
     let n = count * size(dt, op);
     let c = Call {
         call: AtomicCall::Write,
@@ -311,6 +389,23 @@ unsafe extern "C" fn readwrite(
     if result.is_null() {
         return EINVAL as isize;
     }
+    if count == 1 {
+        // SAFETY: libfabric's contract: buf (or null) and result hold one
+        // element.
+        return unsafe {
+            one_elem(
+                ep,
+                AtomicCall::Fetch,
+                (buf, std::ptr::null(), result),
+                dest,
+                (addr, key),
+                dt,
+                op,
+                ctx,
+                "fi_fetch_atomic",
+            )
+        };
+    }
     // ATOMIC_READ takes no operand: buf may be null.
     let b = if buf.is_null() { Vec::new() } else { vec![(buf.cast_mut().cast(), n)] };
     let c = Call {
@@ -439,6 +534,22 @@ unsafe extern "C" fn compwrite(
     let n = count * size(dt, op);
     if buf.is_null() || compare.is_null() || result.is_null() {
         return EINVAL as isize;
+    }
+    if count == 1 {
+        // SAFETY: libfabric's contract: each buffer holds one element.
+        return unsafe {
+            one_elem(
+                ep,
+                AtomicCall::Compare,
+                (buf, compare, result),
+                dest,
+                (addr, key),
+                dt,
+                op,
+                ctx,
+                "fi_compare_atomic",
+            )
+        };
     }
     let c = Call {
         call: AtomicCall::Compare,
