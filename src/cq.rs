@@ -436,6 +436,10 @@ pub(crate) struct CqState {
     pub cond: Option<std::sync::Arc<crate::fdwait::MutexCond>>,
     /// The read in progress's array, if open (see [`Sink`]).
     sink: Sink,
+    /// Reads in a row that returned entries the CQ already held without a
+    /// progress pass (see [`CompletionQueue::read`]); at most
+    /// [`MAX_UNPROGRESSED`].
+    unprogressed: u8,
     /// In a thread-safe domain, its doorbell: an entry queued by one
     /// thread's call or pass rings it, for a thread asleep on this CQ
     /// (`sread`, a wait set, the fd bridge) re-checked before that
@@ -473,6 +477,7 @@ impl CqState {
             notify: None,
             cond: None,
             sink: Sink::CLOSED,
+            unprogressed: 0,
             wake: None,
         }
     }
@@ -617,6 +622,25 @@ impl CqState {
     /// Opens the sink on `out` (and `src`) if a read may take entries
     /// straight from progress: arguments valid for [`CqState::read`] and
     /// nothing waiting in the CQ (nor overrun). Returns whether it did.
+    /// Whether this read may return the entries the CQ holds without a
+    /// progress pass first: it holds successful entries and no error, and
+    /// fewer than [`MAX_UNPROGRESSED`] reads in a row did so (then the
+    /// count starts again, and this read runs the pass). The entries are
+    /// complete already; a pass would only add later ones behind them.
+    /// The bound keeps the engine moving for a caller whose CQ is never
+    /// empty when it reads (an RMA to the shared heap completes in its
+    /// call): its peers' messages and mailbox requests wait at most that
+    /// many reads.
+    #[inline]
+    fn take_unprogressed(&mut self) -> bool {
+        if self.entries.is_empty() || !self.errors.is_empty() || self.unprogressed >= MAX_UNPROGRESSED {
+            self.unprogressed = 0;
+            return false;
+        }
+        self.unprogressed += 1;
+        true
+    }
+
     fn open_sink<T: CqFormatEntry>(&mut self, out: &mut [T], src: Option<&mut [FiAddr]>) -> bool {
         if T::FORMAT != self.format
             || out.is_empty()
@@ -787,6 +811,10 @@ impl crate::Domain {
     }
 }
 
+/// Most reads in a row that return held entries without a progress pass
+/// (see [`CqState::take_unprogressed`]).
+const MAX_UNPROGRESSED: u8 = 8;
+
 /// A read that found nothing ends with a pause ([`crate::sync::idle_pause`]).
 #[inline(always)]
 fn idle_hint<T>(r: Result<T>) -> Result<T> {
@@ -848,14 +876,24 @@ impl CompletionQueue {
     }
 
     /// `read` and `readfrom`: when the CQ holds nothing, the progress pass
-    /// writes this read's entries straight into `out` (see [`Sink`]).
+    /// writes this read's entries straight into `out` (see [`Sink`]); when
+    /// it holds entries, they are returned without a pass, up to
+    /// [`MAX_UNPROGRESSED`] reads in a row (see
+    /// [`CqState::take_unprogressed`]): an RMA into the shared heap, whose
+    /// entry is there when its call returns, then costs no pass to read
+    /// (fetch-add + CQ read 945 -> 816 instructions, measured by the RMA
+    /// work of session 12).
     #[inline(always)]
     fn read_impl<T: CqFormatEntry>(&self, out: &mut [T], mut src: Option<&mut [FiAddr]>) -> Result<usize> {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
         }
         let mut st = self.dom.lock()?;
-        if !st.cqs.get_mut(self.id).expect("open CQ has state").open_sink(out, src.as_deref_mut()) {
+        let c = st.cqs.get_mut(self.id).expect("open CQ has state");
+        if !c.open_sink(out, src.as_deref_mut()) {
+            if c.take_unprogressed() {
+                return c.read(out, src);
+            }
             self.dom.progress(&mut st);
             return idle_hint(st.cqs.get_mut(self.id).expect("open CQ has state").read(out, src));
         }

@@ -107,3 +107,50 @@ fn a_large_receive_waits_for_a_sleeping_sender_unless_it_runs_auto_progress() {
         drop(ep);
     });
 }
+
+/// A CQ read returns the entries its CQ holds without a progress pass, but
+/// never more than a few reads in a row: a caller whose CQ is never empty
+/// when it reads (a write into the shared heap completes in its call)
+/// still has its inbound messages handled. Two domains of one process.
+#[test]
+fn reads_of_a_never_empty_cq_still_make_progress() {
+    use shmfab::{CqAttr, FI_ADDR_UNSPEC, FI_READ, FI_RECV, FI_REMOTE_READ, FI_REMOTE_WRITE, FI_TRANSMIT, FI_WRITE};
+    std::env::set_var("SHMFAB_JOB_ID", format!("cq-never-empty-{}", std::process::id()));
+    let fab = Fabric::open().unwrap();
+    let (d0, d1) = (fab.domain().unwrap(), fab.domain().unwrap());
+    let (cq0, cq1) = (d0.cq_open(&CqAttr::default()).unwrap(), d1.cq_open(&CqAttr::default()).unwrap());
+    let (av0, av1) = (d0.av_open().unwrap(), d1.av_open().unwrap());
+    let (ep0, ep1) = (d0.endpoint().unwrap(), d1.endpoint().unwrap());
+    for (ep, cq, av) in [(&ep0, &cq0, &av0), (&ep1, &cq1, &av1)] {
+        ep.bind_cq(cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(av).unwrap();
+        ep.enable().unwrap();
+    }
+    let heap = d1.alloc_shared(4096, FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE).unwrap();
+    let a1 = av0.insert(&[ep1.getname()]).unwrap()[0];
+    let a0 = av1.insert(&[ep0.getname()]).unwrap()[0];
+    let mut buf = [0u8; 8];
+    // SAFETY: buf outlives the loop below, which reads its completion.
+    unsafe { ep0.trecv(&mut buf, FI_ADDR_UNSPEC, 9, 0, 7).unwrap() };
+    ep1.tinject(b"inbound!", a0, 9).unwrap();
+    let mut e = [CqTaggedEntry::default(); 1];
+    let mut found = None;
+    for i in 0..1000u64 {
+        // One entry queued by the call itself, so the CQ is never empty
+        // when read.
+        ep0.write(&i.to_ne_bytes(), a1, 0, heap.key(), 100 + i as usize).unwrap();
+        let n = cq0.read(&mut e).unwrap();
+        assert_eq!(n, 1);
+        if e[0].op_context == 7 {
+            found = Some(i);
+            break;
+        }
+        assert_eq!(e[0].op_context, 100 + i as usize, "write completions in order");
+    }
+    let at = found.expect("the inbound message was never handled: reads skipped progress for ever");
+    // A pass at least every ninth read; the receive's entry queues behind
+    // the write of the read whose pass found it.
+    assert!(at <= 18, "the receive completed only at read {at}");
+    assert_eq!(&buf, b"inbound!");
+    drop(heap);
+}
