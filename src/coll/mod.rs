@@ -199,6 +199,28 @@ pub struct CollGroup<'a> {
     /// Schedules built once and re-armed (barrier, small allreduce), by
     /// shape and parity; the oldest goes past [`TEMPLATES`].
     templates: RefCell<Vec<(Shape, usize, Template)>>,
+    /// The instance in flight on the direct path (see [`Direct`]).
+    direct: Cell<Option<Direct>>,
+}
+
+/// An instance of a 2-member barrier or small allreduce on the direct
+/// path: our one write went at the post; what is left (the peer's write
+/// landed, then the local reduction) is done by the calls that look at
+/// the instance ([`CollGroup::test`], [`CollGroup::wait`], the next post).
+#[derive(Clone, Copy)]
+struct Direct {
+    seq: u64,
+    /// The peer, and the parity of its slot region and counter.
+    peer: usize,
+    q: usize,
+    /// The index of `arrivals[peer][q]` in the domain's counter table, and
+    /// the value it reaches once the peer's write for this instance landed.
+    cntr: usize,
+    at: u64,
+    /// An allreduce: its type, reduction, bytes and the caller's result
+    /// buffer's address (holding our contribution since the post; an
+    /// address, so the group stays `Send`). None: a barrier.
+    red: Option<(AtomicType, AtomicOp, usize, usize)>,
 }
 
 /// Most schedules a group keeps built ([`CollGroup::templates`]).
@@ -449,6 +471,7 @@ impl<'a> CollGroup<'a> {
             other: RefCell::new(other),
             scratch: RefCell::new(Scratch::default()),
             templates: RefCell::new(Vec::new()),
+            direct: Cell::new(None),
         })
     }
 
@@ -523,8 +546,114 @@ impl<'a> CollGroup<'a> {
             if timeout.is_some_and(|t| t0.elapsed() >= t) {
                 return Err(Error::with(ErrorKind::TimedOut, format!("collective {} not complete", op.seq)));
             }
-            self.dom.wait(Some(Duration::from_millis(1)));
+            match self.direct.get() {
+                Some(d) => {
+                    // The direct path's polls drive no progress: the
+                    // domain's other work moves on here, at this pace.
+                    self.dom.progress()?;
+                    let c = &self.dom.inner.counters()[d.cntr];
+                    // Rechecked after the sleep is announced: the peer's
+                    // write rings the doorbell (count_remote) after counting.
+                    self.dom.wait_for(Some(Duration::from_millis(1)), || value(c) >= d.at);
+                }
+                None => self.dom.wait(Some(Duration::from_millis(1))),
+            }
         }
+    }
+
+    /// Whether the next barrier or allreduce of `len` bytes takes the
+    /// direct path ([`Direct`]): 2 members (our one write goes at the
+    /// post, so the peer never waits for our progress), no counter to
+    /// count at completion and no auto-progress thread (nothing but our
+    /// own calls would then complete it: with either, the schedule is
+    /// deferred work, which any progress pass fires).
+    fn direct_ok(&self, len: usize) -> bool {
+        self.size() == 2
+            && self.user.is_none()
+            && len <= self.attr.slot_bytes
+            && self.dom.inner.progress_thread.lock().is_ok_and(|t| t.is_none())
+    }
+
+    /// Posts a 2-member barrier (`red` None: 8 zero bytes sent) or
+    /// allreduce (`send`, the result to `red`'s buffer) on the direct
+    /// path: one write of `send` to the peer's slot region for us now, as
+    /// the kept schedule's first step would make it (same slot, counter
+    /// and tally), then what is left is [`CollGroup::direct_poll`]'s.
+    fn post_direct(&self, send: &[u8], red: Option<(AtomicType, AtomicOp, *mut u8)>) -> Result<CollOp> {
+        let seq = self.begin_post()?;
+        let q = (seq % 2) as usize;
+        let peer = 1 - self.me;
+        let key = self.peers[peer].as_ref().expect("a peer").keys[q];
+        let cntr = self.arrivals[peer].as_ref().expect("a peer")[q].live_id()?;
+        let wr = self.wr.live_id()?;
+        let iov = [IoSlice::new(send)];
+        let rma = [RmaIov { addr: 0, len: send.len(), key }];
+        let dest = self.members[peer];
+        let ini = crate::rma::Initiator { dom: &self.dom.inner, idx: self.ep.index() };
+        // As the chain's write step: quiet, counted on `wr` (its error
+        // value when the write fails after issue: `check_health` sees it).
+        let dw = crate::engine::complete::Dw::new(Some(wr), true);
+        let local = crate::rma::Local::Out(&iov);
+        let issued = self.ep.with_state(|ep, ctx| {
+            ini.rma_body(ep, ctx, crate::engine::request::OpKind::Write, &local, &rma, dest, 0, None, 0, true, dw)
+        });
+        if let Err(e) = issued {
+            // Refused at issue: the peer will not hear from us.
+            self.fail();
+            return Err(Error::with(ErrorKind::Io, format!("the collective's write was refused: {e}")));
+        }
+        let at = {
+            let mut t = self.tally.borrow_mut();
+            t[peer][q] += 1;
+            t[peer][q]
+        };
+        let red = red.map(|(dt, op, out)| {
+            // Our contribution waits in the result buffer (the caller's
+            // until completion); `send` may be reused once we return.
+            // SAFETY: `out` holds `send.len()` bytes (checked by the
+            // caller); `copy` allows the two to overlap.
+            unsafe { std::ptr::copy(send.as_ptr(), out, send.len()) };
+            (dt, op, send.len(), out as usize)
+        });
+        self.direct.set(Some(Direct { seq, peer, q, cntr, at, red }));
+        self.next.set(seq + 1);
+        *self.inflight.borrow_mut() = Some(Inflight { seq, _bufs: Vec::new() });
+        let _ = self.direct_poll()?;
+        Ok(CollOp { seq })
+    }
+
+    /// Completes the direct instance in flight if the peer's write landed
+    /// (one load of our counter): the reduction in the order the kept
+    /// schedule uses (the lower member's value first, so both get the
+    /// same bits), then `done` counted (later schedules start from it).
+    fn direct_poll(&self) -> Result<bool> {
+        let Some(d) = self.direct.get() else { return Ok(false) };
+        if value(&self.dom.inner.counters()[d.cntr]) < d.at {
+            return Ok(false);
+        }
+        if let Some((dt, op, len, out)) = d.red {
+            let slot = self.peers[d.peer].as_ref().expect("a peer").mine[d.q].as_ptr();
+            // SAFETY: `slot` is our slot region for the peer (at least
+            // `len` bytes: checked by `direct_ok`), whose write of this
+            // instance landed (the counter's acquire load above) and which
+            // writes nothing more there before we post again; `out` is
+            // the caller's result buffer of `len` bytes, valid until
+            // completion by the contract of `allreduce`. They do not
+            // overlap (shared heap and the caller's memory).
+            let (theirs, ours) = unsafe {
+                (std::slice::from_raw_parts_mut(slot, len), std::slice::from_raw_parts_mut(out as *mut u8, len))
+            };
+            if d.peer > self.me {
+                reduce::apply(dt, op, theirs, ours);
+            } else {
+                reduce::apply(dt, op, ours, theirs);
+                ours.copy_from_slice(theirs);
+            }
+        }
+        self.direct.set(None);
+        self.completed.set(d.seq + 1);
+        self.done.add(1)?;
+        Ok(true)
     }
 
     /// Whether instance `seq` completed (a progress pass, unless already
@@ -532,6 +661,9 @@ impl<'a> CollGroup<'a> {
     fn done_past(&self, seq: u64) -> Result<bool> {
         if self.completed.get() > seq {
             return Ok(true);
+        }
+        if self.direct.get().is_some() {
+            return self.direct_poll();
         }
         let d = self.done.read()?;
         self.completed.set(d);
@@ -690,6 +822,9 @@ impl<'a> CollGroup<'a> {
 
     /// fi_barrier: completes once every member entered it.
     pub fn barrier(&self) -> Result<CollOp> {
+        if self.direct_ok(8) {
+            return self.post_direct(&self.zero[..], None);
+        }
         let (n, me) = (self.size(), self.me);
         let z = self.zero.as_ptr();
         self.post_kept(Shape::Barrier, &[], std::ptr::null_mut(), |s| {
@@ -716,6 +851,9 @@ impl<'a> CollGroup<'a> {
             return Err(Error::with(ErrorKind::Inval, "allreduce: send and receive differ in length"));
         }
         let out = recv.as_mut_ptr();
+        if send.len() <= KEPT_MAX && self.direct_ok(send.len()) {
+            return self.post_direct(send, Some((dt, op, out)));
+        }
         let plan = |s: &mut Sched<'_, 'a, '_, '_>| {
             let acc = s.buf_with(|| send.to_vec());
             s.allreduce(acc, send.len(), dt, op)?;
@@ -1216,6 +1354,17 @@ impl Sched<'_, '_, '_, '_> {
         let (at, outs) = self.kept.take().expect("a kept schedule");
         Ok((self.sc, self.bufs, at, outs))
     }
+}
+
+/// The value a trigger compares (success plus error) of a counter of
+/// ours, without a progress pass.
+fn value(c: &shm_layout::Counter) -> u64 {
+    // SYNC: pairs with the release counts of a write that landed
+    // (mr::count_remote, at the writer): its data is visible here.
+    c.value
+        .v
+        .load(std::sync::atomic::Ordering::Acquire)
+        .wrapping_add(c.err.v.load(std::sync::atomic::Ordering::Acquire))
 }
 
 fn too_big(slot: usize) -> Error {
