@@ -201,6 +201,10 @@ pub struct CollGroup<'a> {
     templates: RefCell<Vec<(Shape, usize, Template)>>,
     /// The instance in flight on the direct path (see [`Direct`]).
     direct: Cell<Option<Direct>>,
+    /// The direct path's writes: the peer's slot regions for us, by
+    /// parity, resolved at its first post (None: not shared heap, the
+    /// writes take the RMA calls' path).
+    dests: std::cell::OnceCell<Option<[crate::rma::HeapDest; 2]>>,
 }
 
 /// An instance of a 2-member barrier or small allreduce on the direct
@@ -472,6 +476,7 @@ impl<'a> CollGroup<'a> {
             scratch: RefCell::new(Scratch::default()),
             templates: RefCell::new(Vec::new()),
             direct: Cell::new(None),
+            dests: std::cell::OnceCell::new(),
         })
     }
 
@@ -585,18 +590,33 @@ impl<'a> CollGroup<'a> {
         let peer = 1 - self.me;
         let key = self.peers[peer].as_ref().expect("a peer").keys[q];
         let cntr = self.arrivals[peer].as_ref().expect("a peer")[q].live_id()?;
-        let wr = self.wr.live_id()?;
-        let iov = [IoSlice::new(send)];
-        let rma = [RmaIov { addr: 0, len: send.len(), key }];
         let dest = self.members[peer];
-        let ini = crate::rma::Initiator { dom: &self.dom.inner, idx: self.ep.index() };
-        // As the chain's write step: quiet, counted on `wr` (its error
-        // value when the write fails after issue: `check_health` sees it).
-        let dw = crate::engine::complete::Dw::new(Some(wr), true);
-        let local = crate::rma::Local::Out(&iov);
-        let issued = self.ep.with_state(|ep, ctx| {
-            ini.rma_body(ep, ctx, crate::engine::request::OpKind::Write, &local, &rma, dest, 0, None, 0, true, dw)
+        let dests = self.dests.get_or_init(|| {
+            let slot = self.attr.slot_bytes as u64;
+            let p = self.peers[peer].as_ref().expect("a peer");
+            let d0 = self.ep.heap_dest(dest, p.keys[0], slot).ok().flatten()?;
+            let d1 = self.ep.heap_dest(dest, p.keys[1], slot).ok().flatten()?;
+            Some([d0, d1])
         });
+        let issued = match dests {
+            // The heap: one copy and the peer's counter, by us.
+            Some(d) => d[q].write(&self.dom.inner, 0, send),
+            None => {
+                let wr = self.wr.live_id()?;
+                let iov = [IoSlice::new(send)];
+                let rma = [RmaIov { addr: 0, len: send.len(), key }];
+                let ini = crate::rma::Initiator { dom: &self.dom.inner, idx: self.ep.index() };
+                // As the chain's write step: quiet, counted on `wr` (its
+                // error value when the write fails after issue:
+                // `check_health` sees it).
+                let dw = crate::engine::complete::Dw::new(Some(wr), true);
+                let local = crate::rma::Local::Out(&iov);
+                self.ep.with_state(|ep, ctx| {
+                    let w = crate::engine::request::OpKind::Write;
+                    ini.rma_body(ep, ctx, w, &local, &rma, dest, 0, None, 0, true, dw)
+                })
+            }
+        };
         if let Err(e) = issued {
             // Refused at issue: the peer will not hear from us.
             self.fail();
