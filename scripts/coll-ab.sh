@@ -32,8 +32,12 @@ n=${#bins[@]}
 out=$(mktemp /tmp/shmfab-coll-ab.XXXXXX)
 trap 'rm -f "$out"' EXIT
 for ((r = 1; r <= rounds; r++)); do
-  raw=$("$exe" compare --sizes 8 --rounds 1 --only p2p 2>/dev/null | awk '/^raw floor/ { print $3 }')
-  [[ $raw =~ ^[0-9.]+$ ]] || raw=nan
+  raw=nan
+  for _ in 1 2 3; do
+    raw=$("$exe" compare --sizes 8 --rounds 1 --only p2p 2>/dev/null | awk '/^raw floor/ { print $3 }') || true
+    [[ $raw =~ ^[0-9.]+$ ]] && break
+    raw=nan
+  done
   row="$raw"
   vals=()
   for ((k = 0; k < n; k++)); do
@@ -57,12 +61,12 @@ for sel in near all; do
         return m % 2 ? b[(m + 1) / 2] : (b[m / 2] + b[m / 2 + 1]) / 2
       }
       sel == "all" || ($1 != "nan" && $1 < 0.1) {
-        m++; raw[m] = $1; b[m] = $(2 + 2 * j); a[m] = $(3 + 2 * j); db[m] = b[m] - $2; da[m] = a[m] - $3
+        m++; if ($1 != "nan") { nr++; raw[nr] = $1 } b[m] = $(2 + 2 * j); a[m] = $(3 + 2 * j); db[m] = b[m] - $2; da[m] = a[m] - $3
       }
       END {
         if (!m) { printf "%-4s %-28s no rounds\n", sel, name; exit }
         printf "%-4s %-28s %2d rounds (raw median %.3f): barrier %.3f (paired diff %+.3f), allreduce 8 B %.3f (paired diff %+.3f)\n",
-          sel, name, m, median(raw, m), median(b, m), median(db, m), median(a, m), median(da, m)
+          sel, name, m, nr ? median(raw, nr) : -1, median(b, m), median(db, m), median(a, m), median(da, m)
       }' "$out"
   done
 done

@@ -123,6 +123,11 @@ const KEPT_MAX: usize = 4096;
 /// runs on the loaded 2-vCPU VM, 2026-11-26).
 const SPIN_PASSES: u32 = 8;
 
+/// [`SPIN_PASSES`] of a direct-path instance ([`Direct`]), whose pass is
+/// one load of a counter (a few ns, not a progress pass): about as long a
+/// spin before the first yield.
+const DIRECT_SPIN_PASSES: u32 = 128;
+
 /// Options of [`CollGroup::join`].
 #[derive(Clone, Copy, Debug)]
 pub struct CollAttr {
@@ -201,6 +206,10 @@ pub struct CollGroup<'a> {
     templates: RefCell<Vec<(Shape, usize, Template)>>,
     /// The instance in flight on the direct path (see [`Direct`]).
     direct: Cell<Option<Direct>>,
+    /// Direct-path instances completed and not yet counted on `done`
+    /// (counted before the next schedule of deferred work is queued,
+    /// which starts from `done`; 0 while one is in flight).
+    done_lag: Cell<u64>,
     /// The direct path's writes: the peer's slot regions for us, by
     /// parity, resolved at its first post (None: not shared heap, the
     /// writes take the RMA calls' path).
@@ -476,6 +485,7 @@ impl<'a> CollGroup<'a> {
             scratch: RefCell::new(Scratch::default()),
             templates: RefCell::new(Vec::new()),
             direct: Cell::new(None),
+            done_lag: Cell::new(0),
             dests: std::cell::OnceCell::new(),
         })
     }
@@ -526,6 +536,7 @@ impl<'a> CollGroup<'a> {
         let t0 = Instant::now();
         let mut checked = t0;
         let mut polls = 0u32;
+        let spin = if self.direct.get().is_some() { DIRECT_SPIN_PASSES } else { SPIN_PASSES };
         loop {
             if self.done_past(op.seq)? {
                 return Ok(());
@@ -534,7 +545,7 @@ impl<'a> CollGroup<'a> {
             // a polling loop).
             polls = polls.wrapping_add(1);
             if !polls.is_multiple_of(16) || t0.elapsed() < Duration::from_micros(500) {
-                if polls > SPIN_PASSES {
+                if polls > spin {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
@@ -672,7 +683,7 @@ impl<'a> CollGroup<'a> {
         }
         self.direct.set(None);
         self.completed.set(d.seq + 1);
-        self.done.add(1)?;
+        self.done_lag.set(self.done_lag.get() + 1);
         Ok(true)
     }
 
@@ -685,7 +696,7 @@ impl<'a> CollGroup<'a> {
         if self.direct.get().is_some() {
             return self.direct_poll();
         }
-        let d = self.done.read()?;
+        let d = self.done.read()? + self.done_lag.get();
         self.completed.set(d);
         Ok(d > seq)
     }
@@ -740,6 +751,17 @@ impl<'a> CollGroup<'a> {
         Ok(self.next.get())
     }
 
+    /// Counts on `done` the direct-path instances that completed since
+    /// the last schedule of deferred work (which start from it).
+    fn count_lag(&self) -> Result<()> {
+        let lag = self.done_lag.get();
+        if lag > 0 {
+            self.done.add(lag)?;
+            self.done_lag.set(0);
+        }
+        Ok(())
+    }
+
     /// Posts one instance of `plan`: once the instance in flight
     /// completed, the plan is built and queued as one chain of deferred
     /// work ([`Domain::queue_chain`], one acquisition of the domain lock);
@@ -747,6 +769,7 @@ impl<'a> CollGroup<'a> {
     /// the group usable.
     fn post<'g>(&'g self, plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>) -> Result<CollOp> {
         let seq = self.begin_post()?;
+        self.count_lag()?;
         // SAFETY: the buffers the steps name are the instance's (kept in
         // `inflight` until it completed, or flushed first on failure and
         // drop) or the caller's, valid until completion by the contract
@@ -780,6 +803,7 @@ impl<'a> CollGroup<'a> {
         plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>,
     ) -> Result<CollOp> {
         let seq = self.begin_post()?;
+        self.count_lag()?;
         let q = (seq % 2) as usize;
         let mut kept = self.templates.borrow_mut();
         let i = match kept.iter().position(|(sh, p, _)| *sh == shape && *p == q) {
