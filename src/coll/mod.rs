@@ -53,6 +53,25 @@
 //! goes); they hold the group's counters, and the application's counter
 //! given at join, bound until the group is dropped.
 //!
+//! **Direct path.** A barrier or allreduce up to 4 KiB on 2 members,
+//! when no counter was given at join and no auto-progress thread runs,
+//! is no deferred work at all: the post writes our contribution (a
+//! barrier: 8 zero bytes) straight into the peer's slot region for us
+//! ([`crate::rma::HeapDest`], resolved at the first such post: the heap
+//! access, the copy and the peer's remote-write counter, no domain lock),
+//! keeps it in the caller's result buffer, and the instance is complete
+//! once our counter for the peer's writes reaches the tally: `test` and
+//! `wait` look at that one word (no progress pass per poll) and then
+//! reduce in the kept schedule's order (the lower member's value first),
+//! so the two paths give the same bits and meet on the same slots,
+//! counters and tally (a peer may take either). With 2 members our only
+//! write goes at the post, so the peer never waits for our progress; what
+//! is left is local and observable only through `test`/`wait` (no
+//! counter to count), which complete it. With a counter, a progress
+//! thread, or more members (whose later rounds need our progress in any
+//! progress pass), the kept schedule is used. `done` counts direct
+//! instances before the next deferred schedule is queued.
+//!
 //! **Reuse.** Instance `k` uses parity `k % 2` of every slot region and
 //! counter; posting instance `k` first waits for instance `k - 1` (one
 //! collective in flight per group). Every collective here has a result at
@@ -123,10 +142,14 @@ const KEPT_MAX: usize = 4096;
 /// runs on the loaded 2-vCPU VM, 2026-11-26).
 const SPIN_PASSES: u32 = 8;
 
-/// [`SPIN_PASSES`] of a direct-path instance ([`Direct`]), whose pass is
-/// one load of a counter (a few ns, not a progress pass): about as long a
-/// spin before the first yield.
-const DIRECT_SPIN_PASSES: u32 = 128;
+/// The most passes a wait for a direct-path instance ([`Direct`]) spins
+/// before it yields: its pass is one load of a counter (a few ns, not a
+/// progress pass). The spin adapts ([`CollGroup::spin`]) between
+/// [`SPIN_PASSES`] and this: a peer on another CPU answers within it, and
+/// a yield there only gives our CPU away (to another process of a loaded
+/// machine, for a time slice); a peer that needs our CPU (both ranks on
+/// one) is only let run by the yield, so waits that had to yield halve it.
+const DIRECT_SPIN_MAX: u32 = 2048;
 
 /// Options of [`CollGroup::join`].
 #[derive(Clone, Copy, Debug)]
@@ -206,6 +229,9 @@ pub struct CollGroup<'a> {
     templates: RefCell<Vec<(Shape, usize, Template)>>,
     /// The instance in flight on the direct path (see [`Direct`]).
     direct: Cell<Option<Direct>>,
+    /// Passes a direct-path wait spins before it yields (adaptive: see
+    /// [`DIRECT_SPIN_MAX`]).
+    spin: Cell<u32>,
     /// Direct-path instances completed and not yet counted on `done`
     /// (counted before the next schedule of deferred work is queued,
     /// which starts from `done`; 0 while one is in flight).
@@ -486,6 +512,7 @@ impl<'a> CollGroup<'a> {
             templates: RefCell::new(Vec::new()),
             direct: Cell::new(None),
             done_lag: Cell::new(0),
+            spin: Cell::new(DIRECT_SPIN_MAX),
             dests: std::cell::OnceCell::new(),
         })
     }
@@ -536,9 +563,16 @@ impl<'a> CollGroup<'a> {
         let t0 = Instant::now();
         let mut checked = t0;
         let mut polls = 0u32;
-        let spin = if self.direct.get().is_some() { DIRECT_SPIN_PASSES } else { SPIN_PASSES };
+        let direct = self.direct.get().is_some();
+        let spin = if direct { self.spin.get() } else { SPIN_PASSES };
         loop {
             if self.done_past(op.seq)? {
+                if direct {
+                    // Found while spinning: spin as long again (or
+                    // longer); found only after yields: spin less.
+                    let s = if polls <= spin { (spin * 2).min(DIRECT_SPIN_MAX) } else { (spin / 2).max(SPIN_PASSES) };
+                    self.spin.set(s);
+                }
                 return Ok(());
             }
             // The clock is read every 16 passes only (it cost a quarter of
