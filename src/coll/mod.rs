@@ -236,10 +236,18 @@ pub struct CollGroup<'a> {
     /// (counted before the next schedule of deferred work is queued,
     /// which starts from `done`; 0 while one is in flight).
     done_lag: Cell<u64>,
-    /// The direct path's writes: the peer's slot regions for us, by
-    /// parity, resolved at its first post (None: not shared heap, the
-    /// writes take the RMA calls' path).
-    dests: std::cell::OnceCell<Option<[crate::rma::HeapDest; 2]>>,
+    /// What the direct path needs, made at its first post.
+    plan: std::cell::OnceCell<DirectPlan>,
+}
+
+/// The direct path's fixed part ([`Direct`]), made at its first post.
+struct DirectPlan {
+    /// The peer's slot regions for us, by parity (None: not shared heap,
+    /// the writes take the RMA calls' path).
+    heap: Option<[crate::rma::HeapDest; 2]>,
+    /// The index of `arrivals[peer][q]` in the domain's counter table, by
+    /// parity `q`.
+    cntr: [usize; 2],
 }
 
 /// An instance of a 2-member barrier or small allreduce on the direct
@@ -513,7 +521,7 @@ impl<'a> CollGroup<'a> {
             direct: Cell::new(None),
             done_lag: Cell::new(0),
             spin: Cell::new(DIRECT_SPIN_MAX),
-            dests: std::cell::OnceCell::new(),
+            plan: std::cell::OnceCell::new(),
         })
     }
 
@@ -621,7 +629,9 @@ impl<'a> CollGroup<'a> {
         self.size() == 2
             && self.user.is_none()
             && len <= self.attr.slot_bytes
-            && self.dom.inner.progress_thread.lock().is_ok_and(|t| t.is_none())
+            // Only a Safe domain can run one (no lock to ask otherwise).
+            && (self.dom.inner.threading != crate::sync::Threading::Safe
+                || self.dom.inner.progress_thread.lock().is_ok_and(|t| t.is_none()))
     }
 
     /// Posts a 2-member barrier (`red` None: 8 zero bytes sent) or
@@ -633,20 +643,27 @@ impl<'a> CollGroup<'a> {
         let seq = self.begin_post()?;
         let q = (seq % 2) as usize;
         let peer = 1 - self.me;
-        let key = self.peers[peer].as_ref().expect("a peer").keys[q];
-        let cntr = self.arrivals[peer].as_ref().expect("a peer")[q].live_id()?;
         let dest = self.members[peer];
-        let dests = self.dests.get_or_init(|| {
-            let slot = self.attr.slot_bytes as u64;
-            let p = self.peers[peer].as_ref().expect("a peer");
-            let d0 = self.ep.heap_dest(dest, p.keys[0], slot).ok().flatten()?;
-            let d1 = self.ep.heap_dest(dest, p.keys[1], slot).ok().flatten()?;
-            Some([d0, d1])
-        });
-        let issued = match dests {
+        let plan = match self.plan.get() {
+            Some(p) => p,
+            None => {
+                let slot = self.attr.slot_bytes as u64;
+                let p = self.peers[peer].as_ref().expect("a peer");
+                let heap = (|| {
+                    let d0 = self.ep.heap_dest(dest, p.keys[0], slot).ok().flatten()?;
+                    let d1 = self.ep.heap_dest(dest, p.keys[1], slot).ok().flatten()?;
+                    Some([d0, d1])
+                })();
+                let a = self.arrivals[peer].as_ref().expect("a peer");
+                let cntr = [a[0].live_id()?, a[1].live_id()?];
+                self.plan.get_or_init(|| DirectPlan { heap, cntr })
+            }
+        };
+        let issued = match &plan.heap {
             // The heap: one copy and the peer's counter, by us.
             Some(d) => d[q].write(&self.dom.inner, 0, send),
             None => {
+                let key = self.peers[peer].as_ref().expect("a peer").keys[q];
                 let wr = self.wr.live_id()?;
                 let iov = [IoSlice::new(send)];
                 let rma = [RmaIov { addr: 0, len: send.len(), key }];
@@ -675,15 +692,20 @@ impl<'a> CollGroup<'a> {
         let red = red.map(|(dt, op, out)| {
             // Our contribution waits in the result buffer (the caller's
             // until completion); `send` may be reused once we return.
-            // SAFETY: `out` holds `send.len()` bytes (checked by the
-            // caller); `copy` allows the two to overlap.
-            unsafe { std::ptr::copy(send.as_ptr(), out, send.len()) };
+            if send.len() == 8 {
+                // SAFETY: `out` holds 8 bytes (checked by the caller);
+                // unaligned, the whole value read before it is written.
+                unsafe { out.cast::<u64>().write_unaligned(send.as_ptr().cast::<u64>().read_unaligned()) };
+            } else {
+                // SAFETY: `out` holds `send.len()` bytes (checked by the
+                // caller); `copy` allows the two to overlap.
+                unsafe { std::ptr::copy(send.as_ptr(), out, send.len()) };
+            }
             (dt, op, send.len(), out as usize)
         });
-        self.direct.set(Some(Direct { seq, peer, q, cntr, at, red }));
+        // In flight as `direct` (`inflight` is None: `begin_post`).
+        self.direct.set(Some(Direct { seq, peer, q, cntr: plan.cntr[q], at, red }));
         self.next.set(seq + 1);
-        *self.inflight.borrow_mut() = Some(Inflight { seq, _bufs: Vec::new() });
-        let _ = self.direct_poll()?;
         Ok(CollOp { seq })
     }
 
@@ -776,6 +798,11 @@ impl<'a> CollGroup<'a> {
     fn begin_post(&self) -> Result<u64> {
         if self.broken.get() {
             return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
+        }
+        if let Some(d) = self.direct.get() {
+            // A direct instance in flight (`inflight` is None then).
+            self.wait(CollOp { seq: d.seq }, None)?;
+            return Ok(self.next.get());
         }
         let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
         if let Some(s) = prev.filter(|&s| self.completed.get() <= s) {
