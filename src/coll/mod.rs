@@ -568,11 +568,14 @@ impl<'a> CollGroup<'a> {
         if self.done_past(op.seq)? {
             return Ok(());
         }
-        let t0 = Instant::now();
-        let mut checked = t0;
-        let mut polls = 0u32;
         let direct = self.direct.get().is_some();
         let spin = if direct { self.spin.get() } else { SPIN_PASSES };
+        // The clock is read every `every` passes only, the first time
+        // then (it cost a quarter of a polling loop of progress passes,
+        // and more than a direct pass, which is one load).
+        let every = if direct { 256 } else { 16 };
+        let mut clock: Option<(Instant, Instant)> = None;
+        let mut polls = 0u32;
         loop {
             if self.done_past(op.seq)? {
                 if direct {
@@ -583,10 +586,17 @@ impl<'a> CollGroup<'a> {
                 }
                 return Ok(());
             }
-            // The clock is read every 16 passes only (it cost a quarter of
-            // a polling loop).
             polls = polls.wrapping_add(1);
-            if !polls.is_multiple_of(16) || t0.elapsed() < Duration::from_micros(500) {
+            if !polls.is_multiple_of(every)
+                || clock
+                    .get_or_insert_with(|| {
+                        let now = Instant::now();
+                        (now, now)
+                    })
+                    .0
+                    .elapsed()
+                    < Duration::from_micros(500)
+            {
                 if polls > spin {
                     std::thread::yield_now();
                 } else {
@@ -594,11 +604,13 @@ impl<'a> CollGroup<'a> {
                 }
                 continue;
             }
+            let (t0, checked) = clock.as_mut().expect("read above");
+            let t0 = *t0;
             if self.broken.get() {
                 self.check_health()?;
             }
             if checked.elapsed() >= Duration::from_millis(20) {
-                checked = Instant::now();
+                *checked = Instant::now();
                 self.check_health()?;
             }
             if timeout.is_some_and(|t| t0.elapsed() >= t) {
