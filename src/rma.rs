@@ -2021,6 +2021,74 @@ pub(crate) fn serve_domain(dom: &DomainInner, st: &mut crate::domain::DomainStat
     own.serve(dom.counters(), Some(&mut cq_data));
 }
 
+/// A peer's shared-heap registration resolved once for many small
+/// writes from one endpoint (a collective's slot region for us at a
+/// peer): the target, the key and our copy of the view a full pin checked.
+/// Each [`HeapDest::write`] is then what the heap fast path of a
+/// one-segment write does after its cache search: our initiator record
+/// busy on the registration (or a pin), the copy, the remote-write
+/// counters, the doorbell; no domain lock, target cache, AV read or
+/// completion. A registration closed since (or its slot reused) fails
+/// the write; nothing is written then.
+pub(crate) struct HeapDest {
+    t: Target,
+    key: Key,
+    view: MrView,
+}
+
+impl Endpoint {
+    /// Resolves registration `key` of `dest` for [`HeapDest::write`]s of
+    /// up to `len` bytes at its start: `Ok(None)` when that memory is not
+    /// shared heap (the caller writes through the ordinary calls), `Err`
+    /// when the target or the key cannot be reached or `len` is out of
+    /// the registration or its rights.
+    pub(crate) fn heap_dest(&self, dest: FiAddr, key: u64, len: u64) -> Result<Option<HeapDest>> {
+        let ini = self.ini();
+        self.with_rma(|ep, ctx| {
+            let t = match ini.target(ep, ctx, dest, key)? {
+                Ok(t) => t,
+                Err((k, _, why)) => return Err(Error::with(k, why)),
+            };
+            let k = Key::decode(key);
+            let p = t.file.pin(k, 0, len, Need::Write).map_err(|(kind, why)| Error::with(kind, why))?;
+            let view = p.view;
+            drop(p);
+            if view.kind != mr_kind::HEAP || t.file.heap_at(view.seg[0][0], len).is_none() {
+                return Ok(None);
+            }
+            Ok(Some(HeapDest { t, key: k, view }))
+        })
+    }
+}
+
+impl HeapDest {
+    /// Writes `src` at offset `off` of the registration, then counts the
+    /// target's remote-write counters (the registration's, its
+    /// endpoint's) and rings its doorbell, as a heap write through
+    /// [`Endpoint::write`] would. `dom` is the initiator's domain. Err:
+    /// out of range, or the registration closed (nothing written).
+    pub(crate) fn write(&self, dom: &DomainInner, off: u64, src: &[u8]) -> Result<()> {
+        let len = src.len() as u64;
+        if off.checked_add(len).is_none_or(|e| e > self.view.len) {
+            return Err(Error::with(ErrorKind::Inval, "a write past the registration"));
+        }
+        let file: &RmaFile = &self.t.file;
+        let access = file.access(self.key, &self.view, Need::Write).map_err(|(kind, why)| Error::with(kind, why))?;
+        let Some(h) = file.heap_at(self.view.seg[0][0] + off, len) else {
+            return Err(Error::with(ErrorKind::Io, "corrupt registration"));
+        };
+        // SAFETY: `h` holds `len` bytes of the registration (its one heap
+        // segment, checked by the pin at `heap_dest`, the range above),
+        // accessed under `access`; `src` is the caller's.
+        unsafe { copy_small(src.as_ptr() as *mut u8, h, src.len(), true) };
+        // Bound now (as heap_fast reads them), on the entry's line.
+        let cntr = file.entry(self.key.slot).cntr_rw.load(Ordering::Relaxed);
+        count_landed(dom, &self.t, cntr, 0);
+        drop(access);
+        Ok(())
+    }
+}
+
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;

@@ -543,3 +543,154 @@ fn killed_kept(w: World) {
 fn a_killed_rank_fails_kept_schedules() {
     run_killing("a_killed_rank_fails_kept_schedules", 3, &[], T, &[2], killed_kept);
 }
+
+/// 2-member barriers and small allreduces take the direct path (the one
+/// write at the post, completion seen by `test`/`wait`) unless a counter
+/// was given at join or a progress thread runs: here rank 0 runs one (its
+/// instances are deferred work) and rank 1 does not (direct), so the two
+/// paths meet on the same slot regions and counters, instance after
+/// instance, with both parities and non-kept collectives between; a
+/// counter given at join on rank 1's second group is counted by each
+/// instance (deferred work there too), every result checked.
+fn mixed(w: World) {
+    if w.rank == 0 {
+        w.dom.start_progress_thread().unwrap();
+    }
+    let g = join(&w);
+    let tmo = Some(Duration::from_secs(60));
+    for i in 0..400usize {
+        match i % 4 {
+            0 => g.wait(g.barrier().unwrap(), tmo).unwrap(),
+            1 => {
+                let count = 1 + i % 9;
+                let send: Vec<u8> = (0..count).flat_map(|k| ((w.rank * 5 + k + i) as f64).to_ne_bytes()).collect();
+                let mut recv = vec![0u8; send.len()];
+                // SAFETY: `recv` is read after the wait.
+                let o = unsafe { g.allreduce(&send, &mut recv, AtomicType::Double, AtomicOp::Sum) }.unwrap();
+                g.wait(o, tmo).unwrap();
+                for k in 0..count {
+                    let want = (5 + 2 * (k + i)) as f64;
+                    assert_eq!(f64::from_ne_bytes(recv[8 * k..][..8].try_into().unwrap()), want, "instance {i}");
+                }
+            }
+            2 => {
+                let send = ((w.rank as i32 + 1) * (i as i32 % 7 + 1)).to_ne_bytes();
+                let mut recv = [0u8; 4];
+                // SAFETY: as above.
+                let o = unsafe { g.allreduce(&send, &mut recv, AtomicType::Int32, AtomicOp::Prod) }.unwrap();
+                // Completion found by `test` alone.
+                let t0 = Instant::now();
+                while !g.test(o).unwrap() {
+                    assert!(t0.elapsed() < Duration::from_secs(60), "instance {i} never completed");
+                    std::thread::yield_now();
+                }
+                let f = i as i32 % 7 + 1;
+                assert_eq!(i32::from_ne_bytes(recv), 2 * f * f, "instance {i}");
+            }
+            _ => {
+                let send = [(w.rank + i) as u8; 5];
+                let mut recv = vec![0u8; 10];
+                // SAFETY: as above.
+                let o = unsafe { g.allgather(&send, &mut recv) }.unwrap();
+                g.wait(o, tmo).unwrap();
+                assert_eq!(recv[..5], [i as u8; 5], "instance {i}");
+                assert_eq!(recv[5..], [(i + 1) as u8; 5], "instance {i}");
+            }
+        }
+    }
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+    let done = w.dom.cntr_open().unwrap();
+    let g2 = CollGroup::join(&w.dom, &w.ep, &w.av, &w.cq, &w.addrs, Some(&done), CollAttr::default()).unwrap();
+    for i in 0..20u64 {
+        g2.wait(g2.barrier().unwrap(), tmo).unwrap();
+        assert_eq!(done.read().unwrap(), i + 1);
+    }
+    drop(g2);
+    drop(g);
+    w.barrier();
+}
+
+#[test]
+fn direct_and_deferred_paths_meet_on_2_ranks() {
+    run("direct_and_deferred_paths_meet_on_2_ranks", 2, &[("SHMFAB_THREADING", "safe")], T, mixed);
+}
+
+/// With a progress thread, a 2-member 8 B allreduce completes while both
+/// ranks only sleep (it is deferred work, not the direct path).
+fn auto_small(w: World) {
+    w.dom.start_progress_thread().unwrap();
+    let g = join(&w);
+    let send = ((w.rank + 1) as i64).to_ne_bytes();
+    let mut recv = [0u8; 8];
+    // SAFETY: `recv` is only read (volatile) until the wait below.
+    let o = unsafe { g.allreduce(&send, &mut recv, AtomicType::Int64, AtomicOp::Sum).unwrap() };
+    let t0 = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        // SAFETY: plain bytes written by our progress thread: read
+        // volatile, nothing here drives progress.
+        let now: [u8; 8] = unsafe { std::ptr::read_volatile(&recv) };
+        if i64::from_ne_bytes(now) == 3 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the allreduce did not complete on its own");
+    }
+    g.wait(o, Some(Duration::from_secs(10))).unwrap();
+    drop(g);
+    w.barrier();
+}
+
+#[test]
+fn a_small_allreduce_completes_while_2_ranks_sleep() {
+    run("a_small_allreduce_completes_while_2_ranks_sleep", 2, &[("SHMFAB_THREADING", "safe")], T, auto_small);
+}
+
+/// Rank 1 of 2 dies in the middle of a series of direct-path barriers
+/// and allreduces: rank 0's wait fails with `Io` in bounded time and the
+/// group stays broken.
+fn killed_direct(w: World) {
+    let g = join(&w);
+    for i in 0..100_000 {
+        if w.rank == 1 && i == 3001 {
+            // SAFETY: ends this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        let send = (i as i64).to_ne_bytes();
+        let mut recv = [0u8; 8];
+        let posted = if i % 2 == 0 {
+            g.barrier()
+        } else {
+            // SAFETY: `recv` outlives the wait.
+            unsafe { g.allreduce(&send, &mut recv, AtomicType::Int64, AtomicOp::Sum) }
+        };
+        let o = match posted {
+            Ok(o) => o,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+                assert!(i >= 3001, "collective {i} failed: {e}");
+                break;
+            }
+        };
+        let t0 = Instant::now();
+        match g.wait(o, Some(Duration::from_secs(20))) {
+            Ok(()) => {
+                assert!(i < 3001, "collective {i} completed without rank 1");
+                if i % 2 == 1 {
+                    assert_eq!(i64::from_ne_bytes(recv), 2 * i as i64);
+                }
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+                assert!(t0.elapsed() < Duration::from_secs(5), "noticed after {:?}", t0.elapsed());
+                break;
+            }
+        }
+    }
+    assert_eq!(g.barrier().unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(w.dom.queued_work().unwrap(), 0);
+}
+
+#[test]
+fn a_killed_rank_fails_the_direct_path() {
+    run_killing("a_killed_rank_fails_the_direct_path", 2, &[], T, &[1], killed_direct);
+}

@@ -53,6 +53,25 @@
 //! goes); they hold the group's counters, and the application's counter
 //! given at join, bound until the group is dropped.
 //!
+//! **Direct path.** A barrier or allreduce up to 4 KiB on 2 members,
+//! when no counter was given at join and no auto-progress thread runs,
+//! is no deferred work at all: the post writes our contribution (a
+//! barrier: 8 zero bytes) straight into the peer's slot region for us
+//! ([`crate::rma::HeapDest`], resolved at the first such post: the heap
+//! access, the copy and the peer's remote-write counter, no domain lock),
+//! keeps it in the caller's result buffer, and the instance is complete
+//! once our counter for the peer's writes reaches the tally: `test` and
+//! `wait` look at that one word (no progress pass per poll) and then
+//! reduce in the kept schedule's order (the lower member's value first),
+//! so the two paths give the same bits and meet on the same slots,
+//! counters and tally (a peer may take either). With 2 members our only
+//! write goes at the post, so the peer never waits for our progress; what
+//! is left is local and observable only through `test`/`wait` (no
+//! counter to count), which complete it. With a counter, a progress
+//! thread, or more members (whose later rounds need our progress in any
+//! progress pass), the kept schedule is used. `done` counts direct
+//! instances before the next deferred schedule is queued.
+//!
 //! **Reuse.** Instance `k` uses parity `k % 2` of every slot region and
 //! counter; posting instance `k` first waits for instance `k - 1` (one
 //! collective in flight per group). Every collective here has a result at
@@ -122,6 +141,15 @@ const KEPT_MAX: usize = 4096;
 /// gave 5.6-7 us, with the same 0.37-0.48 us on two CPUs (paired 2-rank
 /// runs on the loaded 2-vCPU VM, 2026-11-26).
 const SPIN_PASSES: u32 = 8;
+
+/// The most passes a wait for a direct-path instance ([`Direct`]) spins
+/// before it yields: its pass is one load of a counter (a few ns, not a
+/// progress pass). The spin adapts ([`CollGroup::spin`]) between
+/// [`SPIN_PASSES`] and this: a peer on another CPU answers within it, and
+/// a yield there only gives our CPU away (to another process of a loaded
+/// machine, for a time slice); a peer that needs our CPU (both ranks on
+/// one) is only let run by the yield, so waits that had to yield halve it.
+const DIRECT_SPIN_MAX: u32 = 2048;
 
 /// Options of [`CollGroup::join`].
 #[derive(Clone, Copy, Debug)]
@@ -199,6 +227,47 @@ pub struct CollGroup<'a> {
     /// Schedules built once and re-armed (barrier, small allreduce), by
     /// shape and parity; the oldest goes past [`TEMPLATES`].
     templates: RefCell<Vec<(Shape, usize, Template)>>,
+    /// The instance in flight on the direct path (see [`Direct`]).
+    direct: Cell<Option<Direct>>,
+    /// Passes a direct-path wait spins before it yields (adaptive: see
+    /// [`DIRECT_SPIN_MAX`]).
+    spin: Cell<u32>,
+    /// Direct-path instances completed and not yet counted on `done`
+    /// (counted before the next schedule of deferred work is queued,
+    /// which starts from `done`; 0 while one is in flight).
+    done_lag: Cell<u64>,
+    /// What the direct path needs, made at its first post.
+    plan: std::cell::OnceCell<DirectPlan>,
+}
+
+/// The direct path's fixed part ([`Direct`]), made at its first post.
+struct DirectPlan {
+    /// The peer's slot regions for us, by parity (None: not shared heap,
+    /// the writes take the RMA calls' path).
+    heap: Option<[crate::rma::HeapDest; 2]>,
+    /// The index of `arrivals[peer][q]` in the domain's counter table, by
+    /// parity `q`.
+    cntr: [usize; 2],
+}
+
+/// An instance of a 2-member barrier or small allreduce on the direct
+/// path: our one write went at the post; what is left (the peer's write
+/// landed, then the local reduction) is done by the calls that look at
+/// the instance ([`CollGroup::test`], [`CollGroup::wait`], the next post).
+#[derive(Clone, Copy)]
+struct Direct {
+    seq: u64,
+    /// The peer, and the parity of its slot region and counter.
+    peer: usize,
+    q: usize,
+    /// The index of `arrivals[peer][q]` in the domain's counter table, and
+    /// the value it reaches once the peer's write for this instance landed.
+    cntr: usize,
+    at: u64,
+    /// An allreduce: its type, reduction, bytes and the caller's result
+    /// buffer's address (holding our contribution since the post; an
+    /// address, so the group stays `Send`). None: a barrier.
+    red: Option<(AtomicType, AtomicOp, usize, usize)>,
 }
 
 /// Most schedules a group keeps built ([`CollGroup::templates`]).
@@ -449,6 +518,10 @@ impl<'a> CollGroup<'a> {
             other: RefCell::new(other),
             scratch: RefCell::new(Scratch::default()),
             templates: RefCell::new(Vec::new()),
+            direct: Cell::new(None),
+            done_lag: Cell::new(0),
+            spin: Cell::new(DIRECT_SPIN_MAX),
+            plan: std::cell::OnceCell::new(),
         })
     }
 
@@ -495,36 +568,191 @@ impl<'a> CollGroup<'a> {
         if self.done_past(op.seq)? {
             return Ok(());
         }
-        let t0 = Instant::now();
-        let mut checked = t0;
+        let direct = self.direct.get().is_some();
+        let spin = if direct { self.spin.get() } else { SPIN_PASSES };
+        // The clock is read every `every` passes only, the first time
+        // then (it cost a quarter of a polling loop of progress passes,
+        // and more than a direct pass, which is one load).
+        let every = if direct { 256 } else { 16 };
+        let mut clock: Option<(Instant, Instant)> = None;
         let mut polls = 0u32;
         loop {
             if self.done_past(op.seq)? {
+                if direct {
+                    // Found while spinning: spin as long again (or
+                    // longer); found only after yields: spin less.
+                    let s = if polls <= spin { (spin * 2).min(DIRECT_SPIN_MAX) } else { (spin / 2).max(SPIN_PASSES) };
+                    self.spin.set(s);
+                }
                 return Ok(());
             }
-            // The clock is read every 16 passes only (it cost a quarter of
-            // a polling loop).
             polls = polls.wrapping_add(1);
-            if !polls.is_multiple_of(16) || t0.elapsed() < Duration::from_micros(500) {
-                if polls > SPIN_PASSES {
+            if !polls.is_multiple_of(every)
+                || clock
+                    .get_or_insert_with(|| {
+                        let now = Instant::now();
+                        (now, now)
+                    })
+                    .0
+                    .elapsed()
+                    < Duration::from_micros(500)
+            {
+                if polls > spin {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
                 }
                 continue;
             }
+            let (t0, checked) = clock.as_mut().expect("read above");
+            let t0 = *t0;
             if self.broken.get() {
                 self.check_health()?;
             }
             if checked.elapsed() >= Duration::from_millis(20) {
-                checked = Instant::now();
+                *checked = Instant::now();
                 self.check_health()?;
             }
             if timeout.is_some_and(|t| t0.elapsed() >= t) {
                 return Err(Error::with(ErrorKind::TimedOut, format!("collective {} not complete", op.seq)));
             }
-            self.dom.wait(Some(Duration::from_millis(1)));
+            match self.direct.get() {
+                Some(d) => {
+                    // The direct path's polls drive no progress: the
+                    // domain's other work moves on here, at this pace.
+                    self.dom.progress()?;
+                    let c = &self.dom.inner.counters()[d.cntr];
+                    // Rechecked after the sleep is announced: the peer's
+                    // write rings the doorbell (count_remote) after counting.
+                    self.dom.wait_for(Some(Duration::from_millis(1)), || value(c) >= d.at);
+                }
+                None => self.dom.wait(Some(Duration::from_millis(1))),
+            }
         }
+    }
+
+    /// Whether the next barrier or allreduce of `len` bytes takes the
+    /// direct path ([`Direct`]): 2 members (our one write goes at the
+    /// post, so the peer never waits for our progress), no counter to
+    /// count at completion and no auto-progress thread (nothing but our
+    /// own calls would then complete it: with either, the schedule is
+    /// deferred work, which any progress pass fires).
+    fn direct_ok(&self, len: usize) -> bool {
+        self.size() == 2
+            && self.user.is_none()
+            && len <= self.attr.slot_bytes
+            // Only a Safe domain can run one (no lock to ask otherwise).
+            && (self.dom.inner.threading != crate::sync::Threading::Safe
+                || self.dom.inner.progress_thread.lock().is_ok_and(|t| t.is_none()))
+    }
+
+    /// Posts a 2-member barrier (`red` None: 8 zero bytes sent) or
+    /// allreduce (`send`, the result to `red`'s buffer) on the direct
+    /// path: one write of `send` to the peer's slot region for us now, as
+    /// the kept schedule's first step would make it (same slot, counter
+    /// and tally), then what is left is [`CollGroup::direct_poll`]'s.
+    fn post_direct(&self, send: &[u8], red: Option<(AtomicType, AtomicOp, *mut u8)>) -> Result<CollOp> {
+        let seq = self.begin_post()?;
+        let q = (seq % 2) as usize;
+        let peer = 1 - self.me;
+        let dest = self.members[peer];
+        let plan = match self.plan.get() {
+            Some(p) => p,
+            None => {
+                let slot = self.attr.slot_bytes as u64;
+                let p = self.peers[peer].as_ref().expect("a peer");
+                let heap = (|| {
+                    let d0 = self.ep.heap_dest(dest, p.keys[0], slot).ok().flatten()?;
+                    let d1 = self.ep.heap_dest(dest, p.keys[1], slot).ok().flatten()?;
+                    Some([d0, d1])
+                })();
+                let a = self.arrivals[peer].as_ref().expect("a peer");
+                let cntr = [a[0].live_id()?, a[1].live_id()?];
+                self.plan.get_or_init(|| DirectPlan { heap, cntr })
+            }
+        };
+        let issued = match &plan.heap {
+            // The heap: one copy and the peer's counter, by us.
+            Some(d) => d[q].write(&self.dom.inner, 0, send),
+            None => {
+                let key = self.peers[peer].as_ref().expect("a peer").keys[q];
+                let wr = self.wr.live_id()?;
+                let iov = [IoSlice::new(send)];
+                let rma = [RmaIov { addr: 0, len: send.len(), key }];
+                let ini = crate::rma::Initiator { dom: &self.dom.inner, idx: self.ep.index() };
+                // As the chain's write step: quiet, counted on `wr` (its
+                // error value when the write fails after issue:
+                // `check_health` sees it).
+                let dw = crate::engine::complete::Dw::new(Some(wr), true);
+                let local = crate::rma::Local::Out(&iov);
+                self.ep.with_state(|ep, ctx| {
+                    let w = crate::engine::request::OpKind::Write;
+                    ini.rma_body(ep, ctx, w, &local, &rma, dest, 0, None, 0, true, dw)
+                })
+            }
+        };
+        if let Err(e) = issued {
+            // Refused at issue: the peer will not hear from us.
+            self.fail();
+            return Err(Error::with(ErrorKind::Io, format!("the collective's write was refused: {e}")));
+        }
+        let at = {
+            let mut t = self.tally.borrow_mut();
+            t[peer][q] += 1;
+            t[peer][q]
+        };
+        let red = red.map(|(dt, op, out)| {
+            // Our contribution waits in the result buffer (the caller's
+            // until completion); `send` may be reused once we return.
+            if send.len() == 8 {
+                // SAFETY: `out` holds 8 bytes (checked by the caller);
+                // unaligned, the whole value read before it is written.
+                unsafe { out.cast::<u64>().write_unaligned(send.as_ptr().cast::<u64>().read_unaligned()) };
+            } else {
+                // SAFETY: `out` holds `send.len()` bytes (checked by the
+                // caller); `copy` allows the two to overlap.
+                unsafe { std::ptr::copy(send.as_ptr(), out, send.len()) };
+            }
+            (dt, op, send.len(), out as usize)
+        });
+        // In flight as `direct` (`inflight` is None: `begin_post`).
+        self.direct.set(Some(Direct { seq, peer, q, cntr: plan.cntr[q], at, red }));
+        self.next.set(seq + 1);
+        Ok(CollOp { seq })
+    }
+
+    /// Completes the direct instance in flight if the peer's write landed
+    /// (one load of our counter): the reduction in the order the kept
+    /// schedule uses (the lower member's value first, so both get the
+    /// same bits), then `done` counted (later schedules start from it).
+    fn direct_poll(&self) -> Result<bool> {
+        let Some(d) = self.direct.get() else { return Ok(false) };
+        if value(&self.dom.inner.counters()[d.cntr]) < d.at {
+            return Ok(false);
+        }
+        if let Some((dt, op, len, out)) = d.red {
+            let slot = self.peers[d.peer].as_ref().expect("a peer").mine[d.q].as_ptr();
+            // SAFETY: `slot` is our slot region for the peer (at least
+            // `len` bytes: checked by `direct_ok`), whose write of this
+            // instance landed (the counter's acquire load above) and which
+            // writes nothing more there before we post again; `out` is
+            // the caller's result buffer of `len` bytes, valid until
+            // completion by the contract of `allreduce`. They do not
+            // overlap (shared heap and the caller's memory).
+            let (theirs, ours) = unsafe {
+                (std::slice::from_raw_parts_mut(slot, len), std::slice::from_raw_parts_mut(out as *mut u8, len))
+            };
+            if d.peer > self.me {
+                reduce::apply(dt, op, theirs, ours);
+            } else {
+                reduce::apply(dt, op, ours, theirs);
+                ours.copy_from_slice(theirs);
+            }
+        }
+        self.direct.set(None);
+        self.completed.set(d.seq + 1);
+        self.done_lag.set(self.done_lag.get() + 1);
+        Ok(true)
     }
 
     /// Whether instance `seq` completed (a progress pass, unless already
@@ -533,7 +761,10 @@ impl<'a> CollGroup<'a> {
         if self.completed.get() > seq {
             return Ok(true);
         }
-        let d = self.done.read()?;
+        if self.direct.get().is_some() {
+            return self.direct_poll();
+        }
+        let d = self.done.read()? + self.done_lag.get();
         self.completed.set(d);
         Ok(d > seq)
     }
@@ -580,12 +811,28 @@ impl<'a> CollGroup<'a> {
         if self.broken.get() {
             return Err(Error::with(ErrorKind::Io, "the group broke earlier"));
         }
+        if let Some(d) = self.direct.get() {
+            // A direct instance in flight (`inflight` is None then).
+            self.wait(CollOp { seq: d.seq }, None)?;
+            return Ok(self.next.get());
+        }
         let prev = self.inflight.borrow().as_ref().map(|f| f.seq);
         if let Some(s) = prev.filter(|&s| self.completed.get() <= s) {
             self.wait(CollOp { seq: s }, None)?;
         }
         *self.inflight.borrow_mut() = None;
         Ok(self.next.get())
+    }
+
+    /// Counts on `done` the direct-path instances that completed since
+    /// the last schedule of deferred work (which start from it).
+    fn count_lag(&self) -> Result<()> {
+        let lag = self.done_lag.get();
+        if lag > 0 {
+            self.done.add(lag)?;
+            self.done_lag.set(0);
+        }
+        Ok(())
     }
 
     /// Posts one instance of `plan`: once the instance in flight
@@ -595,6 +842,7 @@ impl<'a> CollGroup<'a> {
     /// the group usable.
     fn post<'g>(&'g self, plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>) -> Result<CollOp> {
         let seq = self.begin_post()?;
+        self.count_lag()?;
         // SAFETY: the buffers the steps name are the instance's (kept in
         // `inflight` until it completed, or flushed first on failure and
         // drop) or the caller's, valid until completion by the contract
@@ -628,6 +876,7 @@ impl<'a> CollGroup<'a> {
         plan: impl FnOnce(&mut Sched<'g, 'a, '_, '_>) -> Result<()>,
     ) -> Result<CollOp> {
         let seq = self.begin_post()?;
+        self.count_lag()?;
         let q = (seq % 2) as usize;
         let mut kept = self.templates.borrow_mut();
         let i = match kept.iter().position(|(sh, p, _)| *sh == shape && *p == q) {
@@ -690,6 +939,9 @@ impl<'a> CollGroup<'a> {
 
     /// fi_barrier: completes once every member entered it.
     pub fn barrier(&self) -> Result<CollOp> {
+        if self.direct_ok(8) {
+            return self.post_direct(&self.zero[..], None);
+        }
         let (n, me) = (self.size(), self.me);
         let z = self.zero.as_ptr();
         self.post_kept(Shape::Barrier, &[], std::ptr::null_mut(), |s| {
@@ -716,6 +968,9 @@ impl<'a> CollGroup<'a> {
             return Err(Error::with(ErrorKind::Inval, "allreduce: send and receive differ in length"));
         }
         let out = recv.as_mut_ptr();
+        if send.len() <= KEPT_MAX && self.direct_ok(send.len()) {
+            return self.post_direct(send, Some((dt, op, out)));
+        }
         let plan = |s: &mut Sched<'_, 'a, '_, '_>| {
             let acc = s.buf_with(|| send.to_vec());
             s.allreduce(acc, send.len(), dt, op)?;
@@ -1216,6 +1471,17 @@ impl Sched<'_, '_, '_, '_> {
         let (at, outs) = self.kept.take().expect("a kept schedule");
         Ok((self.sc, self.bufs, at, outs))
     }
+}
+
+/// The value a trigger compares (success plus error) of a counter of
+/// ours, without a progress pass.
+fn value(c: &shm_layout::Counter) -> u64 {
+    // SYNC: pairs with the release counts of a write that landed
+    // (mr::count_remote, at the writer): its data is visible here.
+    c.value
+        .v
+        .load(std::sync::atomic::Ordering::Acquire)
+        .wrapping_add(c.err.v.load(std::sync::atomic::Ordering::Acquire))
 }
 
 fn too_big(slot: usize) -> Error {
