@@ -619,9 +619,6 @@ impl CqState {
         k.len += 1;
     }
 
-    /// Opens the sink on `out` (and `src`) if a read may take entries
-    /// straight from progress: arguments valid for [`CqState::read`] and
-    /// nothing waiting in the CQ (nor overrun). Returns whether it did.
     /// Whether this read may return the entries the CQ holds without a
     /// progress pass first: it holds successful entries and no error, and
     /// fewer than [`MAX_UNPROGRESSED`] reads in a row did so (then the
@@ -641,6 +638,9 @@ impl CqState {
         true
     }
 
+    /// Opens the sink on `out` (and `src`) if a read may take entries
+    /// straight from progress: arguments valid for [`CqState::read`] and
+    /// nothing waiting in the CQ (nor overrun). Returns whether it did.
     fn open_sink<T: CqFormatEntry>(&mut self, out: &mut [T], src: Option<&mut [FiAddr]>) -> bool {
         if T::FORMAT != self.format
             || out.is_empty()

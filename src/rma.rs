@@ -2065,9 +2065,19 @@ impl HeapDest {
     /// Writes `src` at offset `off` of the registration, then counts the
     /// target's remote-write counters (the registration's, its
     /// endpoint's) and rings its doorbell, as a heap write through
-    /// [`Endpoint::write`] would. `dom` is the initiator's domain. Err:
-    /// out of range, or the registration closed (nothing written).
-    pub(crate) fn write(&self, dom: &DomainInner, off: u64, src: &[u8]) -> Result<()> {
+    /// [`Endpoint::write`] would. `dom` is the initiator's domain, whose
+    /// lock `_held` proves held: the access uses the domain's one record
+    /// in the target's file, which holds one access at a time (an RMA of
+    /// another thread must not share it, or the target could close a
+    /// registration under that RMA's copy). Err: out of range, or the
+    /// registration closed (nothing written).
+    pub(crate) fn write(
+        &self,
+        dom: &DomainInner,
+        _held: &crate::sync::DomainGuard<'_, crate::domain::DomainState>,
+        off: u64,
+        src: &[u8],
+    ) -> Result<()> {
         let len = src.len() as u64;
         if off.checked_add(len).is_none_or(|e| e > self.view.len) {
             return Err(Error::with(ErrorKind::Inval, "a write past the registration"));
@@ -2085,6 +2095,7 @@ impl HeapDest {
         let cntr = file.entry(self.key.slot).cntr_rw.load(Ordering::Relaxed);
         count_landed(dom, &self.t, cntr, 0);
         drop(access);
+        dom.rma.heap_ops.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }

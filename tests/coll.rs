@@ -694,3 +694,62 @@ fn killed_direct(w: World) {
 fn a_killed_rank_fails_the_direct_path() {
     run_killing("a_killed_rank_fails_the_direct_path", 2, &[], T, &[1], killed_direct);
 }
+
+/// The direct path keeps the domain's threading contract: a group of a
+/// Threading::Domain domain, moved to a thread that is not the domain's
+/// owner, is refused there (`Inval`) as every other call of that domain
+/// is; back with its owner it works. Two domains of one process, each
+/// driven by its own thread.
+#[test]
+fn the_direct_path_refuses_a_thread_that_does_not_own_the_domain() {
+    use shmfab::{CompletionQueue, CqAttr, Domain, Endpoint, Fabric, FI_RECV, FI_TRANSMIT};
+    std::env::set_var("SHMFAB_JOB_ID", format!("coll-owner-{}", std::process::id()));
+    let open = |d: &Domain| {
+        let (cq, av, ep): (CompletionQueue, _, Endpoint) =
+            (d.cq_open(&CqAttr::default()).unwrap(), d.av_open().unwrap(), d.endpoint().unwrap());
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+        (cq, av, ep)
+    };
+    let tmo = Some(Duration::from_secs(30));
+    // Domain 1: this thread's (its owner from its first call on).
+    let d1 = Fabric::open().unwrap().domain().unwrap();
+    let (cq1, av1, ep1) = open(&d1);
+    let (name_tx, name_rx) = std::sync::mpsc::channel();
+    let (name1_tx, name1_rx) = std::sync::mpsc::channel();
+    let (g_tx, g_rx) = std::sync::mpsc::channel::<CollGroup<'_>>();
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<CollGroup<'_>>();
+    std::thread::scope(|s| {
+        let h = s.spawn(move || {
+            // Domain 0: this thread's.
+            let d0 = Fabric::open().unwrap().domain().unwrap();
+            let (cq0, av0, ep0) = open(&d0);
+            name_tx.send(ep0.getname()).unwrap();
+            let names = [ep0.getname(), name1_rx.recv().unwrap()];
+            let a0 = av0.insert(&names).unwrap();
+            let g0 = CollGroup::join(&d0, &ep0, &av0, &cq0, &a0, None, CollAttr::default()).unwrap();
+            let b = g0.barrier().unwrap();
+            g0.wait(b, tmo).unwrap();
+            // Domain 1's group, here: refused, as another object of it is.
+            let g1 = g_rx.recv().unwrap();
+            assert_eq!(g1.barrier().err().map(|e| e.kind()), Some(ErrorKind::Inval), "a post from a non-owner");
+            back_tx.send(g1).unwrap();
+            let b = g0.barrier().unwrap();
+            g0.wait(b, tmo).unwrap();
+        });
+        let n0 = name_rx.recv().unwrap();
+        name1_tx.send(ep1.getname()).unwrap();
+        let a1 = av1.insert(&[n0, ep1.getname()]).unwrap();
+        let g1 = CollGroup::join(&d1, &ep1, &av1, &cq1, &a1, None, CollAttr::default()).unwrap();
+        let b = g1.barrier().unwrap();
+        g1.wait(b, tmo).unwrap();
+        g_tx.send(g1).unwrap();
+        let g1 = back_rx.recv().unwrap();
+        // Back with its owner, it works.
+        let b = g1.barrier().unwrap();
+        g1.wait(b, tmo).unwrap();
+        drop(g1);
+        h.join().unwrap();
+    });
+}

@@ -548,6 +548,16 @@ impl<'a> CollGroup<'a> {
         if self.done_past(op.seq)? {
             return Ok(true);
         }
+        if self.direct.get().is_some_and(|d| d.seq <= op.seq) {
+            // The direct path's poll is one load and moves nothing else:
+            // the pass this call promises (the domain's other traffic,
+            // which a peer may wait on before it posts), then a second
+            // look.
+            self.dom.progress()?;
+            if self.done_past(op.seq)? {
+                return Ok(true);
+            }
+        }
         if self.broken.get() || self.tested.get().elapsed() >= Duration::from_millis(20) {
             self.tested.set(Instant::now());
             self.check_health()?;
@@ -671,10 +681,23 @@ impl<'a> CollGroup<'a> {
                 self.plan.get_or_init(|| DirectPlan { heap, cntr })
             }
         };
+        // The domain lock before anything is issued: it refuses a thread
+        // that is not the owner of a Threading::Domain domain (`Inval`, the
+        // group intact), and it keeps the heap write's access alone on
+        // our record in the peer's file (one access at a time per
+        // initiating domain: another thread's RMA of a Safe domain would
+        // share it, and the peer could then close a registration under
+        // that RMA's copy).
+        let g = self.dom.inner.lock()?;
         let issued = match &plan.heap {
             // The heap: one copy and the peer's counter, by us.
-            Some(d) => d[q].write(&self.dom.inner, 0, send),
+            Some(d) => {
+                let r = d[q].write(&self.dom.inner, &g, 0, send);
+                drop(g);
+                r
+            }
             None => {
+                drop(g);
                 let key = self.peers[peer].as_ref().expect("a peer").keys[q];
                 let wr = self.wr.live_id()?;
                 let iov = [IoSlice::new(send)];
@@ -727,6 +750,10 @@ impl<'a> CollGroup<'a> {
     /// same bits), then `done` counted (later schedules start from it).
     fn direct_poll(&self) -> Result<bool> {
         let Some(d) = self.direct.get() else { return Ok(false) };
+        // The domain's threading contract, as every call keeps it (a
+        // Threading::Domain domain refuses other threads): the lock,
+        // taken and dropped (one compare of the owner there).
+        drop(self.dom.inner.lock()?);
         if value(&self.dom.inner.counters()[d.cntr]) < d.at {
             return Ok(false);
         }
