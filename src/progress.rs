@@ -260,10 +260,13 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
 /// a copy of its place ([`RingView`]).
 fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
     let peer = r.peer;
-    if ep.peers[peer].broken {
+    let pr = &mut ep.peers[peer];
+    if pr.broken {
         r.held = true; // never read again: no work for a sleeper
         return;
     }
+    // The peer speaks: our next push to it may be an answer.
+    pr.heard = true;
     let mut held = false;
     for i in 0..BATCH {
         // The first message was found by the caller, each later one by the

@@ -76,6 +76,9 @@ pub(crate) struct Peer {
     src_cache: (u64, FiAddr),
     /// Sent us something we could not parse: its ring is no longer read.
     pub broken: bool,
+    /// Sent us a message since our last push to it by the inline fast
+    /// path (which then tells the ring: [`RingTx::heard_back`]).
+    pub heard: bool,
     /// Why the peer is gone (its process died or its endpoint closed):
     /// everything pending with it has failed, new sends fail at once.
     pub gone: Option<String>,
@@ -105,6 +108,7 @@ impl Peer {
             pick: Default::default(),
             src_cache: (u64::MAX, FI_ADDR_NOTAVAIL),
             broken: false,
+            heard: false,
             gone: None,
             claim: ChanClaim::NONE,
             tx: PeerTx::new(),

@@ -475,6 +475,11 @@ impl EpState {
             }
         }
         let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
+        if std::mem::take(&mut peer.heard) {
+            // An answer, perhaps: no claim of the lines ahead (see
+            // RingTx::publish_at).
+            ring.heard_back();
+        }
         if !ring.try_push_one(hdr, buf) {
             return None;
         }
