@@ -576,6 +576,7 @@ impl EpState {
 
     /// Queues a control message to peer `p`.
     pub fn queue_ctrl(&mut self, p: usize, c: Ctrl) {
+        self.stats.fins += u64::from(c.hdr.op == op::FIN);
         self.tx.queue_ctrl(&mut self.peers[p], p, c);
     }
 
@@ -686,7 +687,9 @@ impl EpState {
                         let cma = proto::offer_cma(ctx.cfg, cma_refused, op.owned.is_some());
                         let segs =
                             op.iovs.segs().iter().map(|s| wire::IovRange { addr: s.ptr as u64, len: s.len as u64 });
-                        let fl = if cma { rts_flags::CMA } else { 0 };
+                        // FIN: a delivery-complete send waits for the
+                        // receiver's FIN whichever way the data goes.
+                        let fl = if cma { rts_flags::CMA } else { 0 } | if op.deliver { rts_flags::FIN } else { 0 };
                         let rts = wire::Rts::new(msg_id, op.len as u64, fl, segs)
                             .expect("sends have at most MAX_IOV segments");
                         let n = rts.encode(&mut pl).expect("buffer sized for any RTS");
