@@ -27,6 +27,19 @@
 //! 32 KiB 4.7 against 6.6 with 16 KiB fragments; 1.3-1.4x the streaming
 //! bandwidth of 16 KiB fragments at 8-48 KiB).
 //!
+//! 4 KiB stays inline: through the pool (`SHMFAB_INLINE_MAX=4095`, one
+//! BOUNCE_HDR and one CHUNK message) a 4 KiB ping-pong took 1.22 us
+//! against 0.62 inline (2026-11-26, 100 paired `scripts/ab.sh` rounds,
+//! raw 8 B floor 0.146 us before and 0.045 after: both placements).
+//!
+//! A rendezvous ends with a FIN from its receiver when the receiver read
+//! the sender's buffer (single copy; a split copy after its WDONE), dropped
+//! the message (FI_DISCARD) or failed. One whose data the receiver asked
+//! for through the pool (CTS_BOUNCE) ends at the sender's last chunk, and
+//! gets a FIN only when its RTS asked for one (`rts_flags::FIN`, set by
+//! FI_DELIVERY_COMPLETE sends, which complete at it; the flag stays with
+//! an RTS queued as unexpected).
+//!
 //! Headers leave in send order (so matching follows send order); the data
 //! of several messages to one peer may be in flight at once, and
 //! completions are still written in send order per peer. An unexpected
@@ -105,11 +118,37 @@ pub fn pick_class(cfg: &Config, len: usize) -> Option<usize> {
     (c < PICK_CLASSES).then_some(c)
 }
 
+/// Samples of each path taken before the faster is picked; the first is
+/// dropped (see [`PathPick`]).
+const PICK_WARM: u8 = 2;
+
+/// Most a sample may exceed a path's measure by, as a factor: a sample
+/// above it counts as this much.
+const PICK_SAMPLE_MAX: f32 = 2.0;
+
 /// A receiver's measure, for one peer and size class, of single copy
 /// against the pool for rendezvous messages: the time of each per byte,
 /// averaged (the last four samples weigh most). Single copy is measured
-/// first (it is the default), then the pool once; after that the faster
-/// one is taken, and every [`PICK_EXPLORE`]th decision the other.
+/// first (it is the default), twice, then the pool twice; after that the
+/// faster one is taken, and every [`PICK_EXPLORE`]th decision the other.
+///
+/// Two things made the measure pick the slower path (the pool at 256 KiB,
+/// 50 us against 33 by single copy, session 11), both seen in a trace of
+/// every sample (2026-11-26, loaded VM, 256 KiB ping-pong):
+/// - The first sample of a path pays for first touches: the first single
+///   copy into a fresh receive buffer faults its pages in (203 us against
+///   27-34 us after), the first pool transfer maps the pool's pages (126 us
+///   against 44). Single copy went first, so the pool looked faster and
+///   kept being picked until explorations, one message in 64 with a weight
+///   of a quarter each, wore the bad first figure down (hundreds of
+///   messages). So the first sample of each path is dropped: the second
+///   replaces it.
+/// - A descheduled process (the 2 vCPUs are shared) makes one sample 30-250x
+///   too long (1.2-11 ms among 27-44 us). Averaged in, it pushed a path out
+///   for hundreds of messages. So a sample counts as at most
+///   [`PICK_SAMPLE_MAX`] times the path's measure: a path that really
+///   slows down still loses within a few messages (its measure grows by a
+///   quarter per sample), a lone outlier moves it by a quarter at most.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PathPick {
     /// Single copy: ns per byte (the process_vm_readv call); 0 unmeasured.
@@ -117,6 +156,10 @@ pub struct PathPick {
     /// The pool: ns per byte, from asking for the data (CTS_BOUNCE) to its
     /// last chunk copied; 0 unmeasured.
     pool: f32,
+    /// Samples of single copy taken, up to [`PICK_WARM`].
+    cma_n: u8,
+    /// Samples of the pool taken, up to [`PICK_WARM`].
+    pool_n: u8,
     /// Decisions made.
     n: u32,
 }
@@ -125,10 +168,10 @@ impl PathPick {
     /// Whether the next message of this class goes through the pool.
     pub fn use_pool(&mut self) -> bool {
         self.n = self.n.wrapping_add(1);
-        if self.cma == 0.0 {
+        if self.cma_n < PICK_WARM {
             return false;
         }
-        if self.pool == 0.0 {
+        if self.pool_n < PICK_WARM {
             return true;
         }
         let pool_faster = self.pool < self.cma;
@@ -143,8 +186,14 @@ impl PathPick {
     /// (`pool`) or by single copy.
     pub fn record(&mut self, pool: bool, t: std::time::Duration, bytes: usize) {
         let r = (t.as_nanos() as f64 / bytes.max(1) as f64).max(1e-6) as f32;
-        let e = if pool { &mut self.pool } else { &mut self.cma };
-        *e = if *e == 0.0 { r } else { *e + (r - *e) * 0.25 };
+        let (e, n) = if pool { (&mut self.pool, &mut self.pool_n) } else { (&mut self.cma, &mut self.cma_n) };
+        *e = if *n < PICK_WARM {
+            // The first sample (first touches) is replaced by the second.
+            *n += 1;
+            r
+        } else {
+            *e + (r.min(*e * PICK_SAMPLE_MAX) - *e) * 0.25
+        };
     }
 }
 
@@ -524,25 +573,59 @@ mod tests {
     #[test]
     fn path_pick_measures_both_then_keeps_the_faster_and_explores() {
         use std::time::Duration;
+        let k64 = 65536;
         let mut p = PathPick::default();
+        // Single copy twice (its first sample dropped), then the pool twice.
         assert!(!p.use_pool(), "single copy is measured first");
-        p.record(false, Duration::from_micros(10), 65536);
-        assert!(p.use_pool(), "then the pool once");
-        p.record(true, Duration::from_micros(5), 65536);
+        p.record(false, Duration::from_micros(500), k64);
+        assert!(!p.use_pool(), "and again: its first sample paid first touches");
+        p.record(false, Duration::from_micros(10), k64);
+        assert!(p.use_pool(), "then the pool");
+        p.record(true, Duration::from_micros(400), k64);
+        assert!(p.use_pool(), "twice");
+        p.record(true, Duration::from_micros(5), k64);
         // The pool is faster: taken, but for every 64th decision.
         let picks: Vec<bool> = (0..128).map(|_| p.use_pool()).collect();
         assert_eq!(picks.iter().filter(|&&b| !b).count(), 2, "{picks:?}");
         // The pool slows down (the CPUs moved): within a few samples
         // single copy wins.
         for _ in 0..6 {
-            p.record(true, Duration::from_micros(30), 65536);
+            p.record(true, Duration::from_micros(30), k64);
         }
         let picks: Vec<bool> = (0..128).map(|_| p.use_pool()).collect();
         assert_eq!(picks.iter().filter(|&&b| b).count(), 2, "{picks:?}");
-        // A zero-time sample never makes a measure look unmeasured.
+        // Zero-time samples still count as samples.
         let mut q = PathPick::default();
         q.record(false, Duration::ZERO, 0);
-        assert!(q.use_pool() || q.use_pool(), "single copy counts as measured");
+        q.record(false, Duration::ZERO, 0);
+        assert!(q.use_pool(), "single copy counts as measured");
+    }
+
+    #[test]
+    fn path_pick_is_not_misled_by_first_touches_or_a_descheduled_sample() {
+        use std::time::Duration;
+        let us = Duration::from_micros;
+        let k256 = 256 << 10;
+        // Session 11's 256 KiB case, from a trace of each sample: single
+        // copy's first sample faulted the receive buffer in (203 us, then
+        // 27-34), the pool's first mapped its pages (126 us, then 44).
+        let mut p = PathPick::default();
+        for t in [203, 30] {
+            assert!(!p.use_pool());
+            p.record(false, us(t), k256);
+        }
+        for t in [126, 44] {
+            assert!(p.use_pool());
+            p.record(true, us(t), k256);
+        }
+        let picks: Vec<bool> = (0..64).map(|_| p.use_pool()).collect();
+        assert_eq!(picks.iter().filter(|&&b| b).count(), 1, "single copy, but for one exploration: {picks:?}");
+        // A descheduled single copy (6.5 ms) moves its measure by a
+        // quarter at most: it stays picked.
+        p.record(false, us(6500), k256);
+        p.record(false, us(30), k256);
+        let picks: Vec<bool> = (0..64).map(|_| p.use_pool()).collect();
+        assert_eq!(picks.iter().filter(|&&b| b).count(), 1, "{picks:?}");
     }
 
     #[test]
