@@ -137,11 +137,12 @@ fn a_pool_rendezvous_sends_a_fin_only_when_asked() {
 
 #[test]
 fn a_single_copy_rendezvous_always_ends_with_a_fin() {
-    // Single copy from 64 KiB; above the band where the pool may be
-    // picked, below the split copy.
+    // At split_min: above the band where the pool may be picked; the
+    // first a single copy, the others split copies (their FIN follows the
+    // sender's WDONE).
     let cfg = proto::Config::default();
-    let len = cfg.cma_min * 4;
-    assert!(proto::pick_class(&cfg, len).is_none() && len < cfg.split_min);
+    let len = cfg.split_min;
+    assert!(proto::pick_class(&cfg, len).is_none());
     let t = pair(cfg, "zzfinc");
     for (i, (dc, late)) in [(false, false), (true, false), (false, true), (true, true)].into_iter().enumerate() {
         let reads = t.eps[0].stats().unwrap().cma_reads;
