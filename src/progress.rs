@@ -803,7 +803,8 @@ fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
     let Ok(c) = wire::Control::decode(h) else {
         return Flow::Done;
     };
-    if ep.tx.bounce_requested(&mut ep.peers[p], p, c.msg_id) && c.status != wire::CTS_BOUNCE_THIS_ONE {
+    let this_one = c.status == wire::CTS_BOUNCE_THIS_ONE;
+    if ep.tx.bounce_requested(&mut ep.peers[p], p, c.msg_id, this_one) && !this_one {
         // We offered single copy and the receiver could not use it: stop
         // offering it to this peer (and use the no-CMA thresholds). Not
         // when it asked for this one message only (its buffer's placement).

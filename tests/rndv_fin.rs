@@ -3,7 +3,9 @@
 //! sender asked (FI_DELIVERY_COMPLETE: `rts_flags::FIN`, carried through
 //! the unexpected queue when the receive comes later); such a send still
 //! completes only once the data is in the receive buffer. A single copy
-//! always ends with a FIN (the receiver reads the sender's buffer). One
+//! always ends with a FIN (the receiver reads the sender's buffer). And a
+//! sender whose rendezvous the receiver took through the pool sends the
+//! next few of that size class eagerly through the pool. One
 //! process, two endpoints of one domain, configured without the
 //! environment (`Fabric::with_config`).
 
@@ -158,4 +160,49 @@ fn a_single_copy_rendezvous_always_ends_with_a_fin() {
             assert_eq!(fins, u64::from(dc), "dc {dc}, late receive {late}");
         }
     }
+}
+
+#[test]
+fn after_the_receiver_takes_the_pool_the_next_sends_go_eagerly() {
+    // The receiver takes a rendezvous through the pool when its buffer
+    // sits 1-63 bytes past the sender's modulo 4096 (the kernel copy's
+    // slow band: shmfab::copy), answering CTS_BOUNCE_THIS_ONE: the sender
+    // then sends the next EAGER_RUN (7) of that class eagerly through the
+    // pool, then one by rendezvous again.
+    if !shmfab::internal::cma::available() {
+        return; // No single copy offered: no rendezvous at this size.
+    }
+    let cfg = proto::Config::default();
+    let len = cfg.cma_min + 1000;
+    let t = pair(cfg, "zzeag");
+    let (mut ms, mut rs) = (Vec::new(), Vec::new());
+    let msg = page_aligned(&mut ms, len);
+    let rb_store = page_aligned(&mut rs, len + 64);
+    let rb = &mut rb_store[32..32 + len];
+    let stats = |i: usize| t.eps[i].stats().unwrap();
+    let (b0, r0) = (stats(1).tx_bounce, stats(1).tx_rndv);
+    for i in 0..17usize {
+        msg.copy_from_slice(&pattern(len, i));
+        // SAFETY: rb and msg outlive the completions taken below.
+        unsafe {
+            t.eps[0].recv(rb, FI_ADDR_UNSPEC, 1).unwrap();
+            t.eps[1].send(msg, t.to0, 2).unwrap();
+        }
+        take(&t.dom, &t.cqs[1], 1, "send");
+        take(&t.dom, &t.cqs[0], 1, "recv");
+        assert!(*rb == *msg, "message {i}");
+        let (b, r) = (stats(1).tx_bounce - b0, stats(1).tx_rndv - r0);
+        // Messages 0, 8 and 16 by rendezvous, the others eagerly.
+        assert_eq!(r as usize, 1 + i / 8, "rendezvous after message {i}");
+        assert_eq!((b + r) as usize, i + 1, "after message {i}");
+    }
+    assert_eq!(stats(0).cma_aliased, 3, "each rendezvous was in the band");
+    // A delivery-complete send never goes eagerly (its FIN completes it),
+    // and a message outside the two lowest classes neither.
+    let r = stats(1).tx_rndv;
+    assert_eq!(one(&t, len, true, false, 1), 1);
+    assert_eq!(stats(1).tx_rndv, r + 1);
+    let big = proto::Config::default().cma_min * 4;
+    let fins = one(&t, big, false, false, 2);
+    assert_eq!(stats(1).tx_rndv, r + 2, "256 KiB by rendezvous ({fins} FIN)");
 }
