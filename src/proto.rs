@@ -103,7 +103,11 @@ pub enum Proto {
 /// `[2 cma_min, 4 cma_min)` and `[4 cma_min, 8 cma_min)` (below
 /// `split_min`). The third (256-512 KiB) joined when the measure stopped
 /// misleading (see [`PathPick`]): at 256 KiB the pool took 13.5 us near
-/// against 27.6 by single copy, 17.3 against 33 far.
+/// against 27.6 by single copy, 17.3 against 33 far. With it, 256 KiB
+/// went from 27.5 to 14.5 us near (raw 8 B 0.047) and from 29.0-29.4 to
+/// 14.7-15.0 far (raw 0.135-0.158), 16 paired rounds each (2026-11-26).
+/// One near placement (raw 0.032) had the pool at 46 us against 31 by
+/// single copy: there the pick keeps single copy.
 pub const PICK_CLASSES: usize = 3;
 
 /// One decision in this many takes the path not preferred, to measure it
