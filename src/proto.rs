@@ -15,14 +15,17 @@
 //! From `cma_min` to 8x it (below `split_min`) the receiver picks single
 //! copy or the pool by what each has measured lately with that peer
 //! ([`PathPick`]): on these VMs the faster one changes with where the two
-//! vCPUs sit. When it picked the pool for a rendezvous of the two lowest
-//! classes (64-256 KiB), its sender sends the next 7 of that class eagerly
+//! vCPUs sit. When it picked the pool for a rendezvous of the lowest
+//! class (64-128 KiB), its sender sends the next 7 of that class eagerly
 //! through the pool (`engine::tx::EAGER_RUN`), then one by rendezvous so
 //! that the receiver picks again: near (raw 8 B 0.045-0.05 us, paired
 //! rounds, 2026-11-26) 64 KiB 4.7 -> 4.1 us and 5.3 -> 4.6, 100 KB 6.6 ->
-//! 6.0 and 6.8 -> 6.1, 128 KiB 7.7 -> 7.1; the session's whole change at
-//! 64 KiB (this, the pick's fixes, FIN only when asked) 5.6 -> 4.1 and
-//! 6.5 -> 4.6, 128 KiB 8.8 -> 7.1.
+//! 6.0 and 6.8 -> 6.1; the session's whole change at 64 KiB (this, the
+//! pick's fixes, FIN only when asked) 5.6 -> 4.1 and 6.5 -> 4.6. Not for
+//! 128-256 KiB (`engine::tx::EAGER_CLASSES`: it lost 2 us on one far
+//! placement); there the pick's fixes alone took 128 KiB from 9.5 to 8.0-8.2
+//! us (raw 0.13, the fast far placement) and 17.0 to 16.2-16.5 (raw 0.13,
+//! the slow one).
 //! The defaults are the crossovers measured on the 2-vCPU development VMs
 //! (ping-pong, separate send and receive buffers). A process_vm_readv
 //! costs about 5 us here whatever its size (in one process, 8 KiB: 6.4 us

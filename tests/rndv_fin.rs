@@ -198,7 +198,7 @@ fn after_the_receiver_takes_the_pool_the_next_sends_go_eagerly() {
     }
     assert_eq!(stats(0).cma_aliased, 3, "each rendezvous was in the band");
     // A delivery-complete send never goes eagerly (its FIN completes it),
-    // and a message outside the two lowest classes neither.
+    // and a message outside the lowest class neither.
     let r = stats(1).tx_rndv;
     assert_eq!(one(&t, len, true, false, 1), 1);
     assert_eq!(stats(1).tx_rndv, r + 1);

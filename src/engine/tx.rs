@@ -77,11 +77,14 @@ pub(crate) struct TxOp {
     pub pick: u8,
 }
 
-/// The pick classes ([`proto::pick_class`]: 64-128 and 128-256 KiB by
-/// default) where a sender whose last rendezvous the receiver took
-/// through the pool sends the next [`EAGER_RUN`] eagerly through the
-/// pool, saving the request and its answer.
-pub const EAGER_CLASSES: usize = 2;
+/// The pick classes ([`proto::pick_class`]: 64-128 KiB by default) where
+/// a sender whose last rendezvous the receiver took through the pool
+/// sends the next [`EAGER_RUN`] eagerly through the pool, saving the
+/// request and its answer. Not 128-256 KiB: there it won 0.5-0.7 us near
+/// but lost 1.9-2.3 us on a far placement where 128 KiB takes 17 us (raw
+/// 8 B 0.13, 10 paired rounds, 2026-11-26; 64-128 KiB alone lost nothing
+/// there).
+pub const EAGER_CLASSES: usize = 1;
 
 /// Sends of a class that go eagerly after the receiver picked the pool
 /// for one; then a rendezvous lets it pick again (its measure stays
@@ -890,27 +893,27 @@ mod tests {
         assert!(tx.bounce_requested(&mut peers[p], p, 9, false), "offered single copy: the receiver could not use it");
         assert!(matches!(peers[p].tx.inflight[0].state, TxState::Chunks { off: 0, msg_id: 9 }));
         assert_eq!(peers[p].tx.eager_left, [0; EAGER_CLASSES], "not a pick: nothing goes eagerly");
-        // The receiver picked the pool for a rendezvous of class 1: the
+        // The receiver picked the pool for a rendezvous of class 0: the
         // next EAGER_RUN of that class go eagerly, then one asks again.
-        peers[p].tx.inflight.push_back(TxOp { pick: 2, ..op(TxState::AwaitFin { msg_id: 10 }) });
+        peers[p].tx.inflight.push_back(TxOp { pick: 1, ..op(TxState::AwaitFin { msg_id: 10 }) });
         tx.outstanding += 1;
         assert!(tx.bounce_requested(&mut peers[p], p, 10, true));
-        assert_eq!(peers[p].tx.eager_left, [0, EAGER_RUN]);
+        assert_eq!(peers[p].tx.eager_left, [EAGER_RUN]);
         let cfg = proto::Config::default();
         let mut protos = Vec::new();
         for _ in 0..=EAGER_RUN {
-            let mut o = TxOp { len: 2 * cfg.cma_min, ..op(TxState::Start) };
+            let mut o = TxOp { len: cfg.cma_min, ..op(TxState::Start) };
             eager_after_pick(&mut peers[p].tx, &cfg, &mut o);
             protos.push((o.proto, o.pick));
         }
         assert!(protos[..EAGER_RUN as usize].iter().all(|&x| x == (Proto::Bounce, 0)), "{protos:?}");
-        assert_eq!(protos[EAGER_RUN as usize], (Proto::Rndv, 2), "then a rendezvous noting its class");
-        // Class 0 was never picked; and a delivery-complete send never goes
-        // eagerly.
-        let mut o = TxOp { len: cfg.cma_min, ..op(TxState::Start) };
-        eager_after_pick(&mut peers[p].tx, &cfg, &mut o);
-        assert_eq!((o.proto, o.pick), (Proto::Rndv, 1));
+        assert_eq!(protos[EAGER_RUN as usize], (Proto::Rndv, 1), "then a rendezvous noting its class");
+        // Class 1 never goes eagerly (nor notes a class); a
+        // delivery-complete send never does.
         peers[p].tx.eager_left[0] = 1;
+        let mut o = TxOp { len: 2 * cfg.cma_min, ..op(TxState::Start) };
+        eager_after_pick(&mut peers[p].tx, &cfg, &mut o);
+        assert_eq!((o.proto, o.pick), (Proto::Rndv, 0));
         let mut o = TxOp { len: cfg.cma_min, deliver: true, ..op(TxState::Start) };
         eager_after_pick(&mut peers[p].tx, &cfg, &mut o);
         assert_eq!(o.proto, Proto::Rndv);
