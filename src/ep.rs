@@ -50,6 +50,10 @@ pub struct EpStats {
     /// Single copies shared with the sender (receiver read half, sender
     /// wrote half).
     pub split_copies: u64,
+    /// FINs queued to senders: one per rendezvous read by single copy
+    /// (or discarded, or failed), one per rendezvous through the pool only
+    /// when its sender asked (FI_DELIVERY_COMPLETE: `rts_flags::FIN`).
+    pub fins: u64,
     /// Progress passes that left a message in place (back-pressure).
     pub stalls: u64,
     /// Sends refused with -FI_EAGAIN.

@@ -588,7 +588,10 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
 struct Rts {
     msg_id: u64,
     iovs: Vec<(u64, u64)>,
+    /// Single copy offered (`rts_flags::CMA`).
     cma: bool,
+    /// A FIN wanted also after data through the pool (`rts_flags::FIN`).
+    fin: bool,
 }
 
 fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
@@ -608,7 +611,7 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
     if !ep.bind.rx_room(ctx.cqs) {
         return Flow::Stall;
     }
-    let rts = Rts { msg_id, iovs, cma: fl & rts_flags::CMA != 0 };
+    let rts = Rts { msg_id, iovs, cma: fl & rts_flags::CMA != 0, fin: fl & rts_flags::FIN != 0 };
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     match ep.take_match(ctx, tagged, p, h.tag, total) {
         Some(d) => {
@@ -619,7 +622,7 @@ fn on_rts(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'
             if unexp_full(ep, ctx, p, 0) {
                 return Flow::Stall;
             }
-            let body = UnexpBody::Rts { msg_id, iovs: rts.iovs, cma: rts.cma };
+            let body = UnexpBody::Rts { msg_id, iovs: rts.iovs, cma: rts.cma, fin: rts.fin };
             let u = Unexp { id: 0, peer: p, tag: h.tag, data: h.data, hflags: h.flags, len: total, body };
             ep.matching.queue_unexp(tagged, u);
         }
@@ -704,7 +707,9 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
         data: info.data,
         hflags: info.hflags,
         timed,
-        fin: true,
+        // Only a sender that asked waits for it (delivery complete): the
+        // others complete at their last chunk.
+        fin: rts.fin,
     };
     start_active(ep, p, rts.msg_id, a);
     ep.queue_ctrl(p, Ctrl::new(CtrlKind::CtsBounce, rts.msg_id, status));
@@ -801,7 +806,8 @@ fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
     let Ok(c) = wire::Control::decode(h) else {
         return Flow::Done;
     };
-    if ep.tx.bounce_requested(&mut ep.peers[p], p, c.msg_id) && c.status != wire::CTS_BOUNCE_THIS_ONE {
+    let this_one = c.status == wire::CTS_BOUNCE_THIS_ONE;
+    if ep.tx.bounce_requested(&mut ep.peers[p], p, c.msg_id, this_one) && !this_one {
         // We offered single copy and the receiver could not use it: stop
         // offering it to this peer (and use the no-CMA thresholds). Not
         // when it asked for this one message only (its buffer's placement).
@@ -950,7 +956,9 @@ pub(crate) fn deliver_unexp(ep: &mut EpState, ctx: &mut Ctx<'_>, u: Unexp, d: De
                 ep.peers[u.peer].rx.matched(msg_id, a);
             }
         }
-        UnexpBody::Rts { msg_id, iovs, cma } => rendezvous(ep, ctx, u.peer, d, info, Rts { msg_id, iovs, cma }),
+        UnexpBody::Rts { msg_id, iovs, cma, fin } => {
+            rendezvous(ep, ctx, u.peer, d, info, Rts { msg_id, iovs, cma, fin })
+        }
         UnexpBody::Lost => {
             let why = "the sender of the claimed message failed before it could be received".to_string();
             finish_rx(

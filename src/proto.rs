@@ -12,10 +12,20 @@
 //! A rendezvous whose two buffers sit in the slow band of the kernel's copy
 //! (the destination 1-63 bytes past the source modulo 4096: see
 //! [`crate::copy`]) is fetched through the pool, for that message only.
-//! From `cma_min` to 4x it (below `split_min`) the receiver picks single
+//! From `cma_min` to 8x it (below `split_min`) the receiver picks single
 //! copy or the pool by what each has measured lately with that peer
 //! ([`PathPick`]): on these VMs the faster one changes with where the two
-//! vCPUs sit.
+//! vCPUs sit. When it picked the pool for a rendezvous of the lowest
+//! class (64-128 KiB), its sender sends the next 7 of that class eagerly
+//! through the pool (`engine::tx::EAGER_RUN`), then one by rendezvous so
+//! that the receiver picks again: near (raw 8 B 0.045-0.05 us, paired
+//! rounds, 2026-11-26) 64 KiB 4.7 -> 4.1 us and 5.3 -> 4.6, 100 KB 6.6 ->
+//! 6.0 and 6.8 -> 6.1; the session's whole change at 64 KiB (this, the
+//! pick's fixes, FIN only when asked) 5.6 -> 4.1 and 6.5 -> 4.6. Not for
+//! 128-256 KiB (`engine::tx::EAGER_CLASSES`: it lost 2 us on one far
+//! placement); there the pick's fixes alone took 128 KiB from 9.5 to 8.0-8.2
+//! us (raw 0.13, the fast far placement) and 17.0 to 16.2-16.5 (raw 0.13,
+//! the slow one).
 //! The defaults are the crossovers measured on the 2-vCPU development VMs
 //! (ping-pong, separate send and receive buffers). A process_vm_readv
 //! costs about 5 us here whatever its size (in one process, 8 KiB: 6.4 us
@@ -26,6 +36,19 @@
 //! us against 3.4 with 16 KiB inline messages and 4.3 by single copy;
 //! 32 KiB 4.7 against 6.6 with 16 KiB fragments; 1.3-1.4x the streaming
 //! bandwidth of 16 KiB fragments at 8-48 KiB).
+//!
+//! 4 KiB stays inline: through the pool (`SHMFAB_INLINE_MAX=4095`, one
+//! BOUNCE_HDR and one CHUNK message) a 4 KiB ping-pong took 1.22 us
+//! against 0.62 inline (2026-11-26, 100 paired `scripts/ab.sh` rounds,
+//! raw 8 B floor 0.146 us before and 0.045 after: both placements).
+//!
+//! A rendezvous ends with a FIN from its receiver when the receiver read
+//! the sender's buffer (single copy; a split copy after its WDONE), dropped
+//! the message (FI_DISCARD) or failed. One whose data the receiver asked
+//! for through the pool (CTS_BOUNCE) ends at the sender's last chunk, and
+//! gets a FIN only when its RTS asked for one (`rts_flags::FIN`, set by
+//! FI_DELIVERY_COMPLETE sends, which complete at it; the flag stays with
+//! an RTS queued as unexpected).
 //!
 //! Headers leave in send order (so matching follows send order); the data
 //! of several messages to one peer may be in flight at once, and
@@ -79,9 +102,16 @@ pub enum Proto {
     Rndv,
 }
 
-/// Size classes of [`PathPick`]: `[cma_min, 2 cma_min)` and
-/// `[2 cma_min, 4 cma_min)`.
-pub const PICK_CLASSES: usize = 2;
+/// Size classes of [`PathPick`]: `[cma_min, 2 cma_min)`,
+/// `[2 cma_min, 4 cma_min)` and `[4 cma_min, 8 cma_min)` (below
+/// `split_min`). The third (256-512 KiB) joined when the measure stopped
+/// misleading (see [`PathPick`]): at 256 KiB the pool took 13.5 us near
+/// against 27.6 by single copy, 17.3 against 33 far. With it, 256 KiB
+/// went from 27.5 to 14.5 us near (raw 8 B 0.047) and from 29.0-29.4 to
+/// 14.7-15.0 far (raw 0.135-0.158), 16 paired rounds each (2026-11-26).
+/// One near placement (raw 0.032) had the pool at 46 us against 31 by
+/// single copy: there the pick keeps single copy.
+pub const PICK_CLASSES: usize = 3;
 
 /// One decision in this many takes the path not preferred, to measure it
 /// again. The preferred path is measured with every message, so a path
@@ -91,8 +121,9 @@ pub const PICK_CLASSES: usize = 2;
 const PICK_EXPLORE: u32 = 64;
 
 /// The class of a `len`-byte rendezvous in the band where the receiver
-/// picks between single copy and the pool by measure (the two classes
-/// above `cma_min`, below `split_min`); None outside it.
+/// picks between single copy and the pool by measure (the
+/// [`PICK_CLASSES`] octaves from `cma_min`, below `split_min`); None
+/// outside it.
 ///
 /// Why by measure: on these VMs the two vCPUs move between placements
 /// within minutes, and the winner at 64 KiB moves with them (the pool 2x
@@ -105,11 +136,41 @@ pub fn pick_class(cfg: &Config, len: usize) -> Option<usize> {
     (c < PICK_CLASSES).then_some(c)
 }
 
+/// Samples of each path taken before the faster is picked; the first is
+/// dropped (see [`PathPick`]).
+const PICK_WARM: u8 = 2;
+
+/// Most a sample may exceed a path's measure by, as a factor: a sample
+/// above it counts as this much.
+const PICK_SAMPLE_MAX: f32 = 2.0;
+
 /// A receiver's measure, for one peer and size class, of single copy
 /// against the pool for rendezvous messages: the time of each per byte,
 /// averaged (the last four samples weigh most). Single copy is measured
-/// first (it is the default), then the pool once; after that the faster
-/// one is taken, and every [`PICK_EXPLORE`]th decision the other.
+/// first (it is the default), twice, then the pool twice; after that the
+/// faster one is taken, and every [`PICK_EXPLORE`]th decision the other.
+///
+/// Two things made the measure pick the slower path (the pool at 256 KiB,
+/// 50 us against 33 by single copy, session 11), both seen in a trace of
+/// every sample (2026-11-26, loaded VM, 256 KiB ping-pong):
+/// - The first sample of a path pays for first touches: the first single
+///   copy into a fresh receive buffer faults its pages in (203 us against
+///   27-34 us after), the first pool transfer maps the pool's pages (126 us
+///   against 44). Single copy went first, so the pool looked faster and
+///   kept being picked until explorations, one message in 64 with a weight
+///   of a quarter each, wore the bad first figure down (hundreds of
+///   messages). So the first sample of each path is dropped: the second
+///   replaces it.
+/// - A descheduled process (the 2 vCPUs are shared) makes one sample 30-250x
+///   too long (1.2-11 ms among 27-44 us). Averaged in, it pushed a path out
+///   for hundreds of messages. So a sample counts as at most
+///   [`PICK_SAMPLE_MAX`] times the path's measure: a path that really
+///   slows down still loses within a few messages (its measure grows by a
+///   quarter per sample), a lone outlier moves it by a quarter at most.
+///   Noise only lengthens samples, so a sample under half the measure
+///   replaces it: a path measured while its process was descheduled
+///   (the pool's second sample at 1990 us, then 40-90: a trace of the
+///   same day) is not left for hundreds of messages.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PathPick {
     /// Single copy: ns per byte (the process_vm_readv call); 0 unmeasured.
@@ -117,6 +178,10 @@ pub struct PathPick {
     /// The pool: ns per byte, from asking for the data (CTS_BOUNCE) to its
     /// last chunk copied; 0 unmeasured.
     pool: f32,
+    /// Samples of single copy taken, up to [`PICK_WARM`].
+    cma_n: u8,
+    /// Samples of the pool taken, up to [`PICK_WARM`].
+    pool_n: u8,
     /// Decisions made.
     n: u32,
 }
@@ -125,10 +190,10 @@ impl PathPick {
     /// Whether the next message of this class goes through the pool.
     pub fn use_pool(&mut self) -> bool {
         self.n = self.n.wrapping_add(1);
-        if self.cma == 0.0 {
+        if self.cma_n < PICK_WARM {
             return false;
         }
-        if self.pool == 0.0 {
+        if self.pool_n < PICK_WARM {
             return true;
         }
         let pool_faster = self.pool < self.cma;
@@ -143,8 +208,19 @@ impl PathPick {
     /// (`pool`) or by single copy.
     pub fn record(&mut self, pool: bool, t: std::time::Duration, bytes: usize) {
         let r = (t.as_nanos() as f64 / bytes.max(1) as f64).max(1e-6) as f32;
-        let e = if pool { &mut self.pool } else { &mut self.cma };
-        *e = if *e == 0.0 { r } else { *e + (r - *e) * 0.25 };
+        let (e, n) = if pool { (&mut self.pool, &mut self.pool_n) } else { (&mut self.cma, &mut self.cma_n) };
+        *e = if *n < PICK_WARM {
+            // The first sample (first touches) is replaced by the second.
+            *n += 1;
+            r
+        } else if r < *e * 0.5 {
+            // Noise here only makes samples longer: one this fast is the
+            // path's speed (a bad sample taken while warming up, or the
+            // CPUs moving closer, is forgotten at once).
+            r
+        } else {
+            *e + (r.min(*e * PICK_SAMPLE_MAX) - *e) * 0.25
+        };
     }
 }
 
@@ -510,13 +586,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pick_class_covers_two_octaves_above_cma_min_below_split_min() {
+    fn pick_class_covers_three_octaves_above_cma_min_below_split_min() {
         let c = Config::default();
         let k = c.cma_min;
-        for (len, want) in [(k - 1, None), (k, Some(0)), (2 * k - 1, Some(0)), (2 * k, Some(1)), (4 * k - 1, Some(1))] {
+        for (len, want) in [
+            (k - 1, None),
+            (k, Some(0)),
+            (2 * k - 1, Some(0)),
+            (2 * k, Some(1)),
+            (4 * k - 1, Some(1)),
+            (4 * k, Some(2)),
+            (8 * k - 1, Some(2)),
+        ] {
             assert_eq!(pick_class(&c, len), want, "len {len}");
         }
-        assert_eq!(pick_class(&c, 4 * k), None);
+        assert_eq!(pick_class(&c, 8 * k), None);
+        assert_eq!(c.split_min, 8 * k, "the band ends where split copies start");
         let low_split = Config { split_min: 2 * k, ..Config::default() };
         assert_eq!(pick_class(&low_split, 2 * k), None, "split copies are never picked against");
     }
@@ -524,25 +609,70 @@ mod tests {
     #[test]
     fn path_pick_measures_both_then_keeps_the_faster_and_explores() {
         use std::time::Duration;
+        let k64 = 65536;
         let mut p = PathPick::default();
+        // Single copy twice (its first sample dropped), then the pool twice.
         assert!(!p.use_pool(), "single copy is measured first");
-        p.record(false, Duration::from_micros(10), 65536);
-        assert!(p.use_pool(), "then the pool once");
-        p.record(true, Duration::from_micros(5), 65536);
+        p.record(false, Duration::from_micros(500), k64);
+        assert!(!p.use_pool(), "and again: its first sample paid first touches");
+        p.record(false, Duration::from_micros(10), k64);
+        assert!(p.use_pool(), "then the pool");
+        p.record(true, Duration::from_micros(400), k64);
+        assert!(p.use_pool(), "twice");
+        p.record(true, Duration::from_micros(5), k64);
         // The pool is faster: taken, but for every 64th decision.
         let picks: Vec<bool> = (0..128).map(|_| p.use_pool()).collect();
         assert_eq!(picks.iter().filter(|&&b| !b).count(), 2, "{picks:?}");
         // The pool slows down (the CPUs moved): within a few samples
         // single copy wins.
         for _ in 0..6 {
-            p.record(true, Duration::from_micros(30), 65536);
+            p.record(true, Duration::from_micros(30), k64);
         }
         let picks: Vec<bool> = (0..128).map(|_| p.use_pool()).collect();
         assert_eq!(picks.iter().filter(|&&b| b).count(), 2, "{picks:?}");
-        // A zero-time sample never makes a measure look unmeasured.
+        // Zero-time samples still count as samples.
         let mut q = PathPick::default();
         q.record(false, Duration::ZERO, 0);
-        assert!(q.use_pool() || q.use_pool(), "single copy counts as measured");
+        q.record(false, Duration::ZERO, 0);
+        assert!(q.use_pool(), "single copy counts as measured");
+    }
+
+    #[test]
+    fn path_pick_is_not_misled_by_first_touches_or_a_descheduled_sample() {
+        use std::time::Duration;
+        let us = Duration::from_micros;
+        let k256 = 256 << 10;
+        // Session 11's 256 KiB case, from a trace of each sample: single
+        // copy's first sample faulted the receive buffer in (203 us, then
+        // 27-34), the pool's first mapped its pages (126 us, then 44).
+        let mut p = PathPick::default();
+        for t in [203, 30] {
+            assert!(!p.use_pool());
+            p.record(false, us(t), k256);
+        }
+        for t in [126, 44] {
+            assert!(p.use_pool());
+            p.record(true, us(t), k256);
+        }
+        let picks: Vec<bool> = (0..64).map(|_| p.use_pool()).collect();
+        assert_eq!(picks.iter().filter(|&&b| b).count(), 1, "single copy, but for one exploration: {picks:?}");
+        // A descheduled single copy (6.5 ms) moves its measure by a
+        // quarter at most: it stays picked.
+        p.record(false, us(6500), k256);
+        p.record(false, us(30), k256);
+        let picks: Vec<bool> = (0..64).map(|_| p.use_pool()).collect();
+        assert_eq!(picks.iter().filter(|&&b| b).count(), 1, "{picks:?}");
+        // A warm-up sample taken while descheduled (the pool's second at
+        // 1990 us) is forgotten at the first fast one (an exploration).
+        let mut q = PathPick::default();
+        for (pool, t) in [(false, 203), (false, 30), (true, 126), (true, 1990)] {
+            assert_eq!(q.use_pool(), pool);
+            q.record(pool, us(t), k256);
+        }
+        assert!(!q.use_pool(), "the pool looks slow");
+        q.record(true, us(15), k256);
+        let picks: Vec<bool> = (0..64).map(|_| q.use_pool()).collect();
+        assert_eq!(picks.iter().filter(|&&b| !b).count(), 1, "the pool, but for one exploration: {picks:?}");
     }
 
     #[test]

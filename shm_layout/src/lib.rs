@@ -430,6 +430,12 @@ pub mod op {
 pub mod rts_flags {
     /// The receiver may read the data by single copy (process_vm_readv).
     pub const CMA: u32 = 1;
+    /// The sender waits for the receiver's FIN also when the data comes
+    /// through the pool (FI_DELIVERY_COMPLETE). Without it a send whose
+    /// data the receiver asked for through the pool (CTS_BOUNCE) completes
+    /// at its last chunk and no FIN is sent; a single copy always ends
+    /// with a FIN (the receiver reads the sender's buffer).
+    pub const FIN: u32 = 2;
 }
 
 /// Bits of `MsgHdr::flags`.

@@ -608,7 +608,7 @@ const _: () = {
 
 /// Sizes, offsets and kind numbers of the formats, folded into
 /// [`LAYOUT_HASH`](crate::LAYOUT_HASH): a change of wire format changes it.
-pub(crate) const HASH_PARTS: [u64; 13] = [
+pub(crate) const HASH_PARTS: [u64; 14] = [
     size_of::<IovRange>() as u64,
     offset_of!(IovRange, len) as u64,
     size_of::<BounceHdr>() as u64,
@@ -620,6 +620,7 @@ pub(crate) const HASH_PARTS: [u64; 13] = [
     CtsWrite::HEAD as u64,
     (offset_of!(CtsWrite, reserved) - CtsWrite::PAYLOAD_AT) as u64,
     crate::rts_flags::CMA as u64,
+    crate::rts_flags::FIN as u64,
     u64::from_le_bytes([
         op::EAGER,
         op::BOUNCE_HDR,

@@ -402,10 +402,10 @@ pub(crate) struct ActiveRecv {
     /// ([`crate::proto::PathPick`]): when it asked, and the size class
     /// whose measure its time feeds.
     pub timed: Option<(std::time::Instant, usize)>,
-    /// A rendezvous taken through the pool (CTS_BOUNCE): its sender gets
-    /// a FIN once the data is in place (a send with FI_DELIVERY_COMPLETE
-    /// completes then; others completed at their last chunk and ignore
-    /// it).
+    /// A rendezvous taken through the pool (CTS_BOUNCE) whose sender asked
+    /// for a FIN (`rts_flags::FIN`: FI_DELIVERY_COMPLETE): it gets one once
+    /// the data is in place and completes then. Other senders completed at
+    /// their last chunk and get none.
     pub fin: bool,
 }
 

@@ -310,8 +310,10 @@ pub(crate) enum UnexpBody {
     /// Whole payload (inline, or a bounce message copied out of the pool;
     /// `received < len` while its chunks are still arriving).
     Data { v: Vec<u8>, received: usize, msg_id: u64 },
-    /// A rendezvous: the data stays with the sender until matched.
-    Rts { msg_id: u64, iovs: Vec<(u64, u64)>, cma: bool },
+    /// A rendezvous: the data stays with the sender until matched. `cma`:
+    /// single copy offered; `fin`: the sender asked for a FIN also when
+    /// the data comes through the pool (`rts_flags::FIN`).
+    Rts { msg_id: u64, iovs: Vec<(u64, u64)>, cma: bool, fin: bool },
     /// A claimed message whose sender failed before it could be received
     /// (its data is gone): its FI_CLAIM receive completes in error.
     Lost,
@@ -1112,8 +1114,11 @@ mod tests {
         let id2 = m.unclaim(9).unwrap();
         assert!(matches!(m.take(id2).unwrap().body, UnexpBody::Lost));
         // A claimed rendezvous too; an unclaimed one goes.
-        let rts =
-            |p| Unexp { body: UnexpBody::Rts { msg_id: 1, iovs: vec![], cma: true }, len: 1 << 20, ..unexp(p, 5, &[]) };
+        let rts = |p| Unexp {
+            body: UnexpBody::Rts { msg_id: 1, iovs: vec![], cma: true, fin: false },
+            len: 1 << 20,
+            ..unexp(p, 5, &[])
+        };
         let c = m.queue_unexp(true, rts(4));
         m.queue_unexp(true, rts(4));
         m.claim(c, 10);
