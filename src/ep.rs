@@ -1038,4 +1038,55 @@ mod tests {
         assert_eq!(ctl_cq.read(&mut e).unwrap(), 1);
         assert_eq!((e[0].op_context, &b), (1, b"ping"));
     }
+
+    /// A read whose array holds 8 entries or more stops the pass's drain
+    /// of a ring once the array is full: the rest of the stream stays in
+    /// the ring (not queued in the CQ) for the next read, and every
+    /// message still completes once, in order, into its own buffer. A
+    /// smaller array leaves the drain as it was: the pass takes the whole
+    /// stream and the CQ holds what the array could not.
+    #[test]
+    fn full_read_array_leaves_the_stream_in_its_ring() {
+        std::env::set_var("SHMFAB_JOB_ID", format!("ep-fullsink-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let (cq, tx_cq) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
+        let (av, tx_av) = (dom.av_open().unwrap(), dom.av_open().unwrap());
+        let rx = open(&dom, &cq, &av);
+        let tx = open(&dom, &tx_cq, &tx_av);
+        let to = tx_av.insert(&[rx.getname()]).unwrap()[0];
+        let mut bufs = [[0u8; 8]; 48];
+        for (k, (array, n)) in [(16usize, 48usize), (4, 16)].into_iter().enumerate() {
+            for (i, b) in bufs[..n].iter_mut().enumerate() {
+                // SAFETY: bufs outlive the completions, all read below.
+                unsafe { rx.trecv(b, FI_ADDR_UNSPEC, 9, 0, 100 * k + i).unwrap() };
+            }
+            for i in 0..n {
+                tx.tinject(&(i as u64).to_le_bytes(), to, 9).unwrap();
+            }
+            let before = rx.stats().unwrap().rx_ring;
+            let mut e = vec![CqTaggedEntry::default(); array];
+            let mut got = 0;
+            while got < n {
+                let m = match cq.read(&mut e) {
+                    Ok(m) => m,
+                    Err(x) if x == Error::AGAIN => continue,
+                    Err(x) => panic!("read: {x}"),
+                };
+                if got == 0 {
+                    assert_eq!(m, array, "the first read fills its array");
+                    let taken = rx.stats().unwrap().rx_ring - before;
+                    let want = if array >= crate::cq::SINK_STOP_MIN { array } else { n };
+                    assert_eq!(taken as usize, want, "messages taken from the ring by the first read's pass");
+                }
+                for x in &e[..m] {
+                    assert_eq!(x.op_context, 100 * k + got, "in order, each once");
+                    got += 1;
+                }
+            }
+            for (i, b) in bufs[..n].iter().enumerate() {
+                assert_eq!(u64::from_le_bytes(*b), i as u64, "message {i} in its own buffer");
+            }
+            assert_eq!(cq.read(&mut [CqTaggedEntry::default()]).unwrap_err(), Error::AGAIN);
+        }
+    }
 }
