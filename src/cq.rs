@@ -556,16 +556,6 @@ impl CqState {
         self.sink.len < self.sink.cap && self.sink.src.is_null() && self.notify.is_none()
     }
 
-    /// Whether the read that runs this pass has its array full, and that
-    /// array holds at least [`SINK_STOP_MIN`] entries: then a pass leaves
-    /// the rest of a stream in its ring (see `progress::drain_ring`), for
-    /// the next read's pass to write straight into that read's array,
-    /// instead of queueing it here to be copied out again.
-    #[inline(always)]
-    pub fn sink_full(&self) -> bool {
-        self.sink.len == self.sink.cap && self.sink.cap >= SINK_STOP_MIN
-    }
-
     /// Whether a completion's signal matters: a completion channel is
     /// attached.
     #[inline(always)]
@@ -820,13 +810,6 @@ impl crate::Domain {
         Ok(CompletionQueue { dom: self.inner.clone(), id, closed: false.into(), signaled: false.into(), fd })
     }
 }
-
-/// Smallest read array whose filling stops a ring's drain (see
-/// [`CqState::sink_full`]). An entry queued and copied out again costs
-/// about 65 instructions more than one written straight into the read's
-/// array, a further pass about 250 (callgrind, `examples/halftrip
-/// --stream`): for arrays of a few entries the queue is cheaper.
-pub(crate) const SINK_STOP_MIN: usize = 8;
 
 /// Most reads in a row that return held entries without a progress pass
 /// (see [`CqState::take_unprogressed`]).

@@ -295,29 +295,10 @@ fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
         if !r.rx.ready() {
             break;
         }
-        // Another message: a stream (a lone message, a ping-pong's, never
-        // gets here). When the array of the read running this pass is
-        // full, what follows would be queued in the CQ and copied out by a
-        // later read; left in the ring (not held back: it stays ready, and
-        // no sleeper sleeps through it), the next read's pass writes it
-        // straight into that read's array. Halftrip --stream (64 messages
-        // read 16 at a time, injection included): 567 -> 546 instructions
-        // per message; the 8 B half trip and the empty read unchanged.
-        if reader_full(ep, ctx) {
-            break;
-        }
     }
     r.held = held;
     r.rx.release_credit();
     ep.inbound.flush_freed();
-}
-
-/// Whether the read running this pass has its array full (see
-/// [`crate::cq::CqState::sink_full`]): the endpoint's receive CQ, which
-/// the inline fast path completes into.
-#[inline(always)]
-fn reader_full(ep: &EpState, ctx: &Ctx<'_>) -> bool {
-    ep.bind.rx_cq.and_then(|c| ctx.cqs.get(c)).is_some_and(|q| q.sink_full())
 }
 
 fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
