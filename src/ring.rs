@@ -131,9 +131,12 @@ fn set_bits(bits: &mut [u64], cap: u64, from: u64, count: u64) {
 /// 6: in the message rate the consumer drains while the producer is still
 /// writing (one pass takes the window), and lines asked for further ahead
 /// are more often ones the producer has yet to write, pulled away from it
-/// and back. Paired runs of `bench msgrate` (scripts/ab.sh, 40 rounds
-/// each, raw 0.045-0.15 us): 3 against 6 better in 29, 34 and 32 of 40
-/// (median +1.0 to +1.5 Mmsg/s); 4 in 32 and 26, 2 in 24, 1 in 26, 12 in 18.
+/// and back. Paired runs of `bench msgrate` (scripts/ab.sh, raw
+/// 0.045-0.15 us): 3 against 6 better in 29, 34 and 32 of 40 (median +1.0
+/// to +1.5 Mmsg/s, with a posting change since backed out in both), then
+/// alone against the base in 27 of 40 and 44 of 60 (+0.5, +0.8); 4 in 32
+/// and 26 of 40, 2 in 24, 1 in 26, 12 in 18. The 8 B ping-pong does not
+/// prefetch (a lone message): 17 of 40 against the base, median +0.
 const RX_PREFETCH: u64 = 3;
 
 /// Cells ahead of the tail whose line the producer claims early.
