@@ -67,7 +67,9 @@ impl Src<'_> {
         }
     }
     /// The payload's first bytes, as many as `buf` holds and the message
-    /// has, for a decoder of [`wire`].
+    /// has, for a decoder of [`wire`]. Inline: a call per pool fragment
+    /// received.
+    #[inline(always)]
     fn head<'b>(&self, buf: &'b mut [u8]) -> &'b [u8] {
         let n = buf.len().min(self.cap());
         self.read(0, &mut buf[..n]);
@@ -533,17 +535,18 @@ fn on_chunk(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src
     // A run of chunks back to back, inside the pool (Chunk::decode).
     let run = c.run(pool.chunk_size());
     let chunk = pool.chunk(idx).expect("index checked by Chunk::decode");
-    if !ep.peers[p].rx.has(msg_id) {
-        pool.free_run(idx, run);
-        bad(ep, ctx, p, None, "chunk for no message in progress");
-        return Flow::Done;
-    }
     // SAFETY: the run lies in our pool (Chunk::decode: index + run <= the
     // pool's chunks, len <= run * chunk_size); the sender filled its len
     // bytes before publishing the message (RingTx::publish's release
     // store, acquired by RingRx::ready) and gave the chunks up by doing so.
     let bytes = unsafe { std::slice::from_raw_parts(chunk as *const u8, len) };
-    match ep.peers[p].rx.get_mut(msg_id).expect("checked above") {
+    // One look-up of the message (not a check, then a second search).
+    let Some(cur) = ep.peers[p].rx.get_mut(msg_id) else {
+        ep.inbound.pool.free_run(idx, run);
+        bad(ep, ctx, p, None, "chunk for no message in progress");
+        return Flow::Done;
+    };
+    match cur {
         RxCur::Split(_) => {
             pool.free_run(idx, run);
             bad(ep, ctx, p, None, "chunk for a message being copied directly");

@@ -42,6 +42,28 @@
 //! against 0.62 inline (2026-11-26, 100 paired `scripts/ab.sh` rounds,
 //! raw 8 B floor 0.146 us before and 0.045 after: both placements).
 //!
+//! Fragment sizes, measured again (2026-11-26, `scripts/ab.sh` paired
+//! rounds, near placement, raw 8 B 0.043-0.09 us before and after each
+//! run): at 16 KiB, 2 x 8 KiB (`SHMFAB_FRAG_PARTS=2`) tied with the 4 x 4
+//! KiB default (paired difference median -0.02 us, better in 6 of 12), one
+//! 16 KiB run (`SHMFAB_FRAG_PARTS=1`: no pipelining) lost 0.38 us (better
+//! in 3 of 12), 8 x 2 KiB (`SHMFAB_FRAG_SIZE=2048`) lost 0.20 (3 of 12);
+//! at 64 KiB (eagerly after the pool's pick: 4 runs of 16 KiB) 8 KiB
+//! fragments lost 0.41 us (0 of 12) and 2 x 32 KiB
+//! (`SHMFAB_FRAG_MAX=32768`) 0.19 (2 of 12). So the defaults stay. While
+//! another process loaded the VM (16 KiB took 5-7 us instead of 1.4),
+//! 2 x 8 KiB was 1.0 us faster (9 of 12): fewer hand-overs to miss while
+//! descheduled; not taken, as the quiet near placement shows no gain.
+//! The software of the eager pool path, counted by callgrind on
+//! `examples/pooltrip.rs` (one process, both sides, without the copies'
+//! `memcpy`): 16 KiB 4,424 instructions per half trip (5,160 before the
+//! cuts of the same day: `Chunk` encode and decode inlined across the
+//! crates, the ring's push inlined into the fragment loop, one look-up of
+//! the message per chunk, the stash's division only per batch), 8 KiB
+//! 3,296, 32 KiB 5,031: about 560 per 4 KiB fragment, the rest per
+//! message (matching, the receive order, completions). Paired, 16 KiB
+//! took 1.358 us against 1.417 (better in 13 of 16, raw 0.043-0.09).
+//!
 //! A rendezvous ends with a FIN from its receiver when the receiver read
 //! the sender's buffer (single copy; a split copy after its WDONE), dropped
 //! the message (FI_DISCARD) or failed. One whose data the receiver asked

@@ -137,6 +137,7 @@ fn u64_at(b: &[u8], at: usize) -> Result<u64, WireError> {
 }
 
 /// Reads the little-endian `u32` at `at`; `Short` if it is not all there.
+#[inline]
 fn u32_at(b: &[u8], at: usize) -> Result<u32, WireError> {
     match b.get(at..at.saturating_add(4)).and_then(|s| <[u8; 4]>::try_from(s).ok()) {
         Some(a) => Ok(u32::from_le_bytes(a)),
@@ -153,12 +154,14 @@ fn need(b: &[u8], need: usize) -> Result<(), WireError> {
 }
 
 /// The first `need` bytes of `out`, or `NoRoom`.
+#[inline]
 fn room(out: &mut [u8], need: usize) -> Result<&mut [u8], WireError> {
     let have = out.len();
     out.get_mut(..need).ok_or(WireError::NoRoom { need, have })
 }
 
 /// Writes `v` at `at` of `out`, which the caller sized through [`room`].
+#[inline]
 fn put(out: &mut [u8], at: usize, v: &[u8]) {
     out[at..at + v.len()].copy_from_slice(v);
 }
@@ -308,7 +311,9 @@ impl Chunk {
     }
 
     /// Writes the payload into `out`; returns the header (`ncells` 0, for
-    /// the ring to fill) and the bytes written.
+    /// the ring to fill) and the bytes written. Inline (another crate's
+    /// hot path: one call per pool fragment each side).
+    #[inline]
     pub fn encode(&self, out: &mut [u8]) -> Result<(MsgHdr, usize), WireError> {
         let out = room(out, Self::WIRE)?;
         put(out, 0, &self.index.to_le_bytes());
@@ -320,6 +325,7 @@ impl Chunk {
     /// `chunk_size` bytes. On [`WireError::ChunkLen`] the index is valid and
     /// that one chunk the receiver's to free (how many more the sender
     /// meant to hand over is unknown).
+    #[inline]
     pub fn decode(h: &MsgHdr, payload: &[u8], n_chunks: u32, chunk_size: usize) -> Result<Chunk, WireError> {
         if h.op != op::CHUNK {
             return Err(WireError::WrongOp(h.op));

@@ -274,24 +274,33 @@ fn push_inline(chan: &mut Chan, me: &shm_layout::Address, op: &TxOp) -> bool {
     chan_push(chan, me, &op.hdr(op::EAGER, op.len as u32), &slices[..op.iovs.n])
 }
 
+/// Pushes one message to a peer. The ring's case is inlined into the
+/// caller (one per pool fragment: the call and the overflow case's
+/// stack buffer cost about 20 instructions per message there); the
+/// overflow queue's is out of line.
+#[inline(always)]
 fn chan_push(chan: &mut Chan, me: &shm_layout::Address, h: &MsgHdr, parts: &[&[u8]]) -> bool {
     match chan {
         Chan::Ring(r) => r.try_push(h, parts),
-        Chan::Ovf(q) => {
-            let mut buf = [0u8; OVF_PAYLOAD];
-            let mut at = 0;
-            for p in parts {
-                if at + p.len() > OVF_PAYLOAD {
-                    return false;
-                }
-                buf[at..at + p.len()].copy_from_slice(p);
-                at += p.len();
-            }
-            let mut h = *h;
-            h.ncells = 1;
-            q.push(&h, me, &buf[..at])
-        }
+        Chan::Ovf(q) => ovf_push(q, me, h, parts),
     }
+}
+
+/// [`chan_push`] to the overflow queue: the parts gathered into one cell.
+#[inline(never)]
+fn ovf_push(q: &mut crate::ovf::Ovf, me: &shm_layout::Address, h: &MsgHdr, parts: &[&[u8]]) -> bool {
+    let mut buf = [0u8; OVF_PAYLOAD];
+    let mut at = 0;
+    for p in parts {
+        if at + p.len() > OVF_PAYLOAD {
+            return false;
+        }
+        buf[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
+    }
+    let mut h = *h;
+    h.ncells = 1;
+    q.push(&h, me, &buf[..at])
 }
 
 fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
@@ -325,9 +334,11 @@ impl Stash {
     /// A run of chunks back to back, at most `max_run` long: from the
     /// stash, else from a new batch of up to `want` (at least one, at most
     /// [`STASH`]) from the pool. Returns the first and how many.
-    fn take(&mut self, pool: &crate::pool::Pool, want: usize, max_run: usize) -> Option<(u32, usize)> {
+    /// `want` is asked only when a new batch is taken (it divides).
+    #[inline]
+    fn take(&mut self, pool: &crate::pool::Pool, want: impl FnOnce() -> usize, max_run: usize) -> Option<(u32, usize)> {
         if self.at == self.n {
-            self.n = pool.alloc_many(&mut self.idx[..want.clamp(1, STASH)]);
+            self.n = pool.alloc_many(&mut self.idx[..want().clamp(1, STASH)]);
             self.at = 0;
             if self.n == 0 {
                 return None;
@@ -386,7 +397,7 @@ fn push_chunk(
     // than a chunk), and the longest run this fragment takes: never more
     // chunks than its bytes fill (the receiver frees as many as they do).
     let max_run = if frag <= cs { 1 } else { frag.min(op.len - off).div_ceil(cs).min(wire::Chunk::MAX_RUN as usize) };
-    let Some((idx, k)) = stash.take(pool, (op.len - off).div_ceil(per), max_run) else {
+    let Some((idx, k)) = stash.take(pool, || (op.len - off).div_ceil(per), max_run) else {
         return false;
     };
     let n = (op.len - off).min(frag).min(k * cs);
