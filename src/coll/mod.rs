@@ -545,6 +545,7 @@ impl<'a> CollGroup<'a> {
     /// checked at most every 20 ms (a poll loop calls this back to back;
     /// the check costs a system call per member).
     pub fn test(&self, op: CollOp) -> Result<bool> {
+        self.owner_check()?;
         if self.done_past(op.seq)? {
             return Ok(true);
         }
@@ -574,6 +575,7 @@ impl<'a> CollGroup<'a> {
     /// that died, or a write that failed, makes it `Io` within about 20 ms
     /// (the group's queued work is flushed; later calls fail at once).
     pub fn wait(&self, op: CollOp, timeout: Option<Duration>) -> Result<()> {
+        self.owner_check()?;
         // Done already: no clock read (two cost as much as the pass).
         if self.done_past(op.seq)? {
             return Ok(());
@@ -744,16 +746,24 @@ impl<'a> CollGroup<'a> {
         Ok(CollOp { seq })
     }
 
+    /// The domain's threading contract for a call that may poll the
+    /// direct path (which takes no lock to poll): a Threading::Domain
+    /// domain refuses other threads. Once per call (the group cannot
+    /// change threads during one), not per poll; nothing to check without
+    /// a direct instance (the schedule's polls lock the domain).
+    fn owner_check(&self) -> Result<()> {
+        if self.direct.get().is_some() {
+            drop(self.dom.inner.lock()?);
+        }
+        Ok(())
+    }
+
     /// Completes the direct instance in flight if the peer's write landed
     /// (one load of our counter): the reduction in the order the kept
     /// schedule uses (the lower member's value first, so both get the
     /// same bits), then `done` counted (later schedules start from it).
     fn direct_poll(&self) -> Result<bool> {
         let Some(d) = self.direct.get() else { return Ok(false) };
-        // The domain's threading contract, as every call keeps it (a
-        // Threading::Domain domain refuses other threads): the lock,
-        // taken and dropped (one compare of the owner there).
-        drop(self.dom.inner.lock()?);
         if value(&self.dom.inner.counters()[d.cntr]) < d.at {
             return Ok(false);
         }
