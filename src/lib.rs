@@ -83,7 +83,7 @@ pub use mr::{MemoryRegion, RmaStats};
 pub use notify::CompletionChannel;
 pub use poll::{PollSet, WaitSet};
 pub use proto::Config;
-pub use rma::{AtomicAttr, RmaIoc, RmaIov};
+pub use rma::{AtomicAttr, HeapTarget, RmaIoc, RmaIov};
 pub use shm_layout::Address;
 pub use srq::{SharedRecvQueue, SrqAttr, SrqEvent, SrqInfo};
 pub use sync::Threading;

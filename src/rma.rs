@@ -2100,6 +2100,286 @@ impl HeapDest {
     }
 }
 
+/// A shared-heap registration of one peer, resolved once (as an MPI
+/// window is): [`Endpoint::heap_target`] finds the target, maps its RMA
+/// file and checks the key once, and each call here then goes straight
+/// to the heap, with every per-access check the endpoint's calls make:
+/// the range and the rights against the registration, the registration
+/// still open under its key (the initiator record of [`crate::mr`], so
+/// a close never lets an access land after it returns), the target's
+/// liveness once per `peer_check` (a dead target fails in bounded time),
+/// the target's remote-event counters and the endpoint's transmit
+/// counters. No CQ entry: like [`Endpoint::inject_write`], an operation
+/// is complete (its data in place, a fetched value here) when its call
+/// returns, and a refused one is the call's `Err` with nothing moved.
+///
+/// It borrows its endpoint, whose domain lock each call takes (the
+/// domain's one record in the target's file holds one access at a time).
+///
+/// ```
+/// # std::env::set_var("SHMFAB_JOB_ID", format!("doc-heap-target-{}", std::process::id()));
+/// use shmfab::{AtomicOp, AtomicType, Fabric, FI_REMOTE_READ, FI_REMOTE_WRITE};
+/// let fab = Fabric::open()?;
+/// let (d0, d1) = (fab.domain()?, fab.domain()?);
+/// let (ep0, ep1) = (d0.endpoint()?, d1.endpoint()?);
+/// let (av, cq) = (d0.av_open()?, d0.cq_open(&Default::default())?);
+/// ep0.bind_av(&av)?;
+/// ep0.bind_cq(&cq, shmfab::FI_TRANSMIT | shmfab::FI_RECV)?;
+/// ep0.enable()?;
+/// let heap = d1.alloc_shared(64, FI_REMOTE_READ | FI_REMOTE_WRITE)?;
+/// let peer = av.insert(&[ep1.getname()])?[0];
+/// let w = ep0.heap_target(peer, heap.key())?;
+/// w.write(0, &7u64.to_ne_bytes())?;
+/// let mut old = [0u8; 8];
+/// w.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &1u64.to_ne_bytes(), &mut old, 0)?;
+/// assert_eq!(u64::from_ne_bytes(old), 7);
+/// let mut now = [0u8; 8];
+/// w.read(0, &mut now)?;
+/// assert_eq!(u64::from_ne_bytes(now), 8);
+/// assert!(w.write(60, &[0u8; 8]).is_err()); // past the registration
+/// # Ok::<(), shmfab::Error>(())
+/// ```
+pub struct HeapTarget<'a> {
+    ep: &'a Endpoint,
+    t: Target,
+    key: Key,
+    /// Our copy of the registration as the pin at creation read and
+    /// checked it (one heap segment, inside the heap); each access is
+    /// checked against it, and [`RmaFile::access`] checks the
+    /// registration is still the one this copy describes.
+    view: MrView,
+    /// When the target's domain was last found alive (coarse clock, ns;
+    /// u64::MAX: our own domain, never checked).
+    alive_ns: std::cell::Cell<u64>,
+}
+
+impl std::fmt::Debug for HeapTarget<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapTarget").field("addr", &self.t.addr).field("key", &self.key.encode()).finish()
+    }
+}
+
+impl Endpoint {
+    /// fi_addr `dest`'s registration `key`, resolved for [`HeapTarget`]
+    /// calls. Err: `dest` not in the AV (`NoEnt`), the endpoint not
+    /// enabled, the key naming no open registration (`NoKey`), a target
+    /// that is gone (`Io`), or memory that is not shared heap
+    /// (`OpNotSupp`: use the endpoint's calls, which reach it by single
+    /// copy or through the target's progress).
+    pub fn heap_target(&self, dest: FiAddr, key: u64) -> Result<HeapTarget<'_>> {
+        let ini = self.ini();
+        let (t, view) = self.with_rma(|ep, ctx| {
+            Initiator::rma_check(ep, FI_INJECT, true)?;
+            let t = match ini.target(ep, ctx, dest, key)? {
+                Ok(t) => t,
+                Err((k, _, why)) => return Err(Error::with(k, why)),
+            };
+            let p = t.file.pin(Key::decode(key), 0, 0, Need::Read).or_else(|_| {
+                // A write-only registration: pinned for what it allows.
+                t.file.pin(Key::decode(key), 0, 0, Need::Write)
+            });
+            let view = p.map_err(|(kind, why)| Error::with(kind, why))?.view;
+            Ok((t, view))
+        })?;
+        if view.kind != mr_kind::HEAP || t.file.heap_at(view.seg[0][0], view.len).is_none() {
+            return Err(Error::with(ErrorKind::OpNotSupp, format!("key {key:#x}: not shared-heap memory")));
+        }
+        let alive_ns = if t.region.is_none() { u64::MAX } else { coarse_ns() };
+        Ok(HeapTarget { ep: self, t, key: Key::decode(key), view, alive_ns: std::cell::Cell::new(alive_ns) })
+    }
+}
+
+impl HeapTarget<'_> {
+    /// The registration's key.
+    pub fn key(&self) -> u64 {
+        self.key.encode()
+    }
+
+    /// Bytes the registration holds.
+    pub fn len(&self) -> u64 {
+        self.view.len
+    }
+
+    /// Whether the registration holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.view.len == 0
+    }
+
+    /// Writes `src` at offset `off` of the registration (fi_inject_write:
+    /// done when the call returns; the endpoint's write counter counts it).
+    pub fn write(&self, off: u64, src: &[u8]) -> Result<()> {
+        let (lp, len) = (src.as_ptr() as *mut u8, src.len());
+        self.access(OpKind::Write, off, len as u64, Need::Write, (true, false), |h, _, _| {
+            // SAFETY: `h` holds `len` bytes of the registration (checked
+            // by `access`), `lp` is the caller's `len` bytes.
+            unsafe { copy_small(lp, h, len, true) };
+            Ok(())
+        })
+    }
+
+    /// Reads `dst.len()` bytes at offset `off` of the registration into
+    /// `dst` (done when the call returns; the read counter counts it).
+    pub fn read(&self, off: u64, dst: &mut [u8]) -> Result<()> {
+        let (lp, len) = (dst.as_mut_ptr(), dst.len());
+        self.access(OpKind::Read, off, len as u64, Need::Read, (false, true), |h, _, _| {
+            // SAFETY: as in `write`, the other way.
+            unsafe { copy_small(lp, h, len, false) };
+            Ok(())
+        })
+    }
+
+    /// fi_inject_atomic of one element at `off`: `buf` holds it.
+    pub fn atomic(&self, dt: AtomicType, op: AtomicOp, buf: &[u8], off: u64) -> Result<()> {
+        self.elem(AtomicCall::Write, dt, op, buf, None, None, off)
+    }
+
+    /// fi_fetch_atomic of one element at `off`: the old value into
+    /// `result` (one element), done when the call returns.
+    pub fn fetch_atomic(&self, dt: AtomicType, op: AtomicOp, buf: &[u8], result: &mut [u8], off: u64) -> Result<()> {
+        self.elem(AtomicCall::Fetch, dt, op, buf, None, Some(result), off)
+    }
+
+    /// fi_compare_atomic of one element at `off`.
+    pub fn compare_atomic(
+        &self,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        compare: &[u8],
+        result: &mut [u8],
+        off: u64,
+    ) -> Result<()> {
+        self.elem(AtomicCall::Compare, dt, op, buf, Some(compare), Some(result), off)
+    }
+
+    /// One element's atomic: the checks of the endpoint's one-element
+    /// calls, then the CPU atomic on the heap.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn elem(
+        &self,
+        call: AtomicCall,
+        dt: AtomicType,
+        op: AtomicOp,
+        buf: &[u8],
+        compare: Option<&[u8]>,
+        result: Option<&mut [u8]>,
+        off: u64,
+    ) -> Result<()> {
+        let sz = dt.size();
+        valid_count(call, dt, op)?;
+        let operand_ok = buf.len() == sz || op == AtomicOp::Read && buf.is_empty();
+        if !operand_ok || compare.is_some_and(|c| c.len() != sz) || result.as_ref().is_some_and(|r| r.len() != sz) {
+            return Err(Error::with(
+                ErrorKind::Inval,
+                format!("atomic: buffers must hold 1 element of {dt:?} ({sz} bytes)"),
+            ));
+        }
+        let need = match (call, op) {
+            (_, AtomicOp::Read) => Need::Read,
+            (AtomicCall::Write, _) => Need::Write,
+            _ => Need::ReadWrite,
+        };
+        let a = if buf.is_empty() { 0 } else { atomic::load_elem(buf) };
+        let c = compare.map_or(0, atomic::load_elem);
+        let kind = match call {
+            AtomicCall::Write => OpKind::Atomic,
+            AtomicCall::Fetch => OpKind::FetchAtomic,
+            AtomicCall::Compare => OpKind::CompareAtomic,
+        };
+        let count = (op != AtomicOp::Read, call != AtomicCall::Write);
+        self.access(kind, off, sz as u64, need, count, |h, f, hoff| {
+            if hoff & (sz.min(8) as u64 - 1) != 0 {
+                let why = format!("atomic: offset {off} is not aligned to {}", sz.min(8));
+                return Err(fail(ErrorKind::Inval, why));
+            }
+            // SAFETY: an aligned element inside the heap registration
+            // (checked by `access`), which peers reach only through
+            // `apply` and atomics of its size.
+            let old = unsafe { atomic::apply_inline(dt, op, h, a, c, || f.lock(hoff), f.me) };
+            if let Some(r) = result {
+                atomic::store_elem(r, old);
+            }
+            Ok(())
+        })
+    }
+
+    /// One access of `len` bytes at `off` needing `need`, under the
+    /// domain lock: the endpoint enabled, the range and rights against
+    /// our view, the target alive (once per `peer_check`), the access
+    /// begun under our record, `body` given the heap address (and the
+    /// file and heap offset), the remote-event counters (`count`: write,
+    /// read) and the endpoint's counter of `kind`.
+    #[inline(always)]
+    fn access(
+        &self,
+        kind: OpKind,
+        off: u64,
+        len: u64,
+        need: Need,
+        count: (bool, bool),
+        body: impl FnOnce(*mut u8, &RmaFile, u64) -> std::result::Result<(), Fail>,
+    ) -> Result<()> {
+        let v = &self.view;
+        if v.access & need.bits() != need.bits() {
+            return Err(Error::with(ErrorKind::Perm, format!("key {:#x}: access not allowed", self.key.encode())));
+        }
+        if off.checked_add(len).is_none_or(|e| e > v.len) {
+            return Err(Error::with(ErrorKind::Inval, format!("{len} bytes at {off}: past the registration")));
+        }
+        let dom: &DomainInner = &self.ep.dom;
+        let t = &self.t;
+        self.ep.with_rma(|ep, ctx| {
+            Initiator::rma_check(ep, FI_INJECT, true)?;
+            let alive_ns = self.alive_ns.get();
+            if alive_ns != u64::MAX {
+                let now = coarse_ns();
+                if now.saturating_sub(alive_ns) >= dom.cfg.peer_check.as_nanos() as u64 {
+                    self.recheck(dom, now)?;
+                }
+            }
+            let file: &RmaFile = &t.file;
+            let access = file.access(self.key, v, need).map_err(|(k, why)| Error::with(k, why))?;
+            let e = file.entry(self.key.slot);
+            // Bound now, as heap_fast reads them (Relaxed).
+            let cntr = (e.cntr_rw.load(Ordering::Relaxed), e.cntr_rr.load(Ordering::Relaxed));
+            let hoff = v.seg[0][0] + off;
+            let Some(h) = file.heap_at(hoff, len) else {
+                return Err(Error::with(ErrorKind::Io, "corrupt registration"));
+            };
+            if let Err((k, _, why)) = body(h, file, hoff) {
+                return Err(Error::with(k, why));
+            }
+            if count.0 {
+                count_landed(dom, t, cntr.0, 0);
+            }
+            if count.1 {
+                count_landed(dom, t, cntr.1, 1);
+            }
+            drop(access);
+            // Only ever changed under the domain lock (held): no RMW.
+            let s = &dom.rma.heap_ops;
+            s.store(s.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            let done = SendDone { kind, ctx: 0, tag: 0, cqe: false, silent: true, dw: Dw::NONE, rsv: false };
+            complete_send(&ep.bind, ctx, done, None);
+            Ok(())
+        })
+    }
+
+    /// The liveness check, due at `now`: a dead target's domain leaves
+    /// the domain's map of RMA files, and the call fails.
+    #[cold]
+    #[inline(never)]
+    fn recheck(&self, dom: &DomainInner, now: u64) -> Result<()> {
+        if !self.t.region.as_ref().is_some_and(|r| r.alive()) {
+            dom.rma.forget_peer(&self.t.addr);
+            return Err(Error::with(ErrorKind::Io, "the target process is gone"));
+        }
+        self.alive_ns.set(now);
+        Ok(())
+    }
+}
+
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;

@@ -1747,3 +1747,157 @@ fn target_cache_never_stale(w: World) {
 fn target_cache_never_serves_a_stale_entry() {
     run("target_cache_never_serves_a_stale_entry", 3, &[], T, target_cache_never_stale);
 }
+
+/// A [`shmfab::HeapTarget`] (a heap registration resolved once): its
+/// writes, reads and atomics land as the endpoint's do; a key of no
+/// registration, memory that is not heap, a range past the registration,
+/// a missing right and an unaligned atomic are refused with the target
+/// untouched; the target's remote-event counters count exactly what
+/// landed; after the target closes the registration, nothing lands and
+/// every call fails (never one succeeding after a failure).
+fn heap_target(w: World) {
+    if w.rank == 1 {
+        let mut heap = w.dom.alloc_shared(4096, RW).unwrap();
+        let ro = w.dom.alloc_shared(64, FI_REMOTE_READ).unwrap();
+        let user = user_mem(&w, 64, RW);
+        let (cw, cr) = (w.dom.cntr_open().unwrap(), w.dom.cntr_open().unwrap());
+        heap.bind_counter(&cw, FI_REMOTE_WRITE).unwrap();
+        heap.bind_counter(&cr, FI_REMOTE_READ).unwrap();
+        share(&w, "keys", &[heap.key(), ro.key(), user.mr.key()], 0);
+        w.barrier();
+        // 100 writes, 10 fetch-adds and a compare-swap (both), 1 atomic
+        // write, 5 reads.
+        let t0 = Instant::now();
+        let now = || (cw.read().unwrap(), cr.read().unwrap());
+        while now() != (112, 16) {
+            w.dom.progress().unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(20), "counters {:?}", now());
+        }
+        let b = heap_bytes(&heap);
+        assert_eq!(&b[..8], &99u64.to_ne_bytes());
+        assert_eq!(&b[64..72], &(10u64 | 0x100).to_ne_bytes());
+        assert_eq!(&b[72..80], &[2; 8]);
+        assert!(b[80..].iter().all(|&x| x == 0), "a refused access wrote the heap");
+        assert!(heap_bytes(&ro).iter().all(|&x| x == 0), "a write landed in a read-only registration");
+        w.barrier();
+        // Close while the initiator writes through its handle.
+        let t1 = Instant::now();
+        while heap_bytes(&heap)[8] == 0 {
+            assert!(t1.elapsed() < Duration::from_secs(20), "the writes never came");
+            w.dom.progress().unwrap();
+        }
+        heap.close().unwrap();
+        let fresh = w.dom.alloc_shared(4096, RW).unwrap();
+        let t2 = Instant::now();
+        while t2.elapsed() < Duration::from_millis(300) {
+            w.dom.progress().unwrap();
+        }
+        assert!(heap_bytes(&fresh).iter().all(|&b| b == 0), "new heap registration written with an old handle");
+        put_file("1.closed", "");
+        w.barrier();
+    } else {
+        let k = share(&w, "keys", &[], 1);
+        let dest = w.addrs[1];
+        let kind = |r: shmfab::Result<()>| r.unwrap_err().kind();
+        let bad = k[0] ^ 0xffff_0000_0000 ^ 1;
+        assert_eq!(w.ep.heap_target(dest, bad).unwrap_err().kind(), ErrorKind::NoKey);
+        assert_eq!(w.ep.heap_target(dest, k[2]).unwrap_err().kind(), ErrorKind::OpNotSupp);
+        let h = w.ep.heap_target(dest, k[0]).unwrap();
+        assert_eq!((h.key(), h.len()), (k[0], 4096));
+        for i in 0..100u64 {
+            h.write(0, &i.to_ne_bytes()).unwrap();
+        }
+        let one = 1u64.to_ne_bytes();
+        let mut old = [0u8; 8];
+        for i in 0..10u64 {
+            h.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &one, &mut old, 64).unwrap();
+            assert_eq!(u64::from_ne_bytes(old), i);
+        }
+        h.atomic(AtomicType::Uint64, AtomicOp::Bor, &0x100u64.to_ne_bytes(), 64).unwrap();
+        let mut got = [0u8; 8];
+        for _ in 0..5 {
+            h.read(0, &mut got).unwrap();
+            assert_eq!(got, 99u64.to_ne_bytes());
+        }
+        let mut cmp_old = [9u8; 8];
+        h.compare_atomic(AtomicType::Uint64, AtomicOp::Cswap, &[2; 8], &[0; 8], &mut cmp_old, 72).unwrap();
+        assert_eq!(cmp_old, [0; 8]);
+        // Refused, nothing written, nothing counted.
+        assert_eq!(kind(h.write(4090, &[1; 8])), ErrorKind::Inval);
+        assert_eq!(kind(h.write(u64::MAX - 2, &[1; 8])), ErrorKind::Inval);
+        assert_eq!(kind(h.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &one, &mut old, 4092)), ErrorKind::Inval);
+        assert_eq!(kind(h.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &one, &mut old, 84)), ErrorKind::Inval);
+        assert_eq!(kind(h.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &one[..4], &mut old, 88)), ErrorKind::Inval);
+        let ro = w.ep.heap_target(dest, k[1]).unwrap();
+        assert_eq!(kind(ro.write(0, &[1; 8])), ErrorKind::Perm);
+        assert_eq!(kind(ro.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &one, &mut old, 0)), ErrorKind::Perm);
+        ro.read(0, &mut got).unwrap();
+        assert_eq!(got, [0; 8]);
+        w.barrier();
+        w.barrier();
+        let mut failed = false;
+        let t0 = Instant::now();
+        while !test_dir().join("1.closed").exists() {
+            match h.write(8, &[0xa5; 8]) {
+                Ok(()) => assert!(!failed, "a write succeeded after one failed for a closed key"),
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::NoKey, "{e}");
+                    failed = true;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30));
+        }
+        assert!(failed, "writes to a closed registration succeeded");
+        w.barrier();
+    }
+}
+
+#[test]
+fn heap_target_checks_and_counts() {
+    run("heap_target_checks_and_counts", 2, &[], T, heap_target);
+}
+
+/// A [`shmfab::HeapTarget`] to a target that dies fails with FI_EIO within
+/// about `peer_check`, and nothing succeeds after the first failure.
+fn heap_target_of_a_dead_target(w: World) {
+    if w.rank == 1 {
+        let heap = w.dom.alloc_shared(4096, RW).unwrap();
+        share(&w, "key", &[heap.key()], 0);
+        w.barrier();
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: plain syscall; this rank is expected to die so.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!();
+    }
+    let key = share(&w, "key", &[], 1)[0];
+    w.barrier();
+    let h = w.ep.heap_target(w.addrs[1], key).unwrap();
+    let t0 = Instant::now();
+    let mut failed = None;
+    let mut ok_after_failure = 0;
+    while failed.is_none() || t0.elapsed() < Duration::from_millis(1500) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no error 10 s after the target died");
+        let mut old = [0u8; 8];
+        for r in [
+            h.write(0, &[7u8; 8]),
+            h.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &1u64.to_ne_bytes(), &mut old, 64),
+        ] {
+            match r {
+                Ok(()) if failed.is_some() => ok_after_failure += 1,
+                Ok(()) => {}
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+                    failed.get_or_insert(t0.elapsed());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(ok_after_failure, 0, "an operation on the dead target's heap succeeded after one had failed");
+    assert!(failed.unwrap() < Duration::from_secs(5), "failed after {:?}", failed);
+}
+
+#[test]
+fn heap_target_of_a_dead_target_fails() {
+    run_killing("heap_target_of_a_dead_target_fails", 2, &[], T, &[1], heap_target_of_a_dead_target);
+}

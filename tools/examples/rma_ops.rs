@@ -10,7 +10,11 @@
 //! read counted on a transmit counter, each waited for by reading it
 //! (the forms an MPI one-sided layer over libfabric uses to flush).
 //!
-//! Usage: `rma_ops [put|get|fadd|iput|cput|cget|cfadd] [rounds]` (default:
+//! `hput`, `hget` and `hfadd` are the same three through a
+//! [`shmfab::HeapTarget`] (the registration resolved once; done when the
+//! call returns, no completion entry).
+//!
+//! Usage: `rma_ops [put|get|fadd|iput|cput|cget|cfadd|hput|hget|hfadd] [rounds]` (default:
 //! put, 100000).
 //! Instructions per operation:
 //! `valgrind --tool=callgrind --callgrind-out-file=F target/release/examples/rma_ops put 100000`,
@@ -47,9 +51,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut buf = *b"12345678";
     let one = 1u64.to_ne_bytes();
     let mut want = 0u64;
+    let h = ep0.heap_target(a1, heap.key())?;
     for _ in 0..n {
         want += 1;
         match what.as_str() {
+            "hput" => {
+                h.write(0, &buf)?;
+                continue;
+            }
+            "hget" => {
+                h.read(0, &mut buf)?;
+                continue;
+            }
+            "hfadd" => {
+                h.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &one, &mut buf, 64)?;
+                continue;
+            }
             "iput" => {
                 ep0.inject_write(&buf, a1, 0, heap.key())?;
                 continue;

@@ -602,7 +602,8 @@ fn serve(addr: &[u8]) -> Result<()> {
             }
             CMD_FADD => {
                 let r = rma.as_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "RMA command before setup"))?;
-                let ok = r.fetch_adds(&ends, iters)?;
+                // `window` 1: through a HeapTarget.
+                let ok = r.fetch_adds(&ends, iters, window == 1)?;
                 ends.send(&[u8::from(ok), 0, 0, 0], parent, T_RMA)?;
             }
             CMD_QUIT => return Ok(()),
@@ -1043,23 +1044,30 @@ impl RmaEp {
     /// `key` of `dest`, each waited for. Ok(false) when the old values
     /// fetched do not rise strictly one after another (each must see the
     /// ones before it); `first` is what the first must be, when known.
-    fn fetch_adds(&self, dest: FiAddr, key: u64, off: u64, n: usize, first: Option<u64>) -> Result<bool> {
+    /// `handle`: through a [`shmfab::HeapTarget`] of the registration
+    /// (resolved once, done when the call returns: no CQ read).
+    fn fetch_adds(&self, dest: FiAddr, key: u64, off: u64, n: usize, first: Option<u64>, handle: bool) -> Result<bool> {
         let one = 1u64.to_ne_bytes();
         let mut old = [0u8; 8];
         let mut prev: Option<u64> = None;
         let mut ok = true;
+        let h = if handle { Some(self.ep.heap_target(dest, key)?) } else { None };
         for i in 0..n {
-            self.ep.fetch_atomic(
-                shmfab::AtomicType::Uint64,
-                shmfab::AtomicOp::Sum,
-                &one,
-                &mut old,
-                dest,
-                off,
-                key,
-                0,
-            )?;
-            self.wait(1)?;
+            if let Some(h) = &h {
+                h.fetch_atomic(shmfab::AtomicType::Uint64, shmfab::AtomicOp::Sum, &one, &mut old, off)?;
+            } else {
+                self.ep.fetch_atomic(
+                    shmfab::AtomicType::Uint64,
+                    shmfab::AtomicOp::Sum,
+                    &one,
+                    &mut old,
+                    dest,
+                    off,
+                    key,
+                    0,
+                )?;
+                self.wait(1)?;
+            }
             let v = u64::from_ne_bytes(old);
             let exact = match (first, prev) {
                 (Some(f), _) => v == f + i as u64,
@@ -1109,13 +1117,13 @@ impl PeerRma {
 
     /// Our half of a two-rank fetch-add run: `n` on our own word, through
     /// the same calls as the initiator's.
-    fn fetch_adds(&mut self, ends: &Ends, n: usize) -> Result<bool> {
+    fn fetch_adds(&mut self, ends: &Ends, n: usize, handle: bool) -> Result<bool> {
         if self.ep.is_none() {
             let me = ends.av.insert_bytes(&ends.ep.getname().to_bytes())?;
             self.ep = Some((RmaEp::open(ends)?, me));
         }
         let (ep, me) = self.ep.as_ref().expect("set above");
-        ep.fetch_adds(*me, self.heap.key(), fadd_word(self.len), n, None)
+        ep.fetch_adds(*me, self.heap.key(), fadd_word(self.len), n, None, handle)
     }
 }
 
@@ -1253,7 +1261,11 @@ impl Link {
     /// the two together; `n` is [`FADD_OPS`] in the comparison. Checks
     /// that each fetched value follows the one before and the word's final
     /// value (read with an atomic read) counts every fetch-add.
-    pub fn fetch_add(&mut self, n: usize) -> Result<(RmaFigure, &'static str)> {
+    ///
+    /// `handle`: both ranks through a [`shmfab::HeapTarget`] (the
+    /// registration resolved once; each fetch-add done when its call
+    /// returns, no CQ read), else through `fetch_atomic` and a CQ read.
+    pub fn fetch_add(&mut self, n: usize, handle: bool) -> Result<(RmaFigure, &'static str)> {
         let Some(r) = self.rma.as_ref() else {
             return Err(Error::with(ErrorKind::Inval, "fetch-add before rma_setup"));
         };
@@ -1263,11 +1275,11 @@ impl Link {
         let warm = n / 10 + 1;
         let s0 = self.ends.dom.rma_stats();
         let first = r.fadds;
-        if !r.ep.fetch_adds(self.peer, key, off, warm, Some(first))? {
+        if !r.ep.fetch_adds(self.peer, key, off, warm, Some(first), handle)? {
             return Err(Error::with(ErrorKind::Io, "fetch-add: values out of sequence"));
         }
         let t0 = Instant::now();
-        let ok = r.ep.fetch_adds(self.peer, key, off, n, Some(first + warm as u64))?;
+        let ok = r.ep.fetch_adds(self.peer, key, off, n, Some(first + warm as u64), handle)?;
         let lat = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
         if !ok {
             return Err(Error::with(ErrorKind::Io, "fetch-add: values out of sequence"));
@@ -1279,9 +1291,9 @@ impl Link {
             // SAFETY: ans lives until the completion read below.
             unsafe { self.ends.ep.trecv(&mut ans, self.peer, T_RMA, 0, 4)? };
             let t0 = Instant::now();
-            self.command(CMD_FADD, 0, 0, k)?;
+            self.command(CMD_FADD, 0, usize::from(handle), k)?;
             let r = self.rma.as_ref().expect("checked above");
-            let ours = r.ep.fetch_adds(self.peer, key, off, k, None)?;
+            let ours = r.ep.fetch_adds(self.peer, key, off, k, None, handle)?;
             self.ends.wait_recvs(1)?;
             if timed {
                 el = t0.elapsed();
@@ -1339,6 +1351,11 @@ pub struct FlushForms {
     pub get_cntr_us: f64,
     /// `fetch_atomic` (u64 SUM), then the counter.
     pub fadd_cntr_us: f64,
+    /// [`shmfab::HeapTarget::write`] (the registration resolved once;
+    /// done when the call returns).
+    pub put_handle_us: f64,
+    /// [`shmfab::HeapTarget::fetch_atomic`] (u64 SUM).
+    pub fadd_handle_us: f64,
 }
 
 impl Link {
@@ -1368,6 +1385,15 @@ impl Link {
         out.put_inject_us = timed(&mut |_| r.ep.ep.inject_write(&want, peer, 0, key))?;
         if !self.rma_ask(CMD_RMA_CHECK, RmaMem::Heap, 8, seed)? {
             return Err(Error::with(ErrorKind::Io, "inject puts: the data did not arrive"));
+        }
+        let r = self.rma.as_ref().expect("checked above");
+        let want = rma_pattern(8, seed + 2);
+        {
+            let h = r.ep.ep.heap_target(peer, key)?;
+            out.put_handle_us = timed(&mut |_| h.write(0, &want))?;
+        }
+        if !self.rma_ask(CMD_RMA_CHECK, RmaMem::Heap, 8, seed + 2)? {
+            return Err(Error::with(ErrorKind::Io, "handle puts: the data did not arrive"));
         }
         let r = self.rma.as_ref().expect("checked above");
         let cntr = self.ends.dom.cntr_open()?;
@@ -1415,6 +1441,18 @@ impl Link {
         })?;
         if !in_order {
             return Err(Error::with(ErrorKind::Io, "counted fetch-adds: values out of sequence"));
+        }
+        let first = first + (warm + n) as u64;
+        let h = r.ep.ep.heap_target(peer, key)?;
+        let mut in_order = true;
+        out.fadd_handle_us = timed(&mut |i| {
+            h.fetch_atomic(shmfab::AtomicType::Uint64, shmfab::AtomicOp::Sum, &one, &mut old, off)?;
+            in_order &= u64::from_ne_bytes(old) == first + i as u64;
+            Ok(())
+        })?;
+        drop(h);
+        if !in_order {
+            return Err(Error::with(ErrorKind::Io, "handle fetch-adds: values out of sequence"));
         }
         self.rma.as_mut().expect("checked above").fadds = first + (warm + n) as u64;
         Ok(out)

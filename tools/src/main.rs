@@ -569,6 +569,8 @@ struct OursRma {
     paths: [&'static str; 4],
     fadd: bench::RmaFigure,
     fadd_path: &'static str,
+    /// The fetch-adds again, both ranks through a [`shmfab::HeapTarget`].
+    fadd_handle: Option<bench::RmaFigure>,
     /// 8 B on the heap in the forms a one-sided MPI layer completes with.
     forms: Option<bench::FlushForms>,
 }
@@ -586,6 +588,7 @@ fn measure_rma(sizes: &[usize], iters: Option<usize>, st: &mut Status) -> Result
         paths: ["-"; 4],
         fadd: bench::RmaFigure::default(),
         fadd_path: "-",
+        fadd_handle: None,
         forms: None,
     };
     let mut seed = 0;
@@ -606,9 +609,13 @@ fn measure_rma(sizes: &[usize], iters: Option<usize>, st: &mut Status) -> Result
         }
     }
     st.step("shmfab fetch-add");
-    let (f, path) = link.fetch_add(iters.unwrap_or(bench::FADD_OPS)).map_err(|x| format!("fetch-add: {x}"))?;
+    let (f, path) = link.fetch_add(iters.unwrap_or(bench::FADD_OPS), false).map_err(|x| format!("fetch-add: {x}"))?;
     out.fadd = f;
     out.fadd_path = path;
+    let (f, _) = link
+        .fetch_add(iters.unwrap_or(bench::FADD_OPS), true)
+        .map_err(|x| format!("fetch-add through a HeapTarget: {x}"))?;
+    out.fadd_handle = Some(f);
     st.step("shmfab 8 B flushed as an MPI layer would");
     let n = iters.unwrap_or_else(|| bench::rma_iters(8));
     out.forms = Some(link.rma_flush_forms(n, seed + 1).map_err(|x| format!("flush forms: {x}"))?);
@@ -678,6 +685,13 @@ fn cmd_bench_rma(a: &BenchArgs) -> Result<(), String> {
             fmt(Some(f.get_cntr_us), 3),
             fmt(Some(f.fadd_cntr_us), 3)
         );
+        println!(
+            "8 B through a HeapTarget (registration resolved once, as an MPI window; every check kept, done when \
+             the call returns): put {} us, fetch-add {} us one rank alone, {} Mops/s two ranks on the one word",
+            fmt(Some(f.put_handle_us), 3),
+            fmt(Some(f.fadd_handle_us), 3),
+            fmt(ours.fadd_handle.and_then(|h| h.mops), 2)
+        );
     }
     match bench::raw_fetch_adds(&exe()?, &[], a.iters.unwrap_or(bench::FADD_OPS)) {
         Ok(m) => println!("raw floor of the fetch-add rate: two processes doing lock xadd on one word, {m:.2} Mops/s"),
@@ -695,7 +709,7 @@ fn cmd_bench_rma(a: &BenchArgs) -> Result<(), String> {
 
 /// The one-sided systems of `compare`: (JSON name, index of the probe
 /// group: 0 shmfab, 1 Open MPI's default osc, 2 Open MPI with osc sm).
-const RMA_SYSTEMS: [(&str, usize); 16] = [
+const RMA_SYSTEMS: [(&str, usize); 18] = [
     ("shmfab-put", 0),
     ("shmfab-get", 0),
     ("shmfab-put-cma", 0),
@@ -712,13 +726,15 @@ const RMA_SYSTEMS: [(&str, usize); 16] = [
     ("shmfab-put-cntr", 0),
     ("shmfab-get-cntr", 0),
     ("shmfab-fetch-add-cntr", 0),
+    ("shmfab-put-handle", 0),
+    ("shmfab-fetch-add-handle", 0),
 ];
 
 /// Index in [`RMA_SYSTEMS`] of each system with one figure at 8 B: the
 /// fetch-adds, and shmfab's 8 B forms of [`bench::FlushForms`]
 /// (after the raw floor). Of the fetch-adds (the last: the raw
 /// floor, two processes doing bare `lock xadd`s on one shared word).
-const RMA_FADD: [usize; 8] = [4, 7, 10, 11, 12, 13, 14, 15];
+const RMA_FADD: [usize; 10] = [4, 7, 10, 11, 12, 13, 14, 15, 16, 17];
 
 /// One round of the one-sided systems: each system's run (its figures
 /// as [`Figure`]s: latency in `half_rtt_us`, Mops/s in `mmsgs`; the
@@ -759,6 +775,10 @@ fn rma_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> R
             for (k, f) in forms_figures(&ours) {
                 runs[k].figs = vec![f];
                 paths[k] = "heap".to_string();
+            }
+            if let Some(f) = &ours.fadd_handle {
+                runs[17].figs = vec![as_figure(f)];
+                paths[17] = "heap".to_string();
             }
         }
         Err(e) => st.warn(&format!("shmfab one-sided: {e}")),
@@ -863,6 +883,9 @@ fn ours_rma_named(o: &OursRma) -> Vec<(&'static str, String, Vec<Figure>)> {
         (0..4).map(|k| (RMA_SYSTEMS[k].0, o.paths[k].to_string(), o.figs[k].iter().map(as_figure).collect())).collect();
     v.push((RMA_SYSTEMS[4].0, o.fadd_path.to_string(), vec![as_figure(&o.fadd)]));
     v.extend(forms_figures(o).into_iter().map(|(k, f)| (RMA_SYSTEMS[k].0, "heap".to_string(), vec![f])));
+    if let Some(f) = &o.fadd_handle {
+        v.push((RMA_SYSTEMS[17].0, "heap".to_string(), vec![as_figure(f)]));
+    }
     v
 }
 
@@ -871,7 +894,13 @@ fn ours_rma_named(o: &OursRma) -> Vec<(&'static str, String, Vec<Figure>)> {
 fn forms_figures(o: &OursRma) -> Vec<(usize, Figure)> {
     let Some(f) = o.forms else { return Vec::new() };
     let fig = |us: f64| Figure { size: 8, half_rtt_us: Some(us), bw_gbs: None, mmsgs: Some(1.0 / us) };
-    vec![(12, fig(f.put_inject_us)), (13, fig(f.put_cntr_us)), (14, fig(f.get_cntr_us)), (15, fig(f.fadd_cntr_us))]
+    vec![
+        (12, fig(f.put_inject_us)),
+        (13, fig(f.put_cntr_us)),
+        (14, fig(f.get_cntr_us)),
+        (15, fig(f.fadd_cntr_us)),
+        (16, fig(f.put_handle_us)),
+    ]
 }
 
 /// The path or component each one-sided system took over the rounds
@@ -954,6 +983,7 @@ fn rma_tables(figs: &[Vec<Figure>], paths: &[String]) -> String {
     let _ = writeln!(o, "{:>24} | {:>8} {:>6} | {:>8} {:>6}", "", "us", "ratio", "Mops/s", "ratio");
     for (name, f) in [
         (format!("shmfab ({})", paths[4]), us),
+        ("shmfab HeapTarget".to_string(), fadd(17)),
         (format!("Open MPI ({})", paths[7]), om),
         (format!("Open MPI ({})", paths[10]), sm),
         ("raw floor (lock xadd)".to_string(), raw),
@@ -980,6 +1010,8 @@ fn rma_tables(figs: &[Vec<Figure>], paths: &[String]) -> String {
         ("put + counter read", 13, put8(5), put8(8)),
         ("get + counter read", 14, put8(6), put8(9)),
         ("fetch-add + counter read", 15, om.half_rtt_us, sm.half_rtt_us),
+        ("put by HeapTarget::write", 16, put8(5), put8(8)),
+        ("fetch-add by HeapTarget", 17, om.half_rtt_us, sm.half_rtt_us),
     ] {
         let _ = writeln!(
             o,
@@ -1947,6 +1979,8 @@ mod tests {
             fadd(0.03, 33.0),
             fadd(0.04, 25.0),
             fadd(0.05, 20.0),
+            fadd(0.015, 66.0),
+            fadd(0.04, 30.0),
         ]
     }
 
@@ -1957,7 +1991,7 @@ mod tests {
             .map(|s| s.to_string())
             .chain((0..6).map(|k| if k < 3 { "osc rdma" } else { "osc sm" }.to_string()))
             .chain(["lock xadd".to_string()])
-            .chain((0..4).map(|_| "heap".to_string()))
+            .chain((0..6).map(|_| "heap".to_string()))
             .collect();
         let t = rma_tables(&rma_figs(), &paths);
         let row = t.lines().find(|l| l.trim_start().starts_with("8 |")).unwrap();
@@ -1996,12 +2030,14 @@ mod tests {
             "heap",
             "heap",
             "heap",
+            "heap",
+            "heap",
         ];
         let named: Vec<(&str, String, Vec<Figure>)> =
             RMA_SYSTEMS.iter().zip(paths).zip(rma_figs()).map(|((s, p), f)| (s.0, p.to_string(), f)).collect();
         let v = serde_json::to_value(rma_rows(&named, Placement::Near)).unwrap();
         let rows = v.as_array().unwrap();
-        assert_eq!(rows.len(), 8 * 2 + 8);
+        assert_eq!(rows.len(), 8 * 2 + 10);
         let raw = rows.iter().find(|r| r["system"] == "raw-fetch-add").unwrap();
         assert_eq!((raw["system"].as_str(), raw["mops"].as_f64()), (Some("raw-fetch-add"), Some(150.0)));
         assert_eq!(

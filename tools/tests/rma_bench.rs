@@ -84,12 +84,17 @@ fn check_rows(rows: &[serde_json::Value], user_path: &str) {
     positive(f, "mops");
     assert!(f["bw_gbs"].is_null(), "{f}");
     // The 8 B forms an MPI one-sided layer completes with.
-    for sys in ["shmfab-put-inject", "shmfab-put-cntr", "shmfab-get-cntr", "shmfab-fetch-add-cntr"] {
+    for sys in ["shmfab-put-inject", "shmfab-put-cntr", "shmfab-get-cntr", "shmfab-fetch-add-cntr", "shmfab-put-handle"]
+    {
         let r = find(sys, 8);
         assert_eq!(r["path"].as_str(), Some("heap"), "{r}");
         positive(r, "latency_us");
     }
-    assert_eq!(rows.len(), 13, "4 systems x 2 sizes, fetch-add and the 4 forms: {rows:?}");
+    // The fetch-adds through a HeapTarget: one rank alone, two ranks.
+    let f = find("shmfab-fetch-add-handle", 8);
+    positive(f, "latency_us");
+    positive(f, "mops");
+    assert_eq!(rows.len(), 15, "4 systems x 2 sizes, fetch-add, the 5 forms and the handle's fetch-add: {rows:?}");
 }
 
 /// Whether this host lets a process write another with process_vm_writev.
@@ -134,10 +139,18 @@ fn the_workers_checks_see_data_that_did_not_arrive() {
     // Sizes beyond what the peer registered are refused before anything moves.
     let e = link.rma_op(true, RmaMem::Heap, 4097, 1, 10).unwrap_err();
     assert!(e.to_string().contains("set up for 1 to 4096"), "{e}");
-    let (f, path) = link.fetch_add(200).unwrap();
+    let (f, path) = link.fetch_add(200, false).unwrap();
     assert_eq!(path, "heap");
     assert!(f.mops.unwrap() > 0.0 && f.latency_us.unwrap() > 0.0);
-    // The word went on counting: a second run checks against the total.
-    link.fetch_add(100).unwrap();
+    // The word went on counting: a second run (both ranks through a
+    // HeapTarget) checks against the total, and a third after it.
+    let (f, _) = link.fetch_add(100, true).unwrap();
+    assert!(f.mops.unwrap() > 0.0 && f.latency_us.unwrap() > 0.0);
+    link.fetch_add(100, false).unwrap();
+    // The MPI-layer forms, the HeapTarget's among them, with their data
+    // checked (an error otherwise).
+    let forms = link.rma_flush_forms(50, 77).unwrap();
+    assert!(forms.put_handle_us > 0.0 && forms.fadd_handle_us > 0.0, "{forms:?}");
+    link.fetch_add(100, false).unwrap();
     link.quit().unwrap();
 }
