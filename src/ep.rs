@@ -515,6 +515,14 @@ impl Endpoint {
         with_ep!(self, |ep, ctx| f(ep, ctx))
     }
 
+    /// As [`Endpoint::with_state`], with the context source rather than
+    /// the progress context (not built: a [`crate::HeapTarget`] call
+    /// needs only the counters).
+    #[inline(always)]
+    pub(crate) fn with_state_src<R>(&self, f: impl FnOnce(&mut EpState, &mut CtxSrc<'_>) -> Result<R>) -> Result<R> {
+        with_ep_src!(self, |ep, src| f(ep, src))
+    }
+
     /// A one-buffer transmit call.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]

@@ -2329,7 +2329,7 @@ impl HeapTarget<'_> {
         }
         let dom: &DomainInner = &self.ep.dom;
         let t = &self.t;
-        self.ep.with_rma(|ep, ctx| {
+        self.ep.with_state_src(|ep, src| {
             Initiator::rma_check(ep, FI_INJECT, true)?;
             let alive_ns = self.alive_ns.get();
             if alive_ns != u64::MAX {
@@ -2361,7 +2361,7 @@ impl HeapTarget<'_> {
             let s = &dom.rma.heap_ops;
             s.store(s.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             let done = SendDone { kind, ctx: 0, tag: 0, cqe: false, silent: true, dw: Dw::NONE, rsv: false };
-            complete_send(&ep.bind, ctx, done, None);
+            crate::engine::complete::complete_send_ok(&ep.bind, src, done);
             Ok(())
         })
     }
