@@ -2329,41 +2329,44 @@ impl HeapTarget<'_> {
         }
         let dom: &DomainInner = &self.ep.dom;
         let t = &self.t;
-        self.ep.with_state_src(|ep, src| {
-            Initiator::rma_check(ep, FI_INJECT, true)?;
-            let alive_ns = self.alive_ns.get();
-            if alive_ns != u64::MAX {
-                let now = coarse_ns();
-                if now.saturating_sub(alive_ns) >= dom.cfg.peer_check.as_nanos() as u64 {
-                    self.recheck(dom, now)?;
+        self.ep.with_state_src(
+            #[inline(always)]
+            |ep, src| {
+                Initiator::rma_check(ep, FI_INJECT, true)?;
+                let alive_ns = self.alive_ns.get();
+                if alive_ns != u64::MAX {
+                    let now = coarse_ns();
+                    if now.saturating_sub(alive_ns) >= dom.cfg.peer_check.as_nanos() as u64 {
+                        self.recheck(dom, now)?;
+                    }
                 }
-            }
-            let file: &RmaFile = &t.file;
-            let access = file.access(self.key, v, need).map_err(|(k, why)| Error::with(k, why))?;
-            let e = file.entry(self.key.slot);
-            // Bound now, as heap_fast reads them (Relaxed).
-            let cntr = (e.cntr_rw.load(Ordering::Relaxed), e.cntr_rr.load(Ordering::Relaxed));
-            let hoff = v.seg[0][0] + off;
-            let Some(h) = file.heap_at(hoff, len) else {
-                return Err(Error::with(ErrorKind::Io, "corrupt registration"));
-            };
-            if let Err((k, _, why)) = body(h, file, hoff) {
-                return Err(Error::with(k, why));
-            }
-            if count.0 {
-                count_landed(dom, t, cntr.0, 0);
-            }
-            if count.1 {
-                count_landed(dom, t, cntr.1, 1);
-            }
-            drop(access);
-            // Only ever changed under the domain lock (held): no RMW.
-            let s = &dom.rma.heap_ops;
-            s.store(s.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            let done = SendDone { kind, ctx: 0, tag: 0, cqe: false, silent: true, dw: Dw::NONE, rsv: false };
-            crate::engine::complete::complete_send_ok(&ep.bind, src, done);
-            Ok(())
-        })
+                let file: &RmaFile = &t.file;
+                let access = file.access(self.key, v, need).map_err(|(k, why)| Error::with(k, why))?;
+                let e = file.entry(self.key.slot);
+                // Bound now, as heap_fast reads them (Relaxed).
+                let cntr = (e.cntr_rw.load(Ordering::Relaxed), e.cntr_rr.load(Ordering::Relaxed));
+                let hoff = v.seg[0][0] + off;
+                let Some(h) = file.heap_at(hoff, len) else {
+                    return Err(Error::with(ErrorKind::Io, "corrupt registration"));
+                };
+                if let Err((k, _, why)) = body(h, file, hoff) {
+                    return Err(Error::with(k, why));
+                }
+                if count.0 {
+                    count_landed(dom, t, cntr.0, 0);
+                }
+                if count.1 {
+                    count_landed(dom, t, cntr.1, 1);
+                }
+                drop(access);
+                // Only ever changed under the domain lock (held): no RMW.
+                let s = &dom.rma.heap_ops;
+                s.store(s.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                let done = SendDone { kind, ctx: 0, tag: 0, cqe: false, silent: true, dw: Dw::NONE, rsv: false };
+                crate::engine::complete::complete_send_ok(&ep.bind, src, done);
+                Ok(())
+            },
+        )
     }
 
     /// The liveness check, due at `now`: a dead target's domain leaves
