@@ -1033,6 +1033,18 @@ fn rma_tables(figs: &[Vec<Figure>], paths: &[String]) -> String {
         paths[7],
         ratio(us.mmsgs, sm.mmsgs),
     );
+    let h = fadd(17);
+    let _ = writeln!(
+        o,
+        "the same through a HeapTarget (the registration resolved once, as an MPI window; done when the call \
+         returns): 8 B put latency {} ({}), {} (osc sm); fetch-add rate {} ({}), {} (osc sm)",
+        ratio(one8(16), put8(5)),
+        paths[5],
+        ratio(one8(16), put8(8)),
+        ratio(h.mmsgs, om.mmsgs),
+        paths[7],
+        ratio(h.mmsgs, sm.mmsgs),
+    );
     o
 }
 
@@ -1999,6 +2011,12 @@ mod tests {
         assert!(row.contains("0.050") && row.contains("0.50x") && row.contains("0.30x"), "{row}");
         assert!(t.contains("8 B put latency shmfab / Open MPI 0.50x (osc rdma), - (osc sm)"), "{t}");
         assert!(t.contains("fetch-add rate shmfab / Open MPI 2.40x (osc rdma)"), "{t}");
+        assert!(t.contains("HeapTarget (the registration resolved once"), "{t}");
+        assert!(t.contains("8 B put latency 0.15x (osc rdma), - (osc sm); fetch-add rate 6.00x (osc rdma)"), "{t}");
+        let f = t.lines().find(|l| l.contains("fetch-add by HeapTarget")).unwrap();
+        assert!(f.contains("0.040") && f.contains("0.13x"), "{f}");
+        let f = t.lines().find(|l| l.contains("shmfab HeapTarget")).unwrap();
+        assert!(f.contains("0.040") && f.contains("30.00"), "{f}");
         // The MPI-layer forms: inject put 0.02 against osc rdma's 0.1.
         let f = t.lines().find(|l| l.contains("put by inject_write")).unwrap();
         assert!(f.contains("0.020") && f.contains("0.20x"), "{f}");
