@@ -146,6 +146,24 @@ pub(crate) struct TargetCache {
     /// (coarse clock, ns): checked at most once per `peer_check`, also
     /// for targets that fell out of `ents`.
     alive_at: std::collections::HashMap<(u32, u32), u64>,
+    /// The last lookup that found its entry: the entry of the same
+    /// (endpoint, fi_addr, key's file) while the endpoint's AV is the
+    /// same AV at the same generation (every change bumps it), without
+    /// the AV's address read and the search. Cleared whenever `ents`
+    /// changes (indices move).
+    last: Option<LastHit>,
+}
+
+/// See [`TargetCache::last`].
+#[derive(Clone, Copy)]
+struct LastHit {
+    ep: usize,
+    dest: FiAddr,
+    fd: u32,
+    av: usize,
+    av_gen: u64,
+    /// The entry's index in `ents`.
+    i: usize,
 }
 
 struct Cached {
@@ -176,6 +194,7 @@ impl TargetCache {
 
     /// Drops every entry of the domain of `addr` (found dead).
     fn forget(&mut self, addr: &Address) {
+        self.last = None;
         self.ents.retain(|c| (c.t.addr.pid, c.t.addr.token) != (addr.pid, addr.token));
         self.alive_at.remove(&(addr.pid, addr.token));
     }
@@ -352,18 +371,38 @@ impl Initiator<'_> {
         key: u64,
     ) -> Result<std::result::Result<&'c mut Cached, Fail>> {
         // The hit path is inline in its callers, the rest out of line
-        // (the cold functions below): a cached target costs the AV read,
-        // the cache search and the coarse clock read.
-        let Some(addr) = ep.peers.av().and_then(|a| ctx.avs.get(a)).and_then(|av| av.lookup(dest)) else {
+        // (the cold functions below): the last target again costs the
+        // AV's generation check and the coarse clock read; another cached
+        // one, the AV read and the cache search.
+        let fd = Key::decode(key).fd;
+        let Some((av_id, av)) = ep.peers.av().and_then(|a| ctx.avs.get(a).map(|v| (a, v))) else {
             return Err(Self::no_addr(ep, ctx, dest));
         };
-        let fd = Key::decode(key).fd;
-        let i = match c.find(self.index(), fd, &addr) {
-            Some(i) => i,
-            None => match self.insert(ctx, c, addr, key, fd) {
-                Ok(i) => i,
-                Err(f) => return Ok(Err(f)),
-            },
+        let i = match c.last {
+            Some(l)
+                if l.dest == dest
+                    && l.ep == self.index()
+                    && l.fd == fd
+                    && l.av == av_id
+                    && l.av_gen == av.generation =>
+            {
+                l.i
+            }
+            _ => {
+                let Some(addr) = av.lookup(dest) else {
+                    return Err(Self::no_addr(ep, ctx, dest));
+                };
+                let av_gen = av.generation;
+                let i = match c.find(self.index(), fd, &addr) {
+                    Some(i) => i,
+                    None => match self.insert(ctx, c, addr, key, fd) {
+                        Ok(i) => i,
+                        Err(f) => return Ok(Err(f)),
+                    },
+                };
+                c.last = Some(LastHit { ep: self.index(), dest, fd, av: av_id, av_gen, i });
+                i
+            }
         };
         let alive_ns = c.ents[i].alive_ns;
         // Our own domain (u64::MAX) is alive while we run: never checked.
@@ -406,6 +445,7 @@ impl Initiator<'_> {
             None => u64::MAX,
             Some(_) => c.alive_at.get(&(addr.pid, addr.token)).copied().unwrap_or(0),
         };
+        c.last = None;
         if c.ents.len() >= TargetCache::SIZE {
             c.ents.remove(0);
         }

@@ -1901,3 +1901,49 @@ fn heap_target_of_a_dead_target(w: World) {
 fn heap_target_of_a_dead_target_fails() {
     run_killing("heap_target_of_a_dead_target_fails", 2, &[], T, &[1], heap_target_of_a_dead_target);
 }
+
+/// The target cache's last-hit path follows the AV: after the fi_addr of
+/// a peer is removed, a write to it is refused (never sent to the old
+/// peer), and once the fi_addr names another peer, writes go to that one
+/// (in one process: three domains).
+#[test]
+fn last_target_follows_the_av() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("rma-last-hit-{}", std::process::id()));
+    let fab = shmfab::Fabric::open().unwrap();
+    let (d0, d1, d2) = (fab.domain().unwrap(), fab.domain().unwrap(), fab.domain().unwrap());
+    let (cq, av) = (d0.cq_open(&Default::default()).unwrap(), d0.av_open().unwrap());
+    let ep0 = d0.endpoint().unwrap();
+    ep0.bind_cq(&cq, shmfab::FI_TRANSMIT | shmfab::FI_RECV).unwrap();
+    ep0.bind_av(&av).unwrap();
+    ep0.enable().unwrap();
+    let (ep1, ep2) = (d1.endpoint().unwrap(), d2.endpoint().unwrap());
+    let (h1, h2) = (d1.alloc_shared(64, RW).unwrap(), d2.alloc_shared(64, RW).unwrap());
+    let wait = || {
+        let mut e = [CqTaggedEntry::default()];
+        let t0 = Instant::now();
+        loop {
+            match cq.read(&mut e) {
+                Ok(1) => return Ok(()),
+                Err(x) if x.kind() == ErrorKind::Avail => return Err(cq.readerr().unwrap()),
+                _ => assert!(t0.elapsed() < Duration::from_secs(10), "no completion"),
+            }
+        }
+    };
+    let a = av.insert(&[ep1.getname()]).unwrap()[0];
+    for i in 0..3u8 {
+        ep0.write(&[i + 1; 8], a, 0, h1.key(), 1).unwrap();
+        wait().unwrap();
+    }
+    assert_eq!(&heap_bytes(&h1)[..8], &[3; 8]);
+    av.remove(&[a]).unwrap();
+    let e = ep0.write(&[9; 8], a, 0, h1.key(), 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoEnt, "{e}");
+    let b = av.insert(&[ep2.getname()]).unwrap()[0];
+    for i in 0..3u8 {
+        ep0.write(&[i + 5; 8], b, 8, h2.key(), 1).unwrap();
+        wait().unwrap();
+    }
+    assert_eq!(&heap_bytes(&h2)[8..16], &[7; 8]);
+    assert!(heap_bytes(&h2)[..8].iter().all(|&x| x == 0));
+    assert_eq!(&heap_bytes(&h1)[..16], &[[3u8; 8], [0; 8]].concat()[..], "a write went to the removed peer");
+}
