@@ -1946,4 +1946,10 @@ fn last_target_follows_the_av() {
     assert_eq!(&heap_bytes(&h2)[8..16], &[7; 8]);
     assert!(heap_bytes(&h2)[..8].iter().all(|&x| x == 0));
     assert_eq!(&heap_bytes(&h1)[..16], &[[3u8; 8], [0; 8]].concat()[..], "a write went to the removed peer");
+    // A HeapTarget of a closed endpoint refuses every call.
+    let h = ep0.heap_target(b, h2.key()).unwrap();
+    h.write(16, &[1; 8]).unwrap();
+    ep0.close().unwrap();
+    assert_eq!(h.write(24, &[1; 8]).unwrap_err().kind(), ErrorKind::Inval);
+    assert!(heap_bytes(&h2)[24..].iter().all(|&x| x == 0), "a write landed through a closed endpoint");
 }
