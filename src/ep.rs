@@ -516,8 +516,10 @@ impl Endpoint {
     }
 
     /// As [`Endpoint::with_state`], with the context source rather than
-    /// the progress context (not built: a [`crate::HeapTarget`] call
-    /// needs only the counters).
+    /// the progress context (not built: a [`crate::HeapTarget`] call and
+    /// the heap fast path of the one-buffer and one-element RMA calls
+    /// need only the counters; they build the context from the source
+    /// when they need more).
     #[inline(always)]
     pub(crate) fn with_state_src<R>(&self, f: impl FnOnce(&mut EpState, &mut CtxSrc<'_>) -> Result<R>) -> Result<R> {
         with_ep_src!(self, |ep, src| f(ep, src))

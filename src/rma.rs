@@ -147,10 +147,13 @@ pub(crate) struct TargetCache {
     /// for targets that fell out of `ents`.
     alive_at: std::collections::HashMap<(u32, u32), u64>,
     /// The last lookup that found its entry: the entry of the same
-    /// (endpoint, fi_addr, key's file) while the endpoint's AV is the
-    /// same AV at the same generation (every change bumps it), without
-    /// the AV's address read and the search. Cleared whenever `ents`
-    /// changes (indices move).
+    /// (endpoint, fi_addr, key's file) while the endpoint is the same
+    /// one (its section index and generation: an index is reused by the
+    /// next endpoint opened, with a new generation) and its AV is at the
+    /// same generation (every change bumps it; an endpoint binds one AV
+    /// for its life, which cannot close while bound, but a new AV in the
+    /// same slot starts again at 0), without the AV's address read and
+    /// the search. Cleared whenever `ents` changes (indices move).
     last: Option<LastHit>,
 }
 
@@ -158,6 +161,8 @@ pub(crate) struct TargetCache {
 #[derive(Clone, Copy)]
 struct LastHit {
     ep: usize,
+    /// The endpoint's generation (`Address::generation`).
+    ep_gen: u32,
     dest: FiAddr,
     fd: u32,
     av: usize,
@@ -260,9 +265,10 @@ impl Locked for crate::domain::CtxSrc<'_> {
 #[derive(Default)]
 pub(crate) struct CacheCell(std::cell::RefCell<TargetCache>);
 
-// SAFETY: the cell is only borrowed through `get`, which needs the `Ctx`
-// of the domain that holds it, and a `Ctx` exists only under that
-// domain's lock: no two threads borrow it at once. The RefCell's own
+// SAFETY: the cell is only borrowed through `get`, which needs a
+// `Locked` of the domain that holds it (the crate-private trait of `Ctx`
+// and `CtxSrc`, which exist only under that domain's lock): no two
+// threads borrow it at once. The RefCell's own
 // flag catches a nested borrow on one thread.
 unsafe impl Sync for CacheCell {}
 
@@ -434,6 +440,7 @@ impl Initiator<'_> {
             Some(l)
                 if l.dest == dest
                     && l.ep == self.index()
+                    && l.ep_gen == ep.addr.generation
                     && l.fd == fd
                     && l.av == av_id
                     && l.av_gen == av.generation =>
@@ -452,7 +459,7 @@ impl Initiator<'_> {
                         Err(f) => return Ok(Err(f)),
                     },
                 };
-                c.last = Some(LastHit { ep: self.index(), dest, fd, av: av_id, av_gen, i });
+                c.last = Some(LastHit { ep: self.index(), ep_gen: ep.addr.generation, dest, fd, av: av_id, av_gen, i });
                 i
             }
         };
@@ -2215,7 +2222,8 @@ impl HeapDest {
 /// A shared-heap registration of one peer, resolved once (as an MPI
 /// window is): [`Endpoint::heap_target`] finds the target, maps its RMA
 /// file and checks the key once, and each call here then goes straight
-/// to the heap, with every per-access check the endpoint's calls make:
+/// to the heap, with every per-access check the endpoint's calls make
+/// but the AV's (the fi_addr is resolved once, at the handle's making):
 /// the range and the rights against the registration, the registration
 /// still open under its key (the initiator record of [`crate::mr`], so
 /// a close never lets an access land after it returns), the target's
@@ -2275,9 +2283,13 @@ impl Endpoint {
     /// fi_addr `dest`'s registration `key`, resolved for [`HeapTarget`]
     /// calls. Err: `dest` not in the AV (`NoEnt`), the endpoint not
     /// enabled, the key naming no open registration (`NoKey`), a target
-    /// that is gone (`Io`), or memory that is not shared heap
-    /// (`OpNotSupp`: use the endpoint's calls, which reach it by single
-    /// copy or through the target's progress).
+    /// that is gone (`Io`), a registration with neither remote right
+    /// (`Perm`), or memory that is not shared heap (`OpNotSupp`: use the
+    /// endpoint's calls, which reach it by single copy or through the
+    /// target's progress). `dest` is resolved here, once: the handle
+    /// keeps reaching that peer if `dest` later leaves the AV (as an MPI
+    /// window keeps its group); the registration's key is what every
+    /// call checks.
     pub fn heap_target(&self, dest: FiAddr, key: u64) -> Result<HeapTarget<'_>> {
         let ini = self.ini();
         let (t, view) = self.with_rma(|ep, ctx| {

@@ -1951,5 +1951,95 @@ fn last_target_follows_the_av() {
     h.write(16, &[1; 8]).unwrap();
     ep0.close().unwrap();
     assert_eq!(h.write(24, &[1; 8]).unwrap_err().kind(), ErrorKind::Inval);
-    assert!(heap_bytes(&h2)[24..].iter().all(|&x| x == 0), "a write landed through a closed endpoint");
+    let mut got = [7u8; 8];
+    assert_eq!(h.read(0, &mut got).unwrap_err().kind(), ErrorKind::Inval);
+    assert_eq!(got, [7; 8], "a read through a closed endpoint moved data");
+    let one = 1u64.to_ne_bytes();
+    let e = h.atomic(AtomicType::Uint64, AtomicOp::Sum, &one, 24).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Inval);
+    let e = h.fetch_atomic(AtomicType::Uint64, AtomicOp::Sum, &one, &mut got, 24).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Inval);
+    let e = h.compare_atomic(AtomicType::Uint64, AtomicOp::Cswap, &one, &one, &mut got, 24).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Inval);
+    assert!(heap_bytes(&h2)[24..].iter().all(|&x| x == 0), "an access landed through a closed endpoint");
+}
+
+/// The endpoint calls' last hit is the same endpoint's: an endpoint and
+/// its AV closed and opened again take the same section index and AV
+/// slot, and the new AV reaches the same generation with one insert, so
+/// the same fi_addr of the new pair (another peer) must not find the old
+/// pair's target (the review of session 13 found writes, their counts
+/// and remote CQ data going to the old peer).
+#[test]
+fn last_target_is_the_endpoints_own() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("rma-last-reuse-{}", std::process::id()));
+    let fab = shmfab::Fabric::open().unwrap();
+    let (d0, d1) = (fab.domain().unwrap(), fab.domain().unwrap());
+    let heap = d1.alloc_shared(64, RW).unwrap();
+    // Two target endpoints of d1, each counting the remote writes that
+    // reach it.
+    let target = |c: &shmfab::Counter| {
+        let (ep, cq, av) = (d1.endpoint().unwrap(), d1.cq_open(&Default::default()).unwrap(), d1.av_open().unwrap());
+        ep.bind_cq(&cq, shmfab::FI_TRANSMIT | shmfab::FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.bind_cntr(c, FI_REMOTE_WRITE).unwrap();
+        ep.enable().unwrap();
+        (ep, cq, av)
+    };
+    let (ca, cb) = (d1.cntr_open().unwrap(), d1.cntr_open().unwrap());
+    let (ea, qa, _aa) = target(&ca);
+    let (eb, qb, _ab) = target(&cb);
+    let cq = d0.cq_open(&Default::default()).unwrap();
+    let wait = || {
+        let mut e = [CqTaggedEntry::default()];
+        let t0 = Instant::now();
+        loop {
+            match cq.read(&mut e) {
+                Ok(1) => return,
+                Err(x) if x.kind() == ErrorKind::Avail => panic!("{:?}", cq.readerr().unwrap()),
+                _ => assert!(t0.elapsed() < Duration::from_secs(10), "no completion"),
+            }
+        }
+    };
+    let pair = || {
+        let (av, ep) = (d0.av_open().unwrap(), d0.endpoint().unwrap());
+        ep.bind_cq(&cq, shmfab::FI_TRANSMIT | shmfab::FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+        (av, ep)
+    };
+    {
+        let (av, ep) = pair();
+        let a = av.insert(&[ea.getname()]).unwrap()[0];
+        ep.write(&[1; 8], a, 0, heap.key(), 1).unwrap();
+        wait();
+        ep.close().unwrap();
+        av.close().unwrap();
+    }
+    assert_eq!((ca.read().unwrap(), cb.read().unwrap()), (1, 0));
+    let (av, ep) = pair();
+    let b = av.insert(&[eb.getname()]).unwrap()[0];
+    assert_eq!(b, 0, "the test needs the same fi_addr again");
+    ep.write(&[2; 8], b, 0, heap.key(), 1).unwrap();
+    wait();
+    assert_eq!((ca.read().unwrap(), cb.read().unwrap()), (1, 1), "the write was counted at the old peer");
+    ep.writedata(&[3; 8], 0xfeed, b, 8, heap.key(), 2).unwrap();
+    wait();
+    // The CQ data goes through d1's mailbox: d1's progress (the reads
+    // below) delivers it.
+    let mut e = [CqTaggedEntry::default()];
+    let t0 = Instant::now();
+    let (mut na, mut nb) = (0, 0);
+    while nb == 0 && t0.elapsed() < Duration::from_secs(10) {
+        d1.progress().unwrap();
+        na += qa.read(&mut e).unwrap_or(0);
+        if let Ok(1) = qb.read(&mut e) {
+            assert_eq!(e[0].data, 0xfeed);
+            nb += 1;
+        }
+    }
+    na += qa.read(&mut e).unwrap_or(0);
+    assert_eq!((na, nb), (0, 1), "remote CQ data at the old peer's endpoint");
+    assert_eq!((ca.read().unwrap(), cb.read().unwrap()), (1, 2));
+    assert_eq!(&heap_bytes(&heap)[..16], &[[2u8; 8], [3; 8]].concat()[..]);
 }

@@ -731,9 +731,9 @@ const RMA_SYSTEMS: [(&str, usize); 18] = [
 ];
 
 /// Index in [`RMA_SYSTEMS`] of each system with one figure at 8 B: the
-/// fetch-adds, and shmfab's 8 B forms of [`bench::FlushForms`]
-/// (after the raw floor). Of the fetch-adds (the last: the raw
-/// floor, two processes doing bare `lock xadd`s on one shared word).
+/// fetch-adds (shmfab's, Open MPI's two, and the raw floor: two
+/// processes doing bare `lock xadd`s on one shared word), then shmfab's
+/// 8 B forms of [`bench::FlushForms`] and its `HeapTarget` rows.
 const RMA_FADD: [usize; 10] = [4, 7, 10, 11, 12, 13, 14, 15, 16, 17];
 
 /// One round of the one-sided systems: each system's run (its figures
