@@ -41,7 +41,7 @@
 /// vector loop.
 pub const PIECE: usize = 2048;
 
-/// Bytes a step of the band's own copy ([`copy_band`]): eight 32-byte
+/// Bytes a step of the band's own copy ([`copy`] in the band): eight 32-byte
 /// loads, then eight stores, back to front.
 pub const BLOCK: usize = 256;
 
