@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Paired A/B of shmfab builds: each round runs `BIN bench pingpong|msgrate`
+# Paired A/B of shmfab builds: each round runs `BIN bench pingpong|msgrate|bw`
 # once per build, in alternating order, and the differences to the first
 # build are taken round by round (these shared VMs drift by more between
 # minutes than most hot-path changes are worth, so unpaired medians mislead).
@@ -8,7 +8,7 @@
 # differences of 2 ns and under needed 30-40 rounds to tell from noise; 16
 # rounds once showed a 7 ns gain that 16 more did not reproduce.
 #
-# Usage: scripts/ab.sh [-w pingpong|msgrate] [-s SIZE] [-n ROUNDS] BASE OTHER...
+# Usage: scripts/ab.sh [-w pingpong|msgrate|bw] [-s SIZE] [-n ROUNDS] BASE OTHER...
 #   BASE, OTHER: shmfab binaries (copy target/release/shmfab aside per build).
 set -euo pipefail
 what=pingpong size=8 rounds=30
@@ -21,7 +21,7 @@ while getopts "w:s:n:" o; do
   esac
 done
 shift $((OPTIND - 1))
-if [[ $# -lt 2 || ( $what != pingpong && $what != msgrate ) ]]; then
+if [[ $# -lt 2 || ( $what != pingpong && $what != msgrate && $what != bw ) ]]; then
   sed -n '2,12p' "$0"
   exit 2
 fi
@@ -34,15 +34,20 @@ for ((r = 1; r <= rounds; r++)); do
   for ((k = 0; k < n; k++)); do
     # Odd rounds run the builds in order, even rounds in reverse.
     j=$(( r % 2 ? k : n - 1 - k ))
-    # The last line is the size's row: half round trip in column 2, rate last.
+    # The last line is the size's row: half round trip in column 2,
+    # bandwidth in 3, rate last.
     v=$("${bins[$j]}" bench "$what" --sizes "$size" 2>&1 | tail -1 |
-      awk -v w="$what" '{ print (w == "pingpong") ? $2 : $NF }')
+      awk -v w="$what" '{ print (w == "pingpong") ? $2 : (w == "bw") ? $3 : $NF }')
     [[ $v =~ ^[0-9.]+$ ]] || { echo "ab: ${bins[$j]} gave no figure" >&2; exit 1; }
     vals[j]=$v
   done
   echo "${vals[*]}" >>"$out"
 done
-unit=$([[ $what == pingpong ]] && echo "us (half round trip; lower is better)" || echo "Mmsg/s (higher is better)")
+case $what in
+  pingpong) unit="us (half round trip; lower is better)" ;;
+  bw) unit="GB/s (streaming bandwidth; higher is better)" ;;
+  *) unit="Mmsg/s (higher is better)" ;;
+esac
 echo "$what, $size B, $rounds paired rounds, in $unit"
 for ((j = 0; j < n; j++)); do
   awk -v j=$((j + 1)) -v name="${bins[$j]}" -v lower=$([[ $what == pingpong ]] && echo 1 || echo 0) '

@@ -5,19 +5,28 @@
 //! (its `rep_movsb_threshold`: 2048 at the lowest, 2112 measured on this
 //! VM's AMD EPYC with FSRM). When the destination lies 1 to 31 bytes past
 //! the source modulo 4096 (every load then 4K-aliases a store just made),
-//! `rep movsb` runs at about 2-3 GB/s instead of 40-90: measured on the
-//! development VM, 16 KiB in cache, 2.9 GB/s against 89 (C, 2026-11-26).
-//! Its vector loop, taken below the threshold, checks for that aliasing
-//! and copies backward, so a copy cut into pieces of at most [`PIECE`]
-//! bytes runs at 45-67 GB/s in the same placement.
+//! `rep movsb` runs at about 3 GB/s instead of 60-100: measured on the
+//! development VM, 16 KiB in cache, 2.9-3.1 GB/s against 95 (C, 2026-11-26,
+//! best of 200 batches; 32 to 63 bytes past: 66 GB/s, no collapse). There
+//! we copy with a loop of our own, back to front, that loads eight 32-byte
+//! vectors before it stores them ([`BLOCK`] bytes a step; AVX, found at
+//! run time): 49-65 GB/s in the band (16 KiB: 0.25 us against 0.87 for
+//! the 2 KiB `memcpy` pieces used before, which ran at 18-20 GB/s there;
+//! 4 KiB 0.062 against 0.21). Front to back the same loop made 44-57
+//! GB/s, but lost 1.4-1.5 us at 256 KiB through the pool between two
+//! processes, where back to front won 0.9 (`SHMFAB_CMA=off`, paired
+//! rounds). Without AVX, the pieces: glibc's vector loop, taken below the
+//! threshold, checks for the aliasing and copies backward.
 //!
 //! The placement is common, not contrived: glibc gives every allocation
 //! of 128 KiB or more its own mapping, 16 bytes past a page boundary, and
 //! shmfab's pool chunks and heap blocks start on page (or cache-line)
 //! boundaries, so a receive into a large `malloc`ed buffer copies from
-//! offset 0 of a page to offset 16: inside the band. Single copy
-//! (process_vm_readv) meets the same collapse in the kernel's copy when the
-//! two user buffers sit so; that one we cannot cut up (see [`crate::proto`]).
+//! offset 0 of a page to offset 16: inside the band (every fragment of a
+//! pool message into the bench's buffers). Single copy (process_vm_readv)
+//! meets the same collapse in the kernel's copy when the two user buffers
+//! sit so; that one we cannot change (see [`crate::proto`]), so its test
+//! ([`ranges_in_band`]) keeps a margin: 1 to 63 bytes.
 //!
 //! ```
 //! let src = vec![7u8; 20_000];
@@ -32,17 +41,25 @@
 /// vector loop.
 pub const PIECE: usize = 2048;
 
-/// Whether a copy of `n` bytes from `src` to `dst` would hit the slow
-/// placement: more than [`PIECE`] bytes, destination 1 to 63 bytes past
-/// the source modulo 4096 (31 measured; the margin costs nothing). Always
-/// false off x86-64.
+/// Bytes a step of the band's own copy ([`copy`] in the band): eight 32-byte
+/// loads, then eight stores, back to front.
+pub const BLOCK: usize = 256;
+
+/// Whether a copy of `n` bytes from `src` to `dst` by `memcpy` would hit
+/// the slow placement: more than [`PIECE`] bytes, destination 1 to 31
+/// bytes past the source modulo 4096 (measured: see the module's note;
+/// from 32 on `memcpy` is faster than any cut-up copy, 66 GB/s against
+/// 52-60). Always false off x86-64.
 #[inline(always)]
 pub fn in_band(src: *const u8, dst: *const u8, n: usize) -> bool {
-    in_band_at(src as u64, dst as u64, n as u64)
+    cfg!(target_arch = "x86_64") && n > PIECE && (dst as usize).wrapping_sub(src as usize).wrapping_sub(1) & 4095 < 31
 }
 
-/// [`in_band`] of two addresses as numbers (one of them may be another
-/// process's).
+/// Whether a single copy (the kernel's `rep movsb`) of `n` bytes from
+/// `src` to `dst`, addresses as numbers (one of them may be another
+/// process's), may hit the slow placement: as [`in_band`], with a margin,
+/// 1 to 63 bytes (a single copy found there goes through the pool, whose
+/// copies we make ourselves).
 #[inline(always)]
 pub fn in_band_at(src: u64, dst: u64, n: u64) -> bool {
     cfg!(target_arch = "x86_64") && n > PIECE as u64 && dst.wrapping_sub(src).wrapping_sub(1) & 4095 < 63
@@ -83,7 +100,7 @@ pub fn ranges_in_band(src: &[(u64, u64)], dst: &[(u64, u64)]) -> bool {
 pub unsafe fn copy(src: *const u8, dst: *mut u8, n: usize) {
     if in_band(src, dst, n) {
         // SAFETY: the caller's contract, passed on.
-        unsafe { copy_pieces(src, dst, n) }
+        unsafe { copy_band(src, dst, n) }
     } else {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, n) }
@@ -101,7 +118,7 @@ pub unsafe fn move_bytes(src: *const u8, dst: *mut u8, n: usize) {
     let (s, d) = (src as usize, dst as usize);
     if in_band(src, dst, n) && (d.wrapping_add(n) <= s || s.wrapping_add(n) <= d) {
         // SAFETY: disjoint (checked), valid per the caller.
-        unsafe { copy_pieces(src, dst, n) }
+        unsafe { copy_band(src, dst, n) }
     } else {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy(src, dst, n) }
@@ -117,7 +134,64 @@ pub fn copy_slice(dst: &mut [u8], src: &[u8]) {
     unsafe { copy(src.as_ptr(), dst.as_mut_ptr(), src.len()) }
 }
 
-/// The band's copy: pieces of [`PIECE`] bytes, front to back.
+/// The band's copy: [`BLOCK`] bytes a step by AVX where the CPU has it
+/// (back to front), else pieces of [`PIECE`] bytes by `memcpy`.
+///
+/// # Safety
+/// As [`copy`].
+#[inline(never)]
+unsafe fn copy_band(src: *const u8, dst: *mut u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX is there (checked); the caller's contract.
+        unsafe { copy_blocks_avx(src, dst, n) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { copy_pieces(src, dst, n) }
+}
+
+/// [`BLOCK`] bytes a step, back to front, all eight loads before the
+/// stores: the band's collapse is every load waiting on a store it
+/// 4K-aliases (same address modulo 4096), and here no load comes after a
+/// store it aliases. The head, under a block, by `memcpy` (its vector
+/// loop: under [`PIECE`]).
+///
+/// # Safety
+/// As [`copy`]; the CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn copy_blocks_avx(src: *const u8, dst: *mut u8, n: usize) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256 as load, _mm256_storeu_si256 as store};
+    // Back to front: every load then lies below the stores made before it
+    // (the destination is ahead of the source), so none waits on one.
+    let head = n % BLOCK;
+    let mut off = n;
+    while off > head {
+        off -= BLOCK;
+        // SAFETY: head <= off and off + BLOCK <= n: every load inside the
+        // source, every store inside the destination (unaligned loads and
+        // stores); the ranges are disjoint (the caller's contract).
+        unsafe {
+            let s = src.add(off) as *const __m256i;
+            let d = dst.add(off) as *mut __m256i;
+            let (r0, r1, r2, r3) = (load(s), load(s.add(1)), load(s.add(2)), load(s.add(3)));
+            let (r4, r5, r6, r7) = (load(s.add(4)), load(s.add(5)), load(s.add(6)), load(s.add(7)));
+            store(d, r0);
+            store(d.add(1), r1);
+            store(d.add(2), r2);
+            store(d.add(3), r3);
+            store(d.add(4), r4);
+            store(d.add(5), r5);
+            store(d.add(6), r6);
+            store(d.add(7), r7);
+        }
+    }
+    // SAFETY: the head, under a block, inside both ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+}
+
+/// Pieces of [`PIECE`] bytes by `memcpy`, front to back.
 ///
 /// # Safety
 /// As [`copy`].
@@ -137,13 +211,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn band_is_one_to_sixty_three_bytes_ahead_mod_4096() {
+    fn band_is_one_to_thirty_one_bytes_ahead_mod_4096_for_ours_to_sixty_three_for_the_kernels() {
         let base = 0x10_0000usize;
         let at = |d: usize| (base as *const u8, (base + 0x3000 + d) as *const u8);
-        for (d, want) in [(0, false), (1, true), (16, true), (31, true), (63, true), (64, false), (4095, false)] {
+        let x86 = cfg!(target_arch = "x86_64");
+        for (d, ours, kernel) in [
+            (0, false, false),
+            (1, true, true),
+            (16, true, true),
+            (31, true, true),
+            (32, false, true),
+            (63, false, true),
+        ]
+        .into_iter()
+        .chain([(64, false, false), (4095, false, false)])
+        {
             let (s, t) = at(d);
-            assert_eq!(in_band(s, t, PIECE + 1), want && cfg!(target_arch = "x86_64"), "d = {d}");
+            assert_eq!(in_band(s, t, PIECE + 1), ours && x86, "d = {d}");
+            assert_eq!(in_band_at(s as u64, t as u64, PIECE as u64 + 1), kernel && x86, "d = {d}");
             assert!(!in_band(s, t, PIECE), "pieces themselves are never cut (d = {d})");
+            assert!(!in_band_at(s as u64, t as u64, PIECE as u64), "d = {d}");
         }
         // Behind the source (wraps): not in the band.
         assert!(!in_band((base + 16) as *const u8, base as *const u8, 1 << 20));
@@ -183,7 +270,7 @@ mod tests {
         let d0 = dst.as_ptr().align_offset(4096);
         for so in [0usize, 1, 16, 33] {
             for dd in [0usize, 1, 16, 31, 32, 63, 64, 100] {
-                for n in [0usize, 1, 31, PIECE - 1, PIECE, PIECE + 1, 2 * PIECE + 17, 3 * 4096] {
+                for n in [0usize, 1, 31, PIECE - 1, PIECE, PIECE + 1, 2 * PIECE + 17, 9 * BLOCK - 1, 3 * 4096] {
                     dst.fill(0xee);
                     let (s, d) = (s0 + so, d0 + so + dd);
                     copy_slice(&mut dst[d..d + n], &src[s..s + n]);
@@ -191,6 +278,25 @@ mod tests {
                     assert!(dst[..d].iter().all(|&b| b == 0xee), "wrote before the range");
                     assert!(dst[d + n..].iter().all(|&b| b == 0xee), "wrote after the range");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn both_band_copies_copy_exactly() {
+        // The pieces (the copy without AVX) and the blocks, whichever this
+        // CPU takes, at lengths around their steps, in the band.
+        let src: Vec<u8> = (0..5 * 4096).map(|i| (i * 37 % 253) as u8).collect();
+        let mut dst = vec![0u8; 6 * 4096];
+        let s = src.as_ptr().align_offset(4096);
+        let d = dst.as_ptr().align_offset(4096) + 16;
+        for n in [PIECE + 1, BLOCK * 8, BLOCK * 8 + 255, 3 * PIECE + 5, 4096 * 3 + 100] {
+            for f in [copy_pieces as unsafe fn(*const u8, *mut u8, usize), copy_band] {
+                dst.fill(0xee);
+                // SAFETY: distinct vectors, ranges in bounds.
+                unsafe { f(src.as_ptr().add(s), dst.as_mut_ptr().add(d), n) };
+                assert_eq!(&dst[d..d + n], &src[s..s + n], "n {n}");
+                assert!(dst[..d].iter().chain(&dst[d + n..]).all(|&b| b == 0xee), "n {n}: wrote outside");
             }
         }
     }

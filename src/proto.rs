@@ -64,6 +64,30 @@
 //! message (matching, the receive order, completions). Paired, 16 KiB
 //! took 1.358 us against 1.417 (better in 13 of 16, raw 0.043-0.09).
 //!
+//! Session 13 (2026-11-26 evening, raw 8 B 0.11-0.23 us around each run):
+//! with the receiver's copy out of the pool 3x faster in the band (the
+//! bench's buffers sit 16 bytes past a page: [`crate::copy`]) and the
+//! receive order skipped for the oldest message, 16 KiB went from 1.35 to
+//! 1.27 us and 1.82 to 1.47 (paired, 12 of 12 and 9 of 10 better). The
+//! fragment sizes measured again after it: at 16 KiB 2 x 8 KiB tied (+0.02
+//! us, 4 of 12 better), 8 x 2 KiB lost 0.13 (2 of 12); at 64 KiB 2 x 32
+//! KiB lost 0.19 (4 of 12), 8 KiB fragments 0.15 (3 of 12): the defaults
+//! stay. A split single copy from 256 KiB (`SHMFAB_SPLIT_MIN=256k`) lost
+//! 1.6 us at 256 KiB (15.0 against 18.2, 1 of 8 better).
+//!
+//! Measured for 4 MiB streams and not taken (the figure, 11.5-12.6 GB/s,
+//! is the kernel's copy on both cores: a bandwidth run keeps both busy,
+//! 1.9 CPUs for 1 of wall time): huge pages for the buffers of a split
+//! copy (`madvise(MADV_COLLAPSE)` of the 2 MiB blocks of each side's own
+//! buffer) took it to 13-20 GB/s in 5 alternating runs, but a collapse
+//! costs 0.6-6 ms per 2 MiB block on this VM (the bench's 10 windows then
+//! lost 0.9 GB/s paired, 6 of 20), so only a buffer reused many times
+//! would gain. Through the pool (`SHMFAB_CMA=off`) 4 MiB streams at 6
+//! GB/s, with non-temporal stores in the receiver's copy the same: the
+//! hand-over between the cores is the limit there, though a C probe on
+//! one core streams 4 MiB into 16 rotating buffers at 23-24 GB/s with
+//! them against 11-12 by `memcpy`.
+//!
 //! A rendezvous ends with a FIN from its receiver when the receiver read
 //! the sender's buffer (single copy; a split copy after its WDONE), dropped
 //! the message (FI_DISCARD) or failed. One whose data the receiver asked

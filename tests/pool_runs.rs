@@ -143,3 +143,67 @@ fn runs_survive_a_small_shuffled_pool() {
         stream(&w, &lens);
     });
 }
+
+#[test]
+fn receives_in_the_copys_slow_band_carry_every_byte() {
+    // Pool chunks start on page boundaries, so a receive buffer k bytes
+    // past a page puts every fragment's copy k bytes ahead of its source
+    // modulo 4096: 1-31 is the band where `memcpy` collapses and
+    // `shmfab::copy` uses its own loop (back to front), 32-63 and 0 are
+    // `memcpy`'s. Eager (16-64 KiB) and asked for through the pool
+    // (200 KB, CMA off), each buffer with guard bytes either side.
+    run(
+        "receives_in_the_copys_slow_band_carry_every_byte",
+        2,
+        &[("SHMFAB_CMA", "off")],
+        Duration::from_secs(120),
+        |w| {
+            let offsets = [0usize, 1, 16, 31, 32, 63];
+            let lens = [16 << 10, (64 << 10) + 7, 200_000];
+            let slot = 200_000usize.next_multiple_of(4096) + 8192;
+            let tag = |i: usize| 300 + i as u64;
+            let n = offsets.len() * lens.len();
+            if w.rank == 1 {
+                let mut arena = vec![0x5au8; n * slot + 2 * 4096];
+                let page = arena.as_ptr().align_offset(4096);
+                let at = |i: usize| page + 4096 + i * slot + offsets[i % offsets.len()];
+                for i in 0..n {
+                    let len = lens[i / offsets.len()];
+                    let a = at(i);
+                    assert_eq!((arena.as_ptr() as usize + a) % 4096, offsets[i % offsets.len()]);
+                    // SAFETY: the arena lives until every completion below; the
+                    // ranges are disjoint (slot apart).
+                    let b = unsafe { std::slice::from_raw_parts_mut(arena.as_mut_ptr().add(a), len) };
+                    // SAFETY: as above.
+                    unsafe { w.ep.trecv(b, w.addrs[0], tag(i), 0, 7000 + i).unwrap() };
+                }
+                w.barrier();
+                for i in 0..n {
+                    let (len, off) = (lens[i / offsets.len()], offsets[i % offsets.len()]);
+                    let (e, _) = w.wait_ctx(7000 + i).unwrap_or_else(|e| panic!("{len} B at +{off}: {e:?}"));
+                    assert_eq!(e.len, len);
+                    let a = at(i);
+                    let want = pattern(len, tag(i));
+                    if arena[a..a + len] != want[..] {
+                        let first = arena[a..a + len].iter().zip(&want).position(|(x, y)| x != y).unwrap();
+                        panic!("{len} B at +{off}: first wrong byte at {first}");
+                    }
+                    assert!(arena[a - 64..a].iter().all(|&b| b == 0x5a), "{len} B at +{off}: wrote before");
+                    assert!(arena[a + len..a + len + 64].iter().all(|&b| b == 0x5a), "{len} B at +{off}: wrote after");
+                }
+            } else {
+                let data: Vec<Vec<u8>> = (0..n).map(|i| pattern(lens[i / offsets.len()], tag(i))).collect();
+                w.barrier();
+                for (i, d) in data.iter().enumerate() {
+                    // SAFETY: data lives until the sends' completions below.
+                    w.retry(|| unsafe { w.ep.tsend(d, w.addrs[1], tag(i), 8000 + i) });
+                }
+                for i in 0..n {
+                    w.ok(8000 + i);
+                }
+            }
+            w.barrier();
+            assert_eq!(w.unclaimed(), 0, "stray completions");
+        },
+    );
+}

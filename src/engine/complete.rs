@@ -556,9 +556,16 @@ pub(crate) fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64,
         emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
         return;
     }
-    match order.iter_mut().find(|x| key != 0 && x.0 == key) {
-        Some(slot) => slot.1 = Some(pr),
-        None => order.push_back((0, Some(pr))),
+    if key != 0 && order.front().is_some_and(|x| x.0 == key) {
+        // The oldest (the common case: one message at a time from this
+        // peer): written now, not moved into its place and out again.
+        order.pop_front();
+        emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
+    } else {
+        match order.iter_mut().find(|x| key != 0 && x.0 == key) {
+            Some(slot) => slot.1 = Some(pr),
+            None => order.push_back((0, Some(pr))),
+        }
     }
     while ep.peers[p].rx.order.front().is_some_and(|x| x.1.is_some()) {
         let (_, pr) = ep.peers[p].rx.order.pop_front().expect("front checked");
