@@ -10,9 +10,14 @@
 //! best of 200 batches; 32 to 63 bytes past: 66 GB/s, no collapse). There
 //! we copy with a loop of our own, back to front, that loads eight 32-byte
 //! vectors before it stores them ([`BLOCK`] bytes a step; AVX, found at
-//! run time): 49-65 GB/s in the band (16 KiB: 0.25 us against 0.87 for
-//! the 2 KiB `memcpy` pieces used before, which ran at 18-20 GB/s there;
-//! 4 KiB 0.062 against 0.21). Front to back the same loop made 44-57
+//! run time). Against the 2 KiB `memcpy` pieces used before: from a
+//! source the other core just wrote (the receiver's copy out of the
+//! pool), 10-20% faster (16 KiB, medians 0.66-0.68 us against 0.81-0.82
+//! at +1 and +16; the helper's first probe gave 0.25 against 0.87, which
+//! the review did not reproduce); in cache on one core, 0.22 against
+//! 0.24 us at +16 but 0.29 against 0.25 at offsets that are no multiple
+//! of 8; end to end, 16 KiB ping-pong through the pool 0.07 us faster
+//! (paired, median). Front to back the same loop made 44-57
 //! GB/s, but lost 1.4-1.5 us at 256 KiB through the pool between two
 //! processes, where back to front won 0.9 (`SHMFAB_CMA=off`, paired
 //! rounds). Without AVX, the pieces: glibc's vector loop, taken below the
@@ -48,8 +53,9 @@ pub const BLOCK: usize = 256;
 /// Whether a copy of `n` bytes from `src` to `dst` by `memcpy` would hit
 /// the slow placement: more than [`PIECE`] bytes, destination 1 to 31
 /// bytes past the source modulo 4096 (measured: see the module's note;
-/// from 32 on `memcpy` is faster than any cut-up copy, 66 GB/s against
-/// 52-60). Always false off x86-64.
+/// from 32 on `memcpy` no longer collapses, 66 GB/s, and the pieces were
+/// slower there, 52-60; our loop is about as fast, 57-75, so the band
+/// stops at 31). Always false off x86-64.
 #[inline(always)]
 pub fn in_band(src: *const u8, dst: *const u8, n: usize) -> bool {
     cfg!(target_arch = "x86_64") && n > PIECE && (dst as usize).wrapping_sub(src as usize).wrapping_sub(1) & 4095 < 31
@@ -153,8 +159,9 @@ unsafe fn copy_band(src: *const u8, dst: *mut u8, n: usize) {
 
 /// [`BLOCK`] bytes a step, back to front, all eight loads before the
 /// stores: the band's collapse is every load waiting on a store it
-/// 4K-aliases (same address modulo 4096), and here no load comes after a
-/// store it aliases. The head, under a block, by `memcpy` (its vector
+/// 4K-aliases (same address modulo 4096), and here no load follows a
+/// recent store it aliases (stores 4 KiB back, about 120 stores earlier,
+/// have left the store buffer). The head, under a block, by `memcpy` (its vector
 /// loop: under [`PIECE`]).
 ///
 /// # Safety

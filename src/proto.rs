@@ -65,7 +65,7 @@
 //! took 1.358 us against 1.417 (better in 13 of 16, raw 0.043-0.09).
 //!
 //! Session 13 (2026-11-26 evening, raw 8 B 0.11-0.23 us around each run):
-//! with the receiver's copy out of the pool 3x faster in the band (the
+//! with the receiver's copy out of the pool 10-20% faster in the band (the
 //! bench's buffers sit 16 bytes past a page: [`crate::copy`]) and the
 //! receive order skipped for the oldest message, 16 KiB went from 1.35 to
 //! 1.27 us and 1.82 to 1.47 (paired, 12 of 12 and 9 of 10 better). The
