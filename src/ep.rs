@@ -1040,7 +1040,7 @@ mod tests {
     }
 
     /// A stream read through arrays smaller than it: the first read's
-    /// pass takes at most 16 messages from the ring (the rest wait there,
+    /// pass takes at most 16 inline messages from the ring (the rest wait there,
     /// for the next reads' passes), writes what fits into the read's
     /// array and queues the rest in the CQ; every message completes once,
     /// in order, into its own buffer (48 messages read through arrays of
