@@ -477,9 +477,15 @@ impl PeerRx {
         self.order.is_empty()
     }
 
-    /// Whether message `msg_id` is in progress.
+    /// Whether a new message from the peer may not take id `msg_id`: 0
+    /// (the order's mark of a completion on arrival), an id in progress,
+    /// or one whose place in the order is still held (a sender never
+    /// reuses an id; a peer that does would otherwise overwrite a held
+    /// completion or leave a place nobody fills). Ids of unmatched
+    /// messages waiting in the unexpected queue are not searched here (a
+    /// duplicate among them only confuses that peer's own order).
     pub fn has(&self, msg_id: u64) -> bool {
-        self.parts.iter().any(|x| x.0 == msg_id)
+        msg_id == 0 || self.parts.iter().any(|x| x.0 == msg_id) || self.order.iter().any(|x| x.0 == msg_id)
     }
 
     /// The message `msg_id` in progress.
@@ -831,6 +837,20 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_cannot_reuse_an_id_the_order_holds() {
+        let mut rx = PeerRx::new();
+        assert!(rx.has(0), "id 0 marks completions on arrival");
+        assert!(!rx.has(7));
+        let d = Dest { cqe: true, ..Default::default() };
+        let a = ActiveRecv { dest: d, total: 100, received: 0, tag: 0, data: 0, hflags: 0, timed: None, fin: false };
+        rx.start_matched(7, RxCur::Active(a));
+        assert!(rx.has(7), "in progress");
+        assert!(rx.take(7).is_some());
+        assert!(rx.has(7), "out of progress, its place in the order still held");
+        assert!(!rx.has(8));
+    }
+
+    #[test]
     fn receive_order_is_kept_per_peer() {
         let mut rx = PeerRx::new();
         assert!(rx.in_order());
@@ -846,7 +866,8 @@ mod tests {
         assert!(rx.feeding());
         assert_eq!(rx.active_count(), 1);
         assert!(matches!(rx.take(5), Some(RxCur::Active(_))));
-        assert!(!rx.has(5));
+        assert!(rx.get_mut(5).is_none(), "out of progress");
+        assert!(rx.has(5), "its id still held by its place");
         let (order, parts) = rx.drain_all();
         assert_eq!((order.len(), parts.len()), (1, 0), "its place stays until it completes");
     }
