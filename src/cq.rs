@@ -638,17 +638,18 @@ impl CqState {
         true
     }
 
+    /// Whether `out` (and `src`) are arguments [`CqState::read`] takes:
+    /// the CQ's format, one entry at least, a source per entry.
+    #[inline(always)]
+    fn args_fit<T: CqFormatEntry>(&self, out: &[T], src: Option<&[FiAddr]>) -> bool {
+        T::FORMAT == self.format && !out.is_empty() && src.is_none_or(|s| s.len() >= out.len())
+    }
+
     /// Opens the sink on `out` (and `src`) if a read may take entries
     /// straight from progress: arguments valid for [`CqState::read`] and
     /// nothing waiting in the CQ (nor overrun). Returns whether it did.
     fn open_sink<T: CqFormatEntry>(&mut self, out: &mut [T], src: Option<&mut [FiAddr]>) -> bool {
-        if T::FORMAT != self.format
-            || out.is_empty()
-            || src.as_ref().is_some_and(|s| s.len() < out.len())
-            || !self.entries.is_empty()
-            || !self.errors.is_empty()
-            || self.overrun
-        {
+        if !self.args_fit(out, src.as_deref()) || !self.entries.is_empty() || !self.errors.is_empty() || self.overrun {
             return false;
         }
         self.sink = Sink {
@@ -707,6 +708,23 @@ impl CqState {
         }
         self.entries.take_into(&mut out[..n], src.map(|s| &mut s[..n]));
         Ok(n)
+    }
+
+    /// [`CqState::read`] of a CQ that holds entries and no error
+    /// ([`CqState::take_unprogressed`] said so): with valid arguments,
+    /// the take without the read's checks again (callgrind, rma_ops: a
+    /// put and its CQ read 678 -> 662 instructions). Out of line, so that the empty
+    /// poll's path stays as it was (196 instructions per empty read, 745
+    /// per 8 B half trip); inline in `read_impl` it saved 48 a read but
+    /// cost the empty read and the half trip 3 each.
+    #[inline(never)]
+    fn read_held<T: CqFormatEntry>(&mut self, out: &mut [T], src: Option<&mut [FiAddr]>) -> Result<usize> {
+        if self.args_fit(out, src.as_deref()) {
+            let n = out.len().min(self.entries.len());
+            self.entries.take_into(&mut out[..n], src.map(|s| &mut s[..n]));
+            return Ok(n);
+        }
+        self.read(out, src)
     }
 
     /// fi_cq_readerr.
@@ -892,15 +910,7 @@ impl CompletionQueue {
         let c = st.cqs.get_mut(self.id).expect("open CQ has state");
         if !c.open_sink(out, src.as_deref_mut()) {
             if c.take_unprogressed() {
-                // Entries held and no error (checked there): with valid
-                // arguments, the take inline (the out-of-line read and its
-                // checks again cost about 40 instructions a read).
-                if T::FORMAT == c.format && !out.is_empty() && src.as_ref().is_none_or(|s| s.len() >= out.len()) {
-                    let n = out.len().min(c.entries.len());
-                    c.entries.take_into(&mut out[..n], src.map(|s| &mut s[..n]));
-                    return Ok(n);
-                }
-                return c.read(out, src);
+                return c.read_held(out, src);
             }
             self.dom.progress(&mut st);
             return idle_hint(st.cqs.get_mut(self.id).expect("open CQ has state").read(out, src));

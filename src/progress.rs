@@ -281,8 +281,8 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
     }
 }
 
-/// Reads up to [`BATCH`] messages ([`RING_BATCH`] inline ones) of ring `r` (taken out of the endpoint
-/// by [`progress_ep`]), which holds one at least (its caller found it
+/// Reads up to [`BATCH`] messages ([`RING_BATCH`] inline ones) of ring
+/// `r` (taken out of the endpoint by [`progress_ep`]), which holds one at least (its caller found it
 /// [`ready`](crate::ring::RingRx::ready)). Each message is handled through
 /// a copy of its place ([`RingView`]).
 fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
