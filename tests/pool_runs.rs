@@ -207,3 +207,79 @@ fn receives_in_the_copys_slow_band_carry_every_byte() {
         },
     );
 }
+
+#[test]
+fn sends_from_every_line_offset_carry_every_byte() {
+    // The pool path from send buffers at every kind of offset in a cache
+    // line, one segment or three (segments ending mid-line and mid-chunk,
+    // so fragments gather across them), eager (5 KB-100 KB) and asked for
+    // through the pool (200 KB, CMA off), into receive buffers at several
+    // offsets; every byte checked, guard bytes either side.
+    run("sends_from_every_line_offset_carry_every_byte", 2, &[("SHMFAB_CMA", "off")], Duration::from_secs(120), |w| {
+        let offsets = [0usize, 1, 16, 31, 32, 48, 63];
+        let lens = [5_000usize, 16 << 10, (64 << 10) + 7, 100_000, 200_000];
+        let cases: Vec<(usize, usize, bool)> =
+            lens.iter().flat_map(|&l| offsets.iter().flat_map(move |&o| [(l, o, false), (l, o, true)])).collect();
+        let tag = |i: usize| 900 + i as u64;
+        if w.rank == 1 {
+            let mut bufs: Vec<Vec<u8>> = cases.iter().map(|&(l, _, _)| vec![0x3cu8; l + 256]).collect();
+            let at = |b: &Vec<u8>, i: usize| b.as_ptr().align_offset(64) + 64 + [0usize, 16, 40][i % 3];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                let (a, l) = (at(b, i), cases[i].0);
+                // SAFETY: the buffers live until their completions below.
+                unsafe { w.ep.trecv(&mut b[a..a + l], w.addrs[0], tag(i), 0, 9000 + i).unwrap() };
+            }
+            w.barrier();
+            for (i, &(l, o, v)) in cases.iter().enumerate() {
+                let (e, _) = w.wait_ctx(9000 + i).unwrap_or_else(|e| panic!("{l} B from +{o} (iov {v}): {e:?}"));
+                assert_eq!(e.len, l);
+                let (b, a) = (&bufs[i], at(&bufs[i], i));
+                let want = pattern(l, tag(i));
+                if b[a..a + l] != want[..] {
+                    let first = b[a..a + l].iter().zip(&want).position(|(x, y)| x != y).unwrap();
+                    panic!("{l} B from +{o} (iov {v}): first wrong byte at {first}");
+                }
+                assert!(b[..a].iter().all(|&x| x == 0x3c), "{l} B from +{o}: wrote before");
+                assert!(b[a + l..].iter().all(|&x| x == 0x3c), "{l} B from +{o}: wrote after");
+            }
+        } else {
+            // One message per case, `o` bytes past a line; the three-segment
+            // form cuts it at a third and two thirds plus 5, each segment in
+            // a buffer of its own at a different line offset.
+            let mut keep: Vec<Vec<u8>> = Vec::new();
+            let mut msgs: Vec<Vec<(usize, usize)>> = Vec::new();
+            for (i, &(l, o, v)) in cases.iter().enumerate() {
+                let data = pattern(l, tag(i));
+                let cuts = if v { vec![0, l / 3, 2 * l / 3 + 5, l] } else { vec![0, l] };
+                let mut segs = Vec::new();
+                for (k, c) in cuts.windows(2).enumerate() {
+                    let n = c[1] - c[0];
+                    let mut b = vec![0u8; n + 128];
+                    let a = b.as_ptr().align_offset(64) + (o + 24 * k) % 64;
+                    b[a..a + n].copy_from_slice(&data[c[0]..c[1]]);
+                    segs.push((keep.len(), a));
+                    keep.push(b);
+                }
+                msgs.push(segs);
+            }
+            w.barrier();
+            for (i, segs) in msgs.iter().enumerate() {
+                let (l, _, v) = cases[i];
+                let cuts = if v { vec![0, l / 3, 2 * l / 3 + 5, l] } else { vec![0, l] };
+                let iov: Vec<std::io::IoSlice<'_>> = segs
+                    .iter()
+                    .zip(cuts.windows(2))
+                    .map(|(&(b, a), c)| std::io::IoSlice::new(&keep[b][a..a + c[1] - c[0]]))
+                    .collect();
+                // SAFETY: keep lives until the sends' completions below.
+                w.retry(|| unsafe { w.ep.tsendv(&iov, w.addrs[1], tag(i), 10_000 + i) });
+            }
+            for i in 0..cases.len() {
+                w.ok(10_000 + i);
+            }
+            assert!(w.ep.stats().unwrap().tx_chunks > 0);
+        }
+        w.barrier();
+        assert_eq!(w.unclaimed(), 0, "stray completions");
+    });
+}
