@@ -959,7 +959,12 @@ pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, discard: bool) {
         }
     }
     if let Some(q) = ep.matching.srq.and_then(|s| ctx.srqs.get_mut(s)) {
-        q.give_back(&back);
+        // A piece whose multi-receive buffer was released elsewhere, and
+        // was its last outstanding one: the buffer's release is reported
+        // here (the application would otherwise never learn it is free).
+        for (tagged, d) in q.give_back(&back) {
+            unused_rx(&ep.bind, ctx, &d, tagged, cancel());
+        }
     }
     // Then the receives still posted, unmatched: their buffers are free
     // (dropped silently with discard).
