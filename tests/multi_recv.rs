@@ -5,7 +5,8 @@
 //! incomplete (A makes no progress: it waits on a file) while peer B's
 //! small messages carve the rest and release it, or the buffer is
 //! cancelled, or A dies: the flag then waits for A's piece, reported last
-//! (in success, or in error when A died).
+//! (in success, or in error when A died or its piece was flushed by a
+//! close of the SRQ endpoint that held it).
 
 mod common;
 use common::{pattern, put_file, run, run_killing, test_dir, World};
@@ -32,6 +33,12 @@ enum End {
     Cancel,
     /// B's messages release it, and A dies before its data is sent.
     Die,
+    /// B's messages release it (an SRQ's: taken by the second endpoint),
+    /// and the endpoint that holds A's piece closes, flushing it.
+    Close,
+    /// As `Close`, closing with `close_discard`: A's piece goes back to
+    /// the SRQ, but the buffer stays released: its release is reported.
+    Discard,
 }
 
 /// Waits (sleeping, with no progress) until the file `name` exists.
@@ -45,7 +52,8 @@ fn await_file(name: &str) {
 }
 
 /// The receiver (rank 0): `post` posts the buffer (context [`CTX`]),
-/// `cancel` cancels it; `cqs` are where its pieces complete; `eps` are
+/// `cancel` cancels it, `close` closes the endpoint A sends to
+/// (discarding or not); `cqs` are where its pieces complete; `eps` are
 /// the addresses A (rank 1) and B (rank 2) send to.
 fn receiver(
     w: &World,
@@ -54,6 +62,7 @@ fn receiver(
     eps: [Address; 2],
     post: &dyn Fn(&mut [u8]),
     cancel: &dyn Fn() -> bool,
+    close: &dyn Fn(bool),
 ) {
     let mut buf = vec![0u8; BUF];
     let base = buf.as_ptr() as usize;
@@ -97,7 +106,7 @@ fn receiver(
         }
     };
     let early = match end {
-        End::Small | End::Die => {
+        End::Small | End::Die | End::Close | End::Discard => {
             await_file("b_sent");
             for _ in 0..N_SMALL {
                 read(&mut seen);
@@ -115,7 +124,12 @@ fn receiver(
         seen.iter().all(|s| s.2 & FI_MULTI_RECV == 0),
         "FI_MULTI_RECV reported while A's piece is outstanding: {seen:?}"
     );
-    // A sends its data now (or dies).
+    // A sends its data now (or dies); or A's piece is flushed.
+    match end {
+        End::Close => close(false),
+        End::Discard => close(true),
+        _ => {}
+    }
     put_file("go_a", "");
     // A's piece: the last, with the flag.
     read(&mut seen);
@@ -124,6 +138,8 @@ fn receiver(
     assert_eq!(flags & FI_MULTI_RECV, FI_MULTI_RECV, "the last piece releases the buffer: {seen:?}");
     if end == End::Die {
         assert_eq!(err, ErrorKind::Io.errno(), "A died: its piece fails");
+    } else if end == End::Close || end == End::Discard {
+        assert_eq!(err, ErrorKind::Canceled.errno(), "A's piece flushed, or the release owed at a give-back");
     } else {
         assert_eq!((len, err), (BIG, 0));
         assert!(buf[..BIG] == pattern(BIG, 1)[..], "A's data");
@@ -172,7 +188,9 @@ fn sender(w: &World, end: End) {
             // SAFETY: kill(2) of this process.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
-        w.ok(7);
+        if end != End::Close && end != End::Discard {
+            w.ok(7);
+        }
     } else {
         await_file("rts_taken");
         if end != End::Cancel {
@@ -203,7 +221,7 @@ fn on_endpoint(w: World, end: End) {
         }
     };
     let cancel = || w.ep.cancel(CTX).unwrap();
-    receiver(&w, end, &[&w.cq], [me, me], &post, &cancel);
+    receiver(&w, end, &[&w.cq], [me, me], &post, &cancel, &|_| unreachable!("an SRQ case"));
 }
 
 /// An SRQ's multi-receive buffer, A's piece taken by one endpoint, B's by
@@ -234,7 +252,11 @@ fn on_srq(w: World, end: End) {
         }
     };
     let cancel = || srq.cancel(CTX).unwrap();
-    receiver(&w, end, &[&cq], [eps[0].getname(), eps[1].getname()], &post, &cancel);
+    let close = |discard: bool| if discard { eps[0].close_discard().unwrap() } else { eps[0].close().unwrap() };
+    receiver(&w, end, &[&cq], [eps[0].getname(), eps[1].getname()], &post, &cancel, &close);
+    if end == End::Discard {
+        assert_eq!(srq.query().unwrap().posted, 0, "A's piece is not posted again: the buffer was released");
+    }
     drop(eps);
 }
 
@@ -283,4 +305,14 @@ fn srq_multi_recv_cancel_flag_waits_for_a_piece() {
 fn srq_multi_recv_flag_goes_with_a_dead_peers_piece() {
     let env = &[("SHMFAB_CMA", "off"), ("SHMFAB_PEER_CHECK_MS", "20")];
     run_killing("srq_multi_recv_flag_goes_with_a_dead_peers_piece", 3, env, T, &[1], |w| on_srq(w, End::Die));
+}
+
+#[test]
+fn srq_multi_recv_close_flushes_the_last_piece_with_the_flag() {
+    run("srq_multi_recv_close_flushes_the_last_piece_with_the_flag", 3, RNDV, T, |w| on_srq(w, End::Close));
+}
+
+#[test]
+fn srq_multi_recv_discarding_close_reports_the_owed_release() {
+    run("srq_multi_recv_discarding_close_reports_the_owed_release", 3, RNDV, T, |w| on_srq(w, End::Discard));
 }
