@@ -702,7 +702,11 @@ impl Endpoint {
         self.tx(m, flags, OpKind::Tagged)
     }
 
-    /// fi_recvmsg (FI_MULTI_RECV for multi-receive buffers).
+    /// fi_recvmsg (FI_MULTI_RECV for multi-receive buffers: carved by the
+    /// messages of every peer, 8-byte aligned, released when less than
+    /// [`Endpoint::set_min_multi_recv`] bytes remain; the buffer's last
+    /// completion has FI_MULTI_RECV, which waits for every piece carved
+    /// before the release, or a cancel, to be reported).
     ///
     /// # Safety
     /// The buffers must stay valid and untouched until the receive completes

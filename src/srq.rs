@@ -494,8 +494,10 @@ impl SharedRecvQueue {
     ///   FI_SELECTIVE_COMPLETION; errors always are), FI_MULTI_RECV
     ///   (one segment, carved by the messages of every bound endpoint in
     ///   arrival order, 8-byte aligned, released when less than
-    ///   [`SharedRecvQueue::set_min_multi_recv`] bytes remain: that
-    ///   message's completion has FI_MULTI_RECV).
+    ///   [`SharedRecvQueue::set_min_multi_recv`] bytes remain; the
+    ///   buffer's last completion, whichever endpoint writes it, has
+    ///   FI_MULTI_RECV: that message's, or, when an earlier piece is
+    ///   still arriving then, that piece's).
     ///
     /// # Safety
     /// As [`SharedRecvQueue::post_recv`] (for FI_MULTI_RECV: until the
@@ -708,7 +710,8 @@ impl SharedRecvQueue {
     /// has no CQ of its own). Returns whether one was found: a buffer
     /// already dequeued completes as usual (a multi-receive buffer still
     /// posted is cancelled for what is left of it: its entry has
-    /// FI_MULTI_RECV), and with no such endpoint bound there is nowhere to
+    /// FI_MULTI_RECV unless pieces of it are still arriving, the last of
+    /// which then has it), and with no such endpoint bound there is nowhere to
     /// report, so nothing is cancelled.
     pub fn cancel(&self, cookie: usize) -> Result<bool> {
         let (dom, id) = (&self.dom, self.id);
