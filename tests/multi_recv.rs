@@ -6,7 +6,9 @@
 //! small messages carve the rest and release it, or the buffer is
 //! cancelled, or A dies: the flag then waits for A's piece, reported last
 //! (in success, or in error when A died or its piece was flushed by a
-//! close of the SRQ endpoint that held it).
+//! close of the endpoint that held it). And a buffer not released when
+//! its endpoint closes: its outstanding piece is flushed first, its rest,
+//! with the flag, last.
 
 mod common;
 use common::{pattern, put_file, run, run_killing, test_dir, World};
@@ -39,6 +41,10 @@ enum End {
     /// As `Close`, closing with `close_discard`: A's piece goes back to
     /// the SRQ, but the buffer stays released: its release is reported.
     Discard,
+    /// No message of B: the endpoint closes with the buffer still posted
+    /// (not released) and A's piece outstanding: A's piece is flushed
+    /// first, without the flag, then the buffer's rest, with it.
+    CloseUnreleased,
 }
 
 /// Waits (sleeping, with no progress) until the file `name` exists.
@@ -112,6 +118,21 @@ fn receiver(
                 read(&mut seen);
             }
             N_SMALL
+        }
+        End::CloseUnreleased => {
+            close(false);
+            read(&mut seen);
+            read(&mut seen);
+            let canceled = ErrorKind::Canceled.errno();
+            assert_eq!((seen[0].1, seen[0].2 & FI_MULTI_RECV, seen[0].3), (base, 0, canceled), "A's piece: {seen:?}");
+            assert_eq!(
+                (seen[1].1, seen[1].2 & FI_MULTI_RECV, seen[1].3),
+                (base + BIG, FI_MULTI_RECV, canceled),
+                "the rest of the buffer, released last: {seen:?}"
+            );
+            put_file("go_a", "");
+            w.barrier();
+            return;
         }
         End::Cancel => {
             assert!(cancel(), "the buffer is still posted");
@@ -188,12 +209,12 @@ fn sender(w: &World, end: End) {
             // SAFETY: kill(2) of this process.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
-        if end != End::Close && end != End::Discard {
+        if !matches!(end, End::Close | End::Discard | End::CloseUnreleased) {
             w.ok(7);
         }
     } else {
         await_file("rts_taken");
-        if end != End::Cancel {
+        if end != End::Cancel && end != End::CloseUnreleased {
             for k in 0..N_SMALL {
                 w.retry(|| w.ep.inject(&pattern(SMALL, 10 + k as u64), to));
             }
@@ -205,23 +226,34 @@ fn sender(w: &World, end: End) {
     }
 }
 
-/// The endpoint's own multi-receive buffer.
+/// The endpoint's own multi-receive buffer (an endpoint of its own, so
+/// that it may close while the harness's endpoint still meets the others).
 fn on_endpoint(w: World, end: End) {
     if w.rank != 0 {
         return sender(&w, end);
     }
-    w.ep.set_min_multi_recv(SMALL).unwrap();
-    let me = w.ep.getname();
+    let cq = w.dom.cq_open(&CqAttr::default()).unwrap();
+    let ep = w.dom.endpoint().unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&w.av).unwrap();
+    ep.enable().unwrap();
+    ep.set_min_multi_recv(SMALL).unwrap();
+    let me = ep.getname();
     let post = |b: &mut [u8]| {
         // SAFETY: the buffer outlives every completion read by `receiver`.
         unsafe {
             let mut m =
                 RecvMsg { iov: &mut [IoSliceMut::new(b)], src: FI_ADDR_UNSPEC, context: CTX, tag: 0, ignore: 0 };
-            w.ep.recvmsg(&mut m, FI_MULTI_RECV).unwrap();
+            ep.recvmsg(&mut m, FI_MULTI_RECV).unwrap();
         }
     };
-    let cancel = || w.ep.cancel(CTX).unwrap();
-    receiver(&w, end, &[&w.cq], [me, me], &post, &cancel, &|_| unreachable!("an SRQ case"));
+    let cancel = || ep.cancel(CTX).unwrap();
+    let close = |discard: bool| {
+        assert!(!discard, "a discarding close drops the endpoint's own receives unreported");
+        ep.close().unwrap();
+    };
+    receiver(&w, end, &[&cq], [me, me], &post, &cancel, &close);
+    drop(ep);
 }
 
 /// An SRQ's multi-receive buffer, A's piece taken by one endpoint, B's by
@@ -284,6 +316,17 @@ fn multi_recv_cancel_flag_waits_for_a_piece() {
 fn multi_recv_flag_goes_with_a_dead_peers_piece() {
     let env = &[("SHMFAB_CMA", "off"), ("SHMFAB_PEER_CHECK_MS", "20")];
     run_killing("multi_recv_flag_goes_with_a_dead_peers_piece", 3, env, T, &[1], |w| on_endpoint(w, End::Die));
+}
+
+#[test]
+fn multi_recv_close_flushes_the_last_piece_with_the_flag() {
+    run("multi_recv_close_flushes_the_last_piece_with_the_flag", 3, RNDV, T, |w| on_endpoint(w, End::Close));
+}
+
+#[test]
+fn multi_recv_close_flushes_an_unreleased_buffer_after_its_pieces() {
+    let name = "multi_recv_close_flushes_an_unreleased_buffer_after_its_pieces";
+    run(name, 3, RNDV, T, |w| on_endpoint(w, End::CloseUnreleased));
 }
 
 #[test]
