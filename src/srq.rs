@@ -259,10 +259,11 @@ impl SrqState {
         let mut owed = Vec::new();
         for &(tagged, d) in dests.iter().rev() {
             let k = d.keys;
-            if k.multi != 0 && self.multi.give_back(k.multi, k.release) {
+            // A piece's `multi_release`: its carve released the buffer.
+            if k.multi != 0 && self.multi.give_back(k.multi, d.multi_release) {
                 owed.push((tagged, Dest { multi_release: true, keys: Keys { multi: 0, ..k }, ..d }));
             }
-            if k.multi != 0 && !k.release {
+            if k.multi != 0 && !d.multi_release {
                 continue;
             }
             let iovs = if k.multi != 0 { Iovs::one(d.buf, d.cap) } else { d.iovs };
@@ -927,9 +928,9 @@ mod tests {
         m.multi = q.multi.open();
         q.push(false, m).unwrap();
         let a = q.take_match(false, usize::MAX, 0, 30).unwrap();
-        assert_eq!((a.buf, a.cap, a.keys.release), (0x4000, 100, false));
+        assert_eq!((a.buf, a.cap, a.multi_release), (0x4000, 100, false));
         let b = q.take_match(false, usize::MAX, 0, 40).unwrap();
-        assert_eq!((b.buf, b.keys.release), (0x4000 + 32, true), "68 bytes left after it: 28 < 32");
+        assert_eq!((b.buf, b.multi_release), (0x4000 + 32, true), "68 bytes left after it: 28 < 32");
         assert_eq!(q.len(), 0);
         // Given back: a part before the last is dropped, the last part's
         // remainder is posted again as the same multi-receive buffer.

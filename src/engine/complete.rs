@@ -694,7 +694,7 @@ pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i
             q.release(&d.iovs);
         }
     }
-    let multi_release = d.multi_release || d.keys.multi != 0 && settle_multi(ep, ctx, d.keys.multi);
+    let multi_release = if d.keys.multi != 0 { settle_multi(ep, ctx, d.keys.multi) } else { d.multi_release };
     let err = err.or_else(|| {
         (i.total > d.cap).then(|| {
             (

@@ -219,12 +219,14 @@ impl PostQueue {
 
 impl std::ops::Index<usize> for PostQueue {
     type Output = PostedRecv;
+    #[inline(always)]
     fn index(&self, i: usize) -> &PostedRecv {
         self.get(i).expect("posted receive index in range")
     }
 }
 
 impl std::ops::IndexMut<usize> for PostQueue {
+    #[inline(always)]
     fn index_mut(&mut self, i: usize) -> &mut PostedRecv {
         self.get_mut(i).expect("posted receive index in range")
     }
@@ -237,10 +239,12 @@ pub(crate) struct Dest {
     pub iovs: Iovs,
     pub cap: usize,
     pub buf: usize,
-    /// Its entry carries FI_MULTI_RECV (the buffer is released and this is
-    /// its last report). False for a piece carved from a multi-receive
-    /// buffer until it is reported: [`MultiRecs::settle`] decides then
-    /// (`keys.multi` names its buffer).
+    /// For a piece carved from a multi-receive buffer (`keys.multi` names
+    /// the buffer): its carve released the buffer (what is left of it
+    /// from here goes back to an SRQ if the piece is given back); whether
+    /// its entry carries FI_MULTI_RECV is decided when it is reported
+    /// ([`MultiRecs::settle`]). For any other: its entry carries
+    /// FI_MULTI_RECV (a buffer leaving its queue unused, released).
     pub multi_release: bool,
     pub cqe: bool,
     /// The receive's [`PostedRecv::dw`].
@@ -260,9 +264,6 @@ pub(crate) struct Keys {
     /// A piece carved from a multi-receive buffer: the buffer's record id
     /// ([`MultiRecs`]), settled when the piece is reported; else 0.
     pub multi: u32,
-    /// The carve of this piece released the buffer (what is left of it
-    /// from here goes back to an SRQ if the piece is given back).
-    pub release: bool,
     /// The receive's own `cqe` (an SRQ's: whether it asked for
     /// FI_COMPLETION), before the taking endpoint's selective completion
     /// decided the Dest's.
@@ -425,31 +426,9 @@ pub(crate) fn take_at(
     min_multi_recv: usize,
     recs: &mut MultiRecs,
 ) -> Dest {
-    let min = min_multi_recv;
     let r = &mut queue[i];
     if r.multi != 0 {
-        let base = r.iovs.v[0];
-        let avail = base.len - r.moff;
-        let at = base.ptr + r.moff;
-        let used = len.min(avail);
-        // Keep later messages 8-byte aligned inside the buffer.
-        r.moff = (r.moff + used).next_multiple_of(8).min(base.len);
-        let release = base.len - r.moff < min.max(1);
-        recs.carve(r.multi, release);
-        let d = Dest {
-            ctx: r.ctx,
-            iovs: Iovs::one(at, avail),
-            cap: avail,
-            buf: at,
-            multi_release: false,
-            cqe: r.cqe,
-            dw: Dw::NONE,
-            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: r.multi, release, cqe: r.cqe },
-        };
-        if release {
-            queue.remove(i);
-        }
-        d
+        carve(queue, i, len, min_multi_recv, recs)
     } else {
         // Built from a reference, then the entry dropped: moving the
         // whole entry out first costs store-forwarding stalls.
@@ -461,7 +440,7 @@ pub(crate) fn take_at(
             multi_release: false,
             cqe: r.cqe,
             dw: r.dw(),
-            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: 0, release: false, cqe: r.cqe },
+            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: 0, cqe: r.cqe },
         };
         if i == 0 {
             queue.pop_front();
@@ -482,8 +461,38 @@ pub(crate) fn unused(r: PostedRecv, recs: &mut MultiRecs) -> Dest {
     } else {
         (r.iovs.v[0].ptr, r.iovs.total(), false)
     };
-    let keys = Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: 0, release: false, cqe: r.cqe };
+    let keys = Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: 0, cqe: r.cqe };
     Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: flag, cqe: r.cqe, dw: r.dw(), keys }
+}
+
+/// [`take_at`] of a multi-receive buffer: carves a piece of it (out of
+/// line: the other receives' path stays as short as before the pieces
+/// were counted).
+#[inline(never)]
+fn carve(queue: &mut PostQueue, i: usize, len: usize, min: usize, recs: &mut MultiRecs) -> Dest {
+    let r = &mut queue[i];
+    let base = r.iovs.v[0];
+    let avail = base.len - r.moff;
+    let at = base.ptr + r.moff;
+    let used = len.min(avail);
+    // Keep later messages 8-byte aligned inside the buffer.
+    r.moff = (r.moff + used).next_multiple_of(8).min(base.len);
+    let release = base.len - r.moff < min.max(1);
+    recs.carve(r.multi, release);
+    let d = Dest {
+        ctx: r.ctx,
+        iovs: Iovs::one(at, avail),
+        cap: avail,
+        buf: at,
+        multi_release: release,
+        cqe: r.cqe,
+        dw: Dw::NONE,
+        keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: r.multi, cqe: r.cqe },
+    };
+    if release {
+        queue.remove(i);
+    }
+    d
 }
 
 /// A message that arrived before its receive.
@@ -1190,13 +1199,12 @@ mod tests {
         m.post(false, recv(&mut b, None, 0, 0, id), 4).unwrap();
         let base = b.as_ptr() as usize;
         let d1 = m.take_match(false, 0, 0, 10).unwrap();
-        assert_eq!((d1.buf, d1.cap, d1.keys.multi, d1.keys.release), (base, 256, id, false));
+        assert_eq!((d1.buf, d1.cap, d1.keys.multi, d1.multi_release), (base, 256, id, false));
         let d2 = m.take_match(false, 0, 0, 100).unwrap();
-        assert_eq!((d2.buf, d2.cap, d2.keys.release), (base + 16, 240, false), "next message 8-byte aligned");
+        assert_eq!((d2.buf, d2.cap, d2.multi_release), (base + 16, 240, false), "next message 8-byte aligned");
         // 256 - 120 = 136 left; taking 80 leaves 56 < 64: released.
         let d3 = m.take_match(false, 0, 0, 80).unwrap();
-        assert_eq!((d3.buf, d3.keys.release), (base + 120, true));
-        assert!(!d1.multi_release && !d2.multi_release && !d3.multi_release, "decided when reported");
+        assert_eq!((d3.buf, d3.multi_release), (base + 120, true));
         assert_eq!(m.posted_count(), 0);
         assert!(m.take_match(false, 0, 0, 1).is_none());
         // Reported in any order: the last report carries FI_MULTI_RECV.
