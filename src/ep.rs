@@ -591,6 +591,9 @@ impl Endpoint {
                 })?;
                 Some(p)
             };
+            // A multi-receive buffer's record (see `MultiRecs`), freed if
+            // the post fails.
+            let multi = if multi { ep.matching.multi.open() } else { 0 };
             let r = PostedRecv {
                 ctx: context,
                 iovs,
@@ -601,7 +604,11 @@ impl Endpoint {
                 moff: 0,
                 cqe: !ep.bind.rx_sel || flags & FI_COMPLETION != 0,
             };
-            post_rx(ep, cx, tagged, r)
+            let res = post_rx(ep, cx, tagged, r);
+            if multi != 0 && res.is_err() {
+                ep.matching.multi.close(multi);
+            }
+            res
         })
     }
 
@@ -664,7 +671,7 @@ impl Endpoint {
                 })?;
                 Some(p)
             };
-            let r = PostedRecv { ctx: context, iovs, src, tag, ignore, multi: false, moff: 0, cqe: true };
+            let r = PostedRecv { ctx: context, iovs, src, tag, ignore, multi: 0, moff: 0, cqe: true };
             crate::progress::peek(ep, &mut cx.ctx(), &r, claim, discard);
             Ok(())
         })
@@ -695,7 +702,11 @@ impl Endpoint {
         self.tx(m, flags, OpKind::Tagged)
     }
 
-    /// fi_recvmsg (FI_MULTI_RECV for multi-receive buffers).
+    /// fi_recvmsg (FI_MULTI_RECV for multi-receive buffers: carved by the
+    /// messages of every peer, 8-byte aligned, released when less than
+    /// [`Endpoint::set_min_multi_recv`] bytes remain; the buffer's last
+    /// completion has FI_MULTI_RECV, which waits for every piece carved
+    /// before the release, or a cancel, to be reported).
     ///
     /// # Safety
     /// The buffers must stay valid and untouched until the receive completes

@@ -921,7 +921,11 @@ const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// matched or still posted, are dropped silently, and the SRQ buffers it
 /// dequeued but did not fill go back to the front of their SRQ, still
 /// posted there (they were posted to the SRQ, which stays open); receives
-/// that completed and were only held for order are written as usual.
+/// that completed and were only held for order are written as usual. A
+/// multi-receive piece cannot go back to a buffer already released (by
+/// another piece): if it was that buffer's last outstanding piece, the
+/// buffer's release is reported here, as an `FI_ECANCELED` entry with
+/// FI_MULTI_RECV.
 pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, discard: bool) {
     ep.matching.closing = true;
     let t0 = std::time::Instant::now();
@@ -959,7 +963,12 @@ pub(crate) fn flush_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, discard: bool) {
         }
     }
     if let Some(q) = ep.matching.srq.and_then(|s| ctx.srqs.get_mut(s)) {
-        q.give_back(&back);
+        // A piece whose multi-receive buffer was released elsewhere, and
+        // was its last outstanding one: the buffer's release is reported
+        // here (the application would otherwise never learn it is free).
+        for (tagged, d) in q.give_back(&back) {
+            unused_rx(&ep.bind, ctx, &d, tagged, cancel());
+        }
     }
     // Then the receives still posted, unmatched: their buffers are free
     // (dropped silently with discard).

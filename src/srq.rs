@@ -46,7 +46,7 @@
 
 use crate::domain::{Domain, DomainInner, DomainState};
 use crate::engine::complete::RxInfo;
-use crate::engine::matching::{take_at, Dest, Matching, PostQueue, PostedRecv};
+use crate::engine::matching::{take_at, unused, Dest, Keys, MultiRecs, PostQueue, PostedRecv};
 use crate::engine::request::{Iov, Iovs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::flags::*;
@@ -119,6 +119,10 @@ pub(crate) struct SrqState {
     directed: [bool; 2],
     /// FI_OPT_MIN_MULTI_RECV of the queue's multi-receive buffers.
     min_multi_recv: usize,
+    /// The queue's multi-receive buffers: their pieces, taken by any bound
+    /// endpoint, are settled there when reported (the entry with
+    /// FI_MULTI_RECV is the buffer's last, whichever endpoint writes it).
+    pub multi: MultiRecs,
     events: VecDeque<SrqEvent>,
     /// Section indices of the endpoints bound (they hold their unexpected
     /// messages, which a new buffer serves first). As long as the SRQ's
@@ -152,6 +156,7 @@ impl SrqState {
             posted,
             directed: [false; 2],
             min_multi_recv: 64,
+            multi: MultiRecs::new(true),
             events: VecDeque::new(),
             eps: Vec::new(),
             next_ep: 0,
@@ -200,7 +205,7 @@ impl SrqState {
     fn take_at(&mut self, tagged: bool, i: usize, len: usize) -> Dest {
         let q = tagged as usize;
         let before = self.posted[q].len();
-        let d = take_at(&mut self.posted[q], i, len, self.min_multi_recv);
+        let d = take_at(&mut self.posted[q], i, len, self.min_multi_recv, &mut self.multi);
         if self.posted[q].len() < before {
             if self.posted[q].len() == 0 {
                 self.directed[q] = false;
@@ -242,17 +247,26 @@ impl SrqState {
     /// that discards, see `progress::flush_rx`), with their queue (tagged
     /// or not), go back to the front of it, in their order, still posted
     /// with their match fields: no completion is written for them. What
-    /// is left of a multi-receive buffer whose last part it took goes
-    /// back as a multi-receive buffer; a part before that one is only
-    /// dropped (the buffer is still posted). They may take the queue past
-    /// its maximum for a while (posts are then refused until it drains).
-    pub fn give_back(&mut self, dests: &[(bool, Dest)]) {
+    /// is left of a multi-receive buffer whose releasing piece it took
+    /// goes back as a multi-receive buffer (the same one, unreleased); a
+    /// piece before that one is only dropped (the buffer is still posted,
+    /// or its other pieces report its release). They may take the queue
+    /// past its maximum for a while (posts are then refused until it
+    /// drains). Returned: pieces whose buffer was released elsewhere and
+    /// had no other piece outstanding, with FI_MULTI_RECV set: the caller
+    /// reports them (an entry of the buffer's release is owed).
+    pub fn give_back(&mut self, dests: &[(bool, Dest)]) -> Vec<(bool, Dest)> {
+        let mut owed = Vec::new();
         for &(tagged, d) in dests.iter().rev() {
-            if d.keys.multi && !d.multi_release {
+            let k = d.keys;
+            // A piece's `multi_release`: its carve released the buffer.
+            if k.multi != 0 && self.multi.give_back(k.multi, d.multi_release) {
+                owed.push((tagged, Dest { multi_release: true, keys: Keys { multi: 0, ..k }, ..d }));
+            }
+            if k.multi != 0 && !d.multi_release {
                 continue;
             }
-            let iovs = if d.keys.multi { Iovs::one(d.buf, d.cap) } else { d.iovs };
-            let k = d.keys;
+            let iovs = if k.multi != 0 { Iovs::one(d.buf, d.cap) } else { d.iovs };
             let r = PostedRecv {
                 ctx: d.ctx,
                 iovs,
@@ -266,6 +280,7 @@ impl SrqState {
             self.directed[tagged as usize] |= k.src.is_some();
             self.posted[tagged as usize].push_front(r);
         }
+        owed
     }
 
     /// A completed (or flushed) receive gives back its segment list.
@@ -282,7 +297,7 @@ impl SrqState {
         (0..2).find_map(|q| {
             let i = self.posted[q].iter().position(|r| r.ctx == ctx)?;
             let r = self.posted[q].remove(i).expect("index from position");
-            Some((q == 1, Matching::unused(r)))
+            Some((q == 1, unused(r, &mut self.multi)))
         })
     }
 }
@@ -480,8 +495,10 @@ impl SharedRecvQueue {
     ///   FI_SELECTIVE_COMPLETION; errors always are), FI_MULTI_RECV
     ///   (one segment, carved by the messages of every bound endpoint in
     ///   arrival order, 8-byte aligned, released when less than
-    ///   [`SharedRecvQueue::set_min_multi_recv`] bytes remain: that
-    ///   message's completion has FI_MULTI_RECV).
+    ///   [`SharedRecvQueue::set_min_multi_recv`] bytes remain; the
+    ///   buffer's last completion, whichever endpoint writes it, has
+    ///   FI_MULTI_RECV: that message's, or, when an earlier piece is
+    ///   still arriving then, that piece's).
     ///
     /// # Safety
     /// As [`SharedRecvQueue::post_recv`] (for FI_MULTI_RECV: until the
@@ -566,9 +583,11 @@ impl SharedRecvQueue {
             let src = if src_fi == FI_ADDR_UNSPEC { None } else { Some(check_src(st, id, tagged, src_fi)?) };
             let q = st.srqs.get_mut(id).expect("checked");
             let iovs = q.iovs_of(segs);
+            let multi = if multi { q.multi.open() } else { 0 };
             let r = PostedRecv { ctx, iovs, src, tag, ignore, multi, moff: 0, cqe: completion };
             if let Err(e) = q.push(tagged, r) {
                 q.release(&iovs);
+                q.multi.close(multi);
                 return Err(e);
             }
             serve(dom, st, id, tagged, true)
@@ -642,7 +661,7 @@ impl SharedRecvQueue {
             let src = if src_fi == FI_ADDR_UNSPEC { None } else { Some(check_src(st, id, true, src_fi)?) };
             // What has arrived is seen (a peek does not wait).
             dom.progress(st);
-            let r = PostedRecv { ctx: context, iovs, src, tag, ignore, multi: false, moff: 0, cqe: true };
+            let r = PostedRecv { ctx: context, iovs, src, tag, ignore, multi: 0, moff: 0, cqe: true };
             for &e in &tagged_eps {
                 let found = dom.with_ep(st, e, |ep, ctx| {
                     let (avs, peers) = (ctx.avs, &mut ep.peers);
@@ -692,7 +711,8 @@ impl SharedRecvQueue {
     /// has no CQ of its own). Returns whether one was found: a buffer
     /// already dequeued completes as usual (a multi-receive buffer still
     /// posted is cancelled for what is left of it: its entry has
-    /// FI_MULTI_RECV), and with no such endpoint bound there is nowhere to
+    /// FI_MULTI_RECV unless pieces of it are still arriving, the last of
+    /// which then has it), and with no such endpoint bound there is nowhere to
     /// report, so nothing is cancelled.
     pub fn cancel(&self, cookie: usize) -> Result<bool> {
         let (dom, id) = (&self.dom, self.id);
@@ -905,7 +925,7 @@ mod tests {
         // A multi-receive buffer: carved, released below the minimum.
         q.min_multi_recv = 32;
         let mut m = recv(&mut q, &[(0x4000, 100)], 9);
-        m.multi = true;
+        m.multi = q.multi.open();
         q.push(false, m).unwrap();
         let a = q.take_match(false, usize::MAX, 0, 30).unwrap();
         assert_eq!((a.buf, a.cap, a.multi_release), (0x4000, 100, false));
@@ -913,16 +933,20 @@ mod tests {
         assert_eq!((b.buf, b.multi_release), (0x4000 + 32, true), "68 bytes left after it: 28 < 32");
         assert_eq!(q.len(), 0);
         // Given back: a part before the last is dropped, the last part's
-        // remainder is posted again as a multi-receive buffer.
-        q.give_back(&[(false, a), (false, b)]);
+        // remainder is posted again as the same multi-receive buffer.
+        assert!(q.give_back(&[(false, a), (false, b)]).is_empty(), "no flag owed: the buffer is posted again");
         assert_eq!(q.len(), 1);
         let c = q.take_match(false, usize::MAX, 0, 8).unwrap();
-        assert_eq!((c.ctx, c.buf, c.cap, c.keys.multi), (9, 0x4000 + 32, 68, true));
+        assert_eq!((c.ctx, c.buf, c.cap, c.keys.multi), (9, 0x4000 + 32, 68, m.multi));
         assert_eq!(q.len(), 1, "60 bytes left: still posted");
         for k in 0..3 {
             post(&mut q, &[(0x1000, 8)], k);
         }
         let full = recv(&mut q, &[(0x1000, 8)], 5);
         assert_eq!(q.push(true, full).unwrap_err().kind(), ErrorKind::Again, "the maximum counts both queues");
+        // Cancelled with `c` outstanding: `c` will carry the flag.
+        let (_, x) = q.cancel(9).unwrap();
+        assert!(!x.multi_release);
+        assert!(q.multi.settle(c.keys.multi), "the last report");
     }
 }

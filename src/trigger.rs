@@ -1321,7 +1321,7 @@ fn post_recv(
         }
     };
     // Its reporting rides in `moff` (see `PostedRecv::dw`).
-    let r = PostedRecv { ctx: context, iovs, src: peer, tag, ignore, multi: false, moff: dw.raw() as usize, cqe };
+    let r = PostedRecv { ctx: context, iovs, src: peer, tag, ignore, multi: 0, moff: dw.raw() as usize, cqe };
     ep.matching.post_deferred(tagged, r, src.cfg().rx_size)?;
     if ep.matching.has_unexp(tagged) {
         crate::ep::match_unexp(ep, &mut src.ctx(), tagged);

@@ -672,7 +672,21 @@ fn unknown_source(cq: &mut CqState, addr: crate::Address, ok: &RxOk) {
     cq.push_err_data(e, addr.to_bytes().to_vec());
 }
 
+/// A piece of the multi-receive buffer `id` (an SRQ's if its id says so,
+/// else the endpoint's own) is reported: whether its entry carries
+/// FI_MULTI_RECV ([`super::matching::MultiRecs::settle`]).
+#[cold]
+#[inline(never)]
+fn settle_multi(ep: &mut EpState, ctx: &mut Ctx<'_>, id: u32) -> bool {
+    if id & super::matching::MultiRecs::SRQ == 0 {
+        return ep.matching.multi.settle(id);
+    }
+    ep.matching.srq.and_then(|s| ctx.srqs.get_mut(s)).is_some_and(|q| q.multi.settle(id))
+}
+
 /// Writes a finished receive's completion (success, truncation or error).
+/// A piece of a multi-receive buffer is settled here: its entry has
+/// FI_MULTI_RECV when it is the buffer's last report.
 #[inline]
 pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i: &RxInfo, err: Option<Fail>) {
     if d.iovs.ext_slot().is_some() {
@@ -680,6 +694,7 @@ pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i
             q.release(&d.iovs);
         }
     }
+    let multi_release = if d.keys.multi != 0 { settle_multi(ep, ctx, d.keys.multi) } else { d.multi_release };
     let err = err.or_else(|| {
         (i.total > d.cap).then(|| {
             (
@@ -711,9 +726,9 @@ pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i
             hflags: i.hflags,
             data: i.data,
             tag: i.tag,
-            multi_release: d.multi_release,
+            multi_release,
         };
-        let entry = d.cqe || d.multi_release;
+        let entry = d.cqe || multi_release;
         if ep.matching.source_err() && entry && ep.peers.src_addr(ctx.avs, p) == FI_ADDR_NOTAVAIL {
             if let Some(cq) = ep.bind.rx_cq.and_then(|c| ctx.cqs.get_mut(c)) {
                 ep.bind.count(ctx.counters, CntrKind::Recv, Val::Success);
@@ -724,7 +739,7 @@ pub(crate) fn emit_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: &Dest, i
         complete_rx_ok(&ep.bind, &mut ep.peers, ctx.counters, ctx.avs, cq, p, &ok, entry);
         return;
     };
-    rx_error(&ep.bind, ctx, d, i, (k, pe, detail));
+    rx_error(&ep.bind, ctx, d, i, multi_release, (k, pe, detail));
 }
 
 /// The completion of a peek, or of a discard (FI_DISCARD), on a tagged
@@ -767,12 +782,12 @@ pub(crate) fn probe_entry(
 /// its endpoint closes): its error entry, `err` saying why.
 pub(crate) fn unused_rx(b: &Bindings, ctx: &mut Ctx<'_>, d: &Dest, tagged: bool, err: Fail) {
     let info = RxInfo { tagged, tag: 0, data: 0, hflags: 0, total: 0, delivered: 0 };
-    rx_error(b, ctx, d, &info, err);
+    rx_error(b, ctx, d, &info, d.multi_release, err);
 }
 
 /// A receive's error: the receive counter's error value, and the error
-/// entry in the receive CQ.
-fn rx_error(b: &Bindings, ctx: &mut Ctx<'_>, d: &Dest, i: &RxInfo, (k, pe, detail): Fail) {
+/// entry in the receive CQ (with FI_MULTI_RECV if `multi_release`).
+fn rx_error(b: &Bindings, ctx: &mut Ctx<'_>, d: &Dest, i: &RxInfo, multi_release: bool, (k, pe, detail): Fail) {
     if !d.dw.is_none() {
         // As in `emit_rx`, on the error value.
         count_deferred(b, ctx.counters, d.dw, true);
@@ -787,7 +802,7 @@ fn rx_error(b: &Bindings, ctx: &mut Ctx<'_>, d: &Dest, i: &RxInfo, (k, pe, detai
     cq.push_err(
         CqErrEntry {
             op_context: d.ctx,
-            flags: rx_flags(i.tagged, i.hflags, d.multi_release),
+            flags: rx_flags(i.tagged, i.hflags, multi_release),
             len: i.delivered,
             buf: d.buf,
             data: if i.hflags & hdr_flags::REMOTE_CQ_DATA != 0 { i.data } else { 0 },

@@ -8,6 +8,12 @@
 //!   queued, grows by a chunk, or leaves the queue.
 //! - A posted receive is in `posted[tagged]` until it is taken whole, or
 //!   (multi-receive) until less than `min_multi_recv` bytes of it remain.
+//! - A multi-receive buffer (an endpoint's or an SRQ's) has a record in its
+//!   owner's [`MultiRecs`] from its posting until the entry with
+//!   FI_MULTI_RECV is written: the pieces carved from it and not yet
+//!   reported, and whether it is released (left its queue). That entry is
+//!   the last one that references the buffer: the report that leaves no
+//!   piece outstanding on a released buffer (see [`MultiRecs`]).
 //! - A receive of a kind (untagged, tagged) that an endpoint takes from
 //!   its SRQ ([`Matching::srq_for`]) comes from the SRQ's queue of that
 //!   kind, never from the endpoint's own (the API refuses to post there).
@@ -39,7 +45,9 @@ pub(crate) struct PostedRecv {
     pub src: Option<usize>,
     pub tag: u64,
     pub ignore: u64,
-    pub multi: bool,
+    /// For a multi-receive buffer, its record id in its owner's
+    /// [`MultiRecs`] (never 0); 0 for any other receive.
+    pub multi: u32,
     /// For a multi-receive buffer: bytes of it already used. For any
     /// other receive: how it reports, as [`Dw::raw`] ([`PostedRecv::dw`]:
     /// 0, [`Dw::NONE`], but for a deferred work request's receive, see
@@ -53,7 +61,7 @@ impl PostedRecv {
     /// How its completion reports (see `moff`).
     #[inline(always)]
     pub fn dw(&self) -> Dw {
-        if self.multi {
+        if self.multi != 0 {
             Dw::NONE
         } else {
             Dw::from_raw(self.moff as u32)
@@ -211,12 +219,14 @@ impl PostQueue {
 
 impl std::ops::Index<usize> for PostQueue {
     type Output = PostedRecv;
+    #[inline(always)]
     fn index(&self, i: usize) -> &PostedRecv {
         self.get(i).expect("posted receive index in range")
     }
 }
 
 impl std::ops::IndexMut<usize> for PostQueue {
+    #[inline(always)]
     fn index_mut(&mut self, i: usize) -> &mut PostedRecv {
         self.get_mut(i).expect("posted receive index in range")
     }
@@ -229,6 +239,12 @@ pub(crate) struct Dest {
     pub iovs: Iovs,
     pub cap: usize,
     pub buf: usize,
+    /// For a piece carved from a multi-receive buffer (`keys.multi` names
+    /// the buffer): its carve released the buffer (what is left of it
+    /// from here goes back to an SRQ if the piece is given back); whether
+    /// its entry carries FI_MULTI_RECV is decided when it is reported
+    /// ([`MultiRecs::settle`]). For any other: its entry carries
+    /// FI_MULTI_RECV (a buffer leaving its queue unused, released).
     pub multi_release: bool,
     pub cqe: bool,
     /// The receive's [`PostedRecv::dw`].
@@ -245,44 +261,174 @@ pub(crate) struct Keys {
     pub src: Option<usize>,
     pub tag: u64,
     pub ignore: u64,
-    /// A part of a multi-receive buffer.
-    pub multi: bool,
+    /// A piece carved from a multi-receive buffer: the buffer's record id
+    /// ([`MultiRecs`]), settled when the piece is reported; else 0.
+    pub multi: u32,
     /// The receive's own `cqe` (an SRQ's: whether it asked for
     /// FI_COMPLETION), before the taking endpoint's selective completion
     /// decided the Dest's.
     pub cqe: bool,
 }
 
-/// Takes the posted receive `i` of `queue` for a message of `len` bytes:
-/// removes it, or carves from a multi-receive buffer (released, and
-/// removed, when less than `min_multi_recv` bytes of it remain). The one
-/// way a receive leaves a queue for a message, an endpoint's or an SRQ's.
-#[inline(always)]
-pub(crate) fn take_at(queue: &mut PostQueue, i: usize, len: usize, min_multi_recv: usize) -> Dest {
-    let min = min_multi_recv;
-    let r = &mut queue[i];
-    if r.multi {
-        let base = r.iovs.v[0];
-        let avail = base.len - r.moff;
-        let at = base.ptr + r.moff;
-        let used = len.min(avail);
-        // Keep later messages 8-byte aligned inside the buffer.
-        r.moff = (r.moff + used).next_multiple_of(8).min(base.len);
-        let release = base.len - r.moff < min.max(1);
-        let d = Dest {
-            ctx: r.ctx,
-            iovs: Iovs::one(at, avail),
-            cap: avail,
-            buf: at,
-            multi_release: release,
-            cqe: r.cqe,
-            dw: Dw::NONE,
-            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: true, cqe: r.cqe },
+/// The multi-receive buffers of one owner (an endpoint's matching, or an
+/// SRQ), by record id: for each, the pieces carved from it and not yet
+/// reported, and whether it is released. The entry with FI_MULTI_RECV is
+/// the report that finds the buffer released with no piece outstanding:
+///
+/// - a carve counts a piece ([`MultiRecs::carve`]), and the carve that
+///   leaves less than the minimum releases the buffer;
+/// - each piece's report settles it ([`MultiRecs::settle`]), in success
+///   or error: the one that leaves none outstanding on a released buffer
+///   carries the flag, so a piece that released the buffer while an
+///   earlier one (another peer's rendezvous, say) still arrives reports
+///   without it, and that earlier one, reported last, with it;
+/// - a buffer that leaves its queue unused (cancel, flush, its directed
+///   peer gone) is released then ([`MultiRecs::release_unused`]): that
+///   report carries the flag unless pieces are outstanding (the last of
+///   them carries it);
+/// - a piece an SRQ takes back ([`MultiRecs::give_back`]) is settled
+///   without a report (and the piece that released the buffer takes the
+///   release back with it: the buffer is posted again).
+///
+/// A record is freed with its flag. Ids of an SRQ's records have
+/// [`MultiRecs::SRQ`] set (a piece's report finds its owner by it).
+pub(crate) struct MultiRecs {
+    recs: Vec<MultiRec>,
+    free: Vec<u32>,
+    /// [`MultiRecs::SRQ`] for an SRQ's, else 0: set in every id.
+    mark: u32,
+}
+
+#[derive(Clone, Copy, Default)]
+struct MultiRec {
+    /// Pieces carved and not yet reported.
+    out: u32,
+    released: bool,
+    live: bool,
+}
+
+impl MultiRecs {
+    /// Set in the record ids of an SRQ's buffers.
+    pub const SRQ: u32 = 1 << 31;
+
+    /// Records of an endpoint's buffers (`srq` false) or of an SRQ's.
+    pub fn new(srq: bool) -> MultiRecs {
+        MultiRecs { recs: Vec::new(), free: Vec::new(), mark: if srq { Self::SRQ } else { 0 } }
+    }
+
+    /// A record for a buffer being posted: its id (never 0).
+    #[cold]
+    #[inline(never)]
+    pub fn open(&mut self) -> u32 {
+        let i = match self.free.pop() {
+            Some(i) => i as usize,
+            None => {
+                self.recs.push(MultiRec::default());
+                self.recs.len() - 1
+            }
         };
-        if release {
-            queue.remove(i);
+        self.recs[i] = MultiRec { out: 0, released: false, live: true };
+        (i as u32 + 1) | self.mark
+    }
+
+    fn rec(&mut self, id: u32) -> Option<&mut MultiRec> {
+        let i = ((id & !Self::SRQ) as usize).checked_sub(1)?;
+        self.recs.get_mut(i).filter(|r| r.live)
+    }
+
+    /// Frees record `id` (its flag is written, or its buffer was never
+    /// posted).
+    pub fn close(&mut self, id: u32) {
+        if let Some(r) = self.rec(id) {
+            r.live = false;
+            self.free.push((id & !Self::SRQ) - 1);
         }
-        d
+    }
+
+    /// A piece is carved from buffer `id`; `release`: the carve released it.
+    fn carve(&mut self, id: u32, release: bool) {
+        if let Some(r) = self.rec(id) {
+            r.out += 1;
+            r.released |= release;
+        }
+    }
+
+    /// A piece of buffer `id` is reported (in success or error): whether
+    /// its entry carries FI_MULTI_RECV (the buffer is released and no
+    /// other piece is outstanding; the record is then freed).
+    pub fn settle(&mut self, id: u32) -> bool {
+        let Some(r) = self.rec(id) else {
+            debug_assert!(false, "a piece of an unknown multi-receive buffer");
+            return false;
+        };
+        r.out = r.out.saturating_sub(1);
+        let last = r.released && r.out == 0;
+        if last {
+            self.close(id);
+        }
+        last
+    }
+
+    /// Buffer `id` leaves its queue unused (cancelled, flushed, its
+    /// directed peer gone): released. Whether the entry that reports it
+    /// carries FI_MULTI_RECV (no piece outstanding: the record is freed);
+    /// otherwise the last piece's does.
+    pub fn release_unused(&mut self, id: u32) -> bool {
+        let Some(r) = self.rec(id) else {
+            return true;
+        };
+        r.released = true;
+        let last = r.out == 0;
+        if last {
+            self.close(id);
+        }
+        last
+    }
+
+    /// A piece of buffer `id` taken back unreported (an SRQ's, given back
+    /// by an endpoint that closes discarding): with `release` (it released
+    /// the buffer) the buffer is unreleased, posted again from that piece
+    /// on. Whether a flag is owed anyway: the buffer stays released (its
+    /// releasing piece was reported, or is held elsewhere) and this was its
+    /// last outstanding piece (the record is then freed).
+    pub fn give_back(&mut self, id: u32, release: bool) -> bool {
+        let Some(r) = self.rec(id) else {
+            return false;
+        };
+        r.out = r.out.saturating_sub(1);
+        if release {
+            r.released = false;
+        }
+        let owed = r.released && r.out == 0;
+        if owed {
+            self.close(id);
+        }
+        owed
+    }
+
+    /// Records live (for tests).
+    #[cfg(all(test, not(loom)))]
+    pub fn live(&self) -> usize {
+        self.recs.iter().filter(|r| r.live).count()
+    }
+}
+
+/// Takes the posted receive `i` of `queue` for a message of `len` bytes:
+/// removes it, or carves from a multi-receive buffer (counted in `recs`;
+/// released, and removed, when less than `min_multi_recv` bytes of it
+/// remain). The one way a receive leaves a queue for a message, an
+/// endpoint's or an SRQ's.
+#[inline(always)]
+pub(crate) fn take_at(
+    queue: &mut PostQueue,
+    i: usize,
+    len: usize,
+    min_multi_recv: usize,
+    recs: &mut MultiRecs,
+) -> Dest {
+    let r = &mut queue[i];
+    if r.multi != 0 {
+        carve(queue, i, len, min_multi_recv, recs)
     } else {
         // Built from a reference, then the entry dropped: moving the
         // whole entry out first costs store-forwarding stalls.
@@ -294,7 +440,7 @@ pub(crate) fn take_at(queue: &mut PostQueue, i: usize, len: usize, min_multi_rec
             multi_release: false,
             cqe: r.cqe,
             dw: r.dw(),
-            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: false, cqe: r.cqe },
+            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: 0, cqe: r.cqe },
         };
         if i == 0 {
             queue.pop_front();
@@ -303,6 +449,50 @@ pub(crate) fn take_at(queue: &mut PostQueue, i: usize, len: usize, min_multi_rec
         }
         d
     }
+}
+
+/// Where a posted receive taken out unmatched would have delivered (a
+/// multi-receive buffer, of `recs`: what is left of it, released; its
+/// entry has FI_MULTI_RECV unless pieces of it are outstanding, see
+/// [`MultiRecs::release_unused`]). Its report settles nothing.
+pub(crate) fn unused(r: PostedRecv, recs: &mut MultiRecs) -> Dest {
+    let (at, cap, flag) = if r.multi != 0 {
+        (r.iovs.v[0].ptr + r.moff, r.iovs.v[0].len - r.moff, recs.release_unused(r.multi))
+    } else {
+        (r.iovs.v[0].ptr, r.iovs.total(), false)
+    };
+    let keys = Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: 0, cqe: r.cqe };
+    Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: flag, cqe: r.cqe, dw: r.dw(), keys }
+}
+
+/// [`take_at`] of a multi-receive buffer: carves a piece of it (out of
+/// line: the other receives' path stays as short as before the pieces
+/// were counted).
+#[inline(never)]
+fn carve(queue: &mut PostQueue, i: usize, len: usize, min: usize, recs: &mut MultiRecs) -> Dest {
+    let r = &mut queue[i];
+    let base = r.iovs.v[0];
+    let avail = base.len - r.moff;
+    let at = base.ptr + r.moff;
+    let used = len.min(avail);
+    // Keep later messages 8-byte aligned inside the buffer.
+    r.moff = (r.moff + used).next_multiple_of(8).min(base.len);
+    let release = base.len - r.moff < min.max(1);
+    recs.carve(r.multi, release);
+    let d = Dest {
+        ctx: r.ctx,
+        iovs: Iovs::one(at, avail),
+        cap: avail,
+        buf: at,
+        multi_release: release,
+        cqe: r.cqe,
+        dw: Dw::NONE,
+        keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: r.multi, cqe: r.cqe },
+    };
+    if release {
+        queue.remove(i);
+    }
+    d
 }
 
 /// A message that arrived before its receive.
@@ -389,6 +579,8 @@ pub(crate) struct Matching {
     holds: Vec<(u64, Hold)>,
     /// FI_OPT_MIN_MULTI_RECV.
     pub min_multi_recv: usize,
+    /// The endpoint's own multi-receive buffers.
+    pub multi: MultiRecs,
     /// Buffers of delivered unexpected messages, kept for the next ones
     /// (small ones only, at most `SPARE_MAX`): no allocation per message.
     spare: Vec<Vec<u8>>,
@@ -420,6 +612,7 @@ impl Matching {
             next_unexp_id: 1,
             holds: Vec::new(),
             min_multi_recv: 64,
+            multi: MultiRecs::new(false),
             spare: Vec::new(),
             srq: None,
             srq_kinds: [false; 2],
@@ -569,7 +762,7 @@ impl Matching {
         }
         let r = self.posted[tagged as usize].front()?;
         let seg = r.iovs.v[0];
-        if r.multi || r.iovs.n != 1 || len > seg.len || !r.accepts(tagged, p, tag) {
+        if r.multi != 0 || r.iovs.n != 1 || len > seg.len || !r.accepts(tagged, p, tag) {
             return None;
         }
         Some((r.ctx, seg, r.cqe))
@@ -586,7 +779,7 @@ impl Matching {
     /// bytes (see [`take_at`]).
     #[inline(always)]
     fn take_posted(&mut self, q: usize, i: usize, len: usize) -> Dest {
-        let d = take_at(&mut self.posted[q], i, len, self.min_multi_recv);
+        let d = take_at(&mut self.posted[q], i, len, self.min_multi_recv, &mut self.multi);
         // A multi-receive part (which may leave the queue) has no deferred
         // reporting: only a receive taken whole counts here.
         self.left(d.dw);
@@ -603,7 +796,7 @@ impl Matching {
                 if self.posted[q][i].src == Some(p) {
                     let r = self.posted[q].remove(i).expect("index checked");
                     self.left(r.dw());
-                    out.push((q == 1, Self::unused(r)));
+                    out.push((q == 1, unused(r, &mut self.multi)));
                 } else {
                     i += 1;
                 }
@@ -621,7 +814,7 @@ impl Matching {
             Some((q, self.posted[q].remove(i).expect("index from position")))
         })?;
         self.left(r.dw());
-        Some((q == 1, Self::unused(r)))
+        Some((q == 1, unused(r, &mut self.multi)))
     }
 
     /// Takes every posted receive (the endpoint closes), untagged first,
@@ -629,23 +822,12 @@ impl Matching {
     pub fn take_all_posted(&mut self) -> Vec<(bool, Dest)> {
         let mut out = Vec::new();
         for q in 0..2 {
-            out.extend(self.posted[q].take_all().into_iter().map(|r| (q == 1, Self::unused(r))));
+            let recs = &mut self.multi;
+            out.extend(self.posted[q].take_all().into_iter().map(|r| (q == 1, unused(r, recs))));
         }
         self.deferred = 0;
         self.set_plain_off();
         out
-    }
-
-    /// Where a posted receive taken out unmatched would have delivered (a
-    /// multi-receive buffer: what is left of it, released).
-    pub fn unused(r: PostedRecv) -> Dest {
-        let (at, cap) = if r.multi {
-            (r.iovs.v[0].ptr + r.moff, r.iovs.v[0].len - r.moff)
-        } else {
-            (r.iovs.v[0].ptr, r.iovs.total())
-        };
-        let keys = Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: r.multi, cqe: r.cqe };
-        Dest { ctx: r.ctx, iovs: r.iovs, cap, buf: at, multi_release: r.multi, cqe: r.cqe, dw: r.dw(), keys }
     }
 
     /// Whether holding `more` unexpected bytes is over the budget
@@ -941,7 +1123,9 @@ mod tests {
         assert!(q.front().is_none() && q.get(0).is_none());
     }
 
-    fn recv(buf: &mut [u8], src: Option<usize>, tag: u64, ignore: u64, multi: bool) -> PostedRecv {
+    /// A receive into `buf`; `multi`: a multi-receive buffer's record id
+    /// (0: none).
+    fn recv(buf: &mut [u8], src: Option<usize>, tag: u64, ignore: u64, multi: u32) -> PostedRecv {
         PostedRecv {
             ctx: buf.as_ptr() as usize,
             iovs: Iovs::one(buf.as_mut_ptr() as usize, buf.len()),
@@ -969,13 +1153,13 @@ mod tests {
     #[test]
     fn ignore_mask_and_directed_receive() {
         let mut b = [0u8; 8];
-        let r = recv(&mut b, None, 0xab00, 0x00ff, false);
+        let r = recv(&mut b, None, 0xab00, 0x00ff, 0);
         assert!(r.accepts(true, 3, 0xab42));
         assert!(r.accepts(true, 3, 0xab00));
         assert!(!r.accepts(true, 3, 0xac00));
         // Untagged matching ignores tags.
         assert!(r.accepts(false, 3, 0xffff));
-        let d = recv(&mut b, Some(2), 7, 0, false);
+        let d = recv(&mut b, Some(2), 7, 0, 0);
         assert!(d.accepts(true, 2, 7));
         assert!(!d.accepts(true, 1, 7));
         assert!(!d.accepts(true, 2, 8));
@@ -985,9 +1169,9 @@ mod tests {
     fn first_accepting_receive_is_taken_in_posting_order() {
         let (mut a, mut b, mut c) = ([0u8; 8], [0u8; 8], [0u8; 8]);
         let mut m = Matching::new();
-        m.post(true, recv(&mut a, Some(1), 5, 0, false), 16).unwrap();
-        m.post(true, recv(&mut b, None, 5, 0, false), 16).unwrap();
-        m.post(true, recv(&mut c, None, 5, 0, false), 16).unwrap();
+        m.post(true, recv(&mut a, Some(1), 5, 0, 0), 16).unwrap();
+        m.post(true, recv(&mut b, None, 5, 0, 0), 16).unwrap();
+        m.post(true, recv(&mut c, None, 5, 0, 0), 16).unwrap();
         // From peer 0: the directed one is skipped.
         let d = m.take_match(true, 0, 5, 4).unwrap();
         assert_eq!(d.ctx, b.as_ptr() as usize);
@@ -1002,8 +1186,8 @@ mod tests {
     fn posted_queue_is_bounded() {
         let mut b = [0u8; 8];
         let mut m = Matching::new();
-        m.post(false, recv(&mut b, None, 0, 0, false), 1).unwrap();
-        assert_eq!(m.post(false, recv(&mut b, None, 0, 0, false), 1).unwrap_err(), Error::AGAIN);
+        m.post(false, recv(&mut b, None, 0, 0, 0), 1).unwrap();
+        assert_eq!(m.post(false, recv(&mut b, None, 0, 0, 0), 1).unwrap_err(), Error::AGAIN);
     }
 
     #[test]
@@ -1011,10 +1195,11 @@ mod tests {
         let mut b = [0u8; 256];
         let mut m = Matching::new();
         m.min_multi_recv = 64;
-        m.post(false, recv(&mut b, None, 0, 0, true), 4).unwrap();
+        let id = m.multi.open();
+        m.post(false, recv(&mut b, None, 0, 0, id), 4).unwrap();
         let base = b.as_ptr() as usize;
         let d1 = m.take_match(false, 0, 0, 10).unwrap();
-        assert_eq!((d1.buf, d1.cap, d1.multi_release), (base, 256, false));
+        assert_eq!((d1.buf, d1.cap, d1.keys.multi, d1.multi_release), (base, 256, id, false));
         let d2 = m.take_match(false, 0, 0, 100).unwrap();
         assert_eq!((d2.buf, d2.cap, d2.multi_release), (base + 16, 240, false), "next message 8-byte aligned");
         // 256 - 120 = 136 left; taking 80 leaves 56 < 64: released.
@@ -1022,6 +1207,45 @@ mod tests {
         assert_eq!((d3.buf, d3.multi_release), (base + 120, true));
         assert_eq!(m.posted_count(), 0);
         assert!(m.take_match(false, 0, 0, 1).is_none());
+        // Reported in any order: the last report carries FI_MULTI_RECV.
+        assert!(!m.multi.settle(id), "d3 released it, d1 and d2 are outstanding");
+        assert!(!m.multi.settle(id));
+        assert!(m.multi.settle(id), "the last piece reported");
+        assert_eq!(m.multi.live(), 0, "the record is freed with its flag");
+    }
+
+    /// A buffer leaving unused (cancel, flush) with pieces outstanding:
+    /// its entry has no flag, the last piece's has; with none, its own
+    /// has. An SRQ's piece given back: the releasing one posts the buffer
+    /// again (unreleased), another one owes the flag when it was the last.
+    #[test]
+    fn multi_receive_release_unused_and_give_back() {
+        let mut b = [0u8; 256];
+        let mut m = Matching::new();
+        let id = m.multi.open();
+        m.post(false, recv(&mut b, None, 0, 0, id), 4).unwrap();
+        let d1 = m.take_match(false, 0, 0, 8).unwrap();
+        let (_, c) = m.cancel(b.as_ptr() as usize).unwrap();
+        assert!(!c.multi_release && c.keys.multi == 0, "d1 is outstanding; the cancel settles nothing");
+        assert!(m.multi.settle(d1.keys.multi), "d1 is the last report");
+        let id = m.multi.open();
+        m.post(false, recv(&mut b, None, 0, 0, id), 4).unwrap();
+        let (_, c) = m.cancel(b.as_ptr() as usize).unwrap();
+        assert!(c.multi_release, "nothing outstanding: the cancel's entry releases it");
+        assert_eq!(m.multi.live(), 0);
+
+        let mut q = MultiRecs::new(true);
+        let id = q.open();
+        assert_ne!(id & MultiRecs::SRQ, 0);
+        q.carve(id, false);
+        q.carve(id, true);
+        assert!(!q.give_back(id, true), "the releasing piece back: the buffer is posted again");
+        assert!(!q.give_back(id, false), "not released any more");
+        q.carve(id, false);
+        q.carve(id, true);
+        assert!(!q.settle(id), "the releasing piece reported, one outstanding");
+        assert!(q.give_back(id, false), "the last piece given back owes the flag");
+        assert_eq!(q.live(), 0);
     }
 
     #[test]
@@ -1034,7 +1258,7 @@ mod tests {
         assert!(m.over_budget(&cfg, 5));
         // A receive posted later takes it, and the bytes leave the budget.
         let mut b = [0u8; 8];
-        m.post(true, recv(&mut b, None, 9, 0, false), 4).unwrap();
+        m.post(true, recv(&mut b, None, 9, 0, 0), 4).unwrap();
         let (u, d) = m.take_unexp_for_last(true).unwrap();
         assert_eq!((u.id, d.cap), (id, 8));
         assert_eq!(m.unexp_bytes(), 0);
@@ -1060,8 +1284,8 @@ mod tests {
     fn directed_receives_leave_with_their_peer() {
         let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
         let mut m = Matching::new();
-        m.post(true, recv(&mut a, Some(4), 0, 0, false), 4).unwrap();
-        m.post(false, recv(&mut b, None, 0, 0, false), 4).unwrap();
+        m.post(true, recv(&mut a, Some(4), 0, 0, 0), 4).unwrap();
+        m.post(false, recv(&mut b, None, 0, 0, 0), 4).unwrap();
         assert!(m.directed_at(4));
         let gone = m.take_directed(4);
         assert_eq!(gone.len(), 1);
@@ -1077,15 +1301,15 @@ mod tests {
         let a = m.queue_unexp(true, unexp(0, 5, &[1; 4]));
         let b = m.queue_unexp(true, unexp(0, 5, &[2; 4]));
         let mut buf = [0u8; 8];
-        let probe = recv(&mut buf, None, 5, 0, false);
+        let probe = recv(&mut buf, None, 5, 0, 0);
         assert_eq!(m.find_free(true, &probe).unwrap().id, a);
         m.claim(a, 77);
         assert!(m.claims(77) && !m.claims(78));
         assert_eq!(m.find_free(true, &probe).unwrap().id, b, "a claimed message is invisible to peeks");
         // A receive posted now takes b, not the claimed a.
-        m.post(true, recv(&mut buf, None, 5, 0, false), 4).unwrap();
+        m.post(true, recv(&mut buf, None, 5, 0, 0), 4).unwrap();
         assert_eq!(m.take_unexp_for_last(true).unwrap().0.id, b);
-        m.post(true, recv(&mut buf, None, 5, 0, false), 4).unwrap();
+        m.post(true, recv(&mut buf, None, 5, 0, 0), 4).unwrap();
         assert!(m.take_unexp_for_last(true).is_none(), "nor to receives");
         m.pop_front(true);
         // The claim's receive takes it; the context is then free again.
@@ -1131,16 +1355,17 @@ mod tests {
     fn front_plain_takes_only_the_simple_case() {
         let (mut a, mut b) = ([0u8; 8], [0u8; 64]);
         let mut m = Matching::new();
-        m.post(true, recv(&mut a, None, 1, 0, false), 4).unwrap();
+        m.post(true, recv(&mut a, None, 1, 0, 0), 4).unwrap();
         assert!(m.front_plain(true, 0, 1, 8).is_some());
         assert!(m.front_plain(true, 0, 1, 9).is_none(), "does not hold it whole");
         assert!(m.front_plain(true, 0, 2, 8).is_none(), "tag differs");
         m.pop_front(true);
-        m.post(false, recv(&mut b, None, 0, 0, true), 4).unwrap();
+        let id = m.multi.open();
+        m.post(false, recv(&mut b, None, 0, 0, id), 4).unwrap();
         assert!(m.front_plain(false, 0, 0, 8).is_none(), "multi-receive");
         m.pop_front(false);
-        m.post(false, recv(&mut b, None, 0, 0, false), 4).unwrap();
-        m.post(true, recv(&mut a, None, 1, 0, false), 4).unwrap();
+        m.post(false, recv(&mut b, None, 0, 0, 0), 4).unwrap();
+        m.post(true, recv(&mut a, None, 1, 0, 0), 4).unwrap();
         assert!(m.front_plain(false, 0, 0, 8).is_some() && m.front_plain(true, 0, 1, 8).is_some());
         m.set_source_err(true);
         assert!(m.front_plain(false, 0, 0, 8).is_none() && m.front_plain(true, 0, 1, 8).is_none(), "FI_SOURCE_ERR");
@@ -1165,22 +1390,22 @@ mod tests {
         let dw = Dw::new(Some(3), true);
         let deferred = |r: PostedRecv| PostedRecv { moff: dw.raw() as usize, ..r };
         let mut m = Matching::new();
-        m.post_deferred(true, deferred(recv(&mut a, None, 1, 0, false)), 4).unwrap();
-        m.post(true, recv(&mut b, None, 1, 0, false), 4).unwrap();
+        m.post_deferred(true, deferred(recv(&mut a, None, 1, 0, 0)), 4).unwrap();
+        m.post(true, recv(&mut b, None, 1, 0, 0), 4).unwrap();
         assert!(m.front_plain(true, 0, 1, 8).is_none(), "a deferred receive is posted");
         let d = m.take_match(true, 0, 1, 8).unwrap();
         assert_eq!((d.buf, d.cap, d.dw), (a.as_ptr() as usize, 8, dw));
         assert_eq!(m.front_plain(true, 0, 1, 8).map(|x| x.1.ptr), Some(b.as_ptr() as usize), "none left");
-        m.post_deferred(false, deferred(recv(&mut a, None, 0, 0, false)), 4).unwrap();
+        m.post_deferred(false, deferred(recv(&mut a, None, 0, 0, 0)), 4).unwrap();
         assert!(m.front_plain(true, 0, 1, 8).is_none());
         let (tagged, d) = m.cancel(a.as_ptr() as usize).unwrap();
         assert!(!tagged && d.dw == dw && d.buf == a.as_ptr() as usize && !d.multi_release);
         assert!(m.front_plain(true, 0, 1, 8).is_some(), "none left");
         m.set_source_err(true);
-        m.post_deferred(false, deferred(recv(&mut a, None, 0, 0, false)), 4).unwrap();
+        m.post_deferred(false, deferred(recv(&mut a, None, 0, 0, 0)), 4).unwrap();
         assert_eq!(m.take_all_posted().len(), 2);
         m.set_source_err(false);
-        m.post(true, recv(&mut b, None, 1, 0, false), 4).unwrap();
+        m.post(true, recv(&mut b, None, 1, 0, 0), 4).unwrap();
         assert!(m.front_plain(true, 0, 1, 8).is_some(), "flushed: none left");
     }
 }
