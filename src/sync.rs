@@ -164,8 +164,6 @@ unsafe impl<T: Send> Send for DomainLock<T> {}
 /// Access to the data while the lock is held.
 pub struct DomainGuard<'a, T> {
     lock: &'a DomainLock<T>,
-    /// The lock word to give back.
-    free: u64,
 }
 
 /// Why the lock could not be taken.
@@ -201,7 +199,7 @@ impl<T> DomainLock<T> {
         let w = self.word.load(std::sync::atomic::Ordering::Relaxed);
         if w == thread_token_raw() {
             self.word.store(w | BUSY, std::sync::atomic::Ordering::Relaxed);
-            return Ok(DomainGuard { lock: self, free: w });
+            return Ok(DomainGuard { lock: self });
         }
         self.lock_slow()
     }
@@ -214,7 +212,7 @@ impl<T> DomainLock<T> {
         if self.word.load(Relaxed) == SERIALIZED {
             // The caller orders the calls: no other is in progress.
             self.word.store(SERIALIZED | BUSY, Relaxed);
-            return Ok(DomainGuard { lock: self, free: SERIALIZED });
+            return Ok(DomainGuard { lock: self });
         }
         let me = thread_token();
         let mut round = 0u32;
@@ -227,7 +225,7 @@ impl<T> DomainLock<T> {
             if w == me {
                 // This thread's first call after its token was given.
                 self.word.store(me | BUSY, Relaxed);
-                return Ok(DomainGuard { lock: self, free: me });
+                return Ok(DomainGuard { lock: self });
             }
             if w == 0 {
                 // Domain mode, first use: this thread becomes the owner,
@@ -235,7 +233,7 @@ impl<T> DomainLock<T> {
                 // SYNC: AcqRel: the claim pairs with the acquire load above
                 // of a thread that then finds this one the owner.
                 if self.word.compare_exchange(0, me | BUSY, AcqRel, Acquire).is_ok() {
-                    return Ok(DomainGuard { lock: self, free: me });
+                    return Ok(DomainGuard { lock: self });
                 }
                 continue;
             }
@@ -243,7 +241,7 @@ impl<T> DomainLock<T> {
                 // SYNC: acquire pairs with the release store in
                 // DomainGuard::drop.
                 if self.word.compare_exchange_weak(SAFE, SAFE | BUSY, Acquire, Relaxed).is_ok() {
-                    return Ok(DomainGuard { lock: self, free: SAFE });
+                    return Ok(DomainGuard { lock: self });
                 }
             } else if w == SAFE | BUSY {
                 round += 1;
@@ -281,10 +279,15 @@ impl<T> DerefMut for DomainGuard<'_, T> {
 impl<T> Drop for DomainGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
+        // The word without BUSY: the owner's token, SERIALIZED or SAFE. Read
+        // again rather than kept in the guard (a register held across every
+        // call for one load of a line this thread just wrote): while BUSY
+        // is set no other thread changes the word.
+        let w = self.lock.word.load(std::sync::atomic::Ordering::Relaxed);
         // SYNC: release pairs with the acquire load and compare-and-swap in
         // DomainLock::lock_slow (Safe mode: the next holder sees our data
         // accesses; Domain mode: a plain store on x86 all the same).
-        self.lock.word.store(self.free, std::sync::atomic::Ordering::Release);
+        self.lock.word.store(w & !BUSY, std::sync::atomic::Ordering::Release);
     }
 }
 
