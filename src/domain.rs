@@ -483,7 +483,7 @@ impl DomainInner {
     /// checks peers for life when a period has passed): after a sleep.
     fn check_soon(st: &mut DomainState) {
         for ep in st.eps.iter_mut().flatten() {
-            ep.check_now = true;
+            ep.check_soon();
         }
     }
 }

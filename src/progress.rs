@@ -116,8 +116,8 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     }
     // After the claims: a peer found dead may have left messages in a ring
     // it just claimed (see Inbound::may_hold).
-    ep.passes = ep.passes.wrapping_add(1);
-    if ep.passes.is_multiple_of(256) || ep.check_now {
+    ep.hk_left -= 1;
+    if ep.hk_left == 0 {
         housekeeping(ep, ctx);
     }
     // The overflow queue holds the messages of senders without a ring: no
@@ -157,7 +157,9 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
 #[cold]
 #[inline(never)]
 fn housekeeping(ep: &mut EpState, ctx: &mut Ctx<'_>) {
-    ep.check_now = false;
+    ep.passes = ep.passes.wrapping_add(ep.hk_from);
+    ep.hk_left = crate::engine::HK_PERIOD;
+    ep.hk_from = crate::engine::HK_PERIOD;
     let now = std::time::Instant::now();
     if now.duration_since(ep.last_check) >= ctx.cfg.peer_check {
         ep.last_check = now;

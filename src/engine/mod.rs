@@ -47,13 +47,21 @@ pub(crate) struct EpState {
     pub bind: complete::Bindings,
     pub inbound: inbound::Inbound,
     pub stats: EpStats,
-    /// Progress passes, to look at the clock only now and then.
+    /// Progress passes made up to the last housekeeping (a gauge; the
+    /// passes since are `hk_from - hk_left`).
     pub passes: u32,
+    /// Passes left until the next housekeeping (which looks at the clock):
+    /// counted down by each pass, one compare on its path; 1 after a
+    /// doorbell sleep ([`EpState::check_soon`]).
+    pub hk_left: u32,
+    /// What `hk_left` was last set to.
+    pub hk_from: u32,
     /// When peers with pending operations were last checked for life.
     pub last_check: std::time::Instant,
-    /// Set after a doorbell sleep: check the clock on the next pass.
-    pub check_now: bool,
 }
+
+/// Progress passes between two housekeepings of an endpoint.
+pub const HK_PERIOD: u32 = 256;
 
 impl EpState {
     /// A new, unbound endpoint on section `sec` (opened at `addr`).
@@ -70,9 +78,18 @@ impl EpState {
             bind: complete::Bindings::new(),
             stats: EpStats::default(),
             passes: 0,
+            hk_left: HK_PERIOD,
+            hk_from: HK_PERIOD,
             last_check: std::time::Instant::now(),
-            check_now: false,
         }
+    }
+
+    /// The next progress pass does the housekeeping (looks at the clock,
+    /// and checks peers for life when a period has passed): after a sleep.
+    pub fn check_soon(&mut self) {
+        let done = self.hk_from - self.hk_left;
+        self.hk_from = done + 1;
+        self.hk_left = 1;
     }
 
     /// Whether the domain's progress passes drive this endpoint.
