@@ -903,17 +903,23 @@ impl CompletionQueue {
     /// work of session 12).
     #[inline(always)]
     fn read_impl<T: CqFormatEntry>(&self, out: &mut [T], mut src: Option<&mut [FiAddr]>) -> Result<usize> {
+        let mut st = self.dom.lock()?;
+        // Read under the lock: `close` frees the state and sets the mark
+        // under it, so the CQ is open and its state live while the lock is
+        // held (the lookups below need no test).
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
         }
-        let mut st = self.dom.lock()?;
-        let c = st.cqs.get_mut(self.id).expect("open CQ has state");
+        // SAFETY: the CQ is open (checked above under the lock), so its
+        // slot holds its state.
+        let c = unsafe { st.cqs.get_live_mut(self.id) };
         if !c.open_sink(out, src.as_deref_mut()) {
             if c.take_unprogressed() {
                 return c.read_held(out, src);
             }
             self.dom.progress(&mut st);
-            return idle_hint(st.cqs.get_mut(self.id).expect("open CQ has state").read(out, src));
+            // SAFETY: as for `c` (a pass opens and closes no CQ).
+            return idle_hint(unsafe { st.cqs.get_live_mut(self.id) }.read(out, src));
         }
         // The guard closes the sink however progress ends (a panic must not
         // leave it pointing at this call's arrays), before the lock goes.
@@ -921,7 +927,10 @@ impl CompletionQueue {
         self.dom.progress(&mut g.st);
         // Closed here, with the one lookup of the CQ that the rest uses.
         g.closed = true;
-        let c = g.st.cqs.get_mut(self.id).expect("open CQ has state");
+        // SAFETY: as above: the lock is still held, and a progress pass
+        // neither opens nor closes CQs (it holds their slots, not the
+        // table).
+        let c = unsafe { g.st.cqs.get_live_mut(self.id) };
         let n = c.sink.close();
         if n > 0 {
             return Ok(n);
