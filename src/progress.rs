@@ -486,12 +486,13 @@ fn eager_to_front(
     let (op_context, seg, cqe) = ep.matching.front_plain(tagged, p, h.tag, len)?;
     let mut cq = None;
     if let Some(c) = ep.bind.rx_cq {
-        if let Some(q) = ctx.cqs.get_mut(c) {
-            if !q.rx_room() {
-                return Some(Flow::Stall);
-            }
-            cq = Some(q);
+        // SAFETY: a receive CQ in the bindings is bound, so live (see
+        // `Bindings::rx_cq`).
+        let q = unsafe { ctx.cqs.get_live_mut(c) };
+        if !q.rx_room() {
+            return Some(Flow::Stall);
         }
+        cq = Some(q);
     }
     // SAFETY: the posted receive's buffer, valid and writable until its
     // completion (the posting contract); len <= its length.

@@ -82,7 +82,10 @@ pub(crate) struct Bindings {
     /// The transmit CQ has resource management on ([`CqState::rm`]): a
     /// transmit with an entry due checks its room ([`tx_room`]).
     pub tx_rm: bool,
-    /// Receive CQ, and whether it is selective.
+    /// Receive CQ, and whether it is selective. Bound in the domain's CQ
+    /// table (`Endpoint::bind_cq`) until the endpoint's bindings are
+    /// released (`DomainState::unbind_ep`): while named here, its slot
+    /// holds its state (a bound CQ is neither closed nor freed).
     pub rx_cq: Option<usize>,
     pub rx_sel: bool,
     /// Counters by [`CntrKind`].
