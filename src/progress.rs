@@ -290,7 +290,9 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
 /// a copy of its place ([`RingView`]).
 fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
     let peer = r.peer;
-    let pr = &mut ep.peers[peer];
+    // SAFETY: a ring's peer is an index the peer table gave
+    // (Inbound::accept_claims, by index_of).
+    let pr = unsafe { ep.peers.get_unchecked_mut(peer) };
     if pr.broken {
         r.held = true; // never read again: no work for a sleeper
         return;
@@ -481,7 +483,9 @@ fn eager_to_front(
     len: usize,
     tagged: bool,
 ) -> Option<Flow> {
-    if !ep.peers[p].rx.in_order() {
+    // SAFETY: p is the index of the peer that sent the message, which
+    // the peer table gave (drain_ring's ring peer, drain_ovf's index_of).
+    if !unsafe { ep.peers.get_unchecked_mut(p) }.rx.in_order() {
         return None;
     }
     let (op_context, seg, cqe) = ep.matching.front_plain(tagged, p, h.tag, len)?;

@@ -186,9 +186,18 @@ impl Peers {
         self.list.iter()
     }
 
+    /// Peer `p`, with no bounds check (the hot paths': a ring's peer, the
+    /// fi_addr cache's).
+    ///
+    /// # Safety
+    /// `p` is an index this table gave ([`Peers::index_of`], the fi_addr
+    /// cache, or one held since): peers are only appended, so it is below
+    /// the table's length (the first invariant above).
     #[inline(always)]
-    pub fn get_mut(&mut self, p: usize) -> Option<&mut Peer> {
-        self.list.get_mut(p)
+    pub unsafe fn get_unchecked_mut(&mut self, p: usize) -> &mut Peer {
+        debug_assert!(p < self.list.len());
+        // SAFETY: the caller's contract.
+        unsafe { self.list.get_unchecked_mut(p) }
     }
 
     /// The bound address vector.
