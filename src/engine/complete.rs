@@ -642,8 +642,7 @@ pub(crate) fn complete_rx_ok(
     };
     // The read that runs this pass takes it, wanting no source, and no
     // channel waits for a signal: the common case, with one look at the CQ.
-    if cq.sink_takes_plain() {
-        cq.sink_write(&e, FI_ADDR_NOTAVAIL);
+    if cq.sink_write_plain(&e) {
         return;
     }
     // Each only if it will be used.
