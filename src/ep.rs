@@ -582,6 +582,10 @@ impl Endpoint {
             // death is noticed while this receive waits for it.
             let src = if src_fi == FI_ADDR_UNSPEC {
                 None
+            } else if let Some(p) = ep.peers.cached(src_fi) {
+                // The fi_addr cache's answer, not merged with the lookup's
+                // error below (a test of a flag known false, otherwise).
+                Some(p)
             } else {
                 let p = ep.peers.of_with(|| cx.avs(), src_fi).map_err(|_| {
                     Error::with(

@@ -235,6 +235,16 @@ impl Peers {
         self.of_with(|| avs, fi_addr)
     }
 
+    /// The peer the fi_addr cache knows `fi_addr` as, if it does (cleared
+    /// by the AV on every removal; filled by [`Peers::of`]).
+    #[inline(always)]
+    pub fn cached(&self, fi_addr: FiAddr) -> Option<usize> {
+        match self.by_fi.get(fi_addr as usize) {
+            Some(&c) if c != u32::MAX => Some(c as usize),
+            _ => None,
+        }
+    }
+
     /// [`Peers::of`], with the AVs asked for only when the cache does not
     /// know `fi_addr` (the fast paths then do not load them).
     #[inline(always)]
