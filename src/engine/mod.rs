@@ -32,13 +32,18 @@ use shm_layout::Address;
 pub(crate) struct EpState {
     /// Our address (section index and generation included).
     pub addr: Address,
-    /// Enabled: binds are over, operations are accepted.
+    /// Enabled: binds are over, operations are accepted. Set only by
+    /// [`EpState::set_enabled`] (which keeps `polled`).
     pub enabled: bool,
     /// Passive: the domain's progress passes and doorbell sleeps leave
     /// this endpoint alone (its messages wait in its rings) until it is
     /// made active again; for the World's barrier endpoint, which costs
     /// nothing outside a barrier so.
-    pub passive: bool,
+    passive: bool,
+    /// `enabled && !passive`, kept by [`EpState::set_enabled`] and
+    /// [`EpState::set_passive`]: one load for each pass's test
+    /// ([`EpState::polled`]).
+    polled: bool,
     /// Our section of the domain's region.
     pub sec: Section,
     pub peers: peers::Peers,
@@ -70,6 +75,7 @@ impl EpState {
             addr,
             enabled: false,
             passive: false,
+            polled: false,
             inbound: inbound::Inbound::new(&sec),
             sec,
             peers: peers::Peers::new(),
@@ -95,7 +101,19 @@ impl EpState {
     /// Whether the domain's progress passes drive this endpoint.
     #[inline(always)]
     pub fn polled(&self) -> bool {
-        self.enabled && !self.passive
+        self.polled
+    }
+
+    /// Enables the endpoint (see `Endpoint::enable`).
+    pub fn set_enabled(&mut self) {
+        self.enabled = true;
+        self.polled = !self.passive;
+    }
+
+    /// Makes the endpoint passive or active (see [`EpState::passive`]).
+    pub fn set_passive(&mut self, passive: bool) {
+        self.passive = passive;
+        self.polled = self.enabled && !passive;
     }
 
     /// Whether a message that a pass may take is waiting in any inbound
