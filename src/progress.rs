@@ -323,7 +323,9 @@ enum Step {
 
 /// Reads and handles the message at the head of ring `r` (published: the
 /// caller found it ready), and consumes it unless it stays. `ahead`: a
-/// stream, fetch the next cells early (see `RingRx::consume`).
+/// stream, fetch the next cells early and give credit when due (see
+/// `RingRx::consume`); not for the pass's first message, whose caller
+/// gives the credit.
 #[inline(always)]
 fn take_one(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, peer: usize, ahead: bool) -> Step {
     let (h, ncells) = r.rx.current();
@@ -344,7 +346,13 @@ fn take_one(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, peer: usize, ah
         return Step::Stop(true);
     }
     ep.stats.rx_ring += 1;
-    r.rx.consume(ncells, ahead);
+    if ahead {
+        r.rx.consume(ncells, true);
+    } else {
+        // The first message of the pass: drain_ring gives the credit at its
+        // end, whatever follows.
+        r.rx.advance(ncells);
+    }
     Step::Next(eager)
 }
 
