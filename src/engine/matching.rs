@@ -139,7 +139,9 @@ impl PostQueue {
         if self.len == 0 {
             return None;
         }
-        self.slots.get(self.head)
+        // SAFETY: len > 0, so `slots` is not empty and head < slots.len()
+        // (invariants above).
+        Some(unsafe { self.slots.get_unchecked(self.head) })
     }
 
     /// Drops the oldest, if any.
