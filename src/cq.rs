@@ -382,6 +382,10 @@ pub(crate) struct Sink {
     src: *mut FiAddr,
     cap: usize,
     len: usize,
+    /// `cap` when the sink takes entries as they are (the CQ's format is
+    /// the tagged one, and no source array), else 0: one compare of
+    /// [`CqState::sink_write_plain`]. Cut with `cap`.
+    plain: usize,
 }
 
 // SAFETY: the pointers are set only while the thread that owns them holds
@@ -389,7 +393,7 @@ pub(crate) struct Sink {
 unsafe impl Send for Sink {}
 
 impl Sink {
-    const CLOSED: Sink = Sink { out: std::ptr::null_mut(), src: std::ptr::null_mut(), cap: 0, len: 0 };
+    const CLOSED: Sink = Sink { out: std::ptr::null_mut(), src: std::ptr::null_mut(), cap: 0, len: 0, plain: 0 };
 
     /// Closes the sink; returns how many entries it took.
     fn close(&mut self) -> usize {
@@ -547,13 +551,22 @@ impl CqState {
         self.sink.len >= self.sink.cap || !self.sink.src.is_null()
     }
 
-    /// Whether the next successful entry goes straight into the open sink
-    /// with nothing else to do: the sink has room and no source array, and
-    /// no completion channel is attached. Then [`CqState::sink_write`]
-    /// alone completes it (one look at the sink instead of three).
+    /// Writes a successful entry straight into the open sink if that is
+    /// all it needs: the sink has room and takes tagged entries with no
+    /// source array (one compare, see `Sink::plain`), and no completion
+    /// channel is attached. Returns whether it did.
     #[inline(always)]
-    pub fn sink_takes_plain(&self) -> bool {
-        self.sink.len < self.sink.cap && self.sink.src.is_null() && self.notify.is_none()
+    pub fn sink_write_plain(&mut self, e: &CqTaggedEntry) -> bool {
+        if self.sink.len >= self.sink.plain || self.notify.is_some() {
+            return false;
+        }
+        let k = &mut self.sink;
+        // SAFETY: plain > len, so the sink is open on the caller's array of
+        // `cap >= plain` tagged entries (open_sink), alive and exclusively
+        // ours until the read that opened it closes it.
+        unsafe { (k.out as *mut CqTaggedEntry).add(k.len).write(*e) };
+        k.len += 1;
+        true
     }
 
     /// Whether a completion's signal matters: a completion channel is
@@ -652,11 +665,15 @@ impl CqState {
         if !self.args_fit(out, src.as_deref()) || !self.entries.is_empty() || !self.errors.is_empty() || self.overrun {
             return false;
         }
+        // The format is T's (args_fit): known at compile time, as is
+        // whether a source array came.
+        let plain = src.is_none() && T::FORMAT == CqFormat::Tagged;
         self.sink = Sink {
             out: out.as_mut_ptr() as *mut u8,
             src: src.map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
             cap: out.len(),
             len: 0,
+            plain: if plain { out.len() } else { 0 },
         };
         true
     }
@@ -670,6 +687,7 @@ impl CqState {
         let detail = detail.into();
         // Entries after this one queue behind it, as reads must see them.
         self.sink.cap = self.sink.len;
+        self.sink.plain = self.sink.plain.min(self.sink.len);
         if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
             self.overrun = true;
             return;
@@ -903,17 +921,23 @@ impl CompletionQueue {
     /// work of session 12).
     #[inline(always)]
     fn read_impl<T: CqFormatEntry>(&self, out: &mut [T], mut src: Option<&mut [FiAddr]>) -> Result<usize> {
+        let mut st = self.dom.lock()?;
+        // Read under the lock: `close` frees the state and sets the mark
+        // under it, so the CQ is open and its state live while the lock is
+        // held (the lookups below need no test).
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
         }
-        let mut st = self.dom.lock()?;
-        let c = st.cqs.get_mut(self.id).expect("open CQ has state");
+        // SAFETY: the CQ is open (checked above under the lock), so its
+        // slot holds its state.
+        let c = unsafe { st.cqs.get_live_mut(self.id) };
         if !c.open_sink(out, src.as_deref_mut()) {
             if c.take_unprogressed() {
                 return c.read_held(out, src);
             }
             self.dom.progress(&mut st);
-            return idle_hint(st.cqs.get_mut(self.id).expect("open CQ has state").read(out, src));
+            // SAFETY: as for `c` (a pass opens and closes no CQ).
+            return idle_hint(unsafe { st.cqs.get_live_mut(self.id) }.read(out, src));
         }
         // The guard closes the sink however progress ends (a panic must not
         // leave it pointing at this call's arrays), before the lock goes.
@@ -921,7 +945,10 @@ impl CompletionQueue {
         self.dom.progress(&mut g.st);
         // Closed here, with the one lookup of the CQ that the rest uses.
         g.closed = true;
-        let c = g.st.cqs.get_mut(self.id).expect("open CQ has state");
+        // SAFETY: as above: the lock is still held, and a progress pass
+        // neither opens nor closes CQs (it holds their slots, not the
+        // table).
+        let c = unsafe { g.st.cqs.get_live_mut(self.id) };
         let n = c.sink.close();
         if n > 0 {
             return Ok(n);

@@ -184,7 +184,8 @@ pub(crate) struct DomainState {
     /// Endpoints by section index.
     pub eps: Vec<Option<EpBox>>,
     /// One past the highest open endpoint's index (a progress pass looks
-    /// no further).
+    /// no further). Invariant: at most `eps.len()` ([`DomainState::set_ep`]
+    /// keeps it; `eps` is made at its full length and never shrinks).
     pub eps_end: usize,
     /// Generation of each section (bumped at each open).
     pub ep_gen: Vec<u32>,
@@ -422,7 +423,9 @@ impl DomainInner {
         // and `with_ep!`); 300 paired rounds of scripts/ab.sh on a loaded
         // VM found no difference (2026-11-23).
         let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters };
-        for ep in eps[..*eps_end].iter_mut().flatten() {
+        // SAFETY: eps_end <= eps.len() (the invariant on eps_end).
+        let open = unsafe { eps.get_unchecked_mut(..*eps_end) };
+        for ep in open.iter_mut().flatten() {
             if !ep.polled() {
                 continue;
             }
@@ -483,7 +486,7 @@ impl DomainInner {
     /// checks peers for life when a period has passed): after a sleep.
     fn check_soon(st: &mut DomainState) {
         for ep in st.eps.iter_mut().flatten() {
-            ep.check_now = true;
+            ep.check_soon();
         }
     }
 }

@@ -452,7 +452,7 @@ impl Endpoint {
             }
             let (rw, rr) = (ep.bind.cntr(CntrKind::RemoteWrite), ep.bind.cntr(CntrKind::RemoteRead));
             crate::mr::publish_ep(&self.dom, self.idx, rw, rr);
-            ep.enabled = true;
+            ep.set_enabled();
             Ok(())
         })
     }
@@ -464,7 +464,8 @@ impl Endpoint {
     /// move them): it goes passive at a later call.
     pub(crate) fn set_passive(&self, passive: bool) -> Result<()> {
         with_ep!(self, |ep, _ctx| {
-            ep.passive = passive && !ep.tx.any_busy();
+            let passive = passive && !ep.tx.any_busy();
+            ep.set_passive(passive);
             Ok(())
         })
     }
@@ -582,6 +583,10 @@ impl Endpoint {
             // death is noticed while this receive waits for it.
             let src = if src_fi == FI_ADDR_UNSPEC {
                 None
+            } else if let Some(p) = ep.peers.cached(src_fi) {
+                // The fi_addr cache's answer, not merged with the lookup's
+                // error below (a test of a flag known false, otherwise).
+                Some(p)
             } else {
                 let p = ep.peers.of_with(|| cx.avs(), src_fi).map_err(|_| {
                     Error::with(

@@ -116,8 +116,8 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     }
     // After the claims: a peer found dead may have left messages in a ring
     // it just claimed (see Inbound::may_hold).
-    ep.passes = ep.passes.wrapping_add(1);
-    if ep.passes.is_multiple_of(256) || ep.check_now {
+    ep.hk_left -= 1;
+    if ep.hk_left == 0 {
         housekeeping(ep, ctx);
     }
     // The overflow queue holds the messages of senders without a ring: no
@@ -134,15 +134,16 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
         while bits != 0 {
             let s = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            if let Some(r) = rings.get_mut(s).and_then(Option::as_mut) {
-                // An empty ring costs one load here, not a call: the poll
-                // loop's iteration, whose length delays the finding of a
-                // message. Nothing to do for it: no message to take or hold
-                // back, and its head was published by the pass that moved
-                // it (drain_ring gives credit before it returns).
-                if r.rx.ready() {
-                    drain_ring(ep, ctx, r);
-                }
+            // SAFETY: s is a set bit of ring_mask, read above; no claim is
+            // accepted before put_rings.
+            let r = unsafe { rings.get_unchecked(s) };
+            // An empty ring costs one load here, not a call: the poll
+            // loop's iteration, whose length delays the finding of a
+            // message. Nothing to do for it: no message to take or hold
+            // back, and its head was published by the pass that moved it
+            // (drain_ring gives credit before it returns).
+            if r.rx.ready() {
+                drain_ring(ep, ctx, r);
             }
         }
         ep.inbound.put_rings(rings);
@@ -157,7 +158,9 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
 #[cold]
 #[inline(never)]
 fn housekeeping(ep: &mut EpState, ctx: &mut Ctx<'_>) {
-    ep.check_now = false;
+    ep.passes = ep.passes.wrapping_add(ep.hk_from);
+    ep.hk_left = crate::engine::HK_PERIOD;
+    ep.hk_from = crate::engine::HK_PERIOD;
     let now = std::time::Instant::now();
     if now.duration_since(ep.last_check) >= ctx.cfg.peer_check {
         ep.last_check = now;
@@ -284,58 +287,105 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
 /// Reads up to [`BATCH`] messages ([`RING_BATCH`] inline ones) of ring
 /// `r` (taken out of the endpoint by [`progress_ep`]), which holds one at least (its caller found it
 /// [`ready`](crate::ring::RingRx::ready)). Each message is handled through
-/// a copy of its place ([`RingView`]).
+/// a copy of its place ([`RingView`]). The first message is taken here,
+/// the rest (a stream: a ping-pong's message comes alone) by
+/// [`drain_more`], out of line: the one message's path then keeps fewer
+/// values live (no counts of the loop, no fetch ahead).
 fn drain_ring(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
     let peer = r.peer;
-    let pr = &mut ep.peers[peer];
+    // SAFETY: a ring's peer is an index the peer table gave
+    // (Inbound::accept_claims, by index_of).
+    let pr = unsafe { ep.peers.get_unchecked_mut(peer) };
     if pr.broken {
         r.held = true; // never read again: no work for a sleeper
         return;
     }
     // The peer speaks: our next push to it may be an answer.
     pr.heard = true;
-    let mut held = false;
-    // Inline messages taken in this pass with another behind them.
-    let mut inline = 0;
-    for i in 0..BATCH {
-        // The first message was found by the caller, each later one by the
-        // check at the end of the loop.
-        let (h, ncells) = r.rx.current();
-        if ncells == 0 {
-            // A cell count that does not fit the ring: we cannot find the
-            // next message, so this peer's ring is dead to us.
-            bad(ep, ctx, peer, None, "cell count out of range");
-            ep.peers[peer].broken = true;
-            break;
-        }
-        let src = Src::Ring(r.rx.view(), payload_capacity(ncells));
-        // The call out of line gets copies, so that the header and place
-        // stay in registers on the inline path (see on_eager).
-        let flow =
-            if h.op == op::EAGER { on_eager(ep, ctx, peer, &h, &src) } else { handle(ep, ctx, peer, &{ h }, &{ src }) };
-        if flow == Flow::Stall {
-            ep.stats.stalls += 1;
-            held = true;
-            break;
-        }
-        ep.stats.rx_ring += 1;
-        // From the second message in a row on, a stream: fetch ahead.
-        r.rx.consume(ncells, i > 0);
-        if !r.rx.ready() {
-            break;
-        }
-        // A stream (a lone message, a ping-pong's, never gets here): at
-        // most RING_BATCH of its inline messages per pass.
-        if h.op == op::EAGER {
-            inline += 1;
-            if inline == RING_BATCH {
-                break;
-            }
-        }
-    }
+    let held = match take_one(ep, ctx, r, peer, false) {
+        Step::Stop(held) => held,
+        Step::Next(_) if !r.rx.ready() => false,
+        Step::Next(eager) => drain_more(ep, ctx, r, peer, eager as usize),
+    };
     r.held = held;
     r.rx.release_credit();
     ep.inbound.flush_freed();
+}
+
+/// What [`take_one`] did.
+enum Step {
+    /// Stop reading this ring in this pass: whether it is held (the
+    /// message stays for a later pass: back-pressure).
+    Stop(bool),
+    /// Consumed; whether it was an inline message.
+    Next(bool),
+}
+
+/// Reads and handles the message at the head of ring `r` (published: the
+/// caller found it ready), and consumes it unless it stays. `ahead`: a
+/// stream, fetch the next cells early and give credit when due (see
+/// `RingRx::consume`); not for the pass's first message, whose caller
+/// gives the credit.
+#[inline(always)]
+fn take_one(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, peer: usize, ahead: bool) -> Step {
+    let (h, ncells) = r.rx.current();
+    if ncells == 0 {
+        // A cell count that does not fit the ring: we cannot find the
+        // next message, so this peer's ring is dead to us.
+        bad(ep, ctx, peer, None, "cell count out of range");
+        ep.peers[peer].broken = true;
+        return Step::Stop(false);
+    }
+    let src = Src::Ring(r.rx.view(), payload_capacity(ncells));
+    // The call out of line gets copies, so that the header and place
+    // stay in registers on the inline path (see on_eager).
+    let eager = h.op == op::EAGER;
+    let flow = if eager { on_eager(ep, ctx, peer, &h, &src) } else { handle(ep, ctx, peer, &{ h }, &{ src }) };
+    if flow == Flow::Stall {
+        ep.stats.stalls += 1;
+        return Step::Stop(true);
+    }
+    ep.stats.rx_ring += 1;
+    if ahead {
+        r.rx.consume(ncells, true);
+    } else {
+        // The first message of the pass: drain_ring gives the credit at its
+        // end, whatever follows.
+        r.rx.advance(ncells);
+    }
+    Step::Next(eager)
+}
+
+/// The messages of ring `r` after the first ([`drain_ring`]), which are
+/// published (`inline` of them so far inline ones); returns whether the
+/// ring is held.
+#[inline(never)]
+fn drain_more(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, peer: usize, mut inline: usize) -> bool {
+    // A stream (a lone message, a ping-pong's, never gets here): at most
+    // RING_BATCH of its inline messages per pass.
+    if inline == RING_BATCH {
+        return false;
+    }
+    for _ in 1..BATCH {
+        // Each message found by the check at the end of the loop (the
+        // first, by the caller's); from the second in a row on, a stream:
+        // fetch ahead.
+        match take_one(ep, ctx, r, peer, true) {
+            Step::Stop(held) => return held,
+            Step::Next(eager) => {
+                if !r.rx.ready() {
+                    break;
+                }
+                if eager {
+                    inline += 1;
+                    if inline == RING_BATCH {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    false
 }
 
 fn drain_ovf(ep: &mut EpState, ctx: &mut Ctx<'_>) {
@@ -478,18 +528,21 @@ fn eager_to_front(
     len: usize,
     tagged: bool,
 ) -> Option<Flow> {
-    if !ep.peers[p].rx.in_order() {
+    // SAFETY: p is the index of the peer that sent the message, which
+    // the peer table gave (drain_ring's ring peer, drain_ovf's index_of).
+    if !unsafe { ep.peers.get_unchecked_mut(p) }.rx.in_order() {
         return None;
     }
     let (op_context, seg, cqe) = ep.matching.front_plain(tagged, p, h.tag, len)?;
     let mut cq = None;
     if let Some(c) = ep.bind.rx_cq {
-        if let Some(q) = ctx.cqs.get_mut(c) {
-            if !q.rx_room() {
-                return Some(Flow::Stall);
-            }
-            cq = Some(q);
+        // SAFETY: a receive CQ in the bindings is bound, so live (see
+        // `Bindings::rx_cq`).
+        let q = unsafe { ctx.cqs.get_live_mut(c) };
+        if !q.rx_room() {
+            return Some(Flow::Stall);
         }
+        cq = Some(q);
     }
     // SAFETY: the posted receive's buffer, valid and writable until its
     // completion (the posting contract); len <= its length.

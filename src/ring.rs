@@ -590,6 +590,16 @@ impl RingRx {
         }
     }
 
+    /// Moves past the current message, for a caller that publishes the
+    /// head itself before it looks at the ring again
+    /// ([`RingRx::release_credit`]: a pass's first message, whose credit
+    /// the end of the pass gives): no test of the credit due, no fetch
+    /// ahead (see [`RingRx::consume`]).
+    #[inline]
+    pub fn advance(&mut self, ncells: usize) {
+        self.head += ncells as u64;
+    }
+
     /// Publishes the head so the producer can reuse consumed cells.
     #[inline]
     pub fn release_credit(&mut self) {

@@ -6,7 +6,6 @@ pub use shm_layout::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::AtomicBool;
 
 /// Plain (non-atomic) data in shared memory, as a loom model sees it: a
 /// handle built for a model carries one of these per piece of plain data
@@ -84,57 +83,80 @@ pub enum Threading {
 }
 
 thread_local! {
-    static THREAD_TOKEN: Cell<u64> = const { Cell::new(0) };
+    /// The calling thread's token, [`NO_TOKEN`] until its first
+    /// [`thread_token`].
+    static THREAD_TOKEN: Cell<u64> = const { Cell::new(NO_TOKEN) };
 }
-static NEXT_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// Tokens are multiples of [`TOKEN_STEP`] from it: the low bits of a lock
+/// word stay free for [`BUSY`].
+static NEXT_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(TOKEN_STEP);
+const TOKEN_STEP: u64 = 4;
+/// The token of a thread that has none yet: no lock word ever holds it
+/// (not a multiple of [`TOKEN_STEP`], no [`BUSY`] bit), so the owner's
+/// one compare fails and the slow path gives the thread its token.
+const NO_TOKEN: u64 = 2;
+/// Lock word bit: a guard exists.
+const BUSY: u64 = 1;
+/// Lock word of a [`Threading::Serialized`] lock while free: no thread's
+/// token (tokens count up from [`TOKEN_STEP`]); the slow path's first
+/// test lets any thread in.
+const SERIALIZED: u64 = !(TOKEN_STEP - 1);
+/// Lock word of a [`Threading::Safe`] lock while free: no thread's token
+/// either; taken by a compare-and-swap to `SAFE | BUSY`.
+const SAFE: u64 = SERIALIZED - TOKEN_STEP;
 
-/// The owner word of a [`Threading::Serialized`] lock: no thread's token
-/// (tokens count up from 1), so the owner check's slow test passes it.
-const ANY_THREAD: u64 = u64::MAX;
-
-/// A small number unique to the calling thread (never 0).
+/// A number unique to the calling thread (a multiple of [`TOKEN_STEP`],
+/// never 0), given on first use.
 #[inline]
 fn thread_token() -> u64 {
     THREAD_TOKEN.with(|t| {
         let v = t.get();
-        if v != 0 {
+        if v != NO_TOKEN {
             return v;
         }
-        let v = NEXT_TOKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let v = NEXT_TOKEN.fetch_add(TOKEN_STEP, std::sync::atomic::Ordering::Relaxed);
         t.set(v);
         v
     })
 }
 
-/// The domain lock. In [`Threading::Safe`] mode: one compare-and-swap to
-/// take, a plain release store to give back (a futex mutex pays a second
-/// atomic read-modify-write on unlock, about 7 ns on these VMs, on every
-/// call); a thread that finds it taken spins briefly, then yields, then
-/// sleeps in short naps, never an unbounded spin on a 2-core machine. In
-/// [`Threading::Domain`] mode: the owning thread is checked with a plain
-/// load, and a re-entrant use is refused. In [`Threading::Serialized`]
-/// mode only the re-entrant use is refused (the caller serialises).
+/// The calling thread's token as it is: [`NO_TOKEN`] if it has none yet
+/// (one thread-local load, no branch).
+#[inline(always)]
+fn thread_token_raw() -> u64 {
+    THREAD_TOKEN.with(Cell::get)
+}
+
+/// The domain lock: one word ([`DomainLock::lock`]'s fast path is one
+/// load, one compare and one store; giving it back is one store). In
+/// [`Threading::Domain`] mode the word holds the owning thread's token (0
+/// until first use), with [`BUSY`] while a guard exists: the owner's call
+/// finds its own token there, and any other value sends the call to the
+/// slow path, which takes an unowned lock (compare-and-swap from 0) or
+/// refuses the call (another thread's, or re-entrant). In
+/// [`Threading::Safe`] mode: one compare-and-swap to take, a plain release
+/// store to give back (a futex mutex pays a second atomic
+/// read-modify-write on unlock, about 7 ns on these VMs, on every call); a
+/// thread that finds it taken spins briefly, then yields, then sleeps in
+/// short naps, never an unbounded spin on a 2-core machine. In
+/// [`Threading::Serialized`] mode only the re-entrant use is refused (the
+/// caller serialises).
 pub struct DomainLock<T> {
-    safe: bool,
-    /// Safe mode: true while a guard exists.
-    locked: AtomicBool,
-    /// Domain mode: token of the owning thread, 0 until first use;
-    /// Serialized mode: [`ANY_THREAD`] (the owner check then passes for
-    /// every thread, with no test of the mode on the owner's fast path).
-    owner: std::sync::atomic::AtomicU64,
-    /// Domain and Serialized modes: a guard exists (touched only by the
-    /// owner thread, or by the one thread the caller lets in).
-    busy: Cell<bool>,
+    /// Domain mode: 0, or the owner's token, `| BUSY` while a guard
+    /// exists; Serialized mode: [`SERIALIZED`] (`| BUSY`); Safe mode:
+    /// [`SAFE`] (`| BUSY`).
+    word: std::sync::atomic::AtomicU64,
     data: UnsafeCell<T>,
 }
 
-// SAFETY: access to `data` is serialised: in Safe mode by `locked`
-// (acquire on take, release on give back), in Domain mode by allowing only
-// the owner thread (set once by CAS) and one guard at a time (`busy`, which
-// only the owner thread reads or writes); in Serialized mode by the
-// contract of the unsafe constructor of such domains (the caller orders
-// every call, so `busy` and `data` are never touched by two threads at
-// once, and each call happens after the previous one).
+// SAFETY: access to `data` is serialised: in Safe mode by the word's BUSY
+// bit (set by an acquire compare-and-swap, cleared by a release store); in
+// Domain mode by allowing only the owner thread (set once by CAS) and one
+// guard at a time (BUSY, which only the owner thread sets or clears once
+// it owns the lock); in Serialized mode by the contract of the unsafe
+// constructor of such domains (the caller orders every call, so `data` is
+// never touched by two threads at once, and each call happens after the
+// previous one).
 unsafe impl<T: Send> Sync for DomainLock<T> {}
 // SAFETY: as above; T moves with the lock.
 unsafe impl<T: Send> Send for DomainLock<T> {}
@@ -156,68 +178,84 @@ pub enum LockError {
 impl<T> DomainLock<T> {
     /// A lock around `v` for `mode`.
     pub fn new(v: T, mode: Threading) -> Self {
-        DomainLock {
-            safe: mode == Threading::Safe,
-            locked: AtomicBool::new(false),
-            owner: std::sync::atomic::AtomicU64::new(if mode == Threading::Serialized { ANY_THREAD } else { 0 }),
-            busy: Cell::new(false),
-            data: UnsafeCell::new(v),
-        }
+        let w = match mode {
+            Threading::Domain => 0,
+            Threading::Safe => SAFE,
+            Threading::Serialized => SERIALIZED,
+        };
+        DomainLock { word: std::sync::atomic::AtomicU64::new(w), data: UnsafeCell::new(v) }
     }
 
-    /// Takes the lock.
-    #[inline]
+    /// Takes the lock. The owner of a Domain-mode lock finds its token in
+    /// the word (one thread-local load, one load, one compare, one store:
+    /// the owner check of every call); everything else goes out of line
+    /// (a Serialized-mode call there first, for one compare more).
+    #[inline(always)]
     pub fn lock(&self) -> Result<DomainGuard<'_, T>, LockError> {
-        if !self.safe {
-            let me = thread_token();
-            let o = self.owner.load(std::sync::atomic::Ordering::Acquire);
-            if o != me
-                && o != ANY_THREAD
-                && (o != 0
-                    || self
-                        .owner
-                        .compare_exchange(
-                            0,
-                            me,
-                            std::sync::atomic::Ordering::AcqRel,
-                            std::sync::atomic::Ordering::Acquire,
-                        )
-                        .is_err())
-            {
-                return Err(LockError::OtherThread);
-            }
-            if self.busy.replace(true) {
-                return Err(LockError::Reentrant);
-            }
+        // Relaxed: only the owner thread itself stores its token (or its
+        // token | BUSY) here once it owns the lock, so a load that finds
+        // the token is this thread's own store, in program order; in
+        // Serialized mode the caller orders the calls.
+        let w = self.word.load(std::sync::atomic::Ordering::Relaxed);
+        if w == thread_token_raw() {
+            self.word.store(w | BUSY, std::sync::atomic::Ordering::Relaxed);
             return Ok(DomainGuard { lock: self });
         }
-        if !self.try_take() {
-            self.lock_slow();
+        self.lock_slow()
+    }
+
+    /// [`DomainLock::lock`] past its fast path: a thread's first call,
+    /// the first use of a Domain-mode lock, Safe mode, and the refusals.
+    #[inline(never)]
+    fn lock_slow(&self) -> Result<DomainGuard<'_, T>, LockError> {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+        if self.word.load(Relaxed) == SERIALIZED {
+            // The caller orders the calls: no other is in progress.
+            self.word.store(SERIALIZED | BUSY, Relaxed);
+            return Ok(DomainGuard { lock: self });
         }
-        Ok(DomainGuard { lock: self })
-    }
-
-    #[inline]
-    fn try_take(&self) -> bool {
-        use std::sync::atomic::Ordering::{Acquire, Relaxed};
-        // SYNC: acquire pairs with the release store in DomainGuard::drop.
-        self.locked.compare_exchange_weak(false, true, Acquire, Relaxed).is_ok()
-    }
-
-    #[cold]
-    fn lock_slow(&self) {
+        let me = thread_token();
         let mut round = 0u32;
         loop {
-            if !self.locked.load(std::sync::atomic::Ordering::Relaxed) && self.try_take() {
-                return;
+            // SYNC: acquire pairs with the release store in
+            // DomainGuard::drop (Safe mode: the previous holder's data
+            // accesses happen before ours) and with the AcqRel CAS below
+            // of another thread that took an unowned lock.
+            let w = self.word.load(Acquire);
+            if w == me {
+                // This thread's first call after its token was given.
+                self.word.store(me | BUSY, Relaxed);
+                return Ok(DomainGuard { lock: self });
             }
-            round += 1;
-            if round < 64 {
-                std::hint::spin_loop();
-            } else if round < 128 {
-                std::thread::yield_now();
+            if w == 0 {
+                // Domain mode, first use: this thread becomes the owner,
+                // unless another one does first (then it is refused below).
+                // SYNC: AcqRel: the claim pairs with the acquire load above
+                // of a thread that then finds this one the owner.
+                if self.word.compare_exchange(0, me | BUSY, AcqRel, Acquire).is_ok() {
+                    return Ok(DomainGuard { lock: self });
+                }
+                continue;
+            }
+            if w == SAFE {
+                // SYNC: acquire pairs with the release store in
+                // DomainGuard::drop.
+                if self.word.compare_exchange_weak(SAFE, SAFE | BUSY, Acquire, Relaxed).is_ok() {
+                    return Ok(DomainGuard { lock: self });
+                }
+            } else if w == SAFE | BUSY {
+                round += 1;
+                if round < 64 {
+                    std::hint::spin_loop();
+                } else if round < 128 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                }
+            } else if w == me | BUSY || w == SERIALIZED | BUSY {
+                return Err(LockError::Reentrant);
             } else {
-                std::thread::sleep(std::time::Duration::from_micros(20));
+                return Err(LockError::OtherThread);
             }
         }
     }
@@ -241,12 +279,15 @@ impl<T> DerefMut for DomainGuard<'_, T> {
 impl<T> Drop for DomainGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        if self.lock.safe {
-            // SYNC: release pairs with the acquire in DomainLock::lock.
-            self.lock.locked.store(false, std::sync::atomic::Ordering::Release);
-        } else {
-            self.lock.busy.set(false);
-        }
+        // The word without BUSY: the owner's token, SERIALIZED or SAFE. Read
+        // again rather than kept in the guard (a register held across every
+        // call for one load of a line this thread just wrote): while BUSY
+        // is set no other thread changes the word.
+        let w = self.lock.word.load(std::sync::atomic::Ordering::Relaxed);
+        // SYNC: release pairs with the acquire load and compare-and-swap in
+        // DomainLock::lock_slow (Safe mode: the next holder sees our data
+        // accesses; Domain mode: a plain store on x86 all the same).
+        self.lock.word.store(w & !BUSY, std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -93,6 +93,18 @@ impl<T: Object> Slots<T> {
         }
     }
 
+    /// The live object `id`, with no test: for a caller that knows it is
+    /// live (an open handle's object, checked open under the domain lock).
+    ///
+    /// # Safety
+    /// Slot `id` exists and holds an object.
+    #[inline(always)]
+    pub unsafe fn get_live_mut(&mut self, id: usize) -> &mut T {
+        debug_assert!(matches!(self.0.get(id), Some(Some(_))));
+        // SAFETY: the caller's contract.
+        unsafe { &mut self.0.get_unchecked_mut(id).as_mut().unwrap_unchecked().val }
+    }
+
     /// As [`Slots::get`], mutable.
     #[inline(always)]
     pub fn get_mut(&mut self, id: usize) -> Option<&mut T> {

@@ -71,6 +71,13 @@ fn close_while_bound_is_busy() {
     av.close().unwrap();
     c.close().unwrap();
     assert_eq!(c.read().unwrap_err().kind(), ErrorKind::Inval, "closed counter");
+    // A closed CQ's reads are refused, also once a new CQ took its slot
+    // (the read finds the state by its id, with no test, once it has
+    // checked the handle open under the lock).
+    let cq2 = dom.cq_open(&CqAttr::default()).unwrap();
+    let mut e = [CqTaggedEntry::default(); 2];
+    assert_eq!(cq.read(&mut e).unwrap_err().kind(), ErrorKind::Inval, "closed CQ");
+    assert_eq!(cq2.read(&mut e).unwrap_err().kind(), ErrorKind::Again, "the new CQ is empty");
 }
 
 /// A closed endpoint's handle refuses every call: also once a new endpoint

@@ -82,7 +82,10 @@ pub(crate) struct Bindings {
     /// The transmit CQ has resource management on ([`CqState::rm`]): a
     /// transmit with an entry due checks its room ([`tx_room`]).
     pub tx_rm: bool,
-    /// Receive CQ, and whether it is selective.
+    /// Receive CQ, and whether it is selective. Bound in the domain's CQ
+    /// table (`Endpoint::bind_cq`) until the endpoint's bindings are
+    /// released (`DomainState::unbind_ep`): while named here, its slot
+    /// holds its state (a bound CQ is neither closed nor freed).
     pub rx_cq: Option<usize>,
     pub rx_sel: bool,
     /// Counters by [`CntrKind`].
@@ -639,8 +642,7 @@ pub(crate) fn complete_rx_ok(
     };
     // The read that runs this pass takes it, wanting no source, and no
     // channel waits for a signal: the common case, with one look at the CQ.
-    if cq.sink_takes_plain() {
-        cq.sink_write(&e, FI_ADDR_NOTAVAIL);
+    if cq.sink_write_plain(&e) {
         return;
     }
     // Each only if it will be used.

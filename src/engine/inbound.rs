@@ -4,10 +4,11 @@
 //!
 //! Invariants:
 //! - `rings[s]` is Some exactly for the slots whose claim this endpoint
-//!   has accepted, with the claimant's peer index; `claimed_seen` holds
-//!   those slots' bits and the bits it settled without a ring (a claimant
-//!   of another user, a bit past the slots). A set `claimed` bit outside
-//!   it is looked at by the next pass ([`Inbound::accept_claims`]).
+//!   has accepted, with the claimant's peer index; `ring_bits` has bit `s`
+//!   set exactly for those; `claimed_seen` holds those slots' bits and the
+//!   bits it settled without a ring (a claimant of another user, a bit
+//!   past the slots). A set `claimed` bit outside it is looked at by the
+//!   next pass ([`Inbound::accept_claims`]).
 //! - `rings_out` is true exactly while a progress pass holds the rings
 //!   (then `rings` is empty here, and [`Inbound::may_hold`] answers yes).
 //! - `ovf_stuck` names the overflow queue's head position found claimed
@@ -32,6 +33,28 @@ pub(crate) struct InRing {
     pub held: bool,
 }
 
+/// The rings a progress pass took out of the endpoint
+/// ([`Inbound::take_rings`]).
+pub(crate) struct InRings {
+    rings: Box<[Option<InRing>]>,
+}
+
+impl InRings {
+    /// The ring in slot `s`.
+    ///
+    /// # Safety
+    /// Bit `s` of [`Inbound::ring_mask`] is set (read since the last
+    /// claims were accepted: none are while the rings are out).
+    #[inline(always)]
+    pub unsafe fn get_unchecked(&mut self, s: usize) -> &mut InRing {
+        debug_assert!(matches!(self.rings.get(s), Some(Some(_))));
+        // SAFETY: bit s of the mask is set (the caller's contract), so
+        // slot s exists and holds a ring (the invariant of `ring_bits`, in
+        // the module docs).
+        unsafe { self.rings.get_unchecked_mut(s).as_mut().unwrap_unchecked() }
+    }
+}
+
 /// The endpoint's inbound queues (see the module docs).
 pub(crate) struct Inbound {
     /// Inbound rings by slot (a boxed slice: two words to take out and
@@ -41,6 +64,8 @@ pub(crate) struct Inbound {
     rings_out: bool,
     /// Claimed-slot bits settled: turned into `rings`, or refused for good.
     claimed_seen: u64,
+    /// The slots of `rings` that hold a ring (invariant above).
+    ring_bits: u64,
     /// Our section's generation: we take claims made for it only.
     generation: u32,
     /// The shared overflow queue.
@@ -71,6 +96,7 @@ impl Inbound {
             rings: (0..sec.g.n_slots as usize).map(|_| None).collect(),
             rings_out: false,
             claimed_seen: 0,
+            ring_bits: 0,
             // Relaxed: our own store, in Section::open.
             generation: sec.header().generation.load(Ordering::Relaxed),
             ovf: sec.ovf(),
@@ -150,28 +176,29 @@ impl Inbound {
             let rx =
                 unsafe { RingRx::new(sec.ringctl_at(s as u32), sec.ring_cells(s as u32), sec.g.ring_cells as usize) };
             self.rings[s] = Some(InRing { rx, peer: p, held: false });
+            self.ring_bits |= bit;
         }
     }
 
-    /// The settled slots, as a mask: those with an accepted ring, and
-    /// those refused for good (no ring).
+    /// The slots that hold a ring, as a mask: [`InRings::get_unchecked`]
+    /// finds each.
     #[inline(always)]
     pub fn ring_mask(&self) -> u64 {
-        self.claimed_seen
+        self.ring_bits
     }
 
     /// Takes the rings out for a pass to drain ([`Inbound::put_rings`]
     /// brings them back).
     #[inline(always)]
-    pub fn take_rings(&mut self) -> Box<[Option<InRing>]> {
+    pub fn take_rings(&mut self) -> InRings {
         self.rings_out = true;
-        std::mem::take(&mut self.rings)
+        InRings { rings: std::mem::take(&mut self.rings) }
     }
 
     #[inline(always)]
-    pub fn put_rings(&mut self, rings: Box<[Option<InRing>]>) {
+    pub fn put_rings(&mut self, rings: InRings) {
         // What take_rings left is empty, no allocation: nothing to drop.
-        let left = std::mem::replace(&mut self.rings, rings);
+        let left = std::mem::replace(&mut self.rings, rings.rings);
         debug_assert!(left.is_empty());
         std::mem::forget(left);
         self.rings_out = false;

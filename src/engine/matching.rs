@@ -81,6 +81,11 @@ impl PostedRecv {
 /// two slots whose positions are masked (a `VecDeque` wraps them by a
 /// comparison: its front, pop and push were about 40 instructions of every
 /// message's receive path, by callgrind).
+///
+/// Invariants: `slots.len()` is 0 or a power of two; `len <=
+/// slots.len()`; `head < slots.len()` whenever `slots` is not empty (0
+/// otherwise). So every position [`PostQueue::at`] gives is a slot when
+/// `slots` is not empty, which `len > 0` implies.
 #[derive(Default)]
 pub(crate) struct PostQueue {
     slots: Vec<PostedRecv>,
@@ -108,7 +113,9 @@ impl PostQueue {
             self.grow();
         }
         let i = self.at(self.len);
-        self.slots[i] = r;
+        // SAFETY: `slots` is not empty (grown above if it was full, so if
+        // it was empty), and `at` masks into it (invariants above).
+        unsafe { *self.slots.get_unchecked_mut(i) = r };
         self.len += 1;
     }
 
@@ -140,7 +147,9 @@ impl PostQueue {
         if self.len == 0 {
             return None;
         }
-        self.slots.get(self.head)
+        // SAFETY: len > 0, so `slots` is not empty and head < slots.len()
+        // (invariants above).
+        Some(unsafe { self.slots.get_unchecked(self.head) })
     }
 
     /// Drops the oldest, if any.

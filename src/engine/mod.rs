@@ -32,13 +32,18 @@ use shm_layout::Address;
 pub(crate) struct EpState {
     /// Our address (section index and generation included).
     pub addr: Address,
-    /// Enabled: binds are over, operations are accepted.
+    /// Enabled: binds are over, operations are accepted. Set only by
+    /// [`EpState::set_enabled`] (which keeps `polled`).
     pub enabled: bool,
     /// Passive: the domain's progress passes and doorbell sleeps leave
     /// this endpoint alone (its messages wait in its rings) until it is
     /// made active again; for the World's barrier endpoint, which costs
     /// nothing outside a barrier so.
-    pub passive: bool,
+    passive: bool,
+    /// `enabled && !passive`, kept by [`EpState::set_enabled`] and
+    /// [`EpState::set_passive`]: one load for each pass's test
+    /// ([`EpState::polled`]).
+    polled: bool,
     /// Our section of the domain's region.
     pub sec: Section,
     pub peers: peers::Peers,
@@ -47,13 +52,21 @@ pub(crate) struct EpState {
     pub bind: complete::Bindings,
     pub inbound: inbound::Inbound,
     pub stats: EpStats,
-    /// Progress passes, to look at the clock only now and then.
+    /// Progress passes made up to the last housekeeping (a gauge; the
+    /// passes since are `hk_from - hk_left`).
     pub passes: u32,
+    /// Passes left until the next housekeeping (which looks at the clock):
+    /// counted down by each pass, one compare on its path; 1 after a
+    /// doorbell sleep ([`EpState::check_soon`]).
+    pub hk_left: u32,
+    /// What `hk_left` was last set to.
+    pub hk_from: u32,
     /// When peers with pending operations were last checked for life.
     pub last_check: std::time::Instant,
-    /// Set after a doorbell sleep: check the clock on the next pass.
-    pub check_now: bool,
 }
+
+/// Progress passes between two housekeepings of an endpoint.
+pub const HK_PERIOD: u32 = 256;
 
 impl EpState {
     /// A new, unbound endpoint on section `sec` (opened at `addr`).
@@ -62,6 +75,7 @@ impl EpState {
             addr,
             enabled: false,
             passive: false,
+            polled: false,
             inbound: inbound::Inbound::new(&sec),
             sec,
             peers: peers::Peers::new(),
@@ -70,15 +84,36 @@ impl EpState {
             bind: complete::Bindings::new(),
             stats: EpStats::default(),
             passes: 0,
+            hk_left: HK_PERIOD,
+            hk_from: HK_PERIOD,
             last_check: std::time::Instant::now(),
-            check_now: false,
         }
+    }
+
+    /// The next progress pass does the housekeeping (looks at the clock,
+    /// and checks peers for life when a period has passed): after a sleep.
+    pub fn check_soon(&mut self) {
+        let done = self.hk_from - self.hk_left;
+        self.hk_from = done + 1;
+        self.hk_left = 1;
     }
 
     /// Whether the domain's progress passes drive this endpoint.
     #[inline(always)]
     pub fn polled(&self) -> bool {
-        self.enabled && !self.passive
+        self.polled
+    }
+
+    /// Enables the endpoint (see `Endpoint::enable`).
+    pub fn set_enabled(&mut self) {
+        self.enabled = true;
+        self.polled = !self.passive;
+    }
+
+    /// Makes the endpoint passive or active (see [`EpState::passive`]).
+    pub fn set_passive(&mut self, passive: bool) {
+        self.passive = passive;
+        self.polled = self.enabled && !passive;
     }
 
     /// Whether a message that a pass may take is waiting in any inbound

@@ -186,9 +186,18 @@ impl Peers {
         self.list.iter()
     }
 
+    /// Peer `p`, with no bounds check (the hot paths': a ring's peer, the
+    /// fi_addr cache's).
+    ///
+    /// # Safety
+    /// `p` is an index this table gave ([`Peers::index_of`], the fi_addr
+    /// cache, or one held since): peers are only appended, so it is below
+    /// the table's length (the first invariant above).
     #[inline(always)]
-    pub fn get_mut(&mut self, p: usize) -> Option<&mut Peer> {
-        self.list.get_mut(p)
+    pub unsafe fn get_unchecked_mut(&mut self, p: usize) -> &mut Peer {
+        debug_assert!(p < self.list.len());
+        // SAFETY: the caller's contract.
+        unsafe { self.list.get_unchecked_mut(p) }
     }
 
     /// The bound address vector.
@@ -224,6 +233,16 @@ impl Peers {
     #[inline(always)]
     pub fn of(&mut self, avs: &crate::table::Slots<AvState>, fi_addr: FiAddr) -> Result<usize> {
         self.of_with(|| avs, fi_addr)
+    }
+
+    /// The peer the fi_addr cache knows `fi_addr` as, if it does (cleared
+    /// by the AV on every removal; filled by [`Peers::of`]).
+    #[inline(always)]
+    pub fn cached(&self, fi_addr: FiAddr) -> Option<usize> {
+        match self.by_fi.get(fi_addr as usize) {
+            Some(&c) if c != u32::MAX => Some(c as usize),
+            _ => None,
+        }
     }
 
     /// [`Peers::of`], with the AVs asked for only when the cache does not

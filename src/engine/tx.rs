@@ -532,7 +532,9 @@ impl EpState {
         };
         // A peer not connected yet (first contact) also takes the general
         // path: its channel is None.
-        let peer = self.peers.get_mut(p)?;
+        // SAFETY: p is an index the peer table gave (its fi_addr cache or
+        // index_of, through of_with).
+        let peer = unsafe { self.peers.get_unchecked_mut(p) };
         if peer.gone.is_some() || !peer.tx.quiet() || !peer.chan_valid() {
             return None;
         }
