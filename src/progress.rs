@@ -125,17 +125,16 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
     if ep.sec.header().ovf_used.load(Ordering::Relaxed) != 0 {
         drain_ovf(ep, ctx);
     }
-    let mut bits = ep.inbound.ring_mask();
-    if bits != 0 {
+    if ep.inbound.has_rings() {
         // Out of the endpoint while it is drained (no handler touches
         // them): the ring being read is then a local the handlers cannot
         // alias, kept in registers instead of re-fetched per message.
         let mut rings = ep.inbound.take_rings();
+        let mut bits = rings.mask();
         while bits != 0 {
             let s = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            // SAFETY: s is a set bit of ring_mask, read above; no claim is
-            // accepted before put_rings.
+            // SAFETY: s is a set bit of the mask taken with the rings.
             let r = unsafe { rings.get_unchecked(s) };
             // An empty ring costs one load here, not a call: the poll
             // loop's iteration, whose length delays the finding of a

@@ -11,6 +11,10 @@
 //!   next pass ([`Inbound::accept_claims`]).
 //! - `rings_out` is true exactly while a progress pass holds the rings
 //!   (then `rings` is empty here, and [`Inbound::may_hold`] answers yes).
+//!   A pass unwound by a panic never puts them back: `rings` stays empty
+//!   with `ring_bits` as it was, so [`Inbound::take_rings`] gives the mask
+//!   only with a slice that is not empty (the slots it names are then
+//!   that slice's).
 //! - `ovf_stuck` names the overflow queue's head position found claimed
 //!   but unpublished, and since when; None when the head moved.
 //! - `InRing::held` (`ovf_held` for the overflow queue) is true exactly
@@ -37,20 +41,29 @@ pub(crate) struct InRing {
 /// ([`Inbound::take_rings`]).
 pub(crate) struct InRings {
     rings: Box<[Option<InRing>]>,
+    /// The endpoint's `ring_bits`, taken with the rings.
+    bits: u64,
 }
 
 impl InRings {
+    /// The slots that hold a ring, as a mask: [`InRings::get_unchecked`]
+    /// finds each.
+    #[inline(always)]
+    pub fn mask(&self) -> u64 {
+        self.bits
+    }
+
     /// The ring in slot `s`.
     ///
     /// # Safety
-    /// Bit `s` of [`Inbound::ring_mask`] is set (read since the last
-    /// claims were accepted: none are while the rings are out).
+    /// Bit `s` of [`InRings::mask`] is set.
     #[inline(always)]
     pub unsafe fn get_unchecked(&mut self, s: usize) -> &mut InRing {
         debug_assert!(matches!(self.rings.get(s), Some(Some(_))));
         // SAFETY: bit s of the mask is set (the caller's contract), so
         // slot s exists and holds a ring (the invariant of `ring_bits`, in
-        // the module docs).
+        // the module docs: take_rings gives the mask only with the slice
+        // it describes).
         unsafe { self.rings.get_unchecked_mut(s).as_mut().unwrap_unchecked() }
     }
 }
@@ -180,19 +193,22 @@ impl Inbound {
         }
     }
 
-    /// The slots that hold a ring, as a mask: [`InRings::get_unchecked`]
-    /// finds each.
+    /// Whether any slot holds a ring.
     #[inline(always)]
-    pub fn ring_mask(&self) -> u64 {
-        self.ring_bits
+    pub fn has_rings(&self) -> bool {
+        self.ring_bits != 0
     }
 
-    /// Takes the rings out for a pass to drain ([`Inbound::put_rings`]
-    /// brings them back).
+    /// Takes the rings out for a pass to drain, with the mask of the slots
+    /// holding one ([`Inbound::put_rings`] brings them back). The mask is
+    /// 0 with an empty slice: the rings of a pass a panic unwound are
+    /// gone, and the endpoint has none to walk (see the module docs).
     #[inline(always)]
     pub fn take_rings(&mut self) -> InRings {
         self.rings_out = true;
-        InRings { rings: std::mem::take(&mut self.rings) }
+        let rings = std::mem::take(&mut self.rings);
+        let bits = if rings.is_empty() { 0 } else { self.ring_bits };
+        InRings { rings, bits }
     }
 
     #[inline(always)]
