@@ -185,8 +185,33 @@ pub fn strerror(prov_errno: i32) -> &'static str {
     }
 }
 
-/// A CQ entry format usable with [`CompletionQueue::read`](crate::CompletionQueue::read).
-pub trait CqFormatEntry: Copy + Default {
+/// Keeps [`CqFormatEntry`] to the entry types of this crate.
+mod sealed {
+    /// Implemented by the four entry types only.
+    pub trait Sealed {}
+    impl Sealed for super::CqEntry {}
+    impl Sealed for super::CqMsgEntry {}
+    impl Sealed for super::CqDataEntry {}
+    impl Sealed for super::CqTaggedEntry {}
+}
+
+/// A CQ entry format usable with [`CompletionQueue::read`](crate::CompletionQueue::read):
+/// [`CqEntry`], [`CqMsgEntry`], [`CqDataEntry`] and [`CqTaggedEntry`] only.
+/// The read writes entries straight into the caller's array in the layout
+/// of [`CqFormatEntry::FORMAT`], so the trait is sealed: a type of another
+/// layout claiming a format would be written past (found in session 14's
+/// review; a one-byte type claiming `Tagged` took 48-byte entries).
+///
+/// ```compile_fail
+/// use shmfab::{cq::CqFormatEntry, CqFormat, CqTaggedEntry};
+/// #[derive(Clone, Copy, Default)]
+/// struct Tiny(u8);
+/// impl CqFormatEntry for Tiny {
+///     const FORMAT: CqFormat = CqFormat::Tagged;
+///     fn from_full(_: &CqTaggedEntry) -> Self { Tiny(0) }
+/// }
+/// ```
+pub trait CqFormatEntry: Copy + Default + sealed::Sealed {
     /// The format this type is.
     const FORMAT: CqFormat;
     /// Builds from the full entry.
