@@ -914,14 +914,27 @@ impl Drop for SinkOpen<'_> {
 
 impl CompletionQueue {
     fn with<R>(&self, progress: bool, f: impl FnOnce(&mut CqState) -> Result<R>) -> Result<R> {
+        let mut st = self.dom.lock()?;
+        // Under the lock, as in read_impl: a close from another thread
+        // between a check made before it and the lookup freed the slot
+        // (the lookup panicked) or let another CQ take it (the call then
+        // acted on that CQ; session 14's review).
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
         }
-        let mut st = self.dom.lock()?;
         if progress {
             self.dom.progress(&mut st);
         }
-        f(st.cqs.get_mut(self.id).expect("open CQ has state"))
+        match st.cqs.get_mut(self.id) {
+            Some(c) => f(c),
+            None => Err(Error::with(ErrorKind::Inval, "CQ is closed")),
+        }
+    }
+
+    /// Whether [`CompletionQueue::close`] closed it (read under the domain
+    /// lock, which close holds while it sets this).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// fi_cq_read: drives progress, then returns up to `out.len()` entries;

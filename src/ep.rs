@@ -284,7 +284,10 @@ impl Endpoint {
             if ep.enabled {
                 return Err(Error::with(ErrorKind::Inval, "bind before enable"));
             }
-            if ctx.cqs.get(cq_id).is_none() {
+            // The handle's mark, under the lock (close sets it under it):
+            // a closed handle's slot may hold a CQ opened since, which the
+            // table test alone would bind (session 14's review).
+            if cq.is_closed() || ctx.cqs.get(cq_id).is_none() {
                 return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
             }
             let sel = flags & FI_SELECTIVE_COMPLETION != 0;
@@ -328,6 +331,10 @@ impl Endpoint {
         let ep = st.eps[self.idx].as_deref_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
         if ep.enabled {
             return Err(Error::with(ErrorKind::Inval, "bind before enable"));
+        }
+        // As bind_cq: the handle's mark, under the lock.
+        if c.is_closed() {
+            return Err(Error::with(ErrorKind::Inval, "counter is closed"));
         }
         let kinds = CntrKind::ALL.iter().filter(|k| flags & k.1 != 0);
         if let Some((k, _)) = kinds.clone().find(|k| ep.bind.cntr(k.0).is_some()) {

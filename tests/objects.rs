@@ -78,6 +78,19 @@ fn close_while_bound_is_busy() {
     let mut e = [CqTaggedEntry::default(); 2];
     assert_eq!(cq.read(&mut e).unwrap_err().kind(), ErrorKind::Inval, "closed CQ");
     assert_eq!(cq2.read(&mut e).unwrap_err().kind(), ErrorKind::Again, "the new CQ is empty");
+    // The other calls on the closed handle, too (they once checked the mark
+    // before the lock and then looked the slot up: the new CQ's).
+    assert_eq!(cq.format().unwrap_err().kind(), ErrorKind::Inval, "closed CQ's format");
+    assert_eq!(cq.readerr().unwrap_err().kind(), ErrorKind::Inval, "closed CQ's readerr");
+    // Binding through closed handles whose slots were taken by new objects
+    // binds nothing: the new objects stay free to close.
+    let c2 = dom.cntr_open().unwrap();
+    let ep2 = dom.endpoint().unwrap();
+    assert_eq!(ep2.bind_cq(&cq, FI_RECV).unwrap_err().kind(), ErrorKind::Inval, "bind a closed CQ");
+    assert_eq!(ep2.bind_cntr(&c, FI_RECV).unwrap_err().kind(), ErrorKind::Inval, "bind a closed counter");
+    cq2.close().unwrap();
+    c2.close().unwrap();
+    ep2.close().unwrap();
 }
 
 /// A closed endpoint's handle refuses every call: also once a new endpoint
