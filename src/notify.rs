@@ -244,7 +244,13 @@ impl CompletionQueue {
             return Err(Error::with(ErrorKind::Inval, "channel of another domain"));
         }
         let mut st = self.dom.lock()?;
-        let c = st.cqs.get_mut(self.id).ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+        // The handle's mark first (under the lock): a closed handle's slot
+        // may hold a CQ opened since.
+        let c = st
+            .cqs
+            .get_mut(self.id)
+            .filter(|_| !self.is_closed())
+            .ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
         if c.notify.is_some() {
             return Err(Error::with(ErrorKind::Already, "CQ is already attached to a channel"));
         }
@@ -256,7 +262,13 @@ impl CompletionQueue {
     /// Detaches the CQ from its channel.
     pub fn detach_channel(&self) -> Result<()> {
         let mut st = self.dom.lock()?;
-        let c = st.cqs.get_mut(self.id).ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+        // The handle's mark first (under the lock): a closed handle's slot
+        // may hold a CQ opened since.
+        let c = st
+            .cqs
+            .get_mut(self.id)
+            .filter(|_| !self.is_closed())
+            .ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
         let n = c.notify.take().ok_or_else(|| Error::with(ErrorKind::NoEnt, "CQ is not attached to a channel"))?;
         n.chan.attached.fetch_sub(1, Ordering::Relaxed);
         Ok(())
@@ -268,7 +280,13 @@ impl CompletionQueue {
     /// over a pending "solicited" arming; repeating an arming has no effect.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let mut st = self.dom.lock()?;
-        let c = st.cqs.get_mut(self.id).ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+        // The handle's mark first (under the lock): a closed handle's slot
+        // may hold a CQ opened since.
+        let c = st
+            .cqs
+            .get_mut(self.id)
+            .filter(|_| !self.is_closed())
+            .ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
         let n = c
             .notify
             .as_mut()

@@ -218,3 +218,22 @@ fn the_verbs_pattern_needs_neither_trywait_nor_a_progress_thread() {
         w.barrier();
     });
 }
+
+#[test]
+fn a_closed_cqs_handle_arms_nothing_in_its_slots_new_cq() {
+    // The slot of a closed CQ taken by a new one: the old handle's channel
+    // calls are refused and leave the new CQ as it was.
+    std::env::set_var("SHMFAB_JOB_ID", format!("notify-reuse-{}", std::process::id()));
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let ch = dom.channel_open().unwrap();
+    let old = dom.cq_open(&CqAttr::default()).unwrap();
+    old.close().unwrap();
+    let new = dom.cq_open(&CqAttr::default()).unwrap();
+    assert_eq!(old.attach_channel(&ch, 1).unwrap_err().kind(), ErrorKind::Inval);
+    assert_eq!(new.req_notify(false).unwrap_err().kind(), ErrorKind::Inval, "the new CQ was not attached");
+    new.attach_channel(&ch, 2).unwrap();
+    assert_eq!(old.req_notify(false).unwrap_err().kind(), ErrorKind::Inval);
+    assert_eq!(old.detach_channel().unwrap_err().kind(), ErrorKind::Inval);
+    new.detach_channel().unwrap();
+    new.close().unwrap();
+}
