@@ -264,16 +264,7 @@ fn on_srq(w: World, end: End) {
     }
     let cq = w.dom.cq_open(&CqAttr::default()).unwrap();
     let srq = w.dom.srq_open(&SrqAttr::default()).unwrap();
-    let eps: Vec<Endpoint> = (0..2)
-        .map(|_| {
-            let ep = w.dom.endpoint().unwrap();
-            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-            ep.bind_av(&w.av).unwrap();
-            ep.bind_srq(&srq).unwrap();
-            ep.enable().unwrap();
-            ep
-        })
-        .collect();
+    let eps: Vec<Endpoint> = common::srq_endpoints(&w, 2, &cq, &srq);
     srq.set_min_multi_recv(SMALL).unwrap();
     let post = |b: &mut [u8]| {
         // SAFETY: as in `on_endpoint`.

@@ -25,16 +25,7 @@ struct SrqSide {
 fn srq_side(w: &World, n_eps: usize, attr: SrqAttr) -> SrqSide {
     let cq = w.dom.cq_open(&CqAttr { size: 1 << 16, ..Default::default() }).unwrap();
     let srq = w.dom.srq_open(&attr).unwrap();
-    let eps = (0..n_eps)
-        .map(|_| {
-            let ep = w.dom.endpoint().unwrap();
-            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-            ep.bind_av(&w.av).unwrap();
-            ep.bind_srq(&srq).unwrap();
-            ep.enable().unwrap();
-            ep
-        })
-        .collect();
+    let eps = common::srq_endpoints(w, n_eps, &cq, &srq);
     SrqSide { eps, srq, cq }
 }
 

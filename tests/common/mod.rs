@@ -382,6 +382,21 @@ pub struct Two {
     pub a1: FiAddr,
 }
 
+/// `n` endpoints of `w`'s domain, each bound to `cq` (both directions),
+/// `w`'s AV and `srq`, enabled.
+pub fn srq_endpoints(w: &World, n: usize, cq: &CompletionQueue, srq: &shmfab::SharedRecvQueue) -> Vec<Endpoint> {
+    (0..n)
+        .map(|_| {
+            let ep = w.dom.endpoint().unwrap();
+            ep.bind_cq(cq, FI_TRANSMIT | FI_RECV).unwrap();
+            ep.bind_av(&w.av).unwrap();
+            ep.bind_srq(srq).unwrap();
+            ep.enable().unwrap();
+            ep
+        })
+        .collect()
+}
+
 /// [`Two`] with default CQs.
 pub fn two(dom: &Domain) -> Two {
     two_with(dom, &CqAttr::default())
