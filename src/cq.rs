@@ -915,26 +915,25 @@ impl Drop for SinkOpen<'_> {
 impl CompletionQueue {
     fn with<R>(&self, progress: bool, f: impl FnOnce(&mut CqState) -> Result<R>) -> Result<R> {
         let mut st = self.dom.lock()?;
-        // Under the lock, as in read_impl: a close from another thread
-        // between a check made before it and the lookup freed the slot
-        // (the lookup panicked) or let another CQ take it (the call then
-        // acted on that CQ; session 14's review).
-        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
-        }
         if progress {
             self.dom.progress(&mut st);
         }
-        match st.cqs.get_mut(self.id) {
-            Some(c) => f(c),
-            None => Err(Error::with(ErrorKind::Inval, "CQ is closed")),
-        }
+        // Checked under the lock, as in read_impl: checked before it, a
+        // close from another thread in between freed the slot (the lookup
+        // panicked) or let another CQ take it (the call then acted on
+        // that CQ; session 14's review).
+        f(self.state_in(&mut st.cqs)?)
     }
 
-    /// Whether [`CompletionQueue::close`] closed it (read under the domain
-    /// lock, which close holds while it sets this).
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(std::sync::atomic::Ordering::Relaxed)
+    /// This CQ's state in `cqs` (the domain's, under its lock), or Inval
+    /// if the handle is closed. The handle's mark decides, not the slot: a
+    /// closed handle's slot may hold a CQ opened since (session 14's
+    /// review), and `close` sets the mark under the lock.
+    pub(crate) fn state_in<'a>(&self, cqs: &'a mut crate::table::Slots<CqState>) -> Result<&'a mut CqState> {
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
+        }
+        cqs.get_mut(self.id).ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))
     }
 
     /// fi_cq_read: drives progress, then returns up to `out.len()` entries;

@@ -284,12 +284,9 @@ impl Endpoint {
             if ep.enabled {
                 return Err(Error::with(ErrorKind::Inval, "bind before enable"));
             }
-            // The handle's mark, under the lock (close sets it under it):
-            // a closed handle's slot may hold a CQ opened since, which the
-            // table test alone would bind (session 14's review).
-            if cq.is_closed() || ctx.cqs.get(cq_id).is_none() {
-                return Err(Error::with(ErrorKind::Inval, "CQ is closed"));
-            }
+            // Checked by the handle's mark (a closed handle's slot may hold
+            // a CQ opened since, which a test of the slot alone would bind).
+            cq.state_in(ctx.cqs)?;
             let sel = flags & FI_SELECTIVE_COMPLETION != 0;
             for (want, slot, selslot) in [
                 (FI_TRANSMIT, &mut ep.bind.tx_cq, &mut ep.bind.tx_sel),

@@ -244,13 +244,7 @@ impl CompletionQueue {
             return Err(Error::with(ErrorKind::Inval, "channel of another domain"));
         }
         let mut st = self.dom.lock()?;
-        // The handle's mark first (under the lock): a closed handle's slot
-        // may hold a CQ opened since.
-        let c = st
-            .cqs
-            .get_mut(self.id)
-            .filter(|_| !self.is_closed())
-            .ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+        let c = self.state_in(&mut st.cqs)?;
         if c.notify.is_some() {
             return Err(Error::with(ErrorKind::Already, "CQ is already attached to a channel"));
         }
@@ -262,13 +256,7 @@ impl CompletionQueue {
     /// Detaches the CQ from its channel.
     pub fn detach_channel(&self) -> Result<()> {
         let mut st = self.dom.lock()?;
-        // The handle's mark first (under the lock): a closed handle's slot
-        // may hold a CQ opened since.
-        let c = st
-            .cqs
-            .get_mut(self.id)
-            .filter(|_| !self.is_closed())
-            .ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+        let c = self.state_in(&mut st.cqs)?;
         let n = c.notify.take().ok_or_else(|| Error::with(ErrorKind::NoEnt, "CQ is not attached to a channel"))?;
         n.chan.attached.fetch_sub(1, Ordering::Relaxed);
         Ok(())
@@ -280,13 +268,7 @@ impl CompletionQueue {
     /// over a pending "solicited" arming; repeating an arming has no effect.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let mut st = self.dom.lock()?;
-        // The handle's mark first (under the lock): a closed handle's slot
-        // may hold a CQ opened since.
-        let c = st
-            .cqs
-            .get_mut(self.id)
-            .filter(|_| !self.is_closed())
-            .ok_or_else(|| Error::with(ErrorKind::Inval, "CQ is closed"))?;
+        let c = self.state_in(&mut st.cqs)?;
         let n = c
             .notify
             .as_mut()
