@@ -763,7 +763,7 @@ fn rma_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> R
     let mut runs: Vec<Run> = (0..n)
         .map(|k| {
             let len = if RMA_FADD.contains(&k) { 1 } else { sizes.len() };
-            Run { probes: vec![None; len], figs: Vec::new() }
+            Run { probes: vec![None; len], after: Vec::new(), figs: Vec::new() }
         })
         .collect();
     let mut paths = vec![String::new(); n];
@@ -1114,18 +1114,23 @@ const RAW_MAX: usize = 3968;
 /// Progress steps of one round of `compare`, with Open MPI (`osu`) and UCX
 /// (`ucx`) measured or not.
 fn round_steps(sizes: &[usize], osu: bool, ucx: bool, fi_shmfab: bool) -> usize {
-    (2 + usize::from(fi_shmfab)) * sizes.len()
+    (2 + usize::from(fi_shmfab) + usize::from(osu) + usize::from(ucx)) * sizes.len()
         + sizes.iter().filter(|&&s| s <= RAW_MAX).count()
-        + usize::from(osu)
-        + usize::from(ucx)
 }
 
 /// The systems of `compare`, in the order of its rounds, JSON and legend.
 const SYSTEMS: usize = 6;
 
 /// One round of `compare`: shmfab, the raw floor, Open MPI, UCX, libfabric
-/// shm, and fi_pingpong over shmfab's provider when there is one. UCX is measured while `ucx_off` is None; a failed UCX run sets it
-/// to the reason, and later rounds leave UCX out.
+/// shm, and fi_pingpong over shmfab's provider when there is one. UCX is
+/// measured while `ucx_off` is None; a failed UCX run sets it to the
+/// reason, and later rounds leave UCX out.
+///
+/// Every system measures one size at a time with a placement probe on
+/// either side ([`bracketed`]): the CPUs change places within a system's
+/// turn often enough here (a turn of all sizes takes 10-30 s) that one
+/// probe before the turn misfiled whole turns (session 14: a UCX far
+/// figure of 1.56 us at 16 KiB that later runs put at 3.7).
 fn compare_round(
     o: &CompareArgs,
     sizes: &[usize],
@@ -1133,98 +1138,147 @@ fn compare_round(
     ucx_off: &mut Option<String>,
     st: &mut Status,
 ) -> Result<[Run; SYSTEMS], String> {
-    // One probe before each system, or before each size of the systems
-    // measured a process pair per size (fi_pingpong): it tags the figures
-    // that follow it.
-    let mut probes = [None; SYSTEMS];
-    let mut fi_probes = [vec![None; sizes.len()], vec![None; sizes.len()]];
-    probes[0] = placement_probe(exe);
+    let probe = || placement_probe(exe);
     st.say("measuring shmfab ...");
-    let ours = measure(sizes, Measures { lat: true, bw: true, rate: true }, st)?;
+    let ours = bracketed(sizes, probe, |size| {
+        measure(&[size], Measures { lat: true, bw: true, rate: true }, st).map(|mut f| f.pop())
+    })?;
     st.say("measuring the raw shared-page floor ...");
-    probes[1] = placement_probe(exe);
-    let mut raw = none_for(sizes);
-    for f in raw.iter_mut().filter(|f| f.size <= RAW_MAX) {
-        st.step(&format!("raw floor, {}", bytes(f.size)));
-        match bench::raw_pingpong(exe, &[], f.size, bench::iters_for(f.size)) {
-            Ok(v) => f.half_rtt_us = Some(v),
-            Err(e) => st.warn(&format!("raw floor, {} B: {e}", f.size)),
+    let raw = bracketed(sizes, probe, |size| {
+        if size > RAW_MAX {
+            return Ok(None);
         }
-    }
+        st.step(&format!("raw floor, {}", bytes(size)));
+        let half_rtt_us = bench::raw_pingpong(exe, &[], size, bench::iters_for(size))
+            .map_err(|e| st.warn(&format!("raw floor, {size} B: {e}")))
+            .ok();
+        Ok(Some(Figure { size, half_rtt_us, ..Default::default() }))
+    })?;
     let ompi = match &o.osu {
         Some(p) => {
-            probes[2] = placement_probe(exe);
             st.say("measuring Open MPI (vader BTL) ...");
-            st.step("Open MPI, all sizes");
-            bench::openmpi(p, sizes).unwrap_or_else(|e| {
-                st.warn(&format!("Open MPI: {e}"));
-                none_for(sizes)
-            })
+            bracketed(sizes, probe, |size| {
+                st.step(&format!("Open MPI, {}", bytes(size)));
+                Ok(bench::openmpi(p, &[size])
+                    .map_err(|e| st.warn(&format!("Open MPI, {}: {e}", bytes(size))))
+                    .ok()
+                    .and_then(|mut f| f.pop()))
+            })?
         }
-        None => none_for(sizes),
+        None => Run::unmeasured(sizes),
     };
     let ucx = match (&o.osu, ucx_off.is_none()) {
         (Some(p), true) => {
-            probes[3] = placement_probe(exe);
             st.say("measuring UCX (Open MPI pml ucx, UCX_TLS=sm,self) ...");
-            st.step("UCX, all sizes");
-            bench::ucx(p, sizes).unwrap_or_else(|e| {
-                let why = e.detail().map_or_else(|| e.to_string(), str::to_string);
-                st.warn(&format!("UCX: {why} (left out of the rounds that follow)"));
-                *ucx_off = Some(why);
-                none_for(sizes)
-            })
+            bracketed(sizes, probe, |size| {
+                if ucx_off.is_some() {
+                    return Ok(None);
+                }
+                st.step(&format!("UCX, {}", bytes(size)));
+                Ok(bench::ucx(p, &[size])
+                    .map_err(|e| {
+                        let why = e.detail().map_or_else(|| e.to_string(), str::to_string);
+                        st.warn(&format!("UCX: {why} (left out from here on)"));
+                        *ucx_off = Some(why);
+                    })
+                    .ok()
+                    .and_then(|mut f| f.pop()))
+            })?
         }
-        _ => none_for(sizes),
+        _ => Run::unmeasured(sizes),
     };
     st.say("measuring libfabric shm (fi_pingpong) ...");
-    let mut fi = none_for(sizes);
-    for (f, pr) in fi.iter_mut().zip(fi_probes[0].iter_mut()) {
-        *pr = placement_probe(exe);
-        st.step(&format!("fi_pingpong, {}", bytes(f.size)));
-        match bench::fi_pingpong(f.size, bench::iters_for(f.size).min(20000), None) {
-            Ok(v) => f.half_rtt_us = Some(v),
-            Err(e) => st.warn(&format!("fi_pingpong, {} B: {e}", f.size)),
+    let fi = bracketed(sizes, probe, |size| {
+        st.step(&format!("fi_pingpong, {}", bytes(size)));
+        let half_rtt_us = bench::fi_pingpong(size, bench::iters_for(size).min(20000), None)
+            .map_err(|e| st.warn(&format!("fi_pingpong, {size} B: {e}")))
+            .ok();
+        Ok(Some(Figure { size, half_rtt_us, ..Default::default() }))
+    })?;
+    let fi_ours = match &o.fi_provider {
+        Some(dir) => {
+            st.say("measuring fi_pingpong over shmfab's provider ...");
+            bracketed(sizes, probe, |size| {
+                st.step(&format!("fi_pingpong -p shmfab, {}", bytes(size)));
+                let half_rtt_us = bench::fi_pingpong(size, bench::iters_for(size).min(20000), Some(dir))
+                    .map_err(|e| st.warn(&format!("fi_pingpong -p shmfab, {size} B: {e}")))
+                    .ok();
+                Ok(Some(Figure { size, half_rtt_us, ..Default::default() }))
+            })?
         }
-    }
-    let mut fi_ours = none_for(sizes);
-    if let Some(dir) = &o.fi_provider {
-        st.say("measuring fi_pingpong over shmfab's provider ...");
-        for (f, pr) in fi_ours.iter_mut().zip(fi_probes[1].iter_mut()) {
-            *pr = placement_probe(exe);
-            st.step(&format!("fi_pingpong -p shmfab, {}", bytes(f.size)));
-            match bench::fi_pingpong(f.size, bench::iters_for(f.size).min(20000), Some(dir)) {
-                Ok(v) => f.half_rtt_us = Some(v),
-                Err(e) => st.warn(&format!("fi_pingpong -p shmfab, {} B: {e}", f.size)),
+        None => Run::unmeasured(sizes),
+    };
+    Ok([ours, raw, ompi, ucx, fi, fi_ours])
+}
+
+/// Measures `sizes` one at a time with `one` (None: that size is not
+/// measured, and no probe is taken for it), with a placement probe before
+/// the first and after each, the probe after one size being the probe
+/// before the next: each figure gets the probes on either side of it.
+fn bracketed(
+    sizes: &[usize],
+    mut probe: impl FnMut() -> Option<f64>,
+    mut one: impl FnMut(usize) -> Result<Option<Figure>, String>,
+) -> Result<Run, String> {
+    let mut run = Run::default();
+    let mut before = None;
+    for &size in sizes {
+        if before.is_none() {
+            before = probe();
+        }
+        match one(size)? {
+            Some(f) => {
+                let after = probe();
+                run.probes.push(before);
+                run.after.push(after);
+                run.figs.push(Figure { size, ..f });
+                before = after;
+            }
+            None => {
+                run.probes.push(None);
+                run.after.push(None);
+                run.figs.push(Figure { size, ..Default::default() });
             }
         }
     }
-    let [fi_shm, fi_shmfab] = fi_probes;
-    let each = |p: Option<f64>| vec![p; sizes.len()];
-    Ok([
-        Run { probes: each(probes[0]), figs: ours },
-        Run { probes: each(probes[1]), figs: raw },
-        Run { probes: each(probes[2]), figs: ompi },
-        Run { probes: each(probes[3]), figs: ucx },
-        Run { probes: fi_shm, figs: fi },
-        Run { probes: fi_shmfab, figs: fi_ours },
-    ])
+    Ok(run)
 }
 
 /// One system's figures of one round of `compare`, each with the
-/// placement probe taken before it.
+/// placement probes taken around it.
 #[derive(Clone, Debug, Default)]
 struct Run {
     /// Per figure: the half round trip of the raw floor at 8 B
     /// (microseconds) measured before it, where the two CPUs sat then.
     probes: Vec<Option<f64>>,
+    /// Per figure, where taken (empty when the run probed only before):
+    /// the probe after it. A figure whose probes on either side fall in
+    /// different placements belongs to neither (the CPUs moved during it).
+    after: Vec<Option<f64>>,
     figs: Vec<Figure>,
 }
 
 impl Run {
+    /// A system not measured: its sizes without figures or probes.
+    fn unmeasured(sizes: &[usize]) -> Run {
+        Run { probes: vec![None; sizes.len()], after: Vec::new(), figs: none_for(sizes) }
+    }
+
+    /// Whether figure `i` was taken in placement `pl`: its probe before
+    /// says so, and so does its probe after, where there is one.
+    fn holds(&self, i: usize, pl: Placement, split: f64) -> bool {
+        self.probes.get(i).is_some_and(|&p| pl.holds(p, split))
+            && self.after.get(i).copied().flatten().is_none_or(|a| pl.holds(Some(a), split))
+    }
+
     /// Whether any figure of the run belongs to `pl`.
     fn touches(&self, pl: Placement, split: f64) -> bool {
-        self.probes.iter().any(|&p| pl.holds(p, split))
+        (0..self.probes.len()).any(|i| self.holds(i, pl, split))
+    }
+
+    /// Every probe taken for the run, before and after its figures.
+    fn all_probes(&self) -> impl Iterator<Item = f64> + '_ {
+        self.probes.iter().chain(&self.after).flatten().copied()
     }
 }
 
@@ -1294,18 +1348,15 @@ fn placement_figures<const N: usize>(
     let figs = per_sys.each_ref().map(|runs| {
         let mut out = none_for(sizes);
         for (i, f) in out.iter_mut().enumerate() {
-            let here: Vec<&Figure> = runs
-                .iter()
-                .filter(|r| r.probes.get(i).is_some_and(|&p| pl.holds(p, split)))
-                .filter_map(|r| r.figs.get(i))
-                .collect();
+            let here: Vec<&Figure> =
+                runs.iter().filter(|r| r.holds(i, pl, split)).filter_map(|r| r.figs.get(i)).collect();
             let pick = |get: fn(&Figure) -> Option<f64>| median(here.iter().filter_map(|f| get(f)).collect());
             f.half_rtt_us = pick(|f| f.half_rtt_us);
             f.bw_gbs = pick(|f| f.bw_gbs);
             f.mmsgs = pick(|f| f.mmsgs);
         }
         for r in runs {
-            probes.extend(r.probes.iter().flatten().filter(|&&p| pl.holds(Some(p), split)));
+            probes.extend((0..r.probes.len()).filter(|&i| r.holds(i, pl, split)).filter_map(|i| r.probes[i]));
         }
         out
     });
@@ -1376,16 +1427,12 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     }
     st.finish();
     let ucx_rounds = per_sys[3].iter().filter(|r| r.figs.iter().any(|f| f.half_rtt_us.is_some())).count();
-    // The CPUs may change places during the run: each system's figures of
-    // a round carry the 8 B raw probe taken just before them, and when
-    // the probes fall in two groups each gets its own tables.
-    let all_probes = || {
-        per_sys
-            .iter()
-            .flatten()
-            .chain(rma_runs.iter().flat_map(|r| r.runs.iter()))
-            .flat_map(|r| r.probes.iter().flatten().copied())
-    };
+    // The CPUs may change places during the run: each figure carries the
+    // 8 B raw probes taken just before and after it, and when the probes
+    // fall in two groups each gets its own tables (a figure whose two
+    // probes disagree goes in neither).
+    let all_probes =
+        || per_sys.iter().flatten().chain(rma_runs.iter().flat_map(|r| r.runs.iter())).flat_map(Run::all_probes);
     let split = placement_split(all_probes());
     let places = match split {
         Some(_) => vec![Placement::Near, Placement::Far],
@@ -1466,7 +1513,7 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     if let (Some(lo), Some(hi)) = (probes.iter().copied().reduce(f64::min), probes.iter().copied().reduce(f64::max)) {
         let seen = if split.is_some() { "two placements" } else { "one placement" };
         println!(
-            "placement probes (8 B raw, before each system, and each size of fi_pingpong): {lo:.3}-{hi:.3} us, {} figures probed: {seen}",
+            "placement probes (8 B raw, before and after each size of each system; before each one-sided system): {lo:.3}-{hi:.3} us, {} probes: {seen}",
             probes.len()
         );
     }
@@ -2208,6 +2255,7 @@ mod tests {
     fn each_placement_takes_the_medians_of_its_own_runs() {
         let one = |probe: f64, h: f64| Run {
             probes: vec![Some(probe)],
+            after: Vec::new(),
             figs: vec![Figure { size: 8, half_rtt_us: Some(h), ..Default::default() }],
         };
         let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
@@ -2225,11 +2273,59 @@ mod tests {
         // goes where its own probe says.
         let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
         let f = |size, h| Figure { size, half_rtt_us: Some(h), ..Default::default() };
-        per_sys[4] = vec![Run { probes: vec![Some(0.04), Some(0.22)], figs: vec![f(8, 0.3), f(64, 0.9)] }];
+        per_sys[4] =
+            vec![Run { probes: vec![Some(0.04), Some(0.22)], after: Vec::new(), figs: vec![f(8, 0.3), f(64, 0.9)] }];
         let (near, _) = placement_figures(&per_sys, &[8, 64], Placement::Near, t);
         let (far, _) = placement_figures(&per_sys, &[8, 64], Placement::Far, t);
         assert_eq!((near[4][0].half_rtt_us, near[4][1].half_rtt_us), (Some(0.3), None));
         assert_eq!((far[4][0].half_rtt_us, far[4][1].half_rtt_us), (None, Some(0.9)));
+    }
+
+    #[test]
+    fn a_figure_whose_probes_disagree_goes_in_neither_placement() {
+        let f = |size, h| Figure { size, half_rtt_us: Some(h), ..Default::default() };
+        // 8 B near on both sides, 64 B near before and far after (the CPUs
+        // moved during it), 1 KiB far on both sides.
+        let run = Run {
+            probes: vec![Some(0.04), Some(0.05), Some(0.21)],
+            after: vec![Some(0.05), Some(0.21), Some(0.22)],
+            figs: vec![f(8, 0.1), f(64, 0.5), f(1024, 0.9)],
+        };
+        let t = placement_split(run.all_probes()).unwrap();
+        let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
+        per_sys[0] = vec![run];
+        let (near, p) = placement_figures(&per_sys, &[8, 64, 1024], Placement::Near, t);
+        let (far, q) = placement_figures(&per_sys, &[8, 64, 1024], Placement::Far, t);
+        let h = |v: &[Figure]| v.iter().map(|f| f.half_rtt_us).collect::<Vec<_>>();
+        assert_eq!(h(&near[0]), [Some(0.1), None, None]);
+        assert_eq!(h(&far[0]), [None, None, Some(0.9)]);
+        assert_eq!((p, q), (Some(0.04), Some(0.21)), "the median probe of the figures kept");
+        let (all, _) = placement_figures(&per_sys, &[8, 64, 1024], Placement::All, t);
+        assert_eq!(h(&all[0]), [Some(0.1), Some(0.5), Some(0.9)], "one placement keeps every figure");
+        assert!(per_sys[0][0].touches(Placement::Near, t) && per_sys[0][0].touches(Placement::Far, t));
+    }
+
+    #[test]
+    fn bracketed_probes_each_size_on_both_sides_and_skips_unmeasured_ones() {
+        let mut next = [0.04, 0.05, 0.2, 0.21].into_iter();
+        let mut asked = Vec::new();
+        let run = bracketed(
+            &[8, 4096, 65536],
+            || next.next(),
+            |size| {
+                asked.push(size);
+                Ok((size != 4096).then(|| Figure { half_rtt_us: Some(size as f64), ..Default::default() }))
+            },
+        )
+        .unwrap();
+        assert_eq!(asked, [8, 4096, 65536]);
+        assert_eq!(run.probes, [Some(0.04), None, Some(0.05)], "the probe after 8 B is the one before 64 KiB");
+        assert_eq!(run.after, [Some(0.05), None, Some(0.2)]);
+        assert_eq!(run.figs.iter().map(|f| f.size).collect::<Vec<_>>(), [8, 4096, 65536], "each figure has its size");
+        assert_eq!(run.figs[1].half_rtt_us, None);
+        assert_eq!(next.next(), Some(0.21), "no probe taken for the size left out");
+        let err = bracketed(&[8], || Some(0.04), |_| Err("link broke".to_string())).unwrap_err();
+        assert_eq!(err, "link broke");
     }
 
     #[test]
@@ -2267,7 +2363,7 @@ mod tests {
     #[test]
     fn figures_take_each_field_over_the_rounds_that_have_it() {
         let f = |h: Option<f64>, b: Option<f64>| Figure { size: 8, half_rtt_us: h, bw_gbs: b, mmsgs: None };
-        let run = |fig| Run { probes: vec![None], figs: vec![fig] };
+        let run = |fig| Run { probes: vec![None], after: Vec::new(), figs: vec![fig] };
         let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
         per_sys[0] = vec![run(f(Some(0.3), None)), run(f(Some(0.1), Some(2.0))), run(f(Some(0.2), None))];
         let (m, p) = placement_figures(&per_sys, &[8], Placement::All, 0.0);
