@@ -602,7 +602,7 @@ impl Endpoint {
             };
             // A multi-receive buffer's record (see `MultiRecs`), freed if
             // the post fails.
-            let multi = if multi { ep.matching.multi.open() } else { 0 };
+            let multi = if multi { ep.matching.multi.open()? } else { 0 };
             let r = PostedRecv {
                 ctx: context,
                 iovs,

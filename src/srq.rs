@@ -583,7 +583,7 @@ impl SharedRecvQueue {
             let src = if src_fi == FI_ADDR_UNSPEC { None } else { Some(check_src(st, id, tagged, src_fi)?) };
             let q = st.srqs.get_mut(id).expect("checked");
             let iovs = q.iovs_of(segs);
-            let multi = if multi { q.multi.open() } else { 0 };
+            let multi = if multi { q.multi.open()? } else { 0 };
             let r = PostedRecv { ctx, iovs, src, tag, ignore, multi, moff: 0, cqe: completion };
             if let Err(e) = q.push(tagged, r) {
                 q.release(&iovs);
@@ -925,7 +925,7 @@ mod tests {
         // A multi-receive buffer: carved, released below the minimum.
         q.min_multi_recv = 32;
         let mut m = recv(&mut q, &[(0x4000, 100)], 9);
-        m.multi = q.multi.open();
+        m.multi = q.multi.open().unwrap();
         q.push(false, m).unwrap();
         let a = q.take_match(false, usize::MAX, 0, 30).unwrap();
         assert_eq!((a.buf, a.cap, a.multi_release), (0x4000, 100, false));
