@@ -84,7 +84,7 @@ impl Domain {
     pub fn endpoint(&self) -> Result<Endpoint> {
         let inner = &self.inner;
         let mut st = inner.lock()?;
-        let idx = st.eps.iter().position(|e| e.is_none()).ok_or_else(|| {
+        let idx = st.eps.free_slot().ok_or_else(|| {
             Error::with(
                 ErrorKind::NoSpc,
                 format!("all {} endpoints of the domain are open (SHMFAB_MAX_EPS)", inner.cfg.max_eps),
@@ -325,7 +325,7 @@ impl Endpoint {
         }
         let id = c.id;
         let mut st = self.dom.lock()?;
-        let ep = st.eps[self.idx].as_deref_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
+        let ep = st.eps.get_mut(self.idx).ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
         if ep.enabled {
             return Err(Error::with(ErrorKind::Inval, "bind before enable"));
         }
@@ -342,7 +342,7 @@ impl Endpoint {
         let kinds: Vec<CntrKind> = kinds.map(|k| k.0).collect();
         let crate::domain::DomainState { eps, cntrs, .. } = &mut *st;
         cntrs.bind_n(id, kinds.len())?;
-        let ep = eps[self.idx].as_deref_mut().expect("checked open above");
+        let ep = eps.get_mut(self.idx).expect("checked open above");
         for k in kinds {
             ep.bind.bind_cntr(k, id);
         }
@@ -360,7 +360,7 @@ impl Endpoint {
         let id = av.id;
         let mut st = self.dom.lock()?;
         let crate::domain::DomainState { eps, avs, .. } = &mut *st;
-        let ep = eps[self.idx].as_deref_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
+        let ep = eps.get_mut(self.idx).ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
         if ep.peers.av().is_some() {
             return Err(Error::with(ErrorKind::Inval, "an AV is already bound"));
         }
@@ -911,7 +911,7 @@ impl Endpoint {
             return Ok(());
         }
         let mut st = self.dom.lock()?;
-        if st.eps[self.idx].is_none() {
+        if st.eps.get(self.idx).is_none() {
             return Ok(());
         }
         crate::trigger::ep_closing(&self.dom, &mut st, self.idx, discard);

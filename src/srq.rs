@@ -357,7 +357,7 @@ pub(crate) fn serve(dom: &DomainInner, st: &mut DomainState, id: usize, tagged: 
             return Ok(());
         }
         let ei = s.eps[(start + k) % n];
-        let waits = st.eps[ei].as_ref().is_some_and(|e| {
+        let waits = st.eps.get(ei).is_some_and(|e| {
             e.matching.srq_for(tagged) == Some(id) && !e.matching.closing && e.matching.has_unexp(tagged)
         });
         if !waits {
@@ -413,7 +413,7 @@ pub(crate) fn serve(dom: &DomainInner, st: &mut DomainState, id: usize, tagged: 
 fn check_src(st: &DomainState, id: usize, tagged: bool, src: FiAddr) -> Result<usize> {
     let q = st.srqs.get(id).expect("checked by the caller");
     let known = q.eps.iter().any(|&e| {
-        st.eps[e].as_ref().is_some_and(|x| {
+        st.eps.get(e).is_some_and(|x| {
             x.matching.srq_for(tagged) == Some(id)
                 && x.peers.av().and_then(|a| st.avs.get(a)).is_some_and(|av| av.lookup(src).is_some())
         })
@@ -627,19 +627,19 @@ impl SharedRecvQueue {
             let eps: Vec<usize> = st.srqs.get(id).expect("checked").eps.clone();
             let tagged_eps: Vec<usize> = eps
                 .into_iter()
-                .filter(|&e| st.eps[e].as_ref().is_some_and(|x| x.matching.srq_for(true) == Some(id)))
+                .filter(|&e| st.eps.get(e).is_some_and(|x| x.matching.srq_for(true) == Some(id)))
                 .collect();
             let Some(&first) = tagged_eps.first() else {
                 return Err(Error::with(ErrorKind::Inval, "no endpoint is bound to the SRQ for tagged receives"));
             };
-            if st.eps[first].as_ref().is_some_and(|e| e.bind.rx_cq.is_none()) {
+            if st.eps.get(first).is_some_and(|e| e.bind.rx_cq.is_none()) {
                 return Err(Error::with(
                     ErrorKind::NoCq,
                     "peeks and claims report through a receive CQ: none is bound",
                 ));
             }
             let holder =
-                tagged_eps.iter().copied().find(|&e| st.eps[e].as_ref().is_some_and(|x| x.matching.claims(context)));
+                tagged_eps.iter().copied().find(|&e| st.eps.get(e).is_some_and(|x| x.matching.claims(context)));
             if !peek {
                 let Some(e) = holder else {
                     return Err(Error::with(
@@ -721,7 +721,7 @@ impl SharedRecvQueue {
             let kind = (0..2).find(|&k| q.posted[k].iter().any(|r| r.ctx == cookie));
             let Some(kind) = kind else { return Ok(false) };
             let tagged = kind == 1;
-            let bound = |e: &usize| st.eps[*e].as_ref().is_some_and(|x| x.matching.srq_for(tagged) == Some(id));
+            let bound = |e: &usize| st.eps.get(*e).is_some_and(|x| x.matching.srq_for(tagged) == Some(id));
             let Some(ei) = q.eps.iter().copied().find(bound) else { return Ok(false) };
             let q = st.srqs.get_mut(id).expect("checked");
             let (tagged, d) = q.cancel(cookie).expect("found above");
