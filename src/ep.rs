@@ -442,9 +442,12 @@ impl Endpoint {
         })
     }
 
-    /// Enables the endpoint: needs an AV, and a CQ or counter per direction.
+    /// Enables the endpoint: needs an AV, and a CQ or counter per direction
+    /// (`-FI_ENOCQ`); with counters only for receives, not while the SRQ it
+    /// takes its untagged receives from holds an FI_MULTI_RECV buffer,
+    /// whose release only a receive CQ entry reports (`-FI_ENOCQ`).
     pub fn enable(&self) -> Result<()> {
-        with_ep!(self, |ep, _ctx| {
+        with_ep!(self, |ep, ctx| {
             if ep.peers.av().is_none() {
                 return Err(Error::with(ErrorKind::NoData, "bind an address vector before enable"));
             }
@@ -453,6 +456,13 @@ impl Endpoint {
             }
             if !ep.bind.can_report_rx() {
                 return Err(Error::with(ErrorKind::NoCq, "bind a receive CQ or receive counter before enable"));
+            }
+            if ep.bind.rx_cq.is_none()
+                && ep.matching.srq_for(false).and_then(|s| ctx.srqs.get(s)).is_some_and(|q| q.holds_multi())
+            {
+                // Counters only: it could not report the release of the
+                // multi-receive buffers it would take.
+                return Err(Error::with(ErrorKind::NoCq, crate::srq::MULTI_NO_CQ));
             }
             let (rw, rr) = (ep.bind.cntr(CntrKind::RemoteWrite), ep.bind.cntr(CntrKind::RemoteRead));
             crate::mr::publish_ep(&self.dom, self.idx, rw, rr);
@@ -602,6 +612,14 @@ impl Endpoint {
             };
             // A multi-receive buffer's record (see `MultiRecs`), freed if
             // the post fails.
+            if multi && ep.enabled && ep.bind.rx_cq.is_none() {
+                // Counters only: nothing could report the buffer's release.
+                return Err(Error::with(
+                    ErrorKind::NoCq,
+                    "FI_MULTI_RECV reports a buffer's release in a receive CQ entry: bind a receive CQ \
+                     (a counter cannot report it)",
+                ));
+            }
             let multi = if multi { ep.matching.multi.open()? } else { 0 };
             let r = PostedRecv {
                 ctx: context,
@@ -715,7 +733,9 @@ impl Endpoint {
     /// messages of every peer, 8-byte aligned, released when less than
     /// [`Endpoint::set_min_multi_recv`] bytes remain; the buffer's last
     /// completion has FI_MULTI_RECV, which waits for every piece carved
-    /// before the release, or a cancel, to be reported).
+    /// before the release, or a cancel, to be reported). That completion
+    /// is how the buffer comes back, so FI_MULTI_RECV needs a receive CQ:
+    /// `-FI_ENOCQ` on an endpoint with a receive counter only.
     ///
     /// # Safety
     /// The buffers must stay valid and untouched until the receive completes
