@@ -113,7 +113,7 @@ impl AddressVector {
             }
         }
         av.generation += 1;
-        for ep in eps.iter_mut().flatten().filter(|e| e.peers.av() == Some(self.id)) {
+        for ep in eps.iter_mut().filter(|e| e.peers.av() == Some(self.id)) {
             ep.peers.clear_fi_cache();
         }
         Ok(())

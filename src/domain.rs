@@ -93,8 +93,7 @@ impl Fabric {
         let region = Region::create(job, &cfg.geometry, cfg.max_eps, cfg.max_counters, cfg.regions)?;
         let n = cfg.max_eps as usize;
         let st = DomainState {
-            eps: (0..n).map(|_| None).collect(),
-            eps_end: 0,
+            eps: EpSlots::new(n),
             ep_gen: vec![0; n],
             cqs: Table::new(),
             cntrs: Table::new(),
@@ -181,12 +180,8 @@ impl Drop for DomainInner {
 
 /// Everything in-process of a domain.
 pub(crate) struct DomainState {
-    /// Endpoints by section index.
-    pub eps: Vec<Option<EpBox>>,
-    /// One past the highest open endpoint's index (a progress pass looks
-    /// no further). Invariant: at most `eps.len()` ([`DomainState::set_ep`]
-    /// keeps it; `eps` is made at its full length and never shrinks).
-    pub eps_end: usize,
+    /// Endpoints by section index (their invariant is [`EpSlots`]' own).
+    pub eps: EpSlots,
     /// Generation of each section (bumped at each open).
     pub ep_gen: Vec<u32>,
     /// The domain's objects by id, each with its bindings (see
@@ -205,12 +200,10 @@ pub(crate) struct DomainState {
 }
 
 impl DomainState {
-    /// Puts `ep` in endpoint slot `idx` (None: the endpoint closed),
-    /// keeping `eps_end`; returns what was there.
+    /// Puts `ep` in endpoint slot `idx` (None: the endpoint closed);
+    /// returns what was there (see [`EpSlots::set`]).
     pub fn set_ep(&mut self, idx: usize, ep: Option<EpBox>) -> Option<EpBox> {
-        let old = std::mem::replace(&mut self.eps[idx], ep);
-        self.eps_end = self.eps.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
-        old
+        self.eps.set(idx, ep)
     }
 
     /// Releases every binding the closing endpoint `idx` (its state `ep`,
@@ -231,6 +224,84 @@ impl DomainState {
         }
         if let Some(a) = ep.peers.av() {
             self.avs.unbind(a);
+        }
+    }
+}
+
+pub(crate) use ep_slots::EpSlots;
+
+/// The endpoint slots, in a module of their own so that nothing but their
+/// methods can break the invariant the progress walk's unchecked slice
+/// rests on.
+mod ep_slots {
+    use super::EpBox;
+    use crate::engine::EpState;
+
+    /// A domain's endpoints by section index, and how far a progress pass
+    /// looks. Invariants, kept by these methods alone: `slots` is made at
+    /// its full length (the domain's section count) and never resized;
+    /// `end` is one past the highest open slot's index (0: none open), so
+    /// at most `slots.len()`; only [`EpSlots::set`] opens or closes a slot.
+    /// Other code reaches an open endpoint's state, never a slot.
+    pub(crate) struct EpSlots {
+        slots: Vec<Option<EpBox>>,
+        end: usize,
+    }
+
+    impl EpSlots {
+        /// `n` closed slots.
+        pub fn new(n: usize) -> EpSlots {
+            EpSlots { slots: (0..n).map(|_| None).collect(), end: 0 }
+        }
+
+        /// Puts `ep` in slot `idx` (None: the endpoint closed), keeping
+        /// `end`; returns what was there. Panics if `idx` is out of range.
+        pub fn set(&mut self, idx: usize, ep: Option<EpBox>) -> Option<EpBox> {
+            let old = std::mem::replace(&mut self.slots[idx], ep);
+            self.end = self.slots.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
+            old
+        }
+
+        /// The endpoint open in slot `idx` (None: closed, or no such slot).
+        #[inline]
+        pub fn get(&self, idx: usize) -> Option<&EpBox> {
+            self.slots.get(idx)?.as_ref()
+        }
+
+        /// The state of the endpoint open in slot `idx`.
+        #[inline]
+        pub fn get_mut(&mut self, idx: usize) -> Option<&mut EpState> {
+            self.slots.get_mut(idx)?.as_deref_mut()
+        }
+
+        /// The first closed slot.
+        pub fn free_slot(&self) -> Option<usize> {
+            self.slots.iter().position(Option::is_none)
+        }
+
+        /// Whether any endpoint is open.
+        pub fn any_open(&self) -> bool {
+            self.end > 0
+        }
+
+        /// The open endpoints.
+        pub fn iter(&self) -> impl Iterator<Item = &EpBox> {
+            self.slots[..self.end].iter().flatten()
+        }
+
+        /// The open endpoints' states.
+        pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut EpState> {
+            self.slots[..self.end].iter_mut().flatten().map(|e| &mut **e)
+        }
+
+        /// As [`EpSlots::iter_mut`], without the bounds check of the slice
+        /// (the progress walk's, once per pass).
+        #[inline(always)]
+        pub fn open_mut(&mut self) -> impl Iterator<Item = &mut EpState> {
+            // SAFETY: end <= slots.len() (the invariant on end, kept by
+            // set alone).
+            let open = unsafe { self.slots.get_unchecked_mut(..self.end) };
+            open.iter_mut().flatten().map(|e| &mut **e)
         }
     }
 }
@@ -398,10 +469,7 @@ impl DomainInner {
         f: impl FnOnce(&mut EpState, &mut Ctx<'_>) -> Result<R>,
     ) -> Result<R> {
         let DomainState { eps, cqs, avs, srqs, regions, .. } = st;
-        let ep = eps
-            .get_mut(idx)
-            .and_then(|e| e.as_deref_mut())
-            .ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
+        let ep = eps.get_mut(idx).ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
         let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters: self.counters() };
         f(ep, &mut ctx)
     }
@@ -415,7 +483,7 @@ impl DomainInner {
             }
         }
         let counters = self.counters();
-        let DomainState { eps, eps_end, cqs, avs, srqs, regions, .. } = st;
+        let DomainState { eps, cqs, avs, srqs, regions, .. } = st;
         // One context for every endpoint: 9 instructions fewer per 8 B half
         // round trip and 10 per empty CQ read (scripts/profile.sh), more
         // with several endpoints. A context made per endpoint had measured
@@ -423,9 +491,7 @@ impl DomainInner {
         // and `with_ep!`); 300 paired rounds of scripts/ab.sh on a loaded
         // VM found no difference (2026-11-23).
         let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters };
-        // SAFETY: eps_end <= eps.len() (the invariant on eps_end).
-        let open = unsafe { eps.get_unchecked_mut(..*eps_end) };
-        for ep in open.iter_mut().flatten() {
+        for ep in eps.open_mut() {
             if !ep.polled() {
                 continue;
             }
@@ -450,7 +516,7 @@ impl DomainInner {
 
     /// Whether any enabled endpoint has inbound work waiting.
     fn has_inbound(&self, st: &DomainState) -> bool {
-        st.eps.iter().flatten().any(|ep| ep.polled() && ep.inbound_ready())
+        st.eps.iter().any(|ep| ep.polled() && ep.inbound_ready())
             || self.rma.own_if_any().is_some_and(|o| o.pending())
             || (self.trig.pending() && st.trig.due(self.counters()))
     }
@@ -462,7 +528,6 @@ impl DomainInner {
     fn waits_on_peers(&self, st: &DomainState) -> bool {
         st.eps
             .iter()
-            .flatten()
             .any(|ep| ep.enabled && (0..ep.peers.len()).any(|p| ep.peers[p].gone.is_none() && ep.pending_with(p)))
     }
 
@@ -473,7 +538,7 @@ impl DomainInner {
     /// peer-check period while something is pending with a live peer;
     /// else long.
     fn sleep_cap(&self, st: &DomainState) -> Duration {
-        if st.eps.iter().flatten().any(|e| e.local_work()) || st.trig.blocked() {
+        if st.eps.iter().any(|e| e.local_work()) || st.trig.blocked() {
             Duration::from_millis(1)
         } else if self.waits_on_peers(st) {
             self.cfg.peer_check
@@ -485,7 +550,7 @@ impl DomainInner {
     /// The next progress pass of every endpoint looks at the clock (and
     /// checks peers for life when a period has passed): after a sleep.
     fn check_soon(st: &mut DomainState) {
-        for ep in st.eps.iter_mut().flatten() {
+        for ep in st.eps.iter_mut() {
             ep.check_soon();
         }
     }
@@ -519,7 +584,7 @@ impl Domain {
     /// ```
     pub fn set_resource_mgmt(&self, on: bool) -> Result<()> {
         let mut st = self.inner.lock()?;
-        if st.cqs.iter().next().is_some() || st.eps_end > 0 {
+        if st.cqs.iter().next().is_some() || st.eps.any_open() {
             return Err(Error::with(
                 ErrorKind::Busy,
                 "resource management is set before the domain's first CQ or endpoint opens",
@@ -731,7 +796,7 @@ impl Domain {
         // peers' lives. Likewise while messages are held back (another
         // thread's posted receive or CQ read, which lets them move, rings
         // nothing either).
-        let held = st.eps.iter().flatten().any(|e| e.polled() && e.inbound.holds_back());
+        let held = st.eps.iter().any(|e| e.polled() && e.inbound.holds_back());
         let period = (held || self.inner.waits_on_peers(st)).then_some(self.inner.cfg.peer_check);
         match bridge.armed() {
             // An earlier trywait's announcement still stands.
@@ -794,7 +859,7 @@ impl Domain {
                             inner.progress(&mut s);
                             let after = (cq_entries(&s), counters_digest(&s, inner.counters()));
                             // Work held back for room is retried after a nap.
-                            let busy = s.eps.iter().flatten().any(|e| e.tx.any_busy()) || s.trig.blocked();
+                            let busy = s.eps.iter().any(|e| e.tx.any_busy()) || s.trig.blocked();
                             (busy, after.0 > before.0 || after.1 != before.1)
                         }
                         Err(_) => (false, false),

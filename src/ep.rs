@@ -84,7 +84,7 @@ impl Domain {
     pub fn endpoint(&self) -> Result<Endpoint> {
         let inner = &self.inner;
         let mut st = inner.lock()?;
-        let idx = st.eps.iter().position(|e| e.is_none()).ok_or_else(|| {
+        let idx = st.eps.free_slot().ok_or_else(|| {
             Error::with(
                 ErrorKind::NoSpc,
                 format!("all {} endpoints of the domain are open (SHMFAB_MAX_EPS)", inner.cfg.max_eps),
@@ -325,7 +325,7 @@ impl Endpoint {
         }
         let id = c.id;
         let mut st = self.dom.lock()?;
-        let ep = st.eps[self.idx].as_deref_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
+        let ep = st.eps.get_mut(self.idx).ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
         if ep.enabled {
             return Err(Error::with(ErrorKind::Inval, "bind before enable"));
         }
@@ -342,7 +342,7 @@ impl Endpoint {
         let kinds: Vec<CntrKind> = kinds.map(|k| k.0).collect();
         let crate::domain::DomainState { eps, cntrs, .. } = &mut *st;
         cntrs.bind_n(id, kinds.len())?;
-        let ep = eps[self.idx].as_deref_mut().expect("checked open above");
+        let ep = eps.get_mut(self.idx).expect("checked open above");
         for k in kinds {
             ep.bind.bind_cntr(k, id);
         }
@@ -360,7 +360,7 @@ impl Endpoint {
         let id = av.id;
         let mut st = self.dom.lock()?;
         let crate::domain::DomainState { eps, avs, .. } = &mut *st;
-        let ep = eps[self.idx].as_deref_mut().ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
+        let ep = eps.get_mut(self.idx).ok_or_else(|| Error::with(ErrorKind::Inval, "endpoint is closed"))?;
         if ep.peers.av().is_some() {
             return Err(Error::with(ErrorKind::Inval, "an AV is already bound"));
         }
@@ -442,9 +442,12 @@ impl Endpoint {
         })
     }
 
-    /// Enables the endpoint: needs an AV, and a CQ or counter per direction.
+    /// Enables the endpoint: needs an AV, and a CQ or counter per direction
+    /// (`-FI_ENOCQ`); with counters only for receives, not while the SRQ it
+    /// takes its untagged receives from holds an FI_MULTI_RECV buffer,
+    /// whose release only a receive CQ entry reports (`-FI_ENOCQ`).
     pub fn enable(&self) -> Result<()> {
-        with_ep!(self, |ep, _ctx| {
+        with_ep!(self, |ep, ctx| {
             if ep.peers.av().is_none() {
                 return Err(Error::with(ErrorKind::NoData, "bind an address vector before enable"));
             }
@@ -453,6 +456,13 @@ impl Endpoint {
             }
             if !ep.bind.can_report_rx() {
                 return Err(Error::with(ErrorKind::NoCq, "bind a receive CQ or receive counter before enable"));
+            }
+            if ep.bind.rx_cq.is_none()
+                && ep.matching.srq_for(false).and_then(|s| ctx.srqs.get(s)).is_some_and(|q| q.holds_multi())
+            {
+                // Counters only: it could not report the release of the
+                // multi-receive buffers it would take.
+                return Err(Error::with(ErrorKind::NoCq, crate::srq::MULTI_NO_CQ));
             }
             let (rw, rr) = (ep.bind.cntr(CntrKind::RemoteWrite), ep.bind.cntr(CntrKind::RemoteRead));
             crate::mr::publish_ep(&self.dom, self.idx, rw, rr);
@@ -602,7 +612,15 @@ impl Endpoint {
             };
             // A multi-receive buffer's record (see `MultiRecs`), freed if
             // the post fails.
-            let multi = if multi { ep.matching.multi.open() } else { 0 };
+            if multi && ep.enabled && ep.bind.rx_cq.is_none() {
+                // Counters only: nothing could report the buffer's release.
+                return Err(Error::with(
+                    ErrorKind::NoCq,
+                    "FI_MULTI_RECV reports a buffer's release in a receive CQ entry: bind a receive CQ \
+                     (a counter cannot report it)",
+                ));
+            }
+            let multi = if multi { ep.matching.multi.open()? } else { 0 };
             let r = PostedRecv {
                 ctx: context,
                 iovs,
@@ -715,7 +733,9 @@ impl Endpoint {
     /// messages of every peer, 8-byte aligned, released when less than
     /// [`Endpoint::set_min_multi_recv`] bytes remain; the buffer's last
     /// completion has FI_MULTI_RECV, which waits for every piece carved
-    /// before the release, or a cancel, to be reported).
+    /// before the release, or a cancel, to be reported). That completion
+    /// is how the buffer comes back, so FI_MULTI_RECV needs a receive CQ:
+    /// `-FI_ENOCQ` on an endpoint with a receive counter only.
     ///
     /// # Safety
     /// The buffers must stay valid and untouched until the receive completes
@@ -911,7 +931,7 @@ impl Endpoint {
             return Ok(());
         }
         let mut st = self.dom.lock()?;
-        if st.eps[self.idx].is_none() {
+        if st.eps.get(self.idx).is_none() {
             return Ok(());
         }
         crate::trigger::ep_closing(&self.dom, &mut st, self.idx, discard);

@@ -831,6 +831,17 @@ fn split_copy(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, info: RxIn
     let (hdr, n) = cw.encode(&mut pl).expect("buffer sized for any CTS_WRITE");
     ep.queue_ctrl(p, Ctrl { hdr, payload: pl[..n].to_vec() });
     ep.progress_peer_tx(ctx, p);
+    if let Some(why) = &ep.peers[p].gone {
+        // The push found the sender's endpoint closed (chan_lost ->
+        // fail_peer, when nothing of it was left in our inbound queues,
+        // as for an RTS matched from the unexpected queue): what was
+        // pending with it failed then, and no WDONE will come. Started,
+        // this receive would wait for one until our close; it fails now,
+        // as fail_peer fails the others.
+        let err = (ErrorKind::Io, prov::PEER_GONE, why.clone());
+        finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(err) });
+        return;
+    }
     let mine = local_ranges(&d, 0, split);
     let peer = &mut ep.peers[p];
     let own_err = match cma::read(peer.pid, &mine, &cma::sub_ranges(&rts.iovs, 0, split), ctx.cfg.cma) {

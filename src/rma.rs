@@ -2125,7 +2125,7 @@ pub(crate) fn serve_domain(dom: &DomainInner, st: &mut crate::domain::DomainStat
     }
     let crate::domain::DomainState { eps, cqs, .. } = st;
     let mut cq_data = |e: crate::mr::CqData| {
-        let Some(ep) = eps.get(e.ep_index as usize).and_then(|e| e.as_deref()) else { return true };
+        let Some(ep) = eps.get(e.ep_index as usize) else { return true };
         if let Some(cq) = ep.bind.rx_cq.and_then(|c| cqs.get_mut(c)) {
             if cq.rm() && !cq.has_room() {
                 // Resource management: held until the CQ has room.

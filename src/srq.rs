@@ -57,6 +57,18 @@ use std::io::IoSliceMut;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Why a multi-receive buffer is refused where an endpoint without a
+/// receive CQ takes (or would take) the SRQ's untagged receives.
+pub(crate) const MULTI_NO_CQ: &str = "FI_MULTI_RECV reports a buffer's release in a receive CQ entry: every endpoint \
+     taking the SRQ's untagged receives needs a receive CQ (a counter cannot report it)";
+
+/// Whether endpoint `e`, bound to SRQ `id`, is enabled and takes its
+/// untagged receives from it with no receive CQ (counters only): it
+/// could not report a multi-receive buffer's release.
+fn no_rx_cq(st: &DomainState, id: usize, e: usize) -> bool {
+    st.eps.get(e).is_some_and(|x| x.enabled && x.matching.srq_for(false) == Some(id) && x.bind.rx_cq.is_none())
+}
+
 /// Most segments of one buffer posted to an SRQ.
 pub const SRQ_MAX_IOV: usize = 16;
 /// Largest SRQ (posted buffers).
@@ -168,6 +180,13 @@ impl SrqState {
     /// Buffers posted (both queues).
     pub fn len(&self) -> usize {
         self.posted[0].len() + self.posted[1].len()
+    }
+
+    /// Whether a multi-receive buffer is posted (they are untagged): an
+    /// endpoint without a receive CQ, which could not report its release,
+    /// may not start taking from the queue then.
+    pub fn holds_multi(&self) -> bool {
+        self.posted[0].iter().any(|r| r.multi != 0)
     }
 
     /// An endpoint binds the SRQ for its tagged receives: room for them.
@@ -357,7 +376,7 @@ pub(crate) fn serve(dom: &DomainInner, st: &mut DomainState, id: usize, tagged: 
             return Ok(());
         }
         let ei = s.eps[(start + k) % n];
-        let waits = st.eps[ei].as_ref().is_some_and(|e| {
+        let waits = st.eps.get(ei).is_some_and(|e| {
             e.matching.srq_for(tagged) == Some(id) && !e.matching.closing && e.matching.has_unexp(tagged)
         });
         if !waits {
@@ -413,7 +432,7 @@ pub(crate) fn serve(dom: &DomainInner, st: &mut DomainState, id: usize, tagged: 
 fn check_src(st: &DomainState, id: usize, tagged: bool, src: FiAddr) -> Result<usize> {
     let q = st.srqs.get(id).expect("checked by the caller");
     let known = q.eps.iter().any(|&e| {
-        st.eps[e].as_ref().is_some_and(|x| {
+        st.eps.get(e).is_some_and(|x| {
             x.matching.srq_for(tagged) == Some(id)
                 && x.peers.av().and_then(|a| st.avs.get(a)).is_some_and(|av| av.lookup(src).is_some())
         })
@@ -498,7 +517,12 @@ impl SharedRecvQueue {
     ///   [`SharedRecvQueue::set_min_multi_recv`] bytes remain; the
     ///   buffer's last completion, whichever endpoint writes it, has
     ///   FI_MULTI_RECV: that message's, or, when an earlier piece is
-    ///   still arriving then, that piece's).
+    ///   still arriving then, that piece's). That entry is how the buffer
+    ///   comes back, so every endpoint taking the SRQ's untagged receives
+    ///   needs a receive CQ: `-FI_ENOCQ` while an enabled one has counters
+    ///   only (and such an endpoint is not enabled while one is posted:
+    ///   [`crate::Endpoint::enable`]). A cancel reports it at the first
+    ///   endpoint bound with a receive CQ.
     ///
     /// # Safety
     /// As [`SharedRecvQueue::post_recv`] (for FI_MULTI_RECV: until the
@@ -581,9 +605,12 @@ impl SharedRecvQueue {
         let (dom, id) = (&self.dom, self.id);
         self.with(|st| {
             let src = if src_fi == FI_ADDR_UNSPEC { None } else { Some(check_src(st, id, tagged, src_fi)?) };
+            if multi && st.srqs.get(id).expect("checked").eps.iter().any(|&e| no_rx_cq(st, id, e)) {
+                return Err(Error::with(ErrorKind::NoCq, MULTI_NO_CQ));
+            }
             let q = st.srqs.get_mut(id).expect("checked");
             let iovs = q.iovs_of(segs);
-            let multi = if multi { q.multi.open() } else { 0 };
+            let multi = if multi { q.multi.open()? } else { 0 };
             let r = PostedRecv { ctx, iovs, src, tag, ignore, multi, moff: 0, cqe: completion };
             if let Err(e) = q.push(tagged, r) {
                 q.release(&iovs);
@@ -627,19 +654,19 @@ impl SharedRecvQueue {
             let eps: Vec<usize> = st.srqs.get(id).expect("checked").eps.clone();
             let tagged_eps: Vec<usize> = eps
                 .into_iter()
-                .filter(|&e| st.eps[e].as_ref().is_some_and(|x| x.matching.srq_for(true) == Some(id)))
+                .filter(|&e| st.eps.get(e).is_some_and(|x| x.matching.srq_for(true) == Some(id)))
                 .collect();
             let Some(&first) = tagged_eps.first() else {
                 return Err(Error::with(ErrorKind::Inval, "no endpoint is bound to the SRQ for tagged receives"));
             };
-            if st.eps[first].as_ref().is_some_and(|e| e.bind.rx_cq.is_none()) {
+            if st.eps.get(first).is_some_and(|e| e.bind.rx_cq.is_none()) {
                 return Err(Error::with(
                     ErrorKind::NoCq,
                     "peeks and claims report through a receive CQ: none is bound",
                 ));
             }
             let holder =
-                tagged_eps.iter().copied().find(|&e| st.eps[e].as_ref().is_some_and(|x| x.matching.claims(context)));
+                tagged_eps.iter().copied().find(|&e| st.eps.get(e).is_some_and(|x| x.matching.claims(context)));
             if !peek {
                 let Some(e) = holder else {
                     return Err(Error::with(
@@ -707,8 +734,10 @@ impl SharedRecvQueue {
     /// posted whose cookie is `cookie` (untagged ones first) leaves the
     /// queue and completes as an `FI_ECANCELED` error entry in the receive
     /// CQ (and counter) of the first endpoint bound for its kind (tagged
-    /// or not), as libfabric's shared receive contexts report it (the SRQ
-    /// has no CQ of its own). Returns whether one was found: a buffer
+    /// or not; for a multi-receive buffer, the first with a receive CQ,
+    /// where its release can be reported), as libfabric's shared receive
+    /// contexts report it (the SRQ has no CQ of its own). Returns whether
+    /// one was found: a buffer
     /// already dequeued completes as usual (a multi-receive buffer still
     /// posted is cancelled for what is left of it: its entry has
     /// FI_MULTI_RECV unless pieces of it are still arriving, the last of
@@ -721,7 +750,14 @@ impl SharedRecvQueue {
             let kind = (0..2).find(|&k| q.posted[k].iter().any(|r| r.ctx == cookie));
             let Some(kind) = kind else { return Ok(false) };
             let tagged = kind == 1;
-            let bound = |e: &usize| st.eps[*e].as_ref().is_some_and(|x| x.matching.srq_for(tagged) == Some(id));
+            // A multi-receive buffer's entry carries its release: only an
+            // endpoint with a receive CQ can write it.
+            let multi = q.posted[kind].iter().find(|r| r.ctx == cookie).is_some_and(|r| r.multi != 0);
+            let bound = |e: &usize| {
+                st.eps
+                    .get(*e)
+                    .is_some_and(|x| x.matching.srq_for(tagged) == Some(id) && (!multi || x.bind.rx_cq.is_some()))
+            };
             let Some(ei) = q.eps.iter().copied().find(bound) else { return Ok(false) };
             let q = st.srqs.get_mut(id).expect("checked");
             let (tagged, d) = q.cancel(cookie).expect("found above");
@@ -925,7 +961,7 @@ mod tests {
         // A multi-receive buffer: carved, released below the minimum.
         q.min_multi_recv = 32;
         let mut m = recv(&mut q, &[(0x4000, 100)], 9);
-        m.multi = q.multi.open();
+        m.multi = q.multi.open().unwrap();
         q.push(false, m).unwrap();
         let a = q.take_match(false, usize::MAX, 0, 30).unwrap();
         assert_eq!((a.buf, a.cap, a.multi_release), (0x4000, 100, false));

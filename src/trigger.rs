@@ -674,7 +674,7 @@ fn ep_of(dom: &Arc<DomainInner>, st: &DomainState, ep: &Endpoint) -> Result<(usi
         return Err(Error::with(ErrorKind::Inval, "endpoint of another domain"));
     }
     let generation = ep.getname().generation;
-    match st.eps.get(ep.idx).and_then(|e| e.as_deref()) {
+    match st.eps.get(ep.idx) {
         Some(s) if s.addr.generation == generation => {
             if !s.enabled {
                 return Err(Error::with(ErrorKind::Inval, "endpoint is not enabled"));
@@ -826,7 +826,7 @@ fn recv(
     if msg.iov.len() > shm_layout::MAX_IOV {
         return Err(Error::with(ErrorKind::Inval, format!("at most {} iov segments", shm_layout::MAX_IOV)));
     }
-    let state = st.eps[e.0].as_deref().expect("checked open by ep_of");
+    let state = st.eps.get(e.0).expect("checked open by ep_of");
     if state.matching.srq_for(tagged).is_some() {
         return Err(Error::with(
             ErrorKind::Inval,
@@ -1183,7 +1183,7 @@ fn run_step(dom: &DomainInner, st: &mut DomainState, w: &Work) -> Step {
     let quiet = w.deferred && w.flags & FI_COMPLETION == 0;
     let dw = if w.deferred { Dw::new(w.completion, quiet) } else { Dw::NONE };
     let (idx, generation) = w.ep.expect("data operations name their endpoint");
-    let ptr = match st.eps.get(idx).and_then(|e| e.as_ref()) {
+    let ptr = match st.eps.get(idx) {
         Some(e) if e.addr.generation == generation => e.ptr(),
         _ => {
             // The endpoint closed while the work waited: it fails (on the
@@ -1425,7 +1425,7 @@ impl Endpoint {
         }
         let mut st = dom.lock()?;
         let generation = self.getname().generation;
-        if st.eps.get(self.idx).and_then(|e| e.as_deref()).is_none_or(|e| e.addr.generation != generation) {
+        if st.eps.get(self.idx).is_none_or(|e| e.addr.generation != generation) {
             return Ok(false);
         }
         let Some(w) = take_triggered(dom, &mut st, self.idx, generation, 1, |w| w.context() == Some(context)).pop()
@@ -1450,7 +1450,7 @@ pub(crate) fn ep_closing(dom: &DomainInner, st: &mut DomainState, idx: usize, di
     if !dom.trig.pending() {
         return;
     }
-    let Some(generation) = st.eps.get(idx).and_then(|e| e.as_deref()).map(|e| e.addr.generation) else {
+    let Some(generation) = st.eps.get(idx).map(|e| e.addr.generation) else {
         return;
     };
     let ws = take_triggered(dom, st, idx, generation, usize::MAX, |_| true);
@@ -1808,7 +1808,7 @@ impl Triggered<'_> {
         let mut w = make(dom, &st)?;
         // A triggered operation reports as its call would: its endpoint
         // must be able to.
-        let ep = st.eps[self.ep.idx].as_deref().expect("checked open by make");
+        let ep = st.eps.get(self.ep.idx).expect("checked open by make");
         if matches!(w.op, Op::Recv { .. }) {
             if !ep.bind.can_report_rx() {
                 return Err(Error::with(ErrorKind::NoCq, "no receive CQ or receive counter bound"));

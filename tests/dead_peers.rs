@@ -333,3 +333,68 @@ fn a_sender_dying_mid_push_does_not_block_the_overflow_queue() {
         },
     );
 }
+
+/// A split single copy (the receiver reads half, the sender is asked to
+/// write the other half) whose sender closed its endpoint after its RTS
+/// arrived: the receive is matched from the unexpected queue when it is
+/// posted, its CTS_WRITE push finds the channel gone and fails the peer
+/// there and then, so nothing will ever answer it. The receive must
+/// complete at once in error; it used to be started anyway and waited for
+/// the sender's WDONE until the endpoint closed.
+#[test]
+fn a_split_copy_whose_sender_closed_fails_at_once() {
+    use shmfab::{FI_ADDR_UNSPEC, FI_TRANSMIT};
+    const BIG: usize = 1 << 20; // above SHMFAB_SPLIT_MIN (512 KiB)
+    run_killing("a_split_copy_whose_sender_closed_fails_at_once", 2, &[], Duration::from_secs(60), &[], |w| {
+        match w.rank {
+            0 => {
+                let s = w.dom.endpoint().unwrap();
+                s.bind_cq(&w.cq, FI_TRANSMIT | FI_RECV).unwrap();
+                s.bind_av(&w.av).unwrap();
+                s.enable().unwrap();
+                w.tell(1, &[s.getname()]);
+                let (a, b) = (common::pattern(BIG, 1), common::pattern(BIG, 2));
+                // SAFETY: a and b outlive the completions read (a) or the
+                // endpoint's close that drops the send (b), and the process
+                // keeps them until rank 1 is done reading them.
+                unsafe { s.tsend(&a, w.addrs[1], 1, 1).unwrap() };
+                w.ok(1);
+                unsafe { s.tsend(&b, w.addrs[1], 2, 2).unwrap() };
+                w.retry(|| s.tinject(b"c", w.addrs[1], 3));
+                // Rank 1 holds B's RTS unexpected: close while it waits.
+                wait_file("has-rts");
+                s.close().unwrap();
+                put_file("closed", "");
+                wait_file("done");
+                drop((a, b));
+            }
+            _ => {
+                let s = w.learn(0, 1)[0];
+                let mut buf = vec![0u8; BIG];
+                // A first rendezvous read by single copy: the next large
+                // one from this peer is a split copy.
+                // SAFETY: buf outlives the completions read below.
+                unsafe { w.ep.trecv(&mut buf, s, 1, 0, 1).unwrap() };
+                assert_eq!(w.ok(1).len, BIG);
+                assert_eq!(buf, common::pattern(BIG, 1));
+                assert!(w.ep.stats().unwrap().cma_reads >= 1, "the test needs single copy (CMA) to work here");
+                // C comes after B's RTS on the same ring: B is unexpected.
+                let mut c = [0u8; 1];
+                // SAFETY: c outlives the completion read below.
+                unsafe { w.ep.trecv(&mut c, s, 3, 0, 3).unwrap() };
+                w.ok(3);
+                put_file("has-rts", "");
+                wait_file("closed");
+                // SAFETY: buf outlives the completion read below.
+                unsafe { w.ep.trecv(&mut buf, FI_ADDR_UNSPEC, 2, 0, 2).unwrap() };
+                let what = "the split copy from a closed sender never completed";
+                let e = common::next_completion(&w.dom, &w.cq, Duration::from_secs(10), what)
+                    .expect_err("a receive from a closed sender must fail");
+                assert_eq!((e.op_context, e.err, e.flags & FI_RECV), (2, ErrorKind::Io.errno(), FI_RECV));
+                let text = w.cq.last_error_text().unwrap();
+                assert!(text.contains("closed its endpoint"), "{text}");
+                put_file("done", "");
+            }
+        }
+    });
+}

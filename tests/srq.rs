@@ -1537,3 +1537,76 @@ fn srq_selective_completion_is_the_endpoints() {
     assert_eq!((e.op_context, &c[..5]), (3, &b"other"[..]), "not selective there");
     assert!(stays_empty(&dom, &cqs[0], 10));
 }
+
+/// FI_MULTI_RECV's release is reported by a receive CQ entry (fi_msg(3):
+/// "an entry to the associated receive completion queue will always be
+/// generated when the buffer has been consumed"), which a counter cannot
+/// carry: a multi-receive buffer is refused (`-FI_ENOCQ`) where an
+/// endpoint with counters only would take it (an endpoint's own, or an
+/// SRQ's with such an endpoint enabled on it), and such an endpoint is not
+/// enabled on an SRQ while one is posted there. Plain buffers are fine.
+#[test]
+fn multi_recv_needs_a_receive_cq() {
+    std::env::set_var("SHMFAB_JOB_ID", format!("srq-multi-cntr-{}", std::process::id()));
+    let dom = Fabric::open().unwrap().domain().unwrap();
+    let av = dom.av_open().unwrap();
+    let cq = dom.cq_open(&CqAttr::default()).unwrap();
+    let cntr = dom.cntr_open().unwrap();
+    let (srq, srq2) = (dom.srq_open(&SrqAttr::default()).unwrap(), dom.srq_open(&SrqAttr::default()).unwrap());
+    // An endpoint with a receive CQ or with counters only.
+    let endpoint = |with_cq: bool, srq: Option<&SharedRecvQueue>| {
+        let ep = dom.endpoint().unwrap();
+        if with_cq {
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        } else {
+            ep.bind_cntr(&cntr, FI_SEND | FI_RECV).unwrap();
+        }
+        ep.bind_av(&av).unwrap();
+        if let Some(s) = srq {
+            ep.bind_srq(s).unwrap();
+        }
+        ep
+    };
+    let (mut a, mut b) = (vec![0u8; 256], vec![0u8; 256]);
+    // Posts `buf` (context `context`) by `post`.
+    fn with(buf: &mut [u8], context: usize, post: impl FnOnce(&mut RecvMsg<'_, '_>) -> Result<()>) -> Result<()> {
+        post(&mut RecvMsg { iov: &mut [IoSliceMut::new(buf)], src: FI_ADDR_UNSPEC, context, tag: 0, ignore: 0 })
+    }
+    let kind = |r: Result<()>| r.unwrap_err().kind();
+    // SAFETY (posts): a and b outlive the endpoints and SRQs (dropped
+    // first, at the end), and what is posted is cancelled or flushed.
+    unsafe {
+        // The endpoint's own buffer.
+        let own = endpoint(false, None);
+        own.enable().unwrap();
+        assert_eq!(kind(with(&mut a, 1, |m| own.recvmsg(m, FI_MULTI_RECV))), ErrorKind::NoCq);
+        with(&mut a, 1, |m| own.recvmsg(m, 0)).unwrap();
+        assert!(own.cancel(1).unwrap());
+        // An SRQ with a counter-only endpoint enabled on it.
+        let c1 = endpoint(false, Some(&srq));
+        c1.enable().unwrap();
+        let e = with(&mut a, 2, |m| srq.recvmsg(m, FI_MULTI_RECV)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoCq, "{e}");
+        with(&mut a, 2, |m| srq.recvmsg(m, 0)).unwrap();
+        assert_eq!(srq.query().unwrap().posted, 1, "the multi-receive buffer was not posted");
+        // An SRQ whose enabled endpoints have a receive CQ: posted; a
+        // counter-only endpoint bound to it (first) is not enabled while
+        // the buffer is there.
+        let c2 = endpoint(false, Some(&srq2));
+        let q1 = endpoint(true, Some(&srq2));
+        q1.enable().unwrap();
+        with(&mut b, 3, |m| srq2.recvmsg(m, FI_MULTI_RECV)).unwrap();
+        assert_eq!(kind(c2.enable()), ErrorKind::NoCq);
+        // Cancelled: its release is reported at q1's CQ (c2, bound first,
+        // has none).
+        assert!(srq2.cancel(3).unwrap());
+        let mut e = [CqTaggedEntry::default()];
+        assert_eq!(cq.read(&mut e).unwrap_err().kind(), ErrorKind::Avail);
+        let err = cq.readerr().unwrap();
+        assert_eq!((err.op_context, err.flags & FI_MULTI_RECV), (3, FI_MULTI_RECV));
+        c2.enable().unwrap();
+        assert_eq!(kind(with(&mut b, 4, |m| srq2.recvmsg(m, FI_MULTI_RECV))), ErrorKind::NoCq);
+        drop((own, c1, c2, q1));
+    }
+    drop((srq, srq2));
+}

@@ -300,7 +300,11 @@ pub(crate) struct Keys {
 ///   release back with it: the buffer is posted again).
 ///
 /// A record is freed with its flag. Ids of an SRQ's records have
-/// [`MultiRecs::SRQ`] set (a piece's report finds its owner by it).
+/// [`MultiRecs::SRQ`] set (a piece's report finds its owner by it). A
+/// record's slot is reused LIFO, each time under a new generation, which
+/// its id carries: a stale id (one whose record was freed, and perhaps
+/// reopened for another buffer) names no record, so it can never act on
+/// another buffer's.
 pub(crate) struct MultiRecs {
     recs: Vec<MultiRec>,
     free: Vec<u32>,
@@ -312,6 +316,9 @@ pub(crate) struct MultiRecs {
 struct MultiRec {
     /// Pieces carved and not yet reported.
     out: u32,
+    /// The generation of the slot's current (or last) record: at most
+    /// `MultiRecs::GEN_MASK`, bumped at each reopening of the slot.
+    generation: u32,
     released: bool,
     live: bool,
 }
@@ -319,52 +326,80 @@ struct MultiRec {
 impl MultiRecs {
     /// Set in the record ids of an SRQ's buffers.
     pub const SRQ: u32 = 1 << 31;
+    /// Bits of an id holding its slot's index plus one (never 0).
+    const INDEX_BITS: u32 = 20;
+    const INDEX_MASK: u32 = (1 << Self::INDEX_BITS) - 1;
+    /// Generations, in the bits between the index and [`MultiRecs::SRQ`]
+    /// (they wrap: a stale id is refused unless its slot was reopened a
+    /// multiple of 2048 times since).
+    const GEN_MASK: u32 = (1 << (31 - Self::INDEX_BITS)) - 1;
 
     /// Records of an endpoint's buffers (`srq` false) or of an SRQ's.
     pub fn new(srq: bool) -> MultiRecs {
         MultiRecs { recs: Vec::new(), free: Vec::new(), mark: if srq { Self::SRQ } else { 0 } }
     }
 
-    /// A record for a buffer being posted: its id (never 0).
+    /// A record for a buffer being posted: its id (never 0), or
+    /// `-FI_ENOSPC` when 2^20 - 1 records are live already (buffers
+    /// posted, or released with pieces outstanding).
     #[cold]
     #[inline(never)]
-    pub fn open(&mut self) -> u32 {
+    pub fn open(&mut self) -> Result<u32> {
         let i = match self.free.pop() {
             Some(i) => i as usize,
-            None => {
+            None if self.recs.len() < Self::INDEX_MASK as usize => {
                 self.recs.push(MultiRec::default());
                 self.recs.len() - 1
             }
+            None => {
+                return Err(Error::with(
+                    crate::error::ErrorKind::NoSpc,
+                    format!("{} multi-receive buffers are posted or not yet released", Self::INDEX_MASK),
+                ))
+            }
         };
-        self.recs[i] = MultiRec { out: 0, released: false, live: true };
-        (i as u32 + 1) | self.mark
+        let r = &mut self.recs[i];
+        let generation = (r.generation + 1) & Self::GEN_MASK;
+        *r = MultiRec { out: 0, generation, released: false, live: true };
+        Ok(self.mark | generation << Self::INDEX_BITS | (i as u32 + 1))
     }
 
+    /// The live record `id` names: None for an id of no record, or a stale
+    /// one (its record freed, or its slot reopened under a new generation).
     fn rec(&mut self, id: u32) -> Option<&mut MultiRec> {
-        let i = ((id & !Self::SRQ) as usize).checked_sub(1)?;
-        self.recs.get_mut(i).filter(|r| r.live)
+        let i = ((id & Self::INDEX_MASK) as usize).checked_sub(1)?;
+        let generation = (id >> Self::INDEX_BITS) & Self::GEN_MASK;
+        self.recs.get_mut(i).filter(|r| r.live && r.generation == generation)
     }
 
     /// Frees record `id` (its flag is written, or its buffer was never
-    /// posted).
+    /// posted); a stale id frees nothing.
     pub fn close(&mut self, id: u32) {
         if let Some(r) = self.rec(id) {
             r.live = false;
-            self.free.push((id & !Self::SRQ) - 1);
+            self.free.push((id & Self::INDEX_MASK) - 1);
         }
     }
 
     /// A piece is carved from buffer `id`; `release`: the carve released it.
+    /// A buffer in a queue always has its record: an unknown id counts
+    /// nothing (a bug, asserted in debug builds).
     fn carve(&mut self, id: u32, release: bool) {
         if let Some(r) = self.rec(id) {
             r.out += 1;
             r.released |= release;
+        } else {
+            debug_assert!(false, "a piece carved from an unknown multi-receive buffer");
         }
     }
 
     /// A piece of buffer `id` is reported (in success or error): whether
     /// its entry carries FI_MULTI_RECV (the buffer is released and no
-    /// other piece is outstanding; the record is then freed).
+    /// other piece is outstanding; the record is then freed). An outstanding
+    /// piece keeps its record, so an unknown id is a bug (asserted in debug
+    /// builds); its entry then goes without the flag, since a freed
+    /// record's flag was written already and a reopened slot is another
+    /// buffer's.
     pub fn settle(&mut self, id: u32) -> bool {
         let Some(r) = self.rec(id) else {
             debug_assert!(false, "a piece of an unknown multi-receive buffer");
@@ -381,9 +416,12 @@ impl MultiRecs {
     /// Buffer `id` leaves its queue unused (cancelled, flushed, its
     /// directed peer gone): released. Whether the entry that reports it
     /// carries FI_MULTI_RECV (no piece outstanding: the record is freed);
-    /// otherwise the last piece's does.
+    /// otherwise the last piece's does. A buffer in a queue always has its
+    /// record: an unknown id is a bug (asserted in debug builds), and the
+    /// entry carries the flag (the buffer leaves: nothing else will).
     pub fn release_unused(&mut self, id: u32) -> bool {
         let Some(r) = self.rec(id) else {
+            debug_assert!(false, "an unknown multi-receive buffer left its queue");
             return true;
         };
         r.released = true;
@@ -399,9 +437,12 @@ impl MultiRecs {
     /// the buffer) the buffer is unreleased, posted again from that piece
     /// on. Whether a flag is owed anyway: the buffer stays released (its
     /// releasing piece was reported, or is held elsewhere) and this was its
-    /// last outstanding piece (the record is then freed).
+    /// last outstanding piece (the record is then freed). An outstanding
+    /// piece keeps its record: an unknown id is a bug (asserted in debug
+    /// builds), and owes nothing.
     pub fn give_back(&mut self, id: u32, release: bool) -> bool {
         let Some(r) = self.rec(id) else {
+            debug_assert!(false, "a piece of an unknown multi-receive buffer given back");
             return false;
         };
         r.out = r.out.saturating_sub(1);
@@ -1204,7 +1245,7 @@ mod tests {
         let mut b = [0u8; 256];
         let mut m = Matching::new();
         m.min_multi_recv = 64;
-        let id = m.multi.open();
+        let id = m.multi.open().unwrap();
         m.post(false, recv(&mut b, None, 0, 0, id), 4).unwrap();
         let base = b.as_ptr() as usize;
         let d1 = m.take_match(false, 0, 0, 10).unwrap();
@@ -1231,20 +1272,20 @@ mod tests {
     fn multi_receive_release_unused_and_give_back() {
         let mut b = [0u8; 256];
         let mut m = Matching::new();
-        let id = m.multi.open();
+        let id = m.multi.open().unwrap();
         m.post(false, recv(&mut b, None, 0, 0, id), 4).unwrap();
         let d1 = m.take_match(false, 0, 0, 8).unwrap();
         let (_, c) = m.cancel(b.as_ptr() as usize).unwrap();
         assert!(!c.multi_release && c.keys.multi == 0, "d1 is outstanding; the cancel settles nothing");
         assert!(m.multi.settle(d1.keys.multi), "d1 is the last report");
-        let id = m.multi.open();
+        let id = m.multi.open().unwrap();
         m.post(false, recv(&mut b, None, 0, 0, id), 4).unwrap();
         let (_, c) = m.cancel(b.as_ptr() as usize).unwrap();
         assert!(c.multi_release, "nothing outstanding: the cancel's entry releases it");
         assert_eq!(m.multi.live(), 0);
 
         let mut q = MultiRecs::new(true);
-        let id = q.open();
+        let id = q.open().unwrap();
         assert_ne!(id & MultiRecs::SRQ, 0);
         q.carve(id, false);
         q.carve(id, true);
@@ -1255,6 +1296,51 @@ mod tests {
         assert!(!q.settle(id), "the releasing piece reported, one outstanding");
         assert!(q.give_back(id, false), "the last piece given back owes the flag");
         assert_eq!(q.live(), 0);
+    }
+
+    /// A record's slot is reused under a new generation: the id of the
+    /// freed record names nothing, so a stale id cannot act on (or free)
+    /// the record of the buffer that reuses its slot.
+    #[test]
+    fn multi_receive_stale_id_is_refused() {
+        for srq in [false, true] {
+            let mut q = MultiRecs::new(srq);
+            let old = q.open().unwrap();
+            q.close(old);
+            let new = q.open().unwrap();
+            assert_eq!(new & MultiRecs::INDEX_MASK, old & MultiRecs::INDEX_MASK, "the slot is reused");
+            assert_ne!(new, old, "under a new generation");
+            assert_eq!((new & MultiRecs::SRQ != 0, new != 0), (srq, true));
+            assert!(q.rec(old).is_none(), "the stale id names no record");
+            assert!(q.rec(new).is_some());
+            q.close(old);
+            assert_eq!(q.live(), 1, "a stale close frees nothing");
+            q.carve(new, true);
+            assert!(q.settle(new), "the new buffer's record is intact");
+            assert!(q.rec(new).is_none() && q.rec(old).is_none());
+        }
+        // The generation wraps within its bits, never touching SRQ.
+        let mut q = MultiRecs::new(false);
+        for _ in 0..3 * (MultiRecs::GEN_MASK + 1) {
+            let id = q.open().unwrap();
+            assert_eq!(id & (MultiRecs::SRQ | !((MultiRecs::GEN_MASK << MultiRecs::INDEX_BITS) | 1)), 0);
+            q.close(id);
+        }
+    }
+
+    /// The index space is bounded: past it, a post is refused, not wrapped.
+    #[test]
+    fn multi_receive_records_are_bounded() {
+        let mut q = MultiRecs::new(true);
+        for _ in 0..MultiRecs::INDEX_MASK {
+            q.open().unwrap();
+        }
+        assert_eq!(q.open().unwrap_err().kind(), crate::error::ErrorKind::NoSpc);
+        q.close(MultiRecs::SRQ | 7);
+        assert!(q.open().is_err(), "a stale id (generation 0) freed nothing");
+        q.close(MultiRecs::SRQ | 1 << MultiRecs::INDEX_BITS | 7);
+        let id = q.open().unwrap();
+        assert_eq!(id, MultiRecs::SRQ | 2 << MultiRecs::INDEX_BITS | 7, "slot 6 again, generation 2");
     }
 
     #[test]
@@ -1369,7 +1455,7 @@ mod tests {
         assert!(m.front_plain(true, 0, 1, 9).is_none(), "does not hold it whole");
         assert!(m.front_plain(true, 0, 2, 8).is_none(), "tag differs");
         m.pop_front(true);
-        let id = m.multi.open();
+        let id = m.multi.open().unwrap();
         m.post(false, recv(&mut b, None, 0, 0, id), 4).unwrap();
         assert!(m.front_plain(false, 0, 0, 8).is_none(), "multi-receive");
         m.pop_front(false);
