@@ -1148,11 +1148,7 @@ fn compare_round(
         if size > RAW_MAX {
             return Ok(None);
         }
-        st.step(&format!("raw floor, {}", bytes(size)));
-        let half_rtt_us = bench::raw_pingpong(exe, &[], size, bench::iters_for(size))
-            .map_err(|e| st.warn(&format!("raw floor, {size} B: {e}")))
-            .ok();
-        Ok(Some(Figure { size, half_rtt_us, ..Default::default() }))
+        Ok(Some(latency(st, "raw floor", size, || bench::raw_pingpong(exe, &[], size, bench::iters_for(size)))))
     })?;
     let ompi = match &o.osu {
         Some(p) => {
@@ -1189,26 +1185,37 @@ fn compare_round(
     };
     st.say("measuring libfabric shm (fi_pingpong) ...");
     let fi = bracketed(sizes, probe, |size| {
-        st.step(&format!("fi_pingpong, {}", bytes(size)));
-        let half_rtt_us = bench::fi_pingpong(size, bench::iters_for(size).min(20000), None)
-            .map_err(|e| st.warn(&format!("fi_pingpong, {size} B: {e}")))
-            .ok();
-        Ok(Some(Figure { size, half_rtt_us, ..Default::default() }))
+        Ok(Some(latency(st, "fi_pingpong", size, || bench::fi_pingpong(size, fi_iters(size), None))))
     })?;
     let fi_ours = match &o.fi_provider {
         Some(dir) => {
             st.say("measuring fi_pingpong over shmfab's provider ...");
             bracketed(sizes, probe, |size| {
-                st.step(&format!("fi_pingpong -p shmfab, {}", bytes(size)));
-                let half_rtt_us = bench::fi_pingpong(size, bench::iters_for(size).min(20000), Some(dir))
-                    .map_err(|e| st.warn(&format!("fi_pingpong -p shmfab, {size} B: {e}")))
-                    .ok();
-                Ok(Some(Figure { size, half_rtt_us, ..Default::default() }))
+                let run = || bench::fi_pingpong(size, fi_iters(size), Some(dir));
+                Ok(Some(latency(st, "fi_pingpong -p shmfab", size, run)))
             })?
         }
         None => Run::unmeasured(sizes),
     };
     Ok([ours, raw, ompi, ucx, fi, fi_ours])
+}
+
+/// One latency figure of `what` at `size` by `run` (a progress step; a
+/// failure is warned of and leaves the figure empty).
+fn latency<E: std::fmt::Display>(
+    st: &mut Status,
+    what: &str,
+    size: usize,
+    run: impl FnOnce() -> std::result::Result<f64, E>,
+) -> Figure {
+    st.step(&format!("{what}, {}", bytes(size)));
+    let half_rtt_us = run().map_err(|e| st.warn(&format!("{what}, {size} B: {e}"))).ok();
+    Figure { size, half_rtt_us, ..Default::default() }
+}
+
+/// Round trips of one fi_pingpong run at `size`.
+fn fi_iters(size: usize) -> usize {
+    bench::iters_for(size).min(20000)
 }
 
 /// Measures `sizes` one at a time with `one` (None: that size is not
