@@ -736,6 +736,8 @@ impl Endpoint {
     /// before the release, or a cancel, to be reported). That completion
     /// is how the buffer comes back, so FI_MULTI_RECV needs a receive CQ:
     /// `-FI_ENOCQ` on an endpoint with a receive counter only.
+    /// `-FI_EAGAIN` when 2^20 - 1 multi-receive buffers are posted or
+    /// released with pieces still to be reported (progress frees them).
     ///
     /// # Safety
     /// The buffers must stay valid and untouched until the receive completes

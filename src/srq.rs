@@ -182,11 +182,15 @@ impl SrqState {
         self.posted[0].len() + self.posted[1].len()
     }
 
-    /// Whether a multi-receive buffer is posted (they are untagged): an
-    /// endpoint without a receive CQ, which could not report its release,
-    /// may not start taking from the queue then.
+    /// Whether a multi-receive buffer (they are untagged) is posted, or
+    /// released with pieces outstanding: an endpoint without a receive CQ,
+    /// which could not report its release, may not start taking from the
+    /// queue then. Not only the posted ones: a piece that released its
+    /// buffer comes back to the queue when the endpoint that holds it
+    /// closes discarding ([`SrqState::give_back`]), and the rest of the
+    /// buffer is posted again.
     pub fn holds_multi(&self) -> bool {
-        self.posted[0].iter().any(|r| r.multi != 0)
+        self.multi.any_live()
     }
 
     /// An endpoint binds the SRQ for its tagged receives: room for them.
@@ -520,9 +524,12 @@ impl SharedRecvQueue {
     ///   still arriving then, that piece's). That entry is how the buffer
     ///   comes back, so every endpoint taking the SRQ's untagged receives
     ///   needs a receive CQ: `-FI_ENOCQ` while an enabled one has counters
-    ///   only (and such an endpoint is not enabled while one is posted:
-    ///   [`crate::Endpoint::enable`]). A cancel reports it at the first
-    ///   endpoint bound with a receive CQ.
+    ///   only (and such an endpoint is not enabled while one is posted,
+    ///   or released with pieces still to report: [`crate::Endpoint::enable`]).
+    ///   A cancel reports it at the first endpoint bound with a receive
+    ///   CQ (`-FI_ENOCQ` when endpoints are bound and none has one).
+    ///   `-FI_EAGAIN` when 2^20 - 1 multi-receive buffers are posted or
+    ///   released with pieces still to be reported (progress frees them).
     ///
     /// # Safety
     /// As [`SharedRecvQueue::post_recv`] (for FI_MULTI_RECV: until the
@@ -609,8 +616,9 @@ impl SharedRecvQueue {
                 return Err(Error::with(ErrorKind::NoCq, MULTI_NO_CQ));
             }
             let q = st.srqs.get_mut(id).expect("checked");
-            let iovs = q.iovs_of(segs);
+            // The record first: its refusal leaves no segment list taken.
             let multi = if multi { q.multi.open()? } else { 0 };
+            let iovs = q.iovs_of(segs);
             let r = PostedRecv { ctx, iovs, src, tag, ignore, multi, moff: 0, cqe: completion };
             if let Err(e) = q.push(tagged, r) {
                 q.release(&iovs);
@@ -758,7 +766,20 @@ impl SharedRecvQueue {
                     .get(*e)
                     .is_some_and(|x| x.matching.srq_for(tagged) == Some(id) && (!multi || x.bind.rx_cq.is_some()))
             };
-            let Some(ei) = q.eps.iter().copied().find(bound) else { return Ok(false) };
+            let Some(ei) = q.eps.iter().copied().find(bound) else {
+                // Endpoints take this queue (not yet enabled: a counter-only
+                // one is refused while the buffer is here), but none has a
+                // receive CQ for the buffer's release: it stays posted.
+                let takes = |e: &usize| st.eps.get(*e).is_some_and(|x| x.matching.srq_for(tagged) == Some(id));
+                if multi && q.eps.iter().any(takes) {
+                    return Err(Error::with(
+                        ErrorKind::NoCq,
+                        "a multi-receive buffer's cancellation is reported with its release, on a receive CQ: \
+                         no endpoint bound to this SRQ has one (the buffer stays posted)",
+                    ));
+                }
+                return Ok(false);
+            };
             let q = st.srqs.get_mut(id).expect("checked");
             let (tagged, d) = q.cancel(cookie).expect("found above");
             q.release(&d.iovs);
@@ -984,5 +1005,28 @@ mod tests {
         let (_, x) = q.cancel(9).unwrap();
         assert!(!x.multi_release);
         assert!(q.multi.settle(c.keys.multi), "the last report");
+    }
+
+    /// A counter-only endpoint may not start taking the queue while a
+    /// multi-receive buffer could come back to it: posted, or released
+    /// with a piece outstanding (given back when its endpoint closes
+    /// discarding, the rest is posted again).
+    #[test]
+    fn holds_multi_while_a_released_buffer_has_pieces_out() {
+        let mut q = SrqState::new(&SrqAttr { max_recv: 4, low_watermark: 0 });
+        assert!(!q.holds_multi());
+        q.min_multi_recv = 32;
+        let mut m = recv(&mut q, &[(0x4000, 64)], 9);
+        m.multi = q.multi.open().unwrap();
+        q.push(false, m).unwrap();
+        assert!(q.holds_multi(), "posted");
+        let a = q.take_match(false, usize::MAX, 0, 40).unwrap();
+        assert!(a.multi_release && q.len() == 0, "24 bytes left: released");
+        assert!(q.holds_multi(), "released, its piece outstanding");
+        assert!(q.give_back(&[(false, a)]).is_empty());
+        assert!(q.holds_multi() && q.len() == 1, "posted again");
+        let a = q.take_match(false, usize::MAX, 0, 40).unwrap();
+        assert!(q.multi.settle(a.keys.multi), "its one piece reported: the flag");
+        assert!(!q.holds_multi(), "the record is freed with the flag");
     }
 }

@@ -1606,7 +1606,23 @@ fn multi_recv_needs_a_receive_cq() {
         assert_eq!((err.op_context, err.flags & FI_MULTI_RECV), (3, FI_MULTI_RECV));
         c2.enable().unwrap();
         assert_eq!(kind(with(&mut b, 4, |m| srq2.recvmsg(m, FI_MULTI_RECV))), ErrorKind::NoCq);
-        drop((own, c1, c2, q1));
+        // Endpoints bound for the SRQ's untagged receives, none with a
+        // receive CQ (a counter-only one, not enabled while the buffer is
+        // there): a cancel could not report the release, and says so.
+        let srq3 = dom.srq_open(&SrqAttr::default()).unwrap();
+        let c3 = endpoint(false, Some(&srq3));
+        with(&mut b, 5, |m| srq3.recvmsg(m, FI_MULTI_RECV)).unwrap();
+        assert_eq!(kind(c3.enable()), ErrorKind::NoCq);
+        assert_eq!(srq3.cancel(5).unwrap_err().kind(), ErrorKind::NoCq);
+        assert_eq!(srq3.query().unwrap().posted, 1, "the buffer stays posted");
+        // Counters only, bound for the SRQ's tagged receives only: it never
+        // takes a multi-receive buffer, so it is enabled.
+        let t = dom.endpoint().unwrap();
+        t.bind_cntr(&cntr, FI_SEND | FI_RECV).unwrap();
+        t.bind_av(&av).unwrap();
+        t.bind_srq_for(&srq3, FI_TAGGED).unwrap();
+        t.enable().unwrap();
+        drop((own, c1, c2, q1, c3, t, srq3));
     }
     drop((srq, srq2));
 }

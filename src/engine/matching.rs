@@ -340,8 +340,8 @@ impl MultiRecs {
     }
 
     /// A record for a buffer being posted: its id (never 0), or
-    /// `-FI_ENOSPC` when 2^20 - 1 records are live already (buffers
-    /// posted, or released with pieces outstanding).
+    /// `-FI_EAGAIN` when 2^20 - 1 records are live already (buffers
+    /// posted, or released with pieces outstanding: progress frees them).
     #[cold]
     #[inline(never)]
     pub fn open(&mut self) -> Result<u32> {
@@ -353,7 +353,7 @@ impl MultiRecs {
             }
             None => {
                 return Err(Error::with(
-                    crate::error::ErrorKind::NoSpc,
+                    crate::error::ErrorKind::Again,
                     format!("{} multi-receive buffers are posted or not yet released", Self::INDEX_MASK),
                 ))
             }
@@ -367,9 +367,18 @@ impl MultiRecs {
     /// The live record `id` names: None for an id of no record, or a stale
     /// one (its record freed, or its slot reopened under a new generation).
     fn rec(&mut self, id: u32) -> Option<&mut MultiRec> {
+        if id & Self::SRQ != self.mark {
+            return None; // another owner's (an SRQ's, or an endpoint's)
+        }
         let i = ((id & Self::INDEX_MASK) as usize).checked_sub(1)?;
         let generation = (id >> Self::INDEX_BITS) & Self::GEN_MASK;
         self.recs.get_mut(i).filter(|r| r.live && r.generation == generation)
+    }
+
+    /// Whether any record is live: a buffer posted, or released with
+    /// pieces outstanding.
+    pub fn any_live(&self) -> bool {
+        self.free.len() < self.recs.len()
     }
 
     /// Frees record `id` (its flag is written, or its buffer was never
@@ -1335,7 +1344,10 @@ mod tests {
         for _ in 0..MultiRecs::INDEX_MASK {
             q.open().unwrap();
         }
-        assert_eq!(q.open().unwrap_err().kind(), crate::error::ErrorKind::NoSpc);
+        assert_eq!(q.open().unwrap_err().kind(), crate::error::ErrorKind::Again, "full for now: progress frees");
+        assert!(q.any_live());
+        q.close(7);
+        assert!(q.open().is_err(), "an endpoint's id names no SRQ record");
         q.close(MultiRecs::SRQ | 7);
         assert!(q.open().is_err(), "a stale id (generation 0) freed nothing");
         q.close(MultiRecs::SRQ | 1 << MultiRecs::INDEX_BITS | 7);
