@@ -85,7 +85,7 @@ pub use poll::{PollSet, WaitSet};
 pub use proto::Config;
 pub use rma::{AtomicAttr, HeapTarget, RmaIoc, RmaIov};
 pub use shm_layout::Address;
-pub use srq::{SharedRecvQueue, SrqAttr, SrqEvent, SrqInfo};
+pub use srq::{SharedRecvQueue, SrqAttr, SrqEvent, SrqInfo, SRQ_MAX_IOV};
 pub use sync::Threading;
 pub use trigger::{AtomicMsg, ChainTemplate, DeferredOp, DeferredWork, Trigger, Triggered, WorkChain, WorkId};
 

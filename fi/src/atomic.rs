@@ -65,7 +65,10 @@ unsafe fn iocs(v: *const sys::fi_ioc, n: usize, size: usize) -> Option<Vec<(*mut
     }
     // SAFETY: caller's contract.
     let s = unsafe { std::slice::from_raw_parts(v, n) };
-    Some(s.iter().map(|i| (i.addr.cast::<u8>(), i.count * size)).collect())
+    // A segment with elements needs an address (one of none may have any:
+    // it is never read).
+    let segs: Vec<(*mut u8, usize)> = s.iter().map(|i| (i.addr.cast::<u8>(), i.count.saturating_mul(size))).collect();
+    segs.iter().all(|&(p, l)| l == 0 || !p.is_null()).then_some(segs)
 }
 
 /// The bytes of the segments in one buffer.

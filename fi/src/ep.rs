@@ -426,17 +426,72 @@ pub(crate) unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Option<&'a m
     (!buf.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) })
 }
 
-/// An iovec array as `IoSlice`s (ABI-compatible with `struct iovec` on
-/// Unix, as std documents).
+/// Most segments one call takes: an SRQ buffer's (the library refuses
+/// more than an endpoint's 4 itself, with its reason).
+const MAX_SEGS: usize = shmfab::SRQ_MAX_IOV;
+
+/// The segments of a C iovec array, read once at the call: a segment of
+/// length 0 may have any base (NULL, often: it is never read), a segment
+/// with bytes must have one. The array itself is the caller's and only
+/// read. Slices are made here, field by field, rather than by reading the
+/// array as `IoSlice`s in place: a `{NULL, 0}` segment would be a slice
+/// with a null pointer there, which Rust does not allow.
+pub(crate) struct Segs<T> {
+    v: [T; MAX_SEGS],
+    n: usize,
+}
+
+impl<T> std::ops::Deref for Segs<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.v[..self.n]
+    }
+}
+
+impl<T> std::ops::DerefMut for Segs<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.v[..self.n]
+    }
+}
+
+/// Reads `count` iovecs into `out` by `make` (pointer and length of a
+/// segment with bytes); None for a null array, more than [`MAX_SEGS`],
+/// or a segment with bytes and no base.
 ///
 /// # Safety
-/// `iov` holds `count` valid iovecs.
-unsafe fn slices<'a>(iov: *const sys::iovec, count: usize) -> Option<&'a [IoSlice<'a>]> {
-    if count == 0 {
-        return Some(&[]);
+/// `iov` holds `count` valid iovecs (or `count` is 0).
+unsafe fn read_iovs<T>(
+    iov: *const sys::iovec,
+    count: usize,
+    mut out: Segs<T>,
+    make: impl Fn(*mut u8, usize) -> T,
+) -> Option<Segs<T>> {
+    if count > MAX_SEGS || (count > 0 && iov.is_null()) {
+        return None;
     }
-    // SAFETY: caller's contract; IoSlice is repr(transparent) over iovec.
-    (!iov.is_null()).then(|| unsafe { std::slice::from_raw_parts(iov.cast::<IoSlice<'a>>(), count) })
+    for i in 0..count {
+        // SAFETY: caller's contract: `count` entries.
+        let e = unsafe { &*iov.add(i) };
+        if e.iov_len > 0 {
+            if e.iov_base.is_null() {
+                return None;
+            }
+            out.v[i] = make(e.iov_base.cast::<u8>(), e.iov_len);
+        }
+    }
+    out.n = count;
+    Some(out)
+}
+
+/// An iovec array's segments, to send from (see [`Segs`]).
+///
+/// # Safety
+/// `iov` holds `count` valid iovecs, each segment valid for its length.
+pub(crate) unsafe fn slices<'a>(iov: *const sys::iovec, count: usize) -> Option<Segs<IoSlice<'a>>> {
+    let out = Segs { v: [IoSlice::new(&[]); MAX_SEGS], n: 0 };
+    // SAFETY: caller's contract, for the array and each segment (non-null
+    // and with bytes when made into a slice: checked by read_iovs).
+    unsafe { read_iovs(iov, count, out, |p, l| IoSlice::new(std::slice::from_raw_parts(p, l))) }
 }
 
 /// As [`slices`], to receive into.
@@ -444,14 +499,10 @@ unsafe fn slices<'a>(iov: *const sys::iovec, count: usize) -> Option<&'a [IoSlic
 /// # Safety
 /// As [`slices`]; the segments are writable and nothing else uses them
 /// until the receive completes.
-unsafe fn slices_mut<'a>(iov: *const sys::iovec, count: usize) -> Option<&'a mut [IoSliceMut<'a>]> {
-    if count == 0 {
-        return Some(&mut []);
-    }
-    // SAFETY: caller's contract; IoSliceMut is repr(transparent) over
-    // iovec. The array itself is the caller's and read only: the library
-    // reads the segments once, at the call, and never writes the array.
-    (!iov.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(iov.cast_mut().cast::<IoSliceMut<'a>>(), count) })
+pub(crate) unsafe fn slices_mut<'a>(iov: *const sys::iovec, count: usize) -> Option<Segs<IoSliceMut<'a>>> {
+    let out = Segs { v: std::array::from_fn(|_| IoSliceMut::new(&mut [])), n: 0 };
+    // SAFETY: as in `slices`; the segments are the caller's to write.
+    unsafe { read_iovs(iov, count, out, |p, l| IoSliceMut::new(std::slice::from_raw_parts_mut(p, l))) }
 }
 
 const DATA: sys::fi_log_subsys = sys::FI_LOG_EP_DATA;
@@ -596,9 +647,9 @@ unsafe extern "C" fn recvv(
     ctx: *mut c_void,
 ) -> isize {
     // SAFETY: libfabric passes our fid; iov holds count entries.
-    let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
+    let (Some(e), Some(mut v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion (fi_msg(3)).
-    unsafe { e.rx(v, src, ctx as usize, 0, 0, e.rx_flags.load(Relaxed), false) }
+    unsafe { e.rx(&mut v, src, ctx as usize, 0, 0, e.rx_flags.load(Relaxed), false) }
 }
 
 /// `recvmsg`: an entry of this module's ops tables.
@@ -614,9 +665,9 @@ unsafe extern "C" fn recvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flag
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
     // SAFETY: msg_iov holds iov_count entries.
-    let Some(v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
+    let Some(mut v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion (fi_msg(3)).
-    unsafe { e.rx(v, m.addr, m.context as usize, 0, 0, flags, false) }
+    unsafe { e.rx(&mut v, m.addr, m.context as usize, 0, 0, flags, false) }
 }
 
 /// `send`: an entry of this module's ops tables.
@@ -659,7 +710,7 @@ unsafe extern "C" fn sendv(
     // SAFETY: libfabric passes our fid; iov holds count entries.
     let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices(iov, count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion (fi_msg(3)).
-    unsafe { e.tx(v, dest, ctx as usize, 0, 0, e.tx_flags.load(Relaxed), false) }
+    unsafe { e.tx(&v, dest, ctx as usize, 0, 0, e.tx_flags.load(Relaxed), false) }
 }
 
 /// `sendmsg`: an entry of this module's ops tables.
@@ -677,7 +728,7 @@ unsafe extern "C" fn sendmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flag
     // SAFETY: msg_iov holds iov_count entries.
     let Some(v) = (unsafe { slices(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion (fi_msg(3)).
-    unsafe { e.tx(v, m.addr, m.context as usize, m.data, 0, flags, false) }
+    unsafe { e.tx(&v, m.addr, m.context as usize, m.data, 0, flags, false) }
 }
 
 /// `inject`: an entry of this module's ops tables.
@@ -767,9 +818,9 @@ unsafe extern "C" fn trecvv(
     ctx: *mut c_void,
 ) -> isize {
     // SAFETY: libfabric passes our fid; iov holds count entries.
-    let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
+    let (Some(e), Some(mut v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion.
-    unsafe { e.rx(v, src, ctx as usize, tag, ignore, e.rx_flags.load(Relaxed), true) }
+    unsafe { e.rx(&mut v, src, ctx as usize, tag, ignore, e.rx_flags.load(Relaxed), true) }
 }
 
 /// `trecvmsg`: an entry of this module's ops tables.
@@ -785,9 +836,9 @@ unsafe extern "C" fn trecvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagg
     // SAFETY: libfabric passes our fid; msg is null or valid.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
     // SAFETY: msg_iov holds iov_count entries.
-    let Some(v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
+    let Some(mut v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion.
-    unsafe { e.rx(v, m.addr, m.context as usize, m.tag, m.ignore, flags, true) }
+    unsafe { e.rx(&mut v, m.addr, m.context as usize, m.tag, m.ignore, flags, true) }
 }
 
 /// `tsend`: an entry of this module's ops tables.
@@ -832,7 +883,7 @@ unsafe extern "C" fn tsendv(
     // SAFETY: libfabric passes our fid; iov holds count entries.
     let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices(iov, count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion.
-    unsafe { e.tx(v, dest, ctx as usize, 0, tag, e.tx_flags.load(Relaxed), true) }
+    unsafe { e.tx(&v, dest, ctx as usize, 0, tag, e.tx_flags.load(Relaxed), true) }
 }
 
 /// `tsendmsg`: an entry of this module's ops tables.
@@ -850,7 +901,7 @@ unsafe extern "C" fn tsendmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagg
     // SAFETY: msg_iov holds iov_count entries.
     let Some(v) = (unsafe { slices(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion.
-    unsafe { e.tx(v, m.addr, m.context as usize, m.data, m.tag, flags, true) }
+    unsafe { e.tx(&v, m.addr, m.context as usize, m.data, m.tag, flags, true) }
 }
 
 /// `tinject`: an entry of this module's ops tables.
@@ -991,13 +1042,13 @@ unsafe extern "C" fn rma_readv(
     ctx: *mut c_void,
 ) -> isize {
     // SAFETY: libfabric passes our fid; iov holds count writable segments.
-    let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
+    let (Some(e), Some(mut v)) = (unsafe { me(ep) }, unsafe { slices_mut(iov, count) }) else { return EINVAL as isize };
     let f = rma_defaults(e);
     if f == 0 {
-        return done(e.ep.readv(v, src, addr, key, ctx as usize), "fi_readv");
+        return done(e.ep.readv(&mut v, src, addr, key, ctx as usize), "fi_readv");
     }
     let r = [shmfab::RmaIov { addr, len: v.iter().map(|s| s.len()).sum(), key }];
-    done(e.ep.readmsg(v, &r, src, ctx as usize, f & !sys::FI_INJECT), "fi_readv")
+    done(e.ep.readmsg(&mut v, &r, src, ctx as usize, f & !sys::FI_INJECT), "fi_readv")
 }
 
 /// `fi_readmsg`.
@@ -1012,12 +1063,12 @@ unsafe extern "C" fn rma_readmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_r
     // SAFETY: libfabric passes our fid and a valid msg.
     let (Some(e), Some(m)) = (unsafe { me(ep) }, unsafe { msg.as_ref() }) else { return EINVAL as isize };
     // SAFETY: the msg's arrays hold their counts.
-    let (Some(v), Some(r)) =
+    let (Some(mut v), Some(r)) =
         (unsafe { slices_mut(m.msg_iov, m.iov_count) }, unsafe { rma_iovs(m.rma_iov, m.rma_iov_count) })
     else {
         return EINVAL as isize;
     };
-    done(e.ep.readmsg(v, &r, m.addr, m.context as usize, flags & !sys::FI_MORE), "fi_readmsg")
+    done(e.ep.readmsg(&mut v, &r, m.addr, m.context as usize, flags & !sys::FI_MORE), "fi_readmsg")
 }
 
 /// `fi_write`.
@@ -1062,10 +1113,10 @@ unsafe extern "C" fn rma_writev(
     let (Some(e), Some(v)) = (unsafe { me(ep) }, unsafe { slices(iov, count) }) else { return EINVAL as isize };
     let f = rma_defaults(e);
     if f == 0 {
-        return done(e.ep.writev(v, dest, addr, key, ctx as usize), "fi_writev");
+        return done(e.ep.writev(&v, dest, addr, key, ctx as usize), "fi_writev");
     }
     let r = [shmfab::RmaIov { addr, len: v.iter().map(|s| s.len()).sum(), key }];
-    done(e.ep.writemsg(v, &r, dest, ctx as usize, 0, f), "fi_writev")
+    done(e.ep.writemsg(&v, &r, dest, ctx as usize, 0, f), "fi_writev")
 }
 
 /// `fi_writemsg`.
@@ -1085,7 +1136,7 @@ unsafe extern "C" fn rma_writemsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_
     else {
         return EINVAL as isize;
     };
-    done(e.ep.writemsg(v, &r, m.addr, m.context as usize, m.data, flags & !sys::FI_MORE), "fi_writemsg")
+    done(e.ep.writemsg(&v, &r, m.addr, m.context as usize, m.data, flags & !sys::FI_MORE), "fi_writemsg")
 }
 
 /// `fi_inject_write`.

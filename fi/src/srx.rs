@@ -12,6 +12,7 @@
 //! bound endpoint. `fi_cancel` on the context cancels a buffer still
 //! posted (its entry goes to the CQ of the endpoint bound first).
 
+use crate::ep::Segs;
 use crate::sys;
 use crate::util::{self, nb1, nb2, nb3, nb4, nb5, nb6, nb7, nb8};
 use crate::util::{no_ops_open, no_ops_set, no_tostr, EINVAL, ENOSYS, FI_ADDR_UNSPEC};
@@ -313,18 +314,18 @@ unsafe extern "C" fn recv(
     unsafe { s.post(&mut [IoSliceMut::new(b)], src, ctx, 0, 0, s.op_flags, false) }
 }
 
-/// The caller's iovecs as `IoSliceMut`s (ABI-compatible with `struct
-/// iovec` on Unix, as std documents).
+/// The caller's iovecs, to receive into ([`crate::ep::Segs`]): None for
+/// none (a buffer has at least one segment) or a bad array.
 ///
 /// # Safety
 /// `iov` holds `count` valid, writable segments, untouched until the
 /// buffer completes; the array itself is only read.
-unsafe fn slices_mut<'a>(iov: *const sys::iovec, count: usize) -> Option<&'a mut [IoSliceMut<'a>]> {
-    if count == 0 || iov.is_null() {
+unsafe fn slices_mut<'a>(iov: *const sys::iovec, count: usize) -> Option<Segs<IoSliceMut<'a>>> {
+    if count == 0 {
         return None;
     }
-    // SAFETY: caller's contract; IoSliceMut is repr(transparent) over iovec.
-    Some(unsafe { std::slice::from_raw_parts_mut(iov.cast_mut().cast::<IoSliceMut<'a>>(), count) })
+    // SAFETY: caller's contract.
+    unsafe { crate::ep::slices_mut(iov, count) }
 }
 
 /// `fi_recvv` on the context.
@@ -341,11 +342,11 @@ unsafe extern "C" fn recvv(
     ctx: *mut c_void,
 ) -> isize {
     // SAFETY: libfabric passes our fid; iov holds count segments.
-    let (Some(s), Some(v)) = (unsafe { of(ep.cast()) }, unsafe { slices_mut(iov, count) }) else {
+    let (Some(s), Some(mut v)) = (unsafe { of(ep.cast()) }, unsafe { slices_mut(iov, count) }) else {
         return EINVAL as isize;
     };
     // SAFETY: the segments stay valid until the completion.
-    unsafe { s.post(v, src, ctx, 0, 0, s.op_flags, false) }
+    unsafe { s.post(&mut v, src, ctx, 0, 0, s.op_flags, false) }
 }
 
 /// `fi_recvmsg` on the context (FI_COMPLETION, FI_MULTI_RECV).
@@ -359,9 +360,9 @@ unsafe extern "C" fn recvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg, flag
         return EINVAL as isize;
     };
     // SAFETY: msg_iov holds iov_count segments.
-    let Some(v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
+    let Some(mut v) = (unsafe { slices_mut(m.msg_iov, m.iov_count) }) else { return EINVAL as isize };
     // SAFETY: the segments stay valid until the completion.
-    unsafe { s.post(v, m.addr, m.context, 0, 0, flags, false) }
+    unsafe { s.post(&mut v, m.addr, m.context, 0, 0, flags, false) }
 }
 
 /// `fi_trecv` on the context.
@@ -407,11 +408,11 @@ unsafe extern "C" fn trecvv(
     ctx: *mut c_void,
 ) -> isize {
     // SAFETY: libfabric passes our fid; iov holds count segments.
-    let (Some(s), Some(v)) = (unsafe { of(ep.cast()) }, unsafe { slices_mut(iov, count) }) else {
+    let (Some(s), Some(mut v)) = (unsafe { of(ep.cast()) }, unsafe { slices_mut(iov, count) }) else {
         return EINVAL as isize;
     };
     // SAFETY: the segments stay valid until the completion.
-    unsafe { s.post(v, src, ctx, tag, ignore, s.op_flags & sys::FI_COMPLETION, true) }
+    unsafe { s.post(&mut v, src, ctx, tag, ignore, s.op_flags & sys::FI_COMPLETION, true) }
 }
 
 /// `fi_trecvmsg` on the context: FI_COMPLETION, and FI_PEEK, FI_CLAIM,
@@ -430,7 +431,8 @@ unsafe extern "C" fn trecvmsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_tagg
     let mut none: [IoSliceMut<'_>; 0] = [];
     // SAFETY: msg_iov holds iov_count segments (none needed by a peek or
     // a discard).
-    let v = match unsafe { slices_mut(m.msg_iov, m.iov_count) } {
+    let mut segs = unsafe { slices_mut(m.msg_iov, m.iov_count) };
+    let v: &mut [IoSliceMut<'_>] = match &mut segs {
         Some(v) => v,
         None if probe => &mut none[..],
         None => return EINVAL as isize,

@@ -37,6 +37,7 @@
 //! one segment); scattered operands or compares are accepted with
 //! FI_INJECT (copied now), scattered results are `-FI_ENOSYS`.
 
+use crate::ep::Segs;
 use crate::sys;
 use crate::util::{self, EINVAL, ENOSYS};
 use shmfab::{AtomicMsg, AtomicOp, AtomicType, DeferredOp, DeferredWork, RecvMsg, RmaIoc, RmaIov, SendMsg, Trigger};
@@ -117,41 +118,25 @@ unsafe fn counter<'a>(c: *mut sys::fid_cntr) -> Result<&'a Counter, c_int> {
     unsafe { crate::cntr::of(c.cast()) }.map(|c| &c.cntr).ok_or(EINVAL)
 }
 
-/// An iovec array as `IoSlice`s (ABI-compatible with `struct iovec`).
+/// An iovec array's segments ([`crate::ep::Segs`]; -FI_EINVAL for a bad
+/// array).
 ///
 /// # Safety
-/// `iov` null or valid for `count` entries.
-unsafe fn slices<'a>(iov: *const sys::iovec, count: usize) -> Result<&'a [IoSlice<'a>], c_int> {
-    if count == 0 {
-        return Ok(&[]);
-    }
-    if iov.is_null() {
-        return Err(EINVAL);
-    }
-    // SAFETY: caller's contract; IoSlice is repr(transparent) over iovec.
-    Ok(unsafe { std::slice::from_raw_parts(iov.cast::<IoSlice<'a>>(), count) })
+/// `iov` null or valid for `count` entries, each segment valid for its
+/// length.
+unsafe fn slices<'a>(iov: *const sys::iovec, count: usize) -> Result<Segs<IoSlice<'a>>, c_int> {
+    // SAFETY: caller's contract.
+    unsafe { crate::ep::slices(iov, count) }.ok_or(EINVAL)
 }
 
-/// The segments of an iovec array to receive into, copied (the library
-/// keeps raw segments; the array itself is never written).
+/// As [`slices`], to receive into (the library keeps raw segments; the
+/// array itself is never written).
 ///
 /// # Safety
-/// As [`slices`].
-unsafe fn slices_mut<'a>(iov: *const sys::iovec, count: usize) -> Result<Vec<IoSliceMut<'a>>, c_int> {
+/// As [`slices`]; the segments writable until the operation completes.
+unsafe fn slices_mut<'a>(iov: *const sys::iovec, count: usize) -> Result<Segs<IoSliceMut<'a>>, c_int> {
     // SAFETY: caller's contract.
-    let v = unsafe { slices(iov, count) }?;
-    Ok(v.iter()
-        .map(|s| {
-            let p = s.as_ptr().cast_mut();
-            if s.is_empty() {
-                IoSliceMut::new(&mut [])
-            } else {
-                // SAFETY: the application's writable segment (fi_rma(3),
-                // fi_msg(3)), left to the operation until it completes.
-                IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(p, s.len()) })
-            }
-        })
-        .collect())
+    unsafe { crate::ep::slices_mut(iov, count) }.ok_or(EINVAL)
 }
 
 /// Remote segments of an RMA.
@@ -353,7 +338,7 @@ unsafe fn send(
     let t = tri!(unsafe { trigger(ctx) });
     let v = tri!(unsafe { slices(iov, count) });
     let f = tri!(send_flags(flags));
-    let m = SendMsg { iov: v, dest, context: ctx as usize, data, tag: tag.unwrap_or(0) };
+    let m = SendMsg { iov: &v, dest, context: ctx as usize, data, tag: tag.unwrap_or(0) };
     let tr = e.triggered(t);
     // SAFETY: fi_msg(3)/fi_trigger(3): the buffers stay valid and
     // unchanged until the send completes.
@@ -473,7 +458,7 @@ pub(crate) unsafe fn writemsg(ep: *mut sys::fid_ep, msg: *const sys::fi_msg_rma,
     let r = tri!(unsafe { rma_iovs(m.rma_iov, m.rma_iov_count) });
     // SAFETY: fi_rma(3): the buffers stay valid and unchanged until the
     // write completes.
-    let res = unsafe { e.triggered(t).writemsg(v, &r, m.addr, m.context as usize, m.data, rma_flags(flags)) };
+    let res = unsafe { e.triggered(t).writemsg(&v, &r, m.addr, m.context as usize, m.data, rma_flags(flags)) };
     status(res, "triggered fi_writemsg")
 }
 
@@ -655,7 +640,7 @@ unsafe fn queue_work(d: &crate::domain::Domain, w: *mut sys::fi_deferred_work) -
                 let o = op(w.op.msg)?;
                 let m = &o.msg;
                 let msg = SendMsg {
-                    iov: slices(m.msg_iov, m.iov_count)?,
+                    iov: &slices(m.msg_iov, m.iov_count)?,
                     dest: m.addr,
                     context: m.context as usize,
                     data: m.data,
@@ -667,7 +652,7 @@ unsafe fn queue_work(d: &crate::domain::Domain, w: *mut sys::fi_deferred_work) -
                 let o = op(w.op.tagged)?;
                 let m = &o.msg;
                 let msg = SendMsg {
-                    iov: slices(m.msg_iov, m.iov_count)?,
+                    iov: &slices(m.msg_iov, m.iov_count)?,
                     dest: m.addr,
                     context: m.context as usize,
                     data: m.data,
@@ -683,7 +668,7 @@ unsafe fn queue_work(d: &crate::domain::Domain, w: *mut sys::fi_deferred_work) -
                 let (dest, context, flags) = (m.addr, m.context as usize, rma_flags(o.flags));
                 if t == sys::FI_OP_WRITE {
                     let iov = slices(m.msg_iov, m.iov_count)?;
-                    q!(DeferredOp::Write { ep, iov, rma_iov: &rma_iov, dest, context, data: m.data, flags })?
+                    q!(DeferredOp::Write { ep, iov: &iov, rma_iov: &rma_iov, dest, context, data: m.data, flags })?
                 } else {
                     let mut v = slices_mut(m.msg_iov, m.iov_count)?;
                     q!(DeferredOp::Read { ep, iov: &mut v, rma_iov: &rma_iov, dest, context, flags })?

@@ -292,6 +292,22 @@ static void test_tagged_and_data(struct side *a, struct side *b)
 	CHECK(e.len == 6 && !memcmp(y, "abc", 3) && !memcmp(z, "def", 3));
 	read_tagged(a->cq, &e, NULL);
 
+	/* A segment of length 0 may have a NULL base (it is never read); a
+	 * segment with bytes needs one. */
+	struct iovec siov0[3] = { { NULL, 0 }, { x, 2 }, { NULL, 0 } };
+	struct iovec riov0[3] = { { NULL, 0 }, { y, 1 }, { z, 8 } };
+	memset(y, 0, sizeof(y));
+	memset(z, 0, sizeof(z));
+	EXPECT(fi_recvv(b->ep, riov0, NULL, 3, FI_ADDR_UNSPEC, (void *)0xb5), 0);
+	EXPECT(fi_sendv(a->ep, siov0, NULL, 3, b->addr, (void *)0xa5), 0);
+	read_tagged(b->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xb5 && e.len == 2 && y[0] == 'a' && z[0] == 'b');
+	read_tagged(a->cq, &e, NULL);
+	CHECK(e.op_context == (void *)0xa5);
+	struct iovec bad[2] = { { x, 2 }, { NULL, 4 } };
+	EXPECT(fi_sendv(a->ep, bad, NULL, 2, b->addr, NULL), -FI_EINVAL);
+	EXPECT(fi_recvv(b->ep, bad, NULL, 2, FI_ADDR_UNSPEC, NULL), -FI_EINVAL);
+
 	/* A read of 0 entries drives progress (manual progress here): the
 	 * message lands in the receive buffer, and nothing is retrieved. */
 	memset(buf, 0, sizeof(buf));
@@ -1477,6 +1493,10 @@ static void test_srx(struct side *a)
 	 * endpoint (test_srx_tagged posts tagged ones on the context). */
 	EXPECT(fi_recv(s[0].ep, buf[0], 16, NULL, FI_ADDR_UNSPEC, NULL), -FI_EINVAL);
 	EXPECT(fi_trecv(s[0].ep, buf[0], 16, NULL, FI_ADDR_UNSPEC, 1, 0, NULL), -FI_EINVAL);
+	/* A segment with bytes needs a base, on the context too. */
+	struct iovec bad[2] = { { NULL, 0 }, { NULL, 16 } };
+	EXPECT(fi_recvv(srx, bad, NULL, 2, FI_ADDR_UNSPEC, NULL), -FI_EINVAL);
+	EXPECT(fi_trecvv(srx, bad, NULL, 2, FI_ADDR_UNSPEC, 1, 0, NULL), -FI_EINVAL);
 	EXPECT(fi_recv(srx, buf[0], 16, NULL, FI_ADDR_UNSPEC, (void *)0x51), 0);
 	EXPECT(fi_recv(srx, buf[1], 16, NULL, FI_ADDR_UNSPEC, (void *)0x52), 0);
 	EXPECT(fi_send(a->ep, "to one", 7, NULL, s[1].addr, NULL), 0);
