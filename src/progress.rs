@@ -126,16 +126,17 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
         drain_ovf(ep, ctx);
     }
     if ep.inbound.has_rings() {
-        // Out of the endpoint while it is drained (no handler touches
-        // them): the ring being read is then a local the handlers cannot
-        // alias, kept in registers instead of re-fetched per message.
-        let mut rings = ep.inbound.take_rings();
+        // Drained in place: while the pass is on, no handler reaches the
+        // ring slots (see Inbound's invariants), so the ring being read is
+        // not aliased by `ep`.
+        let rings = ep.inbound.rings_for_pass();
         let mut bits = rings.mask();
         while bits != 0 {
             let s = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            // SAFETY: s is a set bit of the mask taken with the rings.
-            let r = unsafe { rings.get_unchecked(s) };
+            // SAFETY: s is a set bit of the mask of this pass, not done
+            // yet, and the reference ends with this iteration.
+            let r = unsafe { rings.get(s) };
             // An empty ring costs one load here, not a call: the poll
             // loop's iteration, whose length delays the finding of a
             // message. Nothing to do for it: no message to take or hold
@@ -145,7 +146,7 @@ pub(crate) fn progress_ep(ep: &mut EpState, ctx: &mut Ctx<'_>) {
                 drain_ring(ep, ctx, r);
             }
         }
-        ep.inbound.put_rings(rings);
+        ep.inbound.pass_done();
     }
     if ep.tx.any_busy() {
         ep.progress_tx(ctx);
@@ -284,7 +285,7 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
 }
 
 /// Reads up to [`BATCH`] messages ([`RING_BATCH`] inline ones) of ring
-/// `r` (taken out of the endpoint by [`progress_ep`]), which holds one at least (its caller found it
+/// `r` (drained in place by [`progress_ep`]), which holds one at least (its caller found it
 /// [`ready`](crate::ring::RingRx::ready)). Each message is handled through
 /// a copy of its place ([`RingView`]). The first message is taken here,
 /// the rest (a stream: a ping-pong's message comes alone) by
