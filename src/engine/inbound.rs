@@ -158,13 +158,20 @@ impl Inbound {
         }
     }
 
-    /// Returns the chunks [`Inbound::release_chunk`] held back.
-    #[inline]
+    /// Returns the chunks [`Inbound::release_chunk`] held back (the test
+    /// inline, the return out of line: a drain of inline messages frees
+    /// none).
+    #[inline(always)]
     pub fn flush_freed(&mut self) {
         if self.n_freed > 0 {
-            self.pool.free_many(&self.freed[..self.n_freed]);
-            self.n_freed = 0;
+            self.flush_freed_now();
         }
+    }
+
+    #[inline(never)]
+    fn flush_freed_now(&mut self) {
+        self.pool.free_many(&self.freed[..self.n_freed]);
+        self.n_freed = 0;
     }
 
     /// The claimed-slot mask of the section, if it has a bit not settled
