@@ -325,10 +325,8 @@ fn lone_inline(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) -> bool {
     if ncells != 1 || h.op != op::EAGER || len > payload_capacity(1) {
         return false;
     }
-    let tagged = h.flags & hdr_flags::TAGGED != 0;
-    let Some((op_context, seg, true)) = ep.matching.front_plain(tagged, peer, h.tag, len) else {
-        return false;
-    };
+    // The CQ's checks before the match (3 instructions fewer than after it,
+    // by the register allocation; first of all, 5 more).
     if ep.bind.cntr(CntrKind::Recv).is_some() {
         return false;
     }
@@ -341,6 +339,10 @@ fn lone_inline(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) -> bool {
     if !q.sink_plain_room() {
         return false;
     }
+    let tagged = h.flags & hdr_flags::TAGGED != 0;
+    let Some((op_context, seg, true)) = ep.matching.front_plain(tagged, peer, h.tag, len) else {
+        return false;
+    };
     // As drain_general: the peer speaks (our next push to it may be an
     // answer); the message is copied, its receive taken, its entry written.
     // SAFETY: as for `pr` above.
