@@ -594,6 +594,34 @@ impl CqState {
         true
     }
 
+    /// Whether [`CqState::sink_write_plain`] would take an entry now
+    /// (then [`CqState::sink_put_plain`] writes it). Implies
+    /// [`CqState::rx_room`]: a sink opens only on a CQ that holds nothing
+    /// and is not overrun, and while it takes entries none are queued.
+    #[inline(always)]
+    pub fn sink_plain_room(&self) -> bool {
+        let room = self.sink.len < self.sink.plain && self.notify.is_none();
+        debug_assert!(!room || self.rx_room());
+        room
+    }
+
+    /// Writes a successful entry into the open sink, as
+    /// [`CqState::sink_write_plain`] does when it returns true.
+    ///
+    /// # Safety
+    /// [`CqState::sink_plain_room`] said so, and the CQ did not change since.
+    #[inline(always)]
+    pub unsafe fn sink_put_plain(&mut self, e: &CqTaggedEntry) {
+        let k = &mut self.sink;
+        debug_assert!(k.len < k.plain && k.plain <= k.cap);
+        // SAFETY: plain > len (the caller's contract), so the sink is open
+        // on the caller's array of `cap >= plain` tagged entries
+        // (open_sink), alive and exclusively ours until the read that
+        // opened it closes it.
+        unsafe { (k.out as *mut CqTaggedEntry).add(k.len).write(*e) };
+        k.len += 1;
+    }
+
     /// Whether a completion's signal matters: a completion channel is
     /// attached.
     #[inline(always)]

@@ -70,7 +70,11 @@ pub const fn payload_capacity(ncells: usize) -> usize {
 
 /// `copy_nonoverlapping` without a call into memcpy for the sizes of
 /// small messages (up to 32 bytes: two overlapping loads and stores of the
-/// widest size that fits), the call for the rest.
+/// widest size that fits), the call for the rest. The call's test comes
+/// first among the others, so that a caller known to copy at most 32 bytes
+/// (one cell's payload) has no call in its code at all: a call on a path
+/// never taken still made its caller keep values in the stack across it
+/// (the inject's ring push spilled its cell's address).
 ///
 /// # Safety
 /// As `copy_nonoverlapping(src, dst, n)`.
@@ -87,6 +91,10 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
             wr(dst.add(n - 8) as *mut u64, b);
             return;
         }
+        if n > 32 {
+            crate::copy::copy(src, dst, n);
+            return;
+        }
         match n {
             0 => {}
             1..=3 => {
@@ -99,12 +107,14 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
                 wr(dst as *mut u32, a);
                 wr(dst.add(n - 4) as *mut u32, b);
             }
-            17..=32 => {
+            // 17..=32 (8..=16 returned above; the pair of 16-byte
+            // accesses also covers 16).
+            _ => {
+                debug_assert!((16..=32).contains(&n));
                 let (a, b) = (rd(src as *const u128), rd(src.add(n - 16) as *const u128));
                 wr(dst as *mut u128, a);
                 wr(dst.add(n - 16) as *mut u128, b);
             }
-            _ => crate::copy::copy(src, dst, n),
         }
     }
 }

@@ -595,6 +595,22 @@ pub(crate) struct RxOk {
     pub multi_release: bool,
 }
 
+impl RxOk {
+    /// Its CQ entry.
+    #[inline(always)]
+    pub(crate) fn entry(&self) -> CqTaggedEntry {
+        let has_data = self.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
+        CqTaggedEntry {
+            op_context: self.op_context,
+            flags: rx_flags(self.tagged, self.hflags, self.multi_release),
+            len: self.len,
+            buf: self.buf,
+            data: if has_data { self.data } else { 0 },
+            tag: if self.tagged { self.tag } else { 0 },
+        }
+    }
+}
+
 /// Completion flags of a receive.
 #[inline]
 fn rx_flags(tagged: bool, hflags: u8, multi_release: bool) -> u64 {
@@ -631,15 +647,7 @@ pub(crate) fn complete_rx_ok(
     let Some(cq) = cq else {
         return;
     };
-    let has_data = ok.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
-    let e = CqTaggedEntry {
-        op_context: ok.op_context,
-        flags: rx_flags(ok.tagged, ok.hflags, ok.multi_release),
-        len: ok.len,
-        buf: ok.buf,
-        data: if has_data { ok.data } else { 0 },
-        tag: if ok.tagged { ok.tag } else { 0 },
-    };
+    let e = ok.entry();
     // The read that runs this pass takes it, wanting no source, and no
     // channel waits for a signal: the common case, with one look at the CQ.
     if cq.sink_write_plain(&e) {

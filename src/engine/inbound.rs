@@ -9,12 +9,14 @@
 //!   bits it settled without a ring (a claimant of another user, a bit
 //!   past the slots). A set `claimed` bit outside it is looked at by the
 //!   next pass ([`Inbound::accept_claims`]).
-//! - `rings_out` is true exactly while a progress pass holds the rings
-//!   (then `rings` is empty here, and [`Inbound::may_hold`] answers yes).
-//!   A pass unwound by a panic never puts them back: `rings` stays empty
-//!   with `ring_bits` as it was, so [`Inbound::take_rings`] gives the mask
-//!   only with a slice that is not empty (the slots it names are then
-//!   that slice's).
+//! - `rings_out` is true exactly while a progress pass drains the rings
+//!   in place ([`Inbound::rings_for_pass`] to [`Inbound::pass_done`]): the
+//!   pass holds a `&mut` to the ring it reads, so nothing else reads or
+//!   writes `rings` meanwhile (a handler that asks [`Inbound::may_hold`]
+//!   gets yes without a look). `rings` never changes length (made at the
+//!   section's slot count), and only [`Inbound::accept_claims`] fills its
+//!   slots, before the drain. A pass unwound by a panic leaves the flag
+//!   set, and the rings as they were: the next pass clears it.
 //! - `ovf_stuck` names the overflow queue's head position found claimed
 //!   but unpublished, and since when; None when the head moved.
 //! - `InRing::held` (`ovf_held` for the overflow queue) is true exactly
@@ -37,17 +39,23 @@ pub(crate) struct InRing {
     pub held: bool,
 }
 
-/// The rings a progress pass took out of the endpoint
-/// ([`Inbound::take_rings`]).
-pub(crate) struct InRings {
-    rings: Box<[Option<InRing>]>,
-    /// The endpoint's `ring_bits`, taken with the rings.
+/// The rings a progress pass drains in place ([`Inbound::rings_for_pass`]):
+/// the address of the endpoint's ring slots and the mask of those holding
+/// one. Taking the rings out of the endpoint and back (so that the ring
+/// being read was a local no handler could alias) cost about 13
+/// instructions a pass, empty ones included.
+#[derive(Clone, Copy)]
+pub(crate) struct PassRings {
+    base: *mut Option<InRing>,
+    /// Slots at `base` (for the debug check of [`PassRings::get`]).
+    len: usize,
+    /// The endpoint's `ring_bits` at the start of the pass.
     bits: u64,
 }
 
-impl InRings {
-    /// The slots that hold a ring, as a mask: [`InRings::get_unchecked`]
-    /// finds each.
+impl PassRings {
+    /// The slots that hold a ring, as a mask: [`PassRings::get`] finds
+    /// each.
     #[inline(always)]
     pub fn mask(&self) -> u64 {
         self.bits
@@ -56,24 +64,32 @@ impl InRings {
     /// The ring in slot `s`.
     ///
     /// # Safety
-    /// Bit `s` of [`InRings::mask`] is set.
+    /// Bit `s` of [`PassRings::mask`] is set, the pass that made these is
+    /// not done ([`Inbound::pass_done`]), and the caller holds no other
+    /// reference to that ring.
     #[inline(always)]
-    pub unsafe fn get_unchecked(&mut self, s: usize) -> &mut InRing {
-        debug_assert!(matches!(self.rings.get(s), Some(Some(_))));
-        // SAFETY: bit s of the mask is set (the caller's contract), so
-        // slot s exists and holds a ring (the invariant of `ring_bits`, in
-        // the module docs: take_rings gives the mask only with the slice
-        // it describes).
-        unsafe { self.rings.get_unchecked_mut(s).as_mut().unwrap_unchecked() }
+    pub unsafe fn get<'a>(&self, s: usize) -> &'a mut InRing {
+        debug_assert!(s < self.len && self.bits & (1 << s) != 0);
+        // SAFETY: bit s of the mask is set (the caller's contract), so slot
+        // s exists and holds a ring (the invariant of `ring_bits`, in the
+        // module docs); `rings` neither moves nor changes length, and while
+        // `rings_out` is set nothing but the pass reaches its slots (module
+        // docs), so this is the only reference to the ring.
+        unsafe {
+            debug_assert!((*self.base.add(s)).is_some());
+            (*self.base.add(s)).as_mut().unwrap_unchecked()
+        }
     }
 }
 
 /// The endpoint's inbound queues (see the module docs).
 pub(crate) struct Inbound {
-    /// Inbound rings by slot (a boxed slice: two words to take out and
-    /// put back on every pass).
-    rings: Box<[Option<InRing>]>,
-    /// `rings` is out (a progress pass drains them).
+    /// Inbound rings by slot (a Vec, not a boxed slice: a pass reaches
+    /// its slots through a pointer while the endpoint is borrowed, which a
+    /// `Box`'s claim to unique access would forbid). Its length never
+    /// changes.
+    rings: Vec<Option<InRing>>,
+    /// A progress pass drains `rings` in place (module docs).
     rings_out: bool,
     /// Claimed-slot bits settled: turned into `rings`, or refused for good.
     claimed_seen: u64,
@@ -142,13 +158,20 @@ impl Inbound {
         }
     }
 
-    /// Returns the chunks [`Inbound::release_chunk`] held back.
-    #[inline]
+    /// Returns the chunks [`Inbound::release_chunk`] held back (the test
+    /// inline, the return out of line: a drain of inline messages frees
+    /// none).
+    #[inline(always)]
     pub fn flush_freed(&mut self) {
         if self.n_freed > 0 {
-            self.pool.free_many(&self.freed[..self.n_freed]);
-            self.n_freed = 0;
+            self.flush_freed_now();
         }
+    }
+
+    #[inline(never)]
+    fn flush_freed_now(&mut self) {
+        self.pool.free_many(&self.freed[..self.n_freed]);
+        self.n_freed = 0;
     }
 
     /// The claimed-slot mask of the section, if it has a bit not settled
@@ -199,24 +222,18 @@ impl Inbound {
         self.ring_bits != 0
     }
 
-    /// Takes the rings out for a pass to drain, with the mask of the slots
-    /// holding one ([`Inbound::put_rings`] brings them back). The mask is
-    /// 0 with an empty slice: the rings of a pass a panic unwound are
-    /// gone, and the endpoint has none to walk (see the module docs).
+    /// The rings for a pass to drain in place, with the mask of the slots
+    /// holding one; [`Inbound::pass_done`] ends the pass.
     #[inline(always)]
-    pub fn take_rings(&mut self) -> InRings {
+    pub fn rings_for_pass(&mut self) -> PassRings {
         self.rings_out = true;
-        let rings = std::mem::take(&mut self.rings);
-        let bits = if rings.is_empty() { 0 } else { self.ring_bits };
-        InRings { rings, bits }
+        PassRings { base: self.rings.as_mut_ptr(), len: self.rings.len(), bits: self.ring_bits }
     }
 
+    /// The pass that [`Inbound::rings_for_pass`] began is done: its
+    /// references to the rings are gone.
     #[inline(always)]
-    pub fn put_rings(&mut self, rings: InRings) {
-        // What take_rings left is empty, no allocation: nothing to drop.
-        let left = std::mem::replace(&mut self.rings, rings.rings);
-        debug_assert!(left.is_empty());
-        std::mem::forget(left);
+    pub fn pass_done(&mut self) {
         self.rings_out = false;
     }
 

@@ -33,6 +33,7 @@ use super::request::{Iov, Iovs};
 use crate::domain::Ctx;
 use crate::error::{Error, Result};
 use crate::proto::Config;
+use shm_layout::MAX_IOV;
 use std::collections::VecDeque;
 
 /// A posted receive.
@@ -77,18 +78,109 @@ impl PostedRecv {
     }
 }
 
+/// A posted receive as its queue holds it ([`PostQueue`]): one cache line,
+/// where a [`PostedRecv`] (four segments inline) takes two. The first
+/// segment is here; a receive of 2..=[`MAX_IOV`] segments keeps the others
+/// in its queue's side array, at its slot; an SRQ's external list (`n >
+/// MAX_IOV`) is named by the first segment, as in [`Iovs::external`].
+/// Posting the common one-segment receive then writes 8 words instead of
+/// 16, and its match reads one line.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Posted {
+    pub ctx: usize,
+    /// The first segment (see above).
+    pub seg: Iov,
+    pub tag: u64,
+    pub ignore: u64,
+    /// A directed receive's source ([`PostedRecv::src`]), or
+    /// [`Posted::ANY`].
+    src: usize,
+    /// As [`PostedRecv::moff`].
+    pub moff: usize,
+    /// As [`PostedRecv::multi`].
+    pub multi: u32,
+    /// Segments, as [`Iovs::n`] (at most [`crate::srq::SRQ_MAX_IOV`]).
+    n: u16,
+    pub cqe: bool,
+}
+
+impl Posted {
+    /// `src` of an undirected receive (no peer index or fi_addr of a
+    /// directed one is `usize::MAX`: FI_ADDR_UNSPEC is not directed).
+    const ANY: usize = usize::MAX;
+
+    /// The compact form of `r` (its segments after the first aside).
+    #[inline(always)]
+    fn of(r: &PostedRecv) -> Posted {
+        debug_assert!(r.iovs.n <= u16::MAX as usize && r.src != Some(Self::ANY));
+        Posted {
+            ctx: r.ctx,
+            seg: r.iovs.v[0],
+            tag: r.tag,
+            ignore: r.ignore,
+            src: r.src.unwrap_or(Self::ANY),
+            moff: r.moff,
+            multi: r.multi,
+            n: r.iovs.n as u16,
+            cqe: r.cqe,
+        }
+    }
+
+    /// Directed receive: only from this source.
+    #[inline(always)]
+    pub fn src(&self) -> Option<usize> {
+        (self.src != Self::ANY).then_some(self.src)
+    }
+
+    /// Segments (as [`Iovs::n`]).
+    #[inline(always)]
+    pub fn segs(&self) -> usize {
+        self.n as usize
+    }
+
+    /// Whether its segments after the first are in its queue's side array.
+    #[inline(always)]
+    fn has_extra(&self) -> bool {
+        self.n > 1 && self.n as usize <= MAX_IOV
+    }
+
+    /// As [`PostedRecv::dw`].
+    #[inline(always)]
+    pub fn dw(&self) -> Dw {
+        if self.multi != 0 {
+            Dw::NONE
+        } else {
+            Dw::from_raw(self.moff as u32)
+        }
+    }
+
+    /// As [`PostedRecv::accepts`].
+    #[inline(always)]
+    pub fn accepts(&self, tagged: bool, p: usize, tag: u64) -> bool {
+        (self.src == Self::ANY || self.src == p) && (!tagged || (tag & !self.ignore) == (self.tag & !self.ignore))
+    }
+}
+
+/// The segments after the first of a posted receive of 2..=[`MAX_IOV`].
+type Extra = [Iov; MAX_IOV - 1];
+
 /// The posted receives of one queue, oldest first: a ring of a power of
 /// two slots whose positions are masked (a `VecDeque` wraps them by a
 /// comparison: its front, pop and push were about 40 instructions of every
-/// message's receive path, by callgrind).
+/// message's receive path, by callgrind), each slot a compact [`Posted`].
 ///
 /// Invariants: `slots.len()` is 0 or a power of two; `len <=
 /// slots.len()`; `head < slots.len()` whenever `slots` is not empty (0
 /// otherwise). So every position [`PostQueue::at`] gives is a slot when
-/// `slots` is not empty, which `len > 0` implies.
+/// `slots` is not empty, which `len > 0` implies. `extra` is empty or as
+/// long as `slots`, and not empty if a slot in use holds a receive with
+/// [`Posted::has_extra`], whose other segments are at its index there.
 #[derive(Default)]
 pub(crate) struct PostQueue {
-    slots: Vec<PostedRecv>,
+    slots: Vec<Posted>,
+    /// Segments after the first (see the invariants), allocated with the
+    /// first receive of several segments.
+    extra: Vec<Extra>,
     /// Slot of the oldest (below `slots.len()`).
     head: usize,
     len: usize,
@@ -106,16 +198,79 @@ impl PostQueue {
         (self.head + i) & (self.slots.len() - 1)
     }
 
+    /// Puts `r` in slot `k` (a slot of `slots`).
+    #[inline(always)]
+    fn put(&mut self, k: usize, r: &PostedRecv) {
+        debug_assert!(k < self.slots.len());
+        // SAFETY: the callers give a slot of `slots` (masked by `at`, or
+        // `head`, into a non-empty `slots`: invariants above).
+        unsafe { *self.slots.get_unchecked_mut(k) = Posted::of(r) };
+        if r.iovs.n > 1 && r.iovs.n <= MAX_IOV {
+            self.put_extra(k, [r.iovs.v[1], r.iovs.v[2], r.iovs.v[3]]);
+        }
+    }
+
+    /// The side array's part of [`PostQueue::put`] (out of line: a
+    /// receive of one segment never gets here).
+    #[cold]
+    #[inline(never)]
+    fn put_extra(&mut self, k: usize, e: Extra) {
+        if self.extra.is_empty() {
+            self.extra = vec![Extra::default(); self.slots.len()];
+        }
+        self.extra[k] = e;
+    }
+
+    /// The receive in slot `k` (a slot of `slots`), whole.
+    fn full(&self, k: usize) -> PostedRecv {
+        let r = &self.slots[k];
+        let mut iovs = Iovs { v: [Iov::default(); MAX_IOV], n: r.segs() };
+        iovs.v[0] = r.seg;
+        if r.has_extra() {
+            iovs.v[1..].copy_from_slice(&self.extra[k]);
+        }
+        PostedRecv {
+            ctx: r.ctx,
+            iovs,
+            src: r.src(),
+            tag: r.tag,
+            ignore: r.ignore,
+            multi: r.multi,
+            moff: r.moff,
+            cqe: r.cqe,
+        }
+    }
+
+    /// The segments of the `i`-th oldest (`i < len`).
+    #[inline]
+    pub fn iovs(&self, i: usize) -> Iovs {
+        let k = self.at(i);
+        let r = &self.slots[k];
+        if r.n == 1 {
+            return Iovs::one(r.seg.ptr, r.seg.len);
+        }
+        self.full(k).iovs
+    }
+
+    /// Moves the receive in slot `from` to slot `to`.
+    #[inline]
+    fn shift(&mut self, from: usize, to: usize) {
+        self.slots[to] = self.slots[from];
+        if !self.extra.is_empty() {
+            self.extra[to] = self.extra[from];
+        }
+    }
+
     /// Appends `r` (built in its slot when inlined).
     #[inline(always)]
     pub fn push_back(&mut self, r: PostedRecv) {
         if self.len == self.slots.len() {
             self.grow();
         }
+        // `slots` is not empty (grown above if it was full, so if it was
+        // empty), and `at` masks into it (invariants above).
         let i = self.at(self.len);
-        // SAFETY: `slots` is not empty (grown above if it was full, so if
-        // it was empty), and `at` masks into it (invariants above).
-        unsafe { *self.slots.get_unchecked_mut(i) = r };
+        self.put(i, &r);
         self.len += 1;
     }
 
@@ -125,7 +280,7 @@ impl PostQueue {
             self.grow();
         }
         self.head = (self.head + self.slots.len() - 1) & (self.slots.len() - 1);
-        self.slots[self.head] = r;
+        self.put(self.head, &r);
         self.len += 1;
     }
 
@@ -143,10 +298,11 @@ impl PostQueue {
     }
 
     #[inline(always)]
-    pub fn front(&self) -> Option<&PostedRecv> {
+    pub fn front(&self) -> Option<&Posted> {
         if self.len == 0 {
             return None;
         }
+        debug_assert!(self.head < self.slots.len());
         // SAFETY: len > 0, so `slots` is not empty and head < slots.len()
         // (invariants above).
         Some(unsafe { self.slots.get_unchecked(self.head) })
@@ -161,14 +317,14 @@ impl PostQueue {
         }
     }
 
-    pub fn get(&self, i: usize) -> Option<&PostedRecv> {
+    pub fn get(&self, i: usize) -> Option<&Posted> {
         if i >= self.len {
             return None;
         }
         self.slots.get(self.at(i))
     }
 
-    pub fn get_mut(&mut self, i: usize) -> Option<&mut PostedRecv> {
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut Posted> {
         if i >= self.len {
             return None;
         }
@@ -182,18 +338,18 @@ impl PostQueue {
         if i >= self.len {
             return None;
         }
-        let r = self.slots[self.at(i)];
+        let r = self.full(self.at(i));
         if i < self.len / 2 {
             // The older ones move one slot towards the newer end.
             for k in (0..i).rev() {
                 let (from, to) = (self.at(k), self.at(k + 1));
-                self.slots[to] = self.slots[from];
+                self.shift(from, to);
             }
             self.head = self.at(1);
         } else {
             for k in i..self.len - 1 {
                 let (to, from) = (self.at(k), self.at(k + 1));
-                self.slots[to] = self.slots[from];
+                self.shift(from, to);
             }
         }
         self.len -= 1;
@@ -201,13 +357,13 @@ impl PostQueue {
     }
 
     /// Oldest first.
-    pub fn iter(&self) -> impl Iterator<Item = &PostedRecv> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = &Posted> + '_ {
         (0..self.len).map(|i| &self.slots[self.at(i)])
     }
 
     /// Takes them all, oldest first.
     pub fn take_all(&mut self) -> Vec<PostedRecv> {
-        let v = self.iter().copied().collect();
+        let v = (0..self.len).map(|i| self.full(self.at(i))).collect();
         self.head = 0;
         self.len = 0;
         v
@@ -220,23 +376,29 @@ impl PostQueue {
         let cap = (self.slots.len() * 2).max(8);
         let mut v = Vec::with_capacity(cap);
         v.extend(self.iter().copied());
-        v.resize(cap, PostedRecv::default());
+        v.resize(cap, Posted::default());
+        if !self.extra.is_empty() {
+            let mut e = Vec::with_capacity(cap);
+            e.extend((0..self.len).map(|i| self.extra[self.at(i)]));
+            e.resize(cap, Extra::default());
+            self.extra = e;
+        }
         self.slots = v;
         self.head = 0;
     }
 }
 
 impl std::ops::Index<usize> for PostQueue {
-    type Output = PostedRecv;
+    type Output = Posted;
     #[inline(always)]
-    fn index(&self, i: usize) -> &PostedRecv {
+    fn index(&self, i: usize) -> &Posted {
         self.get(i).expect("posted receive index in range")
     }
 }
 
 impl std::ops::IndexMut<usize> for PostQueue {
     #[inline(always)]
-    fn index_mut(&mut self, i: usize) -> &mut PostedRecv {
+    fn index_mut(&mut self, i: usize) -> &mut Posted {
         self.get_mut(i).expect("posted receive index in range")
     }
 }
@@ -485,21 +647,22 @@ pub(crate) fn take_at(
     min_multi_recv: usize,
     recs: &mut MultiRecs,
 ) -> Dest {
-    let r = &mut queue[i];
-    if r.multi != 0 {
+    if queue[i].multi != 0 {
         carve(queue, i, len, min_multi_recv, recs)
     } else {
+        let iovs = queue.iovs(i);
         // Built from a reference, then the entry dropped: moving the
         // whole entry out first costs store-forwarding stalls.
+        let r = &queue[i];
         let d = Dest {
             ctx: r.ctx,
-            iovs: r.iovs,
-            cap: r.iovs.total(),
-            buf: r.iovs.v[0].ptr,
+            iovs,
+            cap: iovs.total(),
+            buf: r.seg.ptr,
             multi_release: false,
             cqe: r.cqe,
             dw: r.dw(),
-            keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: 0, cqe: r.cqe },
+            keys: Keys { src: r.src(), tag: r.tag, ignore: r.ignore, multi: 0, cqe: r.cqe },
         };
         if i == 0 {
             queue.pop_front();
@@ -530,7 +693,7 @@ pub(crate) fn unused(r: PostedRecv, recs: &mut MultiRecs) -> Dest {
 #[inline(never)]
 fn carve(queue: &mut PostQueue, i: usize, len: usize, min: usize, recs: &mut MultiRecs) -> Dest {
     let r = &mut queue[i];
-    let base = r.iovs.v[0];
+    let base = r.seg;
     let avail = base.len - r.moff;
     let at = base.ptr + r.moff;
     let used = len.min(avail);
@@ -546,7 +709,7 @@ fn carve(queue: &mut PostQueue, i: usize, len: usize, min: usize, recs: &mut Mul
         multi_release: release,
         cqe: r.cqe,
         dw: Dw::NONE,
-        keys: Keys { src: r.src, tag: r.tag, ignore: r.ignore, multi: r.multi, cqe: r.cqe },
+        keys: Keys { src: r.src(), tag: r.tag, ignore: r.ignore, multi: r.multi, cqe: r.cqe },
     };
     if release {
         queue.remove(i);
@@ -766,7 +929,7 @@ impl Matching {
 
     /// Whether a receive directed at peer `p` is posted.
     pub fn directed_at(&self, p: usize) -> bool {
-        self.posted.iter().any(|q| q.iter().any(|r| r.src == Some(p)))
+        self.posted.iter().any(|q| q.iter().any(|r| r.src() == Some(p)))
     }
 
     /// Appends a posted receive; `-FI_EAGAIN` when `rx_size` are posted.
@@ -820,8 +983,8 @@ impl Matching {
             return None;
         }
         let r = self.posted[tagged as usize].front()?;
-        let seg = r.iovs.v[0];
-        if r.multi != 0 || r.iovs.n != 1 || len > seg.len || !r.accepts(tagged, p, tag) {
+        let seg = r.seg;
+        if r.multi != 0 || r.n != 1 || len > seg.len || !r.accepts(tagged, p, tag) {
             return None;
         }
         Some((r.ctx, seg, r.cqe))
@@ -852,7 +1015,7 @@ impl Matching {
         for q in 0..2 {
             let mut i = 0;
             while i < self.posted[q].len() {
-                if self.posted[q][i].src == Some(p) {
+                if self.posted[q][i].src() == Some(p) {
                     let r = self.posted[q].remove(i).expect("index checked");
                     self.left(r.dw());
                     out.push((q == 1, unused(r, &mut self.multi)));
@@ -1125,11 +1288,41 @@ impl super::EpState {
 mod tests {
     use super::*;
 
+    /// The receive the queue model's `ctx` stands for: 1 to MAX_IOV
+    /// segments, or an external list, by `ctx` (segments after the first
+    /// live in the queue's side array), directed or not.
+    fn model_recv(ctx: usize) -> PostedRecv {
+        let n = ctx % (MAX_IOV + 1) + 1;
+        let iovs = if n > MAX_IOV {
+            Iovs::external(ctx as *const Iov, 16, ctx)
+        } else {
+            let mut v = [Iov::default(); MAX_IOV];
+            for (k, s) in v.iter_mut().enumerate().take(n) {
+                *s = Iov { ptr: ctx * 100 + k, len: k + 1 };
+            }
+            Iovs { v, n }
+        };
+        let src = ctx.is_multiple_of(3).then_some(ctx);
+        PostedRecv { ctx, iovs, src, tag: ctx as u64, ..Default::default() }
+    }
+
+    /// Whether `r` is [`model_recv`]`(ctx)` whole (segments, source, tag).
+    fn is_model(r: &PostedRecv, ctx: usize) -> bool {
+        let m = model_recv(ctx);
+        let segs = |x: &PostedRecv| {
+            let n = x.iovs.n.min(if x.iovs.n > MAX_IOV { 1 } else { MAX_IOV });
+            (x.iovs.n, x.iovs.v[..n].iter().map(|s| (s.ptr, s.len)).collect::<Vec<_>>())
+        };
+        r.ctx == ctx && r.src == m.src && r.tag == m.tag && segs(r) == segs(&m)
+    }
+
     /// The queue against a `VecDeque` model: pushes past growth while
-    /// wrapped, pops, and removals on both sides of the middle.
+    /// wrapped, pops, pushes in front, and removals on both sides of the
+    /// middle; receives of several segments keep them (the side array
+    /// moves with the slots).
     #[test]
     fn post_queue_keeps_order_across_wrap_growth_and_removal() {
-        let r = |ctx: usize| PostedRecv { ctx, ..Default::default() };
+        let r = model_recv;
         let mut q = PostQueue::default();
         let mut model = std::collections::VecDeque::new();
         let mut next = 0;
@@ -1158,10 +1351,16 @@ mod tests {
                     q.pop_front();
                     model.pop_front();
                 }
+                _ if pick.is_multiple_of(16) => {
+                    q.push_front(r(next));
+                    model.push_front(next);
+                    next += 1;
+                }
                 _ => {
                     if !model.is_empty() {
                         let i = pick % model.len();
-                        assert_eq!(q.remove(i).map(|x| x.ctx), model.remove(i), "step {step}");
+                        let (got, want) = (q.remove(i), model.remove(i));
+                        assert!(got.is_some_and(|x| is_model(&x, want.unwrap())), "step {step}");
                     }
                     assert!(q.remove(model.len()).is_none());
                 }
@@ -1177,7 +1376,14 @@ mod tests {
             }
         }
         assert!(most > 64, "the queue grew past several doublings ({most})");
-        assert!(q.take_all().iter().map(|x| x.ctx).eq(model.iter().copied()));
+        for (i, &c) in model.iter().enumerate() {
+            let want = model_recv(c).iovs;
+            let got = q.iovs(i);
+            assert_eq!((got.n, got.v[0].ptr, got.v[0].len), (want.n, want.v[0].ptr, want.v[0].len));
+            assert_eq!(q[i].src(), model_recv(c).src);
+        }
+        let all = q.take_all();
+        assert!(all.len() == model.len() && all.iter().zip(model.iter()).all(|(x, &c)| is_model(x, c)));
         assert_eq!(q.len(), 0);
         assert!(q.front().is_none() && q.get(0).is_none());
     }
