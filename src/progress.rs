@@ -348,7 +348,11 @@ fn lone_inline(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) -> bool {
     // SAFETY: as for `pr` above.
     unsafe { ep.peers.get_unchecked_mut(peer) }.heard = true;
     // SAFETY: the posted receive's buffer, valid and writable until its
-    // completion (the posting contract); len <= its length (front_plain).
+    // completion (the posting contract; never null: the API's segments are
+    // slices, and the C provider makes an empty one of a {NULL, 0} iovec);
+    // len <= its length (front_plain) and <= a cell's payload (checked
+    // above).
+    debug_assert!(len <= seg.len && seg.ptr != 0);
     let dst = unsafe { std::slice::from_raw_parts_mut(seg.ptr as *mut u8, len) };
     r.rx.view().read_payload(0, dst);
     ep.matching.pop_front(tagged);
@@ -627,7 +631,9 @@ fn eager_to_front(
         cq = Some(q);
     }
     // SAFETY: the posted receive's buffer, valid and writable until its
-    // completion (the posting contract); len <= its length.
+    // completion (the posting contract; never null, as in lone_inline);
+    // len <= its length.
+    debug_assert!(len <= seg.len && seg.ptr != 0);
     let dst = unsafe { std::slice::from_raw_parts_mut(seg.ptr as *mut u8, len) };
     src.read(0, dst);
     ep.matching.pop_front(tagged);

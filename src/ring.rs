@@ -110,7 +110,7 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
             // 17..=32 (8..=16 returned above; the pair of 16-byte
             // accesses also covers 16).
             _ => {
-                debug_assert!((16..=32).contains(&n));
+                debug_assert!((17..=32).contains(&n));
                 let (a, b) = (rd(src as *const u128), rd(src.add(n - 16) as *const u128));
                 wr(dst as *mut u128, a);
                 wr(dst.add(n - 16) as *mut u128, b);

@@ -6,8 +6,8 @@
 //!   ([`crate::Endpoint::bind_srq`]), or for its untagged and/or tagged
 //!   ones ([`crate::Endpoint::bind_srq_for`]); those kinds are then posted
 //!   here only.
-//! - The queue holds two `PostQueue`s of `PostedRecv`s (untagged,
-//!   tagged), matched with the engine's own predicate and taken with its
+//! - The queue holds two `PostQueue`s (untagged, tagged; their slots
+//!   compact forms of `PostedRecv`s), matched with the engine's own predicate and taken with its
 //!   own `matching::take_at` (a multi-receive buffer is carved there): no second
 //!   matcher. A message takes the first receive of its kind, in posting
 //!   order, that accepts it (tag and ignore bits; source, if directed).

@@ -16,7 +16,14 @@
 //!   gets yes without a look). `rings` never changes length (made at the
 //!   section's slot count), and only [`Inbound::accept_claims`] fills its
 //!   slots, before the drain. A pass unwound by a panic leaves the flag
-//!   set, and the rings as they were: the next pass clears it.
+//!   set (so `may_hold` says yes until the next pass clears it) and the
+//!   message it was handling maybe half taken (its head moved but the
+//!   credit not given, chunks not yet returned): no reference outlives
+//!   the pass, but that message may be delivered again. Passes do not
+//!   nest (`progress_ep` is entered from API calls only, under the domain
+//!   lock, which refuses re-entry) and handlers reach neither the domain
+//!   nor these functions; nothing checks that at run time (a check would
+//!   need a guard clearing the flag on unwind).
 //! - `ovf_stuck` names the overflow queue's head position found claimed
 //!   but unpublished, and since when; None when the head moved.
 //! - `InRing::held` (`ovf_held` for the overflow queue) is true exactly

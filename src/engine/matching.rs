@@ -17,7 +17,8 @@
 //! - A receive of a kind (untagged, tagged) that an endpoint takes from
 //!   its SRQ ([`Matching::srq_for`]) comes from the SRQ's queue of that
 //!   kind, never from the endpoint's own (the API refuses to post there).
-//!   The SRQ's queues are [`PostQueue`]s of [`PostedRecv`]s too, taken by
+//!   The SRQ's queues are [`PostQueue`]s too (of [`Posted`] receives,
+//!   compact forms of [`PostedRecv`]s), taken by
 //!   [`take_at`] and matched by [`PostedRecv::accepts`]: one matcher. The
 //!   source of an SRQ receive is an fi_addr, not a peer index (see
 //!   [`crate::srq`]): its callers pass the message's source fi_addr in
@@ -78,14 +79,15 @@ impl PostedRecv {
     }
 }
 
-/// A posted receive as its queue holds it ([`PostQueue`]): one cache line,
-/// where a [`PostedRecv`] (four segments inline) takes two. The first
+/// A posted receive as its queue holds it ([`PostQueue`]): 64 bytes (a
+/// cache line's size; the slots are not aligned to lines), where a
+/// [`PostedRecv`] (four segments inline) takes 128. The first
 /// segment is here; a receive of 2..=[`MAX_IOV`] segments keeps the others
 /// in its queue's side array, at its slot; an SRQ's external list (`n >
 /// MAX_IOV`) is named by the first segment, as in [`Iovs::external`].
 /// Posting the common one-segment receive then writes 8 words instead of
-/// 16, and its match reads one line.
-#[derive(Clone, Copy, Default)]
+/// 17. An empty slot ([`Default`]) is undirected, with no segment.
+#[derive(Clone, Copy)]
 pub(crate) struct Posted {
     pub ctx: usize,
     /// The first segment (see above).
@@ -102,6 +104,13 @@ pub(crate) struct Posted {
     /// Segments, as [`Iovs::n`] (at most [`crate::srq::SRQ_MAX_IOV`]).
     n: u16,
     pub cqe: bool,
+}
+
+impl Default for Posted {
+    /// An empty slot: undirected ([`Posted::ANY`], not peer 0), no segment.
+    fn default() -> Posted {
+        Posted { ctx: 0, seg: Iov::default(), tag: 0, ignore: 0, src: Self::ANY, moff: 0, multi: 0, n: 0, cqe: false }
+    }
 }
 
 impl Posted {
