@@ -75,6 +75,55 @@
 //! stay. A split single copy from 256 KiB (`SHMFAB_SPLIT_MIN=256k`) lost
 //! 1.6 us at 256 KiB (15.0 against 18.2, 1 of 8 better).
 //!
+//! Session 15 (2026-11-27), where 16 KiB's time goes. Timed with `lfence;
+//! rdtsc` marks in both processes (a probe build, not kept; about 40
+//! cycles of 2.45 GHz a mark), medians over 10,000 half trips of `shmfab
+//! bench pingpong --sizes 16384`, cycles from the send's `post_tx`:
+//! - raw 8 B 0.05 us: the sender starts its first copy at 343 (header
+//!   pushed at 172), copies each 4 KiB in 564-662 and starts the next 73
+//!   after; the receiver sees fragment 0 330 after its publishing, copies
+//!   each in 489-589, and takes 269-294 from the end of one copy to the
+//!   start of the next (the next fragment already published): it is the
+//!   bound, falling further behind at each fragment. From the last copy
+//!   to the completion 147, from there to the answer's `post_tx` 465.
+//!   Half trip 4,813 (1.97 us with the marks).
+//! - raw 0.07 us: the sender's copies took 686-880 and the receiver, its
+//!   copies 420-540, waited for every fragment (seen 238-277 after its
+//!   publishing): the sender is the bound.
+//!
+//! So which side bounds the pipeline changes with the placement (a
+//! 0.1 us spin per fragment added 0.33 us on the sender, 0.28 on the
+//! receiver, at raw 0.05; 0.41 us added 1.3 and 0.9 far), and what the
+//! C probe of the data movement alone does not pay is mostly per message,
+//! about 1,000 cycles with the marks: before the first copy (the general
+//! send path, the header, the pool's free list), the first hand-over, and
+//! after the last copy (completion, the pass's end with the flush of the
+//! freed chunks, the CQ read, the answer's send path).
+//!
+//! Tried and dropped (paired `scripts/ab.sh` rounds at 16 KiB):
+//! PREFETCHW of the pool's head line before `Pool::alloc_many` and
+//! `free_many` (its load then CAS take the line twice), also early at the
+//! BOUNCE_HDR push, and the `in_use` counter's two atomic adds skipped:
+//! each within noise (150 rounds at raw 0.044: +0.007, +0.0005, +0.017 us
+//! median, better in 69-74 of 150; 40-round blocks at raw 0.045-0.14:
+//! -0.12 to +0.07). The receiver holding freed chunks until 5 or 17
+//! (fewer CAS on the head, which the sender then finds in its own cache):
+//! -0.02 and -0.06 us, 23 of 40, at raw 0.036-0.048 (it needs the pass's
+//! flush changed; not taken). The band's copy ([`crate::copy`]) front to
+//! back: +0.004 to +0.02 us, better in 2-15 of 30, at raw 0.031-0.055.
+//! Placing a fragment's bytes in its chunk at its source's offset modulo
+//! 64 (a skew in the CHUNK message), so that the receiver's copy into a
+//! buffer placed like the sender's is `rep movsb` with both at one offset
+//! instead of our loop in the band: a C probe (4 KiB fragments, 16 bytes
+//! past a page) made 16 KiB 1.28-1.34 us with `memcpy` at one offset
+//! against 1.75-1.81 with the band's loop (64 KiB 3.6 against 4.3; far
+//! 4.8 against 5.8), but shmfab lost: fragments of 4080 bytes (a fifth of
+//! 64) +0.09 us (7 of 40) near and +0.35 far; two-chunk runs, four
+//! fragments, +0.12 (5 of 30) near and tied far (+0.06, 14 of 30). `perf`
+//! found the copies' share of the run unchanged (23.5% `memcpy` against
+//! 11.4% band loop + 11.1% `memcpy`): what the probe gains there, shmfab's
+//! receiver, between its copies, does not.
+//!
 //! Measured for 4 MiB streams and not taken (the figure, 11.5-12.6 GB/s,
 //! is the kernel's copy on both cores: a bandwidth run keeps both busy,
 //! 1.9 CPUs for 1 of wall time): huge pages for the buffers of a split
