@@ -667,14 +667,14 @@ pub(crate) fn complete_rx_ok(
 #[cold]
 #[inline(never)]
 fn unknown_source(cq: &mut CqState, addr: crate::Address, ok: &RxOk) {
-    let has_data = ok.hflags & hdr_flags::REMOTE_CQ_DATA != 0;
+    let t = ok.entry();
     let e = CqErrEntry {
-        op_context: ok.op_context,
-        flags: rx_flags(ok.tagged, ok.hflags, ok.multi_release),
-        len: ok.len,
-        buf: ok.buf,
-        data: if has_data { ok.data } else { 0 },
-        tag: if ok.tagged { ok.tag } else { 0 },
+        op_context: t.op_context,
+        flags: t.flags,
+        len: t.len,
+        buf: t.buf,
+        data: t.data,
+        tag: t.tag,
         err: ErrorKind::AddrNotAvail.errno(),
         prov_errno: prov::UNKNOWN_SOURCE,
         ..Default::default()

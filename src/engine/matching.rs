@@ -63,20 +63,34 @@ impl PostedRecv {
     /// How its completion reports (see `moff`).
     #[inline(always)]
     pub fn dw(&self) -> Dw {
-        if self.multi != 0 {
-            Dw::NONE
-        } else {
-            Dw::from_raw(self.moff as u32)
-        }
+        dw_of(self.multi, self.moff)
     }
 
     /// Whether a message from peer `p` with `tag` may land in this receive:
     /// the source, if directed, is `p`, and (tagged) the tags agree outside
-    /// the ignore bits. The one predicate of every match.
+    /// the ignore bits. The one predicate of every match ([`tags_agree`]).
     #[inline(always)]
     pub fn accepts(&self, tagged: bool, p: usize, tag: u64) -> bool {
-        self.src.is_none_or(|s| s == p) && (!tagged || (tag & !self.ignore) == (self.tag & !self.ignore))
+        self.src.is_none_or(|s| s == p) && tags_agree(tagged, tag, self.tag, self.ignore)
     }
+}
+
+/// How a receive's completion reports: a multi-receive buffer's never
+/// through deferred work; else as its `moff` says ([`PostedRecv::moff`]).
+#[inline(always)]
+fn dw_of(multi: u32, moff: usize) -> Dw {
+    if multi != 0 {
+        Dw::NONE
+    } else {
+        Dw::from_raw(moff as u32)
+    }
+}
+
+/// Whether a message's `tag` fits a receive's (`want`, `ignore`): always
+/// for an untagged one.
+#[inline(always)]
+fn tags_agree(tagged: bool, tag: u64, want: u64, ignore: u64) -> bool {
+    !tagged || (tag & !ignore) == (want & !ignore)
 }
 
 /// A posted receive as its queue holds it ([`PostQueue`]): 64 bytes (a
@@ -156,17 +170,13 @@ impl Posted {
     /// As [`PostedRecv::dw`].
     #[inline(always)]
     pub fn dw(&self) -> Dw {
-        if self.multi != 0 {
-            Dw::NONE
-        } else {
-            Dw::from_raw(self.moff as u32)
-        }
+        dw_of(self.multi, self.moff)
     }
 
     /// As [`PostedRecv::accepts`].
     #[inline(always)]
     pub fn accepts(&self, tagged: bool, p: usize, tag: u64) -> bool {
-        (self.src == Self::ANY || self.src == p) && (!tagged || (tag & !self.ignore) == (self.tag & !self.ignore))
+        (self.src == Self::ANY || self.src == p) && tags_agree(tagged, tag, self.tag, self.ignore)
     }
 }
 
