@@ -289,15 +289,10 @@ mod ep_slots {
             self.slots[..self.end].iter().flatten()
         }
 
-        /// The open endpoints' states.
-        pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut EpState> {
-            self.slots[..self.end].iter_mut().flatten().map(|e| &mut **e)
-        }
-
-        /// As [`EpSlots::iter_mut`], without the bounds check of the slice
-        /// (the progress walk's, once per pass).
+        /// The open endpoints' states (the progress walk's, once per pass:
+        /// the slice taken without its bounds check).
         #[inline(always)]
-        pub fn open_mut(&mut self) -> impl Iterator<Item = &mut EpState> {
+        pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut EpState> {
             // SAFETY: end <= slots.len() (the invariant on end, kept by
             // set alone).
             let open = unsafe { self.slots.get_unchecked_mut(..self.end) };
@@ -491,7 +486,7 @@ impl DomainInner {
         // and `with_ep!`); 300 paired rounds of scripts/ab.sh on a loaded
         // VM found no difference (2026-11-23).
         let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters };
-        for ep in eps.open_mut() {
+        for ep in eps.iter_mut() {
             if !ep.polled() {
                 continue;
             }

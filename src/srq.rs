@@ -761,17 +761,15 @@ impl SharedRecvQueue {
             // A multi-receive buffer's entry carries its release: only an
             // endpoint with a receive CQ can write it.
             let multi = q.posted[kind].iter().find(|r| r.ctx == cookie).is_some_and(|r| r.multi != 0);
-            let bound = |e: &usize| {
-                st.eps
-                    .get(*e)
-                    .is_some_and(|x| x.matching.srq_for(tagged) == Some(id) && (!multi || x.bind.rx_cq.is_some()))
-            };
+            // Endpoints bound that take this kind from the SRQ; the first
+            // that can write the entry reports it.
+            let takes = |e: &&usize| st.eps.get(**e).filter(|x| x.matching.srq_for(tagged) == Some(id));
+            let bound = |e: &usize| takes(&e).is_some_and(|x| !multi || x.bind.rx_cq.is_some());
             let Some(ei) = q.eps.iter().copied().find(bound) else {
                 // Endpoints take this queue (not yet enabled: a counter-only
                 // one is refused while the buffer is here), but none has a
                 // receive CQ for the buffer's release: it stays posted.
-                let takes = |e: &usize| st.eps.get(*e).is_some_and(|x| x.matching.srq_for(tagged) == Some(id));
-                if multi && q.eps.iter().any(takes) {
+                if multi && q.eps.iter().any(|e| takes(&e).is_some()) {
                     return Err(Error::with(
                         ErrorKind::NoCq,
                         "a multi-receive buffer's cancellation is reported with its release, on a receive CQ: \
