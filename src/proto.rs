@@ -158,7 +158,7 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`) | 4096 |
+//! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`; at most a quarter of the ring's bytes) | 16384 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 65536 |
 //! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 4096 |
 //! | `SHMFAB_FRAG_PARTS` | fragments a larger message through the pool is cut into ([`frag_for`]: each a whole number of chunks, from `SHMFAB_FRAG_SIZE` to `SHMFAB_FRAG_MAX`; no runs when `SHMFAB_FRAG_SIZE` is below the chunk size) | 4 |
@@ -181,7 +181,6 @@
 
 pub use crate::engine::request::OpKind;
 use crate::error::{Error, ErrorKind, Result};
-use crate::ring::payload_capacity;
 use shm_layout::{EpGeometry, OVF_PAYLOAD};
 
 /// How a message travels.
@@ -496,7 +495,7 @@ pub fn process_env(name: &str) -> Option<String> {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            inline_max: 4096,
+            inline_max: 16384,
             cma_min: 64 * 1024,
             rndv_min: 128 * 1024,
             cma: CmaMode::Auto,
@@ -598,10 +597,11 @@ impl Config {
     }
 
     /// Keeps the thresholds inside what the geometry can carry: an inline
-    /// message may use at most a quarter of a ring, and a fragment at most
-    /// a pool chunk.
+    /// message's payload may take at most a quarter of a ring's bytes (its
+    /// cells then a quarter of the ring and one: 16 KiB in 257 of 1024),
+    /// and a fragment at most a pool chunk.
     pub fn clamp(&mut self) {
-        let ring_max = payload_capacity(self.geometry.ring_cells as usize / 4);
+        let ring_max = self.geometry.ring_cells as usize / 4 * std::mem::size_of::<shm_layout::Cell>();
         self.inline_max = self.inline_max.min(ring_max);
         self.cma_min = self.cma_min.max(1);
         self.rndv_min = self.rndv_min.max(self.inline_max + 1);
@@ -818,10 +818,16 @@ mod tests {
     }
 
     #[test]
-    fn clamp_keeps_inline_within_a_quarter_ring() {
+    fn clamp_keeps_inline_within_a_quarter_ring_and_a_cell() {
         let mut c = Config { inline_max: 1 << 30, cma_min: 1 << 30, frag_size: 1 << 30, ..Config::default() };
         c.clamp();
-        assert!(crate::ring::cells_for(c.inline_max) <= c.geometry.ring_cells as usize / 4);
+        assert_eq!(c.inline_max, 16384, "a quarter of the default ring's bytes");
+        assert_eq!(crate::ring::cells_for(c.inline_max), c.geometry.ring_cells as usize / 4 + 1);
+        // The smallest ring: a quarter of it and one cell.
+        let mut small = Config { inline_max: 1 << 30, ..Config::default() };
+        small.geometry.ring_cells = 128;
+        small.clamp();
+        assert_eq!((small.inline_max, crate::ring::cells_for(small.inline_max)), (2048, 33));
         // Single copy or not, nothing larger goes inline.
         for cma in [true, false] {
             assert_eq!(choose(&c, OpKind::Msg, c.inline_max, 1, true, cma), Proto::Inline);

@@ -114,7 +114,8 @@ fn a_fresh_pool_sends_one_ring_message_per_fragment() {
         Duration::from_secs(60),
         |w| {
             let cfg = w.dom.config().clone();
-            for len in [16 << 10, 32 << 10, 64 << 10, 100_000] {
+            // The shortest message through the pool first.
+            for len in [cfg.inline_max + 1, 32 << 10, 64 << 10, 100_000] {
                 let before = w.ep.stats().unwrap().tx_chunks;
                 stream(&w, &[len]);
                 if w.rank == 0 {
