@@ -30,17 +30,33 @@
 //! (ping-pong, separate send and receive buffers). A process_vm_readv
 //! costs about 5 us here whatever its size (in one process, 8 KiB: 6.4 us
 //! by single copy against 0.8 us through the ring), so single copy starts
-//! at 64 KiB. Below, from 4 KiB, the pool's pipelined 4 KiB fragments beat
-//! both single copy and one large inline message (two processes,
-//! 2026-11-23, near placement, medians of 9 alternating rounds: 16 KiB 2.6
-//! us against 3.4 with 16 KiB inline messages and 4.3 by single copy;
-//! 32 KiB 4.7 against 6.6 with 16 KiB fragments; 1.3-1.4x the streaming
-//! bandwidth of 16 KiB fragments at 8-48 KiB).
+//! at 64 KiB.
 //!
-//! 4 KiB stays inline: through the pool (`SHMFAB_INLINE_MAX=4095`, one
-//! BOUNCE_HDR and one CHUNK message) a 4 KiB ping-pong took 1.22 us
-//! against 0.62 inline (2026-11-26, 100 paired `scripts/ab.sh` rounds,
-//! raw 8 B floor 0.146 us before and 0.045 after: both placements).
+//! Inline up to 16 KiB (a quarter of the default ring's bytes), the pool
+//! above (2026-11-27, paired `scripts/ab.sh` rounds, `SHMFAB_INLINE_MAX`
+//! against the 4 KiB limit of before): one copy into the ring and one out,
+//! with nothing else per message, beat the pool's pipelined fragments and
+//! their BOUNCE_HDR, CHUNK messages, chunk allocation and release. Near
+//! (raw 8 B 0.03-0.06 us): 5000 B -0.12 us (8 of 10), 8 KiB -0.23 (20 of
+//! 20), 12 KiB -0.25 (9 of 10) and -0.08 (9 of 10), 16000 B -0.10 (12 of
+//! 20), 16 KiB -0.12 (8 of 10); streaming 8 KiB +1.1 GB/s (8 of 10) and
+//! 16000 B +1.6 (10 of 10). Far (raw 0.25 before and after): 8 KiB
+//! -0.34 us (9 of 10). 32 KiB inline (a 2048-cell ring) lost 0.36 us
+//! (5 of 14): the pool's pipelining wins there. Session 13 had measured
+//! 16 KiB inline 3.4 us against 2.6 through the pool (2026-11-23): the
+//! band's copy and the ring's cuts since changed that.
+//!
+//! Fragments carried in the ring's own cells instead of pool chunks (a
+//! PART message per fragment after the BOUNCE_HDR: no chunk to take or
+//! give back; branch `ring-parts-experiment`) lost to the pool: near, 16
+//! KiB in 4 KiB parts +0.21 us (1 of 10), in 2 KiB parts +0.37, 8 KiB in
+//! two parts +0.24 (2 of 10); one 16 KiB part tied (+0.04, 3 of 10). The
+//! more parts, the worse: the consumer, polling the next part's first cell
+//! right after reading the part before, most likely pulls the lines the
+//! producer is writing next to it (not confirmed: no hardware counters
+//! here). Writing a multi-cell message's first cell last (its payload
+//! just before the header and the publishing store) did not help a 4 KiB
+//! inline message either (+0.04 us, 6 of 16).
 //!
 //! Fragment sizes, measured again (2026-11-26, `scripts/ab.sh` paired
 //! rounds, near placement, raw 8 B 0.043-0.09 us before and after each
