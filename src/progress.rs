@@ -210,7 +210,7 @@ impl EpState {
     /// the next check does). Returns why, for the send that found it.
     pub(crate) fn chan_lost(&mut self, ctx: &mut Ctx<'_>, p: usize) -> String {
         if let Some(why) = &self.peers[p].gone {
-            return why.clone();
+            return why.to_string();
         }
         let who = crate::av::AddressVector::straddr(&self.peers[p].addr);
         let why =
@@ -255,7 +255,7 @@ fn check_ovf_claim(ep: &mut EpState, ctx: &mut Ctx<'_>, now: std::time::Instant)
 /// complete fails.
 fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
     let fail = || (ErrorKind::Io, prov::PEER_GONE, why.clone());
-    ep.peers[p].gone = Some(why.clone());
+    ep.peers[p].gone = Some(why.as_str().into());
     // Our sends to it, queued or in flight, in order.
     let ops = ep.tx.take_all(&mut ep.peers[p].tx);
     for op in ops {
@@ -927,7 +927,7 @@ fn split_copy(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, info: RxIn
         // pending with it failed then, and no WDONE will come. Started,
         // this receive would wait for one until our close; it fails now,
         // as fail_peer fails the others.
-        let err = (ErrorKind::Io, prov::PEER_GONE, why.clone());
+        let err = (ErrorKind::Io, prov::PEER_GONE, why.to_string());
         finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: Some(err) });
         return;
     }

@@ -30,6 +30,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How we send to a peer.
+/// Its tag explicit (`repr(u8)`): the send's fast path tests one byte for
+/// the ring, where a niche in `RingTx` took a 64-bit constant and a compare.
+#[repr(u8)]
 pub(crate) enum Chan {
     Ring(RingTx),
     Ovf(Ovf),
@@ -80,8 +83,11 @@ pub(crate) struct Peer {
     /// path (which then tells the ring: [`RingTx::heard_back`]).
     pub heard: bool,
     /// Why the peer is gone (its process died or its endpoint closed):
-    /// everything pending with it has failed, new sends fail at once.
-    pub gone: Option<String>,
+    /// everything pending with it has failed, new sends fail at once. A
+    /// box, whose None is a null pointer: the send's fast path tests it
+    /// against zero (a `String`'s None is a capacity of 2^63, a constant
+    /// the send path then kept in a register).
+    pub gone: Option<Box<str>>,
     /// What says our channel to it is still ours (see [`Peer::chan_valid`]).
     claim: ChanClaim,
     /// Our transmits to it (the transmit engine's).
