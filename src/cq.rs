@@ -400,6 +400,9 @@ impl EntryQueue {
 /// and copied out again. Open only inside [`CompletionQueue::read`] and
 /// `readfrom`, under the domain lock, and only while nothing older waits in
 /// the CQ (an error entry closes it: later entries queue behind it).
+///
+/// Closed, `cap` and `plain` are 0 (so no entry goes through `out` or
+/// `src`, whatever they and `len` still hold: a close stores two words).
 pub(crate) struct Sink {
     /// `cap` entries of the CQ's format.
     out: *mut u8,
@@ -414,17 +417,19 @@ pub(crate) struct Sink {
 }
 
 // SAFETY: the pointers are set only while the thread that owns them holds
-// the domain lock in a read, and cleared before that read returns.
+// the domain lock in a read, and the sink is closed (nothing is written
+// through them again) before that read returns.
 unsafe impl Send for Sink {}
 
 impl Sink {
     const CLOSED: Sink = Sink { out: std::ptr::null_mut(), src: std::ptr::null_mut(), cap: 0, len: 0, plain: 0 };
 
     /// Closes the sink; returns how many entries it took.
+    #[inline(always)]
     fn close(&mut self) -> usize {
-        let n = self.len;
-        *self = Sink::CLOSED;
-        n
+        self.cap = 0;
+        self.plain = 0;
+        self.len
     }
 }
 
@@ -739,7 +744,8 @@ impl CqState {
     pub fn push_err_data(&mut self, e: CqErrEntry, detail: impl Into<ErrData>) {
         let detail = detail.into();
         // Entries after this one queue behind it, as reads must see them.
-        self.sink.cap = self.sink.len;
+        // (Open, len <= cap; closed, both stay 0.)
+        self.sink.cap = self.sink.cap.min(self.sink.len);
         self.sink.plain = self.sink.plain.min(self.sink.len);
         if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
             self.overrun = true;
