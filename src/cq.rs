@@ -400,6 +400,9 @@ impl EntryQueue {
 /// and copied out again. Open only inside [`CompletionQueue::read`] and
 /// `readfrom`, under the domain lock, and only while nothing older waits in
 /// the CQ (an error entry closes it: later entries queue behind it).
+///
+/// Closed, `cap` and `plain` are 0 (so no entry goes through `out` or
+/// `src`, whatever they and `len` still hold: a close stores two words).
 pub(crate) struct Sink {
     /// `cap` entries of the CQ's format.
     out: *mut u8,
@@ -414,17 +417,19 @@ pub(crate) struct Sink {
 }
 
 // SAFETY: the pointers are set only while the thread that owns them holds
-// the domain lock in a read, and cleared before that read returns.
+// the domain lock in a read, and the sink is closed (nothing is written
+// through them again) before that read returns.
 unsafe impl Send for Sink {}
 
 impl Sink {
     const CLOSED: Sink = Sink { out: std::ptr::null_mut(), src: std::ptr::null_mut(), cap: 0, len: 0, plain: 0 };
 
     /// Closes the sink; returns how many entries it took.
+    #[inline(always)]
     fn close(&mut self) -> usize {
-        let n = self.len;
-        *self = Sink::CLOSED;
-        n
+        self.cap = 0;
+        self.plain = 0;
+        self.len
     }
 }
 
@@ -711,11 +716,18 @@ impl CqState {
         T::FORMAT == self.format && !out.is_empty() && src.is_none_or(|s| s.len() >= out.len())
     }
 
+    /// No entry, no error entry, not overrun: one test of the three
+    /// words or'ed (a test and a branch each, apart).
+    #[inline(always)]
+    fn holds_nothing(&self) -> bool {
+        (self.entries.len() | self.errors.len() | self.overrun as usize) == 0
+    }
+
     /// Opens the sink on `out` (and `src`) if a read may take entries
     /// straight from progress: arguments valid for [`CqState::read`] and
     /// nothing waiting in the CQ (nor overrun). Returns whether it did.
     fn open_sink<T: CqFormatEntry>(&mut self, out: &mut [T], src: Option<&mut [FiAddr]>) -> bool {
-        if !self.args_fit(out, src.as_deref()) || !self.entries.is_empty() || !self.errors.is_empty() || self.overrun {
+        if !self.args_fit(out, src.as_deref()) || !self.holds_nothing() {
             return false;
         }
         // The format is T's (args_fit): known at compile time, as is
@@ -739,7 +751,8 @@ impl CqState {
     pub fn push_err_data(&mut self, e: CqErrEntry, detail: impl Into<ErrData>) {
         let detail = detail.into();
         // Entries after this one queue behind it, as reads must see them.
-        self.sink.cap = self.sink.len;
+        // (Open, len <= cap; closed, both stay 0.)
+        self.sink.cap = self.sink.cap.min(self.sink.len);
         self.sink.plain = self.sink.plain.min(self.sink.len);
         if self.overrun || self.entries.len() + self.errors.len() >= self.hard_cap() {
             self.overrun = true;
@@ -1018,7 +1031,7 @@ impl CompletionQueue {
         if n > 0 {
             return Ok(n);
         }
-        if c.entries.is_empty() && c.errors.is_empty() && !c.overrun {
+        if c.holds_nothing() {
             // Nothing came and nothing waits: the common empty poll, which
             // skips the CQ's own read.
             crate::sync::idle_pause();

@@ -361,6 +361,75 @@ pub(crate) struct Ctx<'a> {
     pub counters: &'a [shm_layout::Counter],
 }
 
+/// What a progress pass takes its [`Ctx`] from: a context already built
+/// (the calls out of line that hold one), or the domain's own pass
+/// ([`PassCtx`]), which builds it only for a call that takes it.
+pub(crate) trait CtxSource {
+    /// Runs `f` with the context.
+    fn with<R>(&mut self, f: impl FnOnce(&mut Ctx<'_>) -> R) -> R;
+
+    /// The context's CQs, without the rest.
+    fn cqs(&mut self) -> &mut Slots<CqState>;
+}
+
+impl CtxSource for Ctx<'_> {
+    #[inline(always)]
+    fn with<R>(&mut self, f: impl FnOnce(&mut Ctx<'_>) -> R) -> R {
+        f(self)
+    }
+
+    #[inline(always)]
+    fn cqs(&mut self) -> &mut Slots<CqState> {
+        self.cqs
+    }
+}
+
+/// The domain's own pass ([`DomainInner::progress`]) as a [`CtxSource`]:
+/// the context (ten words loaded from the domain state and stored to the
+/// stack, its address passed) is built only where a call takes it, so
+/// that a pass that finds nothing (the empty CQ read) builds none. Two
+/// words, the domain and its state, from which each context is made (its
+/// parts held apart instead were loaded and spilled up front).
+///
+/// Invariant: `st` points to the domain's state, exclusively borrowed for
+/// `'a` by the pass, which meanwhile uses only its endpoint slots (`eps`)
+/// besides this: a context made from it reaches every other part, never
+/// `eps`.
+pub(crate) struct PassCtx<'a> {
+    dom: &'a DomainInner,
+    st: std::ptr::NonNull<DomainState>,
+    _st: std::marker::PhantomData<&'a mut DomainState>,
+}
+
+impl CtxSource for PassCtx<'_> {
+    #[inline(always)]
+    fn with<R>(&mut self, f: impl FnOnce(&mut Ctx<'_>) -> R) -> R {
+        let st = self.st.as_ptr();
+        // SAFETY: the state is ours for 'a and the pass uses only its
+        // endpoint slots meanwhile (the invariant): these borrows of its
+        // other fields, made through the pointer field by field, alias
+        // nothing, and they end with `f`, before the next are made
+        // (`&mut self`).
+        let (cqs, avs, srqs, regions) = unsafe {
+            (
+                &mut *std::ptr::addr_of_mut!((*st).cqs),
+                &*std::ptr::addr_of!((*st).avs),
+                &mut *std::ptr::addr_of_mut!((*st).srqs),
+                &mut *std::ptr::addr_of_mut!((*st).regions),
+            )
+        };
+        let dom = self.dom;
+        f(&mut Ctx { cfg: &dom.cfg, cqs, avs, srqs, regions, counters: dom.counters() })
+    }
+
+    #[inline(always)]
+    fn cqs(&mut self) -> &mut Slots<CqState> {
+        // SAFETY: as in `with`: the CQs are not borrowed otherwise while
+        // this borrow (of `self`) lives.
+        unsafe { &mut *std::ptr::addr_of_mut!((*self.st.as_ptr()).cqs) }
+    }
+}
+
 /// Where a [`Ctx`] comes from, for the fast paths of the send and receive
 /// calls: they read the few things they need (the configuration, the
 /// counters, the AVs) through it, and build the context only for a call
@@ -477,15 +546,17 @@ impl DomainInner {
                 self.serve_rma(st);
             }
         }
-        let counters = self.counters();
-        let DomainState { eps, cqs, avs, srqs, regions, .. } = st;
-        // One context for every endpoint: 9 instructions fewer per 8 B half
-        // round trip and 10 per empty CQ read (scripts/profile.sh), more
-        // with several endpoints. A context made per endpoint had measured
-        // 5-6 ns faster (that change also shared a helper with `with_ep`
-        // and `with_ep!`); 300 paired rounds of scripts/ab.sh on a loaded
-        // VM found no difference (2026-11-23).
-        let mut ctx = Ctx { cfg: &self.cfg, cqs, avs, srqs, regions, counters };
+        // The context is built only for a call that takes it (PassCtx):
+        // 155 -> 143 instructions per empty CQ read, 581 -> 574 per 8 B
+        // half round trip (scripts/profile.sh; drain_ring takes the CQs
+        // from it without a context). Built here once for every endpoint
+        // (the way before), it was ten words loaded and stored per read.
+        let stp = std::ptr::NonNull::from(&mut *st);
+        // SAFETY: `st` is borrowed exclusively for the loop; the slots are
+        // the one field the loop uses besides the contexts, which reach
+        // every other field and never this one (PassCtx's invariant).
+        let eps = unsafe { &mut *std::ptr::addr_of_mut!((*stp.as_ptr()).eps) };
+        let mut ctx = PassCtx { dom: self, st: stp, _st: std::marker::PhantomData };
         for ep in eps.iter_mut() {
             if !ep.polled() {
                 continue;

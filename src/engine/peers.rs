@@ -7,8 +7,10 @@
 //!   held anywhere (a posted directed receive, a ring, an unexpected
 //!   message) stays valid for the endpoint's life.
 //! - `by_addr` maps every peer's address to its index, and nothing else.
-//! - `by_fi[f]` is the peer of fi_addr `f` in the bound AV, or `u32::MAX`
-//!   when not cached; an fi_addr's address changes only by removal, and
+//! - `by_fi[f]` is one more than the peer of fi_addr `f` in the bound AV,
+//!   or 0 when not cached (a test against zero, and the one subtracted
+//!   folds into the peer's address: one instruction fewer than `u32::MAX`
+//!   for none); an fi_addr's address changes only by removal, and
 //!   the AV clears this cache on every removal ([`Peers::clear_fi_cache`]).
 //! - `chan`, `pool`, `doorbell`, `claim` and `region` are set together by
 //!   [`Peers::connect`]; the pointers point into `region`, which the peer
@@ -30,6 +32,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How we send to a peer.
+/// Its tag explicit (`repr(u8)`): the send's fast path tests one byte for
+/// the ring, where a niche in `RingTx` took a 64-bit constant and a compare.
+#[repr(u8)]
 pub(crate) enum Chan {
     Ring(RingTx),
     Ovf(Ovf),
@@ -80,8 +85,11 @@ pub(crate) struct Peer {
     /// path (which then tells the ring: [`RingTx::heard_back`]).
     pub heard: bool,
     /// Why the peer is gone (its process died or its endpoint closed):
-    /// everything pending with it has failed, new sends fail at once.
-    pub gone: Option<String>,
+    /// everything pending with it has failed, new sends fail at once. A
+    /// box, whose None is a null pointer: the send's fast path tests it
+    /// against zero (a `String`'s None is a capacity of 2^63, a constant
+    /// the send path then kept in a register).
+    pub gone: Option<Box<str>>,
     /// What says our channel to it is still ours (see [`Peer::chan_valid`]).
     claim: ChanClaim,
     /// Our transmits to it (the transmit engine's).
@@ -152,7 +160,7 @@ impl Peer {
 pub(crate) struct Peers {
     list: Vec<Peer>,
     by_addr: HashMap<Address, usize>,
-    /// fi_addr -> peer index (u32::MAX: unknown).
+    /// fi_addr -> peer index + 1 (0: unknown).
     by_fi: Vec<u32>,
     /// The bound address vector.
     av: Option<usize>,
@@ -240,7 +248,7 @@ impl Peers {
     #[inline(always)]
     pub fn cached(&self, fi_addr: FiAddr) -> Option<usize> {
         match self.by_fi.get(fi_addr as usize) {
-            Some(&c) if c != u32::MAX => Some(c as usize),
+            Some(&c) if c != 0 => Some(c as usize - 1),
             _ => None,
         }
     }
@@ -253,9 +261,9 @@ impl Peers {
         avs: impl FnOnce() -> &'a crate::table::Slots<AvState>,
         fi_addr: FiAddr,
     ) -> Result<usize> {
-        let cached = self.by_fi.get(fi_addr as usize).copied().unwrap_or(u32::MAX);
-        if cached != u32::MAX {
-            return Ok(cached as usize);
+        let cached = self.by_fi.get(fi_addr as usize).copied().unwrap_or(0);
+        if cached != 0 {
+            return Ok(cached as usize - 1);
         }
         self.of_slow(avs(), fi_addr)
     }
@@ -271,11 +279,11 @@ impl Peers {
         })?;
         let p = self.index_of(a);
         let i = fi_addr as usize;
-        if i < (1 << 24) {
+        if let (true, Ok(v)) = (i < (1 << 24), u32::try_from(p + 1)) {
             if self.by_fi.len() <= i {
-                self.by_fi.resize(i + 1, u32::MAX);
+                self.by_fi.resize(i + 1, 0);
             }
-            self.by_fi[i] = p as u32;
+            self.by_fi[i] = v;
         }
         Ok(p)
     }

@@ -526,14 +526,13 @@ impl EpState {
                 return Some(Err(self.cq_full()));
             }
         }
-        let p = match self.peers.of_with(|| src.avs(), dest) {
-            Ok(p) => p,
-            Err(e) => return Some(Err(e)),
-        };
-        // A peer not connected yet (first contact) also takes the general
-        // path: its channel is None.
-        // SAFETY: p is an index the peer table gave (its fi_addr cache or
-        // index_of, through of_with).
+        // A destination the fi_addr cache does not know (the first send to
+        // it, or one since the AV removed an address) takes the general
+        // path, which looks it up (or reports it unknown) and fills the
+        // cache; so does a peer not connected yet (first contact): its
+        // channel is None.
+        let p = self.peers.cached(dest)?;
+        // SAFETY: p is an index the peer table gave (its fi_addr cache).
         let peer = unsafe { self.peers.get_unchecked_mut(p) };
         if peer.gone.is_some() || !peer.tx.quiet() || !peer.chan_valid() {
             return None;
@@ -588,7 +587,7 @@ impl EpState {
         let inject = op.inject;
         let peer = &mut self.peers[p];
         if let Some(why) = &peer.gone {
-            return Err(Error::with(ErrorKind::Io, why.clone()));
+            return Err(Error::with(ErrorKind::Io, why.to_string()));
         }
         if self.bind.tx_rm && op.cqe {
             // Resource management: an entry of the transmit CQ for this
