@@ -172,11 +172,11 @@
 //! band's copy end to end): +0.35 (7 of 16) and +0.02 (14 of 30), no
 //! gain seen. `SHMFAB_CMA=off` (every 64 KiB message eagerly, no
 //! rendezvous every 8th): -0.09 us (7 of 12): the rendezvous after each
-//! eager run costs little. The sender's copies by the band's AVX loop instead of
-//! `memcpy` (a probe build of [`crate::copy`]): its 64 KiB of copies
-//! took 9,600-12,000 cycles against 7,100-7,400 by `memcpy` in the runs
-//! beside them (3 alternations, raw 0.044-0.053), the half trip 6.1-6.7
-//! us against 4.6.
+//! eager run costs little. The sender's copies by the band's AVX loop
+//! instead of `memcpy` (a probe build of [`crate::copy`]): its 64 KiB of
+//! copies took 9,600-12,000 cycles against 7,100-7,400 by `memcpy` in
+//! the runs beside them (3 alternations, raw 0.044-0.053), the half trip
+//! 6.1-6.7 us against 4.6.
 //!
 //! Measured for 4 MiB streams and not taken (the figure, 11.5-12.6 GB/s,
 //! is the kernel's copy on both cores: a bandwidth run keeps both busy,
