@@ -140,6 +140,65 @@
 //! 11.4% band loop + 11.1% `memcpy`): what the probe gains there, shmfab's
 //! receiver, between its copies, does not.
 //!
+//! Session 16 (2026-11-27), where 64 KiB's time goes (eagerly through
+//! the pool after the receiver's pick: a BOUNCE_HDR, then 4 runs of 16
+//! KiB). `rdtsc` marks in both processes (a probe build, not kept),
+//! medians over ~2,300 half trips per direction of `shmfab bench
+//! pingpong --sizes 65536`, cycles of 2.45 GHz from the send's `post_tx`,
+//! raw 8 B 0.031 us: the half trip took 9,400-9,700; the sender started
+//! its first copy at 370-420, copied each 16 KiB run in about 1,800 and
+//! pushed the next ~100 after; the receiver saw each run 200-400 after
+//! its push, copied it in about 1,400 (into the bench's buffer 16 bytes
+//! past a page: the band's loop, [`crate::copy`]) and was ready for the
+//! next 250-300 after; from the last copy to the completion 245-295,
+//! from there to the answer's `post_tx` 120-220. A C probe of the data
+//! movement alone (two processes, 16 KiB fragments with a flag each,
+//! buffers on page boundaries, same hour) made 7,000 cycles, its sender
+//! copying 64 KiB in 5,900. So of the ~2,600 cycles shmfab adds, about
+//! 1,300 are its sender's slower copies (from the application's buffer,
+//! 16 or 272 bytes past a page, into the chunks), 400 its receiver's
+//! slower last copy, 400 before the first copy (the general send path,
+//! the header, the pool's alloc) and 400-500 after the last one. On a
+//! loaded hour the sender's copies took 2,500-2,800 per 16 KiB in one
+//! direction and 1,450 in the other: which side bounds moves with the
+//! placement, as at 16 KiB.
+//!
+//! Cut: the sort of the chunks a sender takes from the pool ran on every
+//! message (440-490 cycles before the first copy, both directions: after
+//! a message in runs the receiver's list holds the runs, the last freed
+//! first, so the indices come unsorted); now only when a run is broken
+//! (50-150 cycles with the test). Paired `scripts/ab.sh` (raw 0.03-0.06
+//! before and after each block, a loaded hour): 32 KiB -0.10 us (better
+//! in 16 of 20) and -0.15 (13 of 20); 64 KiB -0.12 (17 of 30), -0.02
+//! (16 of 30), +0.02 (10 of 20), -0.12 (11 of 20): within the noise there.
+//! The marks builds before and after, alternated (4 pairs, raw
+//! 0.048-0.051): first copy at 590-1,240 cycles against 370-1,000, the
+//! alloc to the copy 150-530 against 70-120; in the quietest pair the
+//! half trip 9,820 and 9,880 cycles against 9,330 and 9,320 (the bench
+//! 4.58 us against 4.31).
+//!
+//! Tried and dropped the same day (64 KiB, same conditions): the last
+//! run cut in halves down to one chunk (16, 16, 16, 8, 4, 4 KiB, so that
+//! less is left to copy after the sender's last push): -0.12 and -0.14
+//! us paired (17 and 16 of 30), but in the one quiet alternation of
+//! the marks builds the half trip grew (11,700 and 13,800 cycles against
+//! 9,700 and 9,400 in the run beside it): each
+//! fragment costs the receiver 250-300 cycles, which the shorter tail
+//! does not repay. PREFETCHW of the pool's head by the receiver before
+//! each fragment's copy (so that the pass's return of the chunks, after
+//! the copy, finds the line the sender's alloc took already back):
+//! -0.08 us (15 of 30) and -0.08 (21 of 40), the marks' completion to
+//! answer unchanged (120-470 cycles either way). The bench's receive
+//! buffers moved to a page boundary (a throwaway bench, to price the
+//! band's copy end to end): +0.35 (7 of 16) and +0.02 (14 of 30), no
+//! gain seen. `SHMFAB_CMA=off` (every 64 KiB message eagerly, no
+//! rendezvous every 8th): -0.09 us (7 of 12): the rendezvous after each
+//! eager run costs little. The sender's copies by the band's AVX loop
+//! instead of `memcpy` (a probe build of [`crate::copy`]): its 64 KiB of
+//! copies took 9,600-12,000 cycles against 7,100-7,400 by `memcpy` in
+//! the runs beside them (3 alternations, raw 0.044-0.053), the half trip
+//! 6.1-6.7 us against 4.6.
+//!
 //! Measured for 4 MiB streams and not taken (the figure, 11.5-12.6 GB/s,
 //! is the kernel's copy on both cores: a bandwidth run keeps both busy,
 //! 1.9 CPUs for 1 of wall time): huge pages for the buffers of a split
