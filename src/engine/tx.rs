@@ -513,9 +513,10 @@ impl EpState {
         self.post_tx(&mut src.ctx(), r.dest, op)
     }
 
-    /// The fast path of a small send (see [`EpState::submit`]). `None` when
-    /// it does not apply (the caller then takes the general path, which
-    /// also reports every error but an unknown destination).
+    /// The fast path of a small send (see [`EpState::submit`]), for a
+    /// destination the fi_addr cache knows. `None` when it does not apply
+    /// (the caller then takes the general path, which looks the
+    /// destination up and reports every error, an unknown one included).
     #[inline(always)]
     fn send_inline_now(
         &mut self,
