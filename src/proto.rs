@@ -48,7 +48,10 @@
 //!
 //! Fragments carried in the ring's own cells instead of pool chunks (a
 //! PART message per fragment after the BOUNCE_HDR: no chunk to take or
-//! give back; branch `ring-parts-experiment`) lost to the pool: near, 16
+//! give back; branch `ring-parts-experiment`), measured again without
+//! knowing it had been (session 11's 1.2-1.4x slower at 8-32 KiB:
+//! ARCHITECTURE.md, "1-64 KiB and the placements"), lost to the pool as it
+//! did then: near, 16
 //! KiB in 4 KiB parts +0.21 us (1 of 10), in 2 KiB parts +0.37, 8 KiB in
 //! two parts +0.24 (2 of 10); one 16 KiB part tied (+0.04, 3 of 10). The
 //! more parts, the worse: the consumer, polling the next part's first cell
