@@ -171,7 +171,9 @@ impl RmaFile {
                 )
             })?;
             let file = File::from(fd);
-            if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            // Blocking, as a region's lock: a scan may hold a shared lock
+            // on the new file for an instant (`region::owner_locked`).
+            if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
                 let _ = crate::region::unlink_shm(&name);
                 return Err(Error::with(ErrorKind::from_errno(e.raw_os_error()), format!("cannot lock {name}: {e}")));
             }

@@ -23,8 +23,10 @@
 //! **Liveness**: the owner holds an exclusive `flock` on its region file
 //! from before it publishes the header until it dies or closes the region;
 //! the kernel drops it when the process exits, whatever killed it. A
-//! region is alive while someone holds a lock on it ([`locked`]: a
-//! non-blocking exclusive lock taken on a fresh descriptor fails). This
+//! region is alive while its owner holds that lock ([`owner_locked`]: a
+//! non-blocking shared lock taken on a descriptor of our own fails, which
+//! another process probing at the same instant, with a shared lock too,
+//! cannot make it do). This
 //! holds across PID namespaces, where the pid and start time in the header
 //! mean nothing, and a zombie owner holds no lock. The header's pid and
 //! start time only name the owner in messages, and keep alive the region
@@ -290,7 +292,7 @@ impl Region {
         // The owner's lock, held until the file is closed (on drop, or by
         // the kernel when we die); taken before the header is published,
         // so a region with magic set and no lock has a dead owner. Blocking:
-        // a scan may hold it for an instant (`locked`).
+        // a scan may hold a shared lock for an instant (`owner_locked`).
         rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
             cleanup(Error::with(
                 ErrorKind::from_errno(e.raw_os_error()),
@@ -552,7 +554,7 @@ impl Region {
             return true;
         }
         let (pid, start) = self.owner();
-        locked(&self.file) || owner_alive(pid, start)
+        owner_locked(&self.file) || owner_alive(pid, start)
     }
 
     /// Pointer to `T` at `off`, bounds- and alignment-checked.
@@ -670,15 +672,37 @@ fn fallocate(file: &File, off: usize, len: usize) -> Result<()> {
     })
 }
 
-/// Whether some process holds a lock on `file`'s region (its owner, or
-/// the ranks of a starting job on a boot region): a non-blocking exclusive
-/// lock on this descriptor fails. `file` must be an open of its own (not
+/// Whether some process holds a lock on `file`, shared or exclusive (the
+/// ranks of a starting job hold shared ones on its boot file: `launch`):
+/// a non-blocking exclusive lock on this descriptor fails. Whether a
+/// region's owner lives is [`owner_locked`]'s question. `file` must be an open of its own (not
 /// the owner's descriptor, whose lock this would take over). When the lock
 /// is free it is taken for an instant and released; an error other than
 /// "held" counts as held (never call a region dead on a doubt).
 pub fn locked(file: &File) -> bool {
     use rustix::fs::{flock, FlockOperation};
     match flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {
+            let _ = flock(file, FlockOperation::Unlock);
+            false
+        }
+        Err(_) => true,
+    }
+}
+
+/// Whether the owner of a region (or of a domain's RMA file) holds its
+/// exclusive lock: a non-blocking *shared* lock on this descriptor (an
+/// open of its own) fails. Probes by other processes at the same instant
+/// take shared locks too, which do not refuse ours: with [`locked`]'s
+/// exclusive probe, two processes checking a dead owner at once could
+/// each see the other's probe as the owner, and call it alive for one
+/// more check period (a peer's RMA on a dead target's heap then went on
+/// succeeding after it had failed: `tests/rma.rs`, named regions, once
+/// in a CI run). When the owner is gone the shared lock is taken for an
+/// instant and released; an error other than "held" counts as held.
+pub fn owner_locked(file: &File) -> bool {
+    use rustix::fs::{flock, FlockOperation};
+    match flock(file, FlockOperation::NonBlockingLockShared) {
         Ok(()) => {
             let _ = flock(file, FlockOperation::Unlock);
             false
@@ -792,7 +816,11 @@ fn scan_named(job: Option<u32>) -> Vec<RegionInfo> {
         // The lock is looked at after the header was read: its creator
         // locks before it publishes magic, so magic seen and then no lock
         // means the owner is gone.
-        let alive = f.as_ref().is_some_and(locked)
+        // A boot region is alive while any rank holds its shared lock; a
+        // domain region or RMA file while its owner holds its own.
+        let boot = rest.ends_with(".boot") || hdr.as_ref().is_some_and(|h| h.mark == shm_layout::BOOT_MARK);
+        let held = if boot { locked } else { owner_locked };
+        let alive = f.as_ref().is_some_and(held)
             || match init {
                 _ if rma_init => false,
                 Some(h) => owner_alive(h.pid, h.start),
@@ -874,7 +902,8 @@ fn scan_anonymous(job: Option<u32>) -> Vec<RegionInfo> {
                 id: RegionId { pid, fd, job: jh, token },
                 named: false,
                 pid: h.pid,
-                alive: locked(&file),
+                // As in scan_named: any holder for a boot region.
+                alive: if boot { locked(&file) } else { owner_locked(&file) },
                 layout_version: h.version,
                 job: jh,
                 size: meta.len(),
@@ -911,6 +940,29 @@ pub fn remove_job(job: u32) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_lock_probes_do_not_see_each_other() {
+        let dir = std::env::temp_dir().join(format!("shmfab-owner-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("region");
+        let open = || File::options().read(true).write(true).create(true).truncate(false).open(&path).unwrap();
+        let (owner, prober, mine) = (open(), open(), open());
+        use rustix::fs::{flock, FlockOperation};
+        // A dead owner (no exclusive lock) while another process's probe
+        // holds its shared lock for an instant: still dead to us, where
+        // the exclusive probe saw that probe as an owner.
+        flock(&prober, FlockOperation::LockShared).unwrap();
+        assert!(!owner_locked(&mine), "another probe is not an owner");
+        assert!(locked(&mine), "the exclusive probe sees any holder");
+        flock(&prober, FlockOperation::Unlock).unwrap();
+        // A live owner: both probes see it.
+        flock(&owner, FlockOperation::LockExclusive).unwrap();
+        assert!(owner_locked(&mine) && locked(&mine));
+        flock(&owner, FlockOperation::Unlock).unwrap();
+        assert!(!owner_locked(&mine) && !locked(&mine), "no holder at all");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn job(what: &str) -> u32 {
         job_hash(&format!("unit-{what}-{}", std::process::id()))
