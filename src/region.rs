@@ -680,8 +680,14 @@ fn fallocate(file: &File, off: usize, len: usize) -> Result<()> {
 /// is free it is taken for an instant and released; an error other than
 /// "held" counts as held (never call a region dead on a doubt).
 pub fn locked(file: &File) -> bool {
+    refused(file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+}
+
+/// Whether the non-blocking lock `op` on `file` is refused (held by
+/// another); when it is taken, it is released at once.
+fn refused(file: &File, op: rustix::fs::FlockOperation) -> bool {
     use rustix::fs::{flock, FlockOperation};
-    match flock(file, FlockOperation::NonBlockingLockExclusive) {
+    match flock(file, op) {
         Ok(()) => {
             let _ = flock(file, FlockOperation::Unlock);
             false
@@ -701,14 +707,7 @@ pub fn locked(file: &File) -> bool {
 /// in a CI run). When the owner is gone the shared lock is taken for an
 /// instant and released; an error other than "held" counts as held.
 pub fn owner_locked(file: &File) -> bool {
-    use rustix::fs::{flock, FlockOperation};
-    match flock(file, FlockOperation::NonBlockingLockShared) {
-        Ok(()) => {
-            let _ = flock(file, FlockOperation::Unlock);
-            false
-        }
-        Err(_) => true,
-    }
+    refused(file, rustix::fs::FlockOperation::NonBlockingLockShared)
 }
 
 /// What [`scan`] found about one region.
