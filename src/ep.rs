@@ -34,6 +34,9 @@ pub struct EpStats {
     pub rx_ring: u64,
     /// Messages taken from the overflow queue.
     pub rx_ovf: u64,
+    /// Piped inline messages taken (also counted in `rx_ring`): published
+    /// before their payload was whole, copied as it landed.
+    pub rx_piped: u64,
     /// Rendezvous data read by single copy.
     pub cma_reads: u64,
     /// Rendezvous data fetched through the pool because CMA was off,
@@ -61,6 +64,9 @@ pub struct EpStats {
     /// Overflow queue entries freed because the sender that claimed them
     /// died before publishing.
     pub ovf_skipped: u64,
+    /// Piped messages dropped unfinished because their sender was gone
+    /// (its process died, or its endpoint closed, mid-message).
+    pub pipes_dropped: u64,
 }
 
 /// An endpoint.
@@ -99,7 +105,7 @@ impl Domain {
         unsafe { sec.open(generation) };
         let id = inner.region.id();
         let addr = Address { pid: id.pid, job: id.job, token: id.token, fd: id.fd, ep_index: idx as u32, generation };
-        let ep = crate::domain::EpBox::new(EpState::new(addr, sec));
+        let ep = crate::domain::EpBox::new(EpState::new(addr, sec, inner.cfg.pipe_min));
         let state = ep.ptr();
         st.set_ep(idx, Some(ep));
         Ok(Endpoint { dom: inner.clone(), idx, state, addr, closed: false.into() })
@@ -1141,5 +1147,232 @@ mod tests {
             }
             assert_eq!(cq.read(&mut [CqTaggedEntry::default()]).unwrap_err(), Error::AGAIN);
         }
+    }
+
+    /// A piped message from `tx` to `to` (whose ring `tx` claimed by an
+    /// earlier send), as `RingTx::push_piped` writes one but stopped after
+    /// its first `upto` bytes: the sender descheduled mid-message. `hlen`
+    /// is the length its header says (the payload's, unless a test lies).
+    fn pipe_partial(
+        tx: &Endpoint,
+        to: FiAddr,
+        tag: u64,
+        hlen: usize,
+        payload: &[u8],
+        upto: usize,
+    ) -> Result<crate::ring::PipeWrite> {
+        with_ep!(tx, |ep, _ctx| {
+            let p = ep.peers.cached(to).expect("sent to before");
+            let Some(crate::engine::peers::Chan::Ring(r)) = ep.peers[p].chan.as_mut() else { panic!("no ring") };
+            let h = shm_layout::MsgHdr {
+                op: shm_layout::op::EAGER,
+                flags: shm_layout::hdr_flags::TAGGED,
+                len: hlen as u32,
+                tag,
+                ..Default::default()
+            };
+            let w = r.begin_piped(&h, payload.len()).expect("an empty ring has room");
+            if upto > 0 {
+                r.pipe_write(&w, 0, &payload[..upto]);
+            }
+            Ok(w)
+        })
+    }
+
+    /// The rest of a [`pipe_partial`] message, from `from`.
+    fn pipe_rest(tx: &Endpoint, to: FiAddr, w: &crate::ring::PipeWrite, payload: &[u8], from: usize) -> Result<()> {
+        with_ep!(tx, |ep, _ctx| {
+            let p = ep.peers.cached(to).expect("sent to before");
+            let Some(crate::engine::peers::Chan::Ring(r)) = ep.peers[p].chan.as_mut() else { panic!("no ring") };
+            r.pipe_write(w, from, &payload[from..]);
+            Ok(())
+        })
+    }
+
+    /// Whether the endpoint's inbound queues hold work for a pass (what a
+    /// sleeper asks before it sleeps).
+    fn has_work(ep: &Endpoint) -> bool {
+        fn ready(ep: &Endpoint) -> Result<bool> {
+            with_ep!(ep, |st, _ctx| Ok(st.inbound.ready(&st.sec)))
+        }
+        ready(ep).unwrap()
+    }
+
+    struct PipePair {
+        dom: Domain,
+        rx_cq: CompletionQueue,
+        rx: Endpoint,
+        tx: Endpoint,
+        to: FiAddr,
+    }
+
+    /// Two endpoints of one domain, the sender's ring to the receiver
+    /// claimed by a first small message (received and read).
+    fn pipe_pair(name: &str) -> PipePair {
+        std::env::set_var("SHMFAB_JOB_ID", format!("ep-pipe-{name}-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let (rx_cq, tx_cq) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
+        let (av, tx_av) = (dom.av_open().unwrap(), dom.av_open().unwrap());
+        let rx = open(&dom, &rx_cq, &av);
+        let tx = open(&dom, &tx_cq, &tx_av);
+        let to = tx_av.insert(&[rx.getname()]).unwrap()[0];
+        let mut b = [0u8; 8];
+        // SAFETY: b outlives the completion read below.
+        unsafe { rx.trecv(&mut b, FI_ADDR_UNSPEC, 1, 0, 99).unwrap() };
+        tx.tinject(b"hello", to, 1).unwrap();
+        dom.progress().unwrap();
+        let mut e = [CqTaggedEntry::default()];
+        assert_eq!(rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!(e[0].op_context, 99);
+        std::mem::forget(tx_cq);
+        PipePair { dom, rx_cq, rx, tx, to }
+    }
+
+    fn payload(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 + seed as usize) as u8).collect()
+    }
+
+    /// A matched receive takes a piped message's pieces as they land: with
+    /// the sender stopped after its first piece, the pass copies that piece
+    /// and leaves (no completion; no work for a sleeper meanwhile); the
+    /// rest completes it with every byte, counted as piped.
+    #[test]
+    fn piped_message_is_copied_as_it_lands() {
+        let t = pipe_pair("land");
+        let msg = payload(12000, 3);
+        let mut buf = vec![0u8; 12000];
+        // SAFETY: buf outlives the completion read below.
+        unsafe { t.rx.trecv(&mut buf, FI_ADDR_UNSPEC, 7, 0, 1).unwrap() };
+        let w = pipe_partial(&t.tx, t.to, 7, msg.len(), &msg, 4096).unwrap();
+        assert!(has_work(&t.rx), "a published piped message is work at first");
+        let mut e = [CqTaggedEntry::default()];
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "not whole: no completion");
+        assert!(!has_work(&t.rx), "waiting for its sender: no work for a sleeper");
+        pipe_rest(&t.tx, t.to, &w, &msg, 4096).unwrap();
+        assert!(has_work(&t.rx), "whole: work again");
+        assert_eq!(t.rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, e[0].len, e[0].tag), (1, 12000, 7));
+        assert!(buf == msg, "every byte, in place");
+        let st = t.rx.stats().unwrap();
+        assert_eq!(st.rx_piped, 1);
+        // The ring goes on: a plain message after it.
+        let mut b = [0u8; 8];
+        // SAFETY: b outlives the completion read below.
+        unsafe { t.rx.trecv(&mut b, FI_ADDR_UNSPEC, 8, 0, 2).unwrap() };
+        t.tx.tinject(b"after", t.to, 8).unwrap();
+        t.dom.progress().unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, &b[..5]), (2, &b"after"[..]));
+        assert!(!has_work(&t.rx));
+    }
+
+    /// A piped message that nothing matches waits, unread, until whole
+    /// (a receive posted meanwhile does not find it), then is taken as
+    /// any inline message; into a receive of three segments cut across
+    /// its pieces.
+    #[test]
+    fn unexpected_piped_message_waits_until_whole() {
+        let t = pipe_pair("unexp");
+        let msg = payload(16000, 5);
+        let w = pipe_partial(&t.tx, t.to, 9, msg.len(), &msg, 5000).unwrap();
+        let mut e = [CqTaggedEntry::default()];
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN);
+        assert!(!has_work(&t.rx));
+        let (mut a, mut b, mut c) = (vec![0u8; 3000], vec![0u8; 5000], vec![0u8; 8000]);
+        {
+            let mut iov = [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b), IoSliceMut::new(&mut c)];
+            // SAFETY: a, b and c outlive the completion read below.
+            unsafe { t.rx.trecvv(&mut iov, FI_ADDR_UNSPEC, 9, 0, 3).unwrap() };
+        }
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "posted, but the message is not whole");
+        pipe_rest(&t.tx, t.to, &w, &msg, 5000).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, e[0].len), (3, 16000));
+        assert!(a == msg[..3000] && b == msg[3000..8000] && c == msg[8000..], "every segment");
+        assert_eq!(t.rx.stats().unwrap().rx_piped, 1);
+    }
+
+    /// A piped message longer than its receive: the pieces that land are
+    /// copied up to the receive's length and no further (the buffer past
+    /// it untouched), and the completion reports the truncation.
+    #[test]
+    fn piped_message_truncated_to_its_receive() {
+        let t = pipe_pair("trunc");
+        let msg = payload(12000, 11);
+        let mut buf = vec![0xeeu8; 9000];
+        // SAFETY: buf outlives the completion read below.
+        unsafe { t.rx.trecv(&mut buf[..5000], FI_ADDR_UNSPEC, 4, 0, 4).unwrap() };
+        let w = pipe_partial(&t.tx, t.to, 4, msg.len(), &msg, 8192).unwrap();
+        let mut e = [CqTaggedEntry::default()];
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN);
+        pipe_rest(&t.tx, t.to, &w, &msg, 8192).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err().kind(), ErrorKind::Avail);
+        let x = t.rx_cq.readerr().unwrap();
+        assert_eq!((x.op_context, x.len, x.olen, x.err), (4, 5000, 7000, ErrorKind::Trunc.errno()));
+        assert!(buf[..5000] == msg[..5000], "the receive's bytes");
+        assert!(buf[5000..].iter().all(|&b| b == 0xee), "nothing past the receive");
+    }
+
+    /// The peer's counts are not trusted: a progress word past the
+    /// header's length is clamped to it (the receive gets the header's
+    /// length, no more), and a header whose length does not fit its cells
+    /// is dropped as a broken message, the ring going on after it.
+    #[test]
+    fn piped_progress_and_length_from_a_broken_peer_are_checked() {
+        let t = pipe_pair("broken");
+        let msg = payload(8192, 13);
+        let mut buf = vec![0xeeu8; 8192];
+        // SAFETY: buf outlives the completion read below.
+        unsafe { t.rx.trecv(&mut buf, FI_ADDR_UNSPEC, 5, 0, 5).unwrap() };
+        // Cells for 8192 bytes, a header saying 4096: the progress word
+        // goes to 8192.
+        let w = pipe_partial(&t.tx, t.to, 5, 4096, &msg, 1000).unwrap();
+        let mut e = [CqTaggedEntry::default()];
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN);
+        pipe_rest(&t.tx, t.to, &w, &msg, 1000).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, e[0].len), (5, 4096));
+        assert!(buf[..4096] == msg[..4096] && buf[4096..].iter().all(|&b| b == 0xee), "the header's length only");
+        // A header longer than its cells: dropped, the receive stays posted.
+        let mut b2 = vec![0u8; 1 << 20];
+        // SAFETY: b2 outlives the completion read below.
+        unsafe { t.rx.trecv(&mut b2, FI_ADDR_UNSPEC, 6, 0, 6).unwrap() };
+        let w = pipe_partial(&t.tx, t.to, 6, 1 << 20, &msg, 0).unwrap();
+        pipe_rest(&t.tx, t.to, &w, &msg, 0).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "dropped, not delivered");
+        t.tx.tinject(b"next", t.to, 6).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, e[0].len, &b2[..4]), (6, 4, &b"next"[..]));
+    }
+
+    /// A sender gone mid-message (here its endpoint closed after the first
+    /// piece; a process killed there is the real case) never finishes it:
+    /// the peer check drops the message and fails its matched receive, as
+    /// it fails whatever else is pending with a dead peer.
+    #[test]
+    fn piped_message_of_a_gone_sender_fails_its_receive() {
+        let t = pipe_pair("gone");
+        let msg = payload(16384, 17);
+        let mut buf = vec![0u8; 16384];
+        // SAFETY: buf outlives the completion read below.
+        unsafe { t.rx.trecv(&mut buf, FI_ADDR_UNSPEC, 3, 0, 7).unwrap() };
+        pipe_partial(&t.tx, t.to, 3, msg.len(), &msg, 4096).unwrap();
+        let mut e = [CqTaggedEntry::default()];
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN);
+        t.tx.close().unwrap();
+        let t0 = std::time::Instant::now();
+        let err = loop {
+            match t.rx_cq.read(&mut e) {
+                Err(x) if x.kind() == ErrorKind::Avail => break t.rx_cq.readerr().unwrap(),
+                Err(x) if x.kind() == ErrorKind::Again => {}
+                other => panic!("unexpected {other:?}"),
+            }
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the receive never failed");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        assert_eq!((err.op_context, err.prov_errno), (7, crate::cq::prov::PEER_GONE));
+        let st = t.rx.stats().unwrap();
+        assert_eq!((st.pipes_dropped, st.rx_piped), (1, 0));
+        assert!(!has_work(&t.rx), "nothing left");
     }
 }

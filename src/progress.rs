@@ -27,10 +27,10 @@ use crate::engine::tx::{local_ranges, Ctrl, TxState};
 use crate::engine::EpState;
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::MAX_MSG_SIZE;
-use crate::ring::{payload_capacity, RingView};
+use crate::ring::{payload_capacity, piped_capacity, RingView};
 use crate::sync::Ordering;
 use shm_layout::wire::{self, CtrlKind, WireError};
-use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, MAX_IOV, OVF_PAYLOAD};
+use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, CELL_PAYLOAD, MAX_IOV, OVF_PAYLOAD};
 
 /// Messages taken from one ring or the overflow queue per pass.
 const BATCH: usize = 64;
@@ -67,13 +67,68 @@ enum Flow {
     Done,
     /// Not consumed: try again on a later pass.
     Stall,
+    /// Not consumed: a piped message whose payload its sender is still
+    /// writing (no work for a sleeper until it is whole: see
+    /// `InRing::pipe_wait`).
+    Wait,
 }
+
+/// The message id under which a piped message's matched receive waits in
+/// its peer's receive order when the pass left it before its payload was
+/// whole ([`take_piped`]). Senders number their messages from 1 and never
+/// reach it; a broken peer that names it only breaks its own message.
+const PIPE_ID: u64 = u64::MAX;
+
+/// Polls of a piped message's progress that find nothing new before
+/// [`pipe_copy`] gives up for this pass (its sender descheduled, stopped,
+/// or dead): each one a load and a pause. The sender writes a 4 KiB piece
+/// in well under a microsecond when it runs.
+const PIPE_SPINS: u32 = 1024;
 
 /// Where a message's payload is.
 #[derive(Clone, Copy)]
 enum Src<'a> {
     Ring(RingView, usize),
     Buf(&'a [u8]),
+}
+
+/// Where an inline message's payload is, for [`on_eager`] and what it
+/// calls: a [`Src`] (a ring's message, or the overflow queue's), or a
+/// whole piped message ([`Piped`]). Generic rather than one more `Src`
+/// variant: the plain message's path, compiled for `Src`, stays as it was
+/// (a third variant cost the message rate's path 5-8 instructions a
+/// message by callgrind, in moves and its test).
+trait Payload: Copy {
+    fn cap(&self) -> usize;
+    /// Caller keeps `off + dst.len() <= cap()`.
+    fn read(&self, off: usize, dst: &mut [u8]);
+}
+
+impl Payload for Src<'_> {
+    #[inline(always)]
+    fn cap(&self) -> usize {
+        Src::cap(self)
+    }
+    #[inline(always)]
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        Src::read(self, off, dst)
+    }
+}
+
+/// A whole piped message's payload: from the second cell of the message
+/// at `0`, `1` bytes of room.
+#[derive(Clone, Copy)]
+struct Piped(RingView, usize);
+
+impl Payload for Piped {
+    #[inline(always)]
+    fn cap(&self) -> usize {
+        self.1
+    }
+    #[inline(always)]
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        self.0.read_payload(CELL_PAYLOAD + off, dst)
+    }
 }
 
 impl Src<'_> {
@@ -192,6 +247,11 @@ fn check_peers(ep: &mut EpState, ctx: &mut Ctx<'_>) {
             continue;
         }
         if let Some(why) = ep.peers.gone_reason(ep.addr, ctx.regions, p) {
+            // A piped message it never finished writing can never be
+            // delivered: dropped (its receive, if matched, fails below).
+            if ep.inbound.drop_unfinished_pipes(p) != 0 {
+                ep.stats.pipes_dropped += 1;
+            }
             // What it sent before going is delivered first: fail its
             // pending operations only once nothing of it is left in our
             // inbound queues (the overflow queue is shared: any entry there
@@ -427,6 +487,15 @@ fn take_one(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, peer: usize, ah
         ep.peers[peer].broken = true;
         return Step::Stop(false);
     }
+    if h.op == op::PIPED {
+        // Its own step, out of line. The test costs the message rate's
+        // path about 6 instructions a message by callgrind (`halftrip
+        // --stream`, 471 -> 477), the pool's 64 KiB half trip about 45;
+        // every other place tried cost one of them more (the ring passed
+        // to a call on a path that joins the inline one's made it reload
+        // the ring; all other kinds out of line, 40 a pool fragment).
+        return piped_step(ep, ctx, r, peer, &{ h }, ncells, ahead);
+    }
     let src = Src::Ring(r.rx.view(), payload_capacity(ncells));
     // The call out of line gets copies, so that the header and place
     // stay in registers on the inline path (see on_eager).
@@ -437,14 +506,185 @@ fn take_one(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, peer: usize, ah
         return Step::Stop(true);
     }
     ep.stats.rx_ring += 1;
+    step_past(r, ncells, ahead);
+    Step::Next(eager)
+}
+
+/// Moves past a message taken from ring `r`: `ahead`, in a stream (see
+/// `RingRx::consume`); else the pass's first message, whose credit
+/// drain_ring gives at its end, whatever follows.
+#[inline(always)]
+fn step_past(r: &mut InRing, ncells: usize, ahead: bool) {
     if ahead {
         r.rx.consume(ncells, true);
     } else {
-        // The first message of the pass: drain_ring gives the credit at its
-        // end, whatever follows.
         r.rx.advance(ncells);
     }
-    Step::Next(eager)
+}
+
+/// [`take_one`] for a piped message ([`take_piped`]): consumed when done,
+/// else stopped on (held back by a stall, or waiting for its sender).
+#[inline(never)]
+fn piped_step(
+    ep: &mut EpState,
+    ctx: &mut Ctx<'_>,
+    r: &mut InRing,
+    peer: usize,
+    h: &MsgHdr,
+    ncells: usize,
+    ahead: bool,
+) -> Step {
+    match take_piped(ep, ctx, r, peer, h, ncells) {
+        Flow::Done => {}
+        Flow::Stall => {
+            ep.stats.stalls += 1;
+            return Step::Stop(true);
+        }
+        Flow::Wait => return Step::Stop(false),
+    }
+    ep.stats.rx_ring += 1;
+    step_past(r, ncells, ahead);
+    // An inline message: it counts towards RING_BATCH.
+    Step::Next(true)
+}
+
+/// A piped inline message at the head of ring `r` ([`op::PIPED`]:
+/// published before its payload, which its sender writes piece by piece,
+/// storing the count written after each; see [`crate::ring`]).
+///
+/// - Whole already (its progress has reached its length): handled as any
+///   inline message ([`on_eager`]).
+/// - Not whole, and a posted receive matches it: the receive is taken now
+///   and each piece copied into it as it lands, while the sender writes
+///   the next ([`pipe_copy`]); the message completes in this pass unless
+///   its progress stops moving for [`PIPE_SPINS`] polls (the sender
+///   descheduled, stopped or dead). Then the receive waits in the peer's
+///   receive order under [`PIPE_ID`] (as a pool message's matched receive
+///   does), `InRing::pipe_active` set, and later passes copy on from where
+///   it stopped.
+/// - Not whole and unexpected: left for a later pass, which takes it
+///   whole.
+///
+/// Until it is whole the message stays at the ring's head (`Flow::Wait`:
+/// `InRing::pipe_wait`, so that a sleeper is not kept awake by it; its
+/// sender rings the doorbell after the last piece, as after any push). A
+/// sender that dies before the last piece leaves it there for good:
+/// [`check_peers`] drops it, and fails the receive as it fails the rest.
+/// The length, the cell count and the progress word are the peer's: the
+/// length is checked against the cells, the progress clamped to the
+/// length, and a progress that never arrives only leaves the message
+/// waiting.
+#[inline(never)]
+fn take_piped(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, p: usize, h: &MsgHdr, ncells: usize) -> Flow {
+    let view = r.rx.view();
+    let len = h.len as usize;
+    if std::mem::take(&mut r.pipe_active) {
+        return pipe_resume(ep, ctx, r, p, view);
+    }
+    let cap = piped_capacity(ncells);
+    if len > cap {
+        r.pipe_wait = false;
+        bad(ep, ctx, p, None, "piped length beyond its cells");
+        return Flow::Done;
+    }
+    if view.progress() >= len as u64 {
+        r.pipe_wait = false;
+        let flow = on_eager(ep, ctx, p, h, &Piped(view, cap));
+        if flow == Flow::Done {
+            ep.stats.rx_piped += 1;
+        }
+        return flow;
+    }
+    r.pipe_wait = true;
+    if !ep.bind.rx_room(ctx.cqs) {
+        return Flow::Stall;
+    }
+    let tagged = h.flags & hdr_flags::TAGGED != 0;
+    let Some(d) = ep.take_match(ctx, tagged, p, h.tag, len) else {
+        // Unexpected: queued once whole, by a later pass.
+        return Flow::Wait;
+    };
+    let mut a = ActiveRecv {
+        dest: d,
+        total: len,
+        received: 0,
+        tag: h.tag,
+        data: h.data,
+        hflags: h.flags,
+        timed: None,
+        fin: false,
+    };
+    if !pipe_copy(&view, &mut a) {
+        start_active(ep, p, PIPE_ID, a);
+        r.pipe_active = true;
+        return Flow::Wait;
+    }
+    r.pipe_wait = false;
+    // Whole: complete as eager_match_or_queue does.
+    let info = a.info(len.min(a.dest.cap));
+    if ep.peers[p].rx.in_order() {
+        emit_rx(ep, ctx, p, &a.dest, &info, None);
+    } else {
+        finish_rx(ep, ctx, p, 0, PendingRx { dest: a.dest, info, err: None });
+    }
+    ep.stats.rx_piped += 1;
+    Flow::Done
+}
+
+/// [`take_piped`] for a message whose matched receive a pass left under
+/// [`PIPE_ID`]: copies on; completes it when whole.
+fn pipe_resume(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, p: usize, view: RingView) -> Flow {
+    let Some(RxCur::Active(a)) = ep.peers[p].rx.get_mut(PIPE_ID) else {
+        // Its receive was failed meanwhile (a broken peer's message named
+        // PIPE_ID): the message has no receive left; dropped whole.
+        if view.progress() >= r.rx.current().0.len as u64 {
+            r.pipe_wait = false;
+            return Flow::Done;
+        }
+        r.pipe_active = true;
+        return Flow::Wait;
+    };
+    if !pipe_copy(&view, a) {
+        r.pipe_active = true;
+        return Flow::Wait;
+    }
+    r.pipe_wait = false;
+    let Some(RxCur::Active(a)) = ep.peers[p].rx.take(PIPE_ID) else { unreachable!("found above") };
+    finish_active(ep, ctx, p, PIPE_ID, a, None);
+    ep.stats.rx_piped += 1;
+    Flow::Done
+}
+
+/// Copies the pieces of the piped message at `view` that have landed
+/// into `a`'s receive, from `a.received` on, and waits for more while
+/// they keep coming: true once the whole message is in; false when its
+/// progress has not moved for [`PIPE_SPINS`] polls (what is in stays, and
+/// `a.received` says how far). Bytes past the receive's capacity are not
+/// copied (the completion reports the truncation).
+fn pipe_copy(view: &RingView, a: &mut ActiveRecv) -> bool {
+    let mut idle = 0u32;
+    loop {
+        // The peer's count: clamped to the length the cells were checked
+        // against.
+        let done = (view.progress().min(a.total as u64)) as usize;
+        if done > a.received {
+            let from = a.received;
+            let to = done.min(a.dest.cap);
+            if from < to {
+                a.dest.iovs.scatter(from, to - from, |o, dst| view.read_payload(CELL_PAYLOAD + from + o, dst));
+            }
+            a.received = done;
+            idle = 0;
+        }
+        if a.received == a.total {
+            return true;
+        }
+        idle += 1;
+        if idle > PIPE_SPINS {
+            return false;
+        }
+        crate::sync::idle_pause();
+    }
 }
 
 /// The messages of ring `r` after the first ([`drain_ring`]), which are
@@ -543,7 +783,7 @@ fn unexp_full(ep: &EpState, ctx: &Ctx<'_>, p: usize, more: usize) -> bool {
 /// An inline message: checked, then the common case ([`eager_to_front`])
 /// inlined into the ring's drain loop, the rest out of line.
 #[inline(always)]
-fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &Src<'_>) -> Flow {
+fn on_eager(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src: &impl Payload) -> Flow {
     let len = h.len as usize;
     if len > src.cap() {
         bad(ep, ctx, p, None, "inline length beyond its cells");
@@ -570,7 +810,7 @@ fn eager_match_or_queue(
     ctx: &mut Ctx<'_>,
     p: usize,
     h: &MsgHdr,
-    src: &Src<'_>,
+    src: &impl Payload,
     len: usize,
     tagged: bool,
 ) -> Flow {
@@ -615,7 +855,7 @@ fn eager_to_front(
     ctx: &mut Ctx<'_>,
     p: usize,
     h: &MsgHdr,
-    src: &Src<'_>,
+    src: &impl Payload,
     len: usize,
     tagged: bool,
 ) -> Option<Flow> {

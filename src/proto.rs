@@ -237,6 +237,7 @@
 //! | variable | meaning | default |
 //! | --- | --- | --- |
 //! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`; at most a quarter of the ring's bytes) | 16384 |
+//! | `SHMFAB_PIPE_MIN` | smallest inline message sent piped: published before its payload, which the receiver copies piece by piece while the sender writes it (0: none) | 8192 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 65536 |
 //! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 4096 |
 //! | `SHMFAB_FRAG_PARTS` | fragments a larger message through the pool is cut into ([`frag_for`]: each a whole number of chunks, from `SHMFAB_FRAG_SIZE` to `SHMFAB_FRAG_MAX`; no runs when `SHMFAB_FRAG_SIZE` is below the chunk size) | 4 |
@@ -414,6 +415,10 @@ pub enum CmaMode {
 pub struct Config {
     /// Largest inline message (ring path) when single copy is not usable.
     pub inline_max: usize,
+    /// Smallest inline message sent piped (published before its payload,
+    /// which the receiver copies while the sender writes it: see
+    /// [`crate::ring`]); 0: none.
+    pub pipe_min: usize,
     /// Smallest rendezvous (single copy) message when single copy is usable.
     pub cma_min: usize,
     /// Smallest rendezvous message when single copy is not usable.
@@ -574,6 +579,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             inline_max: 16384,
+            pipe_min: 8192,
             cma_min: 64 * 1024,
             rndv_min: 128 * 1024,
             cma: CmaMode::Auto,
@@ -652,6 +658,7 @@ impl Config {
             parse_env(get, "SHMFAB_BOOT_TIMEOUT", 1, MAX_BOOT_TIMEOUT, Rule::Any)?.unwrap_or(d.boot_timeout.as_secs());
         let mut c = Config {
             inline_max: bytes("SHMFAB_INLINE_MAX", 0, d.inline_max)?,
+            pipe_min: bytes("SHMFAB_PIPE_MIN", 0, d.pipe_min)?,
             cma_min: bytes("SHMFAB_CMA_MIN", 1, d.cma_min)?,
             rndv_min: bytes("SHMFAB_RNDV_MIN", 1, d.rndv_min)?,
             cma,
@@ -1012,6 +1019,7 @@ mod tests {
             ("SHMFAB_POOL_CHUNKS", "8"),
             ("SHMFAB_CHUNK_SIZE", "8k"),
             ("SHMFAB_INLINE_MAX", "1024"),
+            ("SHMFAB_PIPE_MIN", "6k"),
             ("SHMFAB_CMA_MIN", "2048"),
             ("SHMFAB_RNDV_MIN", "64k"),
             ("SHMFAB_SPLIT_MIN", "1m"),
@@ -1030,6 +1038,7 @@ mod tests {
         assert_eq!((c.inline_max, c.cma_min, c.rndv_min, c.split_min), (1024, 2048, 64 << 10, 1 << 20));
         assert_eq!((c.cma, c.max_eps, c.unexp_max, c.tx_size, c.rx_size), (CmaMode::NoWrite, 8, 64 << 10, 512, 256));
         assert_eq!((c.peer_check.as_millis(), c.boot_timeout.as_secs()), (50, 30));
+        assert_eq!(c.pipe_min, 6144);
         // Each of them, set to garbage, is an error naming it.
         for (name, _) in vars {
             let m = refused(&[(name, "x")]);

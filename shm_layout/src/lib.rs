@@ -41,7 +41,7 @@ pub const PAGE: usize = 4096;
 /// `b"SHMFAB\0\x01"` read as a little-endian u64: the first word of a region.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMFAB\0\x01");
 /// Layout version: bump when any type in this crate changes meaning.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Most ring slots an endpoint can have (slot claims are a 64-bit mask).
 pub const MAX_SLOTS: u32 = 64;
 /// Most iov segments in one operation.
@@ -424,6 +424,14 @@ pub mod op {
     /// Sender to receiver: the write asked by CTS_WRITE is done, with a
     /// status ([`Control`](crate::wire::Control)).
     pub const WDONE: u8 = 8;
+    /// An inline message like `EAGER`, piped: published before its
+    /// payload is written, so that the receiver copies while the sender
+    /// writes. Its payload starts at the second cell; the first 8 bytes of
+    /// the first cell's payload area ([`PIPE_PROGRESS`](crate::PIPE_PROGRESS))
+    /// are the count of payload bytes written so far, stored with release
+    /// after each piece and read with acquire. The message is whole when
+    /// it equals `len`. Only in rings (never in the overflow queue).
+    pub const PIPED: u8 = 9;
 }
 
 /// Bits of an RTS's flags word.
@@ -447,6 +455,10 @@ pub mod hdr_flags {
     /// Sender asked for a solicited event.
     pub const SOLICITED: u8 = 4;
 }
+
+/// Offset in a piped message's first cell of its progress word (an
+/// `AtomicU64`: see [`op::PIPED`]): the start of the payload area.
+pub const PIPE_PROGRESS: usize = core::mem::offset_of!(Cell, payload);
 
 /// First cell of a ring message. Continuation cells are 64 bytes of payload.
 #[repr(C, align(64))]

@@ -44,6 +44,23 @@ pub(crate) struct InRing {
     pub peer: usize,
     /// The last pass stopped on a message it could not take.
     pub held: bool,
+    /// The last pass left a piped message at the head whose payload its
+    /// sender had not finished writing (`progress::take_piped`): no work
+    /// for a sleeper until it is whole ([`RingRx::piped_whole`]), which
+    /// its sender's doorbell, rung after the last piece, says.
+    pub pipe_wait: bool,
+    /// That message's receive is matched and waits in the peer's receive
+    /// order (`progress::PIPE_ID`), holding the bytes copied so far.
+    pub pipe_active: bool,
+}
+
+impl InRing {
+    /// Whether a pass has something to do here: a published message,
+    /// unless held back, or piped and still being written.
+    #[inline]
+    fn has_work(&self) -> bool {
+        !self.held && self.rx.ready() && (!self.pipe_wait || self.rx.piped_whole())
+    }
 }
 
 /// The rings a progress pass drains in place ([`Inbound::rings_for_pass`]):
@@ -218,7 +235,7 @@ impl Inbound {
             // SAFETY: the ring lies in our own section; we are its only consumer.
             let rx =
                 unsafe { RingRx::new(sec.ringctl_at(s as u32), sec.ring_cells(s as u32), sec.g.ring_cells as usize) };
-            self.rings[s] = Some(InRing { rx, peer: p, held: false });
+            self.rings[s] = Some(InRing { rx, peer: p, held: false, pipe_wait: false, pipe_active: false });
             self.ring_bits |= bit;
         }
     }
@@ -253,12 +270,34 @@ impl Inbound {
         if self.new_claims(sec).is_some() {
             return true;
         }
-        self.rings.iter().flatten().any(|r| !r.held && r.rx.ready()) || !self.ovf_held && self.ovf.ready()
+        self.rings.iter().flatten().any(InRing::has_work) || !self.ovf_held && self.ovf.ready()
     }
 
     /// Whether a queue is held back (see [`Inbound::ready`]).
     pub fn holds_back(&self) -> bool {
         self.ovf_held || self.rings.iter().flatten().any(|r| r.held)
+    }
+
+    /// Drops, from the rings of peer `p` (gone: its process died or its
+    /// endpoint closed), a piped message at the head whose payload it
+    /// never finished writing: nothing will finish it, and it would keep
+    /// [`Inbound::may_hold`] true (so the failure of what is pending with
+    /// `p`) for ever. Its matched receive, if any, fails with the rest.
+    /// Returns how many were dropped.
+    pub fn drop_unfinished_pipes(&mut self, p: usize) -> usize {
+        let mut n = 0;
+        for r in self.rings.iter_mut().flatten().filter(|r| r.peer == p && r.pipe_wait) {
+            if r.rx.ready() && !r.rx.piped_whole() {
+                let (_, ncells) = r.rx.current();
+                if ncells != 0 {
+                    r.rx.consume(ncells, false);
+                    r.rx.release_credit();
+                    n += 1;
+                }
+            }
+            (r.pipe_wait, r.pipe_active) = (false, false);
+        }
+        n
     }
 
     /// Whether peer `p` may still have messages here: its ring, or the

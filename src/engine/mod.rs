@@ -70,7 +70,8 @@ pub const HK_PERIOD: u32 = 256;
 
 impl EpState {
     /// A new, unbound endpoint on section `sec` (opened at `addr`).
-    pub fn new(addr: Address, sec: Section) -> EpState {
+    /// Inline messages from `pipe_min` bytes go piped (`Config::pipe_min`).
+    pub fn new(addr: Address, sec: Section, pipe_min: usize) -> EpState {
         EpState {
             addr,
             enabled: false,
@@ -78,7 +79,7 @@ impl EpState {
             polled: false,
             inbound: inbound::Inbound::new(&sec),
             sec,
-            peers: peers::Peers::new(),
+            peers: peers::Peers::new(pipe_min),
             matching: matching::Matching::new(),
             tx: tx::TxEngine::new(),
             bind: complete::Bindings::new(),

@@ -164,6 +164,9 @@ pub(crate) struct Peers {
     by_fi: Vec<u32>,
     /// The bound address vector.
     av: Option<usize>,
+    /// Inline messages from this many bytes go piped on the rings we
+    /// claim (`Config::pipe_min`; 0: none).
+    pipe_min: usize,
 }
 
 impl std::ops::Index<usize> for Peers {
@@ -182,8 +185,10 @@ impl std::ops::IndexMut<usize> for Peers {
 }
 
 impl Peers {
-    pub fn new() -> Peers {
-        Peers { list: Vec::new(), by_addr: HashMap::new(), by_fi: Vec::new(), av: None }
+    /// No peers yet; inline messages from `pipe_min` bytes go piped on
+    /// the rings claimed later (0: none).
+    pub fn new(pipe_min: usize) -> Peers {
+        Peers { list: Vec::new(), by_addr: HashMap::new(), by_fi: Vec::new(), av: None, pipe_min }
     }
 
     pub fn len(&self) -> usize {
@@ -339,7 +344,10 @@ impl Peers {
                 claim.owner = &sec.slot(s).owner;
                 // SAFETY: the ring belongs to the mapped section we hold
                 // (region kept in Peer); we are its only producer (claimed).
-                Chan::Ring(unsafe { RingTx::new(sec.ringctl_at(s), sec.ring_cells(s), sec.g.ring_cells as usize) })
+                Chan::Ring(
+                    unsafe { RingTx::new(sec.ringctl_at(s), sec.ring_cells(s), sec.g.ring_cells as usize) }
+                        .piped_from(self.pipe_min),
+                )
             }
             Claim::Full => {
                 sec.use_overflow();
@@ -436,7 +444,7 @@ mod tests {
 
     #[test]
     fn indices_are_stable_and_addresses_unique() {
-        let mut p = Peers::new();
+        let mut p = Peers::new(0);
         let a = p.index_of(addr(10));
         let b = p.index_of(addr(11));
         assert_eq!((a, b), (0, 1));
@@ -450,7 +458,7 @@ mod tests {
     #[test]
     fn fi_addr_cache_follows_the_av_and_is_cleared_on_removal() {
         let (mut avs, id) = av_of(&[addr(10), addr(11)]);
-        let mut p = Peers::new();
+        let mut p = Peers::new(0);
         assert_eq!(p.of(&avs, 0).unwrap_err().kind(), ErrorKind::Inval, "no AV bound");
         p.bind_av(id);
         assert_eq!(p.of(&avs, 1).unwrap(), 0, "first peer met gets index 0");

@@ -1860,6 +1860,15 @@ fn cmd_info(o: &InfoArgs, cfg: shmfab::Config) -> Result<(), String> {
         "            without: inline up to {} B, eager through the pool below {} B, rendezvous through the pool from {} B",
         cfg.inline_max, cfg.rndv_min, cfg.rndv_min
     );
+    if cfg.pipe_min == 0 {
+        println!("            inline messages never piped");
+    } else {
+        println!(
+            "            inline messages from {} B piped (the receiver copies each {} B piece as it lands)",
+            cfg.pipe_min,
+            shmfab::internal::ring::PIPE_PIECE
+        );
+    }
     let g = cfg.geometry;
     println!(
         "endpoint section: {} rings x {} cells, overflow queue {} entries, pool {} x {} B: {} KiB per endpoint",
