@@ -3,7 +3,7 @@
 //!
 //! | protocol | when | data moves |
 //! | --- | --- | --- |
-//! | [`Proto::Inline`] | up to `inline_max` (and below `cma_min`); on the overflow queue up to one cell (72 B) | in the ring cells, one copy each side |
+//! | [`Proto::Inline`] | up to `inline_max` (and below `cma_min`); on the overflow queue up to one cell (72 B) | in the ring cells, one copy each side; from `pipe_min` piped (the receiver copies each 4 KiB piece as it lands) |
 //! | [`Proto::Bounce`] | above `inline_max`, below `cma_min` where single copy is usable, else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments ([`frag_for`]: `frag_size` below 32 KiB, then a quarter of the message, at most `frag_max`, each a run of chunks back to back named by one ring message), pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
 //! | [`Proto::Rndv`] | from the lower of `cma_min` and `rndv_min` where single copy is usable, else from `rndv_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv (from `split_min`, both sides copy half each). Where CMA is off or the kernel refuses it (EPERM, ENOSYS; both sides then stop offering it to that peer) the receiver asks for the data through the pool |
 //!
@@ -45,6 +45,19 @@
 //! (5 of 14): the pool's pipelining wins there. Session 13 had measured
 //! 16 KiB inline 3.4 us against 2.6 through the pool (2026-11-23): the
 //! band's copy and the ring's cuts since changed that.
+//!
+//! From `pipe_min` (8 KiB) an inline message goes piped (`crate::ring`:
+//! published before its payload, which the receiver copies 4 KiB piece by
+//! piece while the sender writes the next), so that the two copies overlap
+//! instead of following each other (2026-11-27, paired `scripts/ab.sh`
+//! rounds near, raw 8 B 0.03-0.06 us, against the same build with
+//! `SHMFAB_PIPE_MIN=0`): 16 KiB -0.21 us (better in 19 of 24), -0.35 (23
+//! of 24), -0.28 (15 of 16), -0.37 (17 of 20); 8 KiB -0.10 (20 of 24),
+//! -0.07 (15 of 24), +0.00 (7 of 16 and 10 of 20); 6 KiB with a 4 KiB
+//! threshold -0.04 (17 of 24) and -0.09 (14 of 24); 4 KiB piped (one
+//! piece: nothing to overlap) +0.03 (8 of 24), so the default starts at 8
+//! KiB. The message rate (8 B) and 8 B ping-pong unchanged (+0.26 Mmsg/s,
+//! 13 of 24; 8 B tied, 9 of 20).
 //!
 //! Fragments carried in the ring's own cells instead of pool chunks (a
 //! PART message per fragment after the BOUNCE_HDR: no chunk to take or
@@ -417,7 +430,7 @@ pub struct Config {
     pub inline_max: usize,
     /// Smallest inline message sent piped (published before its payload,
     /// which the receiver copies while the sender writes it: see
-    /// [`crate::ring`]); 0: none.
+    /// `crate::ring`); 0: none.
     pub pipe_min: usize,
     /// Smallest rendezvous (single copy) message when single copy is usable.
     pub cma_min: usize,
