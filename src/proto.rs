@@ -59,6 +59,14 @@
 //! KiB. The message rate (8 B) and 8 B ping-pong unchanged (+0.26 Mmsg/s,
 //! 13 of 24; 8 B tied, 9 of 20).
 //!
+//! An answer (`answer_max`, [`answer_inline`]: a message from the peer
+//! arrived since our last send to it, nothing is queued to it) goes inline
+//! and piped up to half the ring's bytes, 32 KiB by default, where it
+//! would take the pool: paired, near, 24 KiB -0.34 us (16 of 16), 32 KiB
+//! -0.17 (13 of 16) and -0.21 to -0.24 with every such message inline;
+//! streams keep the pool (their messages answer nothing), as every
+//! message up to half the ring inline lost 3.9 GB/s at 32 KiB (0 of 12).
+//!
 //! Fragments carried in the ring's own cells instead of pool chunks (a
 //! PART message per fragment after the BOUNCE_HDR: no chunk to take or
 //! give back; branch `ring-parts-experiment`), measured again without
@@ -250,6 +258,7 @@
 //! | variable | meaning | default |
 //! | --- | --- | --- |
 //! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`; at most a quarter of the ring's bytes) | 16384 |
+//! | `SHMFAB_ANSWER_MAX` | largest message sent inline (piped) when it answers its peer (a message from it arrived since our last send to it, nothing queued to it): a ping-pong's turn, where the pool's fragments lose; a stream takes the pool. At most half the ring's bytes; 0: none | 32768 |
 //! | `SHMFAB_PIPE_MIN` | smallest inline message sent piped: published before its payload, which the receiver copies piece by piece while the sender writes it (0: none) | 8192 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 65536 |
 //! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 4096 |
@@ -428,6 +437,13 @@ pub enum CmaMode {
 pub struct Config {
     /// Largest inline message (ring path) when single copy is not usable.
     pub inline_max: usize,
+    /// Largest message sent inline (piped) when it answers its peer: a
+    /// message from that peer arrived since our last send to it, and
+    /// nothing is queued to it (a ping-pong's turn, not a stream, which
+    /// the pool serves better). At most half the ring's bytes; only
+    /// messages that go piped (`pipe_min` on and reached); 0: none beyond
+    /// `inline_max`.
+    pub answer_max: usize,
     /// Smallest inline message sent piped (published before its payload,
     /// which the receiver copies while the sender writes it: see
     /// `crate::ring`); 0: none.
@@ -592,6 +608,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             inline_max: 16384,
+            answer_max: 32768,
             pipe_min: 8192,
             cma_min: 64 * 1024,
             rndv_min: 128 * 1024,
@@ -672,6 +689,7 @@ impl Config {
         let mut c = Config {
             inline_max: bytes("SHMFAB_INLINE_MAX", 0, d.inline_max)?,
             pipe_min: bytes("SHMFAB_PIPE_MIN", 0, d.pipe_min)?,
+            answer_max: bytes("SHMFAB_ANSWER_MAX", 0, d.answer_max)?,
             cma_min: bytes("SHMFAB_CMA_MIN", 1, d.cma_min)?,
             rndv_min: bytes("SHMFAB_RNDV_MIN", 1, d.rndv_min)?,
             cma,
@@ -701,6 +719,9 @@ impl Config {
     pub fn clamp(&mut self) {
         let ring_max = self.geometry.ring_cells as usize / 4 * std::mem::size_of::<shm_layout::Cell>();
         self.inline_max = self.inline_max.min(ring_max);
+        // Half the ring: a piped message of that many bytes takes half
+        // the cells and one (its first), and the guard one more.
+        self.answer_max = self.answer_max.min(2 * ring_max);
         self.cma_min = self.cma_min.max(1);
         self.rndv_min = self.rndv_min.max(self.inline_max + 1);
         let chunk = self.geometry.chunk_size as usize;
@@ -758,6 +779,15 @@ pub fn choose(cfg: &Config, kind: OpKind, len: usize, niov: usize, on_ring: bool
     } else {
         Proto::Bounce
     }
+}
+
+/// Whether a message that [`choose`] sends through the pool goes inline
+/// instead because it answers its peer (`Config::answer_max`): `answering`
+/// (a message from the peer arrived since our last send to it), a ring to
+/// it with nothing queued, and a length that goes piped, above
+/// `inline_max` and within `answer_max`.
+pub fn answer_inline(cfg: &Config, proto: Proto, len: usize, on_ring: bool, answering: bool) -> bool {
+    proto == Proto::Bounce && answering && on_ring && len <= cfg.answer_max && cfg.pipe_min != 0 && len >= cfg.pipe_min
 }
 
 /// Whether [`choose`] picks [`Proto::Inline`] for a one-segment message of
@@ -916,6 +946,26 @@ mod tests {
     }
 
     #[test]
+    fn answers_go_inline_up_to_half_the_ring_when_piped() {
+        let mut c = Config::default();
+        c.clamp();
+        assert_eq!(c.answer_max, 32768, "half the default ring's bytes");
+        let b = Proto::Bounce;
+        assert!(answer_inline(&c, b, 24 << 10, true, true));
+        assert!(answer_inline(&c, b, 32 << 10, true, true));
+        assert!(!answer_inline(&c, b, (32 << 10) + 1, true, true), "past answer_max");
+        assert!(!answer_inline(&c, b, 24 << 10, true, false), "not an answer: a stream");
+        assert!(!answer_inline(&c, b, 24 << 10, false, true), "no ring");
+        assert!(!answer_inline(&c, Proto::Rndv, 24 << 10, true, true), "only instead of the pool");
+        let unpiped = Config { pipe_min: 0, ..c.clone() };
+        assert!(!answer_inline(&unpiped, b, 24 << 10, true, true), "only piped");
+        let mut huge = Config { answer_max: 1 << 30, ..Config::default() };
+        huge.clamp();
+        assert_eq!(huge.answer_max, 32768);
+        assert!(crate::ring::piped_cells(huge.answer_max) < huge.geometry.ring_cells as usize, "and its guard");
+    }
+
+    #[test]
     fn clamp_keeps_inline_within_a_quarter_ring_and_a_cell() {
         let mut c = Config { inline_max: 1 << 30, cma_min: 1 << 30, frag_size: 1 << 30, ..Config::default() };
         c.clamp();
@@ -1033,6 +1083,7 @@ mod tests {
             ("SHMFAB_CHUNK_SIZE", "8k"),
             ("SHMFAB_INLINE_MAX", "1024"),
             ("SHMFAB_PIPE_MIN", "6k"),
+            ("SHMFAB_ANSWER_MAX", "20k"),
             ("SHMFAB_CMA_MIN", "2048"),
             ("SHMFAB_RNDV_MIN", "64k"),
             ("SHMFAB_SPLIT_MIN", "1m"),
@@ -1051,7 +1102,7 @@ mod tests {
         assert_eq!((c.inline_max, c.cma_min, c.rndv_min, c.split_min), (1024, 2048, 64 << 10, 1 << 20));
         assert_eq!((c.cma, c.max_eps, c.unexp_max, c.tx_size, c.rx_size), (CmaMode::NoWrite, 8, 64 << 10, 512, 256));
         assert_eq!((c.peer_check.as_millis(), c.boot_timeout.as_secs()), (50, 30));
-        assert_eq!(c.pipe_min, 6144);
+        assert_eq!((c.pipe_min, c.answer_max), (6144, 8192), "answer_max clamped to half the 256-cell ring");
         // Each of them, set to garbage, is an error naming it.
         for (name, _) in vars {
             let m = refused(&[(name, "x")]);

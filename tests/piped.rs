@@ -163,3 +163,54 @@ fn piped_message_truncated_across_processes() {
         w.barrier();
     });
 }
+
+/// A ping-pong of messages above the inline limit (16 KiB) and within
+/// `SHMFAB_ANSWER_MAX` (32 KiB): each answer goes inline, piped (the
+/// first message, which answers nothing, through the pool); past 32 KiB,
+/// the pool. Every byte arrives; the counters say which way each went.
+#[test]
+fn answers_go_inline_up_to_half_the_ring() {
+    run("answers_go_inline_up_to_half_the_ring", 2, &[], Duration::from_secs(60), |w| {
+        let peer = w.addrs[1 - w.rank];
+        const ROUNDS: u64 = 20;
+        for (k, len) in [16385usize, 24576, 32768, 32769].into_iter().enumerate() {
+            let before = w.ep.stats().unwrap();
+            let seed = |i: u64, from: usize| k as u64 * 1000 + i * 2 + from as u64;
+            let send = |i: u64| {
+                let m = pattern(len, seed(i, w.rank));
+                let iov = [IoSlice::new(&m)];
+                let sm = SendMsg { iov: &iov, dest: peer, context: 20, data: 0, tag: i };
+                // SAFETY: m outlives the completion waited for below.
+                w.retry(|| unsafe { w.ep.tsendmsg(&sm, FI_COMPLETION) });
+                w.ok(20);
+            };
+            let recv = |i: u64| {
+                let mut b = vec![0u8; len];
+                // SAFETY: b outlives the completion waited for below.
+                unsafe { w.ep.trecv(&mut b, peer, i, 0, 10).unwrap() };
+                assert_eq!(w.ok(10).len, len);
+                assert!(b == pattern(len, seed(i, 1 - w.rank)), "len {len} round {i}: bytes");
+            };
+            for i in 0..ROUNDS {
+                if w.rank == 0 {
+                    send(i);
+                    recv(i);
+                } else {
+                    recv(i);
+                    send(i);
+                }
+            }
+            let after = w.ep.stats().unwrap();
+            let (inline, pool) = (after.tx_inline - before.tx_inline, after.tx_bounce - before.tx_bounce);
+            // Rank 1 answers every time; rank 0's first message answers
+            // nothing.
+            let answers = if w.rank == 0 { ROUNDS - 1 } else { ROUNDS };
+            if len <= 32768 {
+                assert_eq!((inline, pool), (answers, ROUNDS - answers), "len {len}: {after:?}");
+            } else {
+                assert_eq!((inline, pool), (0, ROUNDS), "len {len}: {after:?}");
+            }
+            w.barrier();
+        }
+    });
+}

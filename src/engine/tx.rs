@@ -616,6 +616,21 @@ impl EpState {
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
         let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
         op.proto = proto::choose(ctx.cfg, op.kind, op.len, op.iovs.n, on_ring, cma_ok);
+        // An answer to the peer (it sent us something since our last send
+        // to it): the ring is told, as the fast path tells it; and a
+        // message that would take the pool goes inline up to answer_max.
+        let answering = std::mem::take(&mut peer.heard);
+        if answering {
+            if let Some(Chan::Ring(r)) = peer.chan.as_mut() {
+                r.heard_back();
+            }
+            if !op.deliver
+                && peer.tx.txq.is_empty()
+                && proto::answer_inline(ctx.cfg, op.proto, op.len, on_ring, answering)
+            {
+                op.proto = Proto::Inline;
+            }
+        }
         if op.proto == Proto::Rndv && cma_ok {
             eager_after_pick(&mut peer.tx, ctx.cfg, &mut op);
         }
