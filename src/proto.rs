@@ -959,6 +959,9 @@ mod tests {
         assert!(!answer_inline(&c, Proto::Rndv, 24 << 10, true, true), "only instead of the pool");
         let unpiped = Config { pipe_min: 0, ..c.clone() };
         assert!(!answer_inline(&unpiped, b, 24 << 10, true, true), "only piped");
+        let late = Config { pipe_min: 20 << 10, ..c.clone() };
+        assert!(!answer_inline(&late, b, 18 << 10, true, true), "below pipe_min: not piped");
+        assert!(answer_inline(&late, b, 20 << 10, true, true));
         let mut huge = Config { answer_max: 1 << 30, ..Config::default() };
         huge.clamp();
         assert_eq!(huge.answer_max, 32768);

@@ -300,6 +300,14 @@ impl RingTx {
         self.pushed = false;
     }
 
+    /// Whether a message of `ncells` cells can ever fit this ring (its
+    /// cells and the guard: the ring is the receiver's, whose size may
+    /// differ from the sender's own).
+    #[inline]
+    pub fn can_hold(&self, ncells: usize) -> bool {
+        (ncells as u64) < self.cap
+    }
+
     /// Whether a message of `ncells` cells fits now.
     #[inline]
     pub fn has_room_for(&mut self, ncells: usize) -> bool {

@@ -214,3 +214,68 @@ fn answers_go_inline_up_to_half_the_ring() {
         }
     });
 }
+
+/// A receiver whose ring is smaller than its sender's (SHMFAB_RING_CELLS
+/// set differently in the two processes; two fabrics of one process
+/// here): a message the sender would send inline but the receiver's ring
+/// can never hold goes through the pool instead of waiting for room for
+/// ever. (Found by review: a 32 KiB answer to a ring of 512 cells, and a
+/// 16 KiB inline message to one of 256, hung with every send behind them.)
+#[test]
+fn inline_messages_too_big_for_the_receivers_ring_take_the_pool() {
+    use shmfab::{CqAttr, CqTaggedEntry, Fabric, FI_RECV, FI_TRANSMIT};
+    std::env::set_var("SHMFAB_JOB_ID", format!("piped-small-ring-{}", std::process::id()));
+    let open = |cells: u32| {
+        let mut cfg = shmfab::Config::default();
+        cfg.geometry.ring_cells = cells;
+        let dom = Fabric::with_config(cfg).unwrap().domain().unwrap();
+        let cq = dom.cq_open(&CqAttr::default()).unwrap();
+        let av = dom.av_open().unwrap();
+        let ep = dom.endpoint().unwrap();
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+        (dom, cq, av, ep)
+    };
+    let (bd, bcq, bav, big) = open(1024);
+    for cells in [512u32, 256] {
+        let (sd, scq, sav, small) = open(cells);
+        let to = bav.insert(&[small.getname()]).unwrap()[0];
+        let back = sav.insert(&[big.getname()]).unwrap()[0];
+        let read = |dom: &shmfab::Domain, cq: &shmfab::CompletionQueue, other: &shmfab::Domain| {
+            let t0 = std::time::Instant::now();
+            let mut e = [CqTaggedEntry::default()];
+            loop {
+                match cq.read(&mut e) {
+                    Ok(_) => return e[0],
+                    Err(x) if x.kind() == ErrorKind::Again => {}
+                    Err(x) => panic!("{x}"),
+                }
+                other.progress().unwrap();
+                dom.progress().unwrap();
+                assert!(t0.elapsed() < Duration::from_secs(10), "never completed ({cells}-cell receiver)");
+            }
+        };
+        for len in [16384usize, 32768] {
+            // A small message from the receiver first: the big-ring
+            // sender's next one answers it.
+            let mut b = [0u8; 8];
+            // SAFETY: b outlives the completion read below.
+            unsafe { big.trecv(&mut b, to, 1, 0, 1).unwrap() };
+            small.tinject(b"hi", back, 1).unwrap();
+            assert_eq!(read(&bd, &bcq, &sd).op_context, 1);
+            let m = pattern(len, len as u64 + cells as u64);
+            let mut r = vec![0u8; len];
+            // SAFETY: r and m outlive the completions read below.
+            unsafe {
+                small.trecv(&mut r, back, 2, 0, 2).unwrap();
+                big.tsend(&m, to, 2, 3).unwrap();
+            }
+            assert_eq!(read(&sd, &scq, &bd).op_context, 2);
+            assert_eq!(read(&bd, &bcq, &sd).op_context, 3);
+            assert!(r == m, "{len} bytes to a {cells}-cell ring");
+        }
+        drop((small, sav, scq, sd));
+    }
+    drop((big, bav, bcq, bd));
+}

@@ -481,14 +481,18 @@ impl PeerRx {
     }
 
     /// Whether a new message from the peer may not take id `msg_id`: 0
-    /// (the order's mark of a completion on arrival), an id in progress,
+    /// (the order's mark of a completion on arrival), the id of parked
+    /// piped messages (`progress::PIPE_ID`), an id in progress,
     /// or one whose place in the order is still held (a sender never
     /// reuses an id; a peer that does would otherwise overwrite a held
     /// completion or leave a place nobody fills). Ids of unmatched
     /// messages waiting in the unexpected queue are not searched here (a
     /// duplicate among them only confuses that peer's own order).
     pub fn has(&self, msg_id: u64) -> bool {
-        msg_id == 0 || self.parts.iter().any(|x| x.0 == msg_id) || self.order.iter().any(|x| x.0 == msg_id)
+        msg_id == 0
+            || msg_id == crate::progress::PIPE_ID
+            || self.parts.iter().any(|x| x.0 == msg_id)
+            || self.order.iter().any(|x| x.0 == msg_id)
     }
 
     /// The message `msg_id` in progress.
@@ -571,7 +575,10 @@ pub(crate) fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64,
         order.pop_front();
         emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
     } else {
-        match order.iter_mut().find(|x| key != 0 && x.0 == key) {
+        // The slot still empty: a key may have a filled slot before it
+        // (piped messages parked one after the other, all under
+        // progress::PIPE_ID), which must keep its completion.
+        match order.iter_mut().find(|x| key != 0 && x.0 == key && x.1.is_none()) {
             Some(slot) => slot.1 = Some(pr),
             None => order.push_back((0, Some(pr))),
         }

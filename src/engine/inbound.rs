@@ -287,17 +287,26 @@ impl Inbound {
     pub fn drop_unfinished_pipes(&mut self, p: usize) -> usize {
         let mut n = 0;
         for r in self.rings.iter_mut().flatten().filter(|r| r.peer == p && r.pipe_wait) {
+            // A message whole by now stays, and its parked receive with it:
+            // the next pass delivers it.
             if r.rx.ready() && !r.rx.piped_whole() {
                 let (_, ncells) = r.rx.current();
                 if ncells != 0 {
                     r.rx.consume(ncells, false);
                     r.rx.release_credit();
+                    (r.pipe_wait, r.pipe_active) = (false, false);
                     n += 1;
                 }
             }
-            (r.pipe_wait, r.pipe_active) = (false, false);
         }
         n
+    }
+
+    /// Whether a ring of peer `p` holds a piped message it has not
+    /// finished writing (the peer check looks at such a peer even with
+    /// nothing else pending with it: [`Inbound::drop_unfinished_pipes`]).
+    pub fn waits_on_pipe(&self, p: usize) -> bool {
+        self.rings.iter().flatten().any(|r| r.peer == p && r.pipe_wait)
     }
 
     /// Whether peer `p` may still have messages here: its ring, or the

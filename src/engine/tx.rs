@@ -631,6 +631,18 @@ impl EpState {
                 op.proto = Proto::Inline;
             }
         }
+        // An inline message the peer's ring can never hold (its ring
+        // smaller than ours: SHMFAB_RING_CELLS differs between the two
+        // processes) goes through the pool: pushed, it would wait for room
+        // for ever, and every send queued behind it too. (Cells counted as
+        // piped, the larger count.)
+        if op.proto == Proto::Inline {
+            if let Some(Chan::Ring(r)) = peer.chan.as_ref() {
+                if !r.can_hold(crate::ring::piped_cells(op.len)) {
+                    op.proto = Proto::Bounce;
+                }
+            }
+        }
         if op.proto == Proto::Rndv && cma_ok {
             eager_after_pick(&mut peer.tx, ctx.cfg, &mut op);
         }

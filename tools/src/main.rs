@@ -1864,9 +1864,11 @@ fn cmd_info(o: &InfoArgs, cfg: shmfab::Config) -> Result<(), String> {
         println!("            inline messages never piped");
     } else {
         println!(
-            "            inline messages from {} B piped (the receiver copies each {} B piece as it lands)",
+            "            inline messages from {} B piped (the receiver copies each {} B piece as it lands); \
+             an answer to the peer inline up to {} B",
             cfg.pipe_min,
-            shmfab::internal::ring::PIPE_PIECE
+            shmfab::internal::ring::PIPE_PIECE,
+            cfg.answer_max
         );
     }
     let g = cfg.geometry;
