@@ -1537,4 +1537,25 @@ mod tests {
         let rx = crate::engine::complete::PeerRx::new();
         assert!(rx.has(crate::progress::PIPE_ID) && rx.has(0) && !rx.has(1));
     }
+
+    /// An endpoint closed while a receive waits parked on a piped message
+    /// (its sender stopped mid-message) cancels that receive, as it
+    /// cancels every receive matched and not complete.
+    #[test]
+    fn close_cancels_a_parked_piped_receive() {
+        let t = pipe_pair("close-parked");
+        let msg = payload(12000, 29);
+        let mut buf = vec![0u8; 12000];
+        // SAFETY: buf outlives the close below, which ends the receive.
+        unsafe { t.rx.trecv(&mut buf, FI_ADDR_UNSPEC, 5, 0, 31).unwrap() };
+        pipe_partial(&t.tx, t.to, 5, msg.len(), &msg, 4096).unwrap();
+        let mut e = [CqTaggedEntry::default()];
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "parked");
+        t.rx.close().unwrap();
+        t.dom.progress().unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err().kind(), ErrorKind::Avail);
+        let x = t.rx_cq.readerr().unwrap();
+        assert_eq!((x.op_context, x.err), (31, ErrorKind::Canceled.errno()));
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "nothing else");
+    }
 }
