@@ -262,30 +262,16 @@ unsafe fn copy_band(src: *const u8, dst: *mut u8, n: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn copy_blocks_avx(src: *const u8, dst: *mut u8, n: usize) {
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256 as load, _mm256_storeu_si256 as store};
     // Back to front: every load then lies below the stores made before it
     // (the destination is ahead of the source), so none waits on one.
     let head = n % BLOCK;
     let mut off = n;
     while off > head {
         off -= BLOCK;
-        // SAFETY: head <= off and off + BLOCK <= n: every load inside the
-        // source, every store inside the destination (unaligned loads and
-        // stores); the ranges are disjoint (the caller's contract).
-        unsafe {
-            let s = src.add(off) as *const __m256i;
-            let d = dst.add(off) as *mut __m256i;
-            let (r0, r1, r2, r3) = (load(s), load(s.add(1)), load(s.add(2)), load(s.add(3)));
-            let (r4, r5, r6, r7) = (load(s.add(4)), load(s.add(5)), load(s.add(6)), load(s.add(7)));
-            store(d, r0);
-            store(d.add(1), r1);
-            store(d.add(2), r2);
-            store(d.add(3), r3);
-            store(d.add(4), r4);
-            store(d.add(5), r5);
-            store(d.add(6), r6);
-            store(d.add(7), r7);
-        }
+        // SAFETY: head <= off and off + BLOCK <= n: the block lies inside
+        // both ranges, which are disjoint (the caller's contract); AVX is
+        // there (ours).
+        unsafe { copy_block_avx(src.add(off), dst.add(off)) };
     }
     // SAFETY: the head, under a block, inside both ranges.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
@@ -302,31 +288,45 @@ unsafe fn copy_blocks_avx(src: *const u8, dst: *mut u8, n: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn copy_forward_avx(src: *const u8, dst: *mut u8, n: usize) {
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256 as load, _mm256_storeu_si256 as store};
     let body = n - n % BLOCK;
     let mut off = 0;
     while off < body {
-        // SAFETY: off + BLOCK <= body <= n: every load inside the source,
-        // every store inside the destination (unaligned loads and
-        // stores); the ranges are disjoint (the caller's contract).
-        unsafe {
-            let s = src.add(off) as *const __m256i;
-            let d = dst.add(off) as *mut __m256i;
-            let (r0, r1, r2, r3) = (load(s), load(s.add(1)), load(s.add(2)), load(s.add(3)));
-            let (r4, r5, r6, r7) = (load(s.add(4)), load(s.add(5)), load(s.add(6)), load(s.add(7)));
-            store(d, r0);
-            store(d.add(1), r1);
-            store(d.add(2), r2);
-            store(d.add(3), r3);
-            store(d.add(4), r4);
-            store(d.add(5), r5);
-            store(d.add(6), r6);
-            store(d.add(7), r7);
-        }
+        // SAFETY: off + BLOCK <= body <= n: the block lies inside both
+        // ranges, which are disjoint (the caller's contract); AVX is there
+        // (ours).
+        unsafe { copy_block_avx(src.add(off), dst.add(off)) };
         off += BLOCK;
     }
     // SAFETY: the tail [body, n), under a block, inside both ranges.
     unsafe { std::ptr::copy_nonoverlapping(src.add(body), dst.add(body), n - body) };
+}
+
+/// One [`BLOCK`] of both AVX loops: eight 32-byte loads, then eight
+/// stores (unaligned).
+///
+/// # Safety
+/// `src` valid for reads and `dst` for writes of [`BLOCK`] bytes, the two
+/// disjoint; the CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn copy_block_avx(src: *const u8, dst: *mut u8) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256 as load, _mm256_storeu_si256 as store};
+    let (s, d) = (src as *const __m256i, dst as *mut __m256i);
+    // SAFETY: the block lies inside both ranges (the caller's contract):
+    // eight 32-byte loads and stores at offsets 0 to 224.
+    unsafe {
+        let (r0, r1, r2, r3) = (load(s), load(s.add(1)), load(s.add(2)), load(s.add(3)));
+        let (r4, r5, r6, r7) = (load(s.add(4)), load(s.add(5)), load(s.add(6)), load(s.add(7)));
+        store(d, r0);
+        store(d.add(1), r1);
+        store(d.add(2), r2);
+        store(d.add(3), r3);
+        store(d.add(4), r4);
+        store(d.add(5), r5);
+        store(d.add(6), r6);
+        store(d.add(7), r7);
+    }
 }
 
 /// Pieces of [`PIECE`] bytes by `memcpy`, front to back.

@@ -602,16 +602,7 @@ fn take_piped(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, p: usize, h: 
         // Unexpected: queued once whole, by a later pass.
         return Flow::Wait;
     };
-    let mut a = ActiveRecv {
-        dest: d,
-        total: len,
-        received: 0,
-        tag: h.tag,
-        data: h.data,
-        hflags: h.flags,
-        timed: None,
-        fin: false,
-    };
+    let mut a = ActiveRecv::new(d, len, h);
     if !pipe_copy(&view, &mut a, PIPE_SPINS) {
         start_active(ep, p, PIPE_ID, a);
         r.pipe_active = true;
@@ -912,21 +903,7 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     match ep.take_match(ctx, tagged, p, h.tag, total) {
         Some(dest) => {
-            start_active(
-                ep,
-                p,
-                msg_id,
-                ActiveRecv {
-                    dest,
-                    total,
-                    received: 0,
-                    tag: h.tag,
-                    data: h.data,
-                    hflags: h.flags,
-                    timed: None,
-                    fin: false,
-                },
-            );
+            start_active(ep, p, msg_id, ActiveRecv::new(dest, total, h));
         }
         None => {
             // The data will be copied out of the pool as it arrives

@@ -223,18 +223,13 @@ fn answers_go_inline_up_to_half_the_ring() {
 /// 16 KiB inline message to one of 256, hung with every send behind them.)
 #[test]
 fn inline_messages_too_big_for_the_receivers_ring_take_the_pool() {
-    use shmfab::{CqAttr, CqTaggedEntry, Fabric, FI_RECV, FI_TRANSMIT};
+    use shmfab::{CqTaggedEntry, Fabric};
     std::env::set_var("SHMFAB_JOB_ID", format!("piped-small-ring-{}", std::process::id()));
     let open = |cells: u32| {
         let mut cfg = shmfab::Config::default();
         cfg.geometry.ring_cells = cells;
         let dom = Fabric::with_config(cfg).unwrap().domain().unwrap();
-        let cq = dom.cq_open(&CqAttr::default()).unwrap();
-        let av = dom.av_open().unwrap();
-        let ep = dom.endpoint().unwrap();
-        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-        ep.bind_av(&av).unwrap();
-        ep.enable().unwrap();
+        let (cq, av, ep) = common::open_endpoint(&dom);
         (dom, cq, av, ep)
     };
     let (bd, bcq, bav, big) = open(1024);

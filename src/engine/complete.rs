@@ -413,6 +413,12 @@ pub(crate) struct ActiveRecv {
 }
 
 impl ActiveRecv {
+    /// A receive matched to the message of header `h`, `total` bytes, into
+    /// `dest`, nothing received yet (not timed, no FIN asked).
+    pub fn new(dest: Dest, total: usize, h: &shm_layout::MsgHdr) -> ActiveRecv {
+        ActiveRecv { dest, total, received: 0, tag: h.tag, data: h.data, hflags: h.flags, timed: None, fin: false }
+    }
+
     /// Facts for its completion, with `delivered` bytes in place.
     pub fn info(&self, delivered: usize) -> RxInfo {
         RxInfo {
