@@ -92,7 +92,9 @@ pub enum Path {
     Forward,
 }
 
-/// The path [`copy`] takes for `n` bytes from `src` to `dst` on this CPU.
+/// The path [`copy`] takes for `n` bytes from `src` to `dst` on this CPU
+/// (what `copy_large` follows: one place decides).
+#[inline]
 pub fn path(src: *const u8, dst: *const u8, n: usize) -> Path {
     if in_band(src, dst, n) {
         Path::Band
@@ -192,19 +194,16 @@ pub unsafe fn copy(src: *const u8, dst: *mut u8, n: usize) {
 /// As [`copy`].
 #[inline(never)]
 unsafe fn copy_large(src: *const u8, dst: *mut u8, n: usize) {
-    if in_band(src, dst, n) {
+    match path(src, dst, n) {
         // SAFETY: the caller's contract, passed on.
-        unsafe { copy_band(src, dst, n) };
-        return;
+        Path::Band => unsafe { copy_band(src, dst, n) },
+        // SAFETY: path found AVX there (Forward only then); the caller's
+        // contract.
+        #[cfg(target_arch = "x86_64")]
+        Path::Forward => unsafe { copy_forward_avx(src, dst, n) },
+        // SAFETY: the caller's contract.
+        _ => unsafe { std::ptr::copy_nonoverlapping(src, dst, n) },
     }
-    #[cfg(target_arch = "x86_64")]
-    if misaligned_mid(src, dst, n) && has_avx() {
-        // SAFETY: AVX is there (checked); the caller's contract.
-        unsafe { copy_forward_avx(src, dst, n) };
-        return;
-    }
-    // SAFETY: the caller's contract.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) }
 }
 
 /// Copies `n` bytes from `src` to `dst`, as `std::ptr::copy` (the ranges

@@ -1161,32 +1161,34 @@ mod tests {
         payload: &[u8],
         upto: usize,
     ) -> Result<crate::ring::PipeWrite> {
-        with_ep!(tx, |ep, _ctx| {
-            let p = ep.peers.cached(to).expect("sent to before");
-            let Some(crate::engine::peers::Chan::Ring(r)) = ep.peers[p].chan.as_mut() else { panic!("no ring") };
-            let h = shm_layout::MsgHdr {
-                op: shm_layout::op::EAGER,
-                flags: shm_layout::hdr_flags::TAGGED,
-                len: hlen as u32,
-                tag,
-                ..Default::default()
-            };
+        let h = shm_layout::MsgHdr {
+            op: shm_layout::op::EAGER,
+            flags: shm_layout::hdr_flags::TAGGED,
+            len: hlen as u32,
+            tag,
+            ..Default::default()
+        };
+        with_ring(tx, to, |r| {
             let w = r.begin_piped(&h, payload.len()).expect("an empty ring has room");
             if upto > 0 {
                 r.pipe_write(&w, 0, &payload[..upto]);
             }
-            Ok(w)
+            w
+        })
+    }
+
+    /// Runs `f` on `tx`'s ring to `to` (claimed by an earlier send).
+    fn with_ring<R>(tx: &Endpoint, to: FiAddr, f: impl FnOnce(&mut crate::ring::RingTx) -> R) -> Result<R> {
+        with_ep!(tx, |ep, _ctx| {
+            let p = ep.peers.cached(to).expect("sent to before");
+            let Some(crate::engine::peers::Chan::Ring(r)) = ep.peers[p].chan.as_mut() else { panic!("no ring") };
+            Ok(f(r))
         })
     }
 
     /// The rest of a [`pipe_partial`] message, from `from`.
     fn pipe_rest(tx: &Endpoint, to: FiAddr, w: &crate::ring::PipeWrite, payload: &[u8], from: usize) -> Result<()> {
-        with_ep!(tx, |ep, _ctx| {
-            let p = ep.peers.cached(to).expect("sent to before");
-            let Some(crate::engine::peers::Chan::Ring(r)) = ep.peers[p].chan.as_mut() else { panic!("no ring") };
-            r.pipe_write(w, from, &payload[from..]);
-            Ok(())
-        })
+        with_ring(tx, to, |r| r.pipe_write(w, from, &payload[from..]))
     }
 
     /// Whether the endpoint's inbound queues hold work for a pass (what a
@@ -1379,12 +1381,7 @@ mod tests {
     /// A raw ring message from `tx` to `to` (a protocol message written by
     /// hand).
     fn push_raw(tx: &Endpoint, to: FiAddr, h: shm_layout::MsgHdr, pl: &[u8]) -> Result<()> {
-        with_ep!(tx, |ep, _ctx| {
-            let p = ep.peers.cached(to).expect("sent to before");
-            let Some(crate::engine::peers::Chan::Ring(r)) = ep.peers[p].chan.as_mut() else { panic!("no ring") };
-            assert!(r.try_push(&h, &[pl]));
-            Ok(())
-        })
+        with_ring(tx, to, |r| assert!(r.try_push(&h, &[pl])))
     }
 
     /// A piped message that nothing matches until it is whole goes to

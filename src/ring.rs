@@ -432,7 +432,7 @@ impl RingTx {
             return self.push_piped(hdr, parts, len);
         }
         let n = cells_for(len) as u64;
-        if n + 1 > self.cap || !self.has_room(n) {
+        if !self.can_hold(n as usize) || !self.has_room(n) {
             return false;
         }
         let pos = self.tail;
@@ -473,7 +473,7 @@ impl RingTx {
     /// None (nothing written) if there is no room.
     pub fn begin_piped(&mut self, hdr: &MsgHdr, len: usize) -> Option<PipeWrite> {
         let n = piped_cells(len) as u64;
-        if n + 1 > self.cap || !self.has_room(n) {
+        if !self.can_hold(n as usize) || !self.has_room(n) {
             return None;
         }
         let pos = self.tail;
