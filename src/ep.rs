@@ -26,6 +26,10 @@ pub struct EpStats {
     pub tx_inline: u64,
     /// Sends that went through the receiver's pool eagerly.
     pub tx_bounce: u64,
+    /// Of those, sends that would have gone inline but were part of a
+    /// stream (`SHMFAB_STREAM_MIN`: not an answer, and the peer's ring
+    /// still held our messages or had no room).
+    pub tx_streamed: u64,
     /// Sends that went by rendezvous.
     pub tx_rndv: u64,
     /// Pool chunks filled.

@@ -4,7 +4,7 @@
 //! | protocol | when | data moves |
 //! | --- | --- | --- |
 //! | [`Proto::Inline`] | up to `inline_max` (and below `cma_min`); on the overflow queue up to one cell (72 B) | in the ring cells, one copy each side; from `pipe_min` piped (the receiver copies each 4 KiB piece as it lands) |
-//! | [`Proto::Bounce`] | above `inline_max`, below `cma_min` where single copy is usable, else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments ([`frag_for`]: `frag_size` below 32 KiB, then a quarter of the message, at most `frag_max`, each a run of chunks back to back named by one ring message), pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
+//! | [`Proto::Bounce`] | a stream's inline-sized messages from `stream_min` (below); above `inline_max`, below `cma_min` where single copy is usable, else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments ([`frag_for`]: `frag_size` below 32 KiB, then a quarter of the message, at most `frag_max`, each a run of chunks back to back named by one ring message), pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
 //! | [`Proto::Rndv`] | from the lower of `cma_min` and `rndv_min` where single copy is usable, else from `rndv_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv (from `split_min`, both sides copy half each). Where CMA is off or the kernel refuses it (EPERM, ENOSYS; both sides then stop offering it to that peer) the receiver asks for the data through the pool |
 //!
 //! "Single copy usable" means: CMA not off, not refused by that peer, and the
@@ -66,6 +66,32 @@
 //! -0.17 (13 of 16) and -0.21 to -0.24 with every such message inline;
 //! streams keep the pool (their messages answer nothing), as every
 //! message up to half the ring inline lost 3.9 GB/s at 32 KiB (0 of 12).
+//!
+//! A stream of inline-sized messages takes the pool ([`stream_to_pool`],
+//! `stream_min`, 8 KiB by default; session 18): a message of at least
+//! `stream_min` bytes that would go inline goes through the pool when it
+//! answers nothing and the last large message we sent that peer (inline,
+//! or a chunk of one through the pool: `RingTx::note_large`) is still in
+//! its ring, or when the ring has no room for it at its turn (when sent,
+//! or queued behind others). The ring's 64 KiB hold three 16 KiB
+//! messages, the pool's 2 MiB a window of them; ping-pong turns (answers)
+//! and a lone message keep the ring. Measured 2026-11-27 (`scripts/ab.sh`
+//! paired rounds against the build before, near, raw 8 B 0.05 us): the
+//! one-way stream (`shmfab bench bw`) 8 KiB 7.65 -> 9.61 GB/s (better in 12
+//! of 12), 16 KiB 7.57 -> 8.52 (12 of 12), 32 KiB tied (the pool already:
+//! -0.01, 5 of 12); ping-pong unchanged (16 KiB -0.017 us, 10 of 16; 8 KiB
+//! -0.004, 10 of 16). Both ways at once (`examples/bibw.rs`, osu_bibw's
+//! pattern, against `SHMFAB_STREAM_MIN` off, alternating): near 8 KiB
+//! 6.8-7.9 -> 13.2-13.6 GB/s, 16 KiB 7.3-7.4 -> 18.6; far (raw 0.19) 8 KiB
+//! 2.41-2.49 -> 3.06-3.27, 16 KiB 2.25-2.30 -> 3.39-3.64; 24 KiB (the pool
+//! both ways) tied, so answers inline to 32 KiB do not hurt a stream both
+//! ways. A stream's messages alternated between the ring and the pool
+//! when the test was the ring's emptiness (the consumer takes a pool
+//! message's header at once) and stayed at the ring's figure (7.6 GB/s
+//! one way); counting the last chunk of a pool message as the message
+//! fixed that. Below 8 KiB the ring streams as well as the pool or better
+//! (4 KiB: 7.7 against 6.3-7.1 one way, 10.1-10.4 against 7.6-9.5 both
+//! ways; 6 KiB mixed), so `stream_min` starts at 8 KiB.
 //!
 //! Fragments carried in the ring's own cells instead of pool chunks (a
 //! PART message per fragment after the BOUNCE_HDR: no chunk to take or
@@ -259,6 +285,7 @@
 //! | --- | --- | --- |
 //! | `SHMFAB_INLINE_MAX` | largest message sent inline in a ring (with single copy usable, also below `SHMFAB_CMA_MIN`; at most a quarter of the ring's bytes) | 16384 |
 //! | `SHMFAB_ANSWER_MAX` | largest message sent inline (piped) when it answers its peer (a message from it arrived since our last send to it, nothing queued to it): a ping-pong's turn, where the pool's fragments lose; a stream takes the pool. At most half the ring's bytes; 0: none | 32768 |
+//! | `SHMFAB_STREAM_MIN` | smallest inline-sized message that goes through the pool when part of a stream: not an answer, and the last large message to that peer still in its ring (or no room in the ring for it). 0: every message of more than one cell; above `SHMFAB_INLINE_MAX` and `SHMFAB_ANSWER_MAX`: never | 8192 |
 //! | `SHMFAB_PIPE_MIN` | smallest inline message sent piped: published before its payload, which the receiver copies piece by piece while the sender writes it (0: none) | 8192 |
 //! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 65536 |
 //! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 4096 |
@@ -444,6 +471,13 @@ pub struct Config {
     /// messages that go piped (`pipe_min` on and reached); 0: none beyond
     /// `inline_max`.
     pub answer_max: usize,
+    /// Smallest inline message that goes through the pool instead when it
+    /// is part of a stream ([`stream_to_pool`]): not an answer, and the
+    /// peer's ring still holds messages we sent (or has no room for it).
+    /// The pool's 2 MiB carry a stream further than the ring's 64 KiB.
+    /// 0: every inline message of more than one cell may; above
+    /// `answer_max`: none.
+    pub stream_min: usize,
     /// Smallest inline message sent piped (published before its payload,
     /// which the receiver copies while the sender writes it: see
     /// `crate::ring`); 0: none.
@@ -609,6 +643,7 @@ impl Default for Config {
         Config {
             inline_max: 16384,
             answer_max: 32768,
+            stream_min: 8192,
             pipe_min: 8192,
             cma_min: 64 * 1024,
             rndv_min: 128 * 1024,
@@ -690,6 +725,7 @@ impl Config {
             inline_max: bytes("SHMFAB_INLINE_MAX", 0, d.inline_max)?,
             pipe_min: bytes("SHMFAB_PIPE_MIN", 0, d.pipe_min)?,
             answer_max: bytes("SHMFAB_ANSWER_MAX", 0, d.answer_max)?,
+            stream_min: bytes("SHMFAB_STREAM_MIN", 0, d.stream_min)?,
             cma_min: bytes("SHMFAB_CMA_MIN", 1, d.cma_min)?,
             rndv_min: bytes("SHMFAB_RNDV_MIN", 1, d.rndv_min)?,
             cma,
@@ -788,6 +824,18 @@ pub fn choose(cfg: &Config, kind: OpKind, len: usize, niov: usize, on_ring: bool
 /// `inline_max` and within `answer_max`.
 pub fn answer_inline(cfg: &Config, proto: Proto, len: usize, on_ring: bool, answering: bool) -> bool {
     proto == Proto::Bounce && answering && on_ring && len <= cfg.answer_max && cfg.pipe_min != 0 && len >= cfg.pipe_min
+}
+
+/// Whether an inline message of `len` bytes may go through the pool
+/// instead when it is part of a stream (`Config::stream_min`): the caller
+/// asks this first, then whether the message is not an answer and the
+/// peer's ring still holds messages we sent, or whether the ring has no
+/// room for it now. Only on a ring (the overflow queue's messages are one
+/// cell), and only messages of more than one cell (the send fast path's
+/// one-cell case asks nothing).
+#[inline]
+pub fn stream_to_pool(cfg: &Config, len: usize, on_ring: bool) -> bool {
+    on_ring && len > shm_layout::CELL_PAYLOAD && len >= cfg.stream_min
 }
 
 /// Whether [`choose`] picks [`Proto::Inline`] for a one-segment message of
@@ -969,6 +1017,19 @@ mod tests {
     }
 
     #[test]
+    fn streams_take_the_pool_from_stream_min_on_rings_only() {
+        let c = Config::default();
+        assert_eq!(c.stream_min, 8192);
+        assert!(!stream_to_pool(&c, 8191, true), "below: waits for the ring");
+        assert!(stream_to_pool(&c, 8192, true));
+        assert!(stream_to_pool(&c, 16384, true));
+        assert!(!stream_to_pool(&c, 16384, false), "the overflow queue's messages are one cell");
+        let all = Config { stream_min: 0, ..Config::default() };
+        assert!(stream_to_pool(&all, shm_layout::CELL_PAYLOAD + 1, true));
+        assert!(!stream_to_pool(&all, shm_layout::CELL_PAYLOAD, true), "one cell: never");
+    }
+
+    #[test]
     fn clamp_keeps_inline_within_a_quarter_ring_and_a_cell() {
         let mut c = Config { inline_max: 1 << 30, cma_min: 1 << 30, frag_size: 1 << 30, ..Config::default() };
         c.clamp();
@@ -1087,6 +1148,7 @@ mod tests {
             ("SHMFAB_INLINE_MAX", "1024"),
             ("SHMFAB_PIPE_MIN", "6k"),
             ("SHMFAB_ANSWER_MAX", "20k"),
+            ("SHMFAB_STREAM_MIN", "12k"),
             ("SHMFAB_CMA_MIN", "2048"),
             ("SHMFAB_RNDV_MIN", "64k"),
             ("SHMFAB_SPLIT_MIN", "1m"),
@@ -1106,6 +1168,7 @@ mod tests {
         assert_eq!((c.cma, c.max_eps, c.unexp_max, c.tx_size, c.rx_size), (CmaMode::NoWrite, 8, 64 << 10, 512, 256));
         assert_eq!((c.peer_check.as_millis(), c.boot_timeout.as_secs()), (50, 30));
         assert_eq!((c.pipe_min, c.answer_max), (6144, 8192), "answer_max clamped to half the 256-cell ring");
+        assert_eq!(c.stream_min, 12288);
         // Each of them, set to garbage, is an error naming it.
         for (name, _) in vars {
             let m = refused(&[(name, "x")]);

@@ -241,6 +241,9 @@ pub struct RingTx {
     /// Inline (`EAGER`) messages of this many payload bytes or more go
     /// piped ([`RingTx::piped_from`]); `usize::MAX`: none.
     pipe_min: usize,
+    /// The tail just after the last large message the sender marked
+    /// ([`RingTx::note_large`]); 0: none.
+    large_end: u64,
 }
 
 /// A piped message being written ([`RingTx::begin_piped`]).
@@ -282,6 +285,7 @@ impl RingTx {
             pushed: false,
             cont_clear_from: 0,
             pipe_min: usize::MAX,
+            large_end: 0,
         }
     }
 
@@ -306,6 +310,30 @@ impl RingTx {
     #[inline]
     pub fn can_hold(&self, ncells: usize) -> bool {
         (ncells as u64) < self.cap
+    }
+
+    /// Marks the message just pushed as a large one (the sender's choice
+    /// of size: see [`RingTx::large_pending`]).
+    #[inline]
+    pub fn note_large(&mut self) {
+        self.large_end = self.tail;
+    }
+
+    /// Whether the last message marked by [`RingTx::note_large`] is still
+    /// in the ring (as far as the consumer has published its head: see
+    /// [`RingRx::release_credit`]): the next large message would follow
+    /// it in a stream. Reads the consumer's head only when the cached one
+    /// says so.
+    #[inline]
+    pub fn large_pending(&mut self) -> bool {
+        if self.large_end <= self.cached_head {
+            return false;
+        }
+        // SYNC: pairs with the release store in RingRx::release_credit, as
+        // in has_room.
+        // SAFETY: ctl mapped per the contract of new().
+        self.cached_head = unsafe { (*self.ctl).head.v.load(Ordering::Acquire) };
+        self.large_end > self.cached_head
     }
 
     /// Whether a message of `ncells` cells fits now.
@@ -382,7 +410,7 @@ impl RingTx {
     /// most [`CELL_PAYLOAD`] bytes): one cell, no wrap to handle, the
     /// payload copied without a call. The hot path of small sends.
     #[inline(always)]
-    fn push_one_cell(&mut self, hdr: &MsgHdr, buf: &[u8]) -> bool {
+    pub fn push_one_cell(&mut self, hdr: &MsgHdr, buf: &[u8]) -> bool {
         debug_assert!(buf.len() <= CELL_PAYLOAD);
         if !self.has_room(1) {
             return false;
@@ -922,6 +950,37 @@ mod tests {
     /// the second cell; and stale payload left by either kind never passes
     /// for a message (the words are the sequence values a first cell there
     /// would be awaited with, in the layout of the message that wrote them).
+    /// A marked large message is pending until the consumer publishes a
+    /// head past it; unmarked messages after it do not extend it.
+    #[test]
+    fn a_large_message_is_pending_until_the_consumer_gives_its_cells_back() {
+        let cap = 128;
+        let h = heap(cap);
+        let (c, p) = (&*h.ctl as *const RingCtl, h.cells.as_ptr() as *mut u8);
+        // SAFETY: heap outlives the handles.
+        let (mut tx, mut rx) = unsafe { (RingTx::new(c, p, cap), RingRx::new(c, p, cap)) };
+        let hdr = MsgHdr { op: op::EAGER, len: 200, ..Default::default() };
+        assert!(!tx.large_pending(), "nothing marked yet");
+        assert!(tx.try_push(&hdr, &[&[1u8; 200]]));
+        assert!(!tx.large_pending(), "an unmarked message");
+        assert!(tx.try_push(&hdr, &[&[2u8; 200]]));
+        tx.note_large();
+        let small = MsgHdr { op: op::EAGER, len: 8, ..Default::default() };
+        assert!(tx.try_push(&small, &[&[3u8; 8]]));
+        assert!(tx.large_pending());
+        // The consumer takes the first message and publishes: still there.
+        let (_, n) = rx.peek().unwrap();
+        rx.consume(n, false);
+        rx.release_credit();
+        assert!(tx.large_pending());
+        // Takes the marked one but has not published its head yet.
+        let (_, n) = rx.peek().unwrap();
+        rx.advance(n);
+        assert!(tx.large_pending(), "the head not published");
+        rx.release_credit();
+        assert!(!tx.large_pending(), "given back (the small one after it need not be)");
+    }
+
     #[test]
     fn piped_messages_publish_first_count_their_pieces_and_leave_no_stale_seq() {
         let cap = 128;

@@ -20,7 +20,8 @@ use super::EpState;
 use crate::domain::{Ctx, CtxSrc};
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::{self, Proto, INJECT_SIZE, MAX_MSG_SIZE};
-use shm_layout::{op, rts_flags, wire, MsgHdr, OVF_PAYLOAD};
+use crate::ring::RingTx;
+use shm_layout::{op, rts_flags, wire, MsgHdr, CELL_PAYLOAD, OVF_PAYLOAD};
 use std::collections::VecDeque;
 
 /// Where a transmit stands.
@@ -303,6 +304,43 @@ fn ovf_push(q: &mut crate::ovf::Ovf, me: &shm_layout::Address, h: &MsgHdr, parts
     q.push(&h, me, &buf[..at])
 }
 
+/// The send fast path's push of a message of more than one cell; false
+/// when it takes the general path instead: a stream's
+/// ([`proto::stream_to_pool`]: not an answer, the last large message
+/// still in the ring), or no room. Out of line: the one-cell case stays
+/// short.
+#[inline(never)]
+fn push_cells_now(ring: &mut RingTx, heard: &mut bool, cfg: &proto::Config, hdr: &MsgHdr, buf: &[u8]) -> bool {
+    let large = proto::stream_to_pool(cfg, buf.len(), true);
+    if large && !*heard && ring.large_pending() {
+        return false;
+    }
+    if std::mem::take(heard) {
+        // As for one cell (send_inline_now).
+        ring.heard_back();
+    }
+    if !ring.try_push_one(hdr, buf) {
+        return false;
+    }
+    if large {
+        ring.note_large();
+    }
+    true
+}
+
+/// Marks a message of `len` bytes just pushed to a ring (inline, or the
+/// header of one through the pool) as large, if it is: the next large
+/// message that answers nothing goes through the pool while it is still
+/// there ([`proto::stream_to_pool`]).
+#[inline]
+fn note_large(chan: &mut Chan, cfg: &proto::Config, len: usize) {
+    if let Chan::Ring(r) = chan {
+        if proto::stream_to_pool(cfg, len, true) {
+            r.note_large();
+        }
+    }
+}
+
 fn chan_room(chan: &mut Chan, ncells: usize) -> bool {
     match chan {
         Chan::Ring(r) => r.has_room_for(ncells),
@@ -426,6 +464,8 @@ fn push_chunk(
         stash.untake(k);
         return false;
     }
+    // The message is still being received until this chunk is taken.
+    note_large(chan, cfg, op.len);
     op.state = match (off + n >= op.len, op.deliver) {
         (false, _) => TxState::Chunks { off: off + n, msg_id },
         (true, false) => TxState::Done,
@@ -559,12 +599,18 @@ impl EpState {
             }
         }
         let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
-        if std::mem::take(&mut peer.heard) {
-            // An answer, perhaps: no claim of the lines ahead (see
-            // RingTx::publish_at).
-            ring.heard_back();
-        }
-        if !ring.try_push_one(hdr, buf) {
+        if buf.len() <= CELL_PAYLOAD {
+            if std::mem::take(&mut peer.heard) {
+                // An answer, perhaps: no claim of the lines ahead (see
+                // RingTx::publish_at).
+                ring.heard_back();
+            }
+            if !ring.push_one_cell(hdr, buf) {
+                return None;
+            }
+        } else if !push_cells_now(ring, &mut peer.heard, cfg, &{ *hdr }, buf) {
+            // (A copy of the header: as in RingTx::try_push_one, the
+            // caller's then never has its address taken.)
             return None;
         }
         if let Some(db) = peer.doorbell() {
@@ -631,6 +677,17 @@ impl EpState {
                 op.proto = Proto::Inline;
             }
         }
+        // A large inline message that answers nothing, while the last
+        // large one we sent is still in the peer's ring: a stream, which
+        // the pool carries further.
+        if op.proto == Proto::Inline && !answering && proto::stream_to_pool(ctx.cfg, op.len, on_ring) {
+            if let Some(Chan::Ring(r)) = peer.chan.as_mut() {
+                if r.large_pending() {
+                    op.proto = Proto::Bounce;
+                    self.stats.tx_streamed += 1;
+                }
+            }
+        }
         // An inline message the peer's ring can never hold (its ring
         // smaller than ours: SHMFAB_RING_CELLS differs between the two
         // processes) goes through the pool: pushed, it would wait for room
@@ -663,6 +720,7 @@ impl EpState {
             && op.proto == Proto::Inline
             && push_inline(peer.chan.as_mut().expect("connected"), &self.addr, &op)
         {
+            note_large(peer.chan.as_mut().expect("connected"), ctx.cfg, op.len);
             if let Some(db) = peer.doorbell() {
                 crate::doorbell::ring(db);
             }
@@ -679,6 +737,12 @@ impl EpState {
                 self.tx.outstanding += 1;
             }
             return Ok(());
+        }
+        // An inline message the ring has no room for now (a stream filled
+        // it) goes through the pool rather than wait for the ring.
+        if op.proto == Proto::Inline && peer.tx.txq.is_empty() && proto::stream_to_pool(ctx.cfg, op.len, on_ring) {
+            op.proto = Proto::Bounce;
+            self.stats.tx_streamed += 1;
         }
         if inject && op.owned.is_none() {
             let mut v = vec![0u8; op.len];
@@ -778,6 +842,13 @@ impl EpState {
                         let ok = push_inline(chan, &me, op);
                         if ok {
                             op.state = TxState::Done;
+                            note_large(chan, cfg, op.len);
+                        } else if proto::stream_to_pool(cfg, op.len, matches!(chan, Chan::Ring(_))) {
+                            // As in post_tx: the ring is full, the pool
+                            // takes it (its header in the ring's order).
+                            op.proto = Proto::Bounce;
+                            stats.tx_streamed += 1;
+                            continue;
                         }
                         ok
                     }
@@ -789,6 +860,7 @@ impl EpState {
                         let ok = chan_push(chan, &me, &op.hdr(op::BOUNCE_HDR, 0), &[&pl]);
                         if ok {
                             tx.next_msg_id += 1;
+                            note_large(chan, cfg, op.len);
                             op.state = TxState::Chunks { off: 0, msg_id };
                             while !blocked && matches!(op.state, TxState::Chunks { .. }) {
                                 if push_chunk(chan, &me, pool, &mut stash, cfg, op) {

@@ -1871,6 +1871,15 @@ fn cmd_info(o: &InfoArgs, cfg: shmfab::Config) -> Result<(), String> {
             cfg.answer_max
         );
     }
+    if cfg.stream_min > cfg.inline_max.max(cfg.answer_max) {
+        println!("            streams of inline-sized messages wait for the ring (never through the pool)");
+    } else {
+        println!(
+            "            a stream's inline-sized messages from {} B through the pool (not an answer, the last large \
+             one still in the ring, or no room in it)",
+            cfg.stream_min.max(shm_layout::CELL_PAYLOAD + 1)
+        );
+    }
     let g = cfg.geometry;
     println!(
         "endpoint section: {} rings x {} cells, overflow queue {} entries, pool {} x {} B: {} KiB per endpoint",
