@@ -1382,6 +1382,39 @@ mod tests {
         assert!(!has_work(&t.rx), "nothing left");
     }
 
+    /// The peer check of a sender we never mapped (we only received from
+    /// it) maps its region to look; a failure that says nothing of the
+    /// peer (our descriptor or memory limits) is no proof it is gone: its
+    /// unfinished piped message is kept and its receive stays posted over
+    /// several checks, and once it finishes the message completes whole.
+    /// (Found by review: such a failure dropped the live sender's message.)
+    #[test]
+    fn a_failed_look_at_a_live_sender_drops_nothing() {
+        use crate::engine::peers::CONNECT_FAILS;
+        let t = pipe_pair("look");
+        let msg = payload(16384, 29);
+        let mut buf = vec![0u8; 16384];
+        // SAFETY: buf outlives the completion read below.
+        unsafe { t.rx.trecv(&mut buf, FI_ADDR_UNSPEC, 3, 0, 8).unwrap() };
+        let w = pipe_partial(&t.tx, t.to, 3, msg.len(), &msg, 4096).unwrap();
+        let mut e = [CqTaggedEntry::default()];
+        let checks = t.dom.config().peer_check * 4;
+        for kind in [ErrorKind::Other, ErrorKind::NoMem] {
+            CONNECT_FAILS.with(|f| f.set(Some(kind)));
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < checks {
+                assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "{kind:?}: nothing fails");
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+        CONNECT_FAILS.with(|f| f.set(None));
+        assert_eq!(t.rx.stats().unwrap().pipes_dropped, 0);
+        pipe_rest(&t.tx, t.to, &w, &msg, 4096).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, e[0].len), (8, 16384));
+        assert!(buf == msg, "every byte");
+    }
+
     /// A raw ring message from `tx` to `to` (a protocol message written by
     /// hand).
     fn push_raw(tx: &Endpoint, to: FiAddr, h: shm_layout::MsgHdr, pl: &[u8]) -> Result<()> {

@@ -310,6 +310,10 @@ impl Peers {
     /// First contact: map the peer's region, check its endpoint, claim a
     /// ring slot (or fall back to the overflow queue). `me` is our address.
     pub fn connect(&mut self, me: Address, regions: &mut crate::region::RegionMap, p: usize) -> Result<()> {
+        #[cfg(all(test, not(loom)))]
+        if let Some(k) = CONNECT_FAILS.with(|f| f.get()) {
+            return Err(Error::with(k, "connect failure injected by a test"));
+        }
         let addr = self.list[p].addr;
         let id = crate::region::RegionId::of(&addr);
         let region = match regions.get(&id) {
@@ -397,14 +401,20 @@ impl Peers {
         if self.list[p].region.is_none() {
             // Never mapped (we only received from it): map it now to look.
             if let Err(e) = self.connect(me, regions, p) {
-                // Its region or endpoint no longer exists: unlinked by its
-                // owner, or by the next start after its owner died.
-                if e.kind() == ErrorKind::AddrNotAvail {
-                    return Some(format!(
-                        "peer {who} is gone (its process died or closed its domain or endpoint): {e}"
-                    ));
-                }
-                return Some(format!("peer {who} cannot be reached: {e}"));
+                return match e.kind() {
+                    // Its region or endpoint no longer exists: unlinked by
+                    // its owner, or by the next start after its owner died.
+                    ErrorKind::AddrNotAvail => {
+                        Some(format!("peer {who} is gone (its process died or closed its domain or endpoint): {e}"))
+                    }
+                    // A limit of ours (descriptors: EMFILE and ENFILE come
+                    // as Other; memory), or an interrupted call: no word on
+                    // the peer, which may well be alive and mid-message.
+                    // The next check looks again (a dead peer's region is
+                    // missing or maps: a definite answer either way).
+                    ErrorKind::Other | ErrorKind::NoMem | ErrorKind::Again | ErrorKind::Intr | ErrorKind::Busy => None,
+                    _ => Some(format!("peer {who} cannot be reached: {e}")),
+                };
             }
         }
         let region = self.list[p].region.as_ref()?;
@@ -420,6 +430,12 @@ impl Peers {
             _ => Some(format!("peer {who} (pid {pid}) closed its endpoint")),
         }
     }
+}
+
+#[cfg(all(test, not(loom)))]
+thread_local! {
+    /// Tests: [`Peers::connect`] on this thread fails with this kind.
+    pub(crate) static CONNECT_FAILS: std::cell::Cell<Option<ErrorKind>> = const { std::cell::Cell::new(None) };
 }
 
 #[cfg(all(test, not(loom)))]
