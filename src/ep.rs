@@ -1165,13 +1165,20 @@ mod tests {
         payload: &[u8],
         upto: usize,
     ) -> Result<crate::ring::PipeWrite> {
-        let h = shm_layout::MsgHdr {
-            op: shm_layout::op::EAGER,
-            flags: shm_layout::hdr_flags::TAGGED,
-            len: hlen as u32,
-            tag,
-            ..Default::default()
-        };
+        pipe_partial_with(tx, to, shm_layout::hdr_flags::TAGGED, tag, hlen, payload, upto)
+    }
+
+    /// [`pipe_partial`] with the header's flags (0: untagged).
+    fn pipe_partial_with(
+        tx: &Endpoint,
+        to: FiAddr,
+        flags: u8,
+        tag: u64,
+        hlen: usize,
+        payload: &[u8],
+        upto: usize,
+    ) -> Result<crate::ring::PipeWrite> {
+        let h = shm_layout::MsgHdr { op: shm_layout::op::EAGER, flags, len: hlen as u32, tag, ..Default::default() };
         with_ring(tx, to, |r| {
             let w = r.begin_piped(&h, payload.len()).expect("an empty ring has room");
             if upto > 0 {
@@ -1380,6 +1387,78 @@ mod tests {
         let st = t.rx.stats().unwrap();
         assert_eq!((st.pipes_dropped, st.rx_piped), (1, 0));
         assert!(!has_work(&t.rx), "nothing left");
+    }
+
+    /// A piped message matched, while being written, by a receive of a
+    /// shared receive queue waits for its pieces as one of the endpoint's
+    /// own would (parked in the receive order), then completes whole with
+    /// the SRQ receive's context.
+    #[test]
+    fn piped_message_parked_in_a_shared_receive_queue_receive() {
+        std::env::set_var("SHMFAB_JOB_ID", format!("ep-pipe-srq-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let (rx_cq, tx_cq) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
+        let (av, tx_av) = (dom.av_open().unwrap(), dom.av_open().unwrap());
+        let srq = dom.srq_open(&crate::SrqAttr::default()).unwrap();
+        let rx = dom.endpoint().unwrap();
+        rx.bind_cq(&rx_cq, FI_TRANSMIT | FI_RECV).unwrap();
+        rx.bind_av(&av).unwrap();
+        rx.bind_srq_for(&srq, FI_TAGGED).unwrap();
+        rx.enable().unwrap();
+        let tx = open(&dom, &tx_cq, &tx_av);
+        let to = tx_av.insert(&[rx.getname()]).unwrap()[0];
+        let mut e = [CqTaggedEntry::default()];
+        let mut first = [0u8; 8];
+        // SAFETY: first outlives the completion read below.
+        unsafe { srq.trecv(&mut first, FI_ADDR_UNSPEC, 1, 0, 99).unwrap() };
+        tx.tinject(b"hello", to, 1).unwrap();
+        assert_eq!(rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, &first[..5]), (99, &b"hello"[..]));
+        let msg = payload(16384, 31);
+        let mut buf = vec![0u8; 16384];
+        // SAFETY: buf outlives the completion read below.
+        unsafe { srq.trecv(&mut buf, FI_ADDR_UNSPEC, 3, 0, 7).unwrap() };
+        let w = pipe_partial(&tx, to, 3, msg.len(), &msg, 4096).unwrap();
+        assert_eq!(rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "the first piece only");
+        assert_eq!(rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "parked: still waiting");
+        pipe_rest(&tx, to, &w, &msg, 4096).unwrap();
+        assert_eq!(rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, e[0].len), (7, 16384));
+        assert!(buf == msg, "every byte");
+        assert_eq!(rx.stats().unwrap().rx_piped, 1);
+        drop((rx, tx, srq, av, tx_av));
+        std::mem::forget(tx_cq);
+    }
+
+    /// A piped message matched, while being written, by a multi-receive
+    /// buffer takes the buffer's first piece and waits for its pieces; a
+    /// message behind it in the ring takes the next piece once it is
+    /// whole, and the buffer stays posted (no FI_MULTI_RECV yet).
+    #[test]
+    fn piped_message_parked_in_a_multi_receive_buffer() {
+        let t = pipe_pair("multi");
+        let msg = payload(12000, 37);
+        let mut buf = vec![0u8; 65536];
+        {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let mut m = RecvMsg { iov: &mut iov, src: FI_ADDR_UNSPEC, context: 5, tag: 0, ignore: 0 };
+            // SAFETY: buf outlives the completions read below.
+            unsafe { t.rx.recvmsg(&mut m, FI_MULTI_RECV).unwrap() };
+        }
+        let w = pipe_partial_with(&t.tx, t.to, 0, 0, msg.len(), &msg, 8192).unwrap();
+        let mut e = [CqTaggedEntry::default()];
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN);
+        t.tx.inject(b"behind", t.to).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "behind the unfinished one");
+        pipe_rest(&t.tx, t.to, &w, &msg, 8192).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, e[0].len, e[0].flags & FI_MULTI_RECV), (5, 12000, 0));
+        assert_eq!(e[0].buf, buf.as_ptr() as usize, "the buffer's first piece");
+        assert_eq!(t.rx_cq.read(&mut e).unwrap(), 1);
+        assert_eq!((e[0].op_context, e[0].len, e[0].flags & FI_MULTI_RECV), (5, 6, 0));
+        assert_eq!(e[0].buf, buf.as_ptr() as usize + 12000, "the next piece");
+        assert!(buf[..12000] == msg[..] && &buf[12000..12006] == b"behind");
+        assert_eq!(t.rx.stats().unwrap().rx_piped, 1);
     }
 
     /// The peer check of a sender we never mapped (we only received from
