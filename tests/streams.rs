@@ -7,8 +7,8 @@
 
 mod common;
 use common::{pattern, put_file, run, test_dir};
-use shmfab::{EpStats, SendMsg, FI_COMPLETION};
-use std::io::IoSlice;
+use shmfab::{EpStats, RecvMsg, SendMsg, FI_COMPLETION, FI_DELIVERY_COMPLETE, FI_REMOTE_CQ_DATA};
+use std::io::{IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
 
 /// One tag for every message: each receive takes the next message in send
@@ -196,10 +196,12 @@ fn ping_pong_turns_keep_the_ring() {
 /// for it goes through the pool then (the queue's pass), instead of
 /// waiting. Two endpoints of one process (two domains, as two ranks would
 /// have), so that the receiver drains exactly when told: 15 messages of 4
-/// KiB fill the ring, 15 more and a 16 KiB one wait in the queue; the
+/// KiB fill the ring, 15 more, a 16 KiB one and 6 others wait in the
+/// queue; the
 /// receiver's one pass takes the first 15 (`RING_BATCH` is 16), the
 /// sender's pass then pushes the next 15 into the room, and the 16 KiB
-/// message no longer fits.
+/// message no longer fits. The messages queued behind it (large and
+/// small) still arrive after it, in order.
 #[test]
 fn a_queued_large_message_that_finds_the_ring_full_goes_through_the_pool() {
     use shmfab::{CqTaggedEntry, ErrorKind, Fabric};
@@ -215,6 +217,8 @@ fn a_queued_large_message_that_finds_the_ring_full_goes_through_the_pool() {
     let from = rav.insert(&[tx.getname()]).unwrap()[0];
     let mut lens = vec![4096usize; 30];
     lens.push(16384);
+    // Behind it in the queue: each must arrive after it, in order.
+    lens.extend([4096usize, 12000, 100, 4096, 16384, 9000]);
     let msgs: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &l)| pattern(l, 7 + i as u64)).collect();
     for (i, m) in msgs.iter().enumerate() {
         // SAFETY: msgs outlives every completion read below.
@@ -253,4 +257,156 @@ fn a_queued_large_message_that_finds_the_ring_full_goes_through_the_pool() {
         assert!(*b == msgs[i], "message {i}: bytes");
     }
     drop((tx, sav, scq, sd, rx, rav, rcq, rd));
+}
+/// A delivery-complete send goes by rendezvous (its FIN is the receiver's
+/// word that the data is in place), stream or not: counted as such, not
+/// as streamed. (Found by review: it was counted in both.)
+#[test]
+fn a_delivery_complete_send_in_a_stream_is_not_counted_as_streamed() {
+    run("a_delivery_complete_send_in_a_stream_is_not_counted_as_streamed", 2, &[], Duration::from_secs(60), |w| {
+        let peer = w.addrs[1 - w.rank];
+        w.barrier();
+        let lens = [16384usize, 16384];
+        if w.rank == 0 {
+            wait_mark("quiet");
+            let before = w.ep.stats().unwrap();
+            let msgs: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &l)| pattern(l, i as u64)).collect();
+            for (i, m) in msgs.iter().enumerate() {
+                let iov = [IoSlice::new(m)];
+                let sm = SendMsg { iov: &iov, dest: peer, context: 100 + i, data: 0, tag: 9 };
+                let fl = if i == 1 { FI_COMPLETION | FI_DELIVERY_COMPLETE } else { FI_COMPLETION };
+                // SAFETY: msgs outlives the completions waited for below.
+                w.retry(|| unsafe { w.ep.tsendmsg(&sm, fl) });
+            }
+            put_file("sent", "");
+            for i in 0..lens.len() {
+                w.ok(100 + i);
+            }
+            let a = w.ep.stats().unwrap();
+            let (inl, bnc, str_, rndv) = (
+                a.tx_inline - before.tx_inline,
+                a.tx_bounce - before.tx_bounce,
+                a.tx_streamed - before.tx_streamed,
+                a.tx_rndv - before.tx_rndv,
+            );
+            assert_eq!((inl, rndv), (1, 1), "{a:?}");
+            assert!(str_ <= bnc, "tx_streamed {str_} > tx_bounce {bnc}: a rendezvous counted as streamed");
+        } else {
+            put_file("quiet", "");
+            wait_mark("sent");
+            let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: bufs outlives the completions waited for below.
+                unsafe { w.ep.trecv(b, peer, 9, 0, 200 + i).unwrap() };
+            }
+            for (i, b) in bufs.iter().enumerate() {
+                assert_eq!(w.ok(200 + i).len, lens[i]);
+                assert!(*b == pattern(lens[i], i as u64));
+            }
+        }
+        w.barrier();
+    });
+}
+
+/// Streams with 1-4 send segments, remote CQ data, receives in 1-4
+/// segments, posted first or late (tests/piped.rs's pattern with the
+/// default config, which that file now turns streams off for): every byte,
+/// tag and data arrive, and the stream did take the pool.
+#[test]
+fn streamed_messages_with_segments_carry_every_byte() {
+    const LENS: [usize; 9] = [8191, 8192, 8193, 12287, 12288, 12289, 15000, 16383, 16384];
+    const GO: u64 = 1 << 40;
+    fn cuts(len: usize, k: usize, seed: usize) -> Vec<usize> {
+        let mut at: Vec<usize> = (1..k).map(|i| (len * i / k + seed * 97 + i * 31) % (len + 1)).collect();
+        at.sort_unstable();
+        at.dedup();
+        let mut out = Vec::new();
+        let mut prev = 0;
+        for a in at.into_iter().chain([len]) {
+            out.push(a - prev);
+            prev = a;
+        }
+        out
+    }
+    run("streamed_messages_with_segments_carry_every_byte", 2, &[], Duration::from_secs(120), |w| {
+        let peer = w.addrs[1 - w.rank];
+        let n = LENS.len() * 4;
+        let before = w.ep.stats().unwrap();
+        for round in 0..2u64 {
+            if w.rank == 0 {
+                if round == 0 {
+                    let mut go = [0u8; 1];
+                    // SAFETY: go outlives the completion waited for below.
+                    unsafe { w.ep.trecv(&mut go, peer, GO, 0, 1).unwrap() };
+                    w.ok(1);
+                }
+                let msgs: Vec<Vec<u8>> = (0..n).map(|i| pattern(LENS[i / 4], 1000 * round + i as u64)).collect();
+                for (i, m) in msgs.iter().enumerate() {
+                    let parts = cuts(m.len(), 1 + i % 4, i);
+                    let mut iov = Vec::new();
+                    let mut at = 0;
+                    for p in parts {
+                        iov.push(IoSlice::new(&m[at..at + p]));
+                        at += p;
+                    }
+                    let sm = SendMsg { iov: &iov, dest: peer, context: 100 + i, data: i as u64 + 7, tag: 3 };
+                    // SAFETY: msgs outlives every completion waited for below.
+                    w.retry(|| unsafe { w.ep.tsendmsg(&sm, FI_REMOTE_CQ_DATA | FI_COMPLETION) });
+                }
+                for i in 0..n {
+                    w.ok(100 + i);
+                }
+                if round == 1 {
+                    w.retry(|| w.ep.tinject(b"g", peer, GO));
+                }
+                w.barrier();
+            } else {
+                let mut bufs: Vec<Vec<u8>> = (0..n).map(|i| vec![0u8; LENS[i / 4]]).collect();
+                let post = |bufs: &mut Vec<Vec<u8>>| {
+                    for (i, b) in bufs.iter_mut().enumerate() {
+                        let parts = cuts(b.len(), 1 + (i + 1) % 4, i + 5);
+                        let mut rest: &mut [u8] = b;
+                        let mut iov = Vec::new();
+                        for p in parts {
+                            let (a, r) = rest.split_at_mut(p);
+                            iov.push(IoSliceMut::new(a));
+                            rest = r;
+                        }
+                        let mut m = RecvMsg { iov: &mut iov, src: peer, context: 200 + i, tag: 3, ignore: 0 };
+                        // SAFETY: bufs outlives every completion waited for below.
+                        unsafe { w.ep.trecvmsg(&mut m, FI_COMPLETION).unwrap() };
+                    }
+                };
+                if round == 0 {
+                    post(&mut bufs);
+                    w.retry(|| w.ep.tinject(b"g", peer, GO));
+                } else {
+                    let mut go = [0u8; 1];
+                    // SAFETY: go outlives the completion waited for below.
+                    unsafe { w.ep.trecv(&mut go, peer, GO, 0, 2).unwrap() };
+                    w.ok(2);
+                    post(&mut bufs);
+                }
+                for i in 0..n {
+                    let e = w.ok(200 + i);
+                    assert_eq!((e.len, e.data), (LENS[i / 4], i as u64 + 7), "round {round} message {i}");
+                    assert!(
+                        bufs[i] == pattern(LENS[i / 4], 1000 * round + i as u64),
+                        "round {round} message {i}: bytes"
+                    );
+                }
+                w.barrier();
+            }
+        }
+        if w.rank == 0 {
+            let a = w.ep.stats().unwrap();
+            eprintln!(
+                "streamed {} bounce {} inline {}",
+                a.tx_streamed - before.tx_streamed,
+                a.tx_bounce - before.tx_bounce,
+                a.tx_inline - before.tx_inline
+            );
+            assert!(a.tx_streamed > before.tx_streamed, "{a:?}");
+        }
+    });
 }

@@ -76,6 +76,10 @@ pub(crate) struct TxOp {
     /// otherwise). Its receiver's CTS_BOUNCE_THIS_ONE (the pool picked)
     /// lets the next sends of the class go eagerly ([`PeerTx::eager_left`]).
     pub pick: u8,
+    /// Would have gone inline, but is part of a stream or found no room
+    /// in the ring ([`proto::stream_to_pool`]): counted in
+    /// `EpStats::tx_streamed` when its header leaves, with `tx_bounce`.
+    pub streamed: bool,
 }
 
 /// The pick classes ([`proto::pick_class`]: 64-128 KiB by default) where
@@ -549,6 +553,7 @@ impl EpState {
             dw: r.dw,
             rsv: false,
             pick: 0,
+            streamed: false,
         };
         self.post_tx(&mut src.ctx(), r.dest, op)
     }
@@ -680,11 +685,11 @@ impl EpState {
         // A large inline message that answers nothing, while the last
         // large one we sent is still in the peer's ring: a stream, which
         // the pool carries further.
-        if op.proto == Proto::Inline && !answering && proto::stream_to_pool(ctx.cfg, op.len, on_ring) {
+        if op.proto == Proto::Inline && !answering && !op.deliver && proto::stream_to_pool(ctx.cfg, op.len, on_ring) {
             if let Some(Chan::Ring(r)) = peer.chan.as_mut() {
                 if r.large_pending() {
                     op.proto = Proto::Bounce;
-                    self.stats.tx_streamed += 1;
+                    op.streamed = true;
                 }
             }
         }
@@ -742,7 +747,7 @@ impl EpState {
         // it) goes through the pool rather than wait for the ring.
         if op.proto == Proto::Inline && peer.tx.txq.is_empty() && proto::stream_to_pool(ctx.cfg, op.len, on_ring) {
             op.proto = Proto::Bounce;
-            self.stats.tx_streamed += 1;
+            op.streamed = true;
         }
         if inject && op.owned.is_none() {
             let mut v = vec![0u8; op.len];
@@ -847,7 +852,7 @@ impl EpState {
                             // As in post_tx: the ring is full, the pool
                             // takes it (its header in the ring's order).
                             op.proto = Proto::Bounce;
-                            stats.tx_streamed += 1;
+                            op.streamed = true;
                             continue;
                         }
                         ok
@@ -899,7 +904,10 @@ impl EpState {
                 let op = tx.txq.pop_front().expect("front");
                 match op.proto {
                     Proto::Inline => stats.tx_inline += 1,
-                    Proto::Bounce => stats.tx_bounce += 1,
+                    Proto::Bounce => {
+                        stats.tx_bounce += 1;
+                        stats.tx_streamed += u64::from(op.streamed);
+                    }
                     Proto::Rndv => stats.tx_rndv += 1,
                 }
                 tx.inflight.push_back(op);
@@ -1000,6 +1008,7 @@ mod tests {
             dw: Dw::NONE,
             rsv: false,
             pick: 0,
+            streamed: false,
         }
     }
 
