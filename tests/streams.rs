@@ -410,3 +410,62 @@ fn streamed_messages_with_segments_carry_every_byte() {
         }
     });
 }
+
+/// Two senders stream mixed 4-16 KiB messages to one receiver whose pool
+/// is small (16 chunks: a stream's messages wait for chunks the other
+/// sender holds), while the receiver posts late for one of them and early
+/// for the other. Every message of each sender arrives whole, in its send
+/// order.
+#[test]
+fn two_streams_share_a_small_pool() {
+    const N: usize = 60;
+    fn len_of(from: usize, i: usize) -> usize {
+        [8192, 16384, 4096, 12000, 9000, 16383][(i + from) % 6]
+    }
+    run("two_streams_share_a_small_pool", 3, &[("SHMFAB_POOL_CHUNKS", "16")], Duration::from_secs(120), |w| {
+        if w.rank == 0 {
+            let mut bufs: Vec<Vec<Vec<u8>>> =
+                (1..3).map(|f| (0..N).map(|i| vec![0u8; len_of(f, i)]).collect()).collect();
+            let post = |from: usize, bufs: &mut Vec<Vec<u8>>| {
+                for (i, b) in bufs.iter_mut().enumerate() {
+                    // SAFETY: bufs outlives every completion waited for below.
+                    unsafe { w.ep.trecv(b, w.addrs[from], TAG, 0, from * 1000 + i).unwrap() };
+                }
+            };
+            let (early, late) = bufs.split_at_mut(1);
+            post(1, &mut early[0]);
+            w.barrier();
+            std::thread::sleep(Duration::from_millis(20));
+            post(2, &mut late[0]);
+            for from in 1..3 {
+                for i in 0..N {
+                    assert_eq!(w.ok(from * 1000 + i).len, len_of(from, i), "from {from}, message {i}");
+                }
+            }
+            for (k, v) in bufs.iter().enumerate() {
+                for (i, b) in v.iter().enumerate() {
+                    assert!(
+                        *b == pattern(len_of(k + 1, i), (k * 1000 + i) as u64),
+                        "from {}, message {i}: bytes",
+                        k + 1
+                    );
+                }
+            }
+        } else {
+            let to = w.addrs[0];
+            let msgs: Vec<Vec<u8>> =
+                (0..N).map(|i| pattern(len_of(w.rank, i), ((w.rank - 1) * 1000 + i) as u64)).collect();
+            w.barrier();
+            for (i, m) in msgs.iter().enumerate() {
+                // SAFETY: msgs outlives every completion waited for below.
+                w.retry(|| unsafe { w.ep.tsend(m, to, TAG, 100 + i) });
+            }
+            for i in 0..N {
+                w.ok(100 + i);
+            }
+            let s = w.ep.stats().unwrap();
+            assert!(s.tx_streamed > 0, "{s:?}");
+        }
+        w.barrier();
+    });
+}
