@@ -333,7 +333,7 @@ pub enum Proto {
 /// 14.7-15.0 far (raw 0.135-0.158), 16 paired rounds each (2026-11-26).
 /// One near placement (raw 0.032) had the pool at 46 us against 31 by
 /// single copy: there the pick keeps single copy.
-pub const PICK_CLASSES: usize = 3;
+pub const PICK_CLASSES: usize = 6;
 
 /// One decision in this many takes the path not preferred, to measure it
 /// again. The preferred path is measured with every message, so a path
@@ -504,6 +504,10 @@ pub struct Config {
     /// Longest message whose fragments are all of `frag_size` (derived by
     /// [`Config::clamp`]: `frag_parts` fragments of `frag_size`).
     pub frag_runs_from: usize,
+    /// Longest message [`inline_on_ring`] sends inline whether or not
+    /// single copy is offered: below `cma_min` and within `inline_max`
+    /// (derived by [`Config::clamp`]; one compare on the send fast path).
+    pub inline_ring_max: usize,
     /// Geometry of each endpoint section.
     pub geometry: EpGeometry,
     /// Endpoint sections per domain region (`SHMFAB_MAX_EPS`, 1 to 256,
@@ -645,7 +649,7 @@ impl Default for Config {
             answer_max: 32768,
             stream_min: 8192,
             pipe_min: 8192,
-            cma_min: 64 * 1024,
+            cma_min: 8 * 1024,
             rndv_min: 128 * 1024,
             cma: CmaMode::Auto,
             split_min: 512 * 1024,
@@ -653,6 +657,7 @@ impl Default for Config {
             frag_max: 16384,
             frag_parts: 4,
             frag_runs_from: (4096 + 4096) * 4 - 1,
+            inline_ring_max: 8 * 1024 - 1,
             geometry: EpGeometry {
                 n_slots: 16,
                 ring_cells: 1024,
@@ -734,6 +739,7 @@ impl Config {
             frag_max: parse_env(get, "SHMFAB_FRAG_MAX", 1024, 1 << 28, Rule::MultipleOf(64))?.unwrap_or(d.frag_max),
             frag_parts: parse_env(get, "SHMFAB_FRAG_PARTS", 1, 1 << 20, Rule::Any)?.unwrap_or(d.frag_parts),
             frag_runs_from: 0,
+            inline_ring_max: 0,
             geometry: g,
             max_eps: parse_env(get, "SHMFAB_MAX_EPS", 1, 256, Rule::Any)?.unwrap_or(d.max_eps),
             max_counters: d.max_counters,
@@ -766,6 +772,7 @@ impl Config {
         self.frag_max = self.frag_max.clamp(self.frag_size, run_max);
         self.frag_parts = self.frag_parts.max(1);
         // A fragment grows past frag_size once a part is a chunk longer.
+        self.inline_ring_max = self.inline_max.min(self.cma_min - 1);
         self.frag_runs_from = if self.frag_size < chunk {
             usize::MAX // fragments shorter than a chunk: no runs
         } else {
@@ -843,7 +850,7 @@ pub fn stream_to_pool(cfg: &Config, len: usize, on_ring: bool) -> bool {
 /// fast path's check, without the single-copy question.
 #[inline(always)]
 pub fn inline_on_ring(cfg: &Config, len: usize) -> bool {
-    len < cfg.cma_min && len <= cfg.inline_max
+    len <= cfg.inline_ring_max
 }
 
 /// Whether a rendezvous offers single copy: CMA not off, not known refused
@@ -857,7 +864,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pick_class_covers_three_octaves_above_cma_min_below_split_min() {
+    fn pick_class_covers_six_octaves_above_cma_min_below_split_min() {
         let c = Config::default();
         let k = c.cma_min;
         for (len, want) in [
@@ -867,14 +874,18 @@ mod tests {
             (2 * k, Some(1)),
             (4 * k - 1, Some(1)),
             (4 * k, Some(2)),
-            (8 * k - 1, Some(2)),
+            (8 * k, Some(3)),
+            (32 * k, Some(5)),
+            (64 * k - 1, Some(5)),
         ] {
             assert_eq!(pick_class(&c, len), want, "len {len}");
         }
-        assert_eq!(pick_class(&c, 8 * k), None);
-        assert_eq!(c.split_min, 8 * k, "the band ends where split copies start");
+        assert_eq!(pick_class(&c, 64 * k), None);
+        assert_eq!(c.split_min, 64 * k, "the band ends where split copies start");
         let low_split = Config { split_min: 2 * k, ..Config::default() };
         assert_eq!(pick_class(&low_split, 2 * k), None, "split copies are never picked against");
+        let high = Config { cma_min: 64 << 10, split_min: 1 << 30, ..Config::default() };
+        assert_eq!(pick_class(&high, (64 << 10) * 64), None, "six octaves at most");
     }
 
     #[test]
@@ -949,13 +960,21 @@ mod tests {
     #[test]
     fn thresholds_pick_each_protocol() {
         let c = Config::default();
-        // Single copy usable: ring, then the pool's fragments, then single copy.
-        assert!(c.inline_max < c.cma_min - 1, "defaults have a pool range");
+        // Single copy usable: the ring below cma_min (8 KiB), then a
+        // rendezvous whose receiver picks single copy or the pool (and
+        // after a pick of the pool, eager runs: engine::tx).
+        assert_eq!((c.cma_min, c.inline_ring_max), (8192, 8191));
         assert_eq!(choose(&c, OpKind::Msg, 0, 1, true, true), Proto::Inline);
-        assert_eq!(choose(&c, OpKind::Msg, c.inline_max, 1, true, true), Proto::Inline);
-        assert_eq!(choose(&c, OpKind::Msg, c.inline_max + 1, 1, true, true), Proto::Bounce);
-        assert_eq!(choose(&c, OpKind::Msg, c.cma_min - 1, 1, true, true), Proto::Bounce);
+        assert_eq!(choose(&c, OpKind::Msg, c.cma_min - 1, 1, true, true), Proto::Inline);
         assert_eq!(choose(&c, OpKind::Msg, c.cma_min, 1, true, true), Proto::Rndv);
+        assert_eq!(choose(&c, OpKind::Msg, c.inline_max, 1, true, true), Proto::Rndv);
+        // A single-copy threshold above the inline limit: the pool's
+        // fragments between.
+        let mid = Config { cma_min: 64 << 10, ..Config::default() };
+        assert_eq!(choose(&mid, OpKind::Msg, mid.inline_max, 1, true, true), Proto::Inline);
+        assert_eq!(choose(&mid, OpKind::Msg, mid.inline_max + 1, 1, true, true), Proto::Bounce);
+        assert_eq!(choose(&mid, OpKind::Msg, mid.cma_min - 1, 1, true, true), Proto::Bounce);
+        assert_eq!(choose(&mid, OpKind::Msg, mid.cma_min, 1, true, true), Proto::Rndv);
         // A single-copy threshold below the inline limit caps it.
         let low = Config { cma_min: 2048, ..Config::default() };
         assert!(low.cma_min <= low.inline_max);
@@ -1054,6 +1073,7 @@ mod tests {
         let mut c = Config::default();
         c.clamp();
         assert_eq!(c.frag_runs_from, Config::default().frag_runs_from, "the default is clamp's");
+        assert_eq!(c.inline_ring_max, Config::default().inline_ring_max, "the default is clamp's");
         // Up to four fragments of a chunk, then a quarter of the message in
         // whole chunks, up to frag_max.
         assert_eq!(frag_for(&c, 5000), 4096);

@@ -124,9 +124,16 @@ fn every_length_and_segmentation(name: &str, env: &[(&str, &str)]) {
 /// here, so that every message goes through the ring's piped path.
 const NO_STREAMS: (&str, &str) = ("SHMFAB_STREAM_MIN", "1099511627776");
 
+/// Single copy from 64 KiB (the default is 8 KiB: from there a ping-pong's
+/// messages go by rendezvous, for the receiver to pick single copy or the
+/// pool, inline only in the runs after it picks the pool): every message
+/// here inline, as these tests are of the ring's piped path, and sends
+/// complete without the receiver (the bodies wait for them first).
+const RING_SIZES: (&str, &str) = ("SHMFAB_CMA_MIN", "65536");
+
 #[test]
 fn piped_messages_carry_every_byte() {
-    every_length_and_segmentation("piped_messages_carry_every_byte", &[NO_STREAMS]);
+    every_length_and_segmentation("piped_messages_carry_every_byte", &[NO_STREAMS, RING_SIZES]);
 }
 
 #[test]
@@ -135,20 +142,23 @@ fn piped_messages_carry_every_byte_with_a_low_threshold() {
     // (LENS are all inline: the default single-copy threshold is higher).
     every_length_and_segmentation(
         "piped_messages_carry_every_byte_with_a_low_threshold",
-        &[("SHMFAB_PIPE_MIN", "33"), NO_STREAMS],
+        &[("SHMFAB_PIPE_MIN", "33"), NO_STREAMS, RING_SIZES],
     );
 }
 
 #[test]
 fn unpiped_messages_carry_every_byte() {
-    every_length_and_segmentation("unpiped_messages_carry_every_byte", &[("SHMFAB_PIPE_MIN", "0"), NO_STREAMS]);
+    every_length_and_segmentation(
+        "unpiped_messages_carry_every_byte",
+        &[("SHMFAB_PIPE_MIN", "0"), NO_STREAMS, RING_SIZES],
+    );
 }
 
 /// A piped message into a shorter receive: the receive's bytes, nothing
 /// past it, and a truncation error entry with the rest's length.
 #[test]
 fn piped_message_truncated_across_processes() {
-    run("piped_message_truncated_across_processes", 2, &[], Duration::from_secs(60), |w| {
+    run("piped_message_truncated_across_processes", 2, &[RING_SIZES], Duration::from_secs(60), |w| {
         let peer = w.addrs[1 - w.rank];
         let m = pattern(16000, 42);
         if w.rank == 0 {
@@ -178,7 +188,7 @@ fn piped_message_truncated_across_processes() {
 /// the pool. Every byte arrives; the counters say which way each went.
 #[test]
 fn answers_go_inline_up_to_half_the_ring() {
-    run("answers_go_inline_up_to_half_the_ring", 2, &[], Duration::from_secs(60), |w| {
+    run("answers_go_inline_up_to_half_the_ring", 2, &[RING_SIZES], Duration::from_secs(60), |w| {
         let peer = w.addrs[1 - w.rank];
         const ROUNDS: u64 = 20;
         for (k, len) in [16385usize, 24576, 32768, 32769].into_iter().enumerate() {

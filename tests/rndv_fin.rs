@@ -167,20 +167,27 @@ fn after_the_receiver_takes_the_pool_the_next_sends_go_eagerly() {
     // The receiver takes a rendezvous through the pool when its buffer
     // sits 1-63 bytes past the sender's modulo 4096 (the kernel copy's
     // slow band: shmfab::copy), answering CTS_BOUNCE_THIS_ONE: the sender
-    // then sends the next EAGER_RUN (7) of that class eagerly through the
-    // pool, then one by rendezvous again.
+    // then sends the next EAGER_RUN (7) of that class eagerly, then one by
+    // rendezvous again. Eagerly is the way without single copy: inline in
+    // the lowest class (8-16 KiB), through the pool in the 64-128 KiB one.
     if !shmfab::internal::cma::available() {
         return; // No single copy offered: no rendezvous at this size.
     }
+    let k = proto::Config::default().cma_min;
+    eager_run(k + 1000, "zzeag0", true);
+    eager_run(8 * k + 1000, "zzeag3", false);
+}
+
+fn eager_run(len: usize, job: &str, inline: bool) {
     let cfg = proto::Config::default();
-    let len = cfg.cma_min + 1000;
-    let t = pair(cfg, "zzeag");
+    let t = pair(cfg.clone(), job);
     let (mut ms, mut rs) = (Vec::new(), Vec::new());
     let msg = page_aligned(&mut ms, len);
     let rb_store = page_aligned(&mut rs, len + 64);
     let rb = &mut rb_store[32..32 + len];
     let stats = |i: usize| t.eps[i].stats().unwrap();
-    let (b0, r0) = (stats(1).tx_bounce, stats(1).tx_rndv);
+    let eager = |s: shmfab::EpStats| if inline { s.tx_inline } else { s.tx_bounce };
+    let (b0, r0) = (eager(stats(1)), stats(1).tx_rndv);
     for i in 0..17usize {
         msg.copy_from_slice(&pattern(len, i));
         // SAFETY: rb and msg outlive the completions taken below.
@@ -190,19 +197,19 @@ fn after_the_receiver_takes_the_pool_the_next_sends_go_eagerly() {
         }
         take(&t.dom, &t.cqs[1], 1, "send");
         take(&t.dom, &t.cqs[0], 1, "recv");
-        assert!(*rb == *msg, "message {i}");
-        let (b, r) = (stats(1).tx_bounce - b0, stats(1).tx_rndv - r0);
+        assert!(*rb == *msg, "{len} bytes, message {i}");
+        let (b, r) = (eager(stats(1)) - b0, stats(1).tx_rndv - r0);
         // Messages 0, 8 and 16 by rendezvous, the others eagerly.
-        assert_eq!(r as usize, 1 + i / 8, "rendezvous after message {i}");
-        assert_eq!((b + r) as usize, i + 1, "after message {i}");
+        assert_eq!(r as usize, 1 + i / 8, "{len} bytes: rendezvous after message {i}");
+        assert_eq!((b + r) as usize, i + 1, "{len} bytes (eagerly inline: {inline}), after message {i}");
     }
     assert_eq!(stats(0).cma_aliased, 3, "each rendezvous was in the band");
     // A delivery-complete send never goes eagerly (its FIN completes it),
-    // and a message outside the lowest class neither.
+    // and a message outside the eager classes (from 128 KiB) neither.
     let r = stats(1).tx_rndv;
     assert_eq!(one(&t, len, true, false, 1), 1);
     assert_eq!(stats(1).tx_rndv, r + 1);
-    let big = proto::Config::default().cma_min * 4;
+    let big = 16 * cfg.cma_min;
     let fins = one(&t, big, false, false, 2);
-    assert_eq!(stats(1).tx_rndv, r + 2, "256 KiB by rendezvous ({fins} FIN)");
+    assert_eq!(stats(1).tx_rndv, r + 2, "128 KiB by rendezvous ({fins} FIN)");
 }

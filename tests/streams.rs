@@ -11,6 +11,12 @@ use shmfab::{EpStats, RecvMsg, SendMsg, FI_COMPLETION, FI_DELIVERY_COMPLETE, FI_
 use std::io::{IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
 
+/// Single copy from 64 KiB (the default is 8 KiB, from where messages
+/// go by rendezvous unless streamed or after a pick of the pool: tests
+/// of the rendezvous classes are in rndv_fin.rs, and the last test here
+/// runs with the defaults): the messages here take the ring or the pool.
+const RING_SIZES: (&str, &str) = ("SHMFAB_CMA_MIN", "65536");
+
 /// One tag for every message: each receive takes the next message in send
 /// order, so a message overtaking another would land in the wrong buffer.
 const TAG: u64 = 5;
@@ -32,7 +38,8 @@ fn wait_mark(name: &str) {
 /// without the receiver's help: through the pool, or inline into room).
 /// `check` gets rank 0's counters over the sends.
 fn stream(name: &str, env: &[(&str, &str)], lens: &'static [usize], wait_sent: bool, check: fn(EpStats)) {
-    run(name, 2, env, Duration::from_secs(120), move |w| {
+    let env: Vec<(&str, &str)> = [RING_SIZES].into_iter().chain(env.iter().copied()).collect();
+    run(name, 2, &env, Duration::from_secs(120), move |w| {
         let peer = w.addrs[1 - w.rank];
         w.barrier();
         if w.rank == 0 {
@@ -149,7 +156,7 @@ fn a_large_message_the_full_ring_cannot_take_goes_through_the_pool() {
 /// message goes inline (piped), none through the pool.
 #[test]
 fn ping_pong_turns_keep_the_ring() {
-    run("ping_pong_turns_keep_the_ring", 2, &[], Duration::from_secs(60), |w| {
+    run("ping_pong_turns_keep_the_ring", 2, &[RING_SIZES], Duration::from_secs(60), |w| {
         let peer = w.addrs[1 - w.rank];
         const ROUNDS: u64 = 20;
         for (k, len) in [8192usize, 12000, 16384].into_iter().enumerate() {
@@ -207,7 +214,8 @@ fn a_queued_large_message_that_finds_the_ring_full_goes_through_the_pool() {
     use shmfab::{CqTaggedEntry, ErrorKind, Fabric};
     std::env::set_var("SHMFAB_JOB_ID", format!("streams-queued-{}", std::process::id()));
     let open = || {
-        let dom = Fabric::open().unwrap().domain().unwrap();
+        let cfg = shmfab::Config { cma_min: 65536, ..shmfab::Config::default() };
+        let dom = Fabric::with_config(cfg).unwrap().domain().unwrap();
         let (cq, av, ep) = common::open_endpoint(&dom);
         (dom, cq, av, ep)
     };
@@ -263,49 +271,55 @@ fn a_queued_large_message_that_finds_the_ring_full_goes_through_the_pool() {
 /// as streamed. (Found by review: it was counted in both.)
 #[test]
 fn a_delivery_complete_send_in_a_stream_is_not_counted_as_streamed() {
-    run("a_delivery_complete_send_in_a_stream_is_not_counted_as_streamed", 2, &[], Duration::from_secs(60), |w| {
-        let peer = w.addrs[1 - w.rank];
-        w.barrier();
-        let lens = [16384usize, 16384];
-        if w.rank == 0 {
-            wait_mark("quiet");
-            let before = w.ep.stats().unwrap();
-            let msgs: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &l)| pattern(l, i as u64)).collect();
-            for (i, m) in msgs.iter().enumerate() {
-                let iov = [IoSlice::new(m)];
-                let sm = SendMsg { iov: &iov, dest: peer, context: 100 + i, data: 0, tag: 9 };
-                let fl = if i == 1 { FI_COMPLETION | FI_DELIVERY_COMPLETE } else { FI_COMPLETION };
-                // SAFETY: msgs outlives the completions waited for below.
-                w.retry(|| unsafe { w.ep.tsendmsg(&sm, fl) });
+    run(
+        "a_delivery_complete_send_in_a_stream_is_not_counted_as_streamed",
+        2,
+        &[RING_SIZES],
+        Duration::from_secs(60),
+        |w| {
+            let peer = w.addrs[1 - w.rank];
+            w.barrier();
+            let lens = [16384usize, 16384];
+            if w.rank == 0 {
+                wait_mark("quiet");
+                let before = w.ep.stats().unwrap();
+                let msgs: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &l)| pattern(l, i as u64)).collect();
+                for (i, m) in msgs.iter().enumerate() {
+                    let iov = [IoSlice::new(m)];
+                    let sm = SendMsg { iov: &iov, dest: peer, context: 100 + i, data: 0, tag: 9 };
+                    let fl = if i == 1 { FI_COMPLETION | FI_DELIVERY_COMPLETE } else { FI_COMPLETION };
+                    // SAFETY: msgs outlives the completions waited for below.
+                    w.retry(|| unsafe { w.ep.tsendmsg(&sm, fl) });
+                }
+                put_file("sent", "");
+                for i in 0..lens.len() {
+                    w.ok(100 + i);
+                }
+                let a = w.ep.stats().unwrap();
+                let (inl, bnc, str_, rndv) = (
+                    a.tx_inline - before.tx_inline,
+                    a.tx_bounce - before.tx_bounce,
+                    a.tx_streamed - before.tx_streamed,
+                    a.tx_rndv - before.tx_rndv,
+                );
+                assert_eq!((inl, rndv), (1, 1), "{a:?}");
+                assert!(str_ <= bnc, "tx_streamed {str_} > tx_bounce {bnc}: a rendezvous counted as streamed");
+            } else {
+                put_file("quiet", "");
+                wait_mark("sent");
+                let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
+                for (i, b) in bufs.iter_mut().enumerate() {
+                    // SAFETY: bufs outlives the completions waited for below.
+                    unsafe { w.ep.trecv(b, peer, 9, 0, 200 + i).unwrap() };
+                }
+                for (i, b) in bufs.iter().enumerate() {
+                    assert_eq!(w.ok(200 + i).len, lens[i]);
+                    assert!(*b == pattern(lens[i], i as u64));
+                }
             }
-            put_file("sent", "");
-            for i in 0..lens.len() {
-                w.ok(100 + i);
-            }
-            let a = w.ep.stats().unwrap();
-            let (inl, bnc, str_, rndv) = (
-                a.tx_inline - before.tx_inline,
-                a.tx_bounce - before.tx_bounce,
-                a.tx_streamed - before.tx_streamed,
-                a.tx_rndv - before.tx_rndv,
-            );
-            assert_eq!((inl, rndv), (1, 1), "{a:?}");
-            assert!(str_ <= bnc, "tx_streamed {str_} > tx_bounce {bnc}: a rendezvous counted as streamed");
-        } else {
-            put_file("quiet", "");
-            wait_mark("sent");
-            let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
-            for (i, b) in bufs.iter_mut().enumerate() {
-                // SAFETY: bufs outlives the completions waited for below.
-                unsafe { w.ep.trecv(b, peer, 9, 0, 200 + i).unwrap() };
-            }
-            for (i, b) in bufs.iter().enumerate() {
-                assert_eq!(w.ok(200 + i).len, lens[i]);
-                assert!(*b == pattern(lens[i], i as u64));
-            }
-        }
-        w.barrier();
-    });
+            w.barrier();
+        },
+    );
 }
 
 /// Streams with 1-4 send segments, remote CQ data, receives in 1-4
@@ -328,7 +342,7 @@ fn streamed_messages_with_segments_carry_every_byte() {
         }
         out
     }
-    run("streamed_messages_with_segments_carry_every_byte", 2, &[], Duration::from_secs(120), |w| {
+    run("streamed_messages_with_segments_carry_every_byte", 2, &[RING_SIZES], Duration::from_secs(120), |w| {
         let peer = w.addrs[1 - w.rank];
         let n = LENS.len() * 4;
         let before = w.ep.stats().unwrap();
@@ -414,8 +428,9 @@ fn streamed_messages_with_segments_carry_every_byte() {
 /// Two senders stream mixed 4-16 KiB messages to one receiver whose pool
 /// is small (16 chunks: a stream's messages wait for chunks the other
 /// sender holds), while the receiver posts late for one of them and early
-/// for the other. Every message of each sender arrives whole, in its send
-/// order.
+/// for the other; with the defaults (each stream's first large message
+/// by rendezvous, the rest the ordinary way). Every message of each
+/// sender arrives whole, in its send order.
 #[test]
 fn two_streams_share_a_small_pool() {
     const N: usize = 60;
@@ -468,4 +483,57 @@ fn two_streams_share_a_small_pool() {
         }
         w.barrier();
     });
+}
+
+/// With the defaults (single copy from 8 KiB), a stream's first message
+/// goes by rendezvous (the receiver picks single copy or the pool for it)
+/// and the rest, sent while it is under way, the ordinary way (inline,
+/// then through the pool): a pick measures one copy, not a stream. The
+/// receiver does not progress until every send is posted, so the first
+/// stays under way. Every byte arrives, in order.
+#[test]
+fn a_stream_under_the_defaults_takes_one_rendezvous_then_the_ordinary_way() {
+    const N: usize = 12;
+    run(
+        "a_stream_under_the_defaults_takes_one_rendezvous_then_the_ordinary_way",
+        2,
+        &[],
+        Duration::from_secs(120),
+        |w| {
+            let peer = w.addrs[1 - w.rank];
+            w.barrier();
+            if w.rank == 0 {
+                wait_mark("quiet");
+                let before = w.ep.stats().unwrap();
+                let msgs: Vec<Vec<u8>> = (0..N).map(|i| pattern(16384, i as u64)).collect();
+                for (i, m) in msgs.iter().enumerate() {
+                    // SAFETY: msgs outlives every completion waited for below.
+                    w.retry(|| unsafe { w.ep.tsend(m, peer, TAG, 100 + i) });
+                }
+                let posted = w.ep.stats().unwrap();
+                put_file("sent", "");
+                for i in 0..N {
+                    w.ok(100 + i);
+                }
+                let after = w.ep.stats().unwrap();
+                let rndv = posted.tx_rndv - before.tx_rndv;
+                let ordinary = (after.tx_inline + after.tx_bounce) - (before.tx_inline + before.tx_bounce);
+                let want = u64::from(shmfab::internal::cma::available());
+                assert_eq!((rndv, rndv + ordinary), (want, N as u64), "{after:?}");
+            } else {
+                put_file("quiet", "");
+                wait_mark("sent");
+                let mut bufs = vec![vec![0u8; 16384]; N];
+                for (i, b) in bufs.iter_mut().enumerate() {
+                    // SAFETY: bufs outlives every completion waited for below.
+                    unsafe { w.ep.trecv(b, peer, TAG, 0, 200 + i).unwrap() };
+                }
+                for (i, b) in bufs.iter().enumerate() {
+                    assert_eq!(w.ok(200 + i).len, 16384);
+                    assert!(*b == pattern(16384, i as u64), "message {i}: bytes");
+                }
+            }
+            w.barrier();
+        },
+    );
 }

@@ -89,7 +89,17 @@ pub(crate) struct TxOp {
 /// but lost 1.9-2.3 us on a far placement where 128 KiB takes 17 us (raw
 /// 8 B 0.13, 10 paired rounds, 2026-11-26; 64-128 KiB alone lost nothing
 /// there).
-pub const EAGER_CLASSES: usize = 1;
+pub const EAGER_CLASSES: usize = 4;
+
+/// The pick classes (8-64 KiB by default) whose sends go the ordinary
+/// way, without a pick, while another send to the peer is under way: a
+/// stream's. The receiver's pick measures one copy: near, it took single
+/// copy for 8 and 16 KiB streams (its pool sample waits on a busy
+/// sender), which streamed at 3.5 and 5.4 GB/s against 9.7 and 8.7 by
+/// the pool (2026-11-27, paired, raw 8 B 0.05 us). Not 64 KiB and up,
+/// whose streams went by single copy before (a far placement, raw 0.18:
+/// 5.97 GB/s against 2.24 through the pool).
+pub const STREAM_CLASSES: usize = 3;
 
 /// Sends of a class that go eagerly after the receiver picked the pool
 /// for one; then a rendezvous lets it pick again (its measure stays
@@ -166,6 +176,14 @@ impl PeerTx {
     #[inline(always)]
     pub fn quiet(&self) -> bool {
         self.txq.is_empty() && self.inflight.is_empty()
+    }
+
+    /// The eager class of a `len`-byte rendezvous that would go eagerly
+    /// now ([`eager_after_pick`]: the receiver's last pick for its class
+    /// was the pool, and the run is not over), if it would.
+    #[inline]
+    pub fn eager_class(&self, cfg: &proto::Config, len: usize) -> Option<usize> {
+        proto::pick_class(cfg, len).filter(|&c| c < EAGER_CLASSES && self.eager_left[c] > 0)
     }
 
     /// Whether sends to this peer are waiting for anything of it.
@@ -488,13 +506,21 @@ fn push_chunk(
 /// Measured (2026-11-26, near, raw 8 B 0.05 us, paired rounds): 64 KiB
 /// eagerly through the pool took 4.4-4.8 us against 5.0-6.1 by a
 /// rendezvous whose receiver picked the pool.
-fn eager_after_pick(ptx: &mut PeerTx, cfg: &proto::Config, op: &mut TxOp) {
+/// Whether a `len`-byte rendezvous is of the [`STREAM_CLASSES`].
+fn stream_class_of(cfg: &proto::Config, len: usize) -> bool {
+    proto::pick_class(cfg, len).is_some_and(|c| c < STREAM_CLASSES)
+}
+
+fn eager_after_pick(ptx: &mut PeerTx, cfg: &proto::Config, op: &mut TxOp, on_ring: bool) {
     let Some(c) = proto::pick_class(cfg, op.len).filter(|&c| c < EAGER_CLASSES) else {
         return;
     };
-    if ptx.eager_left[c] > 0 && !op.deliver {
+    if ptx.eager_class(cfg, op.len).is_some() && !op.deliver {
         ptx.eager_left[c] -= 1;
-        op.proto = Proto::Bounce;
+        // What it would be without single copy: inline up to inline_max,
+        // else through the pool (below rndv_min, which is above every
+        // eager class).
+        op.proto = proto::choose(cfg, op.kind, op.len, op.iovs.n, on_ring, false);
     } else {
         op.pick = c as u8 + 1;
     }
@@ -599,8 +625,18 @@ impl EpState {
         let cfg = src.cfg();
         if !proto::inline_on_ring(cfg, buf.len()) {
             let cma_ok = proto::offer_cma(cfg, peer.cma_refused, inject);
-            if proto::choose(cfg, done.kind, buf.len(), 1, true, cma_ok) != Proto::Inline {
-                return None;
+            match proto::choose(cfg, done.kind, buf.len(), 1, true, cma_ok) {
+                Proto::Inline => {}
+                Proto::Rndv if cma_ok && buf.len() <= cfg.inline_max => {
+                    // A message that would go by rendezvous, for the
+                    // receiver to pick single copy or the pool, goes
+                    // inline here if it picked the pool (an eager run:
+                    // `eager_after_pick`). If the push below fails, the
+                    // general path takes another of the run: one shorter.
+                    let c = peer.tx.eager_class(cfg, buf.len())?;
+                    peer.tx.eager_left[c] -= 1;
+                }
+                _ => return None,
             }
         }
         let Some(Chan::Ring(ring)) = peer.chan.as_mut() else { return None };
@@ -667,6 +703,18 @@ impl EpState {
         let on_ring = matches!(peer.chan, Some(Chan::Ring(_)));
         let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
         op.proto = proto::choose(ctx.cfg, op.kind, op.len, op.iovs.n, on_ring, cma_ok);
+        if op.proto == Proto::Rndv && cma_ok {
+            // After the receiver picked the pool: the ordinary way, which
+            // the rules below then refine (an answer inline, a stream
+            // through the pool).
+            eager_after_pick(&mut peer.tx, ctx.cfg, &mut op, on_ring);
+            // Below 64 KiB, while another send to the peer is under way (a
+            // stream, or a window), the ordinary way too: the receiver's
+            // pick measures one copy, not a stream (STREAM_CLASSES).
+            if op.proto == Proto::Rndv && !op.deliver && !peer.tx.quiet() && stream_class_of(ctx.cfg, op.len) {
+                op.proto = proto::choose(ctx.cfg, op.kind, op.len, op.iovs.n, on_ring, false);
+            }
+        }
         // An answer to the peer (it sent us something since our last send
         // to it): the ring is told, as the fast path tells it; and a
         // message that would take the pool goes inline up to answer_max.
@@ -704,9 +752,6 @@ impl EpState {
                     op.proto = Proto::Bounce;
                 }
             }
-        }
-        if op.proto == Proto::Rndv && cma_ok {
-            eager_after_pick(&mut peer.tx, ctx.cfg, &mut op);
         }
         if op.deliver {
             // Delivery complete: by rendezvous, whose FIN the receiver
@@ -1048,24 +1093,35 @@ mod tests {
         peers[p].tx.inflight.push_back(TxOp { pick: 1, ..op(TxState::AwaitFin { msg_id: 10 }) });
         tx.outstanding += 1;
         assert!(tx.bounce_requested(&mut peers[p], p, 10, true));
-        assert_eq!(peers[p].tx.eager_left, [EAGER_RUN]);
+        assert_eq!(peers[p].tx.eager_left, [EAGER_RUN, 0, 0, 0]);
         let cfg = proto::Config::default();
         let mut protos = Vec::new();
         for _ in 0..=EAGER_RUN {
             let mut o = TxOp { len: cfg.cma_min, ..op(TxState::Start) };
-            eager_after_pick(&mut peers[p].tx, &cfg, &mut o);
+            eager_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
             protos.push((o.proto, o.pick));
         }
-        assert!(protos[..EAGER_RUN as usize].iter().all(|&x| x == (Proto::Bounce, 0)), "{protos:?}");
+        // Class 0 (8-16 KiB) eagerly is inline, as without single copy.
+        assert!(protos[..EAGER_RUN as usize].iter().all(|&x| x == (Proto::Inline, 0)), "{protos:?}");
         assert_eq!(protos[EAGER_RUN as usize], (Proto::Rndv, 1), "then a rendezvous noting its class");
-        // Class 1 never goes eagerly (nor notes a class); a
+        // Class 3 (64-128 KiB) eagerly is through the pool; on the
+        // overflow queue class 0 is too.
+        peers[p].tx.eager_left[3] = 1;
+        let mut o = TxOp { len: 8 * cfg.cma_min, ..op(TxState::Start) };
+        eager_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
+        assert_eq!((o.proto, o.pick), (Proto::Bounce, 0));
+        peers[p].tx.eager_left[0] = 1;
+        let mut o = TxOp { len: cfg.cma_min, ..op(TxState::Start) };
+        eager_after_pick(&mut peers[p].tx, &cfg, &mut o, false);
+        assert_eq!((o.proto, o.pick), (Proto::Bounce, 0));
+        // Class 4 (128-256 KiB) never goes eagerly (nor notes a class); a
         // delivery-complete send never does.
         peers[p].tx.eager_left[0] = 1;
-        let mut o = TxOp { len: 2 * cfg.cma_min, ..op(TxState::Start) };
-        eager_after_pick(&mut peers[p].tx, &cfg, &mut o);
+        let mut o = TxOp { len: 16 * cfg.cma_min, ..op(TxState::Start) };
+        eager_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
         assert_eq!((o.proto, o.pick), (Proto::Rndv, 0));
         let mut o = TxOp { len: cfg.cma_min, deliver: true, ..op(TxState::Start) };
-        eager_after_pick(&mut peers[p].tx, &cfg, &mut o);
+        eager_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
         assert_eq!(o.proto, Proto::Rndv);
         // A failed peer gives back every record, in send order.
         let ops = tx.take_all(&mut peers[p].tx);
