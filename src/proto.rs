@@ -3,8 +3,8 @@
 //!
 //! | protocol | when | data moves |
 //! | --- | --- | --- |
-//! | [`Proto::Inline`] | up to `inline_max` (and below `cma_min`); on the overflow queue up to one cell (72 B) | in the ring cells, one copy each side; from `pipe_min` piped (the receiver copies each 4 KiB piece as it lands) |
-//! | [`Proto::Bounce`] | a stream's inline-sized messages from `stream_min` (below); above `inline_max`, below `cma_min` where single copy is usable, else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments ([`frag_for`]: `frag_size` below 32 KiB, then a quarter of the message, at most `frag_max`, each a run of chunks back to back named by one ring message), pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
+//! | [`Proto::Inline`] | up to `inline_max` (and below `cma_min`: 8 KiB, where single copy is usable; then also in the eager runs after the receiver picked the pool, and for a stream's messages, below); on the overflow queue up to one cell (72 B) | in the ring cells, one copy each side; from `pipe_min` piped (the receiver copies each 4 KiB piece as it lands) |
+//! | [`Proto::Bounce`] | a stream's inline-sized messages from `stream_min` (below); above `inline_max`, below `cma_min` where single copy is usable (with the defaults, only in the runs and streams below), else below `rndv_min` (and on the overflow queue, or with more iovs than its RTS holds) | eagerly through the receiver's pool in fragments ([`frag_for`]: `frag_size` below 32 KiB, then a quarter of the message, at most `frag_max`, each a run of chunks back to back named by one ring message), pipelined: the sender fills fragment k+1 while the receiver drains fragment k |
 //! | [`Proto::Rndv`] | from the lower of `cma_min` and `rndv_min` where single copy is usable, else from `rndv_min` | request to send first; when a receive matches, one copy: the receiver reads the sender's buffer with process_vm_readv (from `split_min`, both sides copy half each). Where CMA is off or the kernel refuses it (EPERM, ENOSYS; both sides then stop offering it to that peer) the receiver asks for the data through the pool |
 //!
 //! "Single copy usable" means: CMA not off, not refused by that peer, and the
@@ -12,25 +12,45 @@
 //! A rendezvous whose two buffers sit in the slow band of the kernel's copy
 //! (the destination 1-63 bytes past the source modulo 4096: see
 //! [`crate::copy`]) is fetched through the pool, for that message only.
-//! From `cma_min` to 8x it (below `split_min`) the receiver picks single
-//! copy or the pool by what each has measured lately with that peer
-//! ([`PathPick`]): on these VMs the faster one changes with where the two
-//! vCPUs sit. When it picked the pool for a rendezvous of the lowest
-//! class (64-128 KiB), its sender sends the next 7 of that class eagerly
-//! through the pool (`engine::tx::EAGER_RUN`), then one by rendezvous so
-//! that the receiver picks again: near (raw 8 B 0.045-0.05 us, paired
-//! rounds, 2026-11-26) 64 KiB 4.7 -> 4.1 us and 5.3 -> 4.6, 100 KB 6.6 ->
-//! 6.0 and 6.8 -> 6.1; the session's whole change at 64 KiB (this, the
-//! pick's fixes, FIN only when asked) 5.6 -> 4.1 and 6.5 -> 4.6. Not for
-//! 128-256 KiB (`engine::tx::EAGER_CLASSES`: it lost 2 us on one far
-//! placement); there the pick's fixes alone took 128 KiB from 9.5 to 8.0-8.2
-//! us (raw 0.13, the fast far placement) and 17.0 to 16.2-16.5 (raw 0.13,
-//! the slow one).
-//! The defaults are the crossovers measured on the 2-vCPU development VMs
-//! (ping-pong, separate send and receive buffers). A process_vm_readv
-//! costs about 5 us here whatever its size (in one process, 8 KiB: 6.4 us
-//! by single copy against 0.8 us through the ring), so single copy starts
-//! at 64 KiB.
+//! From `cma_min` to 64x it (six octaves, below `split_min`) the receiver
+//! picks single copy or the pool by what each has measured lately with
+//! that peer ([`PathPick`]): on these VMs the faster one changes with
+//! where the two vCPUs sit. When it picked the pool for a rendezvous of
+//! the four lowest classes (8-128 KiB), its sender sends the next 7 of
+//! that class the ordinary way (`engine::tx::EAGER_RUN`: what [`choose`]
+//! gives without single copy, inline up to `inline_max`, else the pool;
+//! an answer inline to `answer_max`, a stream's messages through the
+//! pool), then one by rendezvous so that the receiver picks again. Below
+//! 64 KiB a send while another to that peer is under way goes the
+//! ordinary way too (`engine::tx::STREAM_CLASSES`: the pick measures one
+//! copy, not a stream). Not eager runs for 128-256 KiB
+//! (`engine::tx::EAGER_CLASSES`: it lost 2 us on one far placement);
+//! there the pick's fixes alone took 128 KiB from 9.5 to 8.0-8.2 us (raw
+//! 0.13, the fast far placement) and 17.0 to 16.2-16.5 (raw 0.13, the
+//! slow one).
+//!
+//! Single copy from 8 KiB (session 18, 2026-11-27; it started at 64 KiB
+//! before). A process_vm_readv in one process costs 3,900-4,000 cycles
+//! of 2.6 GHz at 4 KiB, 6,500 at 16 KiB, 15,400 at 64 KiB (against
+//! `memcpy` 234, 780 and 2,964: the kernel's page walks; a C probe), so
+//! near (raw 8 B 0.05 us) two copies through shared memory win from 8 to
+//! 64 KiB. Far (raw 0.18-0.20) they lose badly: each line a copy writes
+//! crosses to the other core, while single copy reads a send buffer that
+//! both cores hold clean. `shmfab bench pingpong` far, the build before
+//! against this one, paired (10 rounds): 16 KiB 8.59 -> 4.77 us (better in
+//! 10 of 10), 32 KiB 16.2 -> 6.5 (7 of 10); single runs 8 KiB 4.6 -> 3.5.
+//! Near, paired: 8 KiB +0.07 us (0 of 10), 16 KiB +0.04 (1 of 10), 32
+//! KiB +0.08 (3 of 10), 64 KiB -0.07 (5 of 10): the rendezvous every 8th
+//! message, where the receiver picks again, and the exploration of
+//! single copy every 64th pick. Streams unchanged near (16 KiB +0.73
+//! GB/s, 7 of 8; 64 KiB -0.14, 2 of 8; 32 KiB +0.03, 4 of 8), where the
+//! pick alone (without the stream rule) took single copy for 8 and 16
+//! KiB streams at 3.5 and 5.4 GB/s against 9.7 and 8.7. An eager run of
+//! 31 instead of 7 cost 64 KiB 0.7 us near (0 of 12) and 5 us far (1 of
+//! 10): a wrong pick then lasts four times as long. Sends of 8-64 KiB
+//! may now need the receiver to complete (a rendezvous): the eager limit
+//! is 8 KiB where single copy is usable (Open MPI's vader has 4 KiB by
+//! default), except in the runs and streams above.
 //!
 //! Inline up to 16 KiB (a quarter of the default ring's bytes), the pool
 //! above (2026-11-27, paired `scripts/ab.sh` rounds, `SHMFAB_INLINE_MAX`
@@ -287,7 +307,7 @@
 //! | `SHMFAB_ANSWER_MAX` | largest message sent inline (piped) when it answers its peer (a message from it arrived since our last send to it, nothing queued to it): a ping-pong's turn, where the pool's fragments lose; a stream takes the pool. At most half the ring's bytes; 0: none | 32768 |
 //! | `SHMFAB_STREAM_MIN` | smallest inline-sized message that goes through the pool when part of a stream: not an answer, and the last large message to that peer still in its ring (or no room in the ring for it). 0: every message of more than one cell; above `SHMFAB_INLINE_MAX` and `SHMFAB_ANSWER_MAX`: never | 8192 |
 //! | `SHMFAB_PIPE_MIN` | smallest inline message sent piped: published before its payload, which the receiver copies piece by piece while the sender writes it (0: none) | 8192 |
-//! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable | 65536 |
+//! | `SHMFAB_CMA_MIN` | smallest message sent by rendezvous with single copy, when usable (the receiver then picks single copy or the pool by measure, up to 64x it) | 8192 |
 //! | `SHMFAB_FRAG_SIZE` | bytes per fragment of a message sent through the pool (multiple of 64, at most the chunk size) | 4096 |
 //! | `SHMFAB_FRAG_PARTS` | fragments a larger message through the pool is cut into ([`frag_for`]: each a whole number of chunks, from `SHMFAB_FRAG_SIZE` to `SHMFAB_FRAG_MAX`; no runs when `SHMFAB_FRAG_SIZE` is below the chunk size) | 4 |
 //! | `SHMFAB_FRAG_MAX` | most bytes per fragment (multiple of 64; at most 16 chunks) | 16384 |
@@ -324,8 +344,8 @@ pub enum Proto {
     Rndv,
 }
 
-/// Size classes of [`PathPick`]: `[cma_min, 2 cma_min)`,
-/// `[2 cma_min, 4 cma_min)` and `[4 cma_min, 8 cma_min)` (below
+/// Size classes of [`PathPick`]: six octaves from `[cma_min, 2 cma_min)`
+/// to `[32 cma_min, 64 cma_min)` (8 KiB to 512 KiB by default; below
 /// `split_min`). The third (256-512 KiB) joined when the measure stopped
 /// misleading (see [`PathPick`]): at 256 KiB the pool took 13.5 us near
 /// against 27.6 by single copy, 17.3 against 33 far. With it, 256 KiB
