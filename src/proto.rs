@@ -346,8 +346,9 @@ pub enum Proto {
 
 /// Size classes of [`PathPick`]: six octaves from `[cma_min, 2 cma_min)`
 /// to `[32 cma_min, 64 cma_min)` (8 KiB to 512 KiB by default; below
-/// `split_min`). The third (256-512 KiB) joined when the measure stopped
-/// misleading (see [`PathPick`]): at 256 KiB the pool took 13.5 us near
+/// `split_min`). From 8 KiB since session 18 (64 KiB before: the proto
+/// notes above). 256-512 KiB joined when the measure stopped misleading
+/// (see [`PathPick`]): at 256 KiB the pool took 13.5 us near
 /// against 27.6 by single copy, 17.3 against 33 far. With it, 256 KiB
 /// went from 27.5 to 14.5 us near (raw 8 B 0.047) and from 29.0-29.4 to
 /// 14.7-15.0 far (raw 0.135-0.158), 16 paired rounds each (2026-11-26).
@@ -791,8 +792,8 @@ impl Config {
         let run_max = chunk * shm_layout::wire::Chunk::MAX_RUN as usize;
         self.frag_max = self.frag_max.clamp(self.frag_size, run_max);
         self.frag_parts = self.frag_parts.max(1);
-        // A fragment grows past frag_size once a part is a chunk longer.
         self.inline_ring_max = self.inline_max.min(self.cma_min - 1);
+        // A fragment grows past frag_size once a part is a chunk longer.
         self.frag_runs_from = if self.frag_size < chunk {
             usize::MAX // fragments shorter than a chunk: no runs
         } else {

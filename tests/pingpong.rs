@@ -118,8 +118,10 @@ fn pingpong_every_size() {
             // through the pool (aliased_single_copy_goes_through_the_pool).
             assert!(s.cma_reads > 0 && s.cma_fallbacks == s.cma_aliased && s.split_copies > 0, "{s:?}");
         }
-        // Mid sizes go through the pool's fragments, single copy or not.
-        assert!(s.tx_bounce > 0 && s.tx_chunks > s.tx_bounce, "{s:?}");
+        // Mid sizes go through the pool's fragments, single copy or not
+        // (with single copy, in the rendezvous whose receiver measures the
+        // pool, and in the eager runs after it picks the pool: chunks).
+        assert!(s.tx_chunks > 0, "{s:?}");
     });
 }
 
@@ -175,10 +177,10 @@ fn aliased_single_copy_goes_through_the_pool() {
 
 #[test]
 fn rendezvous_band_takes_both_paths_by_measure() {
-    // 64 KiB and 192 KiB messages both ways (the two classes of
+    // 64 KiB and 192 KiB messages both ways (two classes of
     // proto::pick_class), page-aligned so none is in the copy band: each
     // receiver measures single copy first, then the pool, then keeps the
-    // faster and tries the other every 16th time. Whatever the timings,
+    // faster and tries the other every 64th time. Whatever the timings,
     // both paths carry messages, and every byte arrives.
     run("rendezvous_band_takes_both_paths_by_measure", 2, &[], Duration::from_secs(60), |w| {
         let mut tag = 100;

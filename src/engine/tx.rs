@@ -82,24 +82,29 @@ pub(crate) struct TxOp {
     pub streamed: bool,
 }
 
-/// The pick classes ([`proto::pick_class`]: 64-128 KiB by default) where
-/// a sender whose last rendezvous the receiver took through the pool
-/// sends the next [`EAGER_RUN`] eagerly through the pool, saving the
-/// request and its answer. Not 128-256 KiB: there it won 0.5-0.7 us near
-/// but lost 1.9-2.3 us on a far placement where 128 KiB takes 17 us (raw
-/// 8 B 0.13, 10 paired rounds, 2026-11-26; 64-128 KiB alone lost nothing
-/// there).
+/// The pick classes ([`proto::pick_class`]: 8-128 KiB by default, four
+/// octaves) where a sender whose last rendezvous the receiver took through
+/// the pool sends the next [`EAGER_RUN`] the ordinary way (inline, or
+/// eagerly through the pool), saving the request and its answer; only
+/// below [`EAGER_MAX`] bytes, whatever `SHMFAB_CMA_MIN` is. Not 128-256
+/// KiB: there it won 0.5-0.7 us near but lost 1.9-2.3 us on a far
+/// placement where 128 KiB takes 17 us (raw 8 B 0.13, 10 paired rounds,
+/// 2026-11-26; 64-128 KiB alone lost nothing there).
 pub const EAGER_CLASSES: usize = 4;
 
-/// The pick classes (8-64 KiB by default) whose sends go the ordinary
-/// way, without a pick, while another send to the peer is under way: a
+/// Bytes from which no send goes eagerly after a pick ([`EAGER_CLASSES`]).
+pub const EAGER_MAX: usize = 128 * 1024;
+
+/// The sends of 8 KiB up to [`STREAM_MAX`] (bytes, whatever
+/// `SHMFAB_CMA_MIN` is) that would go by rendezvous go the ordinary way,
+/// without a pick, while another send to the peer is under way: a
 /// stream's. The receiver's pick measures one copy: near, it took single
 /// copy for 8 and 16 KiB streams (its pool sample waits on a busy
 /// sender), which streamed at 3.5 and 5.4 GB/s against 9.7 and 8.7 by
 /// the pool (2026-11-27, paired, raw 8 B 0.05 us). Not 64 KiB and up,
 /// whose streams went by single copy before (a far placement, raw 0.18:
 /// 5.97 GB/s against 2.24 through the pool).
-pub const STREAM_CLASSES: usize = 3;
+pub const STREAM_MAX: usize = 64 * 1024;
 
 /// Sends of a class that go eagerly after the receiver picked the pool
 /// for one; then a rendezvous lets it pick again (its measure stays
@@ -183,7 +188,7 @@ impl PeerTx {
     /// was the pool, and the run is not over), if it would.
     #[inline]
     pub fn eager_class(&self, cfg: &proto::Config, len: usize) -> Option<usize> {
-        proto::pick_class(cfg, len).filter(|&c| c < EAGER_CLASSES && self.eager_left[c] > 0)
+        eager_pick_class(cfg, len).filter(|&c| self.eager_left[c] > 0)
     }
 
     /// Whether sends to this peer are waiting for anything of it.
@@ -498,29 +503,40 @@ fn push_chunk(
     true
 }
 
+/// The eager class of a `len`-byte rendezvous ([`EAGER_CLASSES`], below
+/// [`EAGER_MAX`]), if it has one.
+#[inline]
+fn eager_pick_class(cfg: &proto::Config, len: usize) -> Option<usize> {
+    proto::pick_class(cfg, len).filter(|&c| c < EAGER_CLASSES && len < EAGER_MAX)
+}
+
+/// Whether a `len`-byte rendezvous is one a stream sends the ordinary way
+/// ([`STREAM_MAX`]).
+fn stream_class_of(cfg: &proto::Config, len: usize) -> bool {
+    len < STREAM_MAX && proto::pick_class(cfg, len).is_some()
+}
+
 /// A rendezvous `op` offering single copy in the lowest [`EAGER_CLASSES`]
-/// pick classes goes eagerly through the pool while the receiver's last
+/// pick classes (below [`EAGER_MAX`]) goes the ordinary way (what
+/// [`proto::choose`] gives without single copy: inline up to
+/// `inline_max`, else eagerly through the pool) while the receiver's last
 /// pick for its class was the pool ([`PeerTx::eager_left`]); else it
 /// notes its class, for the receiver's answer to set that.
 ///
 /// Measured (2026-11-26, near, raw 8 B 0.05 us, paired rounds): 64 KiB
 /// eagerly through the pool took 4.4-4.8 us against 5.0-6.1 by a
 /// rendezvous whose receiver picked the pool.
-/// Whether a `len`-byte rendezvous is of the [`STREAM_CLASSES`].
-fn stream_class_of(cfg: &proto::Config, len: usize) -> bool {
-    proto::pick_class(cfg, len).is_some_and(|c| c < STREAM_CLASSES)
-}
-
 fn eager_after_pick(ptx: &mut PeerTx, cfg: &proto::Config, op: &mut TxOp, on_ring: bool) {
-    let Some(c) = proto::pick_class(cfg, op.len).filter(|&c| c < EAGER_CLASSES) else {
+    let Some(c) = eager_pick_class(cfg, op.len) else {
         return;
     };
-    if ptx.eager_class(cfg, op.len).is_some() && !op.deliver {
+    // What it would be without single copy: inline up to inline_max, else
+    // through the pool; a rendezvous from rndv_min (SHMFAB_RNDV_MIN set
+    // below EAGER_MAX), which then keeps its pick and the run.
+    let ordinary = proto::choose(cfg, op.kind, op.len, op.iovs.n, on_ring, false);
+    if ptx.eager_left[c] > 0 && !op.deliver && ordinary != Proto::Rndv {
         ptx.eager_left[c] -= 1;
-        // What it would be without single copy: inline up to inline_max,
-        // else through the pool (below rndv_min, which is above every
-        // eager class).
-        op.proto = proto::choose(cfg, op.kind, op.len, op.iovs.n, on_ring, false);
+        op.proto = ordinary;
     } else {
         op.pick = c as u8 + 1;
     }
@@ -623,6 +639,7 @@ impl EpState {
             return None;
         }
         let cfg = src.cfg();
+        let mut eager = None;
         if !proto::inline_on_ring(cfg, buf.len()) {
             let cma_ok = proto::offer_cma(cfg, peer.cma_refused, inject);
             match proto::choose(cfg, done.kind, buf.len(), 1, true, cma_ok) {
@@ -631,10 +648,8 @@ impl EpState {
                     // A message that would go by rendezvous, for the
                     // receiver to pick single copy or the pool, goes
                     // inline here if it picked the pool (an eager run:
-                    // `eager_after_pick`). If the push below fails, the
-                    // general path takes another of the run: one shorter.
-                    let c = peer.tx.eager_class(cfg, buf.len())?;
-                    peer.tx.eager_left[c] -= 1;
+                    // `eager_after_pick`), counted once pushed.
+                    eager = Some(peer.tx.eager_class(cfg, buf.len())?);
                 }
                 _ => return None,
             }
@@ -649,10 +664,17 @@ impl EpState {
             if !ring.push_one_cell(hdr, buf) {
                 return None;
             }
-        } else if !push_cells_now(ring, &mut peer.heard, cfg, &{ *hdr }, buf) {
+        } else {
             // (A copy of the header: as in RingTx::try_push_one, the
             // caller's then never has its address taken.)
-            return None;
+            if !push_cells_now(ring, &mut peer.heard, cfg, &{ *hdr }, buf) {
+                return None;
+            }
+            // (Not for one cell: an eager run's message of one cell, with
+            // SHMFAB_CMA_MIN under a cell, leaves the run one longer.)
+            if let Some(c) = eager {
+                peer.tx.eager_left[c] -= 1;
+            }
         }
         if let Some(db) = peer.doorbell() {
             crate::doorbell::ring(db);
@@ -1066,6 +1088,39 @@ mod tests {
         assert!(!runs_intact(&[0, 1, 2, 3, 4, 6, 7, 8], 4), "a gap inside the second run");
         assert!(runs_intact(&[4, 5, 6, 1, 2, 3], 3), "runs in any order");
         assert!(runs_intact(&[9], 4) && runs_intact(&[], 4));
+    }
+
+    /// The stream and eager rules are bounded in bytes, whatever
+    /// SHMFAB_CMA_MIN is (found by review: counted in octaves from it,
+    /// with 64 KiB a 96 KiB send in a stream went through the pool, and an
+    /// eager run in 128-256 KiB was spent on rendezvous that noted no
+    /// class); and a run whose ordinary way is a rendezvous (SHMFAB_RNDV_MIN
+    /// below the class) keeps its pick and its run.
+    #[test]
+    fn stream_and_eager_rules_are_bounded_in_bytes() {
+        let mut cfg = proto::Config { cma_min: 64 << 10, ..proto::Config::default() };
+        cfg.clamp();
+        assert!(!stream_class_of(&cfg, 96 << 10), "96 KiB: single copy may win a stream");
+        assert!(!stream_class_of(&cfg, 32 << 10), "below cma_min: no rendezvous to replace");
+        let d = proto::Config::default();
+        assert!(stream_class_of(&d, 8 << 10) && stream_class_of(&d, (64 << 10) - 1) && !stream_class_of(&d, 64 << 10));
+        let mut ptx = PeerTx::new();
+        ptx.eager_left = [EAGER_RUN; EAGER_CLASSES];
+        let mut o = TxOp { len: 192 << 10, ..op(TxState::Start) };
+        eager_after_pick(&mut ptx, &cfg, &mut o, true);
+        assert_eq!((o.proto, o.pick, ptx.eager_left[1]), (Proto::Rndv, 0, EAGER_RUN), "192 KiB: no eager class");
+        let mut o = TxOp { len: 96 << 10, ..op(TxState::Start) };
+        eager_after_pick(&mut ptx, &cfg, &mut o, true);
+        assert_eq!((o.proto, ptx.eager_left[0]), (Proto::Bounce, EAGER_RUN - 1), "96 KiB: eagerly");
+        let mut low = proto::Config { rndv_min: 40 << 10, ..proto::Config::default() };
+        low.clamp();
+        let mut o = TxOp { len: 48 << 10, ..op(TxState::Start) };
+        eager_after_pick(&mut ptx, &low, &mut o, true);
+        assert_eq!(
+            (o.proto, o.pick, ptx.eager_left[2]),
+            (Proto::Rndv, 3, EAGER_RUN),
+            "rendezvous without single copy too"
+        );
     }
 
     #[test]

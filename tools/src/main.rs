@@ -1852,10 +1852,18 @@ fn cmd_info(o: &InfoArgs, cfg: shmfab::Config) -> Result<(), String> {
         shm_layout::MAX_IOV,
         shmfab::proto::MAX_MSG_SIZE
     );
-    println!(
-        "thresholds: with single copy: inline up to {} B, eager through the pool below {} B (fragments of {} B), rendezvous + CMA from {} B (split between both sides from {} B);",
-        cfg.inline_max.min(cfg.cma_min - 1), cfg.cma_min, cfg.frag_size, cfg.cma_min, cfg.split_min
-    );
+    let pick_to = (cfg.cma_min.saturating_mul(1 << shmfab::proto::PICK_CLASSES)).min(cfg.split_min);
+    if cfg.cma_min > cfg.inline_max + 1 {
+        println!(
+            "thresholds: with single copy: inline up to {} B, eager through the pool below {} B (fragments of {} B), rendezvous + CMA from {} B (the receiver picks CMA or the pool by measure below {} B; split between both sides from {} B);",
+            cfg.inline_max, cfg.cma_min, cfg.frag_size, cfg.cma_min, pick_to, cfg.split_min
+        );
+    } else {
+        println!(
+            "thresholds: with single copy: inline up to {} B, rendezvous + CMA from {} B (the receiver picks CMA or the pool by measure below {} B, and after a pick of the pool the next sends of that size go inline or eagerly through the pool; split between both sides from {} B); sends from {} B may need the receiver to complete;",
+            cfg.inline_ring_max, cfg.cma_min, pick_to, cfg.split_min, cfg.cma_min
+        );
+    }
     println!(
         "            without: inline up to {} B, eager through the pool below {} B, rendezvous through the pool from {} B",
         cfg.inline_max, cfg.rndv_min, cfg.rndv_min
