@@ -12,17 +12,8 @@
 use shmfab::{CqTaggedEntry, ErrorKind, World, FI_ADDR_UNSPEC};
 use std::time::Instant;
 
-fn size_arg(s: &str) -> usize {
-    let s = s.trim().to_ascii_lowercase();
-    let (n, m) = match s.strip_suffix('k') {
-        Some(n) => (n, 1024),
-        None => match s.strip_suffix('m') {
-            Some(n) => (n, 1 << 20),
-            None => (&s[..], 1),
-        },
-    };
-    n.parse::<usize>().expect("a size") * m
-}
+mod common;
+use common::size_arg;
 
 fn main() {
     let mut sizes = vec![8192, 16384, 24576, 32768, 65536];

@@ -27,17 +27,8 @@
 use shmfab::{AtomicOp, AtomicType, CollAttr, CollGroup, World};
 use std::time::{Duration, Instant};
 
-fn size_arg(s: &str) -> usize {
-    let s = s.trim().to_ascii_lowercase();
-    let (n, m) = match s.strip_suffix('k') {
-        Some(n) => (n, 1024),
-        None => match s.strip_suffix('m') {
-            Some(n) => (n, 1 << 20),
-            None => (&s[..], 1),
-        },
-    };
-    n.parse::<usize>().expect("a size") * m
-}
+mod common;
+use common::size_arg;
 
 /// Mean over ranks of `v` (each rank's figure), at rank 0.
 fn mean_over_ranks(w: &World, g: &CollGroup<'_>, v: f64) -> f64 {

@@ -7,8 +7,8 @@
 
 mod common;
 use common::{pattern, put_file, run, test_dir};
-use shmfab::{EpStats, RecvMsg, SendMsg, FI_COMPLETION, FI_DELIVERY_COMPLETE, FI_REMOTE_CQ_DATA};
-use std::io::{IoSlice, IoSliceMut};
+use shmfab::{EpStats, SendMsg, FI_COMPLETION, FI_DELIVERY_COMPLETE};
+use std::io::IoSlice;
 use std::time::{Duration, Instant};
 
 /// Single copy from 64 KiB (the default is 8 KiB, from where messages
@@ -33,13 +33,21 @@ fn wait_mark(name: &str) {
 /// Rank 0 sends `lens` back to back, all with [`TAG`], while rank 1 does
 /// not progress (so the first large message stays in its ring, and so
 /// does any room it took); then rank 1 posts its receives in order and
-/// checks each buffer. `wait_sent`: rank 0 waits for its send
+/// checks each buffer. `dc_at`: the message sent with
+/// FI_DELIVERY_COMPLETE, if any. `wait_sent`: rank 0 waits for its send
 /// completions before it lets rank 1 go (every send must then have left
 /// without the receiver's help: through the pool, or inline into room).
-/// `check` gets rank 0's counters over the sends.
-fn stream(name: &str, env: &[(&str, &str)], lens: &'static [usize], wait_sent: bool, check: fn(EpStats)) {
-    let env: Vec<(&str, &str)> = [RING_SIZES].into_iter().chain(env.iter().copied()).collect();
-    run(name, 2, &env, Duration::from_secs(120), move |w| {
+/// `check` gets rank 0's counters over the sends. The callers of the
+/// ring's paths pin [`RING_SIZES`].
+fn stream(
+    name: &str,
+    env: &[(&str, &str)],
+    lens: &'static [usize],
+    dc_at: Option<usize>,
+    wait_sent: bool,
+    check: fn(EpStats),
+) {
+    run(name, 2, env, Duration::from_secs(120), move |w| {
         let peer = w.addrs[1 - w.rank];
         w.barrier();
         if w.rank == 0 {
@@ -51,8 +59,9 @@ fn stream(name: &str, env: &[(&str, &str)], lens: &'static [usize], wait_sent: b
             for (i, m) in msgs.iter().enumerate() {
                 let iov = [IoSlice::new(m)];
                 let sm = SendMsg { iov: &iov, dest: peer, context: 100 + i, data: 0, tag: TAG };
+                let dc = if dc_at == Some(i) { FI_DELIVERY_COMPLETE } else { 0 };
                 // SAFETY: msgs outlives every completion waited for below.
-                w.retry(|| unsafe { w.ep.tsendmsg(&sm, FI_COMPLETION) });
+                w.retry(|| unsafe { w.ep.tsendmsg(&sm, FI_COMPLETION | dc) });
             }
             if wait_sent {
                 for i in 0..lens.len() {
@@ -103,7 +112,7 @@ const MIXED: [usize; 12] = [16384, 8192, 12000, 6000, 16384, 9000, 4096, 16383, 
 /// inline between them.
 #[test]
 fn a_stream_of_large_messages_takes_the_pool_after_its_first() {
-    stream("a_stream_of_large_messages_takes_the_pool_after_its_first", &[], &MIXED, true, |d| {
+    stream("a_stream_of_large_messages_takes_the_pool_after_its_first", &[RING_SIZES], &MIXED, None, true, |d| {
         let large = MIXED.iter().filter(|&&l| l >= 8192).count() as u64;
         assert_eq!(large, 9);
         assert_eq!((d.tx_inline, d.tx_bounce, d.tx_streamed), (1 + 3, large - 1, large - 1), "{d:?}");
@@ -115,8 +124,9 @@ fn a_stream_of_large_messages_takes_the_pool_after_its_first() {
 fn with_a_zero_stream_threshold_every_message_after_the_first_streams() {
     stream(
         "with_a_zero_stream_threshold_every_message_after_the_first_streams",
-        &[("SHMFAB_STREAM_MIN", "0")],
+        &[RING_SIZES, ("SHMFAB_STREAM_MIN", "0")],
         &MIXED,
+        None,
         true,
         |d| assert_eq!((d.tx_inline, d.tx_streamed), (1, MIXED.len() as u64 - 1), "{d:?}"),
     );
@@ -128,8 +138,9 @@ fn with_a_zero_stream_threshold_every_message_after_the_first_streams() {
 fn with_streams_off_every_message_waits_for_the_ring() {
     stream(
         "with_streams_off_every_message_waits_for_the_ring",
-        &[("SHMFAB_STREAM_MIN", "1099511627776")],
+        &[RING_SIZES, ("SHMFAB_STREAM_MIN", "1099511627776")],
         &MIXED,
+        None,
         false,
         |d| assert_eq!((d.tx_inline, d.tx_streamed), (MIXED.len() as u64, 0), "{d:?}"),
     );
@@ -147,7 +158,7 @@ const FULL: [usize; 19] = [
 
 #[test]
 fn a_large_message_the_full_ring_cannot_take_goes_through_the_pool() {
-    stream("a_large_message_the_full_ring_cannot_take_goes_through_the_pool", &[], &FULL, false, |d| {
+    stream("a_large_message_the_full_ring_cannot_take_goes_through_the_pool", &[RING_SIZES], &FULL, None, false, |d| {
         assert_eq!((d.tx_inline, d.tx_bounce, d.tx_streamed), (16, 3, 3), "{d:?}");
     });
 }
@@ -157,36 +168,9 @@ fn a_large_message_the_full_ring_cannot_take_goes_through_the_pool() {
 #[test]
 fn ping_pong_turns_keep_the_ring() {
     run("ping_pong_turns_keep_the_ring", 2, &[RING_SIZES], Duration::from_secs(60), |w| {
-        let peer = w.addrs[1 - w.rank];
         const ROUNDS: u64 = 20;
         for (k, len) in [8192usize, 12000, 16384].into_iter().enumerate() {
-            let before = w.ep.stats().unwrap();
-            let seed = |i: u64, from: usize| k as u64 * 1000 + i * 2 + from as u64;
-            let send = |i: u64| {
-                let m = pattern(len, seed(i, w.rank));
-                let iov = [IoSlice::new(&m)];
-                let sm = SendMsg { iov: &iov, dest: peer, context: 20, data: 0, tag: i };
-                // SAFETY: m outlives the completion waited for below.
-                w.retry(|| unsafe { w.ep.tsendmsg(&sm, FI_COMPLETION) });
-                w.ok(20);
-            };
-            let recv = |i: u64| {
-                let mut b = vec![0u8; len];
-                // SAFETY: b outlives the completion waited for below.
-                unsafe { w.ep.trecv(&mut b, peer, i, 0, 10).unwrap() };
-                assert_eq!(w.ok(10).len, len);
-                assert!(b == pattern(len, seed(i, 1 - w.rank)), "len {len} round {i}: bytes");
-            };
-            for i in 0..ROUNDS {
-                if w.rank == 0 {
-                    send(i);
-                    recv(i);
-                } else {
-                    recv(i);
-                    send(i);
-                }
-            }
-            let after = w.ep.stats().unwrap();
+            let (before, after) = common::ping_pong(&w, len, ROUNDS, k as u64 * 1000);
             let (inline, pool, streamed) = (
                 after.tx_inline - before.tx_inline,
                 after.tx_bounce - before.tx_bounce,
@@ -271,158 +255,14 @@ fn a_queued_large_message_that_finds_the_ring_full_goes_through_the_pool() {
 /// as streamed. (Found by review: it was counted in both.)
 #[test]
 fn a_delivery_complete_send_in_a_stream_is_not_counted_as_streamed() {
-    run(
+    stream(
         "a_delivery_complete_send_in_a_stream_is_not_counted_as_streamed",
-        2,
         &[RING_SIZES],
-        Duration::from_secs(60),
-        |w| {
-            let peer = w.addrs[1 - w.rank];
-            w.barrier();
-            let lens = [16384usize, 16384];
-            if w.rank == 0 {
-                wait_mark("quiet");
-                let before = w.ep.stats().unwrap();
-                let msgs: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &l)| pattern(l, i as u64)).collect();
-                for (i, m) in msgs.iter().enumerate() {
-                    let iov = [IoSlice::new(m)];
-                    let sm = SendMsg { iov: &iov, dest: peer, context: 100 + i, data: 0, tag: 9 };
-                    let fl = if i == 1 { FI_COMPLETION | FI_DELIVERY_COMPLETE } else { FI_COMPLETION };
-                    // SAFETY: msgs outlives the completions waited for below.
-                    w.retry(|| unsafe { w.ep.tsendmsg(&sm, fl) });
-                }
-                put_file("sent", "");
-                for i in 0..lens.len() {
-                    w.ok(100 + i);
-                }
-                let a = w.ep.stats().unwrap();
-                let (inl, bnc, str_, rndv) = (
-                    a.tx_inline - before.tx_inline,
-                    a.tx_bounce - before.tx_bounce,
-                    a.tx_streamed - before.tx_streamed,
-                    a.tx_rndv - before.tx_rndv,
-                );
-                assert_eq!((inl, rndv), (1, 1), "{a:?}");
-                assert!(str_ <= bnc, "tx_streamed {str_} > tx_bounce {bnc}: a rendezvous counted as streamed");
-            } else {
-                put_file("quiet", "");
-                wait_mark("sent");
-                let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
-                for (i, b) in bufs.iter_mut().enumerate() {
-                    // SAFETY: bufs outlives the completions waited for below.
-                    unsafe { w.ep.trecv(b, peer, 9, 0, 200 + i).unwrap() };
-                }
-                for (i, b) in bufs.iter().enumerate() {
-                    assert_eq!(w.ok(200 + i).len, lens[i]);
-                    assert!(*b == pattern(lens[i], i as u64));
-                }
-            }
-            w.barrier();
-        },
+        &[16384, 16384],
+        Some(1),
+        false,
+        |d| assert_eq!((d.tx_inline, d.tx_rndv, d.tx_streamed), (1, 1, 0), "{d:?}"),
     );
-}
-
-/// Streams with 1-4 send segments, remote CQ data, receives in 1-4
-/// segments, posted first or late (tests/piped.rs's pattern with the
-/// default config, which that file now turns streams off for): every byte,
-/// tag and data arrive, and the stream did take the pool.
-#[test]
-fn streamed_messages_with_segments_carry_every_byte() {
-    const LENS: [usize; 9] = [8191, 8192, 8193, 12287, 12288, 12289, 15000, 16383, 16384];
-    const GO: u64 = 1 << 40;
-    fn cuts(len: usize, k: usize, seed: usize) -> Vec<usize> {
-        let mut at: Vec<usize> = (1..k).map(|i| (len * i / k + seed * 97 + i * 31) % (len + 1)).collect();
-        at.sort_unstable();
-        at.dedup();
-        let mut out = Vec::new();
-        let mut prev = 0;
-        for a in at.into_iter().chain([len]) {
-            out.push(a - prev);
-            prev = a;
-        }
-        out
-    }
-    run("streamed_messages_with_segments_carry_every_byte", 2, &[RING_SIZES], Duration::from_secs(120), |w| {
-        let peer = w.addrs[1 - w.rank];
-        let n = LENS.len() * 4;
-        let before = w.ep.stats().unwrap();
-        for round in 0..2u64 {
-            if w.rank == 0 {
-                if round == 0 {
-                    let mut go = [0u8; 1];
-                    // SAFETY: go outlives the completion waited for below.
-                    unsafe { w.ep.trecv(&mut go, peer, GO, 0, 1).unwrap() };
-                    w.ok(1);
-                }
-                let msgs: Vec<Vec<u8>> = (0..n).map(|i| pattern(LENS[i / 4], 1000 * round + i as u64)).collect();
-                for (i, m) in msgs.iter().enumerate() {
-                    let parts = cuts(m.len(), 1 + i % 4, i);
-                    let mut iov = Vec::new();
-                    let mut at = 0;
-                    for p in parts {
-                        iov.push(IoSlice::new(&m[at..at + p]));
-                        at += p;
-                    }
-                    let sm = SendMsg { iov: &iov, dest: peer, context: 100 + i, data: i as u64 + 7, tag: 3 };
-                    // SAFETY: msgs outlives every completion waited for below.
-                    w.retry(|| unsafe { w.ep.tsendmsg(&sm, FI_REMOTE_CQ_DATA | FI_COMPLETION) });
-                }
-                for i in 0..n {
-                    w.ok(100 + i);
-                }
-                if round == 1 {
-                    w.retry(|| w.ep.tinject(b"g", peer, GO));
-                }
-                w.barrier();
-            } else {
-                let mut bufs: Vec<Vec<u8>> = (0..n).map(|i| vec![0u8; LENS[i / 4]]).collect();
-                let post = |bufs: &mut Vec<Vec<u8>>| {
-                    for (i, b) in bufs.iter_mut().enumerate() {
-                        let parts = cuts(b.len(), 1 + (i + 1) % 4, i + 5);
-                        let mut rest: &mut [u8] = b;
-                        let mut iov = Vec::new();
-                        for p in parts {
-                            let (a, r) = rest.split_at_mut(p);
-                            iov.push(IoSliceMut::new(a));
-                            rest = r;
-                        }
-                        let mut m = RecvMsg { iov: &mut iov, src: peer, context: 200 + i, tag: 3, ignore: 0 };
-                        // SAFETY: bufs outlives every completion waited for below.
-                        unsafe { w.ep.trecvmsg(&mut m, FI_COMPLETION).unwrap() };
-                    }
-                };
-                if round == 0 {
-                    post(&mut bufs);
-                    w.retry(|| w.ep.tinject(b"g", peer, GO));
-                } else {
-                    let mut go = [0u8; 1];
-                    // SAFETY: go outlives the completion waited for below.
-                    unsafe { w.ep.trecv(&mut go, peer, GO, 0, 2).unwrap() };
-                    w.ok(2);
-                    post(&mut bufs);
-                }
-                for i in 0..n {
-                    let e = w.ok(200 + i);
-                    assert_eq!((e.len, e.data), (LENS[i / 4], i as u64 + 7), "round {round} message {i}");
-                    assert!(
-                        bufs[i] == pattern(LENS[i / 4], 1000 * round + i as u64),
-                        "round {round} message {i}: bytes"
-                    );
-                }
-                w.barrier();
-            }
-        }
-        if w.rank == 0 {
-            let a = w.ep.stats().unwrap();
-            eprintln!(
-                "streamed {} bounce {} inline {}",
-                a.tx_streamed - before.tx_streamed,
-                a.tx_bounce - before.tx_bounce,
-                a.tx_inline - before.tx_inline
-            );
-            assert!(a.tx_streamed > before.tx_streamed, "{a:?}");
-        }
-    });
 }
 
 /// Two senders stream mixed 4-16 KiB messages to one receiver whose pool
@@ -493,47 +333,17 @@ fn two_streams_share_a_small_pool() {
 /// stays under way. Every byte arrives, in order.
 #[test]
 fn a_stream_under_the_defaults_takes_one_rendezvous_then_the_ordinary_way() {
-    const N: usize = 12;
-    run(
+    // Each send's way is chosen when it is posted: the counters at the end
+    // say it.
+    stream(
         "a_stream_under_the_defaults_takes_one_rendezvous_then_the_ordinary_way",
-        2,
         &[],
-        Duration::from_secs(120),
-        |w| {
-            let peer = w.addrs[1 - w.rank];
-            w.barrier();
-            if w.rank == 0 {
-                wait_mark("quiet");
-                let before = w.ep.stats().unwrap();
-                let msgs: Vec<Vec<u8>> = (0..N).map(|i| pattern(16384, i as u64)).collect();
-                for (i, m) in msgs.iter().enumerate() {
-                    // SAFETY: msgs outlives every completion waited for below.
-                    w.retry(|| unsafe { w.ep.tsend(m, peer, TAG, 100 + i) });
-                }
-                let posted = w.ep.stats().unwrap();
-                put_file("sent", "");
-                for i in 0..N {
-                    w.ok(100 + i);
-                }
-                let after = w.ep.stats().unwrap();
-                let rndv = posted.tx_rndv - before.tx_rndv;
-                let ordinary = (after.tx_inline + after.tx_bounce) - (before.tx_inline + before.tx_bounce);
-                let want = u64::from(shmfab::internal::cma::available());
-                assert_eq!((rndv, rndv + ordinary), (want, N as u64), "{after:?}");
-            } else {
-                put_file("quiet", "");
-                wait_mark("sent");
-                let mut bufs = vec![vec![0u8; 16384]; N];
-                for (i, b) in bufs.iter_mut().enumerate() {
-                    // SAFETY: bufs outlives every completion waited for below.
-                    unsafe { w.ep.trecv(b, peer, TAG, 0, 200 + i).unwrap() };
-                }
-                for (i, b) in bufs.iter().enumerate() {
-                    assert_eq!(w.ok(200 + i).len, 16384);
-                    assert!(*b == pattern(16384, i as u64), "message {i}: bytes");
-                }
-            }
-            w.barrier();
+        &[16384; 12],
+        None,
+        false,
+        |d| {
+            let want = u64::from(shmfab::internal::cma::available());
+            assert_eq!((d.tx_rndv, d.tx_inline + d.tx_bounce), (want, 12 - want), "{d:?}");
         },
     );
 }

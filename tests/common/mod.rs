@@ -343,6 +343,41 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// `rounds` turns of a 2-rank ping-pong of `len`-byte messages (rank 0
+/// sends first), each checked byte by byte (seeds from `seed0`); rank
+/// `w.rank`'s counters before and after.
+pub fn ping_pong(w: &World, len: usize, rounds: u64, seed0: u64) -> (shmfab::EpStats, shmfab::EpStats) {
+    use shmfab::{SendMsg, FI_COMPLETION};
+    let peer = w.addrs[1 - w.rank];
+    let before = w.ep.stats().unwrap();
+    let seed = |i: u64, from: usize| seed0 + i * 2 + from as u64;
+    let send = |i: u64| {
+        let m = pattern(len, seed(i, w.rank));
+        let iov = [std::io::IoSlice::new(&m)];
+        let sm = SendMsg { iov: &iov, dest: peer, context: 20, data: 0, tag: i };
+        // SAFETY: m outlives the completion waited for below.
+        w.retry(|| unsafe { w.ep.tsendmsg(&sm, FI_COMPLETION) });
+        w.ok(20);
+    };
+    let recv = |i: u64| {
+        let mut b = vec![0u8; len];
+        // SAFETY: b outlives the completion waited for below.
+        unsafe { w.ep.trecv(&mut b, peer, i, 0, 10).unwrap() };
+        assert_eq!(w.ok(10).len, len);
+        assert!(b == pattern(len, seed(i, 1 - w.rank)), "len {len} round {i}: bytes");
+    };
+    for i in 0..rounds {
+        if w.rank == 0 {
+            send(i);
+            recv(i);
+        } else {
+            recv(i);
+            send(i);
+        }
+    }
+    (before, w.ep.stats().unwrap())
+}
+
 /// The job's folder (shared by the ranks of one test: marks one rank
 /// leaves for another).
 pub fn test_dir() -> PathBuf {
