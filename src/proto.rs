@@ -22,7 +22,7 @@
 //! an answer inline to `answer_max`, a stream's messages through the
 //! pool), then one by rendezvous so that the receiver picks again. Below
 //! 64 KiB a send while another to that peer is under way goes the
-//! ordinary way too (`engine::tx::STREAM_CLASSES`: the pick measures one
+//! ordinary way too (`engine::tx::STREAM_MAX`: the pick measures one
 //! copy, not a stream). Not eager runs for 128-256 KiB
 //! (`engine::tx::EAGER_CLASSES`: it lost 2 us on one far placement);
 //! there the pick's fixes alone took 128 KiB from 9.5 to 8.0-8.2 us (raw

@@ -732,7 +732,7 @@ impl EpState {
             eager_after_pick(&mut peer.tx, ctx.cfg, &mut op, on_ring);
             // Below 64 KiB, while another send to the peer is under way (a
             // stream, or a window), the ordinary way too: the receiver's
-            // pick measures one copy, not a stream (STREAM_CLASSES).
+            // pick measures one copy, not a stream (STREAM_MAX).
             if op.proto == Proto::Rndv && !op.deliver && !peer.tx.quiet() && stream_class_of(ctx.cfg, op.len) {
                 op.proto = proto::choose(ctx.cfg, op.kind, op.len, op.iovs.n, on_ring, false);
             }
