@@ -16,15 +16,16 @@
 //! picks single copy or the pool by what each has measured lately with
 //! that peer ([`PathPick`]): on these VMs the faster one changes with
 //! where the two vCPUs sit. When it picked the pool for a rendezvous of
-//! the four lowest classes (8-128 KiB), its sender sends the next 7 of
+//! the three lowest classes (8-64 KiB), its sender sends the next 7 of
 //! that class the ordinary way (`engine::tx::EAGER_RUN`: what [`choose`]
 //! gives without single copy, inline up to `inline_max`, else the pool;
 //! an answer inline to `answer_max`, a stream's messages through the
 //! pool), then one by rendezvous so that the receiver picks again. Below
 //! 64 KiB a send while another to that peer is under way goes the
 //! ordinary way too (`engine::tx::STREAM_MAX`: the pick measures one
-//! copy, not a stream). Not eager runs for 128-256 KiB
-//! (`engine::tx::EAGER_CLASSES`: it lost 2 us on one far placement);
+//! copy, not a stream). Not eager runs from 64 KiB
+//! (`engine::tx::EAGER_MAX`: 64-128 KiB lost 2.2-3.5 us far and 0.16
+//! near in session 18; 128-256 KiB lost 2 us on one far placement);
 //! there the pick's fixes alone took 128 KiB from 9.5 to 8.0-8.2 us (raw
 //! 0.13, the fast far placement) and 17.0 to 16.2-16.5 (raw 0.13, the
 //! slow one).

@@ -169,13 +169,13 @@ fn after_the_receiver_takes_the_pool_the_next_sends_go_eagerly() {
     // slow band: shmfab::copy), answering CTS_BOUNCE_THIS_ONE: the sender
     // then sends the next EAGER_RUN (7) of that class eagerly, then one by
     // rendezvous again. Eagerly is the way without single copy: inline in
-    // the lowest class (8-16 KiB), through the pool in the 64-128 KiB one.
+    // the lowest class (8-16 KiB), through the pool in the 32-64 KiB one.
     if !shmfab::internal::cma::available() {
         return; // No single copy offered: no rendezvous at this size.
     }
     let k = proto::Config::default().cma_min;
     eager_run(k + 1000, "zzeag0", true);
-    eager_run(8 * k + 1000, "zzeag3", false);
+    eager_run(4 * k + 1000, "zzeag2", false);
 }
 
 fn eager_run(len: usize, job: &str, inline: bool) {
@@ -205,11 +205,11 @@ fn eager_run(len: usize, job: &str, inline: bool) {
     }
     assert_eq!(stats(0).cma_aliased, 3, "each rendezvous was in the band");
     // A delivery-complete send never goes eagerly (its FIN completes it),
-    // and a message outside the eager classes (from 128 KiB) neither.
+    // and a message outside the eager classes (from 64 KiB) neither.
     let r = stats(1).tx_rndv;
     assert_eq!(one(&t, len, true, false, 1), 1);
     assert_eq!(stats(1).tx_rndv, r + 1);
-    let big = 16 * cfg.cma_min;
+    let big = 8 * cfg.cma_min;
     let fins = one(&t, big, false, false, 2);
-    assert_eq!(stats(1).tx_rndv, r + 2, "128 KiB by rendezvous ({fins} FIN)");
+    assert_eq!(stats(1).tx_rndv, r + 2, "64 KiB by rendezvous ({fins} FIN)");
 }

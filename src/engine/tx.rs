@@ -82,18 +82,26 @@ pub(crate) struct TxOp {
     pub streamed: bool,
 }
 
-/// The pick classes ([`proto::pick_class`]: 8-128 KiB by default, four
+/// The pick classes ([`proto::pick_class`]: 8-64 KiB by default, three
 /// octaves) where a sender whose last rendezvous the receiver took through
 /// the pool sends the next [`EAGER_RUN`] the ordinary way (inline, or
 /// eagerly through the pool), saving the request and its answer; only
-/// below [`EAGER_MAX`] bytes, whatever `SHMFAB_CMA_MIN` is. Not 128-256
-/// KiB: there it won 0.5-0.7 us near but lost 1.9-2.3 us on a far
-/// placement where 128 KiB takes 17 us (raw 8 B 0.13, 10 paired rounds,
-/// 2026-11-26; 64-128 KiB alone lost nothing there).
-pub const EAGER_CLASSES: usize = 4;
+/// below [`EAGER_MAX`] bytes, whatever `SHMFAB_CMA_MIN` is.
+pub const EAGER_CLASSES: usize = 3;
 
 /// Bytes from which no send goes eagerly after a pick ([`EAGER_CLASSES`]).
-pub const EAGER_MAX: usize = 128 * 1024;
+/// Not 64-128 KiB any more (2026-11-27, paired `scripts/ab.sh`, this
+/// against 128 KiB): far (raw 8 B 0.19-0.21 us) 64 KiB 10.12 -> 7.87 us
+/// (better in 12 of 12) and 96 KiB 13.75 -> 10.21 (8 of 8); near (raw
+/// 0.05) 64 KiB -0.16 (10 of 12), 96 KiB -3.7 (8 of 8; the placement
+/// moved during it), 64 KiB streams +0.20 GB/s (6 of 8). Session 16 had
+/// measured the eager run of 64-128 KiB 0.6-1.3 us faster near; not
+/// reproduced here. (The bench's buffers sit in the kernel copy's slow
+/// band, so every 64 KiB rendezvous there is answered with the pool: an
+/// eager run after each.) Not 128-256 KiB either: there it won 0.5-0.7
+/// us near but lost 1.9-2.3 us on a far placement where 128 KiB takes
+/// 17 us (raw 8 B 0.13, 10 paired rounds, 2026-11-26).
+pub const EAGER_MAX: usize = 64 * 1024;
 
 /// The sends of 8 KiB up to [`STREAM_MAX`] (bytes, whatever
 /// `SHMFAB_CMA_MIN` is) that would go by rendezvous go the ordinary way,
@@ -1106,15 +1114,16 @@ mod tests {
         assert!(stream_class_of(&d, 8 << 10) && stream_class_of(&d, (64 << 10) - 1) && !stream_class_of(&d, 64 << 10));
         let mut ptx = PeerTx::new();
         ptx.eager_left = [EAGER_RUN; EAGER_CLASSES];
-        let mut o = TxOp { len: 192 << 10, ..op(TxState::Start) };
-        eager_after_pick(&mut ptx, &cfg, &mut o, true);
-        assert_eq!((o.proto, o.pick, ptx.eager_left[1]), (Proto::Rndv, 0, EAGER_RUN), "192 KiB: no eager class");
         let mut o = TxOp { len: 96 << 10, ..op(TxState::Start) };
         eager_after_pick(&mut ptx, &cfg, &mut o, true);
-        assert_eq!((o.proto, ptx.eager_left[0]), (Proto::Bounce, EAGER_RUN - 1), "96 KiB: eagerly");
+        assert_eq!((o.proto, o.pick, ptx.eager_left[0]), (Proto::Rndv, 0, EAGER_RUN), "96 KiB: past EAGER_MAX");
+        let mut o = TxOp { len: 40 << 10, ..op(TxState::Start) };
+        eager_after_pick(&mut ptx, &d, &mut o, true);
+        assert_eq!((o.proto, ptx.eager_left[2]), (Proto::Bounce, EAGER_RUN - 1), "40 KiB: eagerly");
         let mut low = proto::Config { rndv_min: 40 << 10, ..proto::Config::default() };
         low.clamp();
         let mut o = TxOp { len: 48 << 10, ..op(TxState::Start) };
+        ptx.eager_left[2] = EAGER_RUN;
         eager_after_pick(&mut ptx, &low, &mut o, true);
         assert_eq!(
             (o.proto, o.pick, ptx.eager_left[2]),
@@ -1148,7 +1157,7 @@ mod tests {
         peers[p].tx.inflight.push_back(TxOp { pick: 1, ..op(TxState::AwaitFin { msg_id: 10 }) });
         tx.outstanding += 1;
         assert!(tx.bounce_requested(&mut peers[p], p, 10, true));
-        assert_eq!(peers[p].tx.eager_left, [EAGER_RUN, 0, 0, 0]);
+        assert_eq!(peers[p].tx.eager_left, [EAGER_RUN, 0, 0]);
         let cfg = proto::Config::default();
         let mut protos = Vec::new();
         for _ in 0..=EAGER_RUN {
@@ -1159,20 +1168,20 @@ mod tests {
         // Class 0 (8-16 KiB) eagerly is inline, as without single copy.
         assert!(protos[..EAGER_RUN as usize].iter().all(|&x| x == (Proto::Inline, 0)), "{protos:?}");
         assert_eq!(protos[EAGER_RUN as usize], (Proto::Rndv, 1), "then a rendezvous noting its class");
-        // Class 3 (64-128 KiB) eagerly is through the pool; on the
+        // Class 2 (32-64 KiB) eagerly is through the pool; on the
         // overflow queue class 0 is too.
-        peers[p].tx.eager_left[3] = 1;
-        let mut o = TxOp { len: 8 * cfg.cma_min, ..op(TxState::Start) };
+        peers[p].tx.eager_left[2] = 1;
+        let mut o = TxOp { len: 5 * cfg.cma_min, ..op(TxState::Start) };
         eager_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
         assert_eq!((o.proto, o.pick), (Proto::Bounce, 0));
         peers[p].tx.eager_left[0] = 1;
         let mut o = TxOp { len: cfg.cma_min, ..op(TxState::Start) };
         eager_after_pick(&mut peers[p].tx, &cfg, &mut o, false);
         assert_eq!((o.proto, o.pick), (Proto::Bounce, 0));
-        // Class 4 (128-256 KiB) never goes eagerly (nor notes a class); a
+        // Class 3 (64-128 KiB) never goes eagerly (nor notes a class); a
         // delivery-complete send never does.
         peers[p].tx.eager_left[0] = 1;
-        let mut o = TxOp { len: 16 * cfg.cma_min, ..op(TxState::Start) };
+        let mut o = TxOp { len: 8 * cfg.cma_min, ..op(TxState::Start) };
         eager_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
         assert_eq!((o.proto, o.pick), (Proto::Rndv, 0));
         let mut o = TxOp { len: cfg.cma_min, deliver: true, ..op(TxState::Start) };
