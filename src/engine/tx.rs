@@ -538,16 +538,19 @@ fn eager_after_pick(ptx: &mut PeerTx, cfg: &proto::Config, op: &mut TxOp, on_rin
     let Some(c) = eager_pick_class(cfg, op.len) else {
         return;
     };
-    // What it would be without single copy: inline up to inline_max, else
-    // through the pool; a rendezvous from rndv_min (SHMFAB_RNDV_MIN set
-    // below EAGER_MAX), which then keeps its pick and the run.
-    let ordinary = proto::choose(cfg, op.kind, op.len, op.iovs.n, on_ring, false);
-    if ptx.eager_left[c] > 0 && !op.deliver && ordinary != Proto::Rndv {
-        ptx.eager_left[c] -= 1;
-        op.proto = ordinary;
-    } else {
-        op.pick = c as u8 + 1;
+    if ptx.eager_left[c] > 0 && !op.deliver {
+        // What it would be without single copy: inline up to inline_max,
+        // else through the pool; a rendezvous from rndv_min
+        // (SHMFAB_RNDV_MIN set below EAGER_MAX), which then keeps its
+        // pick and the run.
+        let ordinary = proto::choose(cfg, op.kind, op.len, op.iovs.n, on_ring, false);
+        if ordinary != Proto::Rndv {
+            ptx.eager_left[c] -= 1;
+            op.proto = ordinary;
+            return;
+        }
     }
+    op.pick = c as u8 + 1;
 }
 
 impl EpState {
