@@ -1214,31 +1214,57 @@ mod tests {
     struct PipePair {
         dom: Domain,
         rx_cq: CompletionQueue,
+        // Field order is drop order: endpoints before their SRQ.
         rx: Endpoint,
         tx: Endpoint,
+        /// The receiver's shared receive queue for tagged receives
+        /// ([`pipe_pair_srq`]).
+        srq: Option<crate::SharedRecvQueue>,
         to: FiAddr,
     }
 
     /// Two endpoints of one domain, the sender's ring to the receiver
     /// claimed by a first small message (received and read).
     fn pipe_pair(name: &str) -> PipePair {
+        pipe_pair_with(name, false)
+    }
+
+    /// [`pipe_pair`] whose receiver takes its tagged receives from a
+    /// shared receive queue (the first message's too).
+    fn pipe_pair_srq(name: &str) -> PipePair {
+        pipe_pair_with(name, true)
+    }
+
+    fn pipe_pair_with(name: &str, srq: bool) -> PipePair {
         std::env::set_var("SHMFAB_JOB_ID", format!("ep-pipe-{name}-{}", std::process::id()));
         let dom = Fabric::open().unwrap().domain().unwrap();
         let (rx_cq, tx_cq) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
         let (av, tx_av) = (dom.av_open().unwrap(), dom.av_open().unwrap());
-        let rx = open(&dom, &rx_cq, &av);
+        let srq = srq.then(|| dom.srq_open(&crate::SrqAttr::default()).unwrap());
+        let rx = dom.endpoint().unwrap();
+        rx.bind_cq(&rx_cq, FI_TRANSMIT | FI_RECV).unwrap();
+        rx.bind_av(&av).unwrap();
+        if let Some(q) = &srq {
+            rx.bind_srq_for(q, FI_TAGGED).unwrap();
+        }
+        rx.enable().unwrap();
         let tx = open(&dom, &tx_cq, &tx_av);
         let to = tx_av.insert(&[rx.getname()]).unwrap()[0];
         let mut b = [0u8; 8];
         // SAFETY: b outlives the completion read below.
-        unsafe { rx.trecv(&mut b, FI_ADDR_UNSPEC, 1, 0, 99).unwrap() };
+        unsafe {
+            match &srq {
+                Some(q) => q.trecv(&mut b, FI_ADDR_UNSPEC, 1, 0, 99).unwrap(),
+                None => rx.trecv(&mut b, FI_ADDR_UNSPEC, 1, 0, 99).unwrap(),
+            }
+        };
         tx.tinject(b"hello", to, 1).unwrap();
         dom.progress().unwrap();
         let mut e = [CqTaggedEntry::default()];
         assert_eq!(rx_cq.read(&mut e).unwrap(), 1);
-        assert_eq!(e[0].op_context, 99);
+        assert_eq!((e[0].op_context, &b[..5]), (99, &b"hello"[..]));
         std::mem::forget(tx_cq);
-        PipePair { dom, rx_cq, rx, tx, to }
+        PipePair { dom, rx_cq, rx, tx, srq, to }
     }
 
     fn payload(n: usize, seed: u8) -> Vec<u8> {
@@ -1395,39 +1421,21 @@ mod tests {
     /// the SRQ receive's context.
     #[test]
     fn piped_message_parked_in_a_shared_receive_queue_receive() {
-        std::env::set_var("SHMFAB_JOB_ID", format!("ep-pipe-srq-{}", std::process::id()));
-        let dom = Fabric::open().unwrap().domain().unwrap();
-        let (rx_cq, tx_cq) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
-        let (av, tx_av) = (dom.av_open().unwrap(), dom.av_open().unwrap());
-        let srq = dom.srq_open(&crate::SrqAttr::default()).unwrap();
-        let rx = dom.endpoint().unwrap();
-        rx.bind_cq(&rx_cq, FI_TRANSMIT | FI_RECV).unwrap();
-        rx.bind_av(&av).unwrap();
-        rx.bind_srq_for(&srq, FI_TAGGED).unwrap();
-        rx.enable().unwrap();
-        let tx = open(&dom, &tx_cq, &tx_av);
-        let to = tx_av.insert(&[rx.getname()]).unwrap()[0];
+        let t = pipe_pair_srq("srq");
+        let srq = t.srq.as_ref().expect("an SRQ");
         let mut e = [CqTaggedEntry::default()];
-        let mut first = [0u8; 8];
-        // SAFETY: first outlives the completion read below.
-        unsafe { srq.trecv(&mut first, FI_ADDR_UNSPEC, 1, 0, 99).unwrap() };
-        tx.tinject(b"hello", to, 1).unwrap();
-        assert_eq!(rx_cq.read(&mut e).unwrap(), 1);
-        assert_eq!((e[0].op_context, &first[..5]), (99, &b"hello"[..]));
         let msg = payload(16384, 31);
         let mut buf = vec![0u8; 16384];
         // SAFETY: buf outlives the completion read below.
         unsafe { srq.trecv(&mut buf, FI_ADDR_UNSPEC, 3, 0, 7).unwrap() };
-        let w = pipe_partial(&tx, to, 3, msg.len(), &msg, 4096).unwrap();
-        assert_eq!(rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "the first piece only");
-        assert_eq!(rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "parked: still waiting");
-        pipe_rest(&tx, to, &w, &msg, 4096).unwrap();
-        assert_eq!(rx_cq.read(&mut e).unwrap(), 1);
+        let w = pipe_partial(&t.tx, t.to, 3, msg.len(), &msg, 4096).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "the first piece only");
+        assert_eq!(t.rx_cq.read(&mut e).unwrap_err(), Error::AGAIN, "parked: still waiting");
+        pipe_rest(&t.tx, t.to, &w, &msg, 4096).unwrap();
+        assert_eq!(t.rx_cq.read(&mut e).unwrap(), 1);
         assert_eq!((e[0].op_context, e[0].len), (7, 16384));
         assert!(buf == msg, "every byte");
-        assert_eq!(rx.stats().unwrap().rx_piped, 1);
-        drop((rx, tx, srq, av, tx_av));
-        std::mem::forget(tx_cq);
+        assert_eq!(t.rx.stats().unwrap().rx_piped, 1);
     }
 
     /// A piped message matched, while being written, by a multi-receive
