@@ -109,7 +109,7 @@ impl Domain {
         unsafe { sec.open(generation) };
         let id = inner.region.id();
         let addr = Address { pid: id.pid, job: id.job, token: id.token, fd: id.fd, ep_index: idx as u32, generation };
-        let ep = crate::domain::EpBox::new(EpState::new(addr, sec, inner.cfg.pipe_min));
+        let ep = crate::domain::EpBox::new(EpState::new(addr, sec, inner.cfg.pipe_min, inner.cfg.ring_lap));
         let state = ep.ptr();
         st.set_ep(idx, Some(ep));
         Ok(Endpoint { dom: inner.clone(), idx, state, addr, closed: false.into() })

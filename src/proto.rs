@@ -317,6 +317,7 @@
 //! | `SHMFAB_SPLIT_MIN` | smallest single-copy message whose copy both sides share (receiver reads the first half, sender writes the second with process_vm_writev), once single copy has worked with that peer | 524288 |
 //! | `SHMFAB_RING_SLOTS` | SPSC rings per endpoint (more senders use the overflow queue) | 16 |
 //! | `SHMFAB_RING_CELLS` | 64-byte cells per ring | 1024 |
+//! | `SHMFAB_RING_LAP` | ring cell from which a message that answers its peer, finding the ring empty, takes the rest of the lap (`crate::ring`, "Lap ends"); 0: never | 64 |
 //! | `SHMFAB_OVF_CELLS` | entries of the overflow queue | 256 |
 //! | `SHMFAB_POOL_CHUNKS`, `SHMFAB_CHUNK_SIZE` | bounce pool (a fragment per chunk) | 512, 4096 |
 //! | `SHMFAB_UNEXP_MAX` | bytes of unexpected inline messages an endpoint holds before it stops draining (back-pressure) | 8 MiB |
@@ -504,6 +505,12 @@ pub struct Config {
     /// which the receiver copies while the sender writes it: see
     /// `crate::ring`); 0: none.
     pub pipe_min: usize,
+    /// Cell of a peer's ring from which a message that answers the peer
+    /// takes the rest of the lap when the ring is empty, so that the next
+    /// starts at the first cell again (`crate::ring::RingTx::lap_from`):
+    /// a ping-pong reuses this many cells and a few instead of moving
+    /// through the whole ring. 0: never.
+    pub ring_lap: usize,
     /// Smallest rendezvous (single copy) message when single copy is usable.
     pub cma_min: usize,
     /// Smallest rendezvous message when single copy is not usable.
@@ -671,6 +678,7 @@ impl Default for Config {
             answer_max: 32768,
             stream_min: 8192,
             pipe_min: 8192,
+            ring_lap: 64,
             cma_min: 8 * 1024,
             rndv_min: 128 * 1024,
             cma: CmaMode::Auto,
@@ -751,6 +759,7 @@ impl Config {
         let mut c = Config {
             inline_max: bytes("SHMFAB_INLINE_MAX", 0, d.inline_max)?,
             pipe_min: bytes("SHMFAB_PIPE_MIN", 0, d.pipe_min)?,
+            ring_lap: parse_env(get, "SHMFAB_RING_LAP", 0, 1 << 20, Rule::Any)?.unwrap_or(d.ring_lap),
             answer_max: bytes("SHMFAB_ANSWER_MAX", 0, d.answer_max)?,
             stream_min: bytes("SHMFAB_STREAM_MIN", 0, d.stream_min)?,
             cma_min: bytes("SHMFAB_CMA_MIN", 1, d.cma_min)?,
@@ -1191,6 +1200,7 @@ mod tests {
             ("SHMFAB_PIPE_MIN", "6k"),
             ("SHMFAB_ANSWER_MAX", "20k"),
             ("SHMFAB_STREAM_MIN", "12k"),
+            ("SHMFAB_RING_LAP", "100"),
             ("SHMFAB_CMA_MIN", "2048"),
             ("SHMFAB_RNDV_MIN", "64k"),
             ("SHMFAB_SPLIT_MIN", "1m"),
@@ -1210,7 +1220,7 @@ mod tests {
         assert_eq!((c.cma, c.max_eps, c.unexp_max, c.tx_size, c.rx_size), (CmaMode::NoWrite, 8, 64 << 10, 512, 256));
         assert_eq!((c.peer_check.as_millis(), c.boot_timeout.as_secs()), (50, 30));
         assert_eq!((c.pipe_min, c.answer_max), (6144, 8192), "answer_max clamped to half the 256-cell ring");
-        assert_eq!(c.stream_min, 12288);
+        assert_eq!((c.stream_min, c.ring_lap), (12288, 100));
         // Each of them, set to garbage, is an error naming it.
         for (name, _) in vars {
             let m = refused(&[(name, "x")]);
@@ -1235,6 +1245,7 @@ mod tests {
         assert_eq!(on.cma, CmaMode::Auto, "on and 1 are auto, as tests/srq.rs sets it");
         assert!(refused(&[("SHMFAB_THREADING", "")]).contains("must be one of domain, safe"));
         assert!(refused(&[("SHMFAB_UNEXP_MAX", "2000g")]).contains("from 0 to 1099511627776"));
+        assert_eq!(refused(&[("SHMFAB_RING_LAP", "2m")]), "SHMFAB_RING_LAP=2m: must be an integer from 0 to 1048576");
     }
 
     #[test]

@@ -70,8 +70,10 @@ pub const HK_PERIOD: u32 = 256;
 
 impl EpState {
     /// A new, unbound endpoint on section `sec` (opened at `addr`).
-    /// Inline messages from `pipe_min` bytes go piped (`Config::pipe_min`).
-    pub fn new(addr: Address, sec: Section, pipe_min: usize) -> EpState {
+    /// Inline messages from `pipe_min` bytes go piped (`Config::pipe_min`);
+    /// answers from ring cell `ring_lap` on take the rest of the lap
+    /// (`Config::ring_lap`).
+    pub fn new(addr: Address, sec: Section, pipe_min: usize, ring_lap: usize) -> EpState {
         EpState {
             addr,
             enabled: false,
@@ -79,7 +81,7 @@ impl EpState {
             polled: false,
             inbound: inbound::Inbound::new(&sec),
             sec,
-            peers: peers::Peers::new(pipe_min),
+            peers: peers::Peers::new(pipe_min, ring_lap),
             matching: matching::Matching::new(),
             tx: tx::TxEngine::new(),
             bind: complete::Bindings::new(),

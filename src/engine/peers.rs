@@ -167,6 +167,9 @@ pub(crate) struct Peers {
     /// Inline messages from this many bytes go piped on the rings we
     /// claim (`Config::pipe_min`; 0: none).
     pipe_min: usize,
+    /// Answers from this cell of the rings we claim on take the rest of
+    /// the lap when the ring is empty (`Config::ring_lap`; 0: none).
+    ring_lap: usize,
 }
 
 impl std::ops::Index<usize> for Peers {
@@ -186,9 +189,10 @@ impl std::ops::IndexMut<usize> for Peers {
 
 impl Peers {
     /// No peers yet; inline messages from `pipe_min` bytes go piped on
-    /// the rings claimed later (0: none).
-    pub fn new(pipe_min: usize) -> Peers {
-        Peers { list: Vec::new(), by_addr: HashMap::new(), by_fi: Vec::new(), av: None, pipe_min }
+    /// the rings claimed later (0: none), and answers from cell
+    /// `ring_lap` of them on take the rest of the lap (0: none).
+    pub fn new(pipe_min: usize, ring_lap: usize) -> Peers {
+        Peers { list: Vec::new(), by_addr: HashMap::new(), by_fi: Vec::new(), av: None, pipe_min, ring_lap }
     }
 
     pub fn len(&self) -> usize {
@@ -350,7 +354,8 @@ impl Peers {
                 // (region kept in Peer); we are its only producer (claimed).
                 Chan::Ring(
                     unsafe { RingTx::new(sec.ringctl_at(s), sec.ring_cells(s), sec.g.ring_cells as usize) }
-                        .piped_from(self.pipe_min),
+                        .piped_from(self.pipe_min)
+                        .lap_from(self.ring_lap),
                 )
             }
             Claim::Full => {
@@ -460,7 +465,7 @@ mod tests {
 
     #[test]
     fn indices_are_stable_and_addresses_unique() {
-        let mut p = Peers::new(0);
+        let mut p = Peers::new(0, 0);
         let a = p.index_of(addr(10));
         let b = p.index_of(addr(11));
         assert_eq!((a, b), (0, 1));
@@ -474,7 +479,7 @@ mod tests {
     #[test]
     fn fi_addr_cache_follows_the_av_and_is_cleared_on_removal() {
         let (mut avs, id) = av_of(&[addr(10), addr(11)]);
-        let mut p = Peers::new(0);
+        let mut p = Peers::new(0, 0);
         assert_eq!(p.of(&avs, 0).unwrap_err().kind(), ErrorKind::Inval, "no AV bound");
         p.bind_av(id);
         assert_eq!(p.of(&avs, 1).unwrap(), 0, "first peer met gets index 0");

@@ -1137,7 +1137,7 @@ mod tests {
 
     #[test]
     fn busy_list_and_outstanding_count_follow_the_queues() {
-        let mut peers = Peers::new(0);
+        let mut peers = Peers::new(0, 0);
         let p = peers.index_of(shm_layout::Address { token: 5, ..Default::default() });
         let mut tx = TxEngine::new();
         assert!(!tx.any_busy() && peers[p].tx.quiet());

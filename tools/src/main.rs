@@ -1888,6 +1888,15 @@ fn cmd_info(o: &InfoArgs, cfg: shmfab::Config) -> Result<(), String> {
             cfg.stream_min.max(shm_layout::CELL_PAYLOAD + 1)
         );
     }
+    if cfg.ring_lap == 0 {
+        println!("            ring positions move through the whole ring (no lap ends)");
+    } else {
+        println!(
+            "            an answer from ring cell {} on takes the rest of the lap when the ring is empty \
+             (a ping-pong reuses the first cells)",
+            cfg.ring_lap
+        );
+    }
     let g = cfg.geometry;
     println!(
         "endpoint section: {} rings x {} cells, overflow queue {} entries, pool {} x {} B: {} KiB per endpoint",
