@@ -1153,6 +1153,57 @@ mod tests {
         }
     }
 
+    /// A ping-pong between two endpoints (in one process, as two ranks'
+    /// would be) of 8 B to 3000 B messages, tagged and checked: every
+    /// message arrives whole and in order while the answers take lap ends
+    /// (`crate::ring`, "Lap ends": seen here as each side's ring tail at a
+    /// lap's start after an answer), and the one-cell and multi-cell fast
+    /// receive path (`progress::lone_inline`) takes them with the lap ends'
+    /// long cell counts.
+    #[test]
+    fn a_ping_pong_across_lap_ends_keeps_every_message() {
+        std::env::set_var("SHMFAB_JOB_ID", format!("ep-laps-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let (cqa, cqb) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
+        let (ava, avb) = (dom.av_open().unwrap(), dom.av_open().unwrap());
+        let (a, b) = (open(&dom, &cqa, &ava), open(&dom, &cqb, &avb));
+        let to_b = ava.insert(&[b.getname()]).unwrap()[0];
+        let to_a = avb.insert(&[a.getname()]).unwrap()[0];
+        let sizes = [8usize, 64, 200, 1000, 3000];
+        let mut laps = [0usize; 2];
+        let wait = |cq: &CompletionQueue, want: usize| {
+            let mut e = [CqTaggedEntry::default()];
+            loop {
+                match cq.read(&mut e) {
+                    Ok(1) if e[0].flags & FI_RECV != 0 => return e[0],
+                    Ok(_) => continue,
+                    Err(x) if x == Error::AGAIN => continue,
+                    Err(x) => panic!("read: {x} (waiting for {want})"),
+                }
+            }
+        };
+        let mut rbuf = vec![0u8; 3000];
+        for i in 0..1200usize {
+            let len = sizes[(i / 40) % sizes.len()];
+            let msg: Vec<u8> = (0..len).map(|k| (k * 31 + i) as u8).collect();
+            for (side, (tx, to, rx, rcq, rfrom)) in
+                [(&a, to_b, &b, &cqb, to_a), (&b, to_a, &a, &cqa, to_b)].into_iter().enumerate()
+            {
+                // SAFETY: rbuf outlives the completion waited for below.
+                unsafe { rx.trecv(&mut rbuf[..len], rfrom, i as u64, 0, i).unwrap() };
+                // SAFETY: msg outlives the receive's completion, waited for
+                // below, which follows the send's reading of it.
+                unsafe { tx.tsend(&msg, to, i as u64, 0).unwrap() };
+                let e = wait(rcq, i);
+                assert_eq!((e.op_context, e.len, e.tag), (i, len, i as u64), "message {i} of side {side}");
+                assert_eq!(&rbuf[..len], &msg[..], "payload of message {i} of side {side}");
+                let (t, cap) = with_ring(tx, to, |r| (r.tail(), r.cap())).unwrap();
+                laps[side] += (t % cap == 0) as usize;
+            }
+        }
+        assert!(laps.iter().all(|&n| n > 20), "lap ends taken: {laps:?}");
+    }
+
     /// A piped message from `tx` to `to` (whose ring `tx` claimed by an
     /// earlier send), as `RingTx::push_piped` writes one but stopped after
     /// its first `upto` bytes: the sender descheduled mid-message. `hlen`

@@ -27,7 +27,7 @@ use crate::engine::tx::{local_ranges, Ctrl, TxState};
 use crate::engine::EpState;
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::MAX_MSG_SIZE;
-use crate::ring::{payload_capacity, piped_capacity, RingView};
+use crate::ring::{fits_cells, payload_capacity, piped_capacity, RingView};
 use crate::sync::Ordering;
 use shm_layout::wire::{self, CtrlKind, WireError};
 use shm_layout::{hdr_flags, op, rts_flags, MsgHdr, CELL_PAYLOAD, MAX_IOV, OVF_PAYLOAD};
@@ -353,14 +353,22 @@ fn fail_peer(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, why: String) {
 /// it had cost the empty read 5-21).
 #[inline(always)]
 fn drain_ring(ep: &mut EpState, ctx: &mut impl CtxSource, r: &mut InRing) {
-    if !lone_inline(ep, ctx, r) {
+    if !lone_inline::<false>(ep, ctx, r) {
         ctx.with(|ctx| drain_general(ep, ctx, r));
     }
 }
 
+/// Largest payload [`lone_inline`] takes (`SMALL`: from [`drain_general`]): four
+/// cells' worth (224 bytes).
+/// Its cell count may be more (a lap end: `crate::ring`). Session 19,
+/// paired `scripts/ab.sh` against one cell, far (raw 8 B 0.19-0.20 us):
+/// 64 B 0.346 -> 0.318 us (better in 9 of 10), 200 B 0.412 -> 0.377 (10
+/// of 10), 8 B tied (+0.0005, 5 of 10).
+const LONE_MAX: usize = payload_capacity(4);
+
 /// The common case of [`drain_ring`], done without its general records:
-/// the ring's next message is an inline one of at most [`LONE_MAX`] bytes
-/// (four cells' payload; one cell until session 19) from a peer not
+/// the ring's next message is an inline one of one cell (`SMALL`: of at
+/// most [`LONE_MAX`] bytes, in more cells, from [`drain_general`]) from a peer not
 /// broken and with nothing earlier waiting to complete, the oldest posted
 /// receive takes it whole ([`Matching::front_plain`]) and wants an entry,
 /// no receive counter is bound, and the open sink of the read running this
@@ -375,15 +383,8 @@ fn drain_ring(ep: &mut EpState, ctx: &mut impl CtxSource, r: &mut InRing) {
 ///
 /// [`Matching::front_plain`]: crate::engine::matching::Matching::front_plain
 /// [`CqState::sink_plain_room`]: crate::cq::CqState::sink_plain_room
-/// Largest payload [`lone_inline`] takes: four cells' worth (224 bytes).
-/// Its cell count may be more (a lap end: `crate::ring`). Session 19,
-/// paired `scripts/ab.sh` against one cell, far (raw 8 B 0.19-0.20 us):
-/// 64 B 0.346 -> 0.318 us (better in 9 of 10), 200 B 0.412 -> 0.377 (10
-/// of 10), 8 B tied (+0.0005, 5 of 10).
-const LONE_MAX: usize = payload_capacity(4);
-
 #[inline(always)]
-fn lone_inline(ep: &mut EpState, ctx: &mut impl CtxSource, r: &mut InRing) -> bool {
+fn lone_inline<const SMALL: bool>(ep: &mut EpState, ctx: &mut impl CtxSource, r: &mut InRing) -> bool {
     let peer = r.peer;
     // SAFETY: a ring's peer is an index the peer table gave
     // (Inbound::accept_claims, by index_of).
@@ -393,7 +394,12 @@ fn lone_inline(ep: &mut EpState, ctx: &mut impl CtxSource, r: &mut InRing) -> bo
     }
     let (h, ncells) = r.rx.current();
     let len = h.len as usize;
-    if ncells == 0 || h.op != op::EAGER || len > LONE_MAX || len > payload_capacity(ncells) {
+    if SMALL {
+        // (A cell count of 0, a broken peer's, fails the first test.)
+        if !fits_cells(len, ncells) || h.op != op::EAGER || len > LONE_MAX {
+            return false;
+        }
+    } else if ncells != 1 || h.op != op::EAGER || len > payload_capacity(1) {
         return false;
     }
     // The CQ's checks before the match (3 instructions fewer than after it,
@@ -449,6 +455,14 @@ fn lone_inline(ep: &mut EpState, ctx: &mut impl CtxSource, r: &mut InRing) -> bo
 /// of the loop, no fetch ahead).
 #[inline(never)]
 fn drain_general(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing) {
+    // A message of more than one cell (up to LONE_MAX bytes, or a lap
+    // end) the lone way, here out of line: the one-cell path's tests stay
+    // as they were (the four-cell test inline cost the 8 B half trip 18
+    // instructions by `scripts/profile.sh`, and a call to it from the pass
+    // the empty CQ read 8).
+    if lone_inline::<true>(ep, ctx, r) {
+        return;
+    }
     let peer = r.peer;
     // SAFETY: a ring's peer is an index the peer table gave
     // (Inbound::accept_claims, by index_of).

@@ -36,9 +36,10 @@
 //! skips the cells after its payload, and the next message starts at the
 //! ring's first cell. A ping-pong then reuses the first 64 cells and one
 //! message instead of moving through the whole ring, and so does a window
-//! that follows an acknowledgement (the message rate's). The skipped cells
-//! count as the message's for the stale-payload rule: marked as
-//! continuation (conservatively), the guard is the next lap's first cell.
+//! that follows an acknowledgement (the message rate's). For the
+//! stale-payload rule the skipped cells are cleaned (those holding
+//! continuation payload get their sequence word zeroed), and the guard is
+//! the next lap's first cell.
 //! No consumer change: a count up to the lap's end is any message's.
 //! Why fewer lines are faster was not found (no hardware counters here);
 //! a C probe had shown it (the same line for every message 0.047 against
@@ -115,6 +116,12 @@ fn progress_word(c: *const Cell) -> *const std::sync::atomic::AtomicU64 {
 #[inline]
 pub const fn payload_capacity(ncells: usize) -> usize {
     ncells * STRIDE - PAYLOAD_OFF
+}
+
+/// Whether `len` payload bytes fit in `ncells` cells (never in 0).
+#[inline(always)]
+pub const fn fits_cells(len: usize, ncells: usize) -> bool {
+    len + PAYLOAD_OFF <= ncells * STRIDE
 }
 
 /// `copy_nonoverlapping` without a call into memcpy for the sizes of
@@ -262,11 +269,12 @@ pub struct RingTx {
     large_end: u64,
     /// A message that answers the peer, found at this cell index of the
     /// ring or later with the ring empty, takes the rest of the lap
-    /// ([`RingTx::lap_cells`]); `u64::MAX`: never.
+    /// ([`RingTx::publish_lap`]); `u64::MAX`: never.
     hot: u64,
-    /// No lap end is taken before this position (the last try found the
-    /// consumer behind).
-    jump_try: u64,
+    /// No lap end is tried before this position: cell `hot` of the
+    /// current lap, or a lap after a try that found the consumer behind
+    /// (`u64::MAX` with `hot` off). The one test of the send's path.
+    lap_at: u64,
 }
 
 /// A piped message being written ([`RingTx::begin_piped`]).
@@ -310,50 +318,104 @@ impl RingTx {
             pipe_min: usize::MAX,
             large_end: 0,
             hot: u64::MAX,
-            jump_try: 0,
+            lap_at: u64::MAX,
         }
     }
 
-    /// The cells a message of `n` cells at `pos` takes: `n`, or, when it
-    /// answers the peer (no push since the peer last sent us one), starts
-    /// at cell index `hot` or later, ends before the ring's last cell, and
-    /// the consumer has taken everything before it, the rest of the lap:
-    /// the next message then starts at the ring's first cell, so that a
-    /// ping-pong reuses a few lines instead of moving through the ring.
+    /// Whether a message at `pos` may take the rest of the lap
+    /// ([`RingTx::publish_lap`], which tests the rest): it answers the
+    /// peer (no push since the peer last sent us one) and `pos` is past
+    /// `lap_at`. Two tests, inline on every push.
     #[inline(always)]
-    fn lap_cells(&mut self, pos: u64, n: u64) -> u64 {
+    fn lap_due(&self, pos: u64) -> bool {
+        !self.pushed && pos >= self.lap_at
+    }
+
+    /// Publishes the message of `n` cells at `pos` (first cell `c`, its
+    /// payload written), when [`RingTx::lap_due`] said it may, as taking
+    /// the rest of the lap if it starts at cell index `hot` or later, ends
+    /// before the ring's last cell, and the ring is empty (the consumer has taken
+    /// everything before it: its head read unless the cached one says so,
+    /// once per lap in a ping-pong, whose consumer published its head
+    /// before it answered); the next message then starts at the ring's
+    /// first cell, so a ping-pong reuses a few lines instead of moving
+    /// through the ring. Else as usual, and no lap end is tried for a lap
+    /// (the consumer behind: both sides streaming, say; a read of its head
+    /// at every message cost both-ways streams of 4 KiB 3-8% far). A count
+    /// past the header's 16 bits (a ring of more than 65536 cells, from
+    /// its first cells) takes no lap end either. Returns the cells taken.
+    ///
+    /// The skipped cells are cleaned for the stale-payload rule: those
+    /// marked as holding continuation payload get their sequence word
+    /// zeroed (free cells: the consumer is past them) and their mark
+    /// cleared, so `cont_clear_from` stays true: a cell a later lap's
+    /// positions do not march over holds no mark. The guard is the next
+    /// lap's first cell.
+    #[cold]
+    #[inline(never)]
+    fn publish_lap(&mut self, c: *mut Cell, pos: u64, n: u64, hdr: &MsgHdr) -> u64 {
         let i = pos & self.mask;
-        if self.pushed || i < self.hot || i + n >= self.cap || pos < self.jump_try {
+        let k = self.cap - i;
+        if i < self.hot || n >= k {
+            // Not yet at cell `hot` of this lap (the ring's positions went
+            // round without a lap end), or a message reaching the lap's
+            // last cell: as usual, tried again from cell `hot` (of the
+            // next lap, for a message past it).
+            let start = (pos & !self.mask) + if i < self.hot { 0 } else { self.cap };
+            self.lap_at = start.saturating_add(self.hot).max(pos + 1);
+            let guard = self.mark(pos, n);
+            self.publish_at(c, pos, n, hdr, guard);
             return n;
         }
-        self.lap_cells_slow(pos, n)
-    }
-
-    /// [`RingTx::lap_cells`] once the cheap tests passed: is the ring
-    /// empty? Reads the consumer's head unless the cached one says so (one
-    /// read per lap in a ping-pong, whose consumer published its head
-    /// before it answered). When it is not (the consumer behind: both
-    /// sides streaming, say), no lap end is tried for a lap: a read per
-    /// message cost both-ways streams of 4 KiB about 10% far.
-    /// The count stays within the header's 16 bits (a ring of more than
-    /// 65536 cells takes no lap end from its first cells).
-    #[inline(never)]
-    fn lap_cells_slow(&mut self, pos: u64, n: u64) -> u64 {
         if self.cached_head != pos {
             // SYNC: pairs with the release store in RingRx::release_credit,
-            // as in has_room.
+            // as in has_room: the consumer's reads of the cells skipped
+            // happen before our writes to them (the cleaning below).
             // SAFETY: ctl mapped per the contract of new().
             self.cached_head = unsafe { (*self.ctl).head.v.load(Ordering::Acquire) };
-            if self.cached_head != pos {
-                self.jump_try = pos + self.cap;
-                return n;
-            }
         }
-        let k = self.cap - (pos & self.mask);
-        if k > u16::MAX as u64 {
-            n
-        } else {
-            k
+        if self.cached_head != pos || k > u16::MAX as u64 {
+            self.lap_at = pos + self.cap;
+            let guard = self.mark(pos, n);
+            self.publish_at(c, pos, n, hdr, guard);
+            return n;
+        }
+        self.clean(pos + n, k - n);
+        // The message's own cells as usual; the bit of the cell after it,
+        // cleaned just now, is clear.
+        let clear = self.mark(pos, n);
+        debug_assert!(!clear);
+        let lap = pos + k;
+        let (w, b) = (((lap & self.mask) / 64) as usize, 1u64 << (lap & 63));
+        let guard = self.cont[w] & b != 0;
+        self.cont[w] &= !b;
+        self.publish_at(c, pos, k, hdr, guard);
+        self.lap_at = lap.saturating_add(self.hot);
+        k
+    }
+
+    /// Zeroes the sequence word of each of the `count` cells from `from`
+    /// (not wrapping: they end at a lap's end at most) that holds
+    /// continuation payload, and clears its mark.
+    fn clean(&mut self, from: u64, count: u64) {
+        let (mut p, end) = (from & self.mask, (from & self.mask) + count);
+        debug_assert!(end <= self.cap);
+        while p < end {
+            let w = (p / 64) as usize;
+            let hi = end.min((p / 64 + 1) * 64);
+            let span = hi - p;
+            let m = if span == 64 { !0 } else { ((1u64 << span) - 1) << (p % 64) };
+            let mut set = self.cont[w] & m;
+            self.cont[w] &= !m;
+            while set != 0 {
+                let q = w as u64 * 64 + set.trailing_zeros() as u64;
+                // SAFETY: q < cap: a cell of our mapped ring, free (the
+                // consumer's head is past its last use: publish_lap).
+                // Relaxed: published by publish_at's release store.
+                unsafe { (*self.cell(q)).seq.store(0, Ordering::Relaxed) };
+                set &= set - 1;
+            }
+            p = hi;
         }
     }
 
@@ -366,9 +428,10 @@ impl RingTx {
 
     /// A message that answers the peer, starting at cell index `cells` or
     /// later with the ring empty, takes the rest of the lap (see
-    /// [`RingTx::lap_cells`]); 0: none.
+    /// [`RingTx::publish_lap`]); 0: none.
     pub fn lap_from(mut self, cells: usize) -> Self {
         self.hot = if cells == 0 { u64::MAX } else { cells as u64 };
+        self.lap_at = (self.tail & !self.mask).saturating_add(self.hot);
         self
     }
 
@@ -378,6 +441,18 @@ impl RingTx {
     #[inline(always)]
     pub fn heard_back(&mut self) {
         self.pushed = false;
+    }
+
+    /// The next position to write (tests look at where messages went).
+    #[cfg(test)]
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// Cells in the ring (tests).
+    #[cfg(test)]
+    pub fn cap(&self) -> u64 {
+        self.cap
     }
 
     /// Whether a message of `ncells` cells can ever fit this ring (its
@@ -499,9 +574,12 @@ impl RingTx {
         // SAFETY: the cell is reserved (has_room) and its payload area
         // holds CELL_PAYLOAD >= buf.len() bytes.
         unsafe { copy_small(buf.as_ptr(), (c as *mut u8).add(PAYLOAD_OFF), buf.len()) };
-        let n = self.lap_cells(pos, 1);
-        let guard = self.mark(pos, n);
-        self.publish_at(c, pos, n, hdr, guard);
+        if self.lap_due(pos) {
+            self.publish_lap(c, pos, 1, &{ *hdr });
+            return true;
+        }
+        let guard = self.mark(pos, 1);
+        self.publish_at(c, pos, 1, hdr, guard);
         true
     }
 
@@ -546,7 +624,10 @@ impl RingTx {
             self.write_payload(pos, off, p);
             off += p.len();
         }
-        let n = self.lap_cells(pos, n);
+        if self.lap_due(pos) {
+            self.publish_lap(self.cell(pos), pos, n, &{ *hdr });
+            return true;
+        }
         let guard = self.mark(pos, n);
         self.publish(pos, n, hdr, guard);
         true
@@ -588,11 +669,14 @@ impl RingTx {
         // PIPE_PROGRESS, is 8-aligned (cells are 64-aligned) and 32 bytes.
         // Relaxed: published by publish_at's release store.
         unsafe { (*progress_word(c as *const Cell)).store(0, std::sync::atomic::Ordering::Relaxed) };
-        let n = self.lap_cells(pos, n);
-        let guard = self.mark(pos, n);
         let mut h = *hdr;
         h.op = op::PIPED;
-        self.publish_at(c, pos, n, &h, guard);
+        if self.lap_due(pos) {
+            self.publish_lap(c, pos, n, &h);
+        } else {
+            let guard = self.mark(pos, n);
+            self.publish_at(c, pos, n, &h, guard);
+        }
         Some(PipeWrite { pos, len })
     }
 
@@ -1156,7 +1240,7 @@ mod tests {
                 if answer {
                     tx.heard_back();
                 }
-                let (pos, due) = (tx.tail, tx.tail >= tx.jump_try);
+                let (pos, due) = (tx.tail, tx.tail >= tx.lap_at);
                 // SAFETY: ctl lives in the heap above.
                 let empty = unsafe { (*c).head.v.load(Ordering::Relaxed) } == pos;
                 let i = pos % cap;
