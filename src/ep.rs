@@ -1157,9 +1157,9 @@ mod tests {
     /// would be) of 8 B to 3000 B messages, tagged and checked: every
     /// message arrives whole and in order while the answers take lap ends
     /// (`crate::ring`, "Lap ends": seen here as each side's ring tail at a
-    /// lap's start after an answer), and the one-cell and multi-cell fast
-    /// receive path (`progress::lone_inline`) takes them with the lap ends'
-    /// long cell counts.
+    /// lap's start after an answer, more than 20 times; 2 with
+    /// `SHMFAB_RING_LAP=0`, where only a message ending there counts), the
+    /// lap ends' long cell counts read by the receive paths.
     #[test]
     fn a_ping_pong_across_lap_ends_keeps_every_message() {
         std::env::set_var("SHMFAB_JOB_ID", format!("ep-laps-{}", std::process::id()));

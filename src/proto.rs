@@ -317,7 +317,7 @@
 //! | `SHMFAB_SPLIT_MIN` | smallest single-copy message whose copy both sides share (receiver reads the first half, sender writes the second with process_vm_writev), once single copy has worked with that peer | 524288 |
 //! | `SHMFAB_RING_SLOTS` | SPSC rings per endpoint (more senders use the overflow queue) | 16 |
 //! | `SHMFAB_RING_CELLS` | 64-byte cells per ring | 1024 |
-//! | `SHMFAB_RING_LAP` | ring cell from which a message that answers its peer, finding the ring empty, takes the rest of the lap (`crate::ring`, "Lap ends"); 0: never | 64 |
+//! | `SHMFAB_RING_LAP` | ring cell from which a message that answers its peer, finding the ring empty, takes the rest of the lap (`crate::ring`, "Lap ends"); 0 (or the ring's cells less one and more): never | 64 |
 //! | `SHMFAB_OVF_CELLS` | entries of the overflow queue | 256 |
 //! | `SHMFAB_POOL_CHUNKS`, `SHMFAB_CHUNK_SIZE` | bounce pool (a fragment per chunk) | 512, 4096 |
 //! | `SHMFAB_UNEXP_MAX` | bytes of unexpected inline messages an endpoint holds before it stops draining (back-pressure) | 8 MiB |

@@ -26,7 +26,9 @@ pub struct RingSnapshot {
     pub slot: u32,
     /// The sender that claimed it.
     pub from: Address,
-    /// Cells published by the sender and not yet consumed.
+    /// Cells published by the sender and not yet consumed (a lap end's
+    /// message counts the cells it skips: up to a ring less 64 for one
+    /// message).
     pub in_flight: u64,
 }
 
