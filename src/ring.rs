@@ -1051,6 +1051,19 @@ mod tests {
         }
     }
 
+    /// Takes the ring's next message, which must be message `got` (its
+    /// tag), with the payload `inflight` holds first for it.
+    fn take_in_order(rx: &mut RingRx, inflight: &mut std::collections::VecDeque<Vec<u8>>, got: &mut u64) {
+        let (hh, n) = rx.peek().expect("a message");
+        assert_eq!(hh.tag, *got, "order");
+        let want = inflight.pop_front().unwrap();
+        let mut buf = vec![0u8; hh.len as usize];
+        rx.read_payload(0, &mut buf);
+        assert_eq!(buf, want, "payload of message {got}");
+        rx.consume(n, true);
+        *got += 1;
+    }
+
     #[test]
     fn wraps_and_fills_and_never_reads_stale_payload_as_a_message() {
         let cap = 128;
@@ -1060,16 +1073,6 @@ mod tests {
         let (mut tx, mut rx) = unsafe { (RingTx::new(c, p, cap), RingRx::new(c, p, cap)) };
         let mut inflight = std::collections::VecDeque::new();
         let mut got = 0u64;
-        let check = |rx: &mut RingRx, inflight: &mut std::collections::VecDeque<Vec<u8>>, got: &mut u64| {
-            let (hh, n) = rx.peek().expect("a message");
-            assert_eq!(hh.tag, *got, "order");
-            let want = inflight.pop_front().unwrap();
-            let mut buf = vec![0u8; hh.len as usize];
-            rx.read_payload(0, &mut buf);
-            assert_eq!(buf, want, "payload of message {got}");
-            rx.consume(n, true);
-            *got += 1;
-        };
         for round in 0..3000u64 {
             // Odd rounds: a one-cell message (try_push's one-cell path),
             // landing on cells that larger ones left continuation payload in.
@@ -1095,20 +1098,20 @@ mod tests {
                 }
             };
             while !push(&mut tx) {
-                check(&mut rx, &mut inflight, &mut got);
+                take_in_order(&mut rx, &mut inflight, &mut got);
                 rx.release_credit();
             }
             inflight.push_back(words);
             if round % 3 == 0 {
                 while rx.peek().is_some() {
-                    check(&mut rx, &mut inflight, &mut got);
+                    take_in_order(&mut rx, &mut inflight, &mut got);
                 }
                 assert!(inflight.is_empty(), "stale cells must not pass for messages");
                 rx.release_credit();
             }
         }
         while rx.peek().is_some() {
-            check(&mut rx, &mut inflight, &mut got);
+            take_in_order(&mut rx, &mut inflight, &mut got);
         }
         assert_eq!(got, 3000);
         assert!(inflight.is_empty());
@@ -1198,88 +1201,6 @@ mod tests {
             got += 1;
             assert!(rx.peek().is_none(), "stale cells must not pass for messages (after {got})");
         }
-    }
-
-    /// As `wraps_and_fills_and_never_reads_stale_payload_as_a_message`,
-    /// with lap ends taken ([`RingTx::lap_from`]): answers (a
-    /// `heard_back` before the push) and plain pushes mixed, the consumer
-    /// sometimes behind. A message takes the rest of the lap exactly when
-    /// it answers, starts at the lap cell or later, ends before the lap's
-    /// last cell and finds the ring empty (once the try after a refusal is
-    /// due); the consumer follows it to the next lap's first cell; the
-    /// order and payloads hold; stale payload (words forging the sequence
-    /// value of a first cell at that place one to four laps on) never
-    /// passes for a message.
-    #[test]
-    fn lap_ends_keep_order_and_payload_and_never_read_stale_payload() {
-        let (cap, lap) = (128u64, 16u64);
-        let h = heap(cap as usize);
-        let (c, p) = (&*h.ctl as *const RingCtl, h.cells.as_ptr() as *mut u8);
-        // SAFETY: heap outlives the handles.
-        let (tx, mut rx) = unsafe { (RingTx::new(c, p, cap as usize), RingRx::new(c, p, cap as usize)) };
-        let mut tx = tx.lap_from(lap as usize);
-        let mut inflight = std::collections::VecDeque::new();
-        let (mut got, mut jumps, mut refused) = (0u64, 0, 0);
-        let check = |rx: &mut RingRx, inflight: &mut std::collections::VecDeque<Vec<u8>>, got: &mut u64| {
-            let (hh, n) = rx.peek().expect("a message");
-            assert_eq!(hh.tag, *got, "order");
-            let want = inflight.pop_front().unwrap();
-            let mut buf = vec![0u8; hh.len as usize];
-            rx.read_payload(0, &mut buf);
-            assert_eq!(buf, want, "payload of message {got}");
-            rx.consume(n, true);
-            *got += 1;
-        };
-        for round in 0..6000u64 {
-            let small = round % 3 != 0;
-            let answer = round % 7 != 3;
-            let len = if small { (round as usize * 7) % (CELL_PAYLOAD + 1) } else { (round as usize * 37) % 700 };
-            let words: Vec<u8> = (0..len.div_ceil(8))
-                .flat_map(|j| {
-                    let cell = tx.tail + (PAYLOAD_OFF as u64 + 8 * j as u64) / STRIDE as u64;
-                    (cell + (1 + j as u64 % 4) * cap + 1).to_le_bytes()
-                })
-                .take(len)
-                .collect();
-            let hdr = MsgHdr { op: 1, len: len as u32, tag: round, ..Default::default() };
-            let natural = cells_for(len) as u64;
-            loop {
-                if answer {
-                    tx.heard_back();
-                }
-                let (pos, due) = (tx.tail, tx.tail >= tx.lap_at);
-                // SAFETY: ctl lives in the heap above.
-                let empty = unsafe { (*c).head.v.load(Ordering::Relaxed) } == pos;
-                let i = pos % cap;
-                if tx.try_push(&hdr, &[&words[..len / 2], &words[len / 2..]]) {
-                    let lap_end = answer && due && empty && i >= lap && i + natural < cap;
-                    if lap_end {
-                        assert_eq!(tx.tail, pos - i + cap, "round {round}: the rest of the lap");
-                        jumps += 1;
-                    } else {
-                        assert_eq!(tx.tail, pos + natural, "round {round}: no lap end");
-                        refused += (answer && due && !empty && i >= lap && i + natural < cap) as u32;
-                    }
-                    break;
-                }
-                check(&mut rx, &mut inflight, &mut got);
-                rx.release_credit();
-            }
-            inflight.push_back(words);
-            // The consumer keeps up two rounds in three, else falls behind.
-            if round % 3 != 2 {
-                while rx.peek().is_some() {
-                    check(&mut rx, &mut inflight, &mut got);
-                }
-                assert!(inflight.is_empty(), "stale cells must not pass for messages");
-                rx.release_credit();
-            }
-        }
-        while rx.peek().is_some() {
-            check(&mut rx, &mut inflight, &mut got);
-        }
-        assert_eq!(got, 6000);
-        assert!(jumps > 300 && refused > 20, "both cases seen: {jumps} lap ends, {refused} refused");
     }
 
     /// A ping-pong's messages reuse the lap's first cells: with the
@@ -1425,8 +1346,11 @@ mod tests {
     /// published credit; a tail that jumped did so as a lap end; at or
     /// past `cont_clear_from` no mark is set; every cell still holding
     /// continuation payload is marked and below `cont_clear_from`; the
-    /// tail's cell is never stale. The consumer checks order, cell counts
-    /// and payloads. Returns the lap ends taken.
+    /// tail's cell is never stale; a lap end is taken exactly when it is
+    /// due (an answer, from `lap_at` and the lap cell on, ending before
+    /// the lap's last cell, the consumer's published head at the tail).
+    /// The consumer checks order, cell counts and payloads. Returns the
+    /// lap ends taken.
     fn random_pushes(cap: usize, lap: usize, pipe_min: usize, seed: u64, rounds: u64) -> u64 {
         let h = heap(cap);
         let (c, p) = (&*h.ctl as *const RingCtl, h.cells.as_ptr() as *mut u8);
@@ -1480,8 +1404,13 @@ mod tests {
                 // SAFETY: ctl lives in the heap above.
                 let head = unsafe { (*c).head.v.load(Ordering::Relaxed) };
                 let split = rng.below(len as u64 + 1) as usize;
+                // A lap end exactly when: an answer, due, at the lap cell or
+                // past it, ending before the lap's last cell, the ring empty.
+                let i = pos & mask;
+                let lap_end = answer && pos >= tx.lap_at && i >= tx.hot && i + natural < capu && head == pos;
                 if tx.try_push(&hdr, &[&payload[..split], &payload[split..]]) {
                     let t = tx.tail;
+                    assert_eq!(t - pos != natural, lap_end, "round {round}: a lap end when, and only when, due");
                     assert!(t + 1 - head <= capu, "round {round}: guard {t} past the credit (head {head})");
                     let after = snap();
                     for x in 0..cap {
