@@ -1677,13 +1677,19 @@ fn parse_osu(stdout: &str, sizes: &[usize]) -> Vec<Figure> {
     figs
 }
 
-/// Runs `cmd` with stdin closed and its output captured; after `limit`
-/// it is stopped (SIGTERM, so that mpirun stops its ranks; SIGKILL 5 s
-/// later) and the run is an error.
+/// Runs `cmd` with stdin closed and its output captured, in a process
+/// group of its own; after `limit` the group is stopped (SIGTERM, so that
+/// mpirun stops its ranks; SIGKILL to the whole group 5 s later, and once
+/// more when the child is gone, for ranks that outlived mpirun) and the run
+/// is an error.
 fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Output> {
     use std::io::Read;
+    use std::os::unix::process::CommandExt;
     let name = cmd.get_program().to_string_lossy().into_owned();
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // Its own group, whose id is its pid: a stopped run's ranks are
+    // signalled with it even when mpirun is gone first.
+    cmd.process_group(0);
     let mut child = cmd.spawn().map_err(|e| Error::with(ErrorKind::NoEnt, format!("cannot run {name}: {e}")))?;
     // Readers of the pipes: a grandchild left behind can hold a pipe open
     // after the child is gone, so they are waited for only so long.
@@ -1708,17 +1714,29 @@ fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Outp
         }
         match stopped {
             None if t0.elapsed() > limit => {
-                // SAFETY: kill(2) on the pid of our own child, not yet reaped.
-                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+                // SAFETY: kill(2) on the process group our own child leads
+                // (process_group(0) above); the child is not yet reaped, so
+                // the group id cannot have been reused.
+                unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGTERM) };
                 stopped = Some(Instant::now());
             }
             Some(t) if t.elapsed() > Duration::from_secs(5) => {
-                let _ = child.kill();
+                // SAFETY: as above, the group of our unreaped child.
+                unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
             }
             _ => {}
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    if stopped.is_some() {
+        // Ranks that outlived a stopped mpirun would spin on, measured
+        // against by every later run. The child is reaped, so its pid
+        // could in principle be reused, but not as a process group id
+        // while members of the group live; with none left this finds
+        // nothing (ESRCH).
+        // SAFETY: kill(2) with a negative pid only sends a signal.
+        unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+    }
     let grace = Duration::from_secs(5);
     let (stdout, stderr) = (out.recv_timeout(grace).unwrap_or_default(), err.recv_timeout(grace).unwrap_or_default());
     if stopped.is_some() {
@@ -1935,6 +1953,26 @@ mod tests {
         let e = output_within(c, Duration::from_millis(300)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
         assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        // A grandchild that ignores SIGTERM and outlives its parent (as
+        // ranks spinning under SCHED_FIFO outlived a stopped mpirun) is
+        // stopped with the group.
+        let pidfile = std::env::temp_dir().join(format!("shmfab-within-{}", std::process::id()));
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!("sh -c 'trap \"\" TERM; echo $$ > {}; exec sleep 60' & sleep 60", pidfile.display()));
+        let e = output_within(c, Duration::from_millis(500)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        let pid: libc::pid_t = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let _ = std::fs::remove_file(&pidfile);
+        let gone = (0..100).any(|_| {
+            // SAFETY: kill(2) with signal 0 only asks whether the pid exists.
+            let alive = unsafe { libc::kill(pid, 0) } == 0
+                && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
+            if alive {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            !alive
+        });
+        assert!(gone, "the grandchild {pid} outlived the stopped run");
         let mut c = Command::new("sh");
         c.args(["-c", "echo out; echo err >&2; exit 3"]);
         let o = output_within(c, Duration::from_secs(30)).unwrap();
