@@ -87,15 +87,24 @@ fn main() {
         let before = w.ep.stats().unwrap();
         let mut v: Vec<f64> = (0..5).map(|_| ways * (size * window * iters) as f64 / run(iters) / 1e9).collect();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let s = w.ep.stats().unwrap();
         if w.rank == 0 {
-            let s = w.ep.stats().unwrap();
             println!(
-                "{} size={size} window={window} gbps={:.2} inline={} pool={} streamed={}",
+                "{} size={size} window={window} gbps={:.2} inline={} pool={} streamed={} rndv={}",
                 if uni { "bw" } else { "bibw" },
                 v[2],
                 s.tx_inline - before.tx_inline,
                 s.tx_bounce - before.tx_bounce,
-                s.tx_streamed - before.tx_streamed
+                s.tx_streamed - before.tx_streamed,
+                s.tx_rndv - before.tx_rndv
+            );
+        } else if uni {
+            // The receiver's side of the rendezvous messages: read by
+            // single copy, or taken through the pool by its pick.
+            eprintln!(
+                "bw size={size} receiver cma_reads={} pool_picked={}",
+                s.cma_reads - before.cma_reads,
+                s.pool_picked - before.pool_picked
             );
         }
     }

@@ -1204,6 +1204,120 @@ mod tests {
         assert!(laps.iter().all(|&n| n > 20), "lap ends taken: {laps:?}");
     }
 
+    /// A stream of 16 KiB messages (posted in windows, the receiver idle
+    /// while each goes out) goes as the receiver's stream pick answers:
+    /// by rendezvous at first, the ordinary way (eagerly through the pool)
+    /// with one rendezvous asking again per window once it picks the pool,
+    /// by rendezvous again after two reads by single copy in a row. Every
+    /// message arrives whole, in order, whichever way it went.
+    #[test]
+    fn a_stream_goes_the_way_its_receiver_picks() {
+        std::env::set_var("SHMFAB_JOB_ID", format!("ep-streamway-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let (cqa, cqb) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
+        let (ava, avb) = (dom.av_open().unwrap(), dom.av_open().unwrap());
+        let (a, b) = (open(&dom, &cqa, &ava), open(&dom, &cqb, &avb));
+        let to_b = ava.insert(&[b.getname()]).unwrap()[0];
+        let to_a = avb.insert(&[a.getname()]).unwrap()[0];
+        fn addr_of(ep: &Endpoint) -> Result<shm_layout::Address> {
+            with_ep!(ep, |st, _ctx| Ok(st.addr))
+        }
+        fn set_pick(
+            rx: &Endpoint,
+            from: shm_layout::Address,
+            class: usize,
+            stream: bool,
+            k: crate::proto::PathPick,
+        ) -> Result<()> {
+            with_ep!(rx, |st, _ctx| {
+                let p = st.peers.index_of(from);
+                *(if stream { &mut st.peers[p].stream_pick.pick[class] } else { &mut st.peers[p].pick[class] }) = k;
+                Ok(())
+            })
+        }
+        let a_addr = addr_of(&a).unwrap();
+        const LEN: usize = 16 << 10;
+        const W: usize = 12;
+        let class = crate::proto::pick_class(&crate::proto::Config::default(), LEN).unwrap();
+        // The receiver's measure of a's streams in the class: single copy
+        // (ns per byte) against the pool.
+        let prefer = |stream: bool, pool: bool| {
+            let mut k = crate::proto::PathPick::default();
+            // The preferred path at 1 ns a message: the samples the
+            // window itself takes (a few us each here, in one process)
+            // cannot move the pick.
+            let (fast, slow) = (std::time::Duration::from_nanos(1), std::time::Duration::from_micros(9));
+            for via_pool in [false, false, true, true] {
+                k.record(via_pool, if via_pool == pool { fast } else { slow }, LEN);
+            }
+            set_pick(&b, a_addr, class, stream, k).unwrap()
+        };
+        let drain = |cq: &CompletionQueue, want: usize| {
+            let mut got = Vec::new();
+            let mut e = [CqTaggedEntry::default()];
+            let t0 = std::time::Instant::now();
+            while got.len() < want {
+                match cq.read(&mut e) {
+                    Ok(1) => got.push(e[0]),
+                    Ok(_) => {}
+                    Err(x) if x == Error::AGAIN => assert!(t0.elapsed().as_secs() < 30, "stuck at {}", got.len()),
+                    Err(x) => panic!("read: {x}"),
+                }
+            }
+            got
+        };
+        // Both buffers at one offset in their pages (from mmap, both
+        // large): never in the kernel copy's slow band (crate::copy),
+        // which the receiver would take through the pool.
+        let mut rbuf = vec![0u8; LEN * W];
+        let mut sbuf = vec![0u8; LEN * W];
+        let mut n = 0usize;
+        // One window: W sends posted while b is idle; the rendezvous sends
+        // among them counted at the sender; then b takes all, and a its
+        // completions (the answers to a's rendezvous come in meanwhile).
+        let mut window = |what: &str| -> (u64, u64) {
+            let before = (a.stats().unwrap(), b.stats().unwrap());
+            for k in 0..W {
+                // SAFETY: rbuf outlives the completions drained below.
+                unsafe { b.trecv(&mut rbuf[k * LEN..][..LEN], to_a, 5, 0, k).unwrap() };
+            }
+            for (i, x) in sbuf.iter_mut().enumerate() {
+                *x = (i * 7 + n) as u8;
+            }
+            for m in sbuf.chunks(LEN) {
+                // SAFETY: sbuf outlives the sends' completions, drained
+                // below.
+                unsafe { a.tsend(m, to_b, 5, 0).unwrap() };
+            }
+            let rx = drain(&cqb, W);
+            for (k, e) in rx.iter().enumerate() {
+                assert_eq!((e.op_context, e.len), (k, LEN), "{what}: receive {k}");
+                assert!(rbuf[k * LEN..][..LEN] == sbuf[k * LEN..][..LEN], "{what}: payload {k}");
+            }
+            drain(&cqa, W);
+            n += W;
+            let after = (a.stats().unwrap(), b.stats().unwrap());
+            (after.0.tx_rndv - before.0.tx_rndv, after.1.cma_reads - before.1.cma_reads)
+        };
+        // The first of each window goes with nothing under way: not a
+        // stream's, and picked for by the other measure, which prefers
+        // single copy here (a rendezvous read each window: a pick of the
+        // pool would send the next windows' firsts eagerly, and quiet).
+        prefer(false, false);
+        prefer(true, true);
+        let run = crate::engine::tx::EAGER_RUN as usize;
+        assert!(W > run + 2);
+        assert_eq!(window("at first"), (W as u64, 1), "every send by rendezvous, the stream's through the pool");
+        assert_eq!(window("the pool picked"), (2, 1), "the run, one asking again, the rest while it asks");
+        prefer(true, false);
+        assert_eq!(window("single copy picked"), (2, 2), "the pool's way after one read (the asking send's)");
+        assert_eq!(window("after one read"), (2, 2), "the first stream send asks at once: its read is the second");
+        assert_eq!(window("single copy again"), (W as u64, W as u64), "every send by rendezvous, read by single copy");
+        prefer(true, true);
+        assert_eq!(window("the pool again"), (W as u64, 1), "each answered through the pool (posted before answers)");
+        assert_eq!(window("its run"), (2, 1));
+    }
+
     /// A piped message from `tx` to `to` (whose ring `tx` claimed by an
     /// earlier send), as `RingTx::push_piped` writes one but stopped after
     /// its first `upto` bytes: the sender descheduled mid-message. `hlen`

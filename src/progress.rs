@@ -1080,7 +1080,16 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
     // fresh as the CPUs move).
     let want = info.total.min(d.cap);
     let class = if try_cma && !aliased { crate::proto::pick_class(ctx.cfg, want) } else { None };
-    let pool_pick = class.is_some_and(|c| ep.peers[p].pick[c].use_pool());
+    // A stream's message (flagged by its sender) is picked for by the
+    // stream's rate, and measured by it (proto::StreamPick), not by its
+    // own copy.
+    let stream = info.hflags & hdr_flags::STREAM != 0 && class.is_some();
+    let peer = &mut ep.peers[p];
+    let pick = class.map(|c| if stream { &mut peer.stream_pick.pick[c] } else { &mut peer.pick[c] });
+    let (pool_pick, explored) = pick.map_or((false, false), |k| {
+        let pool = k.use_pool();
+        (pool, pool && k.explored())
+    });
     if try_cma && !aliased && !pool_pick {
         let on_ring = matches!(ep.peers[p].chan, Some(Chan::Ring(_)));
         // The sender's half goes in one CTS_WRITE of at most MAX_IOV ranges.
@@ -1090,11 +1099,17 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
             return;
         }
         let peer = &mut ep.peers[p];
-        let t0 = class.map(|_| std::time::Instant::now());
+        let t0 = class.filter(|_| !stream).map(|_| std::time::Instant::now());
         match cma::read(peer.pid, &local, &rts.iovs, ctx.cfg.cma) {
             Ok(n) => {
                 if let (Some(c), Some(t0)) = (class, t0) {
                     peer.pick[c].record(false, t0.elapsed(), want);
+                }
+                if let (Some(c), true) = (class, stream) {
+                    // Sampled here, as single copy (finish_rx samples
+                    // the flagged messages left, all of two copies).
+                    peer.stream_pick.sample(c, true, want, std::time::Instant::now());
+                    info.hflags = info.hflags & !hdr_flags::STREAM | crate::engine::complete::STREAM_SAMPLED;
                 }
                 info.delivered = n;
                 peer.cma_worked = true;
@@ -1122,8 +1137,14 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
     } else {
         ep.stats.cma_fallbacks += 1;
     }
-    let status = if aliased || pool_pick { wire::CTS_BOUNCE_THIS_ONE } else { 0 };
-    let timed = if pool_pick { class.map(|c| (std::time::Instant::now(), c)) } else { None };
+    let status = if explored {
+        wire::CTS_BOUNCE_EXPLORE
+    } else if aliased || pool_pick {
+        wire::CTS_BOUNCE_THIS_ONE
+    } else {
+        0
+    };
+    let timed = if pool_pick && !stream { class.map(|c| (std::time::Instant::now(), c)) } else { None };
     let a = ActiveRecv {
         dest: d,
         total: info.total,
@@ -1242,8 +1263,9 @@ fn on_cts(ep: &mut EpState, p: usize, h: &MsgHdr) -> Flow {
     let Ok(c) = wire::Control::decode(h) else {
         return Flow::Done;
     };
-    let this_one = c.status == wire::CTS_BOUNCE_THIS_ONE;
-    if ep.tx.bounce_requested(&mut ep.peers[p], p, c.msg_id, this_one) && !this_one {
+    let explore = c.status == wire::CTS_BOUNCE_EXPLORE;
+    let this_one = explore || c.status == wire::CTS_BOUNCE_THIS_ONE;
+    if ep.tx.bounce_requested(&mut ep.peers[p], p, c.msg_id, this_one, !explore) && !this_one {
         // We offered single copy and the receiver could not use it: stop
         // offering it to this peer (and use the no-CMA thresholds). Not
         // when it asked for this one message only (its buffer's placement).
@@ -1259,9 +1281,15 @@ fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
     if let Some(op) = ep.peers[p].tx.awaiting(c.msg_id) {
         op.state = TxState::Done;
+        let (pick, hflags, read) = (op.pick, op.hflags, c.status == 0 && !op.deliver);
         if c.status != 0 {
             let k = ErrorKind::from_errno(c.status as i32);
             op.err = Some((k, prov::REMOTE, format!("{who} failed to take the message: {}", k.message())));
+        }
+        if read {
+            // Read by single copy (a FIN without a CTS_BOUNCE before it:
+            // only FI_DELIVERY_COMPLETE sends get one after the pool).
+            crate::engine::tx::stream_read(&mut ep.peers[p].tx, pick, hflags);
         }
         ep.retire(ctx, p);
     }

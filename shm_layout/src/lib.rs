@@ -454,6 +454,11 @@ pub mod hdr_flags {
     pub const REMOTE_CQ_DATA: u8 = 2;
     /// Sender asked for a solicited event.
     pub const SOLICITED: u8 = 4;
+    /// Part of a stream: sent while another send to the same peer was
+    /// under way, in a size class where the receiver picks single copy or
+    /// the pool (`shmfab::proto::StreamPick`). Only steers that pick
+    /// (a false one costs the sender speed, nothing else).
+    pub const STREAM: u8 = 8;
 }
 
 /// Offset in a piped message's first cell of its progress word (an

@@ -539,6 +539,13 @@ impl CtsWrite {
 /// kernel's copy is slow): the sender keeps offering single copy.
 pub const CTS_BOUNCE_THIS_ONE: u32 = 1;
 
+/// Status of a CTS_BOUNCE that asks for one message's data through the
+/// pool to measure it again (the receiver's pick explores the path it does
+/// not prefer): as [`CTS_BOUNCE_THIS_ONE`], but the sender's next messages
+/// of that size keep the rendezvous, whose single copy the receiver
+/// prefers.
+pub const CTS_BOUNCE_EXPLORE: u32 = 2;
+
 /// The kinds of [`Control`] message.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -566,8 +573,8 @@ pub struct Control {
     /// Which control message (header `op`).
     pub kind: CtrlKind,
     /// 0, or a positive errno (header `len`); for CTS_BOUNCE, 0 (single
-    /// copy unusable with this receiver: stop offering it) or
-    /// [`CTS_BOUNCE_THIS_ONE`].
+    /// copy unusable with this receiver: stop offering it),
+    /// [`CTS_BOUNCE_THIS_ONE`] or [`CTS_BOUNCE_EXPLORE`].
     pub status: u32,
     /// The message it is about (header `tag`).
     pub msg_id: u64,

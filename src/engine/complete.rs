@@ -570,6 +570,9 @@ impl PeerRx {
 /// matched before it from the same peer (`key` is its message id if it was
 /// started with [`PeerRx::start_matched`] or [`PeerRx::matched`], else 0).
 pub(crate) fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64, pr: PendingRx) {
+    if pr.info.total >= ctx.cfg.cma_min && ctx.cfg.cma_min > 0 {
+        stream_sample(ep, ctx, p, &pr.info);
+    }
     let order = &mut ep.peers[p].rx.order;
     if key == 0 && order.is_empty() {
         emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
@@ -593,6 +596,29 @@ pub(crate) fn finish_rx(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, key: u64,
         let (_, pr) = ep.peers[p].rx.order.pop_front().expect("front checked");
         let pr = pr.expect("checked");
         emit_rx(ep, ctx, p, &pr.dest, &pr.info, pr.err);
+    }
+}
+
+/// A bit of [`RxInfo::hflags`] that no sender sets (`hdr_flags` has
+/// bits 0-3): a stream message read by single copy, sampled at the read
+/// (its STREAM bit then cleared). Set by a peer, it only keeps its
+/// messages out of the stream measure.
+pub(crate) const STREAM_SAMPLED: u8 = 0x80;
+
+/// A message of a pick class ([`crate::proto::pick_class`]) from `p`
+/// completed (its data in place): a sample of its stream's rate if its
+/// sender flagged it part of one (by two copies: those read by single copy
+/// were sampled at the read, [`STREAM_SAMPLED`]), else the end of any
+/// stream (the next sample would span this message).
+#[inline(never)]
+fn stream_sample(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, info: &RxInfo) {
+    let sp = &mut ep.peers[p].stream_pick;
+    match crate::proto::pick_class(ctx.cfg, info.total) {
+        _ if info.hflags & STREAM_SAMPLED != 0 => {}
+        Some(c) if info.hflags & hdr_flags::STREAM != 0 => {
+            sp.sample(c, false, info.total, std::time::Instant::now());
+        }
+        _ => sp.interrupt(),
     }
 }
 

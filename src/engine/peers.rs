@@ -77,6 +77,9 @@ pub(crate) struct Peer {
     /// Single copy or the pool for its rendezvous messages in the band
     /// where either may win ([`crate::proto::pick_class`]), as measured.
     pub pick: [crate::proto::PathPick; crate::proto::PICK_CLASSES],
+    /// The same for its streams' rendezvous messages, measured by their
+    /// rate (boxed: touched only by messages of the band).
+    pub stream_pick: Box<crate::proto::StreamPick>,
     /// (AV generation, fi_addr) of this peer as a source.
     src_cache: (u64, FiAddr),
     /// Sent us something we could not parse: its ring is no longer read.
@@ -114,6 +117,7 @@ impl Peer {
             cma_refused: false,
             cma_worked: false,
             pick: Default::default(),
+            stream_pick: Default::default(),
             src_cache: (u64::MAX, FI_ADDR_NOTAVAIL),
             broken: false,
             heard: false,

@@ -21,7 +21,7 @@ use crate::domain::{Ctx, CtxSrc};
 use crate::error::{Error, ErrorKind, Result};
 use crate::proto::{self, Proto, INJECT_SIZE, MAX_MSG_SIZE};
 use crate::ring::RingTx;
-use shm_layout::{op, rts_flags, wire, MsgHdr, CELL_PAYLOAD, OVF_PAYLOAD};
+use shm_layout::{hdr_flags, op, rts_flags, wire, MsgHdr, CELL_PAYLOAD, OVF_PAYLOAD};
 use std::collections::VecDeque;
 
 /// Where a transmit stands.
@@ -171,6 +171,31 @@ pub(crate) struct PeerTx {
     /// picks the pool for a rendezvous of it; counts down to 0, then a
     /// rendezvous lets the receiver pick again).
     eager_left: [u8; EAGER_CLASSES],
+    /// Per class of [`EAGER_CLASSES`], how a stream's sends go (flagged
+    /// `hdr_flags::STREAM`; the receiver picks for them by their rate,
+    /// [`proto::StreamPick`]): see [`StreamWay`].
+    stream_way: [StreamWay; EAGER_CLASSES],
+}
+
+/// How the next send of a stream in one class goes, from the receiver's
+/// last answer to one of the stream's rendezvous messages. A stream's
+/// sends are posted faster than answers come back (a window of 64 goes
+/// out before the first answer), so unlike [`PeerTx::eager_left`] the
+/// pool's run does not end at a rendezvous: the sends after it keep the
+/// pool until its answer says otherwise.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum StreamWay {
+    /// By rendezvous, each picked for by the receiver: at first, and
+    /// while single copy is its pick (its FINs after reads say so).
+    #[default]
+    Rndv,
+    /// The ordinary way (inline, or eagerly through the pool) after the
+    /// receiver picked the pool (CTS_BOUNCE_THIS_ONE): `left` more, then
+    /// one rendezvous to ask again, and the ordinary way while `asking`.
+    /// `reads`: rendezvous read by single copy since; one may be the
+    /// receiver's exploration (every 64th pick), two in a row are its
+    /// pick, and end the pool's way.
+    Pool { left: u8, asking: bool, reads: u8 },
 }
 
 impl PeerTx {
@@ -182,6 +207,7 @@ impl PeerTx {
             next_msg_id: 1,
             busy: false,
             eager_left: [0; EAGER_CLASSES],
+            stream_way: [StreamWay::Rndv; EAGER_CLASSES],
         }
     }
 
@@ -266,18 +292,28 @@ impl TxEngine {
 
     /// The receiver of rendezvous send `msg_id` of peer `p` asked for the
     /// data through the pool (CTS_BOUNCE; `this_one`: for this message
-    /// only, CTS_BOUNCE_THIS_ONE): it goes on in chunks. True when that
-    /// send had offered single copy (the receiver could not use it).
-    pub fn bounce_requested(&mut self, peer: &mut Peer, p: usize, msg_id: u64, this_one: bool) -> bool {
+    /// only, CTS_BOUNCE_THIS_ONE or CTS_BOUNCE_EXPLORE): it goes on in
+    /// chunks; `run`: the receiver picked the pool, so the next of its
+    /// class go eagerly (not after CTS_BOUNCE_EXPLORE, a measure of the
+    /// pool while single copy stays preferred). True when that send had
+    /// offered single copy (the receiver could not use it).
+    pub fn bounce_requested(&mut self, peer: &mut Peer, p: usize, msg_id: u64, this_one: bool, run: bool) -> bool {
         let Some(op) = peer.tx.awaiting(msg_id) else {
             return false;
         };
         op.state = TxState::Chunks { off: 0, msg_id };
         let owned = op.owned.is_some();
-        if this_one && op.pick > 0 {
+        let (pick, stream) = (op.pick, op.hflags & hdr_flags::STREAM != 0);
+        if this_one && run && pick > 0 {
             // The receiver picked the pool (or its buffer sits in the
-            // kernel copy's slow band): the next of this class go eagerly.
-            peer.tx.eager_left[op.pick as usize - 1] = EAGER_RUN;
+            // kernel copy's slow band): the next of this class go eagerly
+            // (the next of its stream, for a stream's message).
+            let c = pick as usize - 1;
+            if stream {
+                peer.tx.stream_way[c] = StreamWay::Pool { left: EAGER_RUN, asking: false, reads: 0 };
+            } else {
+                peer.tx.eager_left[c] = EAGER_RUN;
+            }
         }
         self.mark_busy(&mut peer.tx, p);
         !owned
@@ -535,17 +571,65 @@ fn stream_class_of(cfg: &proto::Config, len: usize) -> bool {
 /// eagerly through the pool took 4.4-4.8 us against 5.0-6.1 by a
 /// rendezvous whose receiver picked the pool.
 fn eager_after_pick(ptx: &mut PeerTx, cfg: &proto::Config, op: &mut TxOp, on_ring: bool) {
+    run_after_pick(&mut ptx.eager_left, cfg, op, on_ring);
+}
+
+/// A stream's rendezvous `op` (flagged `hdr_flags::STREAM`) in the
+/// [`EAGER_CLASSES`] goes as its class's [`StreamWay`] says: by
+/// rendezvous noting its class (for the receiver's answer to set the way),
+/// or the ordinary way (what [`proto::choose`] gives without single copy)
+/// after the receiver picked the pool, but for one rendezvous every
+/// [`EAGER_RUN`] + 1 sends, to ask again.
+fn stream_after_pick(ptx: &mut PeerTx, cfg: &proto::Config, op: &mut TxOp, on_ring: bool) {
     let Some(c) = eager_pick_class(cfg, op.len) else {
         return;
     };
-    if ptx.eager_left[c] > 0 && !op.deliver {
+    let ordinary = proto::choose(cfg, op.kind, op.len, op.iovs.n, on_ring, false);
+    if let StreamWay::Pool { left, asking, .. } = &mut ptx.stream_way[c] {
+        if ordinary != Proto::Rndv && !op.deliver && (*left > 0 || *asking) {
+            *left = left.saturating_sub(1);
+            op.proto = ordinary;
+            return;
+        }
+        *asking = true;
+    }
+    op.pick = c as u8 + 1;
+}
+
+/// The receiver read a stream's rendezvous `op` by single copy (its FIN
+/// came without a CTS_BOUNCE): after two in a row (one may be the
+/// receiver's exploration of single copy) the stream's next sends of its
+/// class go by rendezvous again ([`StreamWay::Rndv`]).
+pub(crate) fn stream_read(ptx: &mut PeerTx, pick: u8, hflags: u8) {
+    if pick == 0 || hflags & hdr_flags::STREAM == 0 {
+        return;
+    }
+    if let Some(w) = ptx.stream_way.get_mut(pick as usize - 1) {
+        if let StreamWay::Pool { reads, asking, .. } = w {
+            // Answered: the next send asks again.
+            *asking = false;
+            *reads += 1;
+            if *reads < 2 {
+                return;
+            }
+        }
+        *w = StreamWay::Rndv;
+    }
+}
+
+/// [`eager_after_pick`] with the runs of `left`.
+fn run_after_pick(left: &mut [u8; EAGER_CLASSES], cfg: &proto::Config, op: &mut TxOp, on_ring: bool) {
+    let Some(c) = eager_pick_class(cfg, op.len) else {
+        return;
+    };
+    if left[c] > 0 && !op.deliver {
         // What it would be without single copy: inline up to inline_max,
         // else through the pool; a rendezvous from rndv_min
         // (SHMFAB_RNDV_MIN set below EAGER_MAX), which then keeps its
         // pick and the run.
         let ordinary = proto::choose(cfg, op.kind, op.len, op.iovs.n, on_ring, false);
         if ordinary != Proto::Rndv {
-            ptx.eager_left[c] -= 1;
+            left[c] -= 1;
             op.proto = ordinary;
             return;
         }
@@ -737,15 +821,22 @@ impl EpState {
         let cma_ok = proto::offer_cma(ctx.cfg, peer.cma_refused, inject);
         op.proto = proto::choose(ctx.cfg, op.kind, op.len, op.iovs.n, on_ring, cma_ok);
         if op.proto == Proto::Rndv && cma_ok {
-            // After the receiver picked the pool: the ordinary way, which
-            // the rules below then refine (an answer inline, a stream
-            // through the pool).
-            eager_after_pick(&mut peer.tx, ctx.cfg, &mut op, on_ring);
-            // Below 64 KiB, while another send to the peer is under way (a
-            // stream, or a window), the ordinary way too: the receiver's
-            // pick measures one copy, not a stream (STREAM_MAX).
-            if op.proto == Proto::Rndv && !op.deliver && !peer.tx.quiet() && stream_class_of(ctx.cfg, op.len) {
-                op.proto = proto::choose(ctx.cfg, op.kind, op.len, op.iovs.n, on_ring, false);
+            if !op.deliver && !peer.tx.quiet() && stream_class_of(ctx.cfg, op.len) {
+                // Below 64 KiB, while another send to the peer is under
+                // way (a stream, or a window): flagged, for the receiver
+                // to pick by the stream's rate, with runs of its own
+                // (STREAM_MAX); the ordinary way outside the eager classes.
+                if eager_pick_class(ctx.cfg, op.len).is_some() {
+                    op.hflags |= hdr_flags::STREAM;
+                    stream_after_pick(&mut peer.tx, ctx.cfg, &mut op, on_ring);
+                } else {
+                    op.proto = proto::choose(ctx.cfg, op.kind, op.len, op.iovs.n, on_ring, false);
+                }
+            } else {
+                // After the receiver picked the pool: the ordinary way,
+                // which the rules below then refine (an answer inline, a
+                // stream through the pool).
+                eager_after_pick(&mut peer.tx, ctx.cfg, &mut op, on_ring);
             }
         }
         // An answer to the peer (it sent us something since our last send
@@ -1101,6 +1192,85 @@ mod tests {
         assert!(runs_intact(&[9], 4) && runs_intact(&[], 4));
     }
 
+    /// A stream's way in one class follows the receiver's answers: by
+    /// rendezvous at first; after a pick of the pool the ordinary way, but
+    /// for one rendezvous to ask again every EAGER_RUN + 1 sends, and the
+    /// ordinary way until it is answered however many are posted (a
+    /// window goes out faster than answers come back: asking at each
+    /// send, the first version had half of a 64-message window go by
+    /// rendezvous, and answering every one through the pool); back to
+    /// rendezvous after two reads by single copy in a row, not after one
+    /// (the receiver's exploration), nor after a CTS_BOUNCE_EXPLORE.
+    #[test]
+    fn a_streams_way_follows_the_receivers_answers() {
+        let mut peers = Peers::new(0, 0);
+        let p = peers.index_of(shm_layout::Address { token: 6, ..Default::default() });
+        let mut tx = TxEngine::new();
+        let cfg = proto::Config::default();
+        let stream_op = |len: usize| TxOp { len, hflags: hdr_flags::STREAM, ..op(TxState::Start) };
+        // A 16 KiB stream send that noted its class.
+        let asked = || TxOp { pick: 2, ..stream_op(16 << 10) };
+        // At first by rendezvous, each noting its class.
+        let mut o = stream_op(16 << 10);
+        stream_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
+        assert_eq!((o.proto, o.pick), (Proto::Rndv, 2));
+        // The receiver explores the pool for it: nothing changes.
+        let mut id = 100;
+        let mut answer = |peers: &mut Peers, o: TxOp, how: Option<bool>| {
+            id += 1;
+            peers[p].tx.inflight.push_back(TxOp { state: TxState::AwaitFin { msg_id: id }, ..o });
+            tx.outstanding += 1;
+            match how {
+                // CTS_BOUNCE_THIS_ONE (true) or CTS_BOUNCE_EXPLORE (false).
+                Some(run) => assert!(tx.bounce_requested(&mut peers[p], p, id, true, run)),
+                // A FIN after a read.
+                None => stream_read(&mut peers[p].tx, o.pick, o.hflags),
+            }
+        };
+        answer(&mut peers, asked(), Some(false));
+        assert_eq!(peers[p].tx.stream_way[1], StreamWay::Rndv, "an exploration of the pool");
+        // It picks the pool: EAGER_RUN the ordinary way, then one asks.
+        answer(&mut peers, o, Some(true));
+        assert_eq!(peers[p].tx.eager_left, [0; EAGER_CLASSES], "the other sends' runs are their own");
+        let mut protos = Vec::new();
+        for _ in 0..EAGER_RUN + 4 {
+            let mut o = stream_op(16 << 10);
+            stream_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
+            protos.push((o.proto, o.pick));
+        }
+        let run = EAGER_RUN as usize;
+        assert!(protos[..run].iter().all(|&x| x == (Proto::Inline, 0)), "{protos:?}");
+        assert_eq!(protos[run], (Proto::Rndv, 2), "then one asks");
+        assert!(protos[run + 1..].iter().all(|&x| x == (Proto::Inline, 0)), "the pool while asking: {protos:?}");
+        // Other classes keep their own way.
+        let mut o = stream_op(40 << 10);
+        stream_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
+        assert_eq!((o.proto, o.pick), (Proto::Rndv, 3));
+        // One read by single copy (perhaps an exploration): the pool stays,
+        // and the next send asks again; a second read in a row ends it.
+        answer(&mut peers, asked(), None);
+        assert!(matches!(peers[p].tx.stream_way[1], StreamWay::Pool { left: 0, asking: false, reads: 1 }));
+        let mut o = stream_op(16 << 10);
+        stream_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
+        assert_eq!((o.proto, o.pick), (Proto::Rndv, 2), "asks again");
+        answer(&mut peers, o, None);
+        assert_eq!(peers[p].tx.stream_way[1], StreamWay::Rndv, "two reads in a row: single copy");
+        // A pick of the pool between two reads starts the count again.
+        answer(&mut peers, asked(), Some(true));
+        answer(&mut peers, asked(), None);
+        answer(&mut peers, asked(), Some(true));
+        answer(&mut peers, asked(), None);
+        assert!(matches!(peers[p].tx.stream_way[1], StreamWay::Pool { reads: 1, .. }));
+        // Unflagged sends' answers leave the stream's way alone.
+        answer(&mut peers, TxOp { hflags: 0, ..asked() }, None);
+        assert!(matches!(peers[p].tx.stream_way[1], StreamWay::Pool { reads: 1, .. }));
+        // Delivery complete keeps the rendezvous whatever the way.
+        let mut o = TxOp { deliver: true, ..stream_op(16 << 10) };
+        peers[p].tx.stream_way[1] = StreamWay::Pool { left: 3, asking: false, reads: 0 };
+        stream_after_pick(&mut peers[p].tx, &cfg, &mut o, true);
+        assert_eq!(o.proto, Proto::Rndv);
+    }
+
     /// The stream and eager rules are bounded in bytes, whatever
     /// SHMFAB_CMA_MIN is (found by review: counted in octaves from it,
     /// with 64 KiB a 96 KiB send in a stream went through the pool, and an
@@ -1152,14 +1322,23 @@ mod tests {
         tx.outstanding += 2;
         assert!(peers[p].tx.pending() && peers[p].tx.awaiting_answer() && !peers[p].tx.quiet());
         assert!(peers[p].tx.awaiting(8).is_none());
-        assert!(tx.bounce_requested(&mut peers[p], p, 9, false), "offered single copy: the receiver could not use it");
+        assert!(
+            tx.bounce_requested(&mut peers[p], p, 9, false, true),
+            "offered single copy: the receiver could not use it"
+        );
         assert!(matches!(peers[p].tx.inflight[0].state, TxState::Chunks { off: 0, msg_id: 9 }));
         assert_eq!(peers[p].tx.eager_left, [0; EAGER_CLASSES], "not a pick: nothing goes eagerly");
         // The receiver picked the pool for a rendezvous of class 0: the
         // next EAGER_RUN of that class go eagerly, then one asks again.
         peers[p].tx.inflight.push_back(TxOp { pick: 1, ..op(TxState::AwaitFin { msg_id: 10 }) });
         tx.outstanding += 1;
-        assert!(tx.bounce_requested(&mut peers[p], p, 10, true));
+        // Not when the receiver took the pool only to measure it again
+        // (CTS_BOUNCE_EXPLORE): single copy stays its pick.
+        peers[p].tx.inflight.push_back(TxOp { pick: 1, ..op(TxState::AwaitFin { msg_id: 11 }) });
+        tx.outstanding += 1;
+        assert!(tx.bounce_requested(&mut peers[p], p, 11, true, false));
+        assert_eq!(peers[p].tx.eager_left, [0; EAGER_CLASSES], "an exploration starts no run");
+        assert!(tx.bounce_requested(&mut peers[p], p, 10, true, true));
         assert_eq!(peers[p].tx.eager_left, [EAGER_RUN, 0, 0]);
         let cfg = proto::Config::default();
         let mut protos = Vec::new();
@@ -1192,9 +1371,10 @@ mod tests {
         assert_eq!(o.proto, Proto::Rndv);
         // A failed peer gives back every record, in send order.
         let ops = tx.take_all(&mut peers[p].tx);
-        assert_eq!(ops.len(), 3);
+        assert_eq!(ops.len(), 4);
         assert!(matches!(ops[0].state, TxState::Chunks { msg_id: 9, .. }));
-        assert!(matches!(ops[1].state, TxState::Chunks { msg_id: 10, .. }) && ops[2].state == TxState::Start);
+        assert!(matches!(ops[1].state, TxState::Chunks { msg_id: 10, .. }));
+        assert!(matches!(ops[2].state, TxState::Chunks { msg_id: 11, .. }) && ops[3].state == TxState::Start);
         assert_eq!(tx.outstanding(), 0);
         assert!(peers[p].tx.quiet() && peers[p].tx.idle());
     }
