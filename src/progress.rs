@@ -1108,7 +1108,7 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
                 if let (Some(c), true) = (class, stream) {
                     // Sampled here, as single copy (finish_rx samples
                     // the flagged messages left, all of two copies).
-                    peer.stream_pick.sample(c, true, want, std::time::Instant::now());
+                    peer.stream_pick.sample(c, true, want, crate::proto::ticks());
                     info.hflags = info.hflags & !hdr_flags::STREAM | crate::engine::complete::STREAM_SAMPLED;
                 }
                 info.delivered = n;

@@ -616,7 +616,7 @@ fn stream_sample(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, info: &RxInfo) {
     match crate::proto::pick_class(ctx.cfg, info.total) {
         _ if info.hflags & STREAM_SAMPLED != 0 => {}
         Some(c) if info.hflags & hdr_flags::STREAM != 0 => {
-            sp.sample(c, false, info.total, std::time::Instant::now());
+            sp.sample(c, false, info.total, crate::proto::ticks());
         }
         _ => sp.interrupt(),
     }
