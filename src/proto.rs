@@ -20,10 +20,13 @@
 //! that class the ordinary way (`engine::tx::EAGER_RUN`: what [`choose`]
 //! gives without single copy, inline up to `inline_max`, else the pool;
 //! an answer inline to `answer_max`, a stream's messages through the
-//! pool), then one by rendezvous so that the receiver picks again. Below
-//! 64 KiB a send while another to that peer is under way goes the
-//! ordinary way too (`engine::tx::STREAM_MAX`: the pick measures one
-//! copy, not a stream). Not eager runs from 64 KiB
+//! pool), then one by rendezvous so that the receiver picks again (not
+//! after the pool was taken only to measure it again, one pick in 64:
+//! `CTS_BOUNCE_EXPLORE`). Below 64 KiB a send while another to that peer
+//! is under way (a stream's) is flagged, and picked for by a measure of
+//! the stream's rate instead ([`StreamPick`]; `engine::tx::STREAM_MAX`,
+//! `engine::tx::StreamWay`: the one-copy measure took single copy for near
+//! streams the pool carries 1.6-2.8x faster). Not eager runs from 64 KiB
 //! (`engine::tx::EAGER_MAX`: 64-128 KiB lost 2.2-3.5 us far and 0.16
 //! near in session 18; 128-256 KiB lost 2 us on one far placement);
 //! there the pick's fixes alone took 128 KiB from 9.5 to 8.0-8.2 us (raw

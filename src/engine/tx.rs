@@ -104,14 +104,20 @@ pub const EAGER_CLASSES: usize = 3;
 pub const EAGER_MAX: usize = 64 * 1024;
 
 /// The sends of 8 KiB up to [`STREAM_MAX`] (bytes, whatever
-/// `SHMFAB_CMA_MIN` is) that would go by rendezvous go the ordinary way,
-/// without a pick, while another send to the peer is under way: a
-/// stream's. The receiver's pick measures one copy: near, it took single
-/// copy for 8 and 16 KiB streams (its pool sample waits on a busy
-/// sender), which streamed at 3.5 and 5.4 GB/s against 9.7 and 8.7 by
-/// the pool (2026-11-27, paired, raw 8 B 0.05 us). Not 64 KiB and up,
-/// whose streams went by single copy before (a far placement, raw 0.18:
-/// 5.97 GB/s against 2.24 through the pool).
+/// `SHMFAB_CMA_MIN` is) that would go by rendezvous, made while another
+/// send to the peer is under way (a stream's), are flagged
+/// `hdr_flags::STREAM` and go as the receiver's answers to the stream
+/// say ([`StreamWay`]; outside the [`EAGER_CLASSES`], the ordinary way).
+/// The receiver picks for them by the stream's rate
+/// ([`proto::StreamPick`]), not by its one-copy measure, which waits on a
+/// busy sender for the pool's sample: near it took single copy for 8 and
+/// 16 KiB streams, which streamed at 3.5 and 5.4 GB/s against 9.7 and
+/// 8.7 by the pool (2026-11-27, paired, raw 8 B 0.05 us). Until session
+/// 20 those sends always went the ordinary way, which far kept 16 and 32
+/// KiB streams at 2.3-2.5 and 1.9-2.2 GB/s against 4.3-4.4 and 6.1-6.2
+/// by single copy (raw 0.25). Not 64 KiB and up, whose rendezvous each
+/// get a pick (a far placement, raw 0.18: 5.97 GB/s by single copy
+/// against 2.24 through the pool).
 pub const STREAM_MAX: usize = 64 * 1024;
 
 /// Sends of a class that go eagerly after the receiver picked the pool
