@@ -368,6 +368,13 @@ pub const PICK_CLASSES: usize = 6;
 /// message through the 2x slower pool); 64 costs under 2%.
 const PICK_EXPLORE: u32 = 64;
 
+/// [`PICK_EXPLORE`] while one path is measured at least [`PICK_SURE`]
+/// times as fast as the other: a placement change shows in the preferred
+/// path's own samples or within this many messages (about a millisecond
+/// at 16 KiB), and far, where a 16 KiB exploration of the pool costs 4
+/// us, one in 64 cost 0.04-0.06 us a message (session 20, paired).
+const PICK_EXPLORE_WIDE: u32 = 512;
+
 /// The class of a `len`-byte rendezvous in the band where the receiver
 /// picks between single copy and the pool by measure (the
 /// [`PICK_CLASSES`] octaves from `cma_min`, below `split_min`); None
@@ -383,6 +390,11 @@ pub fn pick_class(cfg: &Config, len: usize) -> Option<usize> {
     let c = (len / cfg.cma_min).ilog2() as usize;
     (c < PICK_CLASSES).then_some(c)
 }
+
+/// How many times faster than single copy the pool must be measured for
+/// the receiver's pick of it to start a long run of eager messages at
+/// the sender (`CTS_BOUNCE_SURE`, `engine::tx::EAGER_RUN_SURE`).
+pub const PICK_SURE: f32 = 2.0;
 
 /// Samples of each path taken before the faster is picked; the first is
 /// dropped (see [`PathPick`]).
@@ -432,14 +444,48 @@ pub struct PathPick {
     pool_n: u8,
     /// Decisions made.
     n: u32,
+    /// Eager messages of the class seen (`progress::eager_timed` times
+    /// one in [`PICK_EAGER_EVERY`], every one while the pool warms up).
+    eager: u32,
 }
+
+/// One eager message in this many is timed for the pool's measure while
+/// the pool is preferred (two clock reads, about 50 ns: every one cost 16
+/// KiB near what the longer runs it enabled saved).
+pub const PICK_EAGER_EVERY: u32 = 8;
 
 impl PathPick {
     /// Whether the last decision of [`PathPick::use_pool`] took the path
     /// not preferred, to measure it again (every [`PICK_EXPLORE`]th, once
     /// both are measured).
     pub fn explored(&self) -> bool {
-        self.cma_n >= PICK_WARM && self.pool_n >= PICK_WARM && self.n.is_multiple_of(PICK_EXPLORE)
+        self.cma_n >= PICK_WARM && self.pool_n >= PICK_WARM && self.n.is_multiple_of(self.explore_every())
+    }
+
+    /// Decisions per exploration: [`PICK_EXPLORE`], or
+    /// [`PICK_EXPLORE_WIDE`] while one path wins by [`PICK_SURE`] or more.
+    fn explore_every(&self) -> u32 {
+        let (lo, hi) = if self.pool < self.cma { (self.pool, self.cma) } else { (self.cma, self.pool) };
+        if hi >= lo * PICK_SURE {
+            PICK_EXPLORE_WIDE
+        } else {
+            PICK_EXPLORE
+        }
+    }
+
+    /// Whether to time an eager message of the class, for the pool's
+    /// measure (see [`PICK_EAGER_EVERY`]).
+    pub fn time_eager(&mut self) -> bool {
+        self.eager = self.eager.wrapping_add(1);
+        // While single copy is preferred, eager messages of the class come
+        // only when asked for, to be timed (FIN_EAGER_NEXT).
+        self.pool_n < PICK_WARM || self.cma <= self.pool || self.eager.is_multiple_of(PICK_EAGER_EVERY)
+    }
+
+    /// Whether the pool is measured at least [`PICK_SURE`] times as fast
+    /// as single copy (both measured).
+    pub fn pool_sure(&self) -> bool {
+        self.cma_n >= PICK_WARM && self.pool_n >= PICK_WARM && self.cma >= self.pool * PICK_SURE
     }
 
     /// Whether the next message of this class goes through the pool.
@@ -452,7 +498,7 @@ impl PathPick {
             return true;
         }
         let pool_faster = self.pool < self.cma;
-        if self.n.is_multiple_of(PICK_EXPLORE) {
+        if self.n.is_multiple_of(self.explore_every()) {
             !pool_faster
         } else {
             pool_faster
@@ -1037,16 +1083,18 @@ mod tests {
         assert!(p.use_pool(), "then the pool");
         p.record(true, Duration::from_micros(400), k64);
         assert!(p.use_pool(), "twice");
-        p.record(true, Duration::from_micros(5), k64);
-        // The pool is faster: taken, but for every 64th decision.
+        p.record(true, Duration::from_micros(8), k64);
+        // The pool is faster, not by much: taken, but for every 64th
+        // decision.
         let picks: Vec<bool> = (0..128).map(|_| p.use_pool()).collect();
         assert_eq!(picks.iter().filter(|&&b| !b).count(), 2, "{picks:?}");
         // The pool slows down (the CPUs moved): within a few samples
-        // single copy wins.
+        // single copy wins, by more than PICK_SURE: explored every 512th.
         for _ in 0..6 {
             p.record(true, Duration::from_micros(30), k64);
         }
-        let picks: Vec<(bool, bool)> = (0..128)
+        assert!(!p.pool_sure());
+        let picks: Vec<(bool, bool)> = (0..1024)
             .map(|_| {
                 let pool = p.use_pool();
                 (pool, p.explored())
@@ -1057,6 +1105,20 @@ mod tests {
         // receiver's CTS_BOUNCE_EXPLORE: no eager run after them).
         assert!(picks.iter().all(|&(pool, explored)| pool == explored), "{picks:?}");
         assert!(!PathPick::default().explored(), "nothing explored before both are measured");
+        // The pool 2.5x as fast: sure (a long eager run at the sender),
+        // explored every 512th; its eager messages are timed one in 8
+        // (all while it warms up, all while single copy is preferred).
+        let mut s = PathPick::default();
+        for (pool, t) in [(false, 10), (false, 10), (true, 4), (true, 4)] {
+            assert!(s.time_eager(), "warming up");
+            assert_eq!(s.use_pool(), pool);
+            s.record(pool, Duration::from_micros(t), k64);
+        }
+        assert!(s.pool_sure());
+        let picks: Vec<bool> = (0..1024).map(|_| s.use_pool()).collect();
+        assert_eq!(picks.iter().filter(|&&b| !b).count(), 2, "{picks:?}");
+        assert_eq!((0..64).filter(|_| s.time_eager()).count(), 64 / PICK_EAGER_EVERY as usize);
+        assert!((0..8).all(|_| p.time_eager()), "single copy preferred: every eager message timed");
         // Zero-time samples still count as samples.
         let mut q = PathPick::default();
         q.record(false, Duration::ZERO, 0);
@@ -1149,7 +1211,7 @@ mod tests {
             q.record(pool, us(t), k256);
         }
         assert!(!q.use_pool(), "the pool looks slow");
-        q.record(true, us(15), k256);
+        q.record(true, us(20), k256);
         let picks: Vec<bool> = (0..64).map(|_| q.use_pool()).collect();
         assert_eq!(picks.iter().filter(|&&b| !b).count(), 1, "the pool, but for one exploration: {picks:?}");
     }

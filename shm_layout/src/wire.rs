@@ -546,6 +546,19 @@ pub const CTS_BOUNCE_THIS_ONE: u32 = 1;
 /// prefers.
 pub const CTS_BOUNCE_EXPLORE: u32 = 2;
 
+/// Status of a FIN after a read by single copy that also asks the sender
+/// to send its next message of that size the ordinary way (inline or
+/// eagerly through the pool), whose time is the receiver's measure of the
+/// pool (its pick exploring the path it does not prefer). Not an errno:
+/// the message was taken.
+pub const FIN_EAGER_NEXT: u32 = 1 << 31;
+
+/// Status of a CTS_BOUNCE that asks for one message's data through the
+/// pool because the receiver measured the pool much faster than single
+/// copy for that size: as [`CTS_BOUNCE_THIS_ONE`], and the sender's run
+/// of eager messages after it is longer.
+pub const CTS_BOUNCE_SURE: u32 = 3;
+
 /// The kinds of [`Control`] message.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -574,7 +587,7 @@ pub struct Control {
     pub kind: CtrlKind,
     /// 0, or a positive errno (header `len`); for CTS_BOUNCE, 0 (single
     /// copy unusable with this receiver: stop offering it),
-    /// [`CTS_BOUNCE_THIS_ONE`] or [`CTS_BOUNCE_EXPLORE`].
+    /// [`CTS_BOUNCE_THIS_ONE`], [`CTS_BOUNCE_EXPLORE`] or [`CTS_BOUNCE_SURE`].
     pub status: u32,
     /// The message it is about (header `tag`).
     pub msg_id: u64,

@@ -125,6 +125,14 @@ pub const STREAM_MAX: usize = 64 * 1024;
 /// fresh: single copy can win again when the CPUs move).
 pub const EAGER_RUN: u8 = 7;
 
+/// [`EAGER_RUN`] after a pick of the pool whose measure is at least
+/// `proto::PICK_SURE` times single copy's (CTS_BOUNCE_SURE): the
+/// rendezvous that lets the receiver pick again comes every 32nd send
+/// instead of every 8th where the pool wins by far, while a close pick
+/// keeps the short run (31 for every pick lost 0.7 us at 64 KiB near and
+/// 5 far in session 18: a wrong pick lasts four times as long).
+pub const EAGER_RUN_SURE: u8 = 31;
+
 impl TxOp {
     /// What its completion needs.
     #[inline]
@@ -298,19 +306,22 @@ impl TxEngine {
 
     /// The receiver of rendezvous send `msg_id` of peer `p` asked for the
     /// data through the pool (CTS_BOUNCE; `this_one`: for this message
-    /// only, CTS_BOUNCE_THIS_ONE or CTS_BOUNCE_EXPLORE): it goes on in
-    /// chunks; `run`: the receiver picked the pool, so the next of its
-    /// class go eagerly (not after CTS_BOUNCE_EXPLORE, a measure of the
-    /// pool while single copy stays preferred). True when that send had
-    /// offered single copy (the receiver could not use it).
-    pub fn bounce_requested(&mut self, peer: &mut Peer, p: usize, msg_id: u64, this_one: bool, run: bool) -> bool {
+    /// only, CTS_BOUNCE_THIS_ONE, CTS_BOUNCE_SURE or CTS_BOUNCE_EXPLORE):
+    /// it goes on in chunks; `run`: the receiver picked the pool, so the
+    /// next `run` of its class go eagerly ([`EAGER_RUN`], or
+    /// [`EAGER_RUN_SURE`]; 0 after CTS_BOUNCE_EXPLORE, a measure of the
+    /// pool while single copy stays preferred: in the eager classes the
+    /// receiver explores with FIN_EAGER_NEXT instead, [`eager_next`]).
+    /// True when that send had offered single copy (the receiver could not
+    /// use it).
+    pub fn bounce_requested(&mut self, peer: &mut Peer, p: usize, msg_id: u64, this_one: bool, run: u8) -> bool {
         let Some(op) = peer.tx.awaiting(msg_id) else {
             return false;
         };
         op.state = TxState::Chunks { off: 0, msg_id };
         let owned = op.owned.is_some();
         let (pick, stream) = (op.pick, op.hflags & hdr_flags::STREAM != 0);
-        if this_one && run && pick > 0 {
+        if this_one && run > 0 && pick > 0 {
             // The receiver picked the pool (or its buffer sits in the
             // kernel copy's slow band): the next of this class go eagerly
             // (the next of its stream, for a stream's message).
@@ -318,7 +329,7 @@ impl TxEngine {
             if stream {
                 peer.tx.stream_way[c] = StreamWay::Pool { left: EAGER_RUN, asking: false, reads: 0 };
             } else {
-                peer.tx.eager_left[c] = EAGER_RUN;
+                peer.tx.eager_left[c] = run;
             }
         }
         self.mark_busy(&mut peer.tx, p);
@@ -620,6 +631,18 @@ pub(crate) fn stream_read(ptx: &mut PeerTx, pick: u8, hflags: u8) {
             }
         }
         *w = StreamWay::Rndv;
+    }
+}
+
+/// The receiver read a rendezvous of ours by single copy and asked for the
+/// next of its class eagerly (FIN_EAGER_NEXT: its pick explores the
+/// pool, timing that message): a run of at least one.
+pub(crate) fn eager_next(ptx: &mut PeerTx, pick: u8, hflags: u8) {
+    if pick == 0 || hflags & hdr_flags::STREAM != 0 {
+        return;
+    }
+    if let Some(left) = ptx.eager_left.get_mut(pick as usize - 1) {
+        *left = (*left).max(1);
     }
 }
 
@@ -1228,7 +1251,7 @@ mod tests {
             tx.outstanding += 1;
             match how {
                 // CTS_BOUNCE_THIS_ONE (true) or CTS_BOUNCE_EXPLORE (false).
-                Some(run) => assert!(tx.bounce_requested(&mut peers[p], p, id, true, run)),
+                Some(run) => assert!(tx.bounce_requested(&mut peers[p], p, id, true, if run { EAGER_RUN } else { 0 })),
                 // A FIN after a read.
                 None => stream_read(&mut peers[p].tx, o.pick, o.hflags),
             }
@@ -1329,7 +1352,7 @@ mod tests {
         assert!(peers[p].tx.pending() && peers[p].tx.awaiting_answer() && !peers[p].tx.quiet());
         assert!(peers[p].tx.awaiting(8).is_none());
         assert!(
-            tx.bounce_requested(&mut peers[p], p, 9, false, true),
+            tx.bounce_requested(&mut peers[p], p, 9, false, EAGER_RUN),
             "offered single copy: the receiver could not use it"
         );
         assert!(matches!(peers[p].tx.inflight[0].state, TxState::Chunks { off: 0, msg_id: 9 }));
@@ -1342,9 +1365,21 @@ mod tests {
         // (CTS_BOUNCE_EXPLORE): single copy stays its pick.
         peers[p].tx.inflight.push_back(TxOp { pick: 1, ..op(TxState::AwaitFin { msg_id: 11 }) });
         tx.outstanding += 1;
-        assert!(tx.bounce_requested(&mut peers[p], p, 11, true, false));
+        assert!(tx.bounce_requested(&mut peers[p], p, 11, true, 0));
         assert_eq!(peers[p].tx.eager_left, [0; EAGER_CLASSES], "an exploration starts no run");
-        assert!(tx.bounce_requested(&mut peers[p], p, 10, true, true));
+        // A read whose FIN asks for the next eagerly (FIN_EAGER_NEXT):
+        // one, for the receiver to time; a stream's way is its own.
+        eager_next(&mut peers[p].tx, 1, 0);
+        eager_next(&mut peers[p].tx, 2, hdr_flags::STREAM);
+        eager_next(&mut peers[p].tx, 0, 0);
+        assert_eq!(peers[p].tx.eager_left, [1, 0, 0]);
+        peers[p].tx.eager_left[0] = 0;
+        // A sure pick of the pool: a long run.
+        peers[p].tx.inflight.push_back(TxOp { pick: 1, ..op(TxState::AwaitFin { msg_id: 12 }) });
+        tx.outstanding += 1;
+        assert!(tx.bounce_requested(&mut peers[p], p, 12, true, EAGER_RUN_SURE));
+        assert_eq!(peers[p].tx.eager_left, [EAGER_RUN_SURE, 0, 0]);
+        assert!(tx.bounce_requested(&mut peers[p], p, 10, true, EAGER_RUN));
         assert_eq!(peers[p].tx.eager_left, [EAGER_RUN, 0, 0]);
         let cfg = proto::Config::default();
         let mut protos = Vec::new();
@@ -1377,10 +1412,11 @@ mod tests {
         assert_eq!(o.proto, Proto::Rndv);
         // A failed peer gives back every record, in send order.
         let ops = tx.take_all(&mut peers[p].tx);
-        assert_eq!(ops.len(), 4);
+        assert_eq!(ops.len(), 5);
         assert!(matches!(ops[0].state, TxState::Chunks { msg_id: 9, .. }));
         assert!(matches!(ops[1].state, TxState::Chunks { msg_id: 10, .. }));
-        assert!(matches!(ops[2].state, TxState::Chunks { msg_id: 11, .. }) && ops[3].state == TxState::Start);
+        assert!(matches!(ops[2].state, TxState::Chunks { msg_id: 11, .. }));
+        assert!(matches!(ops[3].state, TxState::Chunks { msg_id: 12, .. }) && ops[4].state == TxState::Start);
         assert_eq!(tx.outstanding(), 0);
         assert!(peers[p].tx.quiet() && peers[p].tx.idle());
     }
