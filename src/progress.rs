@@ -625,16 +625,12 @@ fn take_piped(ep: &mut EpState, ctx: &mut Ctx<'_>, r: &mut InRing, p: usize, h: 
         return Flow::Wait;
     };
     let mut a = ActiveRecv::new(d, len, h);
-    a.timed = eager_timed(ep, ctx, p, h, len);
     if !pipe_copy(&view, &mut a, PIPE_SPINS) {
         start_active(ep, p, PIPE_ID, a);
         r.pipe_active = true;
         return Flow::Wait;
     }
     r.pipe_wait = false;
-    if let Some((t0, c)) = a.timed {
-        ep.peers[p].pick[c].record(true, t0.elapsed(), len);
-    }
     // Whole: complete as eager_match_or_queue does.
     let info = a.info(len.min(a.dest.cap));
     if ep.peers[p].rx.in_order() {
@@ -907,32 +903,6 @@ fn eager_to_front(
     Some(Flow::Done)
 }
 
-/// For an eager message of `len` bytes from `p` (piped in the ring, or
-/// through the pool) in the [`crate::engine::tx::EAGER_CLASSES`], which
-/// its sender sends after our pick of the pool: the time it starts and
-/// its class, for its time from its header to its last byte in place to
-/// be the pool's sample of [`crate::proto::PathPick`] (single copy's is
-/// the read's time, also with the data at hand). Not a stream's message
-/// (`hdr_flags::STREAM`: its own measure) and not where single copy is
-/// off. Before session 20 the pool's sample was a rendezvous taken
-/// through the pool, from its request to the last chunk: a round trip
-/// more than the eager messages that pick leads to (near, 16 KiB measured
-/// 0.23-0.27 ns a byte against 0.19 by single copy, and the pick kept
-/// single copy, whose ping-pong is slower than the ring's).
-fn eager_timed(
-    ep: &mut EpState,
-    ctx: &Ctx<'_>,
-    p: usize,
-    h: &MsgHdr,
-    len: usize,
-) -> Option<(std::time::Instant, usize)> {
-    if h.flags & hdr_flags::STREAM != 0 || ep.peers[p].cma_refused || ctx.cfg.cma == crate::proto::CmaMode::Off {
-        return None;
-    }
-    let c = crate::proto::pick_class(ctx.cfg, len).filter(|&c| c < crate::engine::tx::EAGER_CLASSES)?;
-    ep.peers[p].pick[c].time_eager().then(|| (std::time::Instant::now(), c))
-}
-
 /// Starts a matched multi-part receive: its data arrives in chunks.
 fn start_active(ep: &mut EpState, p: usize, msg_id: u64, a: ActiveRecv) {
     ep.peers[p].rx.start_matched(msg_id, RxCur::Active(a));
@@ -955,9 +925,7 @@ fn on_bounce_hdr(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr, src:
     let tagged = h.flags & hdr_flags::TAGGED != 0;
     match ep.take_match(ctx, tagged, p, h.tag, total) {
         Some(dest) => {
-            let mut a = ActiveRecv::new(dest, total, h);
-            a.timed = eager_timed(ep, ctx, p, h, total);
-            start_active(ep, p, msg_id, a);
+            start_active(ep, p, msg_id, ActiveRecv::new(dest, total, h));
         }
         None => {
             // The data will be copied out of the pool as it arrives
@@ -1118,21 +1086,10 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
     let stream = info.hflags & hdr_flags::STREAM != 0 && class.is_some();
     let peer = &mut ep.peers[p];
     let pick = class.map(|c| if stream { &mut peer.stream_pick.pick[c] } else { &mut peer.pick[c] });
-    let (mut pool_pick, explored, sure) = pick.map_or((false, false, false), |k| {
+    let (pool_pick, explored, sure) = pick.map_or((false, false, false), |k| {
         let pool = k.use_pool();
         (pool, pool && k.explored(), pool && !stream && k.pool_sure())
     });
-    // An exploration of the pool in the eager classes: read this one by
-    // single copy (the pick's), and ask for the next one eagerly
-    // (FIN_EAGER_NEXT), whose time is the pool's sample (eager_timed):
-    // one message the slow way per exploration, not two.
-    let eager_class = class.is_some_and(|c| c < crate::engine::tx::EAGER_CLASSES);
-    let fin_status = if explored && eager_class && !stream {
-        pool_pick = false;
-        wire::FIN_EAGER_NEXT
-    } else {
-        0
-    };
     if try_cma && !aliased && !pool_pick {
         let on_ring = matches!(ep.peers[p].chan, Some(Chan::Ring(_)));
         // The sender's half goes in one CTS_WRITE of at most MAX_IOV ranges.
@@ -1158,7 +1115,7 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
                 peer.cma_worked = true;
                 ep.stats.cma_reads += 1;
                 finish_rx(ep, ctx, p, 0, PendingRx { dest: d, info, err: None });
-                ep.queue_ctrl(p, Ctrl::new(CtrlKind::Fin, rts.msg_id, fin_status));
+                ep.queue_ctrl(p, Ctrl::new(CtrlKind::Fin, rts.msg_id, 0));
                 return;
             }
             Err(CmaError::Refused(_)) => peer.cma_refused = true,
@@ -1189,11 +1146,7 @@ fn rendezvous(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, d: Dest, mut info: 
     } else {
         0
     };
-    // The pool's sample: in the eager classes from the eager messages the
-    // pick of the pool sends (eager_timed), not from this rendezvous,
-    // whose time holds a round trip to the sender that they do not.
-    let eager_class = class.is_some_and(|c| c < crate::engine::tx::EAGER_CLASSES);
-    let timed = if pool_pick && !stream && !eager_class { class.map(|c| (std::time::Instant::now(), c)) } else { None };
+    let timed = if pool_pick && !stream { class.map(|c| (std::time::Instant::now(), c)) } else { None };
     let a = ActiveRecv {
         dest: d,
         total: info.total,
@@ -1336,17 +1289,10 @@ fn on_fin(ep: &mut EpState, ctx: &mut Ctx<'_>, p: usize, h: &MsgHdr) -> Flow {
     let who = crate::av::AddressVector::straddr(&ep.peers[p].addr);
     if let Some(op) = ep.peers[p].tx.awaiting(c.msg_id) {
         op.state = TxState::Done;
-        // Read, and the next of its size asked for eagerly: the
-        // receiver's measure of the pool (see rendezvous).
-        let eager_next = c.status == wire::FIN_EAGER_NEXT;
-        let status = if eager_next { 0 } else { c.status };
-        let (pick, hflags, read) = (op.pick, op.hflags, status == 0 && !op.deliver);
-        if status != 0 {
-            let k = ErrorKind::from_errno(status as i32);
+        let (pick, hflags, read) = (op.pick, op.hflags, c.status == 0 && !op.deliver);
+        if c.status != 0 {
+            let k = ErrorKind::from_errno(c.status as i32);
             op.err = Some((k, prov::REMOTE, format!("{who} failed to take the message: {}", k.message())));
-        }
-        if eager_next {
-            crate::engine::tx::eager_next(&mut ep.peers[p].tx, pick, hflags);
         }
         if read {
             // Read by single copy (a FIN without a CTS_BOUNCE before it:

@@ -444,15 +444,7 @@ pub struct PathPick {
     pool_n: u8,
     /// Decisions made.
     n: u32,
-    /// Eager messages of the class seen (`progress::eager_timed` times
-    /// one in [`PICK_EAGER_EVERY`], every one while the pool warms up).
-    eager: u32,
 }
-
-/// One eager message in this many is timed for the pool's measure while
-/// the pool is preferred (two clock reads, about 50 ns: every one cost 16
-/// KiB near what the longer runs it enabled saved).
-pub const PICK_EAGER_EVERY: u32 = 8;
 
 impl PathPick {
     /// Whether the last decision of [`PathPick::use_pool`] took the path
@@ -471,15 +463,6 @@ impl PathPick {
         } else {
             PICK_EXPLORE
         }
-    }
-
-    /// Whether to time an eager message of the class, for the pool's
-    /// measure (see [`PICK_EAGER_EVERY`]).
-    pub fn time_eager(&mut self) -> bool {
-        self.eager = self.eager.wrapping_add(1);
-        // While single copy is preferred, eager messages of the class come
-        // only when asked for, to be timed (FIN_EAGER_NEXT).
-        self.pool_n < PICK_WARM || self.cma <= self.pool || self.eager.is_multiple_of(PICK_EAGER_EVERY)
     }
 
     /// Whether the pool is measured at least [`PICK_SURE`] times as fast
@@ -1106,19 +1089,15 @@ mod tests {
         assert!(picks.iter().all(|&(pool, explored)| pool == explored), "{picks:?}");
         assert!(!PathPick::default().explored(), "nothing explored before both are measured");
         // The pool 2.5x as fast: sure (a long eager run at the sender),
-        // explored every 512th; its eager messages are timed one in 8
-        // (all while it warms up, all while single copy is preferred).
+        // explored every 512th.
         let mut s = PathPick::default();
         for (pool, t) in [(false, 10), (false, 10), (true, 4), (true, 4)] {
-            assert!(s.time_eager(), "warming up");
             assert_eq!(s.use_pool(), pool);
             s.record(pool, Duration::from_micros(t), k64);
         }
         assert!(s.pool_sure());
         let picks: Vec<bool> = (0..1024).map(|_| s.use_pool()).collect();
         assert_eq!(picks.iter().filter(|&&b| !b).count(), 2, "{picks:?}");
-        assert_eq!((0..64).filter(|_| s.time_eager()).count(), 64 / PICK_EAGER_EVERY as usize);
-        assert!((0..8).all(|_| p.time_eager()), "single copy preferred: every eager message timed");
         // Zero-time samples still count as samples.
         let mut q = PathPick::default();
         q.record(false, Duration::ZERO, 0);

@@ -546,13 +546,6 @@ pub const CTS_BOUNCE_THIS_ONE: u32 = 1;
 /// prefers.
 pub const CTS_BOUNCE_EXPLORE: u32 = 2;
 
-/// Status of a FIN after a read by single copy that also asks the sender
-/// to send its next message of that size the ordinary way (inline or
-/// eagerly through the pool), whose time is the receiver's measure of the
-/// pool (its pick exploring the path it does not prefer). Not an errno:
-/// the message was taken.
-pub const FIN_EAGER_NEXT: u32 = 1 << 31;
-
 /// Status of a CTS_BOUNCE that asks for one message's data through the
 /// pool because the receiver measured the pool much faster than single
 /// copy for that size: as [`CTS_BOUNCE_THIS_ONE`], and the sender's run

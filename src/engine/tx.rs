@@ -310,10 +310,8 @@ impl TxEngine {
     /// it goes on in chunks; `run`: the receiver picked the pool, so the
     /// next `run` of its class go eagerly ([`EAGER_RUN`], or
     /// [`EAGER_RUN_SURE`]; 0 after CTS_BOUNCE_EXPLORE, a measure of the
-    /// pool while single copy stays preferred: in the eager classes the
-    /// receiver explores with FIN_EAGER_NEXT instead, [`eager_next`]).
-    /// True when that send had offered single copy (the receiver could not
-    /// use it).
+    /// pool while single copy stays preferred). True when that send had
+    /// offered single copy (the receiver could not use it).
     pub fn bounce_requested(&mut self, peer: &mut Peer, p: usize, msg_id: u64, this_one: bool, run: u8) -> bool {
         let Some(op) = peer.tx.awaiting(msg_id) else {
             return false;
@@ -631,18 +629,6 @@ pub(crate) fn stream_read(ptx: &mut PeerTx, pick: u8, hflags: u8) {
             }
         }
         *w = StreamWay::Rndv;
-    }
-}
-
-/// The receiver read a rendezvous of ours by single copy and asked for the
-/// next of its class eagerly (FIN_EAGER_NEXT: its pick explores the
-/// pool, timing that message): a run of at least one.
-pub(crate) fn eager_next(ptx: &mut PeerTx, pick: u8, hflags: u8) {
-    if pick == 0 || hflags & hdr_flags::STREAM != 0 {
-        return;
-    }
-    if let Some(left) = ptx.eager_left.get_mut(pick as usize - 1) {
-        *left = (*left).max(1);
     }
 }
 
@@ -1367,13 +1353,6 @@ mod tests {
         tx.outstanding += 1;
         assert!(tx.bounce_requested(&mut peers[p], p, 11, true, 0));
         assert_eq!(peers[p].tx.eager_left, [0; EAGER_CLASSES], "an exploration starts no run");
-        // A read whose FIN asks for the next eagerly (FIN_EAGER_NEXT):
-        // one, for the receiver to time; a stream's way is its own.
-        eager_next(&mut peers[p].tx, 1, 0);
-        eager_next(&mut peers[p].tx, 2, hdr_flags::STREAM);
-        eager_next(&mut peers[p].tx, 0, 0);
-        assert_eq!(peers[p].tx.eager_left, [1, 0, 0]);
-        peers[p].tx.eager_left[0] = 0;
         // A sure pick of the pool: a long run.
         peers[p].tx.inflight.push_back(TxOp { pick: 1, ..op(TxState::AwaitFin { msg_id: 12 }) });
         tx.outstanding += 1;
