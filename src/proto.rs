@@ -444,9 +444,18 @@ pub struct PathPick {
     pool_n: u8,
     /// Decisions made.
     n: u32,
+    /// Always explores every [`PICK_EXPLORE`]th decision (a stream's:
+    /// [`StreamPick`], whose decisions come once a window while it goes
+    /// through the pool, so that 512 of them could be seconds).
+    narrow: bool,
 }
 
 impl PathPick {
+    /// A measure that never widens its explorations (see `narrow`).
+    pub fn narrow() -> PathPick {
+        PathPick { narrow: true, ..PathPick::default() }
+    }
+
     /// Whether the last decision of [`PathPick::use_pool`] took the path
     /// not preferred, to measure it again (every [`PICK_EXPLORE`]th, once
     /// both are measured).
@@ -458,7 +467,7 @@ impl PathPick {
     /// [`PICK_EXPLORE_WIDE`] while one path wins by [`PICK_SURE`] or more.
     fn explore_every(&self) -> u32 {
         let (lo, hi) = if self.pool < self.cma { (self.pool, self.cma) } else { (self.cma, self.pool) };
-        if hi >= lo * PICK_SURE {
+        if !self.narrow && hi >= lo * PICK_SURE {
             PICK_EXPLORE_WIDE
         } else {
             PICK_EXPLORE
@@ -519,7 +528,7 @@ impl PathPick {
 /// request to the last chunk) waits on a sender busy with the messages
 /// before it, and made the one-copy measure pick single copy for near
 /// streams that the pool carries 1.6-2.8x faster (session 18).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StreamPick {
     /// Per class of [`pick_class`] (the sender flags only the lowest
     /// `engine::tx::EAGER_CLASSES`).
@@ -557,6 +566,12 @@ pub fn ticks() -> u64 {
     {
         static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
         START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+    }
+}
+
+impl Default for StreamPick {
+    fn default() -> StreamPick {
+        StreamPick { pick: [PathPick::narrow(); PICK_CLASSES], prev: None, batch: Default::default() }
     }
 }
 
@@ -1098,6 +1113,15 @@ mod tests {
         assert!(s.pool_sure());
         let picks: Vec<bool> = (0..1024).map(|_| s.use_pool()).collect();
         assert_eq!(picks.iter().filter(|&&b| !b).count(), 2, "{picks:?}");
+        // A stream's measure explores every 64th however wide the margin.
+        let mut t = PathPick::narrow();
+        for (pool, us) in [(false, 10), (false, 10), (true, 4), (true, 4)] {
+            assert_eq!(t.use_pool(), pool);
+            t.record(pool, Duration::from_micros(us), k64);
+        }
+        let picks: Vec<bool> = (0..1024).map(|_| t.use_pool()).collect();
+        assert_eq!(picks.iter().filter(|&&b| !b).count(), 16, "{picks:?}");
+        assert!(StreamPick::default().pick.iter().all(|k| *k == PathPick::narrow()));
         // Zero-time samples still count as samples.
         let mut q = PathPick::default();
         q.record(false, Duration::ZERO, 0);
@@ -1115,7 +1139,7 @@ mod tests {
         let mut s = StreamPick::default();
         s.sample(1, true, k16, at(0));
         s.sample(1, true, k16, at(4));
-        assert_eq!(s.pick[1], PathPick::default(), "a batch is recorded when it ends");
+        assert_eq!(s.pick[1], PathPick::narrow(), "a batch is recorded when it ends");
         // Single copy 4 us apart, then the pool: the batch of one path
         // ends at a message of the other.
         s.sample(1, true, k16, at(8));
