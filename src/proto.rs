@@ -20,9 +20,10 @@
 //! that class the ordinary way (`engine::tx::EAGER_RUN`: what [`choose`]
 //! gives without single copy, inline up to `inline_max`, else the pool;
 //! an answer inline to `answer_max`, a stream's messages through the
-//! pool), then one by rendezvous so that the receiver picks again (not
-//! after the pool was taken only to measure it again, one pick in 64:
-//! `CTS_BOUNCE_EXPLORE`). Below 64 KiB a send while another to that peer
+//! pool; 31 when the pool measured 2x faster, `CTS_BOUNCE_SURE`), then
+//! one by rendezvous so that the receiver picks again (not after the
+//! pool was taken only to measure it again, one pick in 64, or in 512
+//! while one path wins by 2x: `CTS_BOUNCE_EXPLORE`). Below 64 KiB a send while another to that peer
 //! is under way (a stream's) is flagged, and picked for by a measure of
 //! the stream's rate instead ([`StreamPick`]; `engine::tx::STREAM_MAX`,
 //! `engine::tx::StreamWay`: the one-copy measure took single copy for near
