@@ -1153,6 +1153,31 @@ mod tests {
         }
     }
 
+    /// Two endpoints of one domain, each with its CQ and AV, each
+    /// addressing the other (a job id of `name` and the pid). Field order
+    /// is drop order: the endpoints first.
+    struct Duo {
+        a: Endpoint,
+        b: Endpoint,
+        cqa: CompletionQueue,
+        cqb: CompletionQueue,
+        _avs: (crate::AddressVector, crate::AddressVector),
+        to_b: FiAddr,
+        to_a: FiAddr,
+        _dom: Domain,
+    }
+
+    fn duo(name: &str) -> Duo {
+        std::env::set_var("SHMFAB_JOB_ID", format!("{name}-{}", std::process::id()));
+        let dom = Fabric::open().unwrap().domain().unwrap();
+        let (cqa, cqb) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
+        let (ava, avb) = (dom.av_open().unwrap(), dom.av_open().unwrap());
+        let (a, b) = (open(&dom, &cqa, &ava), open(&dom, &cqb, &avb));
+        let to_b = ava.insert(&[b.getname()]).unwrap()[0];
+        let to_a = avb.insert(&[a.getname()]).unwrap()[0];
+        Duo { a, b, cqa, cqb, _avs: (ava, avb), to_b, to_a, _dom: dom }
+    }
+
     /// A ping-pong between two endpoints (in one process, as two ranks'
     /// would be) of 8 B to 3000 B messages, tagged and checked: every
     /// message arrives whole and in order while the answers take lap ends
@@ -1162,13 +1187,8 @@ mod tests {
     /// lap ends' long cell counts read by the receive paths.
     #[test]
     fn a_ping_pong_across_lap_ends_keeps_every_message() {
-        std::env::set_var("SHMFAB_JOB_ID", format!("ep-laps-{}", std::process::id()));
-        let dom = Fabric::open().unwrap().domain().unwrap();
-        let (cqa, cqb) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
-        let (ava, avb) = (dom.av_open().unwrap(), dom.av_open().unwrap());
-        let (a, b) = (open(&dom, &cqa, &ava), open(&dom, &cqb, &avb));
-        let to_b = ava.insert(&[b.getname()]).unwrap()[0];
-        let to_a = avb.insert(&[a.getname()]).unwrap()[0];
+        let d = duo("ep-laps");
+        let (a, b, cqa, cqb, to_b, to_a) = (&d.a, &d.b, &d.cqa, &d.cqb, d.to_b, d.to_a);
         let sizes = [8usize, 64, 200, 1000, 3000];
         let mut laps = [0usize; 2];
         let wait = |cq: &CompletionQueue, want: usize| {
@@ -1212,13 +1232,8 @@ mod tests {
     /// message arrives whole, in order, whichever way it went.
     #[test]
     fn a_stream_goes_the_way_its_receiver_picks() {
-        std::env::set_var("SHMFAB_JOB_ID", format!("ep-streamway-{}", std::process::id()));
-        let dom = Fabric::open().unwrap().domain().unwrap();
-        let (cqa, cqb) = (dom.cq_open(&CqAttr::default()).unwrap(), dom.cq_open(&CqAttr::default()).unwrap());
-        let (ava, avb) = (dom.av_open().unwrap(), dom.av_open().unwrap());
-        let (a, b) = (open(&dom, &cqa, &ava), open(&dom, &cqb, &avb));
-        let to_b = ava.insert(&[b.getname()]).unwrap()[0];
-        let to_a = avb.insert(&[a.getname()]).unwrap()[0];
+        let d = duo("ep-streamway");
+        let (a, b, cqa, cqb, to_b, to_a) = (&d.a, &d.b, &d.cqa, &d.cqb, d.to_b, d.to_a);
         fn addr_of(ep: &Endpoint) -> Result<shm_layout::Address> {
             with_ep!(ep, |st, _ctx| Ok(st.addr))
         }
@@ -1235,7 +1250,7 @@ mod tests {
                 Ok(())
             })
         }
-        let a_addr = addr_of(&a).unwrap();
+        let a_addr = addr_of(a).unwrap();
         const LEN: usize = 16 << 10;
         const W: usize = 12;
         let class = crate::proto::pick_class(&crate::proto::Config::default(), LEN).unwrap();
@@ -1250,7 +1265,7 @@ mod tests {
             for via_pool in [false, false, true, true] {
                 k.record(via_pool, if via_pool == pool { fast } else { slow }, LEN);
             }
-            set_pick(&b, a_addr, class, stream, k).unwrap()
+            set_pick(b, a_addr, class, stream, k).unwrap()
         };
         let drain = |cq: &CompletionQueue, want: usize| {
             let mut got = Vec::new();
@@ -1289,12 +1304,12 @@ mod tests {
                 // below.
                 unsafe { a.tsend(m, to_b, 5, 0).unwrap() };
             }
-            let rx = drain(&cqb, W);
+            let rx = drain(cqb, W);
             for (k, e) in rx.iter().enumerate() {
                 assert_eq!((e.op_context, e.len), (k, LEN), "{what}: receive {k}");
                 assert!(rbuf[k * LEN..][..LEN] == sbuf[k * LEN..][..LEN], "{what}: payload {k}");
             }
-            drain(&cqa, W);
+            drain(cqa, W);
             n += W;
             let after = (a.stats().unwrap(), b.stats().unwrap());
             (after.0.tx_rndv - before.0.tx_rndv, after.1.cma_reads - before.1.cma_reads)
