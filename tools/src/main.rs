@@ -81,6 +81,9 @@ enum What {
     /// peer's shared heap and into its ordinary registered memory (single
     /// copy), and the fetch-add latency and two-rank rate on one word
     Rma,
+    /// The raw shared-page floor at 8 B, briefly (no shmfab in it): where
+    /// the two CPUs sit now (`scripts/ab.sh` labels its rounds with it)
+    Raw,
 }
 
 #[derive(Debug, Args)]
@@ -499,6 +502,11 @@ fn cmd_bench(a: &BenchArgs) -> Result<(), String> {
     let m = match a.what {
         What::Wakeup => return cmd_wakeup(a),
         What::Rma => return cmd_bench_rma(a),
+        What::Raw => {
+            let us = bench::raw_pingpong(&exe()?, &[], 8, PROBE_ITERS).map_err(|e| e.to_string())?;
+            println!("raw 8 B half round trip {us:.3} us");
+            return Ok(());
+        }
         What::Pingpong => Measures { lat: true, bw: false, rate: false },
         What::Bw => Measures { lat: false, bw: true, rate: false },
         What::Msgrate => Measures { lat: false, bw: false, rate: true },
@@ -2063,6 +2071,8 @@ mod tests {
         assert_eq!((c.only, c.osu_coll, c.coll_bench), (Some(Part::Coll), Some("y".into()), None));
         let Cmd::Bench(b) = parse(&["bench", "rma", "--iters", "50"]).unwrap().cmd else { panic!() };
         assert_eq!((b.what, b.iters), (What::Rma, Some(50)));
+        let Cmd::Bench(b) = parse(&["bench", "raw"]).unwrap().cmd else { panic!() };
+        assert_eq!(b.what, What::Raw);
     }
 
     /// One-sided figures of every system at 8 B and 4 KiB (Open MPI's
