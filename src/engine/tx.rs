@@ -586,7 +586,22 @@ fn stream_class_of(cfg: &proto::Config, len: usize) -> bool {
 /// eagerly through the pool took 4.4-4.8 us against 5.0-6.1 by a
 /// rendezvous whose receiver picked the pool.
 fn eager_after_pick(ptx: &mut PeerTx, cfg: &proto::Config, op: &mut TxOp, on_ring: bool) {
-    run_after_pick(&mut ptx.eager_left, cfg, op, on_ring);
+    let Some(c) = eager_pick_class(cfg, op.len) else {
+        return;
+    };
+    if ptx.eager_left[c] > 0 && !op.deliver {
+        // What it would be without single copy: inline up to inline_max,
+        // else through the pool; a rendezvous from rndv_min
+        // (SHMFAB_RNDV_MIN set below EAGER_MAX), which then keeps its
+        // pick and the run.
+        let ordinary = proto::choose(cfg, op.kind, op.len, op.iovs.n, on_ring, false);
+        if ordinary != Proto::Rndv {
+            ptx.eager_left[c] -= 1;
+            op.proto = ordinary;
+            return;
+        }
+    }
+    op.pick = c as u8 + 1;
 }
 
 /// A stream's rendezvous `op` (flagged `hdr_flags::STREAM`) in the
@@ -630,26 +645,6 @@ pub(crate) fn stream_read(ptx: &mut PeerTx, pick: u8, hflags: u8) {
         }
         *w = StreamWay::Rndv;
     }
-}
-
-/// [`eager_after_pick`] with the runs of `left`.
-fn run_after_pick(left: &mut [u8; EAGER_CLASSES], cfg: &proto::Config, op: &mut TxOp, on_ring: bool) {
-    let Some(c) = eager_pick_class(cfg, op.len) else {
-        return;
-    };
-    if left[c] > 0 && !op.deliver {
-        // What it would be without single copy: inline up to inline_max,
-        // else through the pool; a rendezvous from rndv_min
-        // (SHMFAB_RNDV_MIN set below EAGER_MAX), which then keeps its
-        // pick and the run.
-        let ordinary = proto::choose(cfg, op.kind, op.len, op.iovs.n, on_ring, false);
-        if ordinary != Proto::Rndv {
-            left[c] -= 1;
-            op.proto = ordinary;
-            return;
-        }
-    }
-    op.pick = c as u8 + 1;
 }
 
 impl EpState {
