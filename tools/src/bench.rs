@@ -2,7 +2,8 @@
 //! and `scripts/compare.sh`: ping-pong half round-trip, windowed streaming
 //! bandwidth and message rate over shmfab; the raw floor (two processes
 //! ping-ponging a payload through one shared page with a flag, nothing
-//! else); and runners for the installed peers (Open MPI's shared-memory BTL,
+//! else; above a page, through a shared buffer in pieces that the receiver
+//! copies out as they land); and runners for the installed peers (Open MPI's shared-memory BTL,
 //! and UCX's shared-memory transports under Open MPI's pml ucx, both
 //! through the project's osu-style program; libfabric's shm provider
 //! through fi_pingpong).
@@ -614,13 +615,34 @@ fn serve(addr: &[u8]) -> Result<()> {
     }
 }
 
-/// The raw floor: two processes ping-pong `size` bytes (at most one page)
-/// through one shared page with a flag each way, nothing else. Returns the
-/// half round-trip in microseconds. `exe` is re-run as the peer with
-/// `SHMFAB_RAW_PEER` set (it must call [`raw_peer_main`]).
+/// Largest message the raw floor moves through its page (one page less its
+/// flags); larger ones go through a shared buffer in [`RAW_PIECE`] pieces.
+pub const RAW_PAGE_MAX: usize = 4096 - 128;
+
+/// The pieces of the raw floor above a page: the sender copies a piece into
+/// the shared buffer and stores how much is there (release), the receiver
+/// copies each piece out as it lands, so the two copies overlap, as in
+/// shmfab's piped ring messages and the peers' fragments. 4 KiB: a C probe
+/// of this hand-over (session 17) found 4 KiB pieces 13% faster than one
+/// at 16 KiB and 2 KiB pieces 8% slower; session 21 (near, raw 8 B 0.043-0.050
+/// us) timed 16 KiB in 4 KiB pieces at 1.96-2.05 us, in one piece 2.10-2.20,
+/// and non-temporal stores (2.03-2.15), write-backs after the copy (3.1)
+/// or the receiver's prefetches (1.95-1.97) gained nothing.
+pub const RAW_PIECE: usize = 4096;
+
+/// The raw floor: two processes ping-pong `size` bytes (up to
+/// [`MAX_SIZE`]) through shared memory and nothing else: up to
+/// [`RAW_PAGE_MAX`] bytes through one shared page with a flag each way in
+/// the payload's first line; above it through a buffer per direction in
+/// [`RAW_PIECE`] pieces, each published by a count (two copies,
+/// overlapped: the floor of any two-copy protocol). Returns the half
+/// round-trip in microseconds. `exe` is re-run as the peer with
+/// `SHMFAB_RAW_PEER` set (it must call [`raw_peer_main`]). Every message
+/// above a page carries its round's number in its first and last 8 bytes,
+/// which both sides check.
 pub fn raw_pingpong(exe: &std::path::Path, args: &[&str], size: usize, iters: usize) -> Result<f64> {
-    if size > 4096 - 128 {
-        return Err(Error::with(ErrorKind::Inval, "the raw floor moves at most one page"));
+    if size > MAX_SIZE {
+        return Err(Error::with(ErrorKind::Inval, format!("the raw floor moves at most {MAX_SIZE} bytes")));
     }
     let bind = ncpus() >= 2;
     if bind {
@@ -628,7 +650,7 @@ pub fn raw_pingpong(exe: &std::path::Path, args: &[&str], size: usize, iters: us
     }
     let name =
         format!("{}{}.raw.{}", shmfab::internal::region::PREFIX, shmfab::internal::region::uid(), std::process::id());
-    let page = RawPage::create(&name)?;
+    let page = RawPage::create_for(&name, size)?;
     let mut cmd = Command::new(exe);
     cmd.args(args).env("SHMFAB_RAW_PEER", &name).env("SHMFAB_RAW_SIZE", size.to_string());
     cmd.env("SHMFAB_RAW_ITERS", iters.to_string()).stdin(Stdio::null());
@@ -636,7 +658,7 @@ pub fn raw_pingpong(exe: &std::path::Path, args: &[&str], size: usize, iters: us
         cmd.env(CPU_ENV, "1");
     }
     let mut child = cmd.spawn().map_err(|e| Error::with(ErrorKind::Io, format!("cannot start the raw peer: {e}")))?;
-    let src = payload(size);
+    let mut src = payload(size);
     let mut dst = vec![0u8; size];
     let warm = iters / 10 + 1;
     let mut t0 = Instant::now();
@@ -645,8 +667,11 @@ pub fn raw_pingpong(exe: &std::path::Path, args: &[&str], size: usize, iters: us
         if i == warm as u64 + 1 {
             t0 = Instant::now();
         }
+        if size > RAW_PAGE_MAX {
+            stamp(&mut src, i);
+        }
         page.put(0, i, &src);
-        if !page.take(1, i, &mut dst) {
+        if !page.take(1, i, &mut dst) || (size > RAW_PAGE_MAX && !stamped(&dst, i)) {
             ok = false;
             break;
         }
@@ -786,7 +811,7 @@ pub fn raw_peer_main() -> i32 {
     let (Ok(size), Ok(iters)) = (size.parse::<usize>(), iters.parse::<usize>()) else {
         return 2;
     };
-    let Ok(page) = RawPage::open(&name) else {
+    let Ok(page) = RawPage::open_for(&name, size) else {
         return 1;
     };
     if std::env::var("SHMFAB_RAW_MODE").as_deref() == Ok("fadd") {
@@ -810,10 +835,13 @@ pub fn raw_peer_main() -> i32 {
         }
         return 0;
     }
-    let mut buf = vec![0u8; size.min(4096)];
+    if size > MAX_SIZE {
+        return 2;
+    }
+    let mut buf = vec![0u8; size];
     let warm = iters / 10 + 1;
     for i in 1..=(warm + iters) as u64 {
-        if !page.take(0, i, &mut buf) {
+        if !page.take(0, i, &mut buf) || (size > RAW_PAGE_MAX && !stamped(&buf, i)) {
             return 1;
         }
         page.put(1, i, &buf);
@@ -821,36 +849,106 @@ pub fn raw_peer_main() -> i32 {
     0
 }
 
+/// Writes round `i` into the first and last 8 bytes of a raw floor message
+/// (more than a page: both ends in different pieces).
+fn stamp(m: &mut [u8], i: u64) {
+    let n = m.len();
+    m[..8].copy_from_slice(&i.to_le_bytes());
+    m[n - 8..].copy_from_slice(&i.to_le_bytes());
+}
+
+/// Whether a raw floor message carries round `i` at both ends.
+fn stamped(m: &[u8], i: u64) -> bool {
+    let n = m.len();
+    m[..8] == i.to_le_bytes() && m[n - 8..] == i.to_le_bytes()
+}
+
 /// Where a direction's payload starts: right after its flag, in the same
 /// cache line, so a small message moves one line each way (with the
 /// payload on a line of its own, the floor was about 20% higher here).
 const RAW_PAYLOAD: usize = 8;
 
-/// One shared page: two (flag, payload) halves, one per direction.
+/// Where a direction's progress word lies in its page (messages above a
+/// page): a line of its own, apart from the flag's.
+const RAW_PROGRESS: usize = 64;
+
+/// Two shared pages, one per direction: a (flag, payload) half each for
+/// messages up to [`RAW_PAGE_MAX`]; for larger ones a progress word in each
+/// page and, after the two pages, a buffer per direction of `cap` bytes.
 struct RawPage {
     map: memmap2::MmapRaw,
     name: String,
     owner: bool,
+    /// Bytes of each direction's buffer (0: messages fit the pages).
+    cap: usize,
 }
 
 impl RawPage {
     fn create(name: &str) -> Result<RawPage> {
+        Self::create_for(name, 0)
+    }
+
+    /// Each direction's buffer for messages of `size` bytes: none up to a
+    /// page, else `size` rounded up to whole pages.
+    fn cap_for(size: usize) -> usize {
+        if size > RAW_PAGE_MAX {
+            size.next_multiple_of(4096)
+        } else {
+            0
+        }
+    }
+
+    fn create_for(name: &str, size: usize) -> Result<RawPage> {
+        let cap = Self::cap_for(size);
         let fd = rustix::shm::open(
             name,
             rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
             rustix::fs::Mode::from_raw_mode(0o600),
         )?;
+        // Unlinked on drop from here on, whatever fails next.
         let f = std::fs::File::from(fd);
-        f.set_len(8192)?;
-        let map = memmap2::MmapOptions::new().len(8192).map_raw(&f)?;
-        Ok(RawPage { map, name: name.to_string(), owner: true })
+        let unlink = || {
+            let _ = rustix::shm::unlink(name);
+        };
+        let len = 8192 + 2 * cap;
+        if let Err(e) = f.set_len(len as u64) {
+            unlink();
+            return Err(e.into());
+        }
+        match memmap2::MmapOptions::new().len(len).map_raw(&f) {
+            Ok(map) => Ok(RawPage { map, name: name.to_string(), owner: true, cap }),
+            Err(e) => {
+                unlink();
+                Err(e.into())
+            }
+        }
     }
 
-    fn open(name: &str) -> Result<RawPage> {
+    fn open_for(name: &str, size: usize) -> Result<RawPage> {
+        let cap = Self::cap_for(size);
         let fd = rustix::shm::open(name, rustix::shm::OFlags::RDWR, rustix::fs::Mode::empty())?;
         let f = std::fs::File::from(fd);
-        let map = memmap2::MmapOptions::new().len(8192).map_raw(&f)?;
-        Ok(RawPage { map, name: name.to_string(), owner: false })
+        let len = 8192 + 2 * cap;
+        if (f.metadata()?.len() as usize) < len {
+            return Err(Error::with(ErrorKind::Inval, "the raw floor's mapping is smaller than its messages"));
+        }
+        let map = memmap2::MmapOptions::new().len(len).map_raw(&f)?;
+        Ok(RawPage { map, name: name.to_string(), owner: false, cap })
+    }
+
+    /// A direction's progress word (messages above a page): the round's
+    /// number in the high 32 bits, the bytes in place in the low 32.
+    fn progress(&self, dir: usize) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: offset dir * 4096 + 64 is inside the first 8 KiB of the
+        // mapping and 8-aligned; no payload of a page message is used with it.
+        unsafe { &*(self.map.as_mut_ptr().add(dir * 4096 + RAW_PROGRESS) as *const std::sync::atomic::AtomicU64) }
+    }
+
+    /// A direction's buffer (messages above a page).
+    fn buffer(&self, dir: usize) -> *mut u8 {
+        // SAFETY: the mapping holds the two pages and then two buffers of
+        // `cap` bytes: dir < 2 stays inside it.
+        unsafe { self.map.as_mut_ptr().add(8192 + dir * self.cap) }
     }
 
     /// The futex word (the futex mode moves no payload one way: the first
@@ -880,6 +978,9 @@ impl RawPage {
     }
 
     fn put(&self, dir: usize, seq: u64, data: &[u8]) {
+        if self.cap > 0 {
+            return self.put_pieces(dir, seq, data);
+        }
         // SAFETY: the payload area starts RAW_PAYLOAD bytes into the
         // direction's page and data is at most 4096 - 128 bytes.
         unsafe {
@@ -894,6 +995,9 @@ impl RawPage {
     }
 
     fn take(&self, dir: usize, seq: u64, out: &mut [u8]) -> bool {
+        if self.cap > 0 {
+            return self.take_pieces(dir, seq, out);
+        }
         let t0 = Instant::now();
         let mut n = 0u32;
         while self.flag(dir).load(std::sync::atomic::Ordering::Acquire) != seq {
@@ -907,6 +1011,56 @@ impl RawPage {
         unsafe {
             std::ptr::copy_nonoverlapping(self.map.as_ptr().add(dir * 4096 + RAW_PAYLOAD), out.as_mut_ptr(), out.len())
         };
+        true
+    }
+
+    /// A message above a page: [`RAW_PIECE`] bytes at a time into the
+    /// direction's buffer, each followed by the count in place (round `seq`).
+    fn put_pieces(&self, dir: usize, seq: u64, data: &[u8]) {
+        debug_assert!(data.len() <= self.cap);
+        let round = (seq & 0xffff_ffff) << 32;
+        let buf = self.buffer(dir);
+        let mut off = 0;
+        while off < data.len() {
+            let n = (data.len() - off).min(RAW_PIECE);
+            // SAFETY: off + n <= data.len() <= cap: inside the direction's
+            // buffer; the receiver reads these bytes only after the store
+            // below (its acquire load), and the next message's only after
+            // it answered this one.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(off), buf.add(off), n) };
+            off += n;
+            // SYNC: publishes the bytes up to `off` to the acquire load in
+            // take_pieces.
+            self.progress(dir).store(round | off as u64, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Takes a message above a page of round `seq`, copying each piece out
+    /// as its count says it is in place; false after 10 s without it.
+    fn take_pieces(&self, dir: usize, seq: u64, out: &mut [u8]) -> bool {
+        let round = seq & 0xffff_ffff;
+        let buf = self.buffer(dir);
+        let t0 = Instant::now();
+        let mut spins = 0u32;
+        let mut got = 0usize;
+        while got < out.len() {
+            // SYNC: pairs with the release store in put_pieces.
+            let w = self.progress(dir).load(std::sync::atomic::Ordering::Acquire);
+            let upto = ((w & 0xffff_ffff) as usize).min(out.len());
+            if w >> 32 != round || upto <= got {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(65536) && t0.elapsed() > Duration::from_secs(10) {
+                    return false;
+                }
+                std::hint::spin_loop();
+                continue;
+            }
+            // SAFETY: got < upto <= out.len() <= cap: inside both the
+            // buffer and `out`; the sender wrote these bytes before the
+            // count that says so (acquired above).
+            unsafe { std::ptr::copy_nonoverlapping(buf.add(got), out.as_mut_ptr().add(got), upto - got) };
+            got = upto;
+        }
         true
     }
 }
@@ -1895,6 +2049,44 @@ pub fn run_coll(cmd: Command) -> Result<Vec<CollFigure>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_raw_floor_hands_messages_over_in_pieces() {
+        // Two mappings of one region in one process, a thread each way:
+        // every message of 60 rounds, at sizes of one piece and a bit,
+        // several, and several and a bit, arrives whole and in order.
+        for size in [RAW_PAGE_MAX + 1, RAW_PIECE * 3, RAW_PIECE * 5 + 17] {
+            let name = format!(
+                "{}{}.rawtest.{}.{size}",
+                shmfab::internal::region::PREFIX,
+                shmfab::internal::region::uid(),
+                std::process::id()
+            );
+            let a = RawPage::create_for(&name, size).unwrap();
+            let b = RawPage::open_for(&name, size).unwrap();
+            assert!(RawPage::open_for(&name, size + 4096).is_err(), "a mapping smaller than the messages is refused");
+            let echo = std::thread::spawn(move || {
+                let mut m = vec![0u8; size];
+                for i in 1..=60u64 {
+                    assert!(b.take(0, i, &mut m), "round {i}");
+                    assert!(stamped(&m, i), "round {i}");
+                    assert_eq!(m[8..size - 8], payload(size)[8..size - 8], "round {i}");
+                    b.put(1, i, &m);
+                }
+            });
+            let mut src = payload(size);
+            let mut back = vec![0u8; size];
+            for i in 1..=60u64 {
+                stamp(&mut src, i);
+                a.put(0, i, &src);
+                assert!(a.take(1, i, &mut back), "round {i}");
+                assert_eq!(back, src, "round {i}");
+            }
+            echo.join().unwrap();
+            drop(a);
+            assert!(RawPage::open_for(&name, size).is_err(), "the owner unlinks it");
+        }
+    }
 
     #[test]
     fn fi_pingpong_sizes_parse() {

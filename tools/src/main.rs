@@ -81,8 +81,10 @@ enum What {
     /// peer's shared heap and into its ordinary registered memory (single
     /// copy), and the fetch-add latency and two-rank rate on one word
     Rma,
-    /// The raw shared-page floor at 8 B, briefly (no shmfab in it): where
-    /// the two CPUs sit now (`scripts/ab.sh` labels its rounds with it)
+    /// The raw shared-memory floor (no shmfab in it): at 8 B, briefly,
+    /// where the two CPUs sit now (`scripts/ab.sh` labels its rounds with
+    /// it); with --sizes, the half round trip of each size through shared
+    /// memory alone (above a page, two copies overlapped in 4 KiB pieces)
     Raw,
 }
 
@@ -106,7 +108,8 @@ struct BenchArgs {
     #[arg(long, value_name = "PATH", requires = "compare")]
     osu: Option<PathBuf>,
     /// With rma: operations per run (default: by size, about 128 MiB
-    /// moved, 20 to 100000; fetch-add: 200000 per rank)
+    /// moved, 20 to 100000; fetch-add: 200000 per rank); with raw: round
+    /// trips per size (default: as compare takes them)
     #[arg(long, value_name = "N", value_parser = in_range(1, 10_000_000))]
     iters: Option<usize>,
 }
@@ -503,8 +506,18 @@ fn cmd_bench(a: &BenchArgs) -> Result<(), String> {
         What::Wakeup => return cmd_wakeup(a),
         What::Rma => return cmd_bench_rma(a),
         What::Raw => {
-            let us = bench::raw_pingpong(&exe()?, &[], 8, PROBE_ITERS).map_err(|e| e.to_string())?;
-            println!("raw 8 B half round trip {us:.3} us");
+            // 8 B alone by default, briefly (scripts/ab.sh's probe); the
+            // sizes asked for, each as long as a compare run takes it.
+            let exe = exe()?;
+            for size in a.sizes.sizes.clone().unwrap_or_else(|| vec![8]) {
+                let iters = match (a.iters, &a.sizes.sizes) {
+                    (Some(n), _) => n,
+                    (None, Some(_)) => bench::iters_for(size),
+                    (None, None) => PROBE_ITERS,
+                };
+                let us = bench::raw_pingpong(&exe, &[], size, iters).map_err(|e| e.to_string())?;
+                println!("raw {size} B half round trip {us:.3} us");
+            }
             return Ok(());
         }
         What::Pingpong => Measures { lat: true, bw: false, rate: false },
@@ -1116,14 +1129,10 @@ fn none_for(sizes: &[usize]) -> Vec<Figure> {
     sizes.iter().map(|&size| Figure { size, ..Default::default() }).collect()
 }
 
-/// Largest message the raw floor moves (one page less its flags).
-const RAW_MAX: usize = 3968;
-
 /// Progress steps of one round of `compare`, with Open MPI (`osu`) and UCX
 /// (`ucx`) measured or not.
 fn round_steps(sizes: &[usize], osu: bool, ucx: bool, fi_shmfab: bool) -> usize {
-    (2 + usize::from(fi_shmfab) + usize::from(osu) + usize::from(ucx)) * sizes.len()
-        + sizes.iter().filter(|&&s| s <= RAW_MAX).count()
+    (3 + usize::from(fi_shmfab) + usize::from(osu) + usize::from(ucx)) * sizes.len()
 }
 
 /// The systems of `compare`, in the order of its rounds, JSON and legend.
@@ -1153,9 +1162,6 @@ fn compare_round(
     })?;
     st.say("measuring the raw shared-page floor ...");
     let raw = bracketed(sizes, probe, |size| {
-        if size > RAW_MAX {
-            return Ok(None);
-        }
         Ok(Some(latency(st, "raw floor", size, || bench::raw_pingpong(exe, &[], size, bench::iters_for(size)))))
     })?;
     let ompi = match &o.osu {

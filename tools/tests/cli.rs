@@ -122,3 +122,20 @@ fn bad_settings_are_one_line_and_status_2() {
         "shmfab: SHMFAB_IDLE_SECS=ten: must be an integer from 1 to 3600\n"
     );
 }
+
+#[test]
+fn the_raw_floor_moves_every_size() {
+    // Up to a page through the page, above it in pieces (5000: two, the
+    // second partial; 300 KiB: 75), each message stamped with its round
+    // and checked by both processes.
+    let o = shmfab(&["bench", "raw", "--sizes", "8,5000,300k", "--iters", "200"], Duration::from_secs(120));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    for size in [8, 5000, 307200] {
+        let line = out.lines().find(|l| l.starts_with(&format!("raw {size} B "))).unwrap_or_else(|| panic!("{out}"));
+        let us: f64 = line.split_whitespace().nth(6).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+        assert!(us > 0.0 && us.is_finite(), "{line}");
+    }
+    let o = shmfab(&["bench", "raw", "--sizes", "9m"], Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2), "above the bench's sizes: a usage error");
+}
