@@ -30,7 +30,7 @@ enum Cmd {
     /// Two processes (this one and a peer it starts, or a launcher's two
     /// ranks) over shmfab: half round trip, bandwidth, message rate
     Bench(BenchArgs),
-    /// shmfab, the raw shared-page floor, Open MPI and UCX (osu-style
+    /// shmfab, the raw shared-memory floor, Open MPI and UCX (osu-style
     /// program at --osu, over Open MPI's vader BTL and its pml ucx) and
     /// libfabric shm (fi_pingpong) side by side, with shmfab's ratios; the
     /// systems take turns for --rounds rounds, each figure the median
@@ -1160,7 +1160,7 @@ fn compare_round(
     let ours = bracketed(sizes, probe, |size| {
         measure(&[size], Measures { lat: true, bw: true, rate: true }, st).map(|mut f| f.pop())
     })?;
-    st.say("measuring the raw shared-page floor ...");
+    st.say("measuring the raw shared-memory floor ...");
     let raw = bracketed(sizes, probe, |size| {
         Ok(Some(latency(st, "raw floor", size, || bench::raw_pingpong(exe, &[], size, bench::iters_for(size)))))
     })?;
@@ -1802,7 +1802,7 @@ fn compare_svg(figs: &[Vec<Figure>; SYSTEMS], subtitle: &str) -> String {
     use shmfab_tools::plot::{svg, Panel, Series};
     const LOOK: [(&str, &str, bool); SYSTEMS] = [
         ("shmfab", "#d62728", false),
-        ("raw shared-page floor", "#7f7f7f", true),
+        ("raw shared-memory floor", "#7f7f7f", true),
         ("Open MPI (vader)", "#1f77b4", false),
         ("UCX (sm, under Open MPI)", "#2ca02c", false),
         ("libfabric shm", "#9467bd", false),
@@ -2287,7 +2287,7 @@ mod tests {
         let lines = |n: &str| out.matches(&format!(r#"data-series="{n}""#)).count();
         // Half round trip: shmfab, raw, Open MPI, fi; bandwidth: shmfab, Open MPI.
         assert_eq!(
-            (lines("shmfab"), lines("raw shared-page floor"), lines("Open MPI (vader)"), lines("libfabric shm")),
+            (lines("shmfab"), lines("raw shared-memory floor"), lines("Open MPI (vader)"), lines("libfabric shm")),
             (2, 1, 2, 1)
         );
         assert_eq!(lines("UCX (sm, under Open MPI)"), 0);
