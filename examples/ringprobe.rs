@@ -5,6 +5,10 @@
 //! `ring+W` adds W iterations of dependent integer work per empty poll
 //! and after each message found (a stand-in for the engine's software).
 //! Prints medians of alternating rounds in microseconds per half trip.
+//! `SHMFAB_RING_LAP=N` makes the rings take lap ends from cell N as the
+//! engine's do (default here 0: none, each message in the next cells).
+//!
+//! Usage: `ringprobe [rounds] [W...]` (default 7 rounds, W 0 20 60).
 
 use shm_layout::{Cell, MsgHdr, RingCtl};
 use shmfab::internal::ring::{RingRx, RingTx};
@@ -89,6 +93,9 @@ fn main() {
     let rounds: usize = std::env::args().nth(1).map_or(7, |a| a.parse().unwrap());
     let ws: Vec<u64> = std::env::args().skip(2).map(|a| a.parse().unwrap()).collect();
     let ws = if ws.is_empty() { vec![0, 20, 60] } else { ws };
+    // Lap ends as the engine's rings take them (crate::ring), from this
+    // cell on; 0 (the default here): none, the whole ring.
+    let lap: usize = std::env::var("SHMFAB_RING_LAP").map_or(0, |v| v.parse().expect("SHMFAB_RING_LAP: cells"));
     let size = std::mem::size_of::<Shared>();
     // SAFETY: anonymous shared mapping, checked below.
     let p = unsafe {
@@ -111,13 +118,14 @@ fn main() {
     // Ring 0 carries 0 -> 1, ring 1 carries 1 -> 0.
     // SAFETY: the rings live in the mapping for the process's life; one
     // producer and one consumer each.
-    let (mut tx, mut rx) = unsafe {
+    let (tx, mut rx) = unsafe {
         if me == 0 {
             (RingTx::new(&s.ctl[0], cells(0), CELLS), RingRx::new(&s.ctl[1], cells(1), CELLS))
         } else {
             (RingTx::new(&s.ctl[1], cells(1), CELLS), RingRx::new(&s.ctl[0], cells(0), CELLS))
         }
     };
+    let mut tx = tx.lap_from(lap);
     let mut res: Vec<Vec<f64>> = vec![Vec::new(); 1 + 2 * ws.len()];
     for _ in 0..rounds {
         res[0].push(raw(s, me));
