@@ -789,7 +789,7 @@ fn rma_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> R
         .collect();
     let mut paths = vec![String::new(); n];
     let mut probes = [None; 3];
-    probes[0] = placement_probe(exe);
+    probes[0] = placement_probe_pair(exe);
     st.say("measuring shmfab one-sided ...");
     match measure_rma(sizes, None, st) {
         Ok(ours) => {
@@ -817,7 +817,7 @@ fn rma_round(o: &CompareArgs, sizes: &[usize], exe: &Path, st: &mut Status) -> R
     paths[11] = "lock xadd".to_string();
     if let Some(bin) = &o.osu_rma {
         for (g, osc) in [(1, None), (2, Some("sm"))] {
-            probes[g] = placement_probe(exe);
+            probes[g] = placement_probe_pair(exe);
             let name = osc.map_or("the osc component it picks".to_string(), |c| format!("osc {c}"));
             st.say(&format!("measuring Open MPI one-sided ({name}) ..."));
             st.step(&format!("Open MPI one-sided ({name})"));
@@ -856,8 +856,8 @@ fn rma_placement_figures(
     rounds: &[RmaRound],
     sizes: &[usize],
     pl: Placement,
-    split: f64,
-) -> (Vec<Vec<Figure>>, Option<f64>) {
+    split: &Splits,
+) -> (Vec<Vec<Figure>>, Option<Probe>) {
     let mut probes = Vec::new();
     let figs = (0..RMA_SYSTEMS.len())
         .map(|k| {
@@ -868,7 +868,7 @@ fn rma_placement_figures(
             f
         })
         .collect();
-    (figs, median(probes))
+    (figs, median_probe(&probes))
 }
 
 /// One row of the one-sided figures' JSON.
@@ -1155,7 +1155,7 @@ fn compare_round(
     ucx_off: &mut Option<String>,
     st: &mut Status,
 ) -> Result<[Run; SYSTEMS], String> {
-    let probe = || placement_probe(exe);
+    let probe = || placement_probe_pair(exe);
     st.say("measuring shmfab ...");
     let ours = bracketed(sizes, probe, |size| {
         measure(&[size], Measures { lat: true, bw: true, rate: true }, st).map(|mut f| f.pop())
@@ -1238,7 +1238,7 @@ fn fi_iters(size: usize) -> usize {
 /// before the next: each figure gets the probes on either side of it.
 fn bracketed(
     sizes: &[usize],
-    mut probe: impl FnMut() -> Option<f64>,
+    mut probe: impl FnMut() -> Option<Probe>,
     mut one: impl FnMut(usize) -> Result<Option<Figure>, String>,
 ) -> Result<Run, String> {
     let mut run = Run::default();
@@ -1269,13 +1269,13 @@ fn bracketed(
 /// placement probes taken around it.
 #[derive(Clone, Debug, Default)]
 struct Run {
-    /// Per figure: the half round trip of the raw floor at 8 B
-    /// (microseconds) measured before it, where the two CPUs sat then.
-    probes: Vec<Option<f64>>,
+    /// Per figure: the placement probe measured before it, where the two
+    /// CPUs sat then.
+    probes: Vec<Option<Probe>>,
     /// Per figure, where taken (empty when the run probed only before):
     /// the probe after it. A figure whose probes on either side fall in
     /// different placements belongs to neither (the CPUs moved during it).
-    after: Vec<Option<f64>>,
+    after: Vec<Option<Probe>>,
     figs: Vec<Figure>,
 }
 
@@ -1287,18 +1287,18 @@ impl Run {
 
     /// Whether figure `i` was taken in placement `pl`: its probe before
     /// says so, and so does its probe after, where there is one.
-    fn holds(&self, i: usize, pl: Placement, split: f64) -> bool {
-        self.probes.get(i).is_some_and(|&p| pl.holds(p, split))
-            && self.after.get(i).copied().flatten().is_none_or(|a| pl.holds(Some(a), split))
+    fn holds(&self, i: usize, pl: Placement, s: &Splits) -> bool {
+        self.probes.get(i).is_some_and(|&p| pl.holds(p, s))
+            && self.after.get(i).copied().flatten().is_none_or(|a| pl.holds(Some(a), s))
     }
 
     /// Whether any figure of the run belongs to `pl`.
-    fn touches(&self, pl: Placement, split: f64) -> bool {
-        (0..self.probes.len()).any(|i| self.holds(i, pl, split))
+    fn touches(&self, pl: Placement, s: &Splits) -> bool {
+        (0..self.probes.len()).any(|i| self.holds(i, pl, s))
     }
 
     /// Every probe taken for the run, before and after its figures.
-    fn all_probes(&self) -> impl Iterator<Item = f64> + '_ {
+    fn all_probes(&self) -> impl Iterator<Item = Probe> + '_ {
         self.probes.iter().chain(&self.after).flatten().copied()
     }
 }
@@ -1307,6 +1307,10 @@ impl Run {
 /// milliseconds).
 const PROBE_ITERS: usize = 20_000;
 
+/// Rounds of the raw floor's 16 KiB ping-pong in a placement probe of
+/// `compare` (1.5-18 ms).
+const PROBE16_ITERS: usize = 1000;
+
 /// The raw floor at 8 B, quickly: the placement of the two CPUs (on these
 /// VMs the raw half round trip is about 0.04 us when they share a cache
 /// and 0.15-0.25 us when they do not, and it changes over minutes).
@@ -1314,50 +1318,93 @@ fn placement_probe(exe: &Path) -> Option<f64> {
     bench::raw_pingpong(exe, &[], 8, PROBE_ITERS).ok()
 }
 
-/// Probes this many times apart are two placements.
-const PLACEMENT_GAP: f64 = 1.8;
-
-/// A figure's probes under this share of its table's median probe: a
-/// closer placement among the figures. Session 21 met a third one on the
-/// development VM, rare (in none of 60 samples over two minutes, in several
-/// rounds of one compare run): 8 B raw probe about 0.030 us against
-/// 0.036-0.053 near, and 16 KiB ping-pong about 1.0 us against 2.1-2.4
-/// (the two vCPUs sharing more of their caches), which the 1.8x gap does
-/// not part from near. The table says so when one of its figures was
-/// taken there.
-const CLOSER: f64 = 0.8;
-
-/// The probes (before and after) of the figures of `runs` filed in `pl`,
-/// lowest and highest.
-fn probe_range<'a>(runs: impl Iterator<Item = &'a Run>, pl: Placement, split: f64) -> Option<(f64, f64)> {
-    let mut v = runs.flat_map(|r| {
-        (0..r.probes.len())
-            .filter(move |&i| r.holds(i, pl, split))
-            .flat_map(move |i| [r.probes[i], r.after.get(i).copied().flatten()])
-            .flatten()
-    });
-    let first = v.next()?;
-    Some(v.fold((first, first), |(lo, hi), p| (lo.min(p), hi.max(p))))
+/// What a placement probe of `compare` found: the raw floor's half round
+/// trip at 8 B and at 16 KiB, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Probe {
+    us8: f64,
+    /// None when the 16 KiB run failed.
+    us16: Option<f64>,
 }
 
-/// The line a placement's table gets when some of its figures came from a
-/// closer placement ([`CLOSER`]), else None.
-fn closer_note(median: Option<f64>, range: Option<(f64, f64)>) -> Option<String> {
-    let (m, (lo, _)) = (median?, range?);
-    (lo < m * CLOSER).then(|| {
-        format!(
-            "(some figures here were taken closer: probes down to {lo:.3} us against the median {m:.3}; \
-             mid sizes there take about half the time, see ARCHITECTURE.md, \"How far each size is from the hardware\")"
-        )
-    })
+/// The placement probe of `compare`'s figures: 8 B, then 16 KiB. The 8 B
+/// figure parts near from far; among the near ones the 16 KiB figure
+/// parts a closer placement, which the 8 B figure does not (session 21,
+/// development VM: 8 B 0.030-0.036 us against 0.036-0.054, 16 KiB 0.73-0.80
+/// against 2.04-2.70; far 8 B 0.15-0.25, 16 KiB about 8).
+fn placement_probe_pair(exe: &Path) -> Option<Probe> {
+    let us8 = placement_probe(exe)?;
+    Some(Probe { us8, us16: bench::raw_pingpong(exe, &[], 16384, PROBE16_ITERS).ok() })
 }
 
-/// Where the probes split in two placements: the geometric mean of the
-/// fastest and slowest probe when they differ by [`PLACEMENT_GAP`] or more
-/// (a probe below it is "near"); None when the run saw one placement.
+/// Probes this many times apart, with none between them, are two
+/// placements.
+const PLACEMENT_GAP: f64 = 1.5;
+
+/// Where the probes split in two placements: at the widest gap between
+/// two probes next to each other in order (the geometric mean of the
+/// two), when it is [`PLACEMENT_GAP`] or more and leaves on either side at
+/// least one probe in twenty (one at least): a few probes slowed by the
+/// machine's other work do not make a placement of their own. None when
+/// the run saw one placement. (Until session 21 the split came from the
+/// fastest and slowest probe, 1.8x apart: close and near probes alone,
+/// 0.030 and 0.054 us, would have made near "far".)
 fn placement_split(probes: impl Iterator<Item = f64>) -> Option<f64> {
-    let (lo, hi) = probes.fold((f64::INFINITY, 0.0f64), |(lo, hi), p| (lo.min(p), hi.max(p)));
-    (lo > 0.0 && hi >= lo * PLACEMENT_GAP).then(|| (lo * hi).sqrt())
+    let mut v: Vec<f64> = probes.filter(|p| *p > 0.0).collect();
+    v.sort_by(f64::total_cmp);
+    let side = (v.len() / 20).max(1);
+    (side..=v.len().saturating_sub(side))
+        .filter(|&i| i > 0 && i < v.len())
+        .map(|i| (v[i] / v[i - 1], i))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .filter(|&(gap, _)| gap >= PLACEMENT_GAP)
+        .map(|(_, i)| (v[i - 1] * v[i]).sqrt())
+}
+
+/// Where a run's probes split: near from far by the 8 B figures, and
+/// among those not far, close from near by the 16 KiB ones (each by
+/// [`placement_split`]); None where the probes show one placement.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Splits {
+    far: Option<f64>,
+    close: Option<f64>,
+}
+
+impl Splits {
+    fn of(probes: impl Iterator<Item = Probe>) -> Splits {
+        let probes: Vec<Probe> = probes.collect();
+        let far = placement_split(probes.iter().map(|p| p.us8));
+        let close = placement_split(probes.iter().filter(|p| far.is_none_or(|f| p.us8 < f)).filter_map(|p| p.us16));
+        Splits { far, close }
+    }
+
+    /// The placements the probes show, near first (its picture is the
+    /// main one): just `All` when they show one.
+    fn places(&self) -> Vec<Placement> {
+        let mut v = Vec::new();
+        if self.far.is_some() || self.close.is_some() {
+            v.push(Placement::Near);
+        }
+        if self.far.is_some() {
+            v.push(Placement::Far);
+        }
+        if self.close.is_some() {
+            v.push(Placement::Close);
+        }
+        if v.is_empty() {
+            v.push(Placement::All);
+        }
+        v
+    }
+
+    /// How many placements the probes show, in words.
+    fn seen(&self) -> &'static str {
+        match self.places().len() {
+            1 => "one placement",
+            2 => "two placements",
+            _ => "three placements",
+        }
+    }
 }
 
 /// A placement of the CPUs, as the probes grouped them.
@@ -1365,10 +1412,13 @@ fn placement_split(probes: impl Iterator<Item = f64>) -> Option<f64> {
 enum Placement {
     /// One placement only (or no probe).
     All,
-    /// Probes below the split.
+    /// 8 B probes below the far split, 16 KiB probes at or above the
+    /// close split (where there is one).
     Near,
-    /// Probes at or above the split.
+    /// 8 B probes at or above the far split.
     Far,
+    /// 8 B probes below the far split, 16 KiB probes below the close one.
+    Close,
 }
 
 impl Placement {
@@ -1377,17 +1427,24 @@ impl Placement {
             Placement::All => "all",
             Placement::Near => "near",
             Placement::Far => "far",
+            Placement::Close => "close",
         }
     }
 
-    /// Whether a run whose probe is `probe` belongs here, with `split` the
-    /// threshold (runs without a probe belong only to `All`).
-    fn holds(self, probe: Option<f64>, split: f64) -> bool {
-        match (self, probe) {
-            (Placement::All, _) => true,
-            (Placement::Near, Some(p)) => p < split,
-            (Placement::Far, Some(p)) => p >= split,
-            _ => false,
+    /// Whether a run whose probe is `probe` belongs here, with the run's
+    /// splits (runs without a probe belong only to `All`; without a 16
+    /// KiB figure, neither to near nor to close when the run has a close
+    /// split).
+    fn holds(self, probe: Option<Probe>, s: &Splits) -> bool {
+        let Some(p) = probe else {
+            return self == Placement::All;
+        };
+        let not_far = s.far.is_none_or(|f| p.us8 < f);
+        match self {
+            Placement::All => true,
+            Placement::Far => s.far.is_some_and(|f| p.us8 >= f),
+            Placement::Near => not_far && s.close.is_none_or(|c| p.us16.is_some_and(|v| v >= c)),
+            Placement::Close => not_far && s.close.is_some_and(|c| p.us16.is_some_and(|v| v < c)),
         }
     }
 }
@@ -1398,8 +1455,8 @@ fn placement_figures<const N: usize>(
     per_sys: &[Vec<Run>; N],
     sizes: &[usize],
     pl: Placement,
-    split: f64,
-) -> ([Vec<Figure>; N], Option<f64>) {
+    split: &Splits,
+) -> ([Vec<Figure>; N], Option<Probe>) {
     let mut probes = Vec::new();
     let figs = per_sys.each_ref().map(|runs| {
         let mut out = none_for(sizes);
@@ -1416,7 +1473,13 @@ fn placement_figures<const N: usize>(
         }
         out
     });
-    (figs, median(probes))
+    (figs, median_probe(&probes))
+}
+
+/// The median of each figure of the probes (None when there is none).
+fn median_probe(probes: &[Probe]) -> Option<Probe> {
+    let us8 = median(probes.iter().map(|p| p.us8).collect())?;
+    Some(Probe { us8, us16: median(probes.iter().filter_map(|p| p.us16).collect()) })
 }
 
 /// Median of the values present (None when no round had one).
@@ -1484,41 +1547,28 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     st.finish();
     let ucx_rounds = per_sys[3].iter().filter(|r| r.figs.iter().any(|f| f.half_rtt_us.is_some())).count();
     // The CPUs may change places during the run: each figure carries the
-    // 8 B raw probes taken just before and after it, and when the probes
-    // fall in two groups each gets its own tables (a figure whose two
-    // probes disagree goes in neither).
+    // raw probes taken just before and after it, and when the probes fall
+    // in two or three groups each gets its own tables (a figure whose two
+    // probes disagree goes in none).
     let all_probes =
         || per_sys.iter().flatten().chain(rma_runs.iter().flat_map(|r| r.runs.iter())).flat_map(Run::all_probes);
-    let split = placement_split(all_probes());
-    let places = match split {
-        Some(_) => vec![Placement::Near, Placement::Far],
-        None => vec![Placement::All],
-    };
+    let split = Splits::of(all_probes());
+    let places = split.places();
     let mut rows_out: Vec<serde_json::Value> = Vec::new();
     let mut first_plot = true;
     for &pl in places.iter().filter(|_| p2p) {
-        let (figs, probe) = placement_figures(&per_sys, &sizes, pl, split.unwrap_or(0.0));
-        let runs = per_sys.iter().map(|r| r.iter().filter(|r| r.touches(pl, split.unwrap_or(0.0))).count());
+        let (figs, probe) = placement_figures(&per_sys, &sizes, pl, &split);
+        let runs = per_sys.iter().map(|r| r.iter().filter(|r| r.touches(pl, &split)).count());
         let runs: Vec<String> = SYSTEM_NAMES.iter().zip(runs).map(|(n, k)| format!("{n} {k}")).collect();
         if figs[0].iter().all(|f| f.half_rtt_us.is_none()) {
             println!("\n{} placement: no run of shmfab there (runs: {})", pl.name(), runs.join(", "));
             continue;
         }
         println!();
-        let range = probe_range(per_sys.iter().flatten(), pl, split.unwrap_or(0.0));
         if pl != Placement::All {
-            println!(
-                "{} placement (8 B raw probe {}{}; runs: {}):",
-                pl.name(),
-                probe.map_or("-".to_string(), |p| format!("{p:.3} us")),
-                range.map_or(String::new(), |(lo, hi)| format!(", {lo:.3}-{hi:.3} around its figures")),
-                runs.join(", ")
-            );
+            println!("{} placement ({}; runs: {}):", pl.name(), probe_words(probe), runs.join(", "));
         }
         print!("{}", compare_tables(&figs));
-        if let Some(line) = closer_note(probe, range) {
-            println!("{line}");
-        }
         if let Some(line) = raw_floor_line(&figs[1]) {
             println!("{line}");
         }
@@ -1542,7 +1592,7 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
     }
     let paths = rma_paths(&rma_runs);
     for &pl in places.iter().filter(|_| rma) {
-        let (figs, probe) = rma_placement_figures(&rma_runs, &sizes, pl, split.unwrap_or(0.0));
+        let (figs, probe) = rma_placement_figures(&rma_runs, &sizes, pl, &split);
         if figs[0].iter().all(|f| f.half_rtt_us.is_none()) {
             println!("\n{} placement: no one-sided run of shmfab there", pl.name());
             continue;
@@ -1553,7 +1603,7 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
         }
         print!("{}", rma_tables(&figs, &paths));
         if let Some(p) = probe {
-            println!("raw floor {p:.3} us at 8 B (the median placement probe before these figures)");
+            println!("raw floor {:.3} us at 8 B (the median placement probe before these figures)", p.us8);
         }
         let named: Vec<(&str, String, Vec<Figure>)> =
             RMA_SYSTEMS.iter().zip(&paths).zip(figs).map(|((s, p), f)| (s.0, p.clone(), f)).collect();
@@ -1570,12 +1620,15 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
         "\nmedians of {} rounds; ratios are shmfab / peer: below 1 is better for latency, above 1 for bandwidth and rate",
         o.rounds
     );
-    let probes: Vec<f64> = all_probes().collect();
-    if let (Some(lo), Some(hi)) = (probes.iter().copied().reduce(f64::min), probes.iter().copied().reduce(f64::max)) {
-        let seen = if split.is_some() { "two placements" } else { "one placement" };
+    let probes: Vec<Probe> = all_probes().collect();
+    let range = |v: Vec<f64>| v.iter().copied().reduce(f64::min).zip(v.iter().copied().reduce(f64::max));
+    if let Some((lo, hi)) = range(probes.iter().map(|p| p.us8).collect()) {
+        let k16 = range(probes.iter().filter_map(|p| p.us16).collect())
+            .map_or(String::new(), |(lo, hi)| format!(", 16 KiB {lo:.3}-{hi:.3} us"));
         println!(
-            "placement probes (8 B raw, before and after each size of each system; before each one-sided system): {lo:.3}-{hi:.3} us, {} probes: {seen}",
-            probes.len()
+            "placement probes (raw 8 B and 16 KiB, before and after each size of each system; before each one-sided system): 8 B {lo:.3}-{hi:.3} us{k16}, {} probes: {}",
+            probes.len(),
+            split.seen()
         );
     }
     if let Some(line) = ucx_note(ucx_off.as_deref(), ucx_rounds).filter(|_| p2p) {
@@ -1585,6 +1638,15 @@ fn cmd_compare(o: &CompareArgs) -> Result<(), String> {
         write_json(p, &rows_out)?;
     }
     Ok(())
+}
+
+/// A placement's median probe in words, for its tables' heading.
+fn probe_words(p: Option<Probe>) -> String {
+    match p {
+        None => "no probe".to_string(),
+        Some(Probe { us8, us16: None }) => format!("8 B raw probe {us8:.3} us"),
+        Some(Probe { us8, us16: Some(k) }) => format!("raw probes 8 B {us8:.3} us, 16 KiB {k:.3} us"),
+    }
 }
 
 /// `dir/name.ext` becomes `dir/name-tag.ext` (the picture of a second
@@ -2340,67 +2402,123 @@ mod tests {
         assert!(out.contains(">10000</text>") && out.contains(">MB/s</text>"), "{out}");
     }
 
+    /// A probe of 8 B alone (its 16 KiB run failed, or the test needs
+    /// none).
+    fn pr(us8: f64) -> Option<Probe> {
+        Some(Probe { us8, us16: None })
+    }
+
+    /// A probe of both sizes.
+    fn pr2(us8: f64, us16: f64) -> Option<Probe> {
+        Some(Probe { us8, us16: Some(us16) })
+    }
+
     #[test]
     fn probes_split_in_two_placements_only_when_far_apart() {
         assert_eq!(placement_split([0.04, 0.05, 0.045].into_iter()), None, "one placement");
         assert_eq!(placement_split(std::iter::empty()), None);
         let t = placement_split([0.04, 0.21, 0.05, 0.25].into_iter()).unwrap();
-        assert!((t - 0.1).abs() < 1e-9, "geometric mean of 0.04 and 0.25: {t}");
-        assert!(Placement::Near.holds(Some(0.05), t) && !Placement::Near.holds(Some(0.21), t));
-        assert!(Placement::Far.holds(Some(0.1), t) && !Placement::Far.holds(None, t));
-        assert!(Placement::All.holds(None, t) && Placement::All.holds(Some(9.0), t));
+        assert!((t - (0.05f64 * 0.21).sqrt()).abs() < 1e-9, "geometric mean of 0.05 and 0.21: {t}");
+        // The widest gap, not the ends: close and near alone are one
+        // placement by 8 B (0.030-0.054), and a few slow probes are none.
+        assert_eq!(placement_split([0.030, 0.036, 0.041, 0.044, 0.054].into_iter()), None);
+        let mut v = vec![0.044; 40];
+        v.extend([0.046, 1.06]);
+        assert_eq!(placement_split(v.into_iter()), None, "one probe in 42 slowed: no placement of its own");
+        let far = placement_split([0.036, 0.054, 0.12, 0.245, 0.39].into_iter()).unwrap();
+        assert!(far > 0.054 && far < 0.12, "{far}");
+        let s = Splits { far: Some(t), close: None };
+        assert!(Placement::Near.holds(pr(0.05), &s) && !Placement::Near.holds(pr(0.21), &s));
+        assert!(Placement::Far.holds(pr(0.11), &s) && !Placement::Far.holds(None, &s));
+        assert!(Placement::All.holds(None, &s) && Placement::All.holds(pr(9.0), &s));
+        assert!(!Placement::Close.holds(pr(0.03), &s), "no close placement without a close split");
+        assert_eq!(s.places(), [Placement::Near, Placement::Far]);
+        assert_eq!(Splits::default().places(), [Placement::All]);
+        assert_eq!(Splits::default().seen(), "one placement");
     }
 
     #[test]
-    fn a_table_says_when_some_of_its_figures_were_taken_closer() {
-        let f = |size, h| Figure { size, half_rtt_us: Some(h), ..Default::default() };
-        let near = Run {
-            probes: vec![Some(0.044), Some(0.046)],
-            after: vec![Some(0.046), Some(0.043)],
-            figs: vec![f(8, 0.09), f(16384, 2.3)],
+    fn the_16_kib_probe_parts_a_closer_placement_from_near() {
+        // The probes of session 21: close 8 B 0.030-0.036 with 16 KiB
+        // 0.73-0.80, near 0.036-0.054 with 2.04-2.70, far 0.19 with 8.1.
+        let probes = [
+            pr2(0.030, 0.74),
+            pr2(0.036, 0.736),
+            pr2(0.036, 2.044),
+            pr2(0.044, 2.09),
+            pr2(0.054, 2.7),
+            pr2(0.19, 8.1),
+            pr2(0.21, 8.9),
+        ];
+        let s = Splits::of(probes.iter().flatten().copied());
+        let (far, close) = (s.far.unwrap(), s.close.unwrap());
+        assert!(far > 0.054 && far < 0.19, "{far}");
+        assert!(close > 0.80 && close < 2.04, "the far probes' 16 KiB figures left out: {close}");
+        assert_eq!(s.places(), [Placement::Near, Placement::Far, Placement::Close]);
+        assert_eq!(s.seen(), "three placements");
+        let is = |p: Option<Probe>| {
+            [Placement::Near, Placement::Far, Placement::Close]
+                .into_iter()
+                .filter(|pl| pl.holds(p, &s))
+                .collect::<Vec<_>>()
         };
-        let closer = Run { probes: vec![Some(0.030)], after: vec![Some(0.031)], figs: vec![f(16384, 1.0)] };
-        let far = Run { probes: vec![Some(0.19)], after: vec![Some(0.2)], figs: vec![f(8, 0.28)] };
-        let runs = [near.clone(), closer, far];
-        let t = placement_split(runs.iter().flat_map(Run::all_probes)).unwrap();
-        let r = probe_range(runs.iter(), Placement::Near, t);
-        assert_eq!(r, Some((0.030, 0.046)), "every probe around the near figures");
-        assert_eq!(probe_range(runs.iter(), Placement::Far, t), Some((0.19, 0.2)));
-        let note = closer_note(Some(0.044), r).expect("0.030 is under 0.8 of 0.044");
-        assert!(note.contains("down to 0.030") && note.contains("0.044"), "{note}");
-        assert_eq!(closer_note(Some(0.044), probe_range([near].iter(), Placement::Near, t)), None);
-        assert_eq!(closer_note(None, r), None);
-        assert_eq!(probe_range(std::iter::empty(), Placement::Near, t), None);
+        assert_eq!(is(pr2(0.036, 0.736)), [Placement::Close], "an 8 B figure near's own: 16 KiB decides");
+        assert_eq!(is(pr2(0.036, 2.044)), [Placement::Near]);
+        assert_eq!(is(pr2(0.19, 0.5)), [Placement::Far], "far by 8 B whatever its 16 KiB");
+        assert_eq!(is(pr(0.04)), Vec::<Placement>::new(), "without its 16 KiB figure: neither close nor near");
+        // Without far probes, close and near still part.
+        let s = Splits::of(probes[..5].iter().flatten().copied());
+        assert_eq!((s.far, s.places()), (None, vec![Placement::Near, Placement::Close]));
+        // Near alone: one placement, however the 8 B probes spread.
+        let s = Splits::of(probes[2..5].iter().flatten().copied());
+        assert_eq!(s, Splits::default());
+        assert_eq!(probe_words(pr2(0.03, 0.74)), "raw probes 8 B 0.030 us, 16 KiB 0.740 us");
+        assert_eq!(probe_words(pr(0.044)), "8 B raw probe 0.044 us");
+        assert_eq!(probe_words(None), "no probe");
     }
 
     #[test]
     fn each_placement_takes_the_medians_of_its_own_runs() {
         let one = |probe: f64, h: f64| Run {
-            probes: vec![Some(probe)],
+            probes: vec![pr(probe)],
             after: Vec::new(),
             figs: vec![Figure { size: 8, half_rtt_us: Some(h), ..Default::default() }],
         };
         let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
         per_sys[0] = vec![one(0.04, 0.12), one(0.22, 0.31), one(0.05, 0.14), one(0.20, 0.33), one(0.045, 0.13)];
         per_sys[2] = vec![one(0.21, 0.2)];
-        let t = placement_split(per_sys.iter().flatten().flat_map(|r| r.probes.iter().flatten().copied())).unwrap();
-        let (near, p) = placement_figures(&per_sys, &[8], Placement::Near, t);
-        assert_eq!((near[0][0].half_rtt_us, p), (Some(0.13), Some(0.045)));
+        let t = Splits::of(per_sys.iter().flatten().flat_map(Run::all_probes));
+        assert!(t.far.is_some() && t.close.is_none());
+        let (near, p) = placement_figures(&per_sys, &[8], Placement::Near, &t);
+        assert_eq!((near[0][0].half_rtt_us, p), (Some(0.13), pr(0.045)));
         assert_eq!(near[2][0].half_rtt_us, None, "Open MPI ran only while far");
-        let (far, p) = placement_figures(&per_sys, &[8], Placement::Far, t);
+        let (far, p) = placement_figures(&per_sys, &[8], Placement::Far, &t);
         assert_eq!((far[0][0].half_rtt_us, far[2][0].half_rtt_us), (Some(0.32), Some(0.2)));
-        assert_eq!(p, Some(0.21));
+        assert_eq!(p, pr(0.21));
         assert_eq!(far[1][0].size, 8, "a system without runs still has its sizes");
         // A run whose sizes were measured apart (fi_pingpong): each size
         // goes where its own probe says.
         let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
         let f = |size, h| Figure { size, half_rtt_us: Some(h), ..Default::default() };
         per_sys[4] =
-            vec![Run { probes: vec![Some(0.04), Some(0.22)], after: Vec::new(), figs: vec![f(8, 0.3), f(64, 0.9)] }];
-        let (near, _) = placement_figures(&per_sys, &[8, 64], Placement::Near, t);
-        let (far, _) = placement_figures(&per_sys, &[8, 64], Placement::Far, t);
+            vec![Run { probes: vec![pr(0.04), pr(0.22)], after: Vec::new(), figs: vec![f(8, 0.3), f(64, 0.9)] }];
+        let (near, _) = placement_figures(&per_sys, &[8, 64], Placement::Near, &t);
+        let (far, _) = placement_figures(&per_sys, &[8, 64], Placement::Far, &t);
         assert_eq!((near[4][0].half_rtt_us, near[4][1].half_rtt_us), (Some(0.3), None));
         assert_eq!((far[4][0].half_rtt_us, far[4][1].half_rtt_us), (None, Some(0.9)));
+        // A close run among near ones: its own table, and the near medians
+        // without it.
+        let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
+        let at = |p: Option<Probe>, h: f64| Run { probes: vec![p], after: vec![p], figs: vec![f(16384, h)] };
+        per_sys[0] = vec![at(pr2(0.044, 2.1), 2.3), at(pr2(0.031, 0.74), 1.0), at(pr2(0.046, 2.2), 2.4)];
+        let t = Splits::of(per_sys.iter().flatten().flat_map(Run::all_probes));
+        let (near, p) = placement_figures(&per_sys, &[16384], Placement::Near, &t);
+        let (close, q) = placement_figures(&per_sys, &[16384], Placement::Close, &t);
+        let near_h = near[0][0].half_rtt_us.unwrap();
+        assert!((near_h - 2.35).abs() < 1e-9 && close[0][0].half_rtt_us == Some(1.0), "{near_h}");
+        let (p, q) = (p.unwrap(), q.unwrap());
+        assert!((p.us8 - 0.045).abs() < 1e-9 && (p.us16.unwrap() - 2.15).abs() < 1e-9, "{p:?}");
+        assert_eq!(q, pr2(0.031, 0.74).unwrap(), "medians of each figure of the probes");
     }
 
     #[test]
@@ -2409,27 +2527,27 @@ mod tests {
         // 8 B near on both sides, 64 B near before and far after (the CPUs
         // moved during it), 1 KiB far on both sides.
         let run = Run {
-            probes: vec![Some(0.04), Some(0.05), Some(0.21)],
-            after: vec![Some(0.05), Some(0.21), Some(0.22)],
+            probes: vec![pr(0.04), pr(0.05), pr(0.21)],
+            after: vec![pr(0.05), pr(0.21), pr(0.22)],
             figs: vec![f(8, 0.1), f(64, 0.5), f(1024, 0.9)],
         };
-        let t = placement_split(run.all_probes()).unwrap();
+        let t = Splits::of(run.all_probes());
         let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
         per_sys[0] = vec![run];
-        let (near, p) = placement_figures(&per_sys, &[8, 64, 1024], Placement::Near, t);
-        let (far, q) = placement_figures(&per_sys, &[8, 64, 1024], Placement::Far, t);
+        let (near, p) = placement_figures(&per_sys, &[8, 64, 1024], Placement::Near, &t);
+        let (far, q) = placement_figures(&per_sys, &[8, 64, 1024], Placement::Far, &t);
         let h = |v: &[Figure]| v.iter().map(|f| f.half_rtt_us).collect::<Vec<_>>();
         assert_eq!(h(&near[0]), [Some(0.1), None, None]);
         assert_eq!(h(&far[0]), [None, None, Some(0.9)]);
-        assert_eq!((p, q), (Some(0.04), Some(0.21)), "the median probe of the figures kept");
-        let (all, _) = placement_figures(&per_sys, &[8, 64, 1024], Placement::All, t);
+        assert_eq!((p, q), (pr(0.04), pr(0.21)), "the median probe of the figures kept");
+        let (all, _) = placement_figures(&per_sys, &[8, 64, 1024], Placement::All, &t);
         assert_eq!(h(&all[0]), [Some(0.1), Some(0.5), Some(0.9)], "one placement keeps every figure");
-        assert!(per_sys[0][0].touches(Placement::Near, t) && per_sys[0][0].touches(Placement::Far, t));
+        assert!(per_sys[0][0].touches(Placement::Near, &t) && per_sys[0][0].touches(Placement::Far, &t));
     }
 
     #[test]
     fn bracketed_probes_each_size_on_both_sides_and_skips_unmeasured_ones() {
-        let mut next = [0.04, 0.05, 0.2, 0.21].into_iter();
+        let mut next = [0.04, 0.05, 0.2, 0.21].into_iter().map(|v| Probe { us8: v, us16: None });
         let mut asked = Vec::new();
         let run = bracketed(
             &[8, 4096, 65536],
@@ -2441,12 +2559,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(asked, [8, 4096, 65536]);
-        assert_eq!(run.probes, [Some(0.04), None, Some(0.05)], "the probe after 8 B is the one before 64 KiB");
-        assert_eq!(run.after, [Some(0.05), None, Some(0.2)]);
+        assert_eq!(run.probes, [pr(0.04), None, pr(0.05)], "the probe after 8 B is the one before 64 KiB");
+        assert_eq!(run.after, [pr(0.05), None, pr(0.2)]);
         assert_eq!(run.figs.iter().map(|f| f.size).collect::<Vec<_>>(), [8, 4096, 65536], "each figure has its size");
         assert_eq!(run.figs[1].half_rtt_us, None);
-        assert_eq!(next.next(), Some(0.21), "no probe taken for the size left out");
-        let err = bracketed(&[8], || Some(0.04), |_| Err("link broke".to_string())).unwrap_err();
+        assert_eq!(next.next(), pr(0.21), "no probe taken for the size left out");
+        let err = bracketed(&[8], || pr(0.04), |_| Err("link broke".to_string())).unwrap_err();
         assert_eq!(err, "link broke");
     }
 
@@ -2488,7 +2606,7 @@ mod tests {
         let run = |fig| Run { probes: vec![None], after: Vec::new(), figs: vec![fig] };
         let mut per_sys: [Vec<Run>; SYSTEMS] = Default::default();
         per_sys[0] = vec![run(f(Some(0.3), None)), run(f(Some(0.1), Some(2.0))), run(f(Some(0.2), None))];
-        let (m, p) = placement_figures(&per_sys, &[8], Placement::All, 0.0);
+        let (m, p) = placement_figures(&per_sys, &[8], Placement::All, &Splits::default());
         assert_eq!(m[0].len(), 1);
         assert_eq!((m[0][0].size, m[0][0].half_rtt_us, m[0][0].bw_gbs, m[0][0].mmsgs), (8, Some(0.2), Some(2.0), None));
         assert_eq!(p, None, "no probe taken");
