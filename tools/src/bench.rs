@@ -3,10 +3,10 @@
 //! bandwidth and message rate over shmfab; the raw floor (two processes
 //! ping-ponging a payload through one shared page with a flag, nothing
 //! else; above a page, through a shared buffer in pieces that the receiver
-//! copies out as they land); and runners for the installed peers (Open MPI's shared-memory BTL,
-//! and UCX's shared-memory transports under Open MPI's pml ucx, both
-//! through the project's osu-style program; libfabric's shm provider
-//! through fi_pingpong).
+//! copies out as they land); and runners for the installed peers (Open
+//! MPI's shared-memory BTL, and UCX's shared-memory transports under Open
+//! MPI's pml ucx, both through the project's osu-style program;
+//! libfabric's shm provider through fi_pingpong).
 //!
 //! A [`Link`] is the parent's end: it opens an endpoint, starts a peer
 //! process (this same executable, which calls [`peer_main`] when

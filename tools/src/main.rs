@@ -1350,7 +1350,9 @@ const PLACEMENT_GAP: f64 = 1.5;
 /// fastest and slowest probe, 1.8x apart: close and near probes alone,
 /// 0.030 and 0.054 us, would have made near "far".)
 fn placement_split(probes: impl Iterator<Item = f64>) -> Option<f64> {
-    gap_split(probes, |n| (n / 20).max(1))
+    let v = sorted(probes);
+    let side = (v.len() / 20).max(1);
+    gap_split(v, side, side)
 }
 
 /// Where the 16 KiB probes of the placements not far split close from
@@ -1361,24 +1363,21 @@ fn placement_split(probes: impl Iterator<Item = f64>) -> Option<f64> {
 /// KiB probes down to 0.733 us while the split needed 28 of 570, and its
 /// figures went into near).
 fn close_split(probes: impl Iterator<Item = f64>) -> Option<f64> {
-    let mut v: Vec<f64> = probes.filter(|p| *p > 0.0).collect();
-    v.sort_by(f64::total_cmp);
+    let v = sorted(probes);
     let high = (v.len() / 20).max(1);
-    gap_split_sides(v, 2, high)
+    gap_split(v, 2, high)
 }
 
-/// [`placement_split`]'s rule with `side(n)` probes at least on either
-/// side of the gap.
-fn gap_split(probes: impl Iterator<Item = f64>, side: impl Fn(usize) -> usize) -> Option<f64> {
+/// The positive probes, in order.
+fn sorted(probes: impl Iterator<Item = f64>) -> Vec<f64> {
     let mut v: Vec<f64> = probes.filter(|p| *p > 0.0).collect();
     v.sort_by(f64::total_cmp);
-    let k = side(v.len());
-    gap_split_sides(v, k, k)
+    v
 }
 
 /// The widest gap of sorted `v` with at least `low` values below it and
 /// `high` above, when [`PLACEMENT_GAP`] wide or more: its geometric mean.
-fn gap_split_sides(v: Vec<f64>, low: usize, high: usize) -> Option<f64> {
+fn gap_split(v: Vec<f64>, low: usize, high: usize) -> Option<f64> {
     (low.max(1)..=v.len().saturating_sub(high))
         .map(|i| (v[i] / v[i - 1], i))
         .max_by(|a, b| a.0.total_cmp(&b.0))
@@ -1386,9 +1385,9 @@ fn gap_split_sides(v: Vec<f64>, low: usize, high: usize) -> Option<f64> {
         .map(|(_, i)| (v[i - 1] * v[i]).sqrt())
 }
 
-/// Where a run's probes split: near from far by the 8 B figures, and
-/// among those not far, close from near by the 16 KiB ones (each by
-/// [`placement_split`]); None where the probes show one placement.
+/// Where a run's probes split: near from far by the 8 B figures
+/// ([`placement_split`]), and among those not far, close from near by the
+/// 16 KiB ones ([`close_split`]); None where the probes show one placement.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Splits {
     far: Option<f64>,
